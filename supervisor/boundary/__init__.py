@@ -1,0 +1,1 @@
+"""Boundary: the unprivileged side that owns the workload and captures its egress."""

@@ -1,0 +1,1 @@
+"""Control: the credentialed side (policy, DNS, upstream egress, L7, credentials, operator API)."""
