@@ -66,7 +66,7 @@ class OpError(Exception):
         if not isinstance(body, dict):
             return cls(ErrorKind.from_http_status(status), f"malformed error body: {body!r:.200}")
         try:
-            kind = ErrorKind(body.get("kind"))
+            kind = ErrorKind(str(body.get("kind")))
         except ValueError:
             kind = ErrorKind.from_http_status(status)
         errno = body.get("errno")

@@ -1,0 +1,465 @@
+"""HTTP/2 over one trio byte stream, turned into trio streams (one per HTTP/2 stream).
+
+Both daemons speak it: control is the HTTP/2 client on ``openshell-ops/1`` links and the boundary is the client
+on ``openshell-egress/1`` links. The h2 state machine is sans-I/O; this module owns the I/O around it and turns
+h2 events into a small vocabulary once, so that everything above speaks only :class:`LinkStream`.
+
+Theory of operation
+-------------------
+* One **reader** task feeds bytes from the transport into ``H2Connection.receive_data`` and dispatches events to
+  the stream they belong to. One **writer** task is the only caller of ``transport.send_all``: whoever changes
+  the h2 state (headers, data, window updates, resets) calls :meth:`Link._kick`, and the writer sends whatever
+  h2 has buffered. trio forbids concurrent ``send_all`` on one stream; a single writer makes that structural.
+* **Flow control is per stream and end to end.** Received DATA is acknowledged to the peer only when the
+  application has consumed it (:meth:`LinkStream.receive_some`), so a slow consumer stalls its own stream and
+  nothing else. Senders wait for window on their own stream (and the connection) before handing h2 data.
+* Windows and frames are large (the TLS leg is the throughput ceiling; fewer, bigger frames cost less CPU).
+* ``END_STREAM`` is half-close (:meth:`LinkStream.send_eof`); ``RST_STREAM`` is abort (:meth:`LinkStream.aclose`
+  before both sides ended, or :meth:`LinkStream.reset`). A reset or a lost link makes every pending operation on
+  the stream raise :class:`trio.BrokenResourceError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+import trio
+import trio.lowlevel
+
+Headers = list[tuple[str, str]]
+StreamHandler = Callable[["LinkStream"], Awaitable[None]]
+
+# Settings both sides advertise. The receive window is what a stream may have in flight unacknowledged.
+STREAM_WINDOW = 4 * 1024 * 1024
+CONNECTION_WINDOW = 64 * 1024 * 1024
+MAX_FRAME = 256 * 1024
+MAX_CONCURRENT_STREAMS = 4096
+READ_SIZE = 256 * 1024
+
+
+class LinkClosed(trio.BrokenResourceError):
+    """The link went away (peer closed, transport error or local shutdown)."""
+
+
+class LinkStream(trio.abc.HalfCloseableStream):
+    """One HTTP/2 stream as a trio half-closeable byte stream, plus its headers."""
+
+    def __init__(self, link: Link, stream_id: int, headers: Headers | None = None) -> None:
+        self._link = link
+        self.stream_id = stream_id
+        #: request headers on the server side; response headers on the client side once received.
+        self.headers: Headers = headers or []
+        self._response = trio.Event()
+        self._buffer = bytearray()
+        self._unacked = 0
+        self._readable = trio.Event()
+        self._remote_ended = False
+        self._local_ended = False
+        self._reset_code: int | None = None
+        self._headers_sent = False
+
+    # -- headers ----------------------------------------------------------------------------------------------
+    def header(self, name: str, default: str | None = None) -> str | None:
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return default
+
+    @property
+    def status(self) -> int:
+        value = self.header(":status")
+        return int(value) if value is not None and value.isdigit() else 0
+
+    async def response(self) -> Headers:
+        """Client side: wait for the response headers."""
+        await self._response.wait()
+        if not self.headers:
+            raise LinkClosed(self._broken_reason())
+        return self.headers
+
+    async def send_headers(self, headers: Sequence[tuple[str, str]], *, end_stream: bool = False) -> None:
+        """Server side: send the response headers (``:status`` first)."""
+        self._check_sendable()
+        self._link._h2.send_headers(self.stream_id, list(headers), end_stream=end_stream)
+        self._headers_sent = True
+        if end_stream:
+            self._local_ended = True
+        self._link._kick()
+
+    # -- trio.abc.HalfCloseableStream -------------------------------------------------------------------------
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data)
+        while view:
+            self._check_sendable()
+            window = self._link._window(self.stream_id)
+            if window <= 0:
+                await self._link._wait_window()
+                continue
+            chunk = view[: min(window, self._link._max_outbound_frame())]
+            try:
+                self._link._h2.send_data(self.stream_id, bytes(chunk))
+            except h2.exceptions.FlowControlError:
+                await self._link._wait_window()
+                continue
+            except h2.exceptions.StreamClosedError as exc:
+                raise LinkClosed("stream closed") from exc
+            view = view[len(chunk) :]
+            self._link._kick()
+        await trio.lowlevel.checkpoint()
+
+    async def wait_send_all_might_not_block(self) -> None:
+        while self._link._window(self.stream_id) <= 0:
+            self._check_sendable()
+            await self._link._wait_window()
+
+    async def send_eof(self) -> None:
+        if self._local_ended:
+            await trio.lowlevel.checkpoint()
+            return
+        self._check_sendable()
+        self._link._h2.end_stream(self.stream_id)
+        self._local_ended = True
+        self._link._kick()
+        await trio.lowlevel.checkpoint()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        while not self._buffer:
+            if self._reset_code is not None or self._link._closed:
+                raise LinkClosed(self._broken_reason())
+            if self._remote_ended:
+                await trio.lowlevel.checkpoint()
+                return b""
+            self._readable = trio.Event()
+            await self._readable.wait()
+        size = len(self._buffer) if max_bytes is None else min(max_bytes, len(self._buffer))
+        data = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        self._acknowledge(size)
+        await trio.lowlevel.checkpoint()
+        return data
+
+    async def read_all(self, limit: int) -> bytes:
+        """Read until END_STREAM; refuse bodies larger than ``limit``."""
+        chunks = bytearray()
+        while True:
+            data = await self.receive_some()
+            if not data:
+                return bytes(chunks)
+            chunks += data
+            if len(chunks) > limit:
+                await self.reset()
+                raise LinkClosed(f"body larger than {limit} bytes")
+
+    async def aclose(self) -> None:
+        if not (self._local_ended and self._remote_ended) and self._reset_code is None:
+            self._reset(h2.errors.ErrorCodes.CANCEL)
+        self._link._forget(self.stream_id)
+        await trio.lowlevel.checkpoint()
+
+    async def reset(self, code: int = h2.errors.ErrorCodes.CANCEL) -> None:
+        """Abort the stream (RST_STREAM)."""
+        if self._reset_code is None:
+            self._reset(code)
+        self._link._forget(self.stream_id)
+        await trio.lowlevel.checkpoint()
+
+    # -- internals ---------------------------------------------------------------------------------------------
+    def _reset(self, code: int) -> None:
+        self._reset_code = code
+        if not self._link._closed:
+            try:
+                self._link._h2.reset_stream(self.stream_id, error_code=code)
+                self._link._kick()
+            except h2.exceptions.StreamClosedError:
+                pass
+        self._wake()
+
+    def _acknowledge(self, size: int) -> None:
+        size = min(size, self._unacked)
+        if size <= 0 or self._link._closed:
+            return
+        self._unacked -= size
+        try:
+            self._link._h2.acknowledge_received_data(size, self.stream_id)
+        except (h2.exceptions.StreamClosedError, KeyError):
+            return
+        self._link._kick()
+
+    def _check_sendable(self) -> None:
+        if self._reset_code is not None or self._link._closed:
+            raise LinkClosed(self._broken_reason())
+        if self._local_ended:
+            raise trio.ClosedResourceError("send side already closed (END_STREAM sent)")
+
+    def _broken_reason(self) -> str:
+        if self._reset_code is not None:
+            return f"stream reset ({_error_name(self._reset_code)})"
+        return f"link closed ({self._link.close_reason or 'unknown'})"
+
+    def _wake(self) -> None:
+        self._readable.set()
+        self._response.set()
+
+    def _on_data(self, data: bytes, flow_controlled_length: int) -> None:
+        self._buffer += data
+        self._unacked += len(data)
+        padding = flow_controlled_length - len(data)
+        if padding > 0:
+            self._link._h2.acknowledge_received_data(padding, self.stream_id)
+        self._readable.set()
+
+    def _on_end(self) -> None:
+        self._remote_ended = True
+        self._readable.set()
+        self._response.set()
+
+    def _on_reset(self, code: int) -> None:
+        self._reset_code = code
+        self._wake()
+
+
+def _str_headers(headers: Any) -> Headers:
+    """h2 decodes headers as str with ``header_encoding`` set; normalise the type for mypy and for safety."""
+    out: Headers = []
+    for name, value in headers:
+        out.append((_text(name), _text(value)))
+    return out
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _error_name(code: int) -> str:
+    try:
+        return h2.errors.ErrorCodes(code).name
+    except ValueError:
+        return str(code)
+
+
+class Link:
+    """An HTTP/2 connection (client or server side) over a trio byte stream.
+
+    ``run()`` drives it until the link closes; server-side request streams are handed to ``handler`` in tasks
+    of the link's own nursery, so a handler never outlives its link.
+    """
+
+    def __init__(
+        self,
+        transport: trio.abc.Stream,
+        *,
+        client: bool,
+        handler: StreamHandler | None = None,
+        name: str = "link",
+    ) -> None:
+        self.transport = transport
+        self.client = client
+        self.name = name
+        self._handler = handler
+        config = h2.config.H2Configuration(client_side=client, header_encoding="utf-8")
+        self._h2 = h2.connection.H2Connection(config=config)
+        self._streams: dict[int, LinkStream] = {}
+        self._kicked = trio.Event()
+        self._window_event = trio.Event()
+        self._closed = False
+        self.close_reason: str | None = None
+        self._nursery: trio.Nursery | None = None
+        self._started = trio.Event()
+        self.streams_opened = 0
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def active_streams(self) -> int:
+        return len(self._streams)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._h2.local_settings = h2.settings.Settings(
+            client=self.client,
+            initial_values={
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+                h2.settings.SettingCodes.MAX_FRAME_SIZE: MAX_FRAME,
+                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
+                h2.settings.SettingCodes.ENABLE_PUSH: 0 if self.client else 1,
+            },
+        )
+        self._h2.initiate_connection()
+        self._h2.increment_flow_control_window(CONNECTION_WINDOW - 65535)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._writer)
+                self._kick()
+                self._started.set()
+                task_status.started()
+                try:
+                    await self._reader()
+                finally:
+                    self._mark_closed(self.close_reason or "reader ended")
+                    nursery.cancel_scope.cancel()
+        finally:
+            self._mark_closed(self.close_reason or "link ended")
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                try:
+                    await self.transport.aclose()
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    pass
+
+    async def open_stream(self, headers: Sequence[tuple[str, str]], *, end_stream: bool = False) -> LinkStream:
+        """Client side: start a request; the returned stream carries the request body and the response."""
+        await self._started.wait()
+        if self._closed:
+            raise LinkClosed(f"link closed ({self.close_reason})")
+        stream_id = self._h2.get_next_available_stream_id()
+        stream = LinkStream(self, stream_id)
+        self._streams[stream_id] = stream
+        self._h2.send_headers(stream_id, list(headers), end_stream=end_stream)
+        if end_stream:
+            stream._local_ended = True
+        self.streams_opened += 1
+        self._kick()
+        await trio.lowlevel.checkpoint()
+        return stream
+
+    async def aclose(self, reason: str = "closed locally") -> None:
+        if not self._closed:
+            try:
+                self._h2.close_connection()
+                self._kick()
+                await trio.lowlevel.checkpoint()
+            except h2.exceptions.ProtocolError:
+                pass
+        self._mark_closed(reason)
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+        await trio.lowlevel.checkpoint()
+
+    # -- internals ---------------------------------------------------------------------------------------------
+    def _kick(self) -> None:
+        self._kicked.set()
+
+    def _window(self, stream_id: int) -> int:
+        try:
+            return int(self._h2.local_flow_control_window(stream_id))
+        except (h2.exceptions.StreamClosedError, h2.exceptions.NoSuchStreamError, KeyError):
+            return 0
+
+    def _max_outbound_frame(self) -> int:
+        return int(self._h2.max_outbound_frame_size)
+
+    async def _wait_window(self) -> None:
+        if self._closed:
+            raise LinkClosed(f"link closed ({self.close_reason})")
+        await self._window_event.wait()
+
+    def _window_changed(self) -> None:
+        self._window_event.set()
+        self._window_event = trio.Event()
+
+    def _forget(self, stream_id: int) -> None:
+        self._streams.pop(stream_id, None)
+
+    def _mark_closed(self, reason: str) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.close_reason = reason
+        for stream in list(self._streams.values()):
+            stream._wake()
+        self._window_changed()
+
+    async def _writer(self) -> None:
+        while True:
+            await self._kicked.wait()
+            self._kicked = trio.Event()
+            data = self._h2.data_to_send()
+            if data:
+                try:
+                    await self.transport.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    self._mark_closed(f"send failed: {exc!r}")
+                    return
+
+    async def _reader(self) -> None:
+        while True:
+            try:
+                data = await self.transport.receive_some(READ_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                self.close_reason = f"receive failed: {exc!r}"
+                return
+            if not data:
+                self.close_reason = "peer closed the connection"
+                return
+            try:
+                events = self._h2.receive_data(data)
+            except h2.exceptions.ProtocolError as exc:
+                self.close_reason = f"HTTP/2 protocol error: {exc}"
+                self._kick()
+                await trio.lowlevel.checkpoint()
+                return
+            for event in events:
+                if self._dispatch(event):
+                    return
+            self._kick()
+
+    def _dispatch(self, event: Any) -> bool:
+        """Route one h2 event; return True when the connection is over."""
+        if isinstance(event, h2.events.RequestReceived):
+            stream = LinkStream(self, event.stream_id, _str_headers(event.headers))
+            self._streams[event.stream_id] = stream
+            if event.stream_ended is not None:
+                stream._on_end()
+            if self._handler is None or self._nursery is None:
+                stream._reset(h2.errors.ErrorCodes.REFUSED_STREAM)
+            else:
+                self._nursery.start_soon(self._run_handler, stream)
+        elif isinstance(event, h2.events.ResponseReceived):
+            stream_or_none = self._streams.get(event.stream_id)
+            if stream_or_none is not None:
+                stream_or_none.headers = _str_headers(event.headers)
+                stream_or_none._response.set()
+                if event.stream_ended is not None:
+                    stream_or_none._on_end()
+        elif isinstance(event, h2.events.DataReceived):
+            target = self._streams.get(event.stream_id)
+            if target is None:
+                self._h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            else:
+                target._on_data(event.data, event.flow_controlled_length)
+            if event.stream_ended is not None and target is not None:
+                target._on_end()
+        elif isinstance(event, h2.events.StreamEnded):
+            target = self._streams.get(event.stream_id)
+            if target is not None:
+                target._on_end()
+        elif isinstance(event, h2.events.StreamReset):
+            target = self._streams.get(event.stream_id)
+            if target is not None:
+                target._on_reset(event.error_code)
+            self._window_changed()
+        elif isinstance(event, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
+            self._window_changed()
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            self.close_reason = f"peer sent GOAWAY ({_error_name(int(event.error_code or 0))})"
+            return True
+        return False
+
+    async def _run_handler(self, stream: LinkStream) -> None:
+        assert self._handler is not None
+        try:
+            await self._handler(stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            if stream.stream_id in self._streams:
+                await stream.aclose()
+
