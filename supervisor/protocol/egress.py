@@ -235,9 +235,7 @@ def encode_connect_headers(
 
 
 def decode_connect_headers(headers: Iterable[tuple[str | bytes, str | bytes]]) -> EgressRequest:
-    fields = _collect(
-        headers, allowed={":method", ":authority", H_CAPTURE, H_IDENTITY, H_CONN_ID, H_SRC_PORT}
-    )
+    fields = _collect(headers, allowed={":method", ":authority", H_CAPTURE, H_IDENTITY, H_CONN_ID, H_SRC_PORT})
     missing = {":method", ":authority", H_CAPTURE, H_IDENTITY, H_CONN_ID, H_SRC_PORT} - set(fields)
     if missing:
         raise EgressHeaderError(f"missing headers: {sorted(missing)}")
@@ -317,9 +315,7 @@ def encode_dns_request_headers(length: int) -> list[tuple[str, str]]:
 
 def decode_dns_request_headers(headers: Iterable[tuple[str | bytes, str | bytes]]) -> int:
     """Validate a DNS request head; returns its declared content length."""
-    fields = _collect(
-        headers, allowed={":method", ":scheme", ":authority", ":path", "content-type", "content-length"}
-    )
+    fields = _collect(headers, allowed={":method", ":scheme", ":authority", ":path", "content-type", "content-length"})
     expected = {
         ":method": "POST",
         ":scheme": "https",

@@ -43,9 +43,7 @@ IDENTITY: dict[str, Any] = {
 
 def good_headers(**overrides: str) -> list[tuple[str, str]]:
     headers = dict(
-        encode_connect_headers(
-            "example.com", 443, capture="connect", identity=IDENTITY, conn_id="c-1", src_port=40000
-        )
+        encode_connect_headers("example.com", 443, capture="connect", identity=IDENTITY, conn_id="c-1", src_port=40000)
     )
     headers.update(overrides)
     return list(headers.items())
@@ -252,9 +250,12 @@ def test_h2_carries_the_connect_head_unchanged() -> None:
     server.initiate_connection()
     server.receive_data(client.data_to_send())
     client.receive_data(server.data_to_send())
-    client.send_headers(1, encode_connect_headers(
-        "198.51.100.7", 443, capture=CaptureKind.TRANSPARENT, identity=IDENTITY, conn_id="x", src_port=1234
-    ))
+    client.send_headers(
+        1,
+        encode_connect_headers(
+            "198.51.100.7", 443, capture=CaptureKind.TRANSPARENT, identity=IDENTITY, conn_id="x", src_port=1234
+        ),
+    )
     events = server.receive_data(client.data_to_send())
     request = next(e for e in events if isinstance(e, h2.events.RequestReceived))
     decoded = decode_connect_headers(request.headers)
