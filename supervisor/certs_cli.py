@@ -1,0 +1,161 @@
+"""``openshell-sandbox certs issue``: mint a sandbox's bootstrap bundle (DESIGN.md "Bootstrap bundle per role").
+
+Exit codes: 0 written; 2 usage (a flag is missing or its value is not a valid claim or duration); 1 anything
+else (the bundle exists, a file cannot be written). Every error message names the flag or the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import re
+import sys
+from pathlib import Path
+
+from .protocol.certs import DEFAULT_VALIDITY, BundleError, issue_bundle
+from .protocol.claims import CLAIM_FIELDS, Claims, ClaimsError
+
+__all__ = ["add_certs_parser", "parse_validity", "run_certs"]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_VALIDITY = re.compile(r"([0-9]{1,9})([dhms])")
+
+_ISSUE_DESCRIPTION = """\
+Mint the bootstrap material of one sandbox: a fresh per-sandbox CA, a control leaf and a boundary leaf
+(ECDSA P-256), each carrying the sandbox's claims and its role. Writes
+
+  OUT/control/   ca.pem cert.pem key.pem claims.json   (mount into the control pod only)
+  OUT/boundary/  ca.pem cert.pem key.pem claims.json   (mount into the workload pod only)
+
+key.pem is mode 0600 and the directories 0700. The CA key is discarded unless --ca-key-out is given: nothing
+at runtime needs it, and renewal is a new pod. An existing non-empty OUT/control or OUT/boundary is never
+overwritten. Every claim must match exactly on both sides or the link is refused, naming the claim.
+"""
+
+_CLAIM_HELP = {
+    "namespace": "Kubernetes namespace of the sandbox",
+    "sandbox": "sandbox name",
+    "sandbox_uid": "sandbox object UID (a recreated sandbox with the same name gets a new one)",
+    "control_deployment": "name of this sandbox's control Deployment",
+    "network_policy": "name of the workload pod's NetworkPolicy (the fence observed before release)",
+    "image": "admitted workload image, ideally by digest (registry/agent@sha256:...)",
+    "generation": "Sandbox spec generation, an integer >= 0",
+    "policy_resource": "policy object governing the sandbox, e.g. ConfigMap/NAME@UID",
+}
+
+_CLAIM_METAVAR = {
+    "namespace": "NS",
+    "sandbox": "NAME",
+    "sandbox_uid": "UID",
+    "control_deployment": "DEPLOYMENT",
+    "network_policy": "NP",
+    "image": "IMG",
+    "generation": "N",
+    "policy_resource": "RESOURCE",
+}
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def parse_validity(text: str) -> datetime.timedelta:
+    """``30d``, ``12h``, ``90m`` or ``3600s``; positive."""
+    match = _VALIDITY.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30d, 12h, 90m or 3600s")
+    seconds = int(match.group(1)) * _UNITS[match.group(2)]
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be longer than zero")
+    if seconds > 100 * 366 * 86400:
+        raise argparse.ArgumentTypeError(f"{text!r} is longer than a hundred years")
+    return datetime.timedelta(seconds=seconds)
+
+
+def _generation(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
+
+
+def add_certs_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``certs`` (with its sub-command ``issue``) to a parent parser's sub-commands."""
+    certs = subparsers.add_parser(
+        "certs",
+        help="mint the per-sandbox CA and leaf certificates",
+        description="Manage a sandbox's bootstrap certificates.",
+    )
+    certs.set_defaults(func=run_certs)
+    actions = certs.add_subparsers(dest="certs_command", metavar="COMMAND", required=True)
+    issue = actions.add_parser(
+        "issue",
+        help="write OUT/control and OUT/boundary bootstrap bundles",
+        description=_ISSUE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    issue.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory (created 0700)")
+    claims = issue.add_argument_group("claims (all required; compared exactly by both daemons)")
+    for field in CLAIM_FIELDS:
+        claims.add_argument(
+            _flag(field),
+            dest=field,
+            required=True,
+            type=_generation if field == "generation" else str,
+            metavar=_CLAIM_METAVAR[field],
+            help=_CLAIM_HELP[field],
+        )
+    issue.add_argument(
+        "--validity",
+        type=parse_validity,
+        default=DEFAULT_VALIDITY,
+        metavar="DURATION",
+        help="lifetime of the CA and both leaves: 30d, 12h, 90m or 3600s (default 30d); "
+        "not-before is 5 minutes before now",
+    )
+    issue.add_argument(
+        "--ca-key-out",
+        type=Path,
+        metavar="PATH",
+        help="also write the CA private key here (0600; refuses to overwrite). Keep it out of every pod",
+    )
+
+
+def _claims_from_args(args: argparse.Namespace) -> Claims:
+    return Claims(**{field: getattr(args, field) for field in CLAIM_FIELDS})
+
+
+def run_certs(args: argparse.Namespace) -> int:
+    """Run a parsed ``certs`` command; returns the process exit code."""
+    if getattr(args, "certs_command", None) != "issue":
+        print(f"certs: unknown command {getattr(args, 'certs_command', None)!r}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        claims = _claims_from_args(args)
+    except ClaimsError as exc:
+        flag = _flag(exc.field) if exc.field else "claims"
+        print(f"certs issue: {flag}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    validity: datetime.timedelta = args.validity
+    now = datetime.datetime.now(datetime.UTC)
+    try:
+        issue_bundle(args.out, claims, validity=validity, ca_key_out=args.ca_key_out, now=now)
+    except BundleError as exc:
+        print(f"certs issue: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except OSError as exc:
+        print(f"certs issue: {exc.filename or args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_FAILED
+    until = (now + validity).strftime("%Y-%m-%dT%H:%M:%SZ")
+    ca_key = f"CA key in {args.ca_key_out}" if args.ca_key_out else "CA key discarded"
+    print(
+        f"certs issue: wrote {args.out / 'control'} and {args.out / 'boundary'} for "
+        f"{claims.namespace}/{claims.sandbox} generation {claims.generation}, valid until {until}, {ca_key}",
+        file=sys.stderr,
+    )
+    return EXIT_OK
