@@ -1,0 +1,1 @@
+"""Egress capture inside the agent's network namespace (spec/boundary.md §4, §5.4)."""

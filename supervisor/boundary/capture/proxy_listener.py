@@ -1,0 +1,383 @@
+"""The agent-facing HTTP proxy listener (``127.0.0.1:3128``), sans-I/O.
+
+Rules (spec/policy.md §3.1, §3.17; the boundary parses only to learn the destination and to answer):
+
+1. Nothing is decided here. A head becomes a :class:`ProxyTarget` (CONNECT or absolute-form plain HTTP) or a
+   :class:`ProxyReject`; policy, DNS, L7 and credentials stay in control.
+2. The head is read until CRLFCRLF, at most :data:`MAX_HEAD_BYTES` (else ``431``), within
+   :data:`HEAD_READ_DEADLINE_S` (the caller's cancel scope; on expiry close without a response). Bytes that can
+   never start a valid head (a TLS ClientHello, a bare LF) are refused as soon as they are seen.
+3. Strict head validation before h11 sees it: UTF-8, CRLF line ends only, no obs-fold, no control bytes except
+   HTAB, framing unambiguous (no ``Content-Length`` with ``Transfer-Encoding``, TE exactly ``chunked``),
+   ``Connection`` never nominates ``host``/``content-length``/``transfer-encoding``. h11 then checks the
+   request-line and header grammar (and ``Host`` on HTTP/1.1).
+4. CONNECT authorities follow :func:`supervisor.protocol.egress.parse_authority`: bracketed IPv6, port
+   required, no userinfo, at most 255 characters of host.
+5. Absolute-form is rewritten to origin-form for upstream: every ``Host`` replaced by the target's authority,
+   ``Proxy-*`` hop headers, ``Connection``/``Upgrade`` and everything ``Connection`` nominates dropped, then
+   ``Connection: close`` and ``Via``. One request per client connection: :class:`ForwardBody` passes exactly
+   the first request's body and drops whatever follows it.
+6. Every byte of a response is rendered here, so the client-visible catalogue lives in one file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import h11
+
+from supervisor.protocol.egress import CaptureKind, EgressHeaderError, EgressReply, parse_authority
+
+MAX_HEAD_BYTES = 8192
+HEAD_READ_DEADLINE_S = 10.0
+PROXY_HOST = "127.0.0.1"
+PROXY_PORT = 3128
+VIA = "1.1 openshell-sandbox"
+
+CONNECT_ESTABLISHED = b"HTTP/1.1 200 Connection Established\r\n\r\n"
+
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    403: "Forbidden",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
+_UPSTREAM_ERRORS = {502: "upstream_failed", 503: "egress_unavailable", 504: "upstream_timeout"}
+
+# headers that describe the hop between the agent and us, never forwarded (spec/policy.md §3.1.2)
+_HOP_HEADERS = frozenset(
+    {b"host", b"connection", b"upgrade", b"proxy-connection", b"proxy-authorization", b"proxy-authenticate"}
+)
+_FRAMING_HEADERS = frozenset({b"host", b"content-length", b"transfer-encoding"})
+_TOKEN_RE = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_HEAD_START_RE = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]")
+
+
+@dataclass(frozen=True)
+class ProxyTarget:
+    """Where a proxy-aware client wants to go, and what must be sent upstream once control allows it."""
+
+    host: str  # lower-cased; IPv6 without brackets
+    port: int
+    kind: CaptureKind  # CONNECT or HTTP_FORWARD
+    request_head: bytes | None  # the origin-form head for HTTP_FORWARD; None for CONNECT
+    method: str = "CONNECT"
+    path: str | None = None  # origin-form target for HTTP_FORWARD
+    leftover: bytes = b""  # bytes the client sent after its head (tunnel data or the body's start)
+    chunked: bool = False  # HTTP_FORWARD body framing, for ForwardBody
+    content_length: int = 0
+
+    def describe(self) -> str:
+        """``CONNECT h:p`` or ``GET h:p/path`` (query removed) for details and events."""
+        authority = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        if self.kind is CaptureKind.CONNECT:
+            return f"CONNECT {authority}"
+        return f"{self.method} {authority}{(self.path or '/').split('?', 1)[0]}"
+
+    def body(self) -> ForwardBody:
+        return ForwardBody(chunked=self.chunked, content_length=self.content_length)
+
+
+@dataclass(frozen=True)
+class ProxyReject:
+    """A head refused before any policy work; ``render()`` is the complete response."""
+
+    status: int
+    error_code: str | None = None  # JSON body {"error": code, "detail"?: ...}; None → no JSON
+    detail: str | None = None
+    text: str | None = None  # plain-text body instead of JSON (``Use CONNECT for HTTPS URLs``)
+
+    def render(self) -> bytes:
+        if self.error_code is not None:
+            body: dict[str, Any] = {"error": self.error_code}
+            if self.detail is not None:
+                body["detail"] = self.detail
+            return render_response(self.status, body)
+        return render_response(self.status, self.text)
+
+
+def render_response(status: int, body: dict[str, Any] | str | None = None) -> bytes:
+    """A complete ``Connection: close`` response; JSON bodies carry ``application/json``."""
+    reason = _REASONS.get(status, "Error")
+    if isinstance(body, dict):
+        payload = json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+        content_type = b"application/json"
+    elif body is not None:
+        payload = body.encode()
+        content_type = b"text/plain; charset=utf-8"
+    else:
+        payload, content_type = b"", b""
+    lines = [f"HTTP/1.1 {status} {reason}".encode()]
+    if content_type:
+        lines.append(b"Content-Type: " + content_type)
+    lines += [b"Content-Length: %d" % len(payload), b"Connection: close"]
+    return b"\r\n".join(lines) + b"\r\n\r\n" + payload
+
+
+def render_denied(
+    target: ProxyTarget,
+    *,
+    reason: str,
+    rule: str | None = None,
+    detail: str | None = None,
+    error: str = "policy_denied",
+) -> bytes:
+    """The ``403`` for a proxy-aware client (spec/policy.md §3.17)."""
+    body: dict[str, Any] = {
+        "error": error,
+        "detail": detail or f"{target.describe()} not permitted by policy",
+        "host": target.host,
+        "port": target.port,
+        "reason": reason,
+    }
+    if rule is not None:
+        body["rule"] = rule
+    return render_response(403, body)
+
+
+def render_upstream_failure(target: ProxyTarget, status: int, *, reason: str, detail: str | None = None) -> bytes:
+    if status not in _UPSTREAM_ERRORS:
+        raise ValueError(f"not an upstream failure status: {status}")
+    body = {
+        "error": _UPSTREAM_ERRORS[status],
+        "detail": detail or f"{target.describe()} failed: {reason}",
+        "host": target.host,
+        "port": target.port,
+        "reason": reason,
+    }
+    return render_response(status, body)
+
+
+def render_reply(target: ProxyTarget, reply: EgressReply) -> bytes:
+    """What the client sees for control's answer. For an allowed forward request nothing is rendered: the
+    caller sends ``target.request_head`` upstream and relays the upstream's own response."""
+    if reply.status == 200:
+        return CONNECT_ESTABLISHED if target.kind is CaptureKind.CONNECT else b""
+    reason = reply.reason or "denied"
+    if reply.status == 403:
+        return render_denied(target, reason=reason, rule=reply.rule, detail=reply.detail)
+    if reply.status in _UPSTREAM_ERRORS:
+        return render_upstream_failure(target, reply.status, reason=reason, detail=reply.detail)
+    if reply.status == 400:
+        return ProxyReject(400, "invalid_request", reply.detail or reason).render()
+    return render_response(500, {"error": "internal_error", "detail": reason})
+
+
+def render_unavailable(target: ProxyTarget, reason: str = "no egress link") -> bytes:
+    """No link to control (or no identity): refused at once, never a direct path."""
+    return render_upstream_failure(target, 503, reason=reason)
+
+
+def proxy_environment(url: str = f"http://{PROXY_HOST}:{PROXY_PORT}") -> dict[str, str]:
+    """The proxy variables set for the agent (spec/boundary.md §6.5), upper and lower case."""
+    env: dict[str, str] = {}
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        env[name] = env[name.lower()] = url
+    env["grpc_proxy"] = url
+    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost,::1"
+    env["NODE_USE_ENV_PROXY"] = "1"
+    return env
+
+
+# --- head parsing ----------------------------------------------------------------------------------------
+
+
+def parse_head(buffer: bytes) -> ProxyTarget | ProxyReject | None:
+    """Parse the accumulated bytes of one connection; ``None`` means "read more" (the head is incomplete,
+    plausible so far and under the limit)."""
+    end = buffer.find(b"\r\n\r\n")
+    if end < 0:
+        if len(buffer) >= MAX_HEAD_BYTES:
+            return ProxyReject(431)
+        return _early_reject(buffer)
+    head_len = end + 4
+    if head_len > MAX_HEAD_BYTES:
+        return ProxyReject(431)
+    head, rest = buffer[:head_len], buffer[head_len:]
+    problem = _lexical_problem(head)
+    if problem is not None:
+        return ProxyReject(400)
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+    conn.receive_data(head)
+    try:
+        event = conn.next_event()
+    except h11.RemoteProtocolError:
+        return ProxyReject(400)
+    if not isinstance(event, h11.Request) or event.http_version not in (b"1.0", b"1.1"):
+        return ProxyReject(400)
+    headers = list(event.headers.raw_items())
+    framing = _framing(headers)
+    if isinstance(framing, ProxyReject):
+        return framing
+    chunked, length = framing
+    if event.method == b"CONNECT":
+        return _connect(event, rest, has_body=chunked or length > 0)
+    return _forward(event, headers, rest, chunked=chunked, length=length)
+
+
+def _early_reject(partial: bytes) -> ProxyReject | None:
+    """Refuse at once what can never become a valid head, instead of waiting for the deadline."""
+    if partial and not _HEAD_START_RE.match(partial):
+        return ProxyReject(400)
+    if re.search(rb"(?<!\r)\n|\r(?!\n|$)", partial) or re.search(rb"[\x00-\x08\x0b-\x0c\x0e-\x1f\x7f]", partial):
+        return ProxyReject(400)
+    return None
+
+
+def _lexical_problem(head: bytes) -> str | None:
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return "not UTF-8"
+    lines = text[:-4].split("\r\n")
+    for line in lines:
+        if "\n" in line or "\r" in line:
+            return "bare CR or LF"
+        if any((ord(ch) < 0x20 and ch != "\t") or ord(ch) == 0x7F for ch in line):
+            return "control character"
+    if any(line[:1] in (" ", "\t") for line in lines[1:]):
+        return "obs-fold"
+    return None
+
+
+def _framing(headers: list[tuple[bytes, bytes]]) -> tuple[bool, int] | ProxyReject:
+    lengths = [v.strip() for n, v in headers if n.lower() == b"content-length"]
+    encodings = [v.strip().lower() for n, v in headers if n.lower() == b"transfer-encoding"]
+    if lengths and encodings:
+        return ProxyReject(400)
+    if encodings and encodings != [b"chunked"]:
+        return ProxyReject(400)
+    if lengths and (len(set(lengths)) != 1 or not lengths[0].isdigit() or len(lengths[0]) > 15):
+        return ProxyReject(400)
+    for name, value in headers:
+        if name.lower() == b"connection":
+            for token in (t.strip().lower() for t in value.split(b",")):
+                if not _TOKEN_RE.fullmatch(token) or token in _FRAMING_HEADERS:
+                    return ProxyReject(400)
+    return bool(encodings), int(lengths[0]) if lengths else 0
+
+
+def _connect(event: h11.Request, rest: bytes, *, has_body: bool) -> ProxyTarget | ProxyReject:
+    target = event.target.decode("ascii", "replace")
+    try:
+        host, port = parse_authority(target)
+    except EgressHeaderError as exc:
+        return ProxyReject(400, "invalid_connect_target", str(exc))
+    if has_body:
+        return ProxyReject(400, "invalid_connect_target", "CONNECT must not carry a body")
+    return ProxyTarget(host=host, port=port, kind=CaptureKind.CONNECT, request_head=None, leftover=rest)
+
+
+def _forward(
+    event: h11.Request, headers: list[tuple[bytes, bytes]], rest: bytes, *, chunked: bool, length: int
+) -> ProxyTarget | ProxyReject:
+    target = event.target.decode("ascii", "replace")
+    scheme, sep, after = target.partition("://")
+    if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
+        return ProxyReject(400)  # origin-form or asterisk-form: this is a proxy, not a server
+    scheme = scheme.lower()
+    if scheme == "https":
+        return ProxyReject(400, text="Use CONNECT for HTTPS URLs")
+    if scheme != "http":
+        return ProxyReject(400, "unsupported_proxy_scheme", f"scheme {scheme!r} is not supported")
+    if "#" in after:
+        return ProxyReject(400, "invalid_request_target", "fragments are not allowed")
+    split = min((i for i in (after.find("/"), after.find("?")) if i >= 0), default=len(after))
+    authority, path = after[:split], after[split:]
+    if not authority or authority.startswith(":"):
+        return ProxyReject(400)
+    try:
+        host, port = parse_authority(authority, default_port=80)
+    except EgressHeaderError as exc:
+        return ProxyReject(400, "invalid_request_target", str(exc))
+    if not path.startswith("/"):
+        path = "/" + path
+    method = event.method.decode("ascii")
+    head = _origin_head(method, path, event.http_version, headers, host, port)
+    return ProxyTarget(
+        host=host,
+        port=port,
+        kind=CaptureKind.HTTP_FORWARD,
+        request_head=head,
+        method=method,
+        path=path,
+        leftover=rest,
+        chunked=chunked,
+        content_length=length,
+    )
+
+
+def _origin_head(
+    method: str, path: str, version: bytes, headers: list[tuple[bytes, bytes]], host: str, port: int
+) -> bytes:
+    nominated: set[bytes] = set()
+    for name, value in headers:
+        if name.lower() in (b"connection", b"proxy-connection"):
+            nominated.update(t.strip().lower() for t in value.split(b","))
+    websocket = b"upgrade" in nominated and any(
+        n.lower() == b"upgrade" and v.strip().lower() == b"websocket" for n, v in headers
+    )
+    drop = _HOP_HEADERS | nominated
+    lines = [f"{method} {path} HTTP/".encode() + version]
+    lines += [name + b": " + value for name, value in headers if name.lower() not in drop]
+    authority = f"[{host}]" if ":" in host else host
+    lines.append(b"Host: " + (authority if port == 80 else f"{authority}:{port}").encode())
+    if websocket:
+        lines += [b"Connection: Upgrade", b"Upgrade: websocket"]
+    else:
+        lines.append(b"Connection: close")
+    if not any(name.lower() == b"via" for name, _ in headers):
+        lines.append(b"Via: " + VIA.encode())
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+@dataclass
+class ForwardBody:
+    """Passes exactly one request body through (re-framed identically) and drops anything after it.
+
+    Feed it ``target.leftover`` first, then each read from the client; stop relaying client bytes once
+    ``done``. Trailers of a chunked body are dropped.
+    """
+
+    chunked: bool
+    content_length: int
+    done: bool = False
+    _conn: h11.Connection = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._conn = h11.Connection(h11.SERVER)
+        framing = b"Transfer-Encoding: chunked" if self.chunked else b"Content-Length: %d" % self.content_length
+        self._conn.receive_data(b"POST / HTTP/1.1\r\nHost: x\r\n" + framing + b"\r\n\r\n")
+        self._conn.next_event()  # the synthetic Request
+        self._advance()
+
+    def feed(self, data: bytes) -> bytes:
+        """Bytes to forward upstream for this chunk of client input (b"" once done)."""
+        if self.done:
+            return b""
+        self._conn.receive_data(data)
+        return self._advance()
+
+    def _advance(self) -> bytes:
+        out = bytearray()
+        while not self.done:
+            try:
+                event = self._conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise ValueError(f"malformed request body: {exc}") from exc
+            if event is h11.NEED_DATA or event is h11.PAUSED:
+                break
+            if isinstance(event, h11.Data) and event.data:
+                out += b"%x\r\n%s\r\n" % (len(event.data), event.data) if self.chunked else event.data
+            elif isinstance(event, h11.EndOfMessage):
+                if self.chunked:
+                    out += b"0\r\n\r\n"
+                self.done = True
+        return bytes(out)
