@@ -42,7 +42,7 @@ def differing(claims: Claims, field: str) -> Claims:
     assert field in CLAIM_FIELDS
     value = getattr(claims, field)
     new: str | int = value + 1 if field == "generation" else value + "-other"
-    return dataclasses.replace(claims, **{field: new})
+    return dataclasses.replace(claims, **{field: new})  # type: ignore[arg-type]
 
 
 def issue_pair(out_dir: Path, claims: Claims = SAMPLE_CLAIMS, **kwargs: object) -> tuple[Bundle, Bundle]:
