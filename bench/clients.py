@@ -1,0 +1,261 @@
+"""The one client every contender is measured with.
+
+Rules:
+1. Same code path for every contender: ``proxy is None`` (direct) only skips the CONNECT exchange.
+2. Blocking sockets where one connection is measured at a time (bulk, sequential setup): they have the
+   least client overhead. asyncio's ``sock_*`` calls where many are in flight (concurrent setup, idle
+   holds): one thread, no GIL hand-offs, cheap enough that the client is not the bottleneck.
+3. A setup sample is the full connect + CONNECT + 1 KiB request/response + close, timed by the client.
+4. Nothing here retries: a failed connection is counted, never hidden.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from dataclasses import dataclass
+
+from bench.wire import (
+    ECHO_SIZE,
+    UPLOAD_ACK,
+    Direction,
+    WireError,
+    connect_request,
+    encode_bulk_header,
+    parse_connect_reply,
+)
+
+Address = tuple[str, int]
+CHUNK = 1024 * 1024
+REQUEST = bytes(range(256)) * (ECHO_SIZE // 256)
+
+
+class TunnelRefused(WireError):
+    """The proxy answered CONNECT with something other than 2xx."""
+
+
+def _new_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _check_reply(buffer: bytes) -> bool:
+    reply = parse_connect_reply(buffer)
+    if reply is None:
+        return False
+    if not 200 <= reply.status < 300:
+        raise TunnelRefused(f"CONNECT refused: {reply.status} {reply.reason}")
+    if reply.leftover:
+        raise WireError("proxy sent tunnel bytes before the upstream spoke")
+    return True
+
+
+def open_tunnel(proxy: Address | None, target: Address, timeout: float) -> socket.socket:
+    """A blocking socket whose next byte reaches ``target`` (through ``proxy`` when given)."""
+    sock = _new_socket()
+    sock.settimeout(timeout)
+    try:
+        sock.connect(proxy or target)
+        if proxy is not None:
+            sock.sendall(connect_request(*target))
+            buffer = b""
+            while not _check_reply(buffer):
+                chunk = sock.recv(4096)
+                if not chunk:
+                    raise WireError("proxy closed during CONNECT")
+                buffer += chunk
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _recv_exact_into(sock: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if not n:
+            raise WireError(f"connection closed {len(view) - got} bytes short")
+        got += n
+
+
+@dataclass(frozen=True)
+class BulkResult:
+    size: int
+    seconds: float
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.size / self.seconds / 1e6
+
+
+def bulk(proxy: Address | None, target: Address, direction: Direction, size: int, timeout: float) -> BulkResult:
+    """Move ``size`` bytes to (UP) or from (DOWN) the upstream through one tunnel."""
+    with open_tunnel(proxy, target, timeout) as sock:
+        buffer = memoryview(bytearray(CHUNK))
+        start = time.perf_counter()
+        sock.sendall(encode_bulk_header(direction, size))
+        remaining = size
+        if direction is Direction.UP:
+            while remaining:
+                n = min(remaining, CHUNK)
+                sock.sendall(buffer[:n])
+                remaining -= n
+            _recv_exact_into(sock, memoryview(bytearray(len(UPLOAD_ACK))))
+        else:
+            while remaining:
+                n = sock.recv_into(buffer, min(remaining, CHUNK))
+                if not n:
+                    raise WireError(f"download ended {remaining} bytes short")
+                remaining -= n
+        return BulkResult(size, time.perf_counter() - start)
+
+
+def one_exchange(proxy: Address | None, target: Address, timeout: float) -> float:
+    """Seconds for connect + CONNECT + 1 KiB request/response + close."""
+    start = time.perf_counter()
+    with open_tunnel(proxy, target, timeout) as sock:
+        sock.sendall(REQUEST)
+        _recv_exact_into(sock, memoryview(bytearray(ECHO_SIZE)))
+    return time.perf_counter() - start
+
+
+@dataclass(frozen=True)
+class SetupResult:
+    latencies: list[float]  # seconds, one per successful connection
+    errors: int
+    seconds: float  # wall time of the whole batch
+
+    @property
+    def conns_per_s(self) -> float:
+        return len(self.latencies) / self.seconds if self.seconds else 0.0
+
+
+def setup_sequential(proxy: Address | None, target: Address, count: int, timeout: float) -> SetupResult:
+    latencies: list[float] = []
+    errors = 0
+    start = time.perf_counter()
+    for _ in range(count):
+        try:
+            latencies.append(one_exchange(proxy, target, timeout))
+        except (OSError, WireError):
+            errors += 1
+    return SetupResult(latencies, errors, time.perf_counter() - start)
+
+
+async def _async_tunnel(proxy: Address | None, target: Address) -> socket.socket:
+    loop = asyncio.get_running_loop()
+    sock = _new_socket()
+    sock.setblocking(False)
+    try:
+        await loop.sock_connect(sock, proxy or target)
+        if proxy is not None:
+            await loop.sock_sendall(sock, connect_request(*target))
+            buffer = b""
+            while not _check_reply(buffer):
+                chunk = await loop.sock_recv(sock, 4096)
+                if not chunk:
+                    raise WireError("proxy closed during CONNECT")
+                buffer += chunk
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def _async_exchange(sock: socket.socket) -> None:
+    loop = asyncio.get_running_loop()
+    await loop.sock_sendall(sock, REQUEST)
+    got = 0
+    while got < ECHO_SIZE:
+        chunk = await loop.sock_recv(sock, ECHO_SIZE - got)
+        if not chunk:
+            raise WireError("echo closed early")
+        got += len(chunk)
+
+
+async def _setup_concurrent(
+    proxy: Address | None, target: Address, count: int, concurrency: int, conn_timeout: float
+) -> SetupResult:
+    latencies: list[float] = []
+    errors = 0
+    todo = count
+
+    async def worker() -> None:
+        nonlocal todo, errors
+        while todo > 0:
+            todo -= 1
+            start = time.perf_counter()
+            try:
+                async with asyncio.timeout(conn_timeout):
+                    sock = await _async_tunnel(proxy, target)
+                    with sock:
+                        await _async_exchange(sock)
+            except (OSError, WireError, TimeoutError):
+                errors += 1
+                continue
+            latencies.append(time.perf_counter() - start)
+
+    start = time.perf_counter()
+    async with asyncio.TaskGroup() as group:
+        for _ in range(concurrency):
+            group.create_task(worker())
+    return SetupResult(latencies, errors, time.perf_counter() - start)
+
+
+def setup_concurrent(
+    proxy: Address | None, target: Address, count: int, concurrency: int, timeout: float
+) -> SetupResult:
+    return asyncio.run(_setup_concurrent(proxy, target, count, concurrency, timeout))
+
+
+@dataclass
+class IdleHold:
+    """Connections that completed one echo and are now held open doing nothing."""
+
+    sockets: list[socket.socket]
+    errors: int
+    seconds: float  # time to open them all
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+        self.sockets.clear()
+
+
+async def _open_idle(
+    proxy: Address | None, target: Address, count: int, concurrency: int, conn_timeout: float
+) -> IdleHold:
+    held: list[socket.socket] = []
+    errors = 0
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one() -> None:
+        nonlocal errors
+        async with gate:
+            try:
+                async with asyncio.timeout(conn_timeout):
+                    sock = await _async_tunnel(proxy, target)
+                    try:
+                        await _async_exchange(sock)
+                    except BaseException:
+                        sock.close()
+                        raise
+            except (OSError, WireError, TimeoutError):
+                errors += 1
+                return
+            held.append(sock)
+
+    start = time.perf_counter()
+    async with asyncio.TaskGroup() as group:
+        for _ in range(count):
+            group.create_task(one())
+    return IdleHold(held, errors, time.perf_counter() - start)
+
+
+def open_idle(
+    proxy: Address | None, target: Address, count: int, concurrency: int, timeout: float
+) -> IdleHold:
+    return asyncio.run(_open_idle(proxy, target, count, concurrency, timeout))

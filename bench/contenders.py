@@ -1,0 +1,240 @@
+"""Contenders: what sits between the client and the upstream.
+
+A contender is started once per harness run and measured in every scenario. The interface is small on
+purpose, so that the project's own full path can be added as one thin class:
+
+* ``start() -> Address | None`` — bring it up; return the HTTP CONNECT proxy address the client dials,
+  or ``None`` to have the client dial the upstream directly. Raise :class:`ContenderUnavailable` with
+  a one-line reason to have it reported as skipped (never as a number).
+* ``target(upstream) -> Address`` — the host:port the client puts in CONNECT for an upstream listener
+  (peers forward anywhere; the sandbox may need a name its control resolves, or a namespaced address).
+* ``pids() -> list[int]`` — the processes whose memory counts for this contender (live tree).
+* ``stop()`` — stop everything it started, leaving nothing behind; safe to call twice.
+
+Peers bind to 127.0.0.1 on a port picked here, run in the foreground (no daemonising, no pid files
+outside the run's temporary directory) and log only errors, so no contender pays for per-connection
+logging that another one skips.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.procstat import process_tree
+
+Address = tuple[str, int]
+HOST = "127.0.0.1"
+READY_TIMEOUT = 30.0
+STOP_TIMEOUT = 10.0
+
+
+class ContenderUnavailable(Exception):
+    """This contender cannot run here; the message is the reason shown in the table."""
+
+
+@dataclass(frozen=True)
+class BenchContext:
+    workdir: Path  # a temporary directory owned by this run
+    peers_venv: Path  # venv holding proxy.py (may not exist)
+    nofile: int  # the soft open-files limit children inherit
+
+
+class Contender:
+    name = "contender"
+
+    def __init__(self, ctx: BenchContext) -> None:
+        self.ctx = ctx
+
+    def start(self) -> Address | None:
+        raise NotImplementedError
+
+    def target(self, upstream: Address) -> Address:
+        return upstream
+
+    def pids(self) -> list[int]:
+        return []
+
+    def stop(self) -> None:
+        pass
+
+
+class Direct(Contender):
+    """No proxy: the baseline every ratio is taken against."""
+
+    name = "direct"
+
+    def start(self) -> Address | None:
+        return None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class ProcessContender(Contender):
+    """A peer proxy run as a foreground child process in its own session."""
+
+    def __init__(self, ctx: BenchContext) -> None:
+        super().__init__(ctx)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.dir = ctx.workdir / self.name
+        self._known: set[int] = set()
+
+    def command(self) -> list[str]:
+        """Write the config into ``self.dir`` and return the argv (``self.port`` is set)."""
+        raise NotImplementedError
+
+    def start(self) -> Address | None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        argv = self.command()
+        log = (self.dir / "output.log").open("wb")
+        with log:
+            self.proc = subprocess.Popen(
+                argv, cwd=self.dir, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._wait_listening()
+        return (HOST, self.port)
+
+    def _wait_listening(self) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = (self.dir / "output.log").read_text(errors="replace")[-400:]
+                raise ContenderUnavailable(f"exited with {self.proc.returncode} at start: {tail.strip()!r}")
+            try:
+                with socket.create_connection((HOST, self.port), timeout=1.0):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise ContenderUnavailable(f"not listening on {HOST}:{self.port} after {READY_TIMEOUT:.0f} s")
+
+    def pids(self) -> list[int]:
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        tree = process_tree(self.proc.pid)
+        self._known.update(tree)
+        return tree
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.pids()  # remember the children we may have to reap by id
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for pid in self._known - {self.proc.pid}:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc = None
+
+
+def _binary(*names: str) -> str:
+    for name in names:
+        found = shutil.which(name) or next(
+            (str(p) for d in ("/usr/sbin", "/usr/bin") if (p := Path(d) / name).exists()), None
+        )
+        if found:
+            return found
+    raise ContenderUnavailable(f"{names[0]} is not installed")
+
+
+class Tinyproxy(ProcessContender):
+    name = "tinyproxy"
+
+    def command(self) -> list[str]:
+        binary = _binary("tinyproxy")
+        conf = self.dir / "tinyproxy.conf"
+        # No ConnectPort line: CONNECT is allowed to every port. MaxClients bounds its threads.
+        conf.write_text(
+            f"Port {self.port}\nListen {HOST}\nTimeout 600\nMaxClients {self.ctx.nofile}\n"
+            f"LogLevel Error\nAllow 127.0.0.1\nDisableViaHeader Yes\n"
+        )
+        return [binary, "-d", "-c", str(conf)]
+
+
+class Squid(ProcessContender):
+    name = "squid"
+
+    def command(self) -> list[str]:
+        binary = _binary("squid")
+        os.chmod(self.dir, 0o777)  # squid drops to its effective user before writing its logs
+        user = ""
+        if os.geteuid() == 0:
+            try:
+                user = f"cache_effective_user {pwd.getpwnam('proxy').pw_name}\n"
+            except KeyError:
+                user = "cache_effective_user nobody\n"
+        conf = self.dir / "squid.conf"
+        # A forwarding proxy with no cache and no access log. DNS is pointed at loopback (nothing there)
+        # so that squid can never query the machine's resolver; CONNECT targets are address literals.
+        conf.write_text(
+            f"http_port {HOST}:{self.port}\n"
+            "http_access allow localhost\nhttp_access deny all\n"
+            "cache deny all\naccess_log none\ncache_store_log none\n"
+            f"cache_log {self.dir / 'cache.log'}\npid_filename {self.dir / 'squid.pid'}\n"
+            f"coredump_dir {self.dir}\nmax_filedescriptors {self.ctx.nofile}\n"
+            "pinger_enable off\ndns_nameservers 127.0.0.1\nshutdown_lifetime 1 seconds\n"
+            "via off\nforwarded_for delete\n" + user
+        )
+        return [binary, "-N", "-f", str(conf)]
+
+
+class ProxyPy(ProcessContender):
+    name = "proxy.py"
+
+    def command(self) -> list[str]:
+        binary = self.ctx.peers_venv / "bin" / "proxy"
+        if not binary.exists():
+            raise ContenderUnavailable(f"proxy.py is not installed in {self.ctx.peers_venv}")
+        return [
+            str(binary), "--hostname", HOST, "--port", str(self.port), "--backlog", "4096",
+            "--timeout", "600", "--open-file-limit", str(self.ctx.nofile), "--log-level", "WARNING",
+        ]
+
+
+class OpenShell(Contender):
+    """The project's full path: agent → boundary → mTLS → control → upstream, through dev mode.
+
+    To fill in: ``start`` launches ``openshell-sandbox dev`` with a policy that allows the upstream and
+    returns the boundary's proxy listener; ``target`` maps the loopback upstream to what control may
+    connect to (control refuses loopback upstreams by design, so the upstream will have to be reached
+    through a test host in a namespace, or a name mapped by its DNS); ``pids`` returns control's and
+    the boundary's processes; ``stop`` ends dev mode.
+    """
+
+    name = "openshell"
+
+    def start(self) -> Address | None:
+        raise ContenderUnavailable("not available yet (waits for the egress path in dev mode)")
+
+
+FACTORIES: dict[str, Callable[[BenchContext], Contender]] = {
+    "direct": Direct,
+    "openshell": OpenShell,
+    "tinyproxy": Tinyproxy,
+    "squid": Squid,
+    "proxy.py": ProxyPy,
+}

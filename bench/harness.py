@@ -1,0 +1,283 @@
+"""The benchmark run: set up peers and upstream, measure every scenario for every contender, report.
+
+Theory of operation:
+
+* Everything is started once per run of the harness — the upstream process, then every contender —
+  and stopped in a ``finally``: no proxy, upstream or temporary directory outlives the harness.
+* Each of the ``--runs`` rounds measures every scenario for every contender, the contenders in a
+  rotated order each round, so that a slow moment of the shared machine, or a warm cache, lands on
+  a different contender each time; ratios are taken within a round (see ``bench.stats``).
+* Every socket is on 127.0.0.1: the upstream, each peer's listener, and the CONNECT targets.
+* ``--profile NAME`` adds one extra, unmeasured pass of the bulk and setup scenarios with py-spy
+  attached to NAME's processes, so profiling never perturbs the numbers in the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from bench import micro, setup_peers
+from bench.clients import Address, bulk, setup_sequential
+from bench.contenders import FACTORIES, BenchContext, Contender, ContenderUnavailable
+from bench.profiling import Recording, format_top
+from bench.report import Results, add_derived, build_rows, format_markdown, format_text, rows_json
+from bench.scenarios import MIB, Config, Probe, Scenario, build, idle_sizes
+from bench.upstream import raise_nofile_soft_limit
+from bench.wire import Direction
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+DEFAULT_ORDER = ("direct", "openshell", "tinyproxy", "squid", "proxy.py")
+PROFILED_KINDS = ("bulk", "setup")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python3 bench/run.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller transfers and counts (~2 minutes)")
+    parser.add_argument("--runs", type=int, default=5, help="rounds per cell (default 5, at least 1)")
+    parser.add_argument("--out", type=Path, default=BENCH_DIR / "results", help="directory for results")
+    parser.add_argument("--contenders", default=",".join(DEFAULT_ORDER),
+                        help="comma-separated subset of: " + ", ".join(DEFAULT_ORDER))
+    parser.add_argument("--profile", metavar="CONTENDER", help="py-spy profile of this contender's processes")
+    parser.add_argument("--no-install", action="store_true", help="do not apt-get or pip install peers")
+    parser.add_argument("--no-micro", action="store_true", help="skip bench/bench_*.py micro-benchmarks")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.contenders.split(",") if n.strip()]
+    unknown = [n for n in names if n not in FACTORIES]
+    if unknown:
+        parser.error(f"unknown contender(s) {unknown}; choose from {list(FACTORIES)}")
+    if "direct" not in names:
+        names.insert(0, "direct")  # every ratio needs it
+    args.contender_names = names
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    if args.profile and args.profile not in names:
+        parser.error(f"--profile {args.profile} is not among the contenders")
+    return args
+
+
+def make_config(quick: bool, runs: int, nofile: int) -> tuple[Config, list[str]]:
+    sizes, notes = idle_sizes((1000, 10000), nofile)
+    if quick:
+        return Config(runs, 128 * MIB, 300, 1280, 64, sizes, idle_hold=0.5), notes
+    return Config(runs, 1024 * MIB, 1000, 4000, 64, sizes), notes
+
+
+class Upstream:
+    """The upstream process (``python3 -m bench.upstream``): bulk and echo listeners on 127.0.0.1."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.upstream"], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        )
+        assert self.proc.stdout is not None
+        words = self.proc.stdout.readline().split()
+        if len(words) != 3 or words[0] != b"READY":
+            self.stop()
+            raise RuntimeError(f"upstream did not start: {words!r}")
+        self.bulk: Address = ("127.0.0.1", int(words[1]))
+        self.echo: Address = ("127.0.0.1", int(words[2]))
+
+    def stop(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()  # the upstream exits when its stdin closes
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def machine_facts() -> dict[str, object]:
+    cpu = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem_kib = 0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        mem_kib = int(Path("/proc/meminfo").read_text().split("\n")[0].split()[1])
+    return {
+        "cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem_kib / 1024 / 1024, 1),
+        "kernel": platform.release(), "os": platform.freedesktop_os_release().get("PRETTY_NAME", "")
+        if hasattr(platform, "freedesktop_os_release") else "", "python": platform.python_version(),
+    }
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def measure_cell(results: Results, scenario: Scenario, probe: Probe, run: int) -> None:
+    name = probe.contender.name
+    started = time.perf_counter()
+    try:
+        outcome = scenario.measure(probe)
+    except Exception as exc:  # one failed cell must not end the run
+        results.failures.setdefault((scenario.name, name), []).append(f"run {run + 1}: {type(exc).__name__}: {exc}")
+        _log(f"  run {run + 1} {scenario.name:<18} {name:<10} FAILED {type(exc).__name__}: {exc}")
+        return
+    for key, value in outcome.values.items():
+        results.record(scenario.name, key, name, run, value)
+    if outcome.errors:
+        results.errors[(scenario.name, name)] = results.errors.get((scenario.name, name), 0) + outcome.errors
+    shown = ", ".join(f"{k}={v:.4g}" for k, v in outcome.values.items() if v is not None)
+    failed = f", {outcome.errors} failed" if outcome.errors else ""
+    _log(f"  run {run + 1} {scenario.name:<18} {name:<10} {shown}{failed} ({time.perf_counter() - started:.1f} s)")
+
+
+def warm_up(probe: Probe) -> None:
+    """Unrecorded traffic first, so no contender's first round pays for page faults and lazy set-up."""
+    with contextlib.suppress(Exception):
+        setup_sequential(probe.proxy, probe.echo, 50, probe.config.timeout)
+        for direction in Direction:
+            bulk(probe.proxy, probe.bulk, direction, 16 * MIB, probe.config.timeout)
+
+
+def profile_pass(
+    contender: Contender, probe: Probe, scenarios: list[Scenario], out: Path, stamp: str
+) -> dict[str, object]:
+    reason = setup_peers.ensure_venv_package("py-spy", "py-spy")
+    if reason:
+        return {"skipped": reason}
+    py_spy = setup_peers.PEERS_VENV / "bin" / "py-spy"
+    report: dict[str, object] = {}
+    for scenario in (s for s in scenarios if s.kind in PROFILED_KINDS):
+        slug = scenario.name.replace(" ", "-")
+        recording = Recording(py_spy, contender.pids(), out / f"profile-{stamp}-{contender.name}-{slug}")
+        recording.start()
+        with contextlib.suppress(Exception):
+            scenario.measure(probe)
+        errors = recording.stop()
+        top = recording.summary()
+        text = format_top(top, f"{contender.name} / {scenario.name}")
+        if top.samples:
+            (out / f"profile-{stamp}-{contender.name}-{slug}.top.txt").write_text(text + "\n")
+            _log(text)
+        report[scenario.name] = {
+            "files": [str(recording.output(p)) for p in recording.pids if recording.output(p).exists()],
+            "samples": top.samples, "top_self": top.self_cost, "top_total": top.total_cost,
+            "errors": {str(pid): err for pid, err in errors.items()},
+        }
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    began = time.monotonic()
+    nofile = raise_nofile_soft_limit()
+    config, config_notes = make_config(args.quick, args.runs, nofile)
+    scenarios = build(config)
+    preflight: dict[str, str] = {}
+    if not args.no_install:
+        missing = setup_peers.ensure_debian_peers()
+        preflight.update(missing)
+        if "proxy.py" in args.contender_names:
+            reason = setup_peers.ensure_venv_package(setup_peers.PROXY_PY_REQUIREMENT, "proxy")
+            if reason:
+                preflight["proxy.py"] = reason
+    results = Results(config.runs, list(args.contender_names), scenarios)
+    workdir = Path(tempfile.mkdtemp(prefix="openshell-bench-"))
+    ctx = BenchContext(workdir, setup_peers.PEERS_VENV, nofile)
+    started: list[tuple[Contender, Address | None]] = []
+    upstream: Upstream | None = None
+    profile: dict[str, object] = {}
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        upstream = Upstream()
+        for name in args.contender_names:
+            contender = FACTORIES[name](ctx)
+            if name in preflight:
+                results.skipped[name] = preflight[name]
+                continue
+            try:
+                started.append((contender, contender.start()))
+            except ContenderUnavailable as exc:
+                results.skipped[name] = str(exc)
+                contender.stop()
+        for name, reason in results.skipped.items():
+            _log(f"bench: {name} skipped: {reason}")
+
+        def probe(contender: Contender, proxy: Address | None) -> Probe:
+            assert upstream is not None
+            return Probe(contender, proxy, contender.target(upstream.bulk), contender.target(upstream.echo), config)
+
+        for contender, proxy in started:
+            warm_up(probe(contender, proxy))
+        for run in range(config.runs):
+            _log(f"bench: round {run + 1} of {config.runs}")
+            order = started[run % len(started):] + started[: run % len(started)]
+            for scenario in scenarios:
+                for contender, proxy in order:
+                    measure_cell(results, scenario, probe(contender, proxy), run)
+        if args.profile:
+            target = next(((c, p) for c, p in started if c.name == args.profile), None)
+            if target is None:
+                profile = {"skipped": results.skipped.get(args.profile, "not started")}
+            else:
+                profile = profile_pass(target[0], probe(*target), scenarios, args.out, stamp)
+    finally:
+        for contender, _ in started:
+            contender.stop()
+        if upstream is not None:
+            upstream.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    micro_rows: list[micro.MicroRow] = []
+    micro_skipped: dict[str, str] = {}
+    if not args.no_micro:
+        micro_rows, micro_skipped = micro.run_all(BENCH_DIR, args.quick, timeout=60 if args.quick else 180)
+
+    add_derived(results)
+    rows = build_rows(results)
+    table = format_text(rows)
+    notes = config_notes + [f"{k}: {v}" for k, v in micro_skipped.items()]
+    micro_table = "\n".join(
+        f"{r.script:<20} {r.name:<40} {r.value:>10.4g} {r.unit}"
+        + "".join(f"  {k}={v:.4g}" for k, v in r.extra.items()) for r in micro_rows
+    )
+    command = "python3 bench/run.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    document = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": command.strip(),
+        "machine": machine_facts(),
+        "peers": setup_peers.versions(),
+        "config": asdict(config) | {"nofile": nofile},
+        "contenders": results.contenders,
+        "skipped": results.skipped,
+        "rows": rows_json(rows),
+        "per_run": [
+            {"scenario": s, "metric": m, "contender": c, "values": v} for (s, m, c), v in results.values.items()
+        ],
+        "failures": [{"scenario": s, "contender": c, "errors": e} for (s, c), e in results.failures.items()],
+        "micro": [r.as_dict() for r in micro_rows],
+        "micro_skipped": micro_skipped,
+        "notes": notes,
+        "profile": profile,
+        "seconds": round(time.monotonic() - began, 1),
+    }
+    json_path = args.out / f"bench-{stamp}.json"
+    json_path.write_text(json.dumps(document, indent=1) + "\n")
+    (args.out / f"bench-{stamp}.md").write_text(format_markdown(rows) + "\n")
+    print(table)
+    if micro_table:
+        print("\nmicro-benchmarks\n" + micro_table)
+    for note in notes:
+        print(f"note: {note}")
+    print(f"\n{command.strip()} — {document['seconds']} s; results in {json_path}")
+    return 0

@@ -1,0 +1,84 @@
+"""Reading a contender's memory and descriptors from /proc (Linux only).
+
+Peak RSS is the kernel's own high-water mark (``VmHWM``). Writing ``5`` to ``/proc/PID/clear_refs``
+resets that mark to the current RSS (Linux ≥ 4.0), so the harness can measure the peak of one scenario
+in a process that already ran others. Where the reset is refused (not our process, no root), the
+caller falls back to sampling ``VmRSS``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and all its live descendants (threads are not processes and are not listed)."""
+    seen: list[int] = []
+    pending = [root]
+    while pending:
+        pid = pending.pop()
+        if pid in seen or not (PROC / str(pid)).exists():
+            continue
+        seen.append(pid)
+        pending.extend(_children(pid))
+    return seen
+
+
+def _children(pid: int) -> list[int]:
+    children: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in (PROC / str(pid) / "task").iterdir():
+            with contextlib.suppress(OSError):
+                children.extend(int(c) for c in (task / "children").read_text().split())
+    return children
+
+
+def parse_status_kib(text: str, field: str) -> int | None:
+    """The value in KiB of a ``Field:   1234 kB`` line of /proc/PID/status."""
+    for line in text.splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return None
+
+
+@dataclass(frozen=True)
+class Memory:
+    rss_kib: int
+    hwm_kib: int
+
+
+def memory(pids: list[int]) -> Memory:
+    """Summed current and peak RSS of ``pids`` (shared pages count once per process)."""
+    rss = hwm = 0
+    for pid in pids:
+        try:
+            text = (PROC / str(pid) / "status").read_text()
+        except OSError:
+            continue
+        rss += parse_status_kib(text, "VmRSS") or 0
+        hwm += parse_status_kib(text, "VmHWM") or 0
+    return Memory(rss, hwm)
+
+
+def reset_peak(pids: list[int]) -> bool:
+    """Reset every process's VmHWM to its current RSS; False if any reset was refused."""
+    ok = True
+    for pid in pids:
+        try:
+            (PROC / str(pid) / "clear_refs").write_text("5")
+        except OSError:
+            ok = False
+    return ok
+
+
+def open_fds(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            total += len(os.listdir(PROC / str(pid) / "fd"))
+    return total

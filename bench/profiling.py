@@ -1,0 +1,99 @@
+"""Sampling profiles of a contender's processes with py-spy, by pid, and their top costs.
+
+py-spy writes "raw" (collapsed) stacks: one ``frame;frame;...;leaf COUNT`` line per distinct stack,
+root first. A function's *self* cost is the samples where it is the leaf; its *total* cost is the
+samples whose stack contains it at least once. Only Python processes can be profiled; for the others
+py-spy fails and the reason is returned instead of a profile.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SAMPLE_RATE = 200
+STOP_TIMEOUT = 20.0
+
+
+@dataclass(frozen=True)
+class TopCosts:
+    samples: int
+    self_cost: list[tuple[str, int]]
+    total_cost: list[tuple[str, int]]
+
+
+def parse_collapsed(text: str, top: int = 15) -> TopCosts:
+    self_counts: Counter[str] = Counter()
+    total_counts: Counter[str] = Counter()
+    samples = 0
+    for line in text.splitlines():
+        stack, _, count_text = line.rstrip().rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = stack.split(";")
+        samples += count
+        self_counts[frames[-1]] += count
+        for frame in set(frames):
+            total_counts[frame] += count
+    return TopCosts(samples, self_counts.most_common(top), total_counts.most_common(top))
+
+
+def format_top(costs: TopCosts, title: str) -> str:
+    lines = [f"{title}: {costs.samples} samples", "  self%  total%  function"]
+    totals = dict(costs.total_cost)
+    for frame, count in costs.self_cost:
+        total = totals.get(frame)
+        total_text = f"{100 * total / costs.samples:6.1f}" if total is not None else "     -"
+        lines.append(f"  {100 * count / max(costs.samples, 1):5.1f}  {total_text}  {frame}")
+    return "\n".join(lines)
+
+
+@dataclass
+class Recording:
+    """py-spy recorders attached to every pid of one contender for one scenario."""
+
+    py_spy: Path
+    pids: list[int]
+    prefix: Path  # output files are ``<prefix>.<pid>.txt``
+    procs: list[tuple[int, subprocess.Popen[bytes]]] = field(default_factory=list)
+
+    def start(self) -> None:
+        for pid in self.pids:
+            argv = [
+                str(self.py_spy), "record", "--pid", str(pid), "--format", "raw", "--rate", str(SAMPLE_RATE),
+                "--output", str(self.output(pid)),
+            ]
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            self.procs.append((pid, proc))
+        time.sleep(1.0)  # py-spy needs a moment to attach before the scenario starts
+
+    def output(self, pid: int) -> Path:
+        return self.prefix.with_name(f"{self.prefix.name}.{pid}.txt")
+
+    def stop(self) -> dict[int, str]:
+        """Stop every recorder; return {pid: error} for those that produced no profile."""
+        errors: dict[int, str] = {}
+        for pid, proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+            try:
+                _, err = proc.communicate(timeout=STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+            if not self.output(pid).exists():
+                text = err.decode(errors="replace").strip().splitlines()
+                errors[pid] = text[0] if text else f"py-spy exited {proc.returncode}"
+        self.procs.clear()
+        return errors
+
+    def summary(self) -> TopCosts:
+        text = "\n".join(
+            self.output(pid).read_text(errors="replace") for pid in self.pids if self.output(pid).exists()
+        )
+        return parse_collapsed(text)

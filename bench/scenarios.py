@@ -1,0 +1,173 @@
+"""The scenarios: what one measurement of one contender in one run does, and which numbers it yields.
+
+Every scenario is a row of :func:`build` — a name, its metrics (unit, whether a ratio is meaningful)
+and a ``measure`` function taking a :class:`Probe`. ``measure`` returns the metric values of that run
+and the number of failed connections; an exception fails the cell for that run only.
+
+Derived metrics ("added p50/p99 over direct") are not measured here: they need direct's number from
+the same run and are computed when the run is complete (see ``bench.report``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from bench import clients, procstat
+from bench.contenders import Address, Contender
+from bench.stats import percentile
+from bench.wire import Direction
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Config:
+    runs: int
+    bulk_bytes: int
+    sequential: int  # connections per sequential-setup measurement
+    concurrent: int  # connections per concurrent-setup measurement
+    concurrency: int
+    idle_sizes: tuple[int, ...]
+    idle_hold: float = 1.0  # seconds the idle connections are held before the peak is read
+    idle_open_concurrency: int = 256
+    timeout: float = 60.0  # per socket operation (bulk) or per connection (setup, idle)
+
+
+@dataclass(frozen=True)
+class Probe:
+    contender: Contender
+    proxy: Address | None
+    bulk: Address  # the upstream listeners, as the contender wants them named in CONNECT
+    echo: Address
+    config: Config
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    unit: str
+    ratio: bool = True  # False where a ratio means nothing (a difference, a count)
+    higher_is_better: bool = False
+
+
+@dataclass(frozen=True)
+class Outcome:
+    values: dict[str, float | None]
+    errors: int = 0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    kind: str  # "bulk", "setup" or "idle": what the row means, for readers of the JSON
+    metrics: tuple[Metric, ...]
+    measure: Callable[[Probe], Outcome]
+
+
+THROUGHPUT = (Metric("MB/s", "MB/s", higher_is_better=True),)
+SETUP = (
+    Metric("conns/s", "1/s", higher_is_better=True),
+    Metric("p50", "ms"),
+    Metric("p99", "ms"),
+)
+SETUP_DERIVED = (Metric("added p50", "ms", ratio=False), Metric("added p99", "ms", ratio=False))
+IDLE = (
+    Metric("peak RSS", "MiB"),
+    Metric("KiB/conn", "KiB"),
+    Metric("opened/s", "1/s", higher_is_better=True),
+)
+
+
+def _bulk(direction: Direction) -> Callable[[Probe], Outcome]:
+    def measure(probe: Probe) -> Outcome:
+        result = clients.bulk(probe.proxy, probe.bulk, direction, probe.config.bulk_bytes, probe.config.timeout)
+        return Outcome({"MB/s": result.mb_per_s})
+
+    return measure
+
+
+def _setup_outcome(result: clients.SetupResult) -> Outcome:
+    if not result.latencies:
+        return Outcome({"conns/s": None, "p50": None, "p99": None}, result.errors)
+    return Outcome(
+        {
+            "conns/s": result.conns_per_s,
+            "p50": percentile(result.latencies, 50) * 1e3,
+            "p99": percentile(result.latencies, 99) * 1e3,
+        },
+        result.errors,
+    )
+
+
+def measure_sequential(probe: Probe) -> Outcome:
+    cfg = probe.config
+    return _setup_outcome(clients.setup_sequential(probe.proxy, probe.echo, cfg.sequential, cfg.timeout))
+
+
+def measure_concurrent(probe: Probe) -> Outcome:
+    cfg = probe.config
+    return _setup_outcome(
+        clients.setup_concurrent(probe.proxy, probe.echo, cfg.concurrent, cfg.concurrency, cfg.timeout)
+    )
+
+
+def _wait_fds_below(pids: list[int], limit: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while procstat.open_fds(pids) > limit and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _idle(count: int) -> Callable[[Probe], Outcome]:
+    def measure(probe: Probe) -> Outcome:
+        cfg = probe.config
+        pids = probe.contender.pids()
+        baseline = procstat.memory(pids)
+        baseline_fds = procstat.open_fds(pids)
+        exact_peak = procstat.reset_peak(pids)
+        hold = clients.open_idle(probe.proxy, probe.echo, count, cfg.idle_open_concurrency, cfg.timeout)
+        opened = len(hold.sockets)
+        try:
+            sampled = procstat.memory(pids).rss_kib
+            deadline = time.monotonic() + cfg.idle_hold
+            while time.monotonic() < deadline:
+                time.sleep(0.1)
+                sampled = max(sampled, procstat.memory(pids).rss_kib)
+            peak_kib = procstat.memory(pids).hwm_kib if exact_peak else sampled
+        finally:
+            hold.close()
+        _wait_fds_below(pids, baseline_fds + 16, timeout=30.0)
+        values: dict[str, float | None] = {
+            "peak RSS": peak_kib / 1024 if pids else None,
+            "KiB/conn": (peak_kib - baseline.rss_kib) / opened if pids and opened else None,
+            "opened/s": opened / hold.seconds if hold.seconds else None,
+        }
+        return Outcome(values, hold.errors)
+
+    return measure
+
+
+def build(config: Config) -> list[Scenario]:
+    scenarios = [
+        Scenario("bulk up", "bulk", THROUGHPUT, _bulk(Direction.UP)),
+        Scenario("bulk down", "bulk", THROUGHPUT, _bulk(Direction.DOWN)),
+        Scenario("setup sequential", "setup", SETUP, measure_sequential),
+        Scenario(f"setup {config.concurrency}-way", "setup", SETUP, measure_concurrent),
+    ]
+    scenarios += [Scenario(f"idle {n}", "idle", IDLE, _idle(n)) for n in config.idle_sizes]
+    return scenarios
+
+
+def idle_sizes(wanted: tuple[int, ...], nofile: int) -> tuple[tuple[int, ...], list[str]]:
+    """Cap idle sizes so a proxy holding two descriptors per connection stays under ``nofile``."""
+    cap = (nofile - 256) // 2
+    sizes: list[int] = []
+    notes: list[str] = []
+    for n in wanted:
+        if n > cap:
+            notes.append(f"idle {n:,} capped to {cap:,}: a proxy needs 2 fds per connection, nofile is {nofile}")
+            n = cap
+        if n > 0 and n not in sizes:
+            sizes.append(n)
+    return tuple(sizes), notes

@@ -1,0 +1,131 @@
+"""The upstream every contender reaches: a bulk source/sink and a 1 KiB echo, on 127.0.0.1 only.
+
+It runs as its own process (``python3 -m bench.upstream``) so that its CPU and file descriptors are
+not the client's. It prints ``READY <bulk_port> <echo_port>`` on stdout once both listeners are bound
+and exits when its stdin closes (the harness died or is done) or on SIGTERM.
+
+Why two engines: the echo side must hold 10,000 idle connections, which wants an event loop (asyncio
+protocols are the cheapest in the standard library); the bulk side moves gigabytes over a handful of
+connections, which blocking sockets in threads do fastest (the GIL is released in every syscall).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import signal
+import socket
+import sys
+import threading
+
+from bench.wire import UPLOAD_ACK, Direction, WireError, decode_bulk_header, encode_bulk_header
+
+HOST = "127.0.0.1"
+CHUNK = 1024 * 1024
+BACKLOG = 4096
+
+
+def raise_nofile_soft_limit() -> int:
+    """Raise the soft open-files limit to the hard one; return the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise WireError("peer closed before the bulk header was complete")
+        data += chunk
+    return bytes(data)
+
+
+def serve_bulk_connection(sock: socket.socket) -> None:
+    with sock:
+        direction, size = decode_bulk_header(_recv_exact(sock, len(encode_bulk_header(Direction.UP, 0))))
+        if direction is Direction.DOWN:
+            payload = memoryview(bytes(CHUNK))
+            remaining = size
+            while remaining:
+                n = min(remaining, CHUNK)
+                sock.sendall(payload[:n])
+                remaining -= n
+            sock.shutdown(socket.SHUT_WR)
+            while sock.recv(CHUNK):  # wait for the client's close so no byte is cut short by a reset
+                pass
+        else:
+            buffer = bytearray(CHUNK)
+            remaining = size
+            while remaining:
+                n = sock.recv_into(buffer, min(remaining, CHUNK))
+                if not n:
+                    raise WireError(f"upload ended {remaining} bytes short")
+                remaining -= n
+            sock.sendall(UPLOAD_ACK)
+
+
+def _bulk_accept_loop(listener: socket.socket) -> None:
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        threading.Thread(target=_serve_quietly, args=(conn,), daemon=True).start()
+
+
+def _serve_quietly(conn: socket.socket) -> None:
+    with contextlib.suppress(OSError, WireError):
+        serve_bulk_connection(conn)
+
+
+class EchoProtocol(asyncio.Protocol):
+    """Echo every byte back; the client sends 1 KiB and waits for 1 KiB."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    def eof_received(self) -> bool | None:
+        return False  # close our side too
+
+
+def _listener(port: int = 0) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((HOST, port))
+    sock.listen(BACKLOG)
+    return sock
+
+
+async def serve() -> None:
+    loop = asyncio.get_running_loop()
+    bulk = _listener()
+    echo = _listener()
+    threading.Thread(target=_bulk_accept_loop, args=(bulk,), daemon=True).start()
+    server = await loop.create_server(EchoProtocol, sock=echo, backlog=BACKLOG)
+    print(f"READY {bulk.getsockname()[1]} {echo.getsockname()[1]}", flush=True)
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    stdin = sys.stdin.fileno()
+    loop.add_reader(stdin, lambda: None if os.read(stdin, 4096) else stop.set())
+    async with server:
+        await stop.wait()
+    bulk.close()
+
+
+def main() -> None:
+    raise_nofile_soft_limit()
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()
