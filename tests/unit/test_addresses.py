@@ -203,8 +203,26 @@ def test_refused_spellings_record_what_would_be_dialled(host: str) -> None:
 
 @pytest.mark.parametrize(
     "host",
-    ["2130706433", "0x7f.1", "0177.0.0.1", "127.1", "1.2.3", "0x1.0x2.3", "010.010.010.010", "0", "4294967295",
-     "0x", "1.0x", "0xffffffff", "255.0xffffff", "1.2.3.4", "08", "1.2.3.256", "9.9.9.0x100", "1..2"],
+    [
+        "2130706433",
+        "0x7f.1",
+        "0177.0.0.1",
+        "127.1",
+        "1.2.3",
+        "0x1.0x2.3",
+        "010.010.010.010",
+        "0",
+        "4294967295",
+        "0x",
+        "1.0x",
+        "0xffffffff",
+        "255.0xffffff",
+        "1.2.3.4",
+        "08",
+        "1.2.3.256",
+        "9.9.9.0x100",
+        "1..2",
+    ],
 )
 def test_inet_aton_lenient_agrees_with_glibc(host: str) -> None:
     try:
@@ -244,7 +262,11 @@ def test_ipv4_classifies_the_same_in_every_ipv6_embedding(v4: IPv4Address, serve
     for kind, v6 in _embeddings(v4, server, flags).items():
         c = classify(v6)
         assert (c.cls, c.always_blocked, c.internal, c.address, c.embedded) == (
-            base.cls, base.always_blocked, base.internal, v4, kind,
+            base.cls,
+            base.always_blocked,
+            base.internal,
+            v4,
+            kind,
         ), (kind, v6)
 
 

@@ -1,0 +1,169 @@
+"""Relay bytes between two half-closeable streams until both directions are done, one fails, or it idles.
+
+Theory of operation. Two pumps run in one nursery, ``a → b`` and ``b → a``. Each pump awaits ``send_all`` on
+its destination before it receives the next chunk from its source, so a slow reader slows its writer and at
+most one chunk per direction is ever buffered here: backpressure by construction.
+
+* **Half-close.** A pump that reads EOF sends EOF on the other stream and ends; the opposite pump keeps
+  going. The relay ends cleanly when both pumps have ended this way, and then closes both streams.
+* **Failure.** A receive that fails is blamed on its source, a send (or send_eof) that fails on its
+  destination. The first failure cancels both pumps and *aborts* both streams: a TCP socket is closed with
+  ``SO_LINGER`` 0 (the peer sees a reset), a stream with an async ``reset()`` (our HTTP/2 link streams) is
+  reset. An abort, never a FIN, is what tells a client that a transfer was cut short rather than complete.
+* **Idle timeout.** One cancel scope wraps both pumps; its deadline moves forward whenever a chunk is
+  received or delivered in either direction. When it fires the relay is idle in both directions and both
+  streams are aborted.
+* **Outside cancellation** (e.g. a policy reload closing relays) aborts both streams and propagates.
+
+The caller hands both streams over: they are closed when ``relay`` returns or raises.
+"""
+
+from __future__ import annotations
+
+import enum
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+__all__ = ["RelayEnd", "RelayStats", "abort_stream", "relay"]
+
+# What a broken peer looks like through trio's stream ABC.
+_STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+class RelayEnd(enum.StrEnum):
+    """Who ended the relay; values are the strings used in events."""
+
+    A = "a"  # a's EOF came first (clean) or a failed (see ``error``)
+    B = "b"
+    IDLE = "idle-timeout"
+    CANCELLED = "cancelled"
+
+
+@dataclass
+class RelayStats:
+    bytes_a_to_b: int = 0
+    bytes_b_to_a: int = 0
+    duration_s: float = 0.0
+    closed_by: str = ""  # a RelayEnd value
+    error: str | None = None  # "<side>: <exception>" when a side failed; None for a clean end or idle
+
+
+class _Relay:
+    def __init__(
+        self, a: trio.abc.HalfCloseableStream, b: trio.abc.HalfCloseableStream, idle: float, chunk: int
+    ) -> None:
+        self.a, self.b = a, b
+        self.idle_timeout = idle
+        self.chunk = chunk
+        self.stats = RelayStats()
+        self.idle_scope = trio.CancelScope()
+        self.pumps = trio.CancelScope()
+
+    def touch(self) -> None:
+        self.idle_scope.deadline = trio.current_time() + self.idle_timeout
+
+    def ended(self, side: RelayEnd) -> None:
+        if not self.stats.closed_by:
+            self.stats.closed_by = side
+
+    def failed(self, side: RelayEnd, exc: BaseException) -> None:
+        if self.stats.error is None:
+            self.stats.closed_by = side
+            self.stats.error = f"{side}: {type(exc).__name__}: {exc}".rstrip(": ")
+        self.pumps.cancel()
+
+    async def pump(self, src_side: RelayEnd, dst_side: RelayEnd) -> None:
+        src, dst = (self.a, self.b) if src_side is RelayEnd.A else (self.b, self.a)
+        while True:
+            try:
+                data = await src.receive_some(self.chunk)
+            except _STREAM_ERRORS as exc:
+                self.failed(src_side, exc)
+                return
+            self.touch()
+            try:
+                if not data:
+                    self.ended(src_side)
+                    await dst.send_eof()
+                    return
+                await dst.send_all(data)
+            except _STREAM_ERRORS as exc:
+                self.failed(dst_side, exc)
+                return
+            if src_side is RelayEnd.A:
+                self.stats.bytes_a_to_b += len(data)
+            else:
+                self.stats.bytes_b_to_a += len(data)
+            self.touch()
+
+
+async def relay(
+    a: trio.abc.HalfCloseableStream,
+    b: trio.abc.HalfCloseableStream,
+    *,
+    idle_timeout: float,
+    chunk: int = 65536,
+) -> RelayStats:
+    """Relay until done; returns the byte counts, the duration and who ended it. Closes both streams."""
+    r = _Relay(a, b, idle_timeout, chunk)
+    start = trio.current_time()
+    clean = False
+    try:
+        with r.idle_scope:
+            r.touch()
+            with r.pumps:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(r.pump, RelayEnd.A, RelayEnd.B)
+                    nursery.start_soon(r.pump, RelayEnd.B, RelayEnd.A)
+        if r.idle_scope.cancelled_caught and r.stats.error is None:
+            r.stats.closed_by = RelayEnd.IDLE
+        clean = r.stats.error is None and not r.idle_scope.cancelled_caught
+    except BaseException:  # Cancelled, possibly grouped with its twin from the other pump
+        r.stats.closed_by = RelayEnd.CANCELLED
+        raise
+    finally:
+        r.stats.duration_s = trio.current_time() - start
+        if clean:
+            await _close_both(a, b)
+        else:
+            await _abort_both(a, b)
+    return r.stats
+
+
+async def _close_both(a: trio.abc.AsyncResource, b: trio.abc.AsyncResource) -> None:
+    with trio.CancelScope(shield=True):
+        for s in (a, b):
+            await trio.aclose_forcefully(s)
+
+
+async def _abort_both(a: trio.abc.AsyncResource, b: trio.abc.AsyncResource) -> None:
+    with trio.CancelScope(shield=True):
+        for s in (a, b):
+            await abort_stream(s)
+
+
+_LINGER_ZERO = struct.pack("ii", 1, 0)
+
+
+async def abort_stream(stream: trio.abc.AsyncResource) -> None:
+    """Close ``stream`` so that its peer sees an abort rather than an orderly end, where the stream allows it."""
+    reset: Any = getattr(stream, "reset", None)
+    if callable(reset):
+        try:
+            await reset()
+        except _STREAM_ERRORS:
+            pass
+    else:
+        inner: Any = stream
+        while inner is not None and not isinstance(inner, trio.SocketStream):
+            inner = getattr(inner, "transport_stream", None)
+        if isinstance(inner, trio.SocketStream):
+            try:
+                inner.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ZERO)
+            except OSError:
+                pass
+    await trio.aclose_forcefully(stream)

@@ -1,0 +1,338 @@
+"""relay(): half-close, failure and reset propagation, idle timeout, backpressure, and many parallel transfers.
+
+In-memory pairs for the semantics (virtual time), real loopback TCP for what only sockets show (a reset
+reaching the client, not a clean end)."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import resource
+import socket
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+import trio.lowlevel
+import trio.testing
+
+from supervisor.control.relay import RelayEnd, RelayStats, relay
+
+
+class Counting(trio.abc.HalfCloseableStream):
+    """A stream wrapper that counts what the relay has taken from it."""
+
+    def __init__(self, inner: trio.abc.HalfCloseableStream) -> None:
+        self.inner = inner
+        self.received = 0
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        await self.inner.send_eof()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        data = await self.inner.receive_some(max_bytes)
+        self.received += len(data)
+        return data
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def read_all(stream: trio.abc.ReceiveStream) -> bytes:
+    out = bytearray()
+    while data := await stream.receive_some(65536):
+        out += data
+    return bytes(out)
+
+
+@asynccontextmanager
+async def relayed(
+    make_pair: Callable[[], tuple[trio.abc.HalfCloseableStream, trio.abc.HalfCloseableStream]] = (
+        trio.testing.memory_stream_pair
+    ),
+    *,
+    idle_timeout: float = 60.0,
+) -> AsyncIterator[tuple[trio.abc.HalfCloseableStream, trio.abc.HalfCloseableStream, list[RelayStats]]]:
+    """client <-> [a relay b] <-> server, with the relay running in the background."""
+    client, a = trio.testing.memory_stream_pair()
+    b, server = make_pair()
+    result: list[RelayStats] = []
+
+    async def run() -> None:
+        result.append(await relay(a, b, idle_timeout=idle_timeout))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run)
+        yield client, server, result
+
+
+# --- semantics on in-memory streams -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("first", ["client", "server"])
+async def test_half_close_propagates_each_way(first: str) -> None:
+    async with relayed() as (client, server, result):
+        if first == "client":
+            await client.send_all(b"request")
+            await client.send_eof()
+            assert await read_all(server) == b"request"  # EOF reached the server...
+            await server.send_all(b"response after EOF")  # ...which can still answer
+            await server.send_eof()
+            assert await read_all(client) == b"response after EOF"
+        else:
+            await server.send_all(b"banner")
+            await server.send_eof()
+            assert await read_all(client) == b"banner"
+            await client.send_all(b"late request")
+            await client.send_eof()
+            assert await read_all(server) == b"late request"
+    (stats,) = result
+    assert stats.error is None
+    assert stats.closed_by == (RelayEnd.A if first == "client" else RelayEnd.B)
+    sizes = (len(b"request"), len(b"response after EOF")) if first == "client" else (12, 6)
+    assert (stats.bytes_a_to_b, stats.bytes_b_to_a) == sizes
+
+
+async def test_server_failure_closes_both_and_is_blamed_on_b() -> None:
+    async with relayed() as (client, server, result):
+        await client.send_all(b"x")
+        assert await server.receive_some() == b"x"
+        await server.aclose()  # the upstream goes away without EOF on its read side
+        await client.send_all(b"more")
+        assert await read_all(client) == b""  # the relay closed the client too
+    (stats,) = result
+    assert stats.closed_by == RelayEnd.B and stats.error is not None and stats.error.startswith("b:")
+
+
+async def test_client_failure_is_blamed_on_a() -> None:
+    async with relayed() as (client, server, result):
+        await client.aclose()
+        # the client's read side is gone; EOF from it is a clean a-side end, the server's reply has nowhere to go
+        assert await read_all(server) == b""
+        await server.send_all(b"reply")
+        with pytest.raises(trio.BrokenResourceError):
+            for _ in range(10):
+                await server.send_all(b"reply")
+                await trio.lowlevel.checkpoint()
+    (stats,) = result
+    assert stats.closed_by == RelayEnd.A and stats.error is not None and stats.error.startswith("a:")
+
+
+async def test_idle_timeout_in_virtual_time(autojump_clock: trio.testing.MockClock) -> None:
+    start = trio.current_time()
+    async with relayed(idle_timeout=30.0) as (client, _server, result):
+        assert await read_all(client) == b""
+    (stats,) = result
+    assert stats.closed_by == RelayEnd.IDLE and stats.error is None
+    assert trio.current_time() - start == pytest.approx(30.0)
+    assert stats.duration_s == pytest.approx(30.0)
+
+
+async def test_activity_in_either_direction_postpones_idle(autojump_clock: trio.testing.MockClock) -> None:
+    start = trio.current_time()
+    async with relayed(idle_timeout=10.0) as (client, server, result):
+        for i in range(6):  # 6 x 8 s of activity: 48 s, well past one idle period
+            await trio.sleep(8)
+            if i % 2:
+                await client.send_all(b"ping")
+                assert await server.receive_some() == b"ping"
+            else:
+                await server.send_all(b"pong")
+                assert await client.receive_some() == b"pong"
+        assert not result
+        assert await read_all(client) == b""
+    (stats,) = result
+    assert stats.closed_by == RelayEnd.IDLE
+    assert trio.current_time() - start == pytest.approx(58.0)
+
+
+async def test_backpressure_holds_at_most_one_chunk() -> None:
+    client, a_inner = trio.testing.memory_stream_pair()
+    a = Counting(a_inner)
+    b, server = trio.testing.lockstep_stream_pair()  # send_all blocks until the server reads
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: relay(a, b, idle_timeout=60, chunk=1000))
+        await client.send_all(b"z" * 100_000)
+        await trio.testing.wait_all_tasks_blocked()
+        assert a.received <= 1000  # the relay stopped reading the client while the server does not read
+        got = bytearray()
+        while len(got) < 100_000:
+            got += await server.receive_some(5000)
+        assert bytes(got) == b"z" * 100_000
+        nursery.cancel_scope.cancel()
+
+
+async def test_outside_cancellation_closes_both() -> None:
+    client, a = trio.testing.memory_stream_pair()
+    b, server = trio.testing.memory_stream_pair()
+    returned = False
+    async with trio.open_nursery() as nursery:
+
+        async def run() -> None:
+            nonlocal returned
+            await relay(a, b, idle_timeout=60)
+            returned = True
+
+        nursery.start_soon(run)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert not returned
+    assert await read_all(client) == b""
+    assert await read_all(server) == b""
+
+
+async def test_relay_between_pairs_is_a_half_closeable_stream() -> None:
+    """trio's own conformance check, run on client <-> relay <-> server as one virtual stream."""
+    async with trio.open_nursery() as nursery:
+
+        async def maker() -> tuple[trio.abc.HalfCloseableStream, trio.abc.HalfCloseableStream]:
+            client, a = trio.testing.memory_stream_pair()
+            b, server = trio.testing.memory_stream_pair()
+            nursery.start_soon(lambda: relay(a, b, idle_timeout=60))
+            return client, server
+
+        await trio.testing.check_half_closeable_stream(maker, None)
+        nursery.cancel_scope.cancel()
+
+
+# --- real sockets ---------------------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def tcp_pairs() -> AsyncIterator[Callable[[], Awaitable[tuple[trio.SocketStream, trio.SocketStream]]]]:
+    """Yields a function making a connected (client, server) loopback TCP pair; safe to call concurrently."""
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    port = listener.socket.getsockname()[1]
+    waiting: dict[tuple[str, int], trio.MemorySendChannel[trio.SocketStream]] = {}
+    early: dict[tuple[str, int], trio.SocketStream] = {}
+
+    async def acceptor() -> None:
+        while True:
+            server = await listener.accept()
+            peer = server.socket.getpeername()
+            if peer in waiting:
+                waiting.pop(peer).send_nowait(server)
+            else:
+                early[peer] = server
+
+    async def pair() -> tuple[trio.SocketStream, trio.SocketStream]:
+        client = await trio.open_tcp_stream("127.0.0.1", port)
+        me = client.socket.getsockname()
+        if me in early:
+            return client, early.pop(me)
+        send, receive = trio.open_memory_channel[trio.SocketStream](1)
+        waiting[me] = send
+        return client, await receive.receive()
+
+    async with listener, trio.open_nursery() as nursery:
+        nursery.start_soon(acceptor)
+        try:
+            yield pair
+        finally:
+            nursery.cancel_scope.cancel()  # nothing awaits after this: a Cancelled here would eat the test's error
+
+
+def reset_on_close(stream: trio.SocketStream) -> None:
+    stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+async def test_sockets_half_close_both_ways() -> None:
+    async with tcp_pairs() as pair:
+        client, a = await pair()
+        b, server = await pair()
+        async with trio.open_nursery() as nursery:
+            result: list[RelayStats] = []
+            nursery.start_soon(lambda: _collect(result, relay(a, b, idle_timeout=60)))
+            await client.send_all(b"GET / HTTP/1.0\r\n\r\n")
+            await client.send_eof()
+            assert await read_all(server) == b"GET / HTTP/1.0\r\n\r\n"
+            await server.send_all(b"HTTP/1.0 200 OK\r\n\r\nbody")
+            await server.send_eof()
+            assert await read_all(client) == b"HTTP/1.0 200 OK\r\n\r\nbody"
+        (stats,) = result
+        assert stats.error is None and stats.closed_by == RelayEnd.A
+        assert (stats.bytes_a_to_b, stats.bytes_b_to_a) == (18, 23)
+        await client.aclose()
+        await server.aclose()
+
+
+async def _collect(out: list[RelayStats], coro: Awaitable[RelayStats]) -> None:
+    out.append(await coro)
+
+
+@pytest.mark.parametrize("who_resets", ["upstream", "client"])
+async def test_reset_mid_transfer_reaches_the_other_side_as_a_reset(who_resets: str) -> None:
+    async with tcp_pairs() as pair:
+        client, a = await pair()
+        b, server = await pair()
+        result: list[RelayStats] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: _collect(result, relay(a, b, idle_timeout=60)))
+            resetter, victim = (server, client) if who_resets == "upstream" else (client, server)
+            await resetter.send_all(b"partial" * 1000)
+            got = bytearray()
+            while len(got) < 7000:
+                got += await victim.receive_some(65536)
+            reset_on_close(resetter)
+            await resetter.aclose()
+            # the victim must see a broken connection, never a clean EOF that passes for a complete transfer
+            with pytest.raises(trio.BrokenResourceError):
+                while await victim.receive_some(65536):
+                    pass
+        (stats,) = result
+        assert stats.error is not None
+        assert stats.closed_by == (RelayEnd.B if who_resets == "upstream" else RelayEnd.A)
+        await victim.aclose()
+
+
+async def test_a_thousand_parallel_transfers_arrive_intact() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 4500:
+        pytest.skip(f"needs 4,500 file descriptors, hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4500) if hard == resource.RLIM_INFINITY else hard, hard))
+    rng = random.Random(1234)
+    sizes = [
+        rng.choice([0, 1, rng.randrange(2, 4096), rng.randrange(4096, 65536), rng.randrange(65536, 300_000)])
+        for _ in range(1000)
+    ]
+    ok: list[int] = []
+
+    async def echo(stream: trio.SocketStream) -> None:
+        async with stream:
+            while data := await stream.receive_some(65536):
+                await stream.send_all(data)
+            await stream.send_eof()
+
+    async with tcp_pairs() as pair, trio.open_nursery() as nursery:
+
+        async def transfer(i: int) -> None:
+            client, a = await pair()
+            b, server = await pair()
+            nursery.start_soon(echo, server)
+            nursery.start_soon(lambda: relay(a, b, idle_timeout=60))
+            payload = random.Random(i).randbytes(sizes[i])
+            async with client:
+
+                async def send() -> None:
+                    await client.send_all(payload)
+                    await client.send_eof()
+
+                async with trio.open_nursery() as inner:
+                    inner.start_soon(send)
+                    back = await read_all(client)
+            assert hashlib.sha256(back).digest() == hashlib.sha256(payload).digest(), i
+            ok.append(i)
+
+        with trio.fail_after(120):
+            async with trio.open_nursery() as transfers:
+                for i in range(1000):
+                    transfers.start_soon(transfer, i)
+    assert sorted(ok) == list(range(1000))
