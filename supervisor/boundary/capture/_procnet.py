@@ -1,0 +1,87 @@
+"""``/proc/<pid>/net/tcp{,6}`` rows (the table of the network namespace ``pid`` lives in).
+
+Addresses are hex, each 32-bit word in host (little-endian) order. IPv4-mapped IPv6 addresses are normalised
+to IPv4 so that a dual-stack socket and an IPv4 socket compare equal (spec/boundary.md §4.1 step 1).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import sys
+from dataclasses import dataclass
+
+ESTABLISHED = 0x01
+SYN_RECV = 0x03
+LISTEN = 0x0A
+
+Endpoint = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class TcpRow:
+    local: Endpoint
+    remote: Endpoint
+    state: int
+    uid: int
+    inode: int
+
+
+def normalise_ip(text: str) -> str:
+    """Canonical text of an address: IPv4-mapped IPv6 → IPv4, zone dropped, IPv6 compressed."""
+    ip = ipaddress.ip_address(text.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ip)
+
+
+def normalise(endpoint: tuple[str, int] | tuple[str, int, int, int] | tuple[object, ...]) -> Endpoint:
+    """``getsockname()``/``getpeername()`` of either family → (canonical address, port)."""
+    host, port = endpoint[0], endpoint[1]
+    if not isinstance(host, str) or not isinstance(port, int):
+        raise ValueError(f"not an IP endpoint: {endpoint!r}")
+    return normalise_ip(host), port
+
+
+def _decode_address(field: str) -> Endpoint:
+    hex_ip, hex_port = field.split(":")
+    raw = bytes.fromhex(hex_ip)
+    if sys.byteorder == "little":
+        raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address
+    ip = ipaddress.IPv4Address(raw) if len(raw) == 4 else ipaddress.IPv6Address(raw)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip), int(hex_port, 16)
+
+
+def parse_table(text: str) -> list[TcpRow]:
+    rows: list[TcpRow] = []
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 10:
+            continue
+        rows.append(
+            TcpRow(
+                local=_decode_address(fields[1]),
+                remote=_decode_address(fields[2]),
+                state=int(fields[3], 16),
+                uid=int(fields[7]),
+                inode=int(fields[9]),
+            )
+        )
+    return rows
+
+
+def read_tables(proc_dir: str) -> list[TcpRow]:
+    """Both tables under ``proc_dir`` (``/proc/<pid>/net`` or ``/proc/self/net``); IPv6 may be absent."""
+    rows: list[TcpRow] = []
+    for name in ("tcp", "tcp6"):
+        try:
+            with open(f"{proc_dir}/{name}", encoding="ascii") as handle:
+                text = handle.read()
+        except FileNotFoundError:
+            if name == "tcp6":
+                continue
+            raise
+        rows += parse_table(text)
+    return rows

@@ -1,0 +1,514 @@
+"""Capture setup inside the agent's network namespace — called in-process by the launcher (zygote).
+
+Rules:
+
+1. These functions run in the single-threaded launcher that already lives in the agent's fresh network
+   namespace; they never enter or leave a namespace themselves. pyroute2 is used synchronously.
+2. The fence is "only ``lo``": no link, no route and no rule may lead anywhere else. :func:`inspect` reads it
+   all back, names every deviation and fingerprints the whole dump, so ``confirm`` and the periodic re-check
+   compare one hash.
+3. Capture mode ``anyip`` (the default, spec/boundary.md §5.4 B): ``local 0.0.0.0/0`` and ``local ::/0`` in
+   table ``local`` make every destination an address of this namespace, so a wildcard listener on port P
+   accepts a connection to *any* address on P and the accepted socket's local address is the original
+   destination. A port without a listener is refused by the kernel — a functional limit, never a leak.
+   Mode ``nft`` (§5.4 A) is used only when ``nft`` is installed and accepts the ruleset; otherwise setup fails
+   (fail closed) and the caller picks ``anyip``.
+4. Listeners are returned as raw fds: bound, ``listen()`` done, non-blocking, never ``SO_REUSEPORT``. On any
+   failure everything created so far is closed before the error propagates.
+5. :func:`probe` sends packets only to TEST-NET addresses and only after checking that the namespace has no
+   link but ``lo``: a probe can land on a local listener or be refused, never leave.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import ipaddress
+import json
+import os
+import select
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterable
+from typing import Any
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from supervisor.boundary.capture import _procnet
+from supervisor.boundary.capture.dns_stub import enable_pktinfo
+
+MODES = ("anyip", "nft")
+BACKLOG = 1024
+DNS_PORT = 53
+NFT_TABLE = "openshell_capture"
+
+# route types (<linux/rtnetlink.h>) and tables
+RTN_UNICAST, RTN_LOCAL, RTN_BROADCAST, RTN_MULTICAST = 1, 2, 3, 5
+RTN_BLACKHOLE, RTN_UNREACHABLE, RTN_PROHIBIT = 6, 7, 8
+RT_TABLE_LOCAL = 255
+_ROUTE_TYPES = {
+    1: "unicast",
+    2: "local",
+    3: "broadcast",
+    4: "anycast",
+    5: "multicast",
+    6: "blackhole",
+    7: "unreachable",
+    8: "prohibit",
+    9: "throw",
+    10: "nat",
+}
+# routes on lo that deliver locally or drop; a unicast route (even via lo) is not something we install
+_HARMLESS_ROUTE_NAMES = {
+    _ROUTE_TYPES[t] for t in (RTN_LOCAL, RTN_BROADCAST, RTN_MULTICAST, RTN_BLACKHOLE, RTN_UNREACHABLE, RTN_PROHIBIT)
+}
+# the rules every fresh namespace has: (family, priority, table)
+_DEFAULT_RULES = {
+    (socket.AF_INET, 0, 255),
+    (socket.AF_INET, 32766, 254),
+    (socket.AF_INET, 32767, 253),
+    (socket.AF_INET6, 0, 255),
+    (socket.AF_INET6, 32766, 254),
+    (128, 32767, 253),
+    (129, 32767, 254),  # RTNL_FAMILY_IPMR / IP6MR: multicast routing defaults
+}
+_TEST_NETS = tuple(
+    ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32")
+)
+
+
+class CaptureSetupError(RuntimeError):
+    """The capture could not be put in place; the namespace must not be used for the agent."""
+
+
+# --- prepare -----------------------------------------------------------------------------------------------
+
+
+def prepare(
+    *,
+    capture_ports: list[int],
+    proxy_port: int = 3128,
+    dns_port: int = 15053,
+    mode: str = "anyip",
+) -> tuple[dict[str, int], dict[str, Any]]:
+    """Configure ``lo``, install the capture and bind the listeners; returns (name → fd, JSON report).
+
+    Listener names: ``tcp4:<port>``/``tcp6:<port>`` (capture), ``proxy``, ``dns-udp4``/``dns-udp6``,
+    ``dns-tcp4``/``dns-tcp6``. In mode ``nft`` the capture ports are the redirect targets and the DNS
+    listeners sit on ``127.0.0.1:dns_port``/``[::1]:dns_port``; in mode ``anyip`` DNS listens on port 53 of
+    every address.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown capture mode {mode!r}")
+    ports = _check_ports(capture_ports, proxy_port, dns_port, mode)
+    report: dict[str, Any] = {"mode": mode, "capture_ports": ports, "proxy_port": proxy_port}
+    with IPRoute() as ipr:
+        lo = _loopback_up(ipr)
+        _add_address(ipr, lo, "127.0.0.1", 8)
+        ipv6 = _add_address(ipr, lo, "::1", 128)
+        report["ipv6"] = ipv6
+        if mode == "anyip":
+            report["routes_installed"] = _install_anyip(ipr, lo, ipv6=ipv6)
+    if mode == "nft":
+        report["nft"] = _install_nft(ports[0], dns_port, proxy_port)
+        report["routes_installed"] = []
+    fds: dict[str, int] = {}
+    try:
+        for port in ports:
+            fds[f"tcp4:{port}"] = _tcp_listener(socket.AF_INET, "0.0.0.0", port)
+            if ipv6:
+                fds[f"tcp6:{port}"] = _tcp_listener(socket.AF_INET6, "::", port)
+        fds["proxy"] = _tcp_listener(socket.AF_INET, "127.0.0.1", proxy_port)
+        dns_v4, dns_v6, dns_listen_port = (
+            ("0.0.0.0", "::", DNS_PORT) if mode == "anyip" else ("127.0.0.1", "::1", dns_port)
+        )
+        fds["dns-udp4"] = _udp_listener(socket.AF_INET, dns_v4, dns_listen_port)
+        fds["dns-tcp4"] = _tcp_listener(socket.AF_INET, dns_v4, dns_listen_port)
+        if ipv6:
+            fds["dns-udp6"] = _udp_listener(socket.AF_INET6, dns_v6, dns_listen_port)
+            fds["dns-tcp6"] = _tcp_listener(socket.AF_INET6, dns_v6, dns_listen_port)
+    except OSError as exc:
+        close_all(fds)
+        raise CaptureSetupError(f"binding capture listeners failed: {exc}") from exc
+    report["listeners"] = {name: _describe_fd(fd) for name, fd in sorted(fds.items())}
+    fence = inspect(expect_anyip=(mode == "anyip"))
+    report.update(fingerprint=fence["fingerprint"], ok=fence["ok"], problems=fence["problems"])
+    if not fence["ok"]:
+        close_all(fds)
+        raise CaptureSetupError(f"fence check failed after setup: {fence['problems']}")
+    return fds, report
+
+
+def close_all(fds: dict[str, int]) -> None:
+    for fd in fds.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _check_ports(capture_ports: Iterable[int], proxy_port: int, dns_port: int, mode: str) -> list[int]:
+    ports = sorted(set(capture_ports))
+    if not ports:
+        raise ValueError("at least one capture port is required")
+    for port in [*ports, proxy_port, dns_port]:
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise ValueError(f"invalid port {port!r}")
+    reserved = {proxy_port, DNS_PORT if mode == "anyip" else dns_port}
+    clash = reserved & set(ports)
+    if clash:
+        raise ValueError(f"capture ports {sorted(clash)} collide with the proxy or DNS listener")
+    return ports
+
+
+def _loopback_up(ipr: IPRoute) -> int:
+    found = ipr.link_lookup(ifname="lo")
+    if not found:
+        raise CaptureSetupError("no loopback device in this namespace")
+    index = int(found[0])
+    ipr.link("set", index=index, state="up")
+    return index
+
+
+def _add_address(ipr: IPRoute, index: int, address: str, prefixlen: int) -> bool:
+    """Add an address to ``lo``; ``False`` when the family is unavailable (IPv6 disabled)."""
+    try:
+        ipr.addr("add", index=index, address=address, prefixlen=prefixlen)
+    except NetlinkError as exc:
+        if exc.code == errno.EEXIST:
+            return True
+        if ":" in address and exc.code in (errno.EACCES, errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT, errno.EPERM):
+            return False
+        raise CaptureSetupError(f"adding {address}/{prefixlen} to lo failed: {exc}") from exc
+    return True
+
+
+def _install_anyip(ipr: IPRoute, lo: int, *, ipv6: bool) -> list[str]:
+    installed: list[str] = []
+    wanted = [(socket.AF_INET, "0.0.0.0/0")] + ([(socket.AF_INET6, "::/0")] if ipv6 else [])
+    for family, dst in wanted:
+        try:
+            ipr.route(
+                "add",
+                family=family,
+                dst=dst,
+                type="local",
+                table=RT_TABLE_LOCAL,
+                oif=lo,
+                scope=254 if family == socket.AF_INET else 0,
+            )
+        except NetlinkError as exc:
+            if exc.code != errno.EEXIST:
+                raise CaptureSetupError(f"installing local {dst} failed: {exc}") from exc
+        installed.append(f"local {dst} dev lo table local")
+    return installed
+
+
+def _install_nft(capture_port: int, dns_port: int, proxy_port: int) -> str:
+    """spec/boundary.md §5.4 A. Only with a working ``nft``; any failure is a setup failure."""
+    nft = shutil.which("nft")
+    if nft is None:
+        raise CaptureSetupError("mode nft: the nft binary is not installed")
+    ruleset = f"""
+table inet {NFT_TABLE} {{
+  chain nat_output {{
+    type nat hook output priority dstnat; policy accept;
+    oifname "lo" ip daddr 127.0.0.0/8 accept
+    oifname "lo" ip6 daddr ::1 accept
+    meta l4proto {{ tcp, udp }} th dport 53 redirect to :{dns_port}
+    meta l4proto tcp redirect to :{capture_port}
+  }}
+  chain filter_output {{
+    type filter hook output priority filter; policy drop;
+    meta l4proto {{ tcp, udp }} th dport {{ {capture_port}, {dns_port} }} ct status dnat accept
+    meta l4proto {{ tcp, udp }} th dport {{ {capture_port}, {dns_port} }} reject
+    oifname "lo" accept
+    meta l4proto tcp reject with tcp reset
+    reject
+  }}
+}}
+"""
+    try:
+        done = subprocess.run([nft, "-f", "-"], input=ruleset, text=True, capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise CaptureSetupError(f"mode nft: running nft failed: {exc}") from exc
+    if done.returncode != 0:
+        raise CaptureSetupError(f"mode nft: ruleset refused: {done.stderr.strip()[:500]}")
+    return f"table inet {NFT_TABLE} (redirect tcp → :{capture_port}, dns → :{dns_port}, proxy :{proxy_port})"
+
+
+def _tcp_listener(family: int, host: str, port: int) -> int:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((host, port))
+        sock.listen(BACKLOG)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock.detach()
+
+
+def _udp_listener(family: int, host: str, port: int) -> int:
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        enable_pktinfo(sock)
+        sock.bind((host, port))
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock.detach()
+
+
+def _describe_fd(fd: int) -> str:
+    sock = socket.socket(fileno=fd)
+    try:
+        host, port = sock.getsockname()[:2]
+        kind = "udp" if sock.type == socket.SOCK_DGRAM else "tcp"
+    finally:
+        sock.detach()
+    return f"{kind} [{host}]:{port}" if ":" in host else f"{kind} {host}:{port}"
+
+
+# --- inspect -----------------------------------------------------------------------------------------------
+
+
+def inspect(*, expect_anyip: bool = False) -> dict[str, Any]:
+    """Read the fence back: links, addresses, routes (all tables), rules, and the nft ruleset if ``nft`` exists.
+
+    ``ok`` is true only when the namespace holds nothing but an up ``lo``, no route leaves it, no rule was
+    added, and (``expect_anyip``) both any-IP local routes are present.
+    """
+    with IPRoute() as ipr:
+        links = [_link_entry(link) for link in ipr.get_links()]
+        names = {entry["index"]: entry["name"] for entry in links}
+        addresses = [_addr_entry(addr, names) for addr in ipr.get_addr()]
+        routes = [_route_entry(route, names) for route in ipr.route("dump", family=socket.AF_UNSPEC)]
+        rules = [_rule_entry(rule) for rule in ipr.get_rules(family=socket.AF_UNSPEC)]
+    dump: dict[str, Any] = {
+        "links": sorted(links, key=lambda e: e["name"]),
+        "addresses": sorted(addresses, key=json.dumps),
+        "routes": sorted(routes, key=json.dumps),
+        "rules": sorted(rules, key=json.dumps),
+        "nft": _nft_ruleset(),
+    }
+    problems = _problems(dump, expect_anyip=expect_anyip)
+    canonical = json.dumps(dump, sort_keys=True, separators=(",", ":"))
+    anyip = {
+        "ipv4": any(r["type"] == "local" and r["dst"] == "0.0.0.0/0" for r in routes),
+        "ipv6": any(r["type"] == "local" and r["dst"] == "::/0" for r in routes),
+    }
+    return {
+        **dump,
+        "anyip": anyip,
+        "fingerprint": hashlib.sha256(canonical.encode()).hexdigest(),
+        "ok": not problems,
+        "problems": problems,
+    }
+
+
+def _link_entry(link: Any) -> dict[str, Any]:
+    return {
+        "index": int(link["index"]),
+        "name": str(link.get("ifname")),
+        "kind": link.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND"),
+        "up": bool(link["flags"] & 1),
+    }
+
+
+def _addr_entry(addr: Any, names: dict[int, str]) -> dict[str, Any]:
+    return {
+        "family": int(addr["family"]),
+        "address": f"{addr.get('address')}/{addr['prefixlen']}",
+        "link": names.get(int(addr["index"]), str(addr["index"])),
+    }
+
+
+def _route_entry(route: Any, names: dict[int, str]) -> dict[str, Any]:
+    family = int(route["family"])
+    dst = route.get("dst") or ("0.0.0.0" if family == socket.AF_INET else "::")
+    oif = route.get("oif")
+    return {
+        "family": family,
+        "table": int(route.get("table") or route["table"]),
+        "type": _ROUTE_TYPES.get(int(route["type"]), str(route["type"])),
+        "dst": f"{dst}/{route['dst_len']}",
+        "oif": names.get(int(oif), str(oif)) if oif is not None else None,
+        "gateway": route.get("gateway"),
+        "multipath": route.get("multipath") is not None,
+        "scope": int(route["scope"]),
+        "proto": int(route["proto"]),
+        "priority": route.get("priority"),
+    }
+
+
+def _rule_entry(rule: Any) -> dict[str, Any]:
+    return {
+        "family": int(rule["family"]),
+        "priority": int(rule.get("priority") or 0),
+        "table": int(rule.get("table") or rule["table"]),
+        "action": int(rule["action"]),
+        "src": f"{rule.get('src')}/{rule['src_len']}" if rule.get("src") else None,
+        "dst": f"{rule.get('dst')}/{rule['dst_len']}" if rule.get("dst") else None,
+        "iif": rule.get("iifname"),
+        "oif": rule.get("oifname"),
+        "fwmark": rule.get("fwmark"),
+    }
+
+
+def _nft_ruleset() -> str | None:
+    nft = shutil.which("nft")
+    if nft is None:
+        return None
+    try:
+        done = subprocess.run([nft, "list", "ruleset"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"error: {exc}"
+    return done.stdout if done.returncode == 0 else f"error: {done.stderr.strip()[:200]}"
+
+
+def _problems(dump: dict[str, Any], *, expect_anyip: bool) -> list[str]:
+    problems: list[str] = []
+    for link in dump["links"]:
+        if link["name"] != "lo":
+            problems.append(f"unexpected link {link['name']} ({link['kind'] or 'unknown kind'})")
+        elif not link["up"]:
+            problems.append("lo is down")
+    for route in dump["routes"]:
+        where = f"{route['type']} {route['dst']} table {route['table']}"
+        if route["gateway"] is not None or route["multipath"]:
+            problems.append(f"route with a gateway: {where}")
+        elif route["oif"] not in (None, "lo"):
+            problems.append(f"route via {route['oif']}: {where}")
+        elif route["type"] not in _HARMLESS_ROUTE_NAMES:
+            problems.append(f"unexpected route: {where}")
+    for rule in dump["rules"]:
+        if (rule["family"], rule["priority"], rule["table"]) not in _DEFAULT_RULES or any(
+            rule[k] is not None for k in ("src", "dst", "iif", "oif", "fwmark")
+        ):
+            problems.append(f"unexpected rule: {rule}")
+    if expect_anyip:
+        has_ipv6 = any(a["family"] == socket.AF_INET6 for a in dump["addresses"])
+        for dst in ("0.0.0.0/0", "::/0") if has_ipv6 else ("0.0.0.0/0",):
+            if not any(r["type"] == "local" and r["dst"] == dst for r in dump["routes"]):
+                problems.append(f"any-IP route local {dst} is missing")
+    return problems
+
+
+# --- probe -------------------------------------------------------------------------------------------------
+
+
+def probe(
+    *,
+    address: str = "192.0.2.1",
+    port: int = 9,
+    expect_listener_port: int | None = None,
+    listeners: dict[str, int] | None = None,
+    timeout: float = 1.0,
+) -> dict[str, Any]:
+    """Connect from inside the namespace to a TEST-NET address and report where it landed.
+
+    ``captured`` means the connection was accepted by a listener of this namespace (its server end appears in
+    this namespace's TCP table); ``local`` is that server end's address — with any-IP it equals the dialled
+    address. With ``expect_listener_port`` the probe is ``ok`` only if it landed on that port; without, a
+    refusal (no listener on ``port``) is ``ok`` too. A UDP datagram to ``port`` must be refused locally.
+    Pass ``listeners`` (from :func:`prepare`) to accept and drop the probe's own connection before the fds are
+    handed over, so that it never reaches whoever accepts agent connections; never pass them while the agent
+    runs (an agent connection queued on the same listener could be taken). Probing a port without a listener
+    needs no draining.
+    """
+    ip = ipaddress.ip_address(address)
+    if not any(ip in net for net in _TEST_NETS):
+        raise ValueError(f"probe targets must be TEST-NET addresses, not {address}")
+    result: dict[str, Any] = {
+        "target": f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}",
+        "captured": False,
+        "refused": False,
+        "local": None,
+        "error": None,
+    }
+    with IPRoute() as ipr:
+        foreign = [str(link.get("ifname")) for link in ipr.get_links() if link.get("ifname") != "lo"]
+    if foreign:
+        result.update(ok=False, error=f"not probing: the namespace has links besides lo: {foreign}")
+        return result
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    client = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        client.settimeout(timeout)
+        code = client.connect_ex((str(ip), port))
+        if code == 0:
+            mine = _procnet.normalise(client.getsockname())
+            server = _server_end(mine)
+            result["captured"] = server is not None
+            if server is not None:
+                result["local"] = f"[{server[0]}]:{server[1]}" if ":" in server[0] else f"{server[0]}:{server[1]}"
+                if listeners:
+                    result["accepted_by"] = _drain(listeners, server, mine, timeout)
+            landed_port = server[1] if server is not None else None
+            result["ok"] = server is not None and expect_listener_port in (None, landed_port)
+        else:
+            result["error"] = errno.errorcode.get(code, str(code))
+            result["refused"] = code == errno.ECONNREFUSED
+            result["ok"] = result["refused"] and expect_listener_port is None
+    finally:
+        client.close()
+    result["udp"] = _probe_udp(family, str(ip), port if port != DNS_PORT else 9, timeout)
+    result["ok"] = bool(result["ok"] and result["udp"]["refused"])
+    return result
+
+
+def _server_end(client_end: tuple[str, int]) -> tuple[str, int] | None:
+    for row in _procnet.read_tables("/proc/self/net"):
+        if row.remote == client_end and row.state in (_procnet.ESTABLISHED, _procnet.SYN_RECV):
+            return row.local
+    return None
+
+
+def _drain(listeners: dict[str, int], server: tuple[str, int], client: tuple[str, int], timeout: float) -> str | None:
+    """Accept the probe's connection on our own listener fd and close it; returns the listener's name."""
+    for name, fd in listeners.items():
+        sock = socket.socket(fileno=fd)
+        try:
+            if sock.type != socket.SOCK_STREAM:
+                continue
+            bound = sock.getsockname()[1]
+            if bound != server[1]:
+                continue
+            ready, _, _ = select.select([sock], [], [], timeout)
+            while ready:
+                try:
+                    conn, peer = sock.accept()
+                except BlockingIOError:
+                    break
+                with conn:
+                    if _procnet.normalise(peer) == client:
+                        return name
+                ready, _, _ = select.select([sock], [], [], 0)
+        finally:
+            sock.detach()
+    return None
+
+
+def _probe_udp(family: int, address: str, port: int, timeout: float) -> dict[str, Any]:
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        sock.settimeout(timeout)
+        try:
+            sock.connect((address, port))
+            sock.send(b"openshell-probe")
+            sock.recv(64)
+        except ConnectionRefusedError:
+            return {"port": port, "refused": True, "error": "ECONNREFUSED"}
+        except OSError as exc:
+            return {"port": port, "refused": False, "error": errno.errorcode.get(exc.errno or 0, str(exc))}
+        return {"port": port, "refused": False, "error": "answered"}
+    finally:
+        sock.close()
