@@ -20,6 +20,7 @@ self-signed certificate with the right claims through.
 from __future__ import annotations
 
 import datetime
+import functools
 import ssl
 from collections.abc import Sequence
 from typing import Literal, Protocol
@@ -28,7 +29,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
 from .certs import Bundle, BundleError, read_peer_certificate
-from .claims import ClaimMismatch, Claims, ClaimsError, verify_claims
+from .claims import ClaimMismatch, Claims, ClaimsError, Role, verify_claims
 from .errors import ErrorKind, OpError
 
 __all__ = [
@@ -118,21 +119,38 @@ def _ca_certificate(bundle: Bundle) -> x509.Certificate:
         raise PeerRejected(FIELD_CERTIFICATE, f"cannot read the sandbox CA {bundle.ca_path}: {exc}") from None
 
 
-def _check_issuer_and_dates(der: bytes, bundle: Bundle) -> None:
+@functools.lru_cache(maxsize=256)
+def _checked_peer(ca: x509.Certificate, der: bytes) -> tuple[Claims, Role, datetime.datetime, datetime.datetime]:
+    """Issuer signature and claims of ``der`` under ``ca``: a pure function of the two DER encodings.
+
+    Cached (a link re-dial presents the same certificate), which saves the ECDSA verification and the
+    claims parse, about 180 us, on every handshake after the first. Failures raise and are not cached;
+    the validity dates are returned so that the caller checks them against the clock every time.
+    """
     try:
         cert = x509.load_der_x509_certificate(der)
     except ValueError as exc:
         raise PeerRejected(FIELD_CERTIFICATE, f"peer certificate is not valid DER: {exc}") from None
     try:
-        cert.verify_directly_issued_by(_ca_certificate(bundle))
+        cert.verify_directly_issued_by(ca)
     except (ValueError, TypeError, InvalidSignature):
         raise PeerRejected(FIELD_CERTIFICATE, "peer certificate is not issued by this sandbox's CA") from None
-    now = datetime.datetime.now(datetime.UTC)
-    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+    try:
+        claims, role = read_peer_certificate(der)
+    except ClaimsError as exc:
+        raise PeerRejected(FIELD_CERTIFICATE, f"peer certificate claims: {exc}") from None
+    return claims, role, cert.not_valid_before_utc, cert.not_valid_after_utc
+
+
+def _utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _check_dates(not_before: datetime.datetime, not_after: datetime.datetime) -> None:
+    if not not_before <= _utc_now() <= not_after:
         raise PeerRejected(
             FIELD_CERTIFICATE,
-            f"peer certificate is valid only from {cert.not_valid_before_utc:%Y-%m-%dT%H:%M:%SZ} "
-            f"to {cert.not_valid_after_utc:%Y-%m-%dT%H:%M:%SZ}",
+            f"peer certificate is valid only from {not_before:%Y-%m-%dT%H:%M:%SZ} to {not_after:%Y-%m-%dT%H:%M:%SZ}",
         )
 
 
@@ -154,11 +172,8 @@ def verify_peer(
     der = ssl_object.getpeercert(True)
     if not der:
         raise PeerRejected(FIELD_CERTIFICATE, "peer presented no certificate")
-    _check_issuer_and_dates(der, bundle)
-    try:
-        claims, role = read_peer_certificate(der)
-    except ClaimsError as exc:
-        raise PeerRejected(FIELD_CERTIFICATE, f"peer certificate claims: {exc}") from None
+    claims, role, not_before, not_after = _checked_peer(_ca_certificate(bundle), bytes(der))
+    _check_dates(not_before, not_after)
     expected_role = bundle.role.other()
     try:
         verify_claims(claims, role, bundle.claims, expected_role)

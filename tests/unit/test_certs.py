@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import re
 import shutil
 import stat
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import trustme
@@ -19,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from supervisor import certs_cli
-from supervisor.protocol import certs
+from supervisor.protocol import certs, tls
 from supervisor.protocol.certs import (
     BUNDLE_FILES,
     BundleError,
@@ -30,6 +33,8 @@ from supervisor.protocol.certs import (
     read_peer_certificate,
 )
 from supervisor.protocol.claims import CLAIMS_OID, ClaimsError, Role, claims_json, encode_claims
+from supervisor.protocol.errors import ErrorKind
+from supervisor.protocol.tls import PeerRejected, verify_peer
 from tests.certs_fixtures import SAMPLE_CLAIMS, differing, issue_pair, sample_claims
 
 NOW = datetime.datetime(2030, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
@@ -578,3 +583,83 @@ def test_cli_help(capsys: pytest.CaptureFixture[str]) -> None:
     text = capsys.readouterr().out
     for flag in ("--out", "--namespace", "--generation", "--validity", "--ca-key-out", "claims.json", "0600"):
         assert flag in text
+
+
+# --- verify_peer without sockets: a fake completed handshake ------------------------------------------------
+
+
+@dataclass
+class FakeTLS:
+    der: bytes | None
+    tls_version: str | None = "TLSv1.3"
+    alpn: str | None = "openshell-ops/1"
+
+    def version(self) -> str | None:
+        return self.tls_version
+
+    def selected_alpn_protocol(self) -> str | None:
+        return self.alpn
+
+    def getpeercert(self, binary_form: Literal[True]) -> bytes | None:
+        assert binary_form
+        return self.der
+
+
+def der_of(path: Path) -> bytes:
+    return cert_of(path).public_bytes(serialization.Encoding.DER)
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"tls_version": "TLSv1.2"}, "tls"),
+        ({"tls_version": None}, "tls"),
+        ({"alpn": None}, "alpn"),
+        ({"alpn": "openshell-egress/1"}, "alpn"),
+        ({"der": None}, "certificate"),
+        ({"der": b""}, "certificate"),
+        ({"der": b"\x30\x00"}, "certificate"),
+    ],
+)
+def test_verify_peer_refusals(issued: Path, changes: dict[str, object], field: str) -> None:
+    boundary = load_bundle(issued / "boundary", Role.BOUNDARY)
+    conn = FakeTLS(der_of(issued / "control" / "cert.pem"))
+    assert verify_peer(conn, boundary, expected_alpn="openshell-ops/1") == SAMPLE_CLAIMS
+    for key, value in changes.items():
+        setattr(conn, key, value)
+    with pytest.raises(PeerRejected) as info:
+        verify_peer(conn, boundary, expected_alpn="openshell-ops/1")
+    assert info.value.field == field
+    assert info.value.to_op_error().kind == ErrorKind.DENIED
+    assert info.value.to_op_error().field == field
+
+
+def test_verify_peer_cache_is_per_ca(issued: Path, tmp_path: Path) -> None:
+    """A certificate accepted under one CA is still refused under another (the check is cached)."""
+    control_der = der_of(issued / "control" / "cert.pem")
+    good = load_bundle(issued / "boundary", Role.BOUNDARY)
+    _, other = issue_pair(tmp_path / "other")  # same claims, other CA
+    for _ in range(2):
+        assert verify_peer(FakeTLS(control_der), good) == SAMPLE_CLAIMS
+        with pytest.raises(PeerRejected, match="not issued by this sandbox's CA"):
+            verify_peer(FakeTLS(control_der), other)
+
+
+def test_verify_peer_rechecks_dates_every_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    control, boundary = issue_pair(tmp_path / "b", validity=datetime.timedelta(hours=1))
+    conn = FakeTLS(der_of(control.cert_path))
+    assert verify_peer(conn, boundary) == SAMPLE_CLAIMS  # now cached
+
+    later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=2)
+    monkeypatch.setattr(tls, "_utc_now", lambda: later)
+    with pytest.raises(PeerRejected, match="valid only from") as info:
+        verify_peer(conn, boundary)
+    assert info.value.field == "certificate"
+
+
+def test_verify_peer_without_a_loaded_ca_reads_the_file(issued: Path) -> None:
+    loaded = load_bundle(issued / "boundary", Role.BOUNDARY)
+    bare = dataclasses.replace(loaded, ca_certificate=None)
+    assert verify_peer(FakeTLS(der_of(issued / "control" / "cert.pem")), bare) == SAMPLE_CLAIMS
+    with pytest.raises(PeerRejected, match="role"):
+        verify_peer(FakeTLS(der_of(issued / "boundary" / "cert.pem")), bare)
