@@ -1,0 +1,280 @@
+"""Decisions: pure functions of (compiled policy, request). No I/O, no clocks, no logging.
+
+Rules:
+
+1. Deny by default. Every decision carries the rule key that matched (or none), the endpoint (``key[index]``),
+   and, for a denial, a machine-readable ``DenyReason`` whose value is the exact string logged.
+2. L4 (§3.3): a connection is allowed iff **one single rule** matches both the destination (some endpoint) and
+   the caller (some binary: executable or an ancestor, never argv). Binaries and endpoints are never unioned
+   across rules (§5 bug 33).
+3. L7 (§3.10): allow rules are the union over every rule that matched at L4; a deny rule in any of them wins;
+   a request that is not allowed is denied under ``enforcement: enforce`` and allowed-but-flagged (``audit``)
+   otherwise. Requests whose target cannot be canonicalised are refused whatever the enforcement.
+4. Identity failures deny: no identity, no executable path, or a digest that differs from the pinned one.
+   Digest pins are the only state a decision touches (trust on first use records the first digest per path).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from .compiled import CompiledEndpoint, CompiledL7Rule, CompiledPolicy
+from .hosts import normalize_request_host
+from .identity import BinaryIdentity, DigestPins
+from .model import Enforcement, Protocol
+from .paths import TargetError, canonicalize_target, parse_query
+
+_METHOD = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+class Verdict(enum.StrEnum):
+    ALLOW = "allow"
+    DENY = "deny"
+
+
+class DenyReason(enum.StrEnum):
+    POLICY_QUARANTINED = "policy-quarantined"
+    NO_NETWORK_POLICIES = "no-network-policies"
+    NO_MATCHING_ENDPOINT = "no-matching-endpoint"
+    BINARY_NOT_ALLOWED = "binary-not-allowed"
+    BINARY_DIGEST_CHANGED = "binary-digest-changed"
+    BINARY_DIGEST_MISSING = "binary-digest-missing"
+    IDENTITY_MISSING = "identity-missing"
+    INVALID_HOST = "invalid-host"
+    INVALID_PORT = "invalid-port"
+    L4_DENIED = "l4-denied"
+    L7_DENIED = "l7-denied"
+    L7_NO_ALLOW_RULE = "l7-no-allow-rule"
+    L7_NO_ENDPOINT_PATH = "l7-no-endpoint-path"
+    PATH_NOT_CANONICAL = "path-not-canonical"
+    ENCODED_SLASH = "encoded-slash"
+    QUERY_INVALID = "query-invalid"
+    METHOD_INVALID = "method-invalid"
+
+
+@dataclass(frozen=True, slots=True)
+class L4Request:
+    host: str  # as the client asked: name or IP literal, any case, maybe a trailing dot
+    port: int
+    identity: BinaryIdentity | None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    verdict: Verdict
+    rule: str | None
+    endpoint: str | None  # "github[0]" when an endpoint matched, else "host:port"
+    reason: DenyReason | None
+    audit: bool = False  # enforcement: audit turned this denial into an allow
+    l7: bool = False  # the endpoint asks for L7 inspection: control must parse and call decide_l7
+    detail: str = ""  # one human sentence, safe to log and to return in a 403 body
+    host: str = ""  # normalised destination host
+    port: int = 0
+    rules: tuple[str, ...] = ()  # every rule key whose endpoint and binary matched (L7 unions over these)
+    tls_skip: bool = False  # raw tunnel: no TLS termination, no L7, no credentials
+    allowed_ips: tuple[str, ...] = ()  # SSRF allowlist from the governing endpoint
+    exact_host: bool = False  # a matching rule names this host exactly (not by glob): §3.5 ExactDeclaredHost
+    transparent: bool = False  # a ``protocol: tcp`` endpoint matched
+    method: str | None = None  # L7 only
+    path: str | None = None  # L7 only: the canonical path, which is what must be sent upstream
+    query: str | None = None  # L7 only: verbatim query (never logged by to_json)
+    l7_rule: str | None = field(default=None)  # L7 only: "rules[1]", "deny_rules[0]", "access:read-only"
+
+    @property
+    def allowed(self) -> bool:
+        return self.verdict is Verdict.ALLOW
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "result": str(self.verdict),
+            "rule": self.rule,
+            "endpoint": self.endpoint,
+            "reason": None if self.reason is None else str(self.reason),
+            "audit": self.audit,
+            "l7": self.l7,
+            "detail": self.detail,
+            "destination": f"{self.host}:{self.port}" if self.host else None,
+        }
+        if self.allowed and not self.method:
+            body["tls"] = "skip" if self.tls_skip else "auto"
+            if self.allowed_ips:
+                body["allowed_ips"] = list(self.allowed_ips)
+        if self.method is not None:
+            body["method"] = self.method
+            body["path"] = self.path  # query-free: query strings are never logged (§4.1)
+            if self.l7_rule is not None:
+                body["l7_rule"] = self.l7_rule
+        return body
+
+    def describe(self) -> str:
+        """One line for people: ``allow github (github[0]) api.github.com:443`` / ``deny ...: reason: detail``."""
+        where = f"{self.host}:{self.port}" if self.host else "-"
+        if self.method is not None:
+            where += f" {self.method} {self.path}"
+        if self.allowed and not self.audit:
+            return f"allow {self.rule} ({self.endpoint}) {where}" + (" [l7 inspection]" if self.l7 else "")
+        if self.audit:
+            return f"allow (audit; would deny: {self.reason}) {self.rule} ({self.endpoint}) {where}: {self.detail}"
+        return f"deny {where}: {self.reason}: {self.detail}"
+
+
+def _deny(reason: DenyReason, detail: str, host: str, port: int, **extra: Any) -> Decision:
+    endpoint = extra.pop("endpoint", f"{host}:{port}" if host else None)
+    return Decision(Verdict.DENY, extra.pop("rule", None), endpoint, reason, detail=detail, host=host, port=port,
+                    **extra)
+
+
+def quarantine_decision(req: L4Request, why: str = "") -> Decision:
+    """What every decision is while control is in fail-closed quarantine (§3.15)."""
+    host = normalize_request_host(req.host) or req.host
+    detail = "policy validation failed; fail-closed quarantine is active" + (f": {why}" if why else "")
+    return _deny(DenyReason.POLICY_QUARANTINED, detail, host, req.port)
+
+
+def _identity_text(identity: BinaryIdentity) -> str:
+    ancestors = " -> ".join(identity.ancestors)
+    text = f"binary '{identity.path}' (ancestors: [{ancestors}]"
+    if identity.cmdline_paths:
+        text += f", cmdline: [{', '.join(identity.cmdline_paths)}]"
+    return text + ")"
+
+
+def decide_l4(policy: CompiledPolicy, req: L4Request, pins: DigestPins | None = None) -> Decision:
+    """Decide a connection to (host, port) by the process ``req.identity``."""
+    port = req.port
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        return _deny(DenyReason.INVALID_PORT, f"invalid port {port!r}", req.host, 0, endpoint=None)
+    host = normalize_request_host(req.host)
+    if host is None:
+        return _deny(DenyReason.INVALID_HOST, f"invalid destination host {req.host!r}", "", port, endpoint=None)
+    if not policy.rules:
+        return _deny(DenyReason.NO_NETWORK_POLICIES, "network connections not allowed by policy", host, port)
+    identity = req.identity
+    if identity is None or not identity.path:
+        return _deny(DenyReason.IDENTITY_MISSING, "the initiating process could not be identified", host, port)
+    if pins is not None:
+        violation = pins.verify(identity)
+        if violation is not None:
+            reason = DenyReason.BINARY_DIGEST_MISSING if violation.missing else DenyReason.BINARY_DIGEST_CHANGED
+            return _deny(reason, violation.describe(), host, port)
+
+    candidates = policy.endpoints_for(host, port)
+    if not candidates:
+        return _deny(DenyReason.NO_MATCHING_ENDPOINT, f"endpoint {host}:{port} is not allowed by any policy",
+                     host, port)
+    matching: list[CompiledEndpoint] = []
+    refused: list[str] = []
+    verdicts: dict[int, bool] = {}
+    for cep in candidates:
+        position = cep.rule.position
+        ok = verdicts.get(position)
+        if ok is None:
+            ok = verdicts[position] = cep.rule.binary_matches(identity)
+            if not ok:
+                refused.append(cep.rule.key)
+        if ok:
+            matching.append(cep)
+    if not matching:
+        who = _identity_text(identity)
+        detail = "; ".join(f"{who} not allowed in policy '{key}'" for key in refused)
+        return _deny(DenyReason.BINARY_NOT_ALLOWED, detail, host, port, rule=None)
+
+    configs = [cep for cep in matching if cep.endpoint.extended]
+    governing = configs[0] if configs else matching[0]
+    rules = tuple(dict.fromkeys(cep.rule.key for cep in matching))
+    first = configs[0].endpoint if configs else None
+    return Decision(
+        Verdict.ALLOW,
+        governing.rule.key,
+        governing.label,
+        None,
+        l7=any(cep.endpoint.protocol.inspected for cep in configs),
+        detail=f"{host}:{port} allowed by policy '{governing.rule.key}'",
+        host=host,
+        port=port,
+        rules=rules,
+        tls_skip=first.tls_skip if first else False,
+        allowed_ips=first.allowed_ips if first else (),
+        exact_host=any(cep.host_glob is None and cep.endpoint.host == host for cep in matching),
+        transparent=any(cep.endpoint.protocol is Protocol.TCP for cep in matching),
+    )
+
+
+def _first(
+    configs: list[CompiledEndpoint], method: str, path: str, params: dict[str, list[str]], *, deny: bool
+) -> tuple[CompiledEndpoint, CompiledL7Rule] | None:
+    for cep in configs:
+        for rule in cep.denies if deny else cep.allows:
+            if not rule.method_matches(method) or not rule.path_matches(path):
+                continue
+            if rule.query_denies(params) if deny else rule.query_allows(params):
+                return cep, rule
+    return None
+
+
+def decide_l7(policy: CompiledPolicy, l4: Decision, method: str, raw_target: str) -> Decision:
+    """Decide one HTTP request inside a connection that ``l4`` admitted (same policy generation)."""
+    if not l4.allowed:
+        return l4 if l4.reason is not None else _deny(DenyReason.L4_DENIED, "connection not allowed", l4.host,
+                                                      l4.port)
+    admitted = set(l4.rules)
+    configs = [
+        cep
+        for cep in policy.endpoints_for(l4.host, l4.port)
+        if cep.rule.key in admitted and cep.endpoint.protocol.inspected
+    ]
+    if not _METHOD.fullmatch(method or ""):
+        return _deny(DenyReason.METHOD_INVALID, f"invalid HTTP method {method!r}", l4.host, l4.port,
+                     rule=l4.rule, endpoint=l4.endpoint, rules=l4.rules, l7=bool(configs))
+    method = method.upper()
+    if not configs:
+        # not an inspected endpoint: nothing to decide per request
+        return Decision(Verdict.ALLOW, l4.rule, l4.endpoint, None, detail="endpoint is not L7-inspected",
+                        host=l4.host, port=l4.port, rules=l4.rules, method=method)
+
+    try:
+        target = canonicalize_target(raw_target, allow_encoded_slash=any(
+            c.endpoint.allow_encoded_slash for c in configs))
+    except TargetError as exc:
+        return _deny(DenyReason.PATH_NOT_CANONICAL, str(exc), l4.host, l4.port, rule=l4.rule, endpoint=l4.endpoint,
+                     rules=l4.rules, l7=True, method=method)
+    path = target.path
+    routed = [c for c in configs if c.path_glob is None or c.path_glob.matches(path)]
+    if not routed:
+        return _deny(DenyReason.L7_NO_ENDPOINT_PATH, "no L7 endpoint path matched request", l4.host, l4.port,
+                     rule=l4.rule, endpoint=l4.endpoint, rules=l4.rules, l7=True, method=method, path=path)
+    selected = max(routed, key=lambda c: (c.rank, -c.rule.position, -c.index))
+    where = {"rule": selected.rule.key, "endpoint": selected.label, "rules": l4.rules, "l7": True,
+             "method": method, "path": path, "query": target.query}
+    if "%2F" in path and not selected.endpoint.allow_encoded_slash:
+        return _deny(DenyReason.ENCODED_SLASH,
+                     f"encoded slash (%2F) in path; endpoint {selected.label} does not set allow_encoded_slash",
+                     l4.host, l4.port, **where)
+    try:
+        params = parse_query(target.query)
+    except TargetError as exc:
+        return _deny(DenyReason.QUERY_INVALID, str(exc), l4.host, l4.port, **where)
+
+    denied = _first(routed, method, path, params, deny=True)
+    allowed = None if denied else _first(routed, method, path, params, deny=False)
+    if allowed is not None:
+        cep, rule = allowed
+        return Decision(Verdict.ALLOW, cep.rule.key, cep.label, None, l7=True,
+                        detail=f"{method} {path} allowed by policy '{cep.rule.key}' {rule.label}",
+                        host=l4.host, port=l4.port, rules=l4.rules, method=method, path=path, query=target.query,
+                        l7_rule=rule.label)
+    if denied is not None:
+        cep, rule = denied
+        reason, detail, rule_key, label, l7_rule = (DenyReason.L7_DENIED, f"{method} {path} blocked by deny rule",
+                                                    cep.rule.key, cep.label, rule.label)
+    else:
+        reason, detail, rule_key, label, l7_rule = (DenyReason.L7_NO_ALLOW_RULE,
+                                                    f"{method} {path} not permitted by policy",
+                                                    selected.rule.key, selected.label, None)
+    audit = selected.endpoint.enforcement is not Enforcement.ENFORCE
+    return Decision(Verdict.ALLOW if audit else Verdict.DENY, rule_key, label, reason, audit=audit, l7=True,
+                    detail=detail, host=l4.host, port=l4.port, rules=l4.rules, method=method, path=path,
+                    query=target.query, l7_rule=l7_rule)

@@ -1,0 +1,106 @@
+"""Binary identity as control receives it, and digest pinning (trust on first use) kept in control.
+
+The boundary resolves the process behind every captured connection and reports its kernel-resolved executable
+path, the sha256 of the live image, the ancestor chain and (diagnostic only) absolute argv entries. Rules:
+
+1. ``path`` and ``ancestors`` may grant access; ``cmdline_paths`` never do (argv is spoofable, §5 bug 4).
+2. Pins are per executable path, for the life of the control process: the first digest seen for a path is
+   recorded; a different digest later is a denial (``binary-digest-changed``), for ancestors too. No policy
+   field pins digests. Once pins are in use, an identity without a digest is denied.
+3. Pins only ever grow; the store is bounded so a hostile workload cannot make control grow without limit
+   (beyond the bound new paths are refused rather than silently trusted).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+MAX_PINS = 65536
+
+
+def normalize_digest(value: str | None) -> str | None:
+    if value is None:
+        return None
+    value = value.strip().lower()
+    return value if _SHA256.fullmatch(value) else None
+
+
+@dataclass(frozen=True, slots=True)
+class BinaryIdentity:
+    path: str
+    sha256: str | None
+    ancestors: tuple[str, ...] = ()  # nearest parent first
+    cmdline_paths: tuple[str, ...] = ()  # diagnostics only; never grants
+    ancestor_sha256: tuple[str | None, ...] = ()  # parallel to ``ancestors`` when the boundary hashed them
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"path": self.path, "sha256": self.sha256, "ancestors": list(self.ancestors)}
+        if self.cmdline_paths:
+            body["cmdline_paths"] = list(self.cmdline_paths)
+        return body
+
+
+@dataclass(frozen=True, slots=True)
+class PinViolation:
+    path: str
+    pinned: str | None
+    seen: str | None
+    ancestor: bool
+
+    @property
+    def missing(self) -> bool:
+        return self.seen is None
+
+    def describe(self) -> str:
+        who = "ancestor " if self.ancestor else ""
+        if self.seen is None:
+            return f"{who}binary '{self.path}' has no sha256 digest; digest pinning requires one"
+        if self.pinned is None:
+            return f"{who}binary '{self.path}' cannot be pinned: the pin store is full"
+        return (
+            f"{who}binary integrity check failed: '{self.path}' hash changed "
+            f"(pinned: {self.pinned}, current: {self.seen})"
+        )
+
+
+class DigestPins:
+    """Trust-on-first-use digests per executable path."""
+
+    def __init__(self, *, limit: int = MAX_PINS) -> None:
+        self._pins: dict[str, str] = {}
+        self._limit = limit
+
+    def __len__(self) -> int:
+        return len(self._pins)
+
+    def pinned(self, path: str) -> str | None:
+        return self._pins.get(path)
+
+    def verify(self, identity: BinaryIdentity) -> PinViolation | None:
+        """Check ``identity`` against the pins, recording first sightings; the first violation, if any."""
+        pairs: list[tuple[str, str | None, bool]] = [(identity.path, identity.sha256, False)]
+        for i, ancestor in enumerate(identity.ancestors):
+            digest = identity.ancestor_sha256[i] if i < len(identity.ancestor_sha256) else None
+            if digest is not None:
+                pairs.append((ancestor, digest, True))
+        new: dict[str, str] = {}
+        for path, raw, is_ancestor in pairs:
+            digest = normalize_digest(raw)
+            if digest is None:
+                return PinViolation(path, self._pins.get(path), None, is_ancestor)
+            pinned = self._pins.get(path, new.get(path))
+            if pinned is None:
+                new[path] = digest
+            elif pinned != digest:
+                return PinViolation(path, pinned, digest, is_ancestor)
+        for path, digest in new.items():
+            if len(self._pins) >= self._limit:
+                return PinViolation(path, None, digest, path != identity.path)
+            self._pins.setdefault(path, digest)
+        return None
+
+    def to_json(self) -> dict[str, str]:
+        return dict(self._pins)

@@ -1,0 +1,750 @@
+"""Load and validate a policy document (spec/policy.md §1, with the §6 decisions).
+
+Rules:
+
+1. The whole candidate is refused when anything is wrong, and *every* violation is reported with the YAML path
+   of its field, what was expected, and the line (``PolicyInvalid``). Nothing is half-loaded.
+2. Unknown keys are errors at every level (with a did-you-mean). ``version`` must be 1 (D1), ``port`` with
+   ``ports`` is always an error (D15), an unknown ``access`` preset is an error (D11), ``allowed_ips`` is checked
+   here rather than per connection (D12), an L7 protocol with ``tls: skip`` is an error (D13: its rules would
+   never be enforced), and so is ``rules``/``access`` on an endpoint without an L7 protocol (it would silently
+   allow everything).
+3. Features this project has not built (middleware, GraphQL, MCP, JSON-RPC, SQL, SigV4) are refused with a
+   "not supported yet" error naming the field (D16), never silently ignored.
+4. Warnings (accepted but suspicious) ride along on ``Policy.warnings``: L7 endpoints left in audit mode (D14),
+   deprecated ``tls`` values, unknown HTTP methods, broad CIDRs, rules that can never match.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .ambiguity import Located, check_ambiguity
+from .errors import PolicyInvalid
+from .globs import GlobSyntaxError, compile_path_glob, compile_value_glob
+from .hosts import validate_policy_host
+from .model import (
+    AccessPreset,
+    Binary,
+    Compatibility,
+    Endpoint,
+    Enforcement,
+    FilesystemPolicy,
+    L7Rule,
+    LandlockPolicy,
+    NetworkRule,
+    Policy,
+    ProcessPolicy,
+    Protocol,
+    QueryMatcher,
+    TlsMode,
+)
+from .yamlnodes import Reader, line_of
+
+TOP_KEYS = ("version", "filesystem_policy", "landlock", "process", "network_policies", "network_middlewares")
+RULE_KEYS = ("name", "endpoints", "binaries")
+BINARY_KEYS = ("path", "harness")
+ENDPOINT_KEYS = (
+    "host",
+    "port",
+    "ports",
+    "path",
+    "protocol",
+    "tls",
+    "enforcement",
+    "access",
+    "rules",
+    "deny_rules",
+    "allowed_ips",
+    "allow_encoded_slash",
+    "websocket_credential_rewrite",
+    "request_body_credential_rewrite",
+    "allow_uninspected_credentials",
+    "credential_binding",
+)
+ENDPOINT_NOT_YET = {
+    "credential_signing": "SigV4 request signing (credential_signing)",
+    "signing_service": "SigV4 request signing (signing_service)",
+    "signing_region": "SigV4 request signing (signing_region)",
+    "persisted_queries": "GraphQL (persisted_queries)",
+    "graphql_persisted_queries": "GraphQL (graphql_persisted_queries)",
+    "graphql_max_body_bytes": "GraphQL (graphql_max_body_bytes)",
+    "json_rpc": "JSON-RPC (json_rpc)",
+    "mcp": "MCP (mcp)",
+    "provider_credentialed": "the gateway-internal field provider_credentialed",
+    "advisor_proposed": "the gateway-internal field advisor_proposed",
+}
+PROTOCOL_NOT_YET = {"graphql": "GraphQL", "json-rpc": "JSON-RPC", "mcp": "MCP", "sql": "SQL inspection"}
+L7_RULE_KEYS = ("method", "path", "query")
+L7_RULE_NOT_YET = {
+    "operation_type": "GraphQL rules (operation_type)",
+    "operation_name": "GraphQL rules (operation_name)",
+    "fields": "GraphQL rules (fields)",
+    "tool": "MCP rules (tool)",
+    "params": "JSON-RPC/MCP rules (params)",
+    "command": "SQL rules (command)",
+}
+TCP_FORBIDDEN = (
+    "path",
+    "enforcement",
+    "access",
+    "rules",
+    "deny_rules",
+    "allow_encoded_slash",
+    "websocket_credential_rewrite",
+    "request_body_credential_rewrite",
+    "credential_binding",
+)
+KNOWN_METHODS = {
+    Protocol.REST: {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "*"},
+    Protocol.WEBSOCKET: {"GET", "WEBSOCKET_TEXT", "*"},
+}
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_RULE_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}")
+ALWAYS_BLOCKED_NETS = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "0.0.0.0/32",
+        "::1/128",
+        "::/128",
+        "fe80::/10",
+        "::ffff:127.0.0.0/104",
+        "::ffff:169.254.0.0/112",
+        "::ffff:0.0.0.0/128",
+    )
+)
+MAX_FS_PATHS = 256
+MAX_FS_PATH_LEN = 4096
+MAX_ID = 4294967294
+
+Node = yaml.Node
+
+
+def load_policy_text(text: str, source: str = "<string>") -> Policy:
+    """Parse and validate; raises ``PolicyInvalid`` listing every error."""
+    reader = Reader(text, source)
+    root = reader.compose()
+    policy = _Schema(reader).policy(root) if not reader.errors else None
+    if reader.errors or policy is None:
+        raise PolicyInvalid(sorted(reader.errors, key=lambda e: e.line or 0))
+    return policy
+
+
+def load_policy_file(path: Path) -> Policy:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        from .errors import PolicyError
+
+        raise PolicyInvalid([PolicyError("", f"cannot read policy file: {exc}", source=str(path))]) from exc
+    return load_policy_text(text, str(path))
+
+
+def load_default_policy() -> Policy:
+    """The embedded dev-mode policy: version 1, static sections empty, no network rules (deny all egress)."""
+    text = resources.files("supervisor.control").joinpath("default_policy.yaml").read_text(encoding="utf-8")
+    return load_policy_text(text, "default_policy.yaml")
+
+
+class _Schema:
+    def __init__(self, reader: Reader) -> None:
+        self.r = reader
+        self.located: list[Located] = []
+
+    # --- top level ------------------------------------------------------------------------------------
+
+    def policy(self, root: Node | None) -> Policy | None:
+        r = self.r
+        if root is None:
+            r.error("", None, "policy is empty", "a mapping with version: 1")
+            return None
+        top = r.mapping(root, "")
+        if top is None:
+            return None
+        r.check_keys(top, "", TOP_KEYS)
+        version = None
+        if "version" not in top:
+            r.error("version", root, "missing required key 'version'", "version: 1")
+        else:
+            version = r.integer(top["version"][1], "version")
+            if version is not None and version != 1:
+                r.error("version", top["version"][1], f"unsupported policy version {version}", "1")
+        fs = self.filesystem(top["filesystem_policy"][1]) if "filesystem_policy" in top else None
+        landlock = self.landlock(top["landlock"][1]) if "landlock" in top else None
+        process = self.process(top["process"][1]) if "process" in top else None
+        rules: list[NetworkRule] = []
+        if "network_policies" in top:
+            rules = self.network_policies(top["network_policies"][1])
+        if "network_middlewares" in top:
+            self.middlewares(top["network_middlewares"][1])
+        for err in check_ambiguity(self.located):
+            r.errors.append(dataclasses.replace(err, source=r.source))
+        if r.errors:
+            return None
+        return Policy(
+            version=1,
+            network_policies=tuple(rules),
+            filesystem_policy=fs,
+            landlock=landlock,
+            process=process,
+            warnings=tuple(r.warnings),
+            source=r.source,
+        )
+
+    def middlewares(self, node: Node) -> None:
+        items = self.r.mapping(node, "network_middlewares")
+        if items:
+            self.r.error("network_middlewares", node, "network middleware is not supported yet")
+
+    # --- static sections ------------------------------------------------------------------------------
+
+    def filesystem(self, node: Node) -> FilesystemPolicy | None:
+        r, base = self.r, "filesystem_policy"
+        items = r.mapping(node, base)
+        if items is None:
+            return None
+        r.check_keys(items, base, ("include_workdir", "read_only", "read_write"))
+        include = False
+        if "include_workdir" in items:
+            include = bool(r.boolean(items["include_workdir"][1], f"{base}.include_workdir"))
+        lists: dict[str, tuple[str, ...]] = {}
+        total = 0
+        for key in ("read_only", "read_write"):
+            paths: list[str] = []
+            if key in items:
+                seq = r.sequence(items[key][1], f"{base}.{key}") or []
+                for i, item in enumerate(seq):
+                    where = f"{base}.{key}[{i}]"
+                    value = r.string(item, where, allow_empty=False)
+                    if value is None:
+                        continue
+                    if not value.startswith("/"):
+                        r.error(where, item, f"path {value!r} is not absolute", "an absolute path")
+                    elif ".." in value.split("/"):
+                        r.error(where, item, f"path {value!r} contains a '..' component")
+                    elif len(value) > MAX_FS_PATH_LEN:
+                        r.error(where, item, f"path is longer than {MAX_FS_PATH_LEN} characters")
+                    elif key == "read_write" and value.strip("/") == "":
+                        r.error(where, item, "read_write must not be the root directory")
+                    else:
+                        paths.append(value)
+                total += len(seq)
+            lists[key] = tuple(paths)
+        if total > MAX_FS_PATHS:
+            r.error(base, node, f"{total} filesystem paths; at most {MAX_FS_PATHS} are allowed")
+        return FilesystemPolicy(include, lists["read_only"], lists["read_write"])
+
+    def landlock(self, node: Node) -> LandlockPolicy | None:
+        r, base = self.r, "landlock"
+        items = r.mapping(node, base)
+        if items is None:
+            return None
+        r.check_keys(items, base, ("compatibility",))
+        if "compatibility" not in items:
+            return LandlockPolicy()
+        value = r.string(items["compatibility"][1], f"{base}.compatibility")
+        if value is None:
+            return None
+        try:
+            return LandlockPolicy(Compatibility(value))
+        except ValueError:
+            r.error(f"{base}.compatibility", items["compatibility"][1], f"unknown compatibility {value!r}",
+                        "best_effort or hard_requirement")
+            return None
+
+    def process(self, node: Node) -> ProcessPolicy | None:
+        r, base = self.r, "process"
+        items = r.mapping(node, base)
+        if items is None:
+            return None
+        r.check_keys(items, base, ("run_as_user", "run_as_group"))
+        ids: dict[str, str | None] = {"run_as_user": None, "run_as_group": None}
+        for key in ids:
+            if key not in items:
+                continue
+            value_node = items[key][1]
+            value = r.value(value_node) if isinstance(value_node, yaml.ScalarNode) else None
+            text = str(value) if isinstance(value, int | str) and not isinstance(value, bool) else None
+            if text == "sandbox" or (text is not None and text.isdigit() and 1 <= int(text) <= MAX_ID):
+                ids[key] = text if text == "sandbox" else str(int(text))
+            else:
+                r.error(f"{base}.{key}", value_node, f"invalid id {value!r}",
+                        f"'sandbox' or a numeric id in 1..{MAX_ID} (0/root is refused)")
+        return ProcessPolicy(ids["run_as_user"], ids["run_as_group"])
+
+    # --- network --------------------------------------------------------------------------------------
+
+    def network_policies(self, node: Node) -> list[NetworkRule]:
+        r = self.r
+        if isinstance(node, yaml.ScalarNode) and r.value(node) is None:
+            return []
+        items = r.mapping(node, "network_policies")
+        if items is None:
+            return []
+        rules = []
+        for key, (key_node, value_node) in items.items():
+            rule = self.rule(key, key_node, value_node)
+            if rule is not None:
+                rules.append(rule)
+        return rules
+
+    def rule(self, key: str, key_node: Node, node: Node) -> NetworkRule | None:
+        r = self.r
+        base = f"network_policies.{key}"
+        ok = True
+        if key.startswith("_provider_"):
+            r.error(base, key_node, "rule keys starting with '_provider_' are reserved for provider rules")
+            ok = False
+        elif _RULE_KEY.fullmatch(key) is None:
+            r.error(base, key_node, f"invalid rule key {key!r}",
+                    "letters, digits and _.:@- (starting with a letter or digit), at most 128 characters")
+            ok = False
+        items = r.mapping(node, base)
+        if items is None:
+            return None
+        r.check_keys(items, base, RULE_KEYS)
+        name = key
+        if "name" in items:
+            name = r.string(items["name"][1], f"{base}.name") or key
+        endpoints: list[Endpoint] = []
+        if "endpoints" in items:
+            seq = r.sequence(items["endpoints"][1], f"{base}.endpoints")
+            for i, ep_node in enumerate(seq or []):
+                ep = self.endpoint(f"{base}.endpoints[{i}]", ep_node)
+                ok = ok and ep is not None
+                if ep is not None:
+                    endpoints.append(ep)
+        binaries: list[Binary] = []
+        if "binaries" in items:
+            seq = r.sequence(items["binaries"][1], f"{base}.binaries")
+            for i, b_node in enumerate(seq or []):
+                binary = self.binary(f"{base}.binaries[{i}]", b_node)
+                ok = ok and binary is not None
+                if binary is not None:
+                    binaries.append(binary)
+        if not endpoints and ok:
+            r.warn(f"{base}.endpoints", node, "rule has no endpoints and never matches")
+        if not binaries and ok:
+            r.warn(f"{base}.binaries", node, "rule has no binaries and never matches")
+        if not ok:
+            return None
+        return NetworkRule(key, name, tuple(endpoints), tuple(binaries))
+
+    def binary(self, base: str, node: Node) -> Binary | None:
+        r = self.r
+        items = r.mapping(node, base)
+        if items is None:
+            return None
+        r.check_keys(items, base, BINARY_KEYS)
+        if "harness" in items:
+            r.boolean(items["harness"][1], f"{base}.harness")  # accepted and ignored (backward compatibility)
+        if "path" not in items:
+            r.error(f"{base}.path", node, "missing required key 'path'", "an absolute executable path or glob")
+            return None
+        path_node = items["path"][1]
+        path = r.string(path_node, f"{base}.path", allow_empty=False)
+        if path is None:
+            return None
+        if not path.startswith("/") and not path.startswith("**"):
+            r.error(f"{base}.path", path_node, f"binary path {path!r} is not absolute",
+                    "an absolute path such as /usr/bin/git")
+            return None
+        if "*" in path:
+            try:
+                compile_path_glob(path)
+            except GlobSyntaxError as exc:
+                r.error(f"{base}.path", path_node, f"invalid binary glob: {exc}")
+                return None
+        return Binary(path)
+
+    def endpoint(self, base: str, node: Node) -> Endpoint | None:
+        r = self.r
+        items = r.mapping(node, base)
+        if items is None:
+            return None
+        errors_before = len(r.errors)
+        r.check_keys(items, base, ENDPOINT_KEYS, ENDPOINT_NOT_YET)
+
+        def field(key: str) -> Node | None:
+            return items[key][1] if key in items else None
+
+        def where(key: str) -> str:
+            return f"{base}.{key}"
+
+        # protocol first: several checks depend on it
+        protocol = Protocol.L4
+        if (p_node := field("protocol")) is not None:
+            raw = r.string(p_node, where("protocol"))
+            if raw is not None:
+                lowered = raw.strip().lower()
+                if lowered in PROTOCOL_NOT_YET:
+                    r.error(where("protocol"), p_node, f"protocol {lowered!r} ({PROTOCOL_NOT_YET[lowered]}) "
+                            "is not supported yet")
+                else:
+                    try:
+                        protocol = Protocol(lowered)
+                    except ValueError:
+                        r.error(where("protocol"), p_node, f"unknown protocol {raw!r}",
+                                "tcp, rest or websocket (or no protocol for plain L4)")
+        tcp = protocol is Protocol.TCP
+
+        # allowed_ips (V34)
+        allowed_ips: list[str] = []
+        if (ips_node := field("allowed_ips")) is not None:
+            for i, item in enumerate(r.sequence(ips_node, where("allowed_ips")) or []):
+                net = self.allowed_ip(f"{where('allowed_ips')}[{i}]", item)
+                if net is not None and net not in allowed_ips:
+                    allowed_ips.append(net)
+            if isinstance(ips_node, yaml.SequenceNode) and not ips_node.value:
+                r.error(where("allowed_ips"), ips_node, "allowed_ips list cannot be empty")
+
+        # host (V1-V4, V8-V11)
+        host, host_error = "", False
+        if (h_node := field("host")) is not None:
+            raw_host = r.string(h_node, where("host"))
+            if raw_host is None:
+                host_error = True
+            elif raw_host:
+                host, problem = validate_policy_host(raw_host, tcp=tcp)
+                if problem:
+                    r.error(where("host"), h_node, problem)
+                    host_error = True
+        if not host and not host_error:
+            at = h_node if h_node is not None else node
+            if tcp:
+                r.error(where("host"), at, "protocol tcp requires a DNS hostname")
+            elif not allowed_ips and ips_node is None:
+                r.error(where("host"), at,
+                        "endpoint host must not be empty unless allowed_ips constrains a non-TCP proxy endpoint",
+                        "a host name, IP address or host glob")
+
+        # ports (V5-V7, D15)
+        ports: list[int] = []
+        port_errors = len(r.errors)
+        has_port, has_ports = "port" in items, "ports" in items
+        if has_port and has_ports:
+            r.error(where("ports"), items["ports"][0], "port and ports are mutually exclusive", "one of them")
+        if has_ports:
+            for i, item in enumerate(r.sequence(items["ports"][1], where("ports")) or []):
+                port = self.port(f"{where('ports')}[{i}]", item)
+                if port is not None and port not in ports:
+                    ports.append(port)
+        elif has_port:
+            port = self.port(where("port"), items["port"][1])
+            if port is not None:
+                ports.append(port)
+        if not ports and len(r.errors) == port_errors:
+            at = items["ports"][1] if has_ports else node
+            r.error(where("ports"), at, "endpoint must declare at least one port", "port: N or ports: [N, ...]")
+
+        # tls (D13)
+        tls: TlsMode | None = None
+        if (t_node := field("tls")) is not None:
+            raw_tls = r.string(t_node, where("tls"))
+            if raw_tls in ("terminate", "passthrough"):
+                r.warn(where("tls"), t_node, f"tls: {raw_tls} is deprecated and has no effect")
+            elif raw_tls is not None:
+                try:
+                    tls = TlsMode(raw_tls)
+                except ValueError:
+                    r.error(where("tls"), t_node, f"unknown tls mode {raw_tls!r}", "skip or auto")
+
+        # enforcement (D14)
+        enforcement, enforcement_explicit = Enforcement.AUDIT, False
+        if (e_node := field("enforcement")) is not None:
+            raw_e = r.string(e_node, where("enforcement"))
+            if raw_e is not None:
+                try:
+                    enforcement, enforcement_explicit = Enforcement(raw_e), True
+                except ValueError:
+                    r.error(where("enforcement"), e_node, f"unknown enforcement {raw_e!r}", "enforce or audit")
+
+        # endpoint path (V24)
+        ep_path = ""
+        if (path_node := field("path")) is not None:
+            raw_path = r.string(path_node, where("path"))
+            if raw_path is not None and raw_path != "":
+                if not (raw_path.startswith("/") or raw_path == "**"):
+                    r.error(where("path"), path_node, "endpoint path must start with '/' or be '**'")
+                else:
+                    try:
+                        compile_path_glob(raw_path)
+                        ep_path = raw_path
+                    except GlobSyntaxError as exc:
+                        r.error(where("path"), path_node, f"invalid path glob: {exc}")
+
+        # access preset (D11, V13)
+        access: AccessPreset | None = None
+        if (a_node := field("access")) is not None:
+            raw_a = r.string(a_node, where("access"))
+            if raw_a is not None:
+                try:
+                    access = AccessPreset(raw_a)
+                except ValueError:
+                    r.error(where("access"), a_node, f"unknown access preset {raw_a!r}",
+                            "read-only, read-write or full")
+
+        rules = self.l7_rules(base, items, protocol, allow=True)
+        deny_rules = self.l7_rules(base, items, protocol, allow=False)
+
+        flags: dict[str, bool] = {}
+        for flag in ("allow_encoded_slash", "websocket_credential_rewrite", "request_body_credential_rewrite",
+                     "allow_uninspected_credentials"):
+            flags[flag] = bool(r.boolean(items[flag][1], where(flag))) if flag in items else False
+
+        binding: str | None = None
+        if (b_node := field("credential_binding")) is not None:
+            b_items = r.mapping(b_node, where("credential_binding"))
+            if b_items is not None:
+                r.check_keys(b_items, where("credential_binding"), ("provider",))
+                if "provider" in b_items:
+                    binding = r.string(b_items["provider"][1], f"{where('credential_binding')}.provider",
+                                       allow_empty=False)
+                else:
+                    r.error(f"{where('credential_binding')}.provider", b_node, "missing required key 'provider'")
+
+        # cross-field rules
+        inspected = protocol.inspected
+        if tcp:
+            bad = [key for key in TCP_FORBIDDEN if key in items]
+            if bad:
+                r.error(where("protocol"), field("protocol"),
+                        "protocol tcp does not support L7-only fields: " + ", ".join(bad))
+        else:
+            if access is not None and rules is not None:
+                r.error(where("rules"), field("rules"), "rules and access are mutually exclusive", "one of them")
+            if protocol is Protocol.L4 and (access is not None or rules is not None):
+                key = "access" if access is not None else "rules"
+                r.error(where(key), field(key),
+                        f"{key} without an L7 protocol would never be enforced",
+                        "protocol: rest or protocol: websocket")
+            if deny_rules is not None and protocol is Protocol.L4:
+                r.error(where("deny_rules"), field("deny_rules"), "deny_rules require protocol",
+                        "protocol: rest or protocol: websocket")
+            elif deny_rules is not None and access is None and rules is None:
+                r.error(where("deny_rules"), field("deny_rules"),
+                        "deny_rules require rules or access to define the base allow set")
+            if inspected and access is None and rules is None and "rules" not in items:
+                r.error(where("protocol"), field("protocol"),
+                        f"protocol {protocol} requires rules or access to define allowed traffic")
+            if inspected and tls is TlsMode.SKIP:
+                r.error(where("tls"), field("tls"),
+                        f"protocol {protocol} with tls: skip would never inspect traffic, so its rules would not "
+                        "be enforced", "no tls (auto), or no protocol for a raw tunnel")
+            if inspected and not enforcement_explicit:
+                r.warn(where("enforcement"), node,
+                       "L7 endpoint without 'enforcement: enforce' runs in audit mode: violations are logged "
+                       "but allowed")
+            if not inspected:
+                for flag in ("allow_encoded_slash", "websocket_credential_rewrite"):
+                    if flags[flag]:
+                        r.warn(where(flag), field(flag), f"{flag} has no effect without protocol rest/websocket")
+            if flags["request_body_credential_rewrite"] and protocol is not Protocol.REST:
+                r.warn(where("request_body_credential_rewrite"), field("request_body_credential_rewrite"),
+                       "request_body_credential_rewrite has no effect without protocol rest")
+
+        if len(r.errors) > errors_before:
+            return None
+        endpoint = Endpoint(
+            host=host,
+            ports=tuple(ports),
+            path=ep_path,
+            protocol=protocol,
+            tls=tls,
+            enforcement=enforcement,
+            enforcement_explicit=enforcement_explicit,
+            access=access,
+            rules=rules,
+            deny_rules=deny_rules,
+            allowed_ips=tuple(allowed_ips),
+            allow_encoded_slash=flags["allow_encoded_slash"],
+            websocket_credential_rewrite=flags["websocket_credential_rewrite"],
+            request_body_credential_rewrite=flags["request_body_credential_rewrite"],
+            allow_uninspected_credentials=flags["allow_uninspected_credentials"],
+            credential_binding=binding,
+        )
+        self.located.append(Located(base, line_of(node), endpoint))
+        return endpoint
+
+    def port(self, where: str, node: Node) -> int | None:
+        value = self.r.integer(node, where)
+        if value is None:
+            return None
+        if not 1 <= value <= 65535:
+            self.r.error(where, node, f"invalid port {value}", "1..=65535")
+            return None
+        return value
+
+    def allowed_ip(self, where: str, node: Node) -> str | None:
+        r = self.r
+        value_node = node
+        raw = r.value(node) if isinstance(node, yaml.ScalarNode) else None
+        if not isinstance(raw, str):
+            r.error(where, value_node, f"expected a CIDR or IP address, got {raw!r}", "e.g. 10.0.0.0/8")
+            return None
+        try:
+            net = ipaddress.ip_network(raw.strip(), strict=False)
+        except ValueError:
+            r.error(where, node, f"invalid allowed_ips entry {raw!r}", "a CIDR (10.0.0.0/8) or an IP address")
+            return None
+        for blocked in ALWAYS_BLOCKED_NETS:
+            if net.version == blocked.version and net.overlaps(blocked):
+                r.error(where, node, f"allowed_ips entry {raw!r} overlaps always-blocked range {blocked}",
+                        "a network outside loopback, link-local and unspecified addresses")
+                return None
+        if (net.version == 4 and net.prefixlen < 16) or (net.version == 6 and net.prefixlen < 32):
+            r.warn(where, node, f"allowed_ips entry {raw!r} is very broad (/{net.prefixlen})")
+        return str(net)
+
+    # --- L7 rules -------------------------------------------------------------------------------------
+
+    def l7_rules(
+        self, base: str, items: dict[str, tuple[Node, Node]], protocol: Protocol, *, allow: bool
+    ) -> tuple[L7Rule, ...] | None:
+        r = self.r
+        key = "rules" if allow else "deny_rules"
+        if key not in items:
+            return None
+        where = f"{base}.{key}"
+        seq = r.sequence(items[key][1], where)
+        if seq is None:
+            return None
+        if not seq:
+            r.error(where, items[key][1], f"{key} list cannot be empty")
+            return None
+        out: list[L7Rule] = []
+        lacking_allow = 0
+        for i, entry in enumerate(seq):
+            entry_path = f"{where}[{i}]"
+            body_node: Node = entry
+            if allow:
+                wrapper = r.mapping(entry, entry_path)
+                if wrapper is None:
+                    continue
+                r.check_keys(wrapper, entry_path, ("allow",))
+                if "allow" not in wrapper:
+                    lacking_allow += 1
+                    r.error(entry_path, entry, "rule has no allow clause", "{allow: {method: ..., path: ...}}")
+                    continue
+                body_node = wrapper["allow"][1]
+                entry_path = f"{entry_path}.allow"
+            rule = self.l7_rule(entry_path, body_node, protocol)
+            if rule is not None:
+                out.append(rule)
+        if allow and lacking_allow == len(seq):
+            r.error(where, items[key][1], "rules would deny all traffic: no entry has an allow clause")
+        return tuple(out)
+
+    def l7_rule(self, where: str, node: Node, protocol: Protocol) -> L7Rule | None:
+        r = self.r
+        items = r.mapping(node, where)
+        if items is None:
+            return None
+        r.check_keys(items, where, L7_RULE_KEYS, L7_RULE_NOT_YET)
+        method = path = None
+        if "method" not in items:
+            r.error(f"{where}.method", node, "missing required key 'method'", "an HTTP method or '*'")
+        else:
+            m_node = items["method"][1]
+            raw = r.string(m_node, f"{where}.method", allow_empty=False)
+            if raw is not None:
+                if raw != "*" and _TOKEN.fullmatch(raw) is None:
+                    r.error(f"{where}.method", m_node, f"invalid HTTP method {raw!r}", "an HTTP token or '*'")
+                else:
+                    method = raw.upper()
+                    known = KNOWN_METHODS.get(protocol, KNOWN_METHODS[Protocol.REST])
+                    if method not in known:
+                        r.warn(f"{where}.method", m_node, f"unusual method {raw!r} (known: {', '.join(sorted(known))})")
+        if "path" not in items:
+            r.error(f"{where}.path", node, "missing required key 'path'", "a path glob such as /repos/** or **")
+        else:
+            p_node = items["path"][1]
+            raw_path = r.string(p_node, f"{where}.path", allow_empty=False)
+            if raw_path is not None:
+                if not (raw_path.startswith("/") or raw_path.startswith("**")):
+                    r.error(f"{where}.path", p_node, f"rule path {raw_path!r} must start with '/' or '**'")
+                else:
+                    try:
+                        compile_path_glob(raw_path)
+                        path = raw_path
+                    except GlobSyntaxError as exc:
+                        r.error(f"{where}.path", p_node, f"invalid path glob: {exc}")
+        query: list[tuple[str, QueryMatcher]] = []
+        query_ok = True
+        if "query" in items:
+            q_items = r.mapping(items["query"][1], f"{where}.query")
+            if q_items is None:
+                query_ok = False
+            else:
+                for name, (_, value_node) in sorted(q_items.items()):
+                    matcher = self.query_matcher(f"{where}.query.{name}", value_node)
+                    if matcher is None:
+                        query_ok = False
+                    else:
+                        query.append((name, matcher))
+        if method is None or path is None or not query_ok:
+            return None
+        return L7Rule(method, path, tuple(query))
+
+    def query_matcher(self, where: str, node: Node) -> QueryMatcher | None:
+        r = self.r
+        globs: list[str] = []
+        if isinstance(node, yaml.ScalarNode):
+            value = r.string(node, where)
+            if value is None:
+                return None
+            globs = [value]
+        elif isinstance(node, yaml.MappingNode):
+            items = r.mapping(node, where)
+            if items is None:
+                return None
+            unknown = [k for k in items if k not in ("glob", "any")]
+            if unknown:
+                r.error(where, node, "unknown matcher keys; only `glob` or `any` are supported", "glob or any")
+                return None
+            if "glob" in items and "any" in items:
+                r.error(where, node, "matcher cannot specify both `glob` and `any`")
+                return None
+            if "glob" in items:
+                value = r.string(items["glob"][1], f"{where}.glob")
+                if value is None:
+                    return None
+                globs = [value]
+            elif "any" in items:
+                seq = r.sequence(items["any"][1], f"{where}.any")
+                if seq is None:
+                    return None
+                if not seq:
+                    r.error(f"{where}.any", items["any"][1], "any: list must not be empty")
+                    return None
+                for i, item in enumerate(seq):
+                    value = r.string(item, f"{where}.any[{i}]")
+                    if value is None:
+                        return None
+                    globs.append(value)
+            else:
+                r.error(where, node, "matcher needs `glob` or `any`")
+                return None
+        else:
+            r.error(where, node, "expected a glob string, {glob: ...} or {any: [...]}")
+            return None
+        for glob in globs:
+            try:
+                compile_value_glob(glob)
+            except GlobSyntaxError as exc:
+                r.error(where, node, f"invalid glob {glob!r}: {exc}")
+                return None
+        return QueryMatcher(tuple(globs))
+
+
+def policy_summary(policy: Policy) -> dict[str, Any]:
+    return {"rules": policy.rule_count, "endpoints": policy.endpoint_count, "hash": policy.digest}
