@@ -289,7 +289,7 @@ class ChannelDecoder:
     def buffered(self) -> int:
         return len(self._buf)
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Feed bytes from the peer; ``b""`` marks the end of the stream."""
         if self._eof and data:
             raise RuntimeError("receive_data after end of stream")

@@ -1,0 +1,511 @@
+"""The boundary's table of workload processes: handles, wait results, signals, terminate (spec §2.3–§2.8).
+
+Rules:
+
+1. A handle is ``p_`` + 16 random hex digits, issued once per process instance and never reused; it is pinned
+   to the instance by the pidfd the launcher returned. No operation takes a pid.
+2. The launcher is the one reaper; each process has one watcher task here that awaits its raw wait status and
+   turns it into the §2.5 result, which never changes afterwards.
+3. Signals go through the pidfd only (``pidfd_send_signal``), from the closed allow-list; a process whose
+   result is known answers ``terminated``.
+4. The agent's exit (any code, any signal) ends the table: every other workload process is terminated within
+   1 s (``end_all``) and further ``start`` calls answer ``terminated``; ``wait`` keeps answering.
+5. Results are retained for ``retention_s`` after exit or for the newest ``retention_count`` exits, whichever
+   keeps more (the agent's forever); a pruned handle answers ``terminated`` with reason ``not-retained``.
+6. Live exec processes are capped at ``max_execs``; beyond it ``start`` answers ``unavailable``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+import secrets
+import select
+import signal as _signal
+from collections.abc import Callable, Iterable
+from typing import Any, Final, Literal, Protocol
+
+import trio
+
+from supervisor.boundary.process.exec_session import ExecOutput, OutputStream, OwnedFd, set_winsize
+from supervisor.boundary.process.terminate import (
+    Membership,
+    kill_tree,
+    read_stat,
+    scanner,
+    snapshot,
+    terminate_tree,
+)
+from supervisor.jsonlog import JsonLog, now_rfc3339
+from supervisor.protocol.channel import Stderr, Stdout
+from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.process_ops import SignalScope, signal_number
+
+__all__ = ["EndReason", "ProcessEntry", "ProcessEvent", "ProcessTable", "render_result"]
+
+Kind = Literal["agent", "exec"]
+END_ALL_GRACE_S: Final = 0.3
+_EXIT_REPORT_S: Final = 2.0
+_PIDFD_SIGNAL_PROCESS_GROUP: Final = 1 << 2  # Linux 6.9+
+
+
+class EndReason(enum.StrEnum):
+    """``reason`` of a wait result (spec §2.5)."""
+
+    EXITED = "exited"
+    TERMINATED = "terminated"
+    TIMEOUT = "timeout"
+    AGENT_EXIT = "agent-exit"
+
+
+class ProcessEvent(enum.StrEnum):
+    STARTED = "process.started"
+    START_FAILED = "process.start-failed"
+    EXITED = "process.exited"
+    SIGNALLED = "process.signalled"
+    TERMINATE = "process.terminate"
+    END_ALL = "process.end-all"
+    OUTPUT = "process.output"
+    LEFTOVER = "process.leftover"
+
+
+# -- what the table needs from the launcher (supervisor.boundary.process.launcher) ---------------------------
+
+
+class SpawnedLike(Protocol):
+    pid: int
+    pidfd: int
+    stdin: int | None
+    stdout: int | None
+    stderr: int | None
+    pty_master: int | None
+
+    async def wait_status(self) -> int: ...
+
+
+class LauncherLike(Protocol):
+    async def spawn(self, spec: Any) -> Any: ...
+
+    def workload_pids(self) -> set[int]: ...
+
+    async def kill_all(self) -> None: ...
+
+
+def render_result(handle: str, status: int | None, reason: EndReason) -> dict[str, Any]:
+    """The §2.5 wait object from a raw wait status (``None``: the status was lost; reported as KILL)."""
+    code: int | None = None
+    number: int | None = None
+    core = False
+    if status is not None and os.WIFEXITED(status):
+        code = os.WEXITSTATUS(status)
+    elif status is not None and os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        core = os.WCOREDUMP(status)
+    else:
+        number = int(_signal.SIGKILL)
+    name: str | None = None
+    if number is not None:
+        try:
+            name = _signal.Signals(number).name.removeprefix("SIG")
+        except ValueError:
+            name = str(number)
+    rendered = code if code is not None else 128 + (number or 0)
+    if reason is EndReason.TIMEOUT:
+        rendered = 124  # as timeout(1) reports it; the signal fields still say what ended the process
+    return {
+        "handle": handle,
+        "exited": True,
+        "code": code,
+        "signal": name,
+        "signal_number": number,
+        "rendered": rendered,
+        "core_dumped": core,
+        "reason": str(reason),
+        "ended_at": now_rfc3339(),
+    }
+
+
+def _pidfd_exited(pidfd: int) -> bool:
+    readable, _, _ = select.select([pidfd], [], [], 0)
+    return bool(readable)
+
+
+class ProcessEntry:
+    """One process the boundary started; lives in the table until its result is no longer retained."""
+
+    def __init__(self, table: ProcessTable, handle: str, kind: Kind, spawned: SpawnedLike) -> None:
+        self._table = table
+        self.handle = handle
+        self.kind: Kind = kind
+        self.pid = spawned.pid
+        self.started_at = now_rfc3339()
+        self._pidfd: int | None = spawned.pidfd
+        stat = read_stat(spawned.pid)
+        trusted = stat is not None and not _pidfd_exited(spawned.pidfd)
+        self.membership = Membership(spawned.pid, stat.starttime if stat and trusted else None)
+        self.pty = OwnedFd(spawned.pty_master) if spawned.pty_master is not None else None
+        self._stdin = OwnedFd(spawned.stdin) if spawned.stdin is not None and self.pty is None else None
+        if self._stdin is not None:
+            os.set_blocking(self._stdin.fileno(), False)
+        streams: list[OutputStream] = []
+        if self.pty is not None:
+            streams.append(OutputStream(self.pty, Stdout, owns_fd=False))
+        else:
+            if spawned.stdout is not None:
+                streams.append(OutputStream(OwnedFd(spawned.stdout), Stdout))
+            if spawned.stderr is not None:
+                streams.append(OutputStream(OwnedFd(spawned.stderr), Stderr))
+        self.output = ExecOutput(streams) if streams else None
+        self.result: dict[str, Any] | None = None
+        self.exited = trio.Event()
+        self.ended_at = math.inf  # trio clock
+        self.end_reason: EndReason | None = None  # why we are ending it, once we are
+
+    # -- state ----------------------------------------------------------------------------------------------
+
+    @property
+    def tty(self) -> bool:
+        return self.pty is not None
+
+    @property
+    def stdin_fd(self) -> OwnedFd | None:
+        return self.pty if self.pty is not None else self._stdin
+
+    def require_running(self) -> None:
+        if self.result is not None:
+            raise OpError(ErrorKind.TERMINATED, "process has exited", field="handle")
+
+    async def wait_result(self) -> dict[str, Any]:
+        await self.exited.wait()
+        assert self.result is not None
+        return dict(self.result)
+
+    def log_event(self, event: str, **fields: Any) -> None:
+        self._table.log.emit(event, handle=self.handle, kind=self.kind, **fields)
+
+    def describe(self) -> dict[str, Any]:
+        """For status and resume: never a pid (spec invariant 4)."""
+        return {
+            "handle": self.handle,
+            "kind": self.kind,
+            "tty": self.tty,
+            "started_at": self.started_at,
+            "state": "running" if self.result is None else "exited",
+            "stream_attached": bool(self.output and self.output.attached),
+        }
+
+    # -- operations -----------------------------------------------------------------------------------------
+
+    def send_signal(self, sig: int, scope: SignalScope = SignalScope.PROCESS) -> None:
+        self.require_running()
+        assert self._pidfd is not None
+        try:
+            if scope is SignalScope.PROCESS:
+                _signal.pidfd_send_signal(self._pidfd, sig)
+            else:
+                self._signal_group(sig)
+        except ProcessLookupError:
+            raise OpError(ErrorKind.TERMINATED, "process has exited", field="handle") from None
+        self.log_event(ProcessEvent.SIGNALLED, signal=_signal.Signals(sig).name, scope=str(scope))
+
+    def _signal_group(self, sig: int) -> None:
+        assert self._pidfd is not None
+        try:
+            _signal.pidfd_send_signal(self._pidfd, sig, None, _PIDFD_SIGNAL_PROCESS_GROUP)
+        except OSError as exc:
+            if exc.errno not in (22, 95):  # EINVAL / EOPNOTSUPP: kernel older than 6.9
+                raise
+            # The root leads its own session and group (the launcher calls setsid), and a group id stays
+            # allocated while the group has members, so the root's pid names the group while it runs.
+            os.killpg(self.pid, sig)
+
+    def resize(self, cols: int, rows: int) -> None:
+        if self.pty is None:
+            raise OpError(ErrorKind.INVALID, "process has no terminal", field="handle")
+        self.require_running()
+        if not (1 <= cols <= 0xFFFF and 1 <= rows <= 0xFFFF):
+            raise OpError(ErrorKind.INVALID, "terminal size out of range", field="cols")
+        set_winsize(self.pty, cols, rows)
+
+    def close_stdin(self) -> None:
+        if self._stdin is not None:
+            self._stdin.close()
+
+    # -- lifecycle (table only) -----------------------------------------------------------------------------
+
+    def _finish(self, status: int | None) -> None:
+        if self.result is not None:
+            return
+        self.result = render_result(self.handle, status, self.end_reason or EndReason.EXITED)
+        self.ended_at = trio.current_time()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+        self.close_stdin()
+        if self.output is not None:
+            self.output.process_exited()
+        self.exited.set()
+
+    def _release(self) -> None:
+        """Close what is left once the output is drained (or the entry is pruned)."""
+        if self.pty is not None and (self.output is None or self.output.done):
+            self.pty.close()
+        if self.output is not None and self.output.done:
+            return
+        if self.output is not None:
+            for s in self.output.streams:
+                s.fd.close()
+
+    def scan(self) -> Callable[[], list[Any]]:
+        return scanner(self.membership, self._table.launcher.workload_pids)
+
+
+class ProcessTable:
+    def __init__(
+        self,
+        launcher: LauncherLike,
+        *,
+        log: JsonLog,
+        max_execs: int = 64,
+        retention_s: float = 600,
+        retention_count: int = 1024,
+    ) -> None:
+        self.launcher = launcher
+        self.log = log
+        self.max_execs = max_execs
+        self.retention_s = retention_s
+        self.retention_count = retention_count
+        self.agent: ProcessEntry | None = None
+        self.agent_exited = trio.Event()
+        self._entries: dict[str, ProcessEntry] = {}
+        self._issued: set[str] = set()
+        self._starting = 0
+        self._ended: str | None = None
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the per-process tasks (watchers, output readers, timeouts) for the table's lifetime."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+
+    # -- start ----------------------------------------------------------------------------------------------
+
+    def _new_handle(self) -> str:
+        while True:
+            handle = "p_" + secrets.token_hex(8)
+            if handle not in self._issued:
+                self._issued.add(handle)
+                return handle
+
+    def _live_execs(self) -> int:
+        return sum(1 for e in self._entries.values() if e.kind == "exec" and e.result is None)
+
+    async def start(self, spec: Any, *, kind: Kind, timeout_s: float = 0, grace_s: float = 5) -> ProcessEntry:
+        """Launch ``spec`` (a launcher ``SpawnSpec``); returns once the process has exec'd."""
+        nursery = self._nursery
+        if nursery is None:
+            raise RuntimeError("ProcessTable.run() is not running")
+        if self._ended is not None or self.agent_exited.is_set():
+            raise OpError(ErrorKind.TERMINATED, "the agent has exited; no process can be started")
+        if kind == "agent" and (self.agent is not None or self._starting_agent):
+            raise OpError(ErrorKind.INVALID, "the agent was already started")
+        if kind == "exec" and self._live_execs() + self._starting >= self.max_execs:
+            raise OpError(ErrorKind.UNAVAILABLE, f"too many running exec processes (limit {self.max_execs})")
+        self._prune()
+        self._starting += 1
+        self._starting_agent = self._starting_agent or kind == "agent"
+        try:
+            spawned = await self.launcher.spawn(spec)
+        except Exception as exc:
+            if kind == "agent":
+                self._starting_agent = False
+            raise self._spawn_error(exc) from exc
+        finally:
+            self._starting -= 1
+        entry = ProcessEntry(self, self._new_handle(), kind, spawned)
+        self._entries[entry.handle] = entry
+        if kind == "agent":
+            self.agent = entry
+        if entry.output is not None:
+            entry.output.set_lossy(kind == "agent")  # nobody streams the agent's output; it goes to the log
+            if kind == "agent":
+                for s in entry.output.streams:
+                    s.on_chunk = self._agent_output_logger(entry, s.frame.__name__.lower())
+            nursery.start_soon(self._run_output, entry)
+        nursery.start_soon(self._watch, entry, spawned)
+        if timeout_s > 0:
+            nursery.start_soon(self._timeout, entry, timeout_s, grace_s)
+        entry.log_event(ProcessEvent.STARTED, tty=entry.tty)
+        if self._ended is not None:  # the agent ended while we were spawning
+            nursery.start_soon(self._terminate_entry, entry, 0.0, EndReason.AGENT_EXIT)
+        return entry
+
+    _starting_agent = False
+
+    def _spawn_error(self, exc: BaseException) -> OpError:
+        if isinstance(exc, OpError):
+            return exc
+        stage = getattr(exc, "stage", None)
+        err = getattr(exc, "errno", None)
+        reason = f"launch failed: {exc}"
+        if isinstance(err, int) and err > 0:
+            reason = f"launch failed at {stage or 'spawn'}: {os.strerror(err)}"
+        self.log.emit(ProcessEvent.START_FAILED, stage=stage, errno=err, reason=str(exc))
+        return OpError(
+            ErrorKind.FAILED,
+            reason,
+            stage=stage if isinstance(stage, str) else None,
+            errno=err if isinstance(err, int) else None,
+        )
+
+    def _agent_output_logger(self, entry: ProcessEntry, stream: str) -> Callable[[bytes], None]:
+        def log_chunk(data: bytes) -> None:
+            entry.log_event(ProcessEvent.OUTPUT, stream=stream, text=data.decode("utf-8", "replace"))
+
+        return log_chunk
+
+    # -- per-process tasks ----------------------------------------------------------------------------------
+
+    async def _run_output(self, entry: ProcessEntry) -> None:
+        assert entry.output is not None
+        try:
+            await entry.output.run()
+        finally:
+            if entry.result is not None:
+                entry._release()
+
+    async def _watch(self, entry: ProcessEntry, spawned: SpawnedLike) -> None:
+        status: int | None
+        try:
+            status = await spawned.wait_status()
+        except trio.Cancelled:
+            raise
+        except Exception as exc:  # the launcher is gone; the process is too (its init or zygote died)
+            self.log.emit(ProcessEvent.EXITED, handle=entry.handle, error=f"status lost: {exc}")
+            status = None
+        entry._finish(status)
+        if entry.output is None or entry.output.done:
+            entry._release()
+        result = await entry.wait_result()
+        entry.log_event(ProcessEvent.EXITED, **{k: result[k] for k in ("code", "signal", "reason")})
+        if entry.kind == "agent":
+            self.agent_exited.set()
+            await self.end_all(EndReason.AGENT_EXIT)
+
+    async def _timeout(self, entry: ProcessEntry, timeout_s: float, grace_s: float) -> None:
+        with trio.move_on_after(timeout_s):
+            await entry.exited.wait()
+            return
+        await self._terminate_entry(entry, grace_s, EndReason.TIMEOUT)
+
+    # -- lookup and retention ---------------------------------------------------------------------------------
+
+    def entry(self, handle: str) -> ProcessEntry:
+        self._prune()
+        found = self._entries.get(handle)
+        if found is not None:
+            return found
+        if handle in self._issued:
+            raise OpError(ErrorKind.TERMINATED, "not-retained", field="handle")
+        raise OpError(ErrorKind.INVALID, "unknown handle", field="handle")
+
+    def _prune(self) -> None:
+        done = sorted(
+            (e for e in self._entries.values() if e.result is not None and e is not self.agent),
+            key=lambda e: e.ended_at,
+        )
+        excess = len(done) - self.retention_count
+        if excess <= 0:
+            return
+        cutoff = trio.current_time() - self.retention_s
+        for e in done[:excess]:
+            if e.ended_at >= cutoff:
+                break
+            if e.output is not None and e.output.attached:
+                continue
+            e._release()
+            del self._entries[e.handle]
+
+    def live(self) -> list[dict[str, Any]]:
+        return [e.describe() for e in self._entries.values() if e.result is None]
+
+    # -- operations -----------------------------------------------------------------------------------------
+
+    async def wait(self, handle: str, timeout_s: float | None) -> dict[str, Any]:
+        entry = self.entry(handle)
+        if entry.result is not None:
+            await trio.lowlevel.checkpoint()
+            return dict(entry.result)
+        with trio.move_on_after(math.inf if timeout_s is None else timeout_s):
+            return await entry.wait_result()
+        raise OpError(ErrorKind.UNAVAILABLE, "timeout", field="timeout_s")
+
+    def signal(self, handle: str, signal_name: str, scope: str = "process") -> None:
+        sig = signal_number(signal_name)
+        try:
+            where = SignalScope(scope)
+        except ValueError:
+            raise OpError(ErrorKind.INVALID, 'must be "process" or "group"', field="scope") from None
+        self.entry(handle).send_signal(sig, where)
+
+    def resize(self, handle: str, cols: int, rows: int) -> None:
+        self.entry(handle).resize(cols, rows)
+
+    async def terminate(self, handle: str, grace_s: float = 5) -> dict[str, Any]:
+        entry = self.entry(handle)
+        if entry.result is not None:
+            # Already ended: still sweep what it left in its session, but the answer is "terminated".
+            await kill_tree(entry.scan())
+            raise OpError(ErrorKind.TERMINATED, "process has exited", field="handle")
+        await self._terminate_entry(entry, grace_s, EndReason.TERMINATED)
+        return await entry.wait_result()
+
+    async def _terminate_entry(self, entry: ProcessEntry, grace_s: float, reason: EndReason) -> None:
+        if entry.result is None and entry.end_reason is None:
+            entry.end_reason = reason
+        entry.log_event(ProcessEvent.TERMINATE, grace_s=grace_s, reason=str(reason))
+        gone = await terminate_tree(entry.scan(), grace_s)
+        if not gone:
+            entry.log_event(ProcessEvent.LEFTOVER, reason="members survived freeze-and-kill")
+        with trio.move_on_after(_EXIT_REPORT_S):
+            await entry.exited.wait()
+        if entry.result is None and entry._pidfd is not None and _pidfd_exited(entry._pidfd):
+            entry._finish(None)  # dead, but the launcher never reported its status
+
+    async def end_all(self, reason: str) -> None:
+        """Terminate every workload process within about a second (agent exit, shutdown)."""
+        if self._ended is not None:
+            return
+        self._ended = reason
+        why = EndReason(reason) if reason in EndReason.__members__.values() else EndReason.TERMINATED
+        for e in self._entries.values():
+            if e.result is None and e.end_reason is None:
+                e.end_reason = why
+        self.log.emit(ProcessEvent.END_ALL, reason=reason, live=len(self.live()))
+        everything = _Everything(self.launcher.workload_pids)
+        with trio.move_on_after(1.0):
+            await terminate_tree(everything.scan, END_ALL_GRACE_S)
+        await self.launcher.kill_all()  # the backstop: the workload PID namespace or every descendant
+        with trio.move_on_after(_EXIT_REPORT_S):
+            for e in list(self._entries.values()):
+                await e.exited.wait()
+        for e in list(self._entries.values()):
+            if e.result is None:
+                e._finish(None)
+                e._release()
+
+
+class _Everything:
+    """Every workload process (end_all), re-read on each scan."""
+
+    def __init__(self, candidates: Callable[[], Iterable[int]]) -> None:
+        self._candidates = candidates
+
+    def scan(self) -> list[Any]:
+        return [p for p in snapshot(self._candidates()).values() if p.alive]

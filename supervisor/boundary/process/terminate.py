@@ -1,0 +1,177 @@
+"""Ending a process tree without leaving anything behind, in /proc mode (spec/boundary.md §2.6).
+
+Membership of a handle's tree, from what /proc shows (restricted to the launcher's workload processes, so
+nothing outside the workload is ever signalled):
+
+- the root process, while its pid still names it (pid + start time);
+- every process in the root's session or process group — the launcher makes each root a session leader, and
+  the kernel keeps a session's id allocated while any member lives, so the id cannot name a stranger unless
+  the root's pid now belongs to a *different* process (then the session id is not ours and is ignored);
+- every descendant (PPid chain) of a member;
+- every process seen as a member in an earlier scan (membership is sticky, so a member that is reparented
+  or calls ``setsid`` after being seen stays a member).
+
+A process that double-forks *and* calls ``setsid`` before any scan saw it is not attributable to one handle
+by /proc alone; it stays inside the workload (the launcher's subreaper or PID namespace) and ends with the
+agent (``end_all`` kills every workload process, then the launcher's ``kill_all``).
+
+Algorithm: SIGTERM (+ SIGCONT, so a stopped member can act on it) to every member; poll every 50 ms until the
+grace ends, signalling members that appear; then *freeze and kill*: SIGSTOP every member, rescan, repeat until
+a pass finds nobody new (a stopped process cannot fork), SIGKILL them all, and start over until only zombies
+or nothing remain. Every signal goes through a pidfd opened after re-checking the pid's start time, so a
+recycled pid is never hit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Final
+
+import trio
+
+__all__ = ["Membership", "ProcStat", "kill_tree", "read_stat", "send_signal", "snapshot", "terminate_tree"]
+
+POLL_S: Final = 0.05
+_MAX_KILL_ROUNDS: Final = 200
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    state: str
+    starttime: int
+
+    @property
+    def alive(self) -> bool:
+        return self.state not in ("Z", "X", "x")
+
+
+def read_stat(pid: int) -> ProcStat | None:
+    """Parse /proc/PID/stat (the command may contain spaces and parentheses: split at the last ``)``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    try:
+        rest = raw[raw.rindex(b")") + 2 :].split()
+        return ProcStat(pid, int(rest[1]), int(rest[2]), int(rest[3]), rest[0].decode(), int(rest[19]))
+    except (ValueError, IndexError):
+        return None
+
+
+def snapshot(pids: Iterable[int]) -> dict[int, ProcStat]:
+    out: dict[int, ProcStat] = {}
+    for pid in pids:
+        stat = read_stat(pid)
+        if stat is not None:
+            out[pid] = stat
+    return out
+
+
+def send_signal(stat: ProcStat, sig: int) -> bool:
+    """Signal the exact process instance ``stat`` describes; False if it is gone or the pid was reused."""
+    try:
+        pidfd = os.pidfd_open(stat.pid)
+    except OSError:
+        return False
+    try:
+        now = read_stat(stat.pid)
+        if now is None or now.starttime != stat.starttime:
+            return False
+        signal.pidfd_send_signal(pidfd, sig)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(pidfd)
+
+
+class Membership:
+    """The sticky member set of one handle's tree."""
+
+    def __init__(self, root_pid: int, root_starttime: int | None) -> None:
+        self.root_pid = root_pid
+        self.root_starttime = root_starttime
+        self._known: dict[int, int] = {}  # pid -> start time of every member ever seen
+
+    def members(self, snap: dict[int, ProcStat]) -> list[ProcStat]:
+        """Live members in ``snap`` (zombies excluded; they are only waiting for the reaper)."""
+        root = snap.get(self.root_pid)
+        ours = root is None or (self.root_starttime is not None and root.starttime == self.root_starttime)
+        seeds = [
+            p
+            for p in snap.values()
+            if self._known.get(p.pid) == p.starttime
+            or (ours and (p.pid == self.root_pid or p.sid == self.root_pid or p.pgid == self.root_pid))
+        ]
+        children: dict[int, list[ProcStat]] = {}
+        for p in snap.values():
+            children.setdefault(p.ppid, []).append(p)
+        found: dict[int, ProcStat] = {}
+        todo = seeds
+        while todo:
+            p = todo.pop()
+            if p.pid in found:
+                continue
+            found[p.pid] = p
+            todo.extend(children.get(p.pid, ()))
+        for p in found.values():
+            self._known[p.pid] = p.starttime
+        # forget pids that are gone, so a reused pid is not mistaken for a member
+        self._known = {pid: st for pid, st in self._known.items() if pid in snap}
+        return [p for p in found.values() if p.alive]
+
+
+Scan = Callable[[], list[ProcStat]]
+
+
+def scanner(membership: Membership, candidates: Callable[[], Iterable[int]]) -> Scan:
+    return lambda: membership.members(snapshot(candidates()))
+
+
+async def kill_tree(scan: Scan) -> bool:
+    """Freeze, then kill, until nothing is left; True when the tree is gone (zombies count as gone)."""
+    for _ in range(_MAX_KILL_ROUNDS):
+        stopped: set[tuple[int, int]] = set()
+        while True:
+            fresh = [p for p in scan() if (p.pid, p.starttime) not in stopped]
+            if not fresh:
+                break
+            for p in fresh:
+                send_signal(p, signal.SIGSTOP)
+                stopped.add((p.pid, p.starttime))
+        live = scan()
+        if not live:
+            return True
+        for p in live:
+            send_signal(p, signal.SIGKILL)
+        await trio.sleep(0.005)
+        if not scan():
+            return True
+    return False
+
+
+async def terminate_tree(scan: Scan, grace_s: float) -> bool:
+    """SIGTERM, grace, then freeze-and-kill (§2.6 steps 2–3). True when nothing of the tree is left."""
+    signalled: set[tuple[int, int]] = set()
+    deadline = trio.current_time() + grace_s
+    while True:
+        live = scan()
+        if not live:
+            return True
+        for p in live:
+            if (p.pid, p.starttime) not in signalled:
+                send_signal(p, signal.SIGTERM)
+                send_signal(p, signal.SIGCONT)
+                signalled.add((p.pid, p.starttime))
+        if trio.current_time() >= deadline:
+            break
+        await trio.sleep(min(POLL_S, max(0.0, deadline - trio.current_time())))
+    return await kill_tree(scan)
