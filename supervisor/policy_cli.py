@@ -1,0 +1,129 @@
+"""``openshell-sandbox policy check|decide``: how operators test a policy before they ship it.
+
+* ``policy check FILE [--json]`` — exit 0 and ``ok: N rules, M endpoints``, or exit 1 with every error as
+  ``FILE:LINE: PATH: message (expected ...)``. Warnings go to stderr and never change the exit code.
+* ``policy decide --policy FILE --host H --port N [--binary PATH] [--ancestor PATH]... [--sha256 HEX]
+  [--method M --path P] [--json]`` — one readable line (or JSON with result, rule, endpoint, reason); exit 0
+  when allowed (audit included), 1 when denied, 2 for a usage error or an invalid policy.
+
+Pure presentation over ``supervisor.control.policy``; no daemon, no network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from supervisor.control.policy import (
+    BinaryIdentity,
+    L4Request,
+    PolicyInvalid,
+    compile_policy,
+    decide_l4,
+    decide_l7,
+    load_policy_file,
+)
+
+EXIT_ALLOW = 0
+EXIT_DENY = 1
+EXIT_USAGE = 2
+
+
+def add_policy_parser(subparsers: Any) -> None:
+    """Add ``policy`` with its ``check`` and ``decide`` subcommands to an argparse subparsers object."""
+    policy = subparsers.add_parser("policy", help="check a policy file or ask it for a decision",
+                                   description="Validate a policy file or test a decision against it.")
+    policy.set_defaults(handler=run_policy)
+    sub = policy.add_subparsers(dest="policy_command", metavar="{check,decide}")
+    sub.required = True
+
+    check = sub.add_parser("check", help="validate a policy file and list every error",
+                           description="Validate FILE; exit 0 when valid, 1 with every error otherwise.")
+    check.add_argument("file", type=Path, metavar="FILE")
+    check.add_argument("--json", action="store_true", help="print one JSON object")
+
+    decide = sub.add_parser("decide", help="decide one connection (and optionally one request)",
+                            description="Decide a connection against a policy; exit 0 allow, 1 deny, 2 usage.")
+    decide.add_argument("--policy", type=Path, required=True, metavar="FILE")
+    decide.add_argument("--host", required=True, help="destination host name or IP address")
+    decide.add_argument("--port", type=int, required=True)
+    decide.add_argument("--binary", metavar="PATH", help="executable of the calling process")
+    decide.add_argument("--ancestor", action="append", default=[], metavar="PATH",
+                        help="ancestor executable, nearest parent first (repeatable)")
+    decide.add_argument("--sha256", metavar="HEX", help="sha256 of the executable (informational here)")
+    decide.add_argument("--method", help="HTTP method, for an L7 decision (needs --path)")
+    decide.add_argument("--path", help="HTTP request target, for an L7 decision (needs --method)")
+    decide.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run_policy(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    out = stdout if stdout is not None else sys.stdout
+    err = stderr if stderr is not None else sys.stderr
+    command = getattr(args, "policy_command", None)
+    if command == "check":
+        return _check(args, out, err)
+    if command == "decide":
+        return _decide(args, out, err)
+    print("policy: expected a subcommand: check or decide", file=err)
+    return EXIT_USAGE
+
+
+def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    path: Path = args.file
+    try:
+        policy = load_policy_file(path)
+    except PolicyInvalid as exc:
+        if args.json:
+            _dump(out, {"ok": False, "file": str(path), "errors": exc.to_json()})
+        else:
+            for error in exc.errors:
+                print(error, file=out)
+            count = len(exc.errors)
+            print(f"{path}: {count} error{'s' if count != 1 else ''}", file=err)
+        return 1
+    if args.json:
+        _dump(out, {"ok": True, "file": str(path), "rules": policy.rule_count, "endpoints": policy.endpoint_count,
+                    "hash": policy.digest, "warnings": [w.to_json() for w in policy.warnings]})
+    else:
+        for warning in policy.warnings:
+            print(warning, file=err)
+        print(f"ok: {policy.rule_count} rules, {policy.endpoint_count} endpoints", file=out)
+    return 0
+
+
+def _decide(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if (args.method is None) != (args.path is None):
+        print("policy decide: --method and --path go together", file=err)
+        return EXIT_USAGE
+    if not 1 <= args.port <= 65535:
+        print(f"policy decide: --port {args.port} is outside 1..65535", file=err)
+        return EXIT_USAGE
+    try:
+        policy = load_policy_file(args.policy)
+    except PolicyInvalid as exc:
+        for error in exc.errors:
+            print(error, file=err)
+        print(f"policy decide: {args.policy} is not a valid policy (run: policy check {args.policy})", file=err)
+        return EXIT_USAGE
+    compiled = compile_policy(policy)
+    identity = None
+    if args.binary:
+        identity = BinaryIdentity(args.binary, args.sha256, tuple(args.ancestor))
+    decision = decide_l4(compiled, L4Request(args.host, args.port, identity))
+    if args.method is not None and decision.allowed:
+        decision = decide_l7(compiled, decision, args.method, args.path)
+    if args.json:
+        body = decision.to_json()
+        body["policy"] = str(args.policy)
+        body["hash"] = compiled.digest
+        _dump(out, body)
+    else:
+        print(decision.describe(), file=out)
+    return EXIT_ALLOW if decision.allowed else EXIT_DENY
+
+
+def _dump(out: TextIO, body: dict[str, Any]) -> None:
+    out.write(json.dumps(body, indent=2, sort_keys=False) + "\n")
