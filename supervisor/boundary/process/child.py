@@ -1,0 +1,275 @@
+"""The ordered stages a workload child runs between ``fork`` and ``execve`` (spec/boundary.md §2.2).
+
+Rules of this module:
+
+1. The order is the table ``STAGES`` and nothing else; the workload's first instruction runs only after the
+   last stage, with every control in force (invariant 2).
+2. A stage that fails ends the child: it writes ``{"stage", "errno", "detail"}`` as one JSON line to the
+   status pipe (close-on-exec, so EOF with no failure line means ``execve`` succeeded) and ``_exit``s.
+   Non-fatal degradations (``best_effort`` Landlock) are written as ``{"note"}`` lines first.
+3. ``chdir`` runs after the uid drop, so a directory the workload uid cannot enter fails with ``EACCES``
+   instead of being entered by root. ``PR_SET_PDEATHSIG`` runs after it too (credential changes clear it).
+4. The child never returns into its parent's code: ``run`` ends in ``execve`` or ``os._exit``.
+5. The environment is exactly ``spec.env`` (the boundary builds it; nothing of ours leaks in) and ``argv[0]``
+   is resolved against that environment's ``PATH``.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import fcntl
+import json
+import os
+import resource
+import signal
+import termios
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, NoReturn
+
+from . import landlock, linux, privilege, seccomp
+from .landlock import LandlockSpec
+
+DEFAULT_PATH: Final = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+STATUS_FD: Final = 3  # where the status pipe sits once stdio is in place
+
+
+class Stage(enum.StrEnum):
+    """Child stages, in order; the values are the ``stage`` strings of launch errors and events."""
+
+    VALIDATE = "validate"  # boundary-side checks before anything is forked
+    FORK = "fork"
+    SIGNALS = "signals"
+    SETSID = "setsid"
+    CTTY = "ctty"
+    STDIO = "stdio"
+    CLOSE_FDS = "close_fds"
+    UMASK = "umask"
+    SETGROUPS = "setgroups"
+    SETRESGID = "setresgid"
+    CAPBSET = "capbset"
+    SETRESUID = "setresuid"
+    CAPS = "caps"
+    SETUID0 = "verify_setuid0"
+    CHDIR = "chdir"
+    RLIMIT_CORE = "rlimit_core"
+    DUMPABLE = "dumpable"
+    PDEATHSIG = "pdeathsig"
+    NO_NEW_PRIVS = "no_new_privs"
+    LANDLOCK = "landlock"
+    SECCOMP = "seccomp"
+    EXECVE = "execve"
+
+
+@dataclass(frozen=True)
+class SpawnSpec:
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()
+    tty: bool = False
+    cols: int = 80
+    rows: int = 24
+    stdin: Literal["pipe", "null", "inherit"] = "pipe"
+    stdout: Literal["pipe", "inherit"] = "pipe"
+    stderr: Literal["pipe", "inherit"] = "pipe"  # with tty, one PTY for all three
+    landlock: LandlockSpec | None = None
+    seccomp: bool = True
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "argv": list(self.argv), "env": dict(self.env), "cwd": self.cwd, "uid": self.uid, "gid": self.gid,
+            "groups": list(self.groups), "tty": self.tty, "cols": self.cols, "rows": self.rows,
+            "stdin": self.stdin, "stdout": self.stdout, "stderr": self.stderr, "seccomp": self.seccomp,
+            "landlock": None if self.landlock is None else {
+                "read_only": list(self.landlock.read_only), "read_write": list(self.landlock.read_write),
+                "mode": self.landlock.mode,
+            },
+        }
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> SpawnSpec:
+        ll = data.get("landlock")
+        return cls(
+            argv=tuple(data["argv"]), env=dict(data["env"]), cwd=data["cwd"], uid=int(data["uid"]),
+            gid=int(data["gid"]), groups=tuple(int(g) for g in data.get("groups", ())),
+            tty=bool(data.get("tty", False)), cols=int(data.get("cols", 80)), rows=int(data.get("rows", 24)),
+            stdin=data.get("stdin", "pipe"), stdout=data.get("stdout", "pipe"), stderr=data.get("stderr", "pipe"),
+            seccomp=bool(data.get("seccomp", True)),
+            landlock=None if ll is None else LandlockSpec(tuple(ll["read_only"]), tuple(ll["read_write"]),
+                                                          ll.get("mode", "best_effort")),
+        )
+
+
+def validate(spec: SpawnSpec) -> str | None:
+    """Why ``spec`` cannot be launched, or ``None``. Pure; the boundary calls it before forking."""
+    if not spec.argv or not spec.argv[0]:
+        return "argv is empty"
+    for text in (*spec.argv, spec.cwd):
+        if "\0" in text:
+            return "NUL byte in argv or cwd"
+    for key, value in spec.env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            return f"invalid environment key or value: {key!r}"
+    if not os.path.isabs(spec.cwd):
+        return "cwd must be absolute"
+    for ident in (spec.uid, spec.gid, *spec.groups):
+        if not 0 <= ident <= 0xFFFFFFFE:
+            return f"id out of range: {ident}"
+    if spec.stdin not in ("pipe", "null", "inherit") or spec.stdout not in ("pipe", "inherit") \
+            or spec.stderr not in ("pipe", "inherit"):
+        return "invalid stdio mode"
+    if spec.landlock is not None and spec.landlock.mode not in ("best_effort", "hard_requirement", "off"):
+        return "invalid landlock mode"
+    return None
+
+
+def exec_candidates(name: str, env: Mapping[str, str]) -> list[str]:
+    """Paths ``execve`` is tried on, in order: ``name`` itself if it has a slash, else each ``PATH`` entry."""
+    if "/" in name:
+        return [name]
+    return [os.path.join(entry or ".", name) for entry in env.get("PATH", DEFAULT_PATH).split(":")]
+
+
+def _execve(argv: tuple[str, ...], env: Mapping[str, str]) -> NoReturn:
+    denied: OSError | None = None
+    for path in exec_candidates(argv[0], env):
+        try:
+            os.execve(path, list(argv), dict(env))
+        except OSError as exc:
+            if exc.errno == errno.EACCES:
+                denied = denied or exc
+            elif exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG) \
+                    or "/" in argv[0]:
+                raise
+    if denied is not None:
+        raise denied
+    raise FileNotFoundError(errno.ENOENT, f"{argv[0]}: not found in PATH")
+
+
+@dataclass
+class ChildContext:
+    """What the forking process hands its child: the spec and the fds it received for it."""
+
+    spec: SpawnSpec
+    stdio: tuple[int, int, int]
+    status_fd: int
+    parent_pid: int  # our parent as this child sees it (the PID-ns init is 1)
+    notes: list[str] = field(default_factory=list)
+
+
+def _reset_signals(ctx: ChildContext) -> None:
+    signal.set_wakeup_fd(-1)
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
+def _ctty(ctx: ChildContext) -> None:
+    if ctx.spec.tty:
+        fcntl.ioctl(ctx.stdio[0], termios.TIOCSCTTY, 0)
+
+
+def _stdio(ctx: ChildContext) -> None:
+    # Lift everything above the targets first so no dup2 overwrites an fd still to be placed.
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (*ctx.stdio, ctx.status_fd)]
+    for target, fd in enumerate(high[:3]):
+        os.dup2(fd, target, inheritable=True)
+    os.dup2(high[3], STATUS_FD, inheritable=False)
+    ctx.status_fd = STATUS_FD
+
+
+def _close_fds(ctx: ChildContext) -> None:
+    linux.close_range(STATUS_FD + 1)
+
+
+def _chdir(ctx: ChildContext) -> None:
+    os.chdir(ctx.spec.cwd)
+
+
+def _caps(ctx: ChildContext) -> None:
+    if ctx.spec.uid != 0:
+        privilege.clear_capabilities()
+
+
+def _setuid0(ctx: ChildContext) -> None:
+    if ctx.spec.uid != 0:
+        privilege.verify_cannot_regain_root()
+
+
+def _pdeathsig(ctx: ChildContext) -> None:
+    linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != ctx.parent_pid:  # the parent died before the prctl took
+        raise ProcessLookupError(errno.ESRCH, "parent exited during launch")
+
+
+def _landlock(ctx: ChildContext) -> None:
+    if ctx.spec.landlock is not None:
+        for note in landlock.restrict_self(ctx.spec.landlock):
+            _write_status(ctx, {"note": note})
+
+
+def _seccomp(ctx: ChildContext) -> None:
+    if ctx.spec.seccomp:
+        seccomp.install(seccomp.build())
+
+
+def _exec(ctx: ChildContext) -> None:
+    _execve(ctx.spec.argv, ctx.spec.env)
+
+
+STAGES: Final[tuple[tuple[Stage, Callable[[ChildContext], object]], ...]] = (
+    (Stage.SIGNALS, _reset_signals),
+    (Stage.SETSID, lambda ctx: os.setsid()),
+    (Stage.CTTY, _ctty),
+    (Stage.STDIO, _stdio),
+    (Stage.CLOSE_FDS, _close_fds),
+    (Stage.UMASK, lambda ctx: os.umask(privilege.DEFAULT_CHILD_MODE)),
+    (Stage.SETGROUPS, lambda ctx: privilege.set_groups(ctx.spec.groups)),
+    (Stage.SETRESGID, lambda ctx: privilege.set_gid(ctx.spec.gid)),
+    (Stage.CAPBSET, lambda ctx: privilege.clear_bounding_set()),
+    (Stage.SETRESUID, lambda ctx: privilege.set_uid(ctx.spec.uid)),
+    (Stage.CAPS, _caps),
+    (Stage.SETUID0, _setuid0),
+    (Stage.CHDIR, _chdir),
+    (Stage.RLIMIT_CORE, lambda ctx: resource.setrlimit(resource.RLIMIT_CORE, (0, 0))),
+    (Stage.DUMPABLE, lambda ctx: linux.prctl(linux.PR_SET_DUMPABLE, 0)),
+    (Stage.PDEATHSIG, _pdeathsig),
+    (Stage.NO_NEW_PRIVS, lambda ctx: linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)),
+    (Stage.LANDLOCK, _landlock),
+    (Stage.SECCOMP, _seccomp),
+    (Stage.EXECVE, _exec),
+)
+
+
+def _write_status(ctx: ChildContext, record: Mapping[str, Any]) -> None:
+    data = (json.dumps(record) + "\n").encode()
+    try:
+        os.write(ctx.status_fd, data)
+    except OSError:
+        pass  # nobody to tell: the parent gave up on this launch
+
+
+def run(ctx: ChildContext) -> NoReturn:
+    """Run every stage, then ``execve``; on failure report ``(stage, errno)`` and exit."""
+    stage = Stage.SIGNALS
+    try:
+        for current, action in STAGES:
+            stage = current
+            action(ctx)
+        raise OSError(errno.EINVAL, "execve returned")  # unreachable: _exec either replaces us or raises
+    except OSError as exc:
+        _write_status(ctx, {"stage": stage.value, "errno": exc.errno or errno.EINVAL,
+                            "detail": exc.strerror or str(exc)})
+    except BaseException as exc:  # a bug must still end in a report, never in the parent's code
+        _write_status(ctx, {"stage": stage.value, "errno": errno.EINVAL, "detail": repr(exc)})
+    finally:
+        os._exit(127)

@@ -1,0 +1,444 @@
+"""The boundary's handle on its launcher ("zygote") process (spec/boundary.md §2.2, §2.6, §2.7, §2.9).
+
+Rules of this module:
+
+1. ``Launcher.fork`` runs before ``trio.run`` and before any thread exists; everything else is async (trio)
+   and never blocks the event loop, except ``close`` (shutdown).
+2. One reader at a time: there is no background task. Whoever awaits a reply or an exit status reads the
+   launcher socket while nobody else does, files every message it reads under its key, and wakes the other
+   waiters. A cancelled reader loses nothing (a message is read whole or not at all).
+3. ``spawn`` returns only once the child's status pipe reached EOF without a failure record, i.e. after
+   ``execve`` succeeded; every failure is a ``SpawnError(stage, errno)``.
+4. The launcher (zygote or its PID-namespace init) is the one reaper of workload processes; exit statuses
+   arrive here as messages and nowhere else (``Spawned.wait_status``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno as _errno
+import fcntl
+import itertools
+import os
+import signal
+import socket
+import struct
+import termios
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import trio
+
+from . import child, privilege, zygote
+from .child import SpawnSpec, Stage
+from .zygote import NamespacePlan
+
+CLOSE_GRACE = 2.0
+
+
+class LauncherError(Exception):
+    """The launcher cannot do what was asked (not prepared, namespaces unavailable, launcher gone...)."""
+
+
+class SpawnError(Exception):
+    """A launch failed at ``stage`` with ``errno`` before the workload ran any instruction."""
+
+    def __init__(self, stage: str, errno: int, detail: str = "") -> None:
+        self.stage = stage
+        self.errno = errno
+        self.detail = detail or (os.strerror(errno) if errno else "")
+        super().__init__(f"launch failed at {stage}: {self.detail} (errno {errno})")
+
+    @property
+    def exit_code(self) -> int:
+        """The code a CLI reports for this failure (DESIGN "Streams are for payload")."""
+        if self.stage == Stage.EXECVE and self.errno == _errno.ENOENT:
+            return 127
+        if self.stage == Stage.EXECVE and self.errno in (_errno.EACCES, _errno.ENOEXEC, _errno.EISDIR):
+            return 126
+        return 125
+
+
+@dataclass
+class Prepared:
+    model: str
+    fds: dict[str, int]
+    report: dict[str, Any]
+    netns_path: str | None
+
+
+@dataclass
+class Spawned:
+    pid: int  # host pid (the boundary's PID namespace)
+    pidfd: int
+    stdin: int | None
+    stdout: int | None
+    stderr: int | None
+    pty_master: int | None
+    ns_pid: int | None = None  # pid inside the workload PID namespace, when there is one
+    notes: tuple[str, ...] = ()  # best-effort degradations the child reported (Landlock)
+    _launcher: Launcher | None = field(default=None, repr=False, compare=False)
+    _sid: int = field(default=0, repr=False, compare=False)
+    _status: int | None = field(default=None, repr=False, compare=False)
+
+    async def wait_status(self) -> int:
+        """The raw wait status, as reaped by the launcher; the same value on every call."""
+        if self._status is None:
+            assert self._launcher is not None
+            self._status = await self._launcher._exit_status(self._sid)
+        return self._status
+
+
+# --- privilege model ---------------------------------------------------------------------------------------
+_STRENGTH = {"R": 3, "U": 2, "P": 1}
+
+
+def detect_privilege_model(requested: Literal["auto", "R", "U", "P"]) -> tuple[str, str]:
+    """``(model, reason)``: the strongest model available for ``auto``, else the one asked for if available.
+
+    Call before threads exist (the user-namespace probe forks).
+    """
+    if requested not in ("auto", "R", "U", "P"):
+        raise LauncherError(f"unknown privilege model {requested!r}")
+    if requested == "P":
+        return "P", "requested: no namespaces (proxy-env)"
+    missing_r = privilege.model_r_missing()
+    if requested in ("auto", "R") and not missing_r:
+        return "R", "euid 0 with CAP_SYS_ADMIN and CAP_NET_ADMIN"
+    if requested == "R":
+        raise LauncherError("privilege model R unavailable: missing " + ", ".join(missing_r))
+    userns = privilege.probe_userns()
+    if userns is None:
+        why = "requested" if requested == "U" else "model R unavailable (missing " + ", ".join(missing_r) + ")"
+        return "U", f"{why}; unprivileged user namespaces work"
+    if requested == "U":
+        raise LauncherError(f"privilege model U unavailable: user namespace probe failed: {userns}")
+    return "P", f"model R unavailable (missing {', '.join(missing_r)}); user namespaces unavailable ({userns})"
+
+
+# --- the launcher ----------------------------------------------------------------------------------------
+class Launcher:
+    def __init__(self, sock: socket.socket, pid: int) -> None:
+        self._sock = sock
+        self._pid = pid
+        self._ids = itertools.count(1)
+        self._replies: dict[int, tuple[dict[str, Any], list[int]]] = {}
+        self._exits: dict[int, int] = {}
+        self._discard: set[int] = set()
+        self._abandoned: set[int] = set()
+        self._reading = False
+        self._progress: trio.Event | None = None
+        self._dead: str | None = None
+        self._closed = False
+        self._prepared: Prepared | None = None
+        self._init_pid: int | None = None
+
+    @classmethod
+    def fork(cls) -> Launcher:
+        """Fork the zygote. Call before ``trio.run`` and before any thread exists (rule 1)."""
+        ours, theirs = zygote.socket_pair()
+        boundary = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - becomes the zygote
+            ours.close()
+            zygote.main(theirs, boundary)
+        theirs.close()
+        ours.setblocking(False)
+        return cls(ours, pid)
+
+    @property
+    def pid(self) -> int:
+        """The zygote's pid; after ``prepare`` it lives in the agent's network namespace."""
+        return self._pid
+
+    @property
+    def prepared(self) -> Prepared | None:
+        return self._prepared
+
+    # -- transport (rule 2) --
+    async def _send(self, message: Mapping[str, Any], fds: Sequence[int] = ()) -> None:
+        self._check_alive()
+        while True:
+            try:
+                zygote.send(self._sock, message, fds)
+                return
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(self._sock)
+            except OSError as exc:
+                self._dead = f"launcher socket: {exc.strerror}"
+                raise LauncherError(self._dead) from exc
+
+    def _check_alive(self) -> None:
+        if self._closed:
+            raise LauncherError("launcher closed")
+        if self._dead is not None:
+            raise LauncherError(self._dead)
+
+    def _file(self, message: dict[str, Any], fds: list[int]) -> None:
+        if "exit" in message:
+            zygote.close_all(fds)
+            sid = int(message["exit"])
+            if sid in self._discard:
+                self._discard.discard(sid)
+            else:
+                self._exits[sid] = int(message["status"])
+        elif message.get("id") in self._abandoned:
+            # The requester was cancelled: a child launched for it must not run unobserved.
+            self._abandoned.discard(message["id"])
+            if message.get("ok") and "ns_pid" in message and fds:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(fds[0], signal.SIGKILL)
+            zygote.close_all(fds)
+        elif isinstance(message.get("id"), int):
+            self._replies[message["id"]] = (message, fds)
+        else:
+            zygote.close_all(fds)
+
+    async def _pump(self) -> None:
+        """Read one message (or wait while someone else does); wake every waiter afterwards."""
+        if self._progress is None:
+            self._progress = trio.Event()
+        progress = self._progress
+        if self._reading:
+            await progress.wait()
+            return
+        self._reading = True
+        try:
+            while True:
+                try:
+                    got = zygote.receive(self._sock)
+                    break
+                except BlockingIOError:
+                    await trio.lowlevel.wait_readable(self._sock)
+            if got is None:
+                self._dead = "launcher exited"
+            else:
+                self._file(*got)
+        except OSError as exc:
+            self._dead = f"launcher socket: {exc}"
+        finally:
+            self._reading = False
+            self._progress = trio.Event()
+            progress.set()
+
+    async def _request(self, op: str, fds: Sequence[int] = (), **fields: Any) -> tuple[dict[str, Any], list[int]]:
+        rid = next(self._ids)
+        await self._send({"op": op, "id": rid, **fields}, fds)
+        try:
+            while rid not in self._replies:
+                self._check_alive()
+                await self._pump()
+        except BaseException:
+            if rid in self._replies:
+                zygote.close_all(self._replies.pop(rid)[1])
+            else:
+                self._abandoned.add(rid)
+            raise
+        return self._replies.pop(rid)
+
+    async def _exit_status(self, sid: int) -> int:
+        while sid not in self._exits:
+            self._check_alive()
+            await self._pump()
+        return self._exits.pop(sid)
+
+    @staticmethod
+    def _raise(reply: Mapping[str, Any], what: str) -> None:
+        if reply.get("ok"):
+            return
+        err = int(reply.get("errno") or 0)
+        text = f"{what}: {reply.get('error', 'failed')}"
+        if "stage" in reply:
+            raise SpawnError(str(reply["stage"]), err, text)
+        raise LauncherError(text + (f" (errno {err})" if err else ""))
+
+    # -- operations --
+    async def prepare(self, plan: NamespacePlan) -> Prepared:
+        if plan.model not in ("R", "U", "P"):
+            raise LauncherError(f"unknown privilege model {plan.model!r}")
+        reply, fds = await self._request("prepare", plan=plan.to_wire())
+        try:
+            self._raise(reply, f"prepare (model {plan.model})")
+        except LauncherError:
+            zygote.close_all(fds)
+            raise
+        names = list(reply.get("fd_names") or [])
+        if len(names) != len(fds):
+            zygote.close_all(fds)
+            raise LauncherError("prepare: fd count does not match fd names")
+        self._init_pid = reply.get("init_pid")
+        effective = plan.effective()
+        self._prepared = Prepared(
+            model=plan.model, fds=dict(zip(names, fds, strict=True)), report=dict(reply.get("report") or {}),
+            netns_path=f"/proc/{self._pid}/ns/net" if effective.netns else None,
+        )
+        return self._prepared
+
+    async def capture_call(self, fn: str, args: Mapping[str, Any]) -> dict[str, Any]:
+        if fn not in zygote.CAPTURE_CALLS:
+            raise LauncherError(f"capture call {fn!r} is not allowed")
+        reply, fds = await self._request("capture_call", fn=fn, args=dict(args))
+        zygote.close_all(fds)
+        self._raise(reply, f"capture {fn}")
+        result = reply.get("result")
+        return result if isinstance(result, dict) else {"result": result}
+
+    async def socket_in_netns(self, family: int, type: int) -> socket.socket:
+        reply, fds = await self._request("socket", family=int(family), type=int(type))
+        if not reply.get("ok") or len(fds) != 1:
+            zygote.close_all(fds)
+            self._raise(reply, "socket")
+            raise LauncherError("socket: no fd received")
+        return socket.socket(fileno=fds[0])
+
+    async def spawn(self, spec: SpawnSpec) -> Spawned:
+        problem = child.validate(spec)
+        if problem is not None:
+            raise SpawnError(Stage.VALIDATE, _errno.EINVAL, problem)
+        if self._prepared is None:
+            raise LauncherError("spawn before prepare")
+        ours: list[int] = []  # the boundary's ends, returned in Spawned
+        theirs: list[int] = []  # the child's ends, closed here once sent
+        try:
+            ends, layout = _make_stdio(spec, ours, theirs)
+            status_r, status_w = os.pipe2(os.O_CLOEXEC)
+            ours.append(status_r)
+            theirs.append(status_w)
+            layout.append(len(theirs) - 1)
+            sid = next(self._ids)
+            try:
+                reply, fds = await self._request("spawn", fds=theirs, sid=sid, spec=spec.to_wire(), stdio=layout)
+            except BaseException:
+                self._forget(sid)
+                raise
+            finally:
+                zygote.close_all(theirs)
+                theirs.clear()
+            if not reply.get("ok") or len(fds) != 1:
+                zygote.close_all(fds)
+                self._raise(reply, "spawn")
+                raise LauncherError("spawn: no pidfd received")
+            pidfd = fds[0]
+            try:
+                notes, failure = await _read_status(status_r)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                self._forget(sid)
+                os.close(pidfd)
+                raise
+            if failure is not None:
+                self._forget(sid)
+                os.close(pidfd)
+                raise SpawnError(str(failure.get("stage", "unknown")), int(failure.get("errno") or 0),
+                                 str(failure.get("detail", "")))
+        except BaseException:
+            zygote.close_all(ours)
+            raise
+        os.close(status_r)
+        return Spawned(pid=int(reply["pid"]), pidfd=pidfd, ns_pid=reply.get("ns_pid"), notes=tuple(notes),
+                       _launcher=self, _sid=sid, **ends)
+
+    def _forget(self, sid: int) -> None:
+        """A launch that failed: drop its exit status whenever it arrives."""
+        if self._exits.pop(sid, None) is None:
+            self._discard.add(sid)
+
+    def workload_pids(self) -> set[int]:
+        """Host pids of every live workload process: descendants of the zygote, minus the init."""
+        found = zygote.descendants(self._pid, zygote.proc_parents())
+        found.discard(self._init_pid or -1)
+        return found
+
+    async def kill_all(self) -> None:
+        """SIGKILL every workload process (the PID-ns init, or every descendant) and wait until reaped."""
+        reply, fds = await self._request("kill_all")
+        zygote.close_all(fds)
+        self._raise(reply, "kill_all")
+
+    async def ping(self) -> int:
+        reply, fds = await self._request("ping")
+        zygote.close_all(fds)
+        self._raise(reply, "ping")
+        return int(reply["pid"])
+
+    def close(self) -> None:
+        """Stop the launcher: it kills the workload on EOF; reap it (SIGKILL after a grace period)."""
+        if self._closed:
+            return
+        self._closed = True
+        for _message, fds in self._replies.values():
+            zygote.close_all(fds)
+        self._replies.clear()
+        self._sock.close()
+        deadline = time.monotonic() + CLOSE_GRACE
+        try:
+            while time.monotonic() < deadline:
+                pid, _ = os.waitpid(self._pid, os.WNOHANG)
+                if pid:
+                    return
+                time.sleep(0.005)
+            os.kill(self._pid, signal.SIGKILL)
+            os.waitpid(self._pid, 0)
+        except (ChildProcessError, ProcessLookupError):
+            pass  # already reaped by someone else's waitpid(-1)
+
+
+def _make_stdio(spec: SpawnSpec, ours: list[int], theirs: list[int]) -> tuple[dict[str, int | None], list[int]]:
+    """Create the child's stdio; returns the boundary ends for ``Spawned`` and the stdio layout indexes."""
+    ends: dict[str, int | None] = {"stdin": None, "stdout": None, "stderr": None, "pty_master": None}
+    if spec.tty:
+        master, slave = os.openpty()
+        ours.append(master)
+        theirs.append(slave)
+        rows, cols = (max(1, min(v, 65535)) for v in (spec.rows, spec.cols))
+        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        ends["pty_master"] = master
+        return ends, [0, 0, 0]
+    layout: list[int] = []
+    for name in ("stdin", "stdout", "stderr"):
+        mode = getattr(spec, name)
+        if mode == "inherit":
+            theirs.append(os.dup((0, 1, 2)[len(layout)]))
+        elif mode == "null":
+            theirs.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+        else:
+            r, w = os.pipe2(os.O_CLOEXEC)
+            mine, child_end = (w, r) if name == "stdin" else (r, w)
+            ours.append(mine)
+            theirs.append(child_end)
+            ends[name] = mine
+        layout.append(len(theirs) - 1)
+    return ends, layout
+
+
+async def _read_status(fd: int) -> tuple[list[str], dict[str, Any] | None]:
+    """Read the child's status pipe to EOF: ``(notes, failure record or None)``."""
+    import json
+
+    os.set_blocking(fd, False)
+    data = bytearray()
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(fd)
+            continue
+        if not chunk:
+            break
+        data += chunk
+    notes: list[str] = []
+    failure: dict[str, Any] | None = None
+    for line in bytes(data).splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            failure = {"stage": "unknown", "errno": _errno.EPROTO, "detail": "unreadable status record"}
+            continue
+        if "note" in record:
+            notes.append(str(record["note"]))
+        else:
+            failure = record
+    return notes, failure

@@ -1,0 +1,627 @@
+"""The launcher ("zygote") process and the PID-namespace init it may fork (spec/boundary.md §2.2, §2.6, §2.7).
+
+Rules of this module:
+
+1. Single-threaded, always: the zygote and the init are forked before any thread exists and never start one,
+   so ``fork`` is safe and ``unshare``/``setns`` work. No ``subprocess``, no ``preexec_fn``.
+2. Whoever forks reaps. Without a PID namespace the zygote forks the workload, is a child subreaper (orphans
+   come back to it) and reaps; with one, the init (PID 1 of the namespace) forks and reaps everything in it.
+   Exit statuses of launched processes go up as ``{"exit": sid, "status": raw}``; other pids are discarded.
+3. A pidfd is opened by the forking process right after ``fork``: the child cannot have been reaped yet
+   because that process is its only reaper. The host pid is read there too, through the host procfs.
+4. Killing the init kills the namespace (the kernel SIGKILLs and reaps every member before the init's own
+   exit is reported). Launched processes whose exit the init had not reported are then reported as SIGKILL.
+5. The zygote answers requests one at a time, in order; nothing it receives is trusted beyond its JSON shape.
+
+Wire: ``SOCK_SEQPACKET``, one JSON object per message, fds as ``SCM_RIGHTS``. Requests carry ``op`` and ``id``;
+replies carry the same ``id`` and ``ok``; exits are unsolicited.
+
+Theory of operation. ``Launcher.fork`` calls ``main`` in a fresh child of the boundary. ``prepare`` unshares
+the namespaces the plan asks for (model U creates the user namespace in the same call and maps only its own
+uid/gid), makes ``/`` a recursive slave so nothing mounted here leaks out, covers each hidden path with an
+empty read-only tmpfs, brings up ``lo`` (or calls the capture setup), then forks the init, which mounts a
+fresh ``/proc`` for its namespace. ``spawn`` goes to whichever process forks (rule 2); it forks a child that
+runs ``child.run``. The zygote's ``/proc`` shows the new namespace once the init mounted it, so the zygote
+never reads ``/proc`` after that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import gc
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import stat
+import struct
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal, NoReturn
+
+from . import child, linux, privilege
+
+MAX_MESSAGE: Final = 1 << 20
+MAX_FDS: Final = 32
+SOCKET_BUFFER: Final = 1 << 20
+CAPTURE_CALLS: Final = frozenset({"inspect", "probe"})
+HIDE_OPTIONS: Final = "mode=0555,size=4k"
+HIDE_FLAGS: Final = linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
+PROC_FLAGS: Final = linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
+SIGKILL_STATUS: Final = signal.SIGKILL  # raw wait status of a process killed by SIGKILL
+KILL_ALL_TIMEOUT: Final = 10.0
+_SIOCGIFFLAGS: Final = 0x8913
+_SIOCSIFFLAGS: Final = 0x8914
+_IFF_UP: Final = 0x1
+
+
+@dataclass(frozen=True)
+class NamespacePlan:
+    model: Literal["R", "U", "P"]
+    netns: bool = True
+    pidns: bool = True
+    mountns: bool = True
+    hide_paths: tuple[str, ...] = ()
+    capture: dict[str, Any] | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"model": self.model, "netns": self.netns, "pidns": self.pidns, "mountns": self.mountns,
+                "hide_paths": list(self.hide_paths), "capture": self.capture}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> NamespacePlan:
+        return cls(model=data["model"], netns=bool(data["netns"]), pidns=bool(data["pidns"]),
+                   mountns=bool(data["mountns"]), hide_paths=tuple(data["hide_paths"]), capture=data["capture"])
+
+    def effective(self) -> NamespacePlan:
+        """Model P creates no namespace whatever the flags say."""
+        if self.model == "P":
+            return NamespacePlan("P", False, False, False, self.hide_paths, self.capture)
+        return self
+
+
+# --- wire ------------------------------------------------------------------------------------------------
+def encode(message: Mapping[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode()
+
+
+def send(sock: socket.socket, message: Mapping[str, Any], fds: Iterable[int] = ()) -> None:
+    socket.send_fds(sock, [encode(message)], list(fds))
+
+
+def decode(data: bytes, fds: list[int], flags: int) -> tuple[dict[str, Any], list[int]]:
+    """Parse one received message; on a truncated or malformed one close its fds and raise."""
+    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+        close_all(fds)
+        raise OSError(errno.EMSGSIZE, "launcher message truncated")
+    try:
+        message = json.loads(data)
+        if not isinstance(message, dict):
+            raise ValueError("not an object")
+    except ValueError as exc:
+        close_all(fds)
+        raise OSError(errno.EPROTO, f"bad launcher message: {exc}") from None
+    return message, fds
+
+
+def receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
+    """One message, or ``None`` at EOF. Blocking or not, as the socket is."""
+    data, fds, flags, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS, socket.MSG_CMSG_CLOEXEC)
+    if not data:
+        close_all(fds)
+        return None
+    return decode(data, fds, flags)
+
+
+def close_all(fds: Iterable[int]) -> None:
+    """Close ``fds``; a list is emptied too, so a second call cannot close a reused fd number."""
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    if isinstance(fds, list):
+        fds.clear()
+
+
+def socket_pair() -> tuple[socket.socket, socket.socket]:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    for s in (a, b):
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
+    return a, b
+
+
+def error_reply(rid: Any, exc: BaseException, **extra: Any) -> dict[str, Any]:
+    err = exc.errno if isinstance(exc, OSError) and exc.errno else 0
+    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+    return {"id": rid, "ok": False, "errno": err, "error": text, **extra}
+
+
+# --- /proc -----------------------------------------------------------------------------------------------
+def proc_parents(proc: str = "/proc") -> dict[int, int]:
+    """pid -> ppid for every process visible in ``proc`` (racy by nature: callers rescan)."""
+    parents: dict[int, int] = {}
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{name}/stat", "rb") as fh:
+                data = fh.read()
+        except OSError:
+            continue
+        fields = data[data.rfind(b")") + 2:].split()
+        if len(fields) > 1:
+            parents[int(name)] = int(fields[1])
+    return parents
+
+
+def descendants(root: int, parents: Mapping[int, int]) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    found: set[int] = set()
+    stack = [root]
+    while stack:
+        for kid in children.get(stack.pop(), ()):
+            if kid not in found:
+                found.add(kid)
+                stack.append(kid)
+    return found
+
+
+# --- signals ---------------------------------------------------------------------------------------------
+def _install_sigchld_wakeup() -> int:
+    """Route SIGCHLD to a non-blocking pipe watched by ``poll``; returns the read end."""
+    rfd, wfd = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+    return rfd
+
+
+def _drain(fd: int) -> None:
+    with contextlib.suppress(BlockingIOError):
+        while os.read(fd, 4096):
+            pass
+
+
+def _reset_process(keep: list[int]) -> None:
+    """Make a fresh fork a clean single-purpose process: default signals (SIGPIPE ignored), ``keep[i]`` moved
+    to fd ``3 + i``, every other fd closed, /dev/null on 0-2, and inherited objects never finalised."""
+    signal.set_wakeup_fd(-1)  # the boundary's wakeup fd number means nothing here
+    for sig in signal.valid_signals():
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            with contextlib.suppress(OSError, ValueError):
+                signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a vanished peer is an EPIPE, not a death
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    lifted = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in keep]
+    for index, fd in enumerate(lifted):
+        os.dup2(fd, 3 + index, inheritable=False)
+    linux.close_range(3 + len(keep))
+    null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+    for fd in (0, 1, 2):
+        if fd != null:
+            os.dup2(null, fd)
+    if null > 2:
+        os.close(null)
+    gc.freeze()  # objects inherited from the boundary may own fd numbers: never let them be finalised
+
+
+# --- the forking side (zygote without PID namespace, or the init) -----------------------------------------
+class Spawner:
+    """Forks workload children, owns their pidfds until handed up, and reaps (rule 2, rule 3)."""
+
+    def __init__(self, host_proc_fd: int | None) -> None:
+        self.host_proc_fd = host_proc_fd  # set in the init: read host pids through the boundary's procfs
+        self.live: dict[int, int] = {}  # local pid -> sid
+
+    def spawn(self, request: Mapping[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
+        rid, sid = request["id"], int(request["sid"])
+        try:
+            spec = child.SpawnSpec.from_wire(request["spec"])
+            stdio, status_fd = _stdio_fds(request, fds)
+            parent = os.getpid()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child never returns
+                child.run(child.ChildContext(spec, stdio, status_fd, parent))
+            self.live[pid] = sid
+            pidfd = os.pidfd_open(pid)
+            host_pid = pid if self.host_proc_fd is None else linux.pidfd_pid(pidfd, dir_fd=self.host_proc_fd)
+            return {"id": rid, "ok": True, "pid": host_pid, "ns_pid": pid}, [pidfd]
+        except Exception as exc:
+            return error_reply(rid, exc, stage=child.Stage.FORK.value), []
+        finally:
+            close_all(fds)
+
+    def reap(self) -> list[tuple[int, int]]:
+        """Reap every exited child; return ``(sid, raw_status)`` for launched ones."""
+        exits: list[tuple[int, int]] = []
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            sid = self.live.pop(pid, None)
+            if sid is not None:
+                exits.append((sid, status))
+        return exits
+
+
+def _stdio_fds(request: Mapping[str, Any], fds: list[int]) -> tuple[tuple[int, int, int], int]:
+    layout = request["stdio"]  # indexes into fds for stdin, stdout, stderr, status
+    if len(layout) != 4 or not all(isinstance(i, int) and 0 <= i < len(fds) for i in layout):
+        raise OSError(errno.EINVAL, "bad stdio layout")
+    return (fds[layout[0]], fds[layout[1]], fds[layout[2]]), fds[layout[3]]
+
+
+def init_main(sock_fd: int, host_proc_fd: int, mount_proc: bool) -> NoReturn:  # pragma: no cover - own pid ns
+    """PID 1 of the workload PID namespace: mount its ``/proc``, then fork and reap on the zygote's behalf."""
+    try:
+        _reset_process([sock_fd, host_proc_fd])  # socket on 3, host procfs on 4
+        sock = socket.socket(fileno=3)
+        linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+        try:
+            if mount_proc:
+                linux.mount("proc", "/proc", "proc", PROC_FLAGS)
+        except OSError as exc:
+            send(sock, {"ready": False, "errno": exc.errno, "error": f"mount /proc: {exc.strerror}"})
+            os._exit(1)
+        wake = _install_sigchld_wakeup()
+        spawner = Spawner(host_proc_fd=4)
+        send(sock, {"ready": True})
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        poller.register(wake, select.POLLIN)
+        while True:
+            for fd, _ in poller.poll():
+                if fd == wake:
+                    _drain(wake)
+                    for sid, status in spawner.reap():
+                        send(sock, {"exit": sid, "status": status})
+                    continue
+                got = receive(sock)
+                if got is None:
+                    os._exit(0)
+                request, fds = got
+                if request.get("op") == "spawn":
+                    reply, out = spawner.spawn(request, fds)
+                    send(sock, reply, out)
+                    close_all(out)
+                else:
+                    close_all(fds)
+                    send(sock, {"id": request.get("id"), "ok": False, "errno": errno.EINVAL,
+                                "error": "init serves spawn only"})
+    finally:
+        os._exit(1)
+
+
+# --- the zygote ------------------------------------------------------------------------------------------
+class Zygote:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.wake = _install_sigchld_wakeup()
+        self.plan: NamespacePlan | None = None
+        self.prepare_failed = False
+        self.spawner: Spawner | None = None  # set when the zygote forks the workload itself
+        self.init_pid: int | None = None
+        self.init_sock: socket.socket | None = None
+        self.init_live: set[int] = set()  # sids running under the init
+        self.pidns_gone = False
+        self.boundary_gone = False
+        self.poller = select.poll()
+        self.poller.register(self.sock, select.POLLIN)
+        self.poller.register(self.wake, select.POLLIN)
+
+    # -- loop --
+    def serve(self) -> NoReturn:
+        while True:
+            for fd, _ in self.poller.poll():
+                if fd == self.wake:
+                    _drain(self.wake)
+                    self.reap()
+                elif self.init_sock is not None and fd == self.init_sock.fileno():
+                    self.pump_init()
+                elif fd == self.sock.fileno():
+                    got = receive(self.sock)
+                    if got is None:  # the boundary is gone: take the workload with us
+                        self.boundary_gone = True
+                        self.kill_all()
+                        os._exit(0)
+                    self.handle(*got)
+
+    def reply(self, message: Mapping[str, Any], fds: Iterable[int] = ()) -> None:
+        """Send to the boundary; once it is gone, keep going (we are cleaning up on our way out)."""
+        if self.boundary_gone:
+            return
+        try:
+            send(self.sock, message, fds)
+        except (BrokenPipeError, ConnectionResetError):
+            self.boundary_gone = True
+
+    def handle(self, request: dict[str, Any], fds: list[int]) -> None:
+        rid = request.get("id")
+        op = request.get("op")
+        handler = self.HANDLERS.get(str(op))
+        if handler is None:
+            close_all(fds)
+            self.reply({"id": rid, "ok": False, "errno": errno.EINVAL, "error": f"unknown op {op!r}"})
+            return
+        try:
+            handler(self, request, fds)
+        except Exception as exc:
+            self.reply(error_reply(rid, exc))
+        finally:
+            close_all(fds)  # handlers that passed fds on have emptied the list
+
+    # -- reaping --
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.init_pid:
+                self.init_pid = None  # reaped: its pid may be reused, never signal it again
+                self._init_gone()
+            elif self.spawner is not None:
+                sid = self.spawner.live.pop(pid, None)
+                if sid is not None:
+                    self.reply({"exit": sid, "status": status})
+
+    def pump_init(self) -> None:
+        """Forward what the init sent unprompted (exits); EOF means the init is gone."""
+        assert self.init_sock is not None
+        while True:
+            try:
+                got = receive(self.init_sock)
+            except BlockingIOError:
+                return
+            if got is None:
+                self._init_gone()
+                return
+            message, fds = got
+            close_all(fds)
+            if "exit" in message:
+                self.init_live.discard(int(message["exit"]))
+                self.reply(message)
+
+    def _init_gone(self) -> None:
+        """The PID namespace died: kill and reap the init, relay its last words, report the rest as killed."""
+        if self.init_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.init_pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.init_pid, 0)
+            self.init_pid = None
+        if self.init_sock is not None:
+            sock, self.init_sock = self.init_sock, None
+            with contextlib.suppress(OSError):
+                self.poller.unregister(sock)
+            sock.setblocking(False)
+            with contextlib.suppress(OSError):
+                while (got := receive(sock)) is not None:
+                    message, fds = got
+                    close_all(fds)
+                    if "exit" in message:
+                        self.init_live.discard(int(message["exit"]))
+                        self.reply(message)
+            sock.close()
+        for sid in sorted(self.init_live):
+            self.reply({"exit": sid, "status": SIGKILL_STATUS})
+        self.init_live.clear()
+        self.pidns_gone = True
+
+    # -- requests --
+    def op_ping(self, request: dict[str, Any], fds: list[int]) -> None:
+        close_all(fds)
+        self.reply({"id": request.get("id"), "ok": True, "pid": os.getpid()})
+
+    def op_prepare(self, request: dict[str, Any], fds: list[int]) -> None:
+        close_all(fds)
+        rid = request.get("id")
+        if self.plan is not None or self.prepare_failed:
+            raise OSError(errno.EALREADY, "launcher already prepared")
+        plan = NamespacePlan.from_wire(request["plan"]).effective()
+        try:
+            out_fds, names, report = self._prepare(plan)
+        except BaseException:
+            self.prepare_failed = True
+            raise
+        self.plan = plan
+        try:
+            self.reply({"id": rid, "ok": True, "fd_names": names, "report": report,
+                        "init_pid": self.init_pid}, out_fds)
+        finally:
+            close_all(out_fds)
+
+    def _prepare(self, plan: NamespacePlan) -> tuple[list[int], list[str], dict[str, Any]]:
+        if plan.hide_paths and not plan.mountns:
+            raise OSError(errno.EINVAL, "hide_paths needs a mount namespace")
+        flags = (linux.CLONE_NEWNET if plan.netns else 0) | (linux.CLONE_NEWNS if plan.mountns else 0) \
+            | (linux.CLONE_NEWPID if plan.pidns else 0)
+        if plan.model == "U":
+            flags |= linux.CLONE_NEWUSER
+        uid, gid = os.geteuid(), os.getegid()
+        if flags:
+            linux.unshare(flags)
+        if plan.model == "U":
+            privilege.write_id_maps(uid, gid)
+        if plan.mountns:
+            linux.mount(None, "/", None, linux.MS_REC | linux.MS_SLAVE)
+            for path in plan.hide_paths:
+                st = os.lstat(path)
+                if not stat.S_ISDIR(st.st_mode):
+                    raise OSError(errno.ENOTDIR, f"hide path is not a directory: {path}")
+                linux.mount("tmpfs", path, "tmpfs", HIDE_FLAGS, HIDE_OPTIONS)
+        out_fds: list[int] = []
+        names: list[str] = []
+        report: dict[str, Any] = {}
+        if plan.capture is not None:
+            setup = importlib.import_module("supervisor.boundary.capture.setup")
+            got_fds, report = setup.prepare(**plan.capture)
+            names = list(got_fds)
+            out_fds = [int(got_fds[name]) for name in names]
+        elif plan.netns:
+            _loopback_up()
+        if plan.pidns:
+            self._start_init(mount_proc=plan.mountns)
+        else:
+            linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
+            self.spawner = Spawner(host_proc_fd=None)
+        if plan.model == "P":
+            # Same uid as the agent: keep it from reading our memory (a copy of the boundary's) via /proc.
+            linux.prctl(linux.PR_SET_DUMPABLE, 0)
+        return out_fds, names, report
+
+    def _start_init(self, mount_proc: bool) -> None:
+        host_proc_fd = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        ours, theirs = socket_pair()
+        try:
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - becomes PID 1 of the namespace
+                init_main(theirs.fileno(), host_proc_fd, mount_proc)
+        finally:
+            theirs.close()
+            os.close(host_proc_fd)
+        self.init_pid = pid
+        ready = receive(ours)
+        if ready is None or not ready[0].get("ready"):
+            self.init_sock = ours
+            self._init_gone()
+            detail = ready[0] if ready else {}
+            raise OSError(int(detail.get("errno") or errno.ECHILD), str(detail.get("error", "init failed")))
+        ours.setblocking(False)
+        self.init_sock = ours
+        self.poller.register(ours, select.POLLIN)
+
+    def op_capture_call(self, request: dict[str, Any], fds: list[int]) -> None:
+        close_all(fds)
+        fn = str(request.get("fn"))
+        if fn not in CAPTURE_CALLS:
+            raise OSError(errno.EPERM, f"capture call {fn!r} is not allowed")
+        setup = importlib.import_module("supervisor.boundary.capture.setup")
+        result = getattr(setup, fn)(**dict(request.get("args") or {}))
+        self.reply({"id": request.get("id"), "ok": True, "result": result})
+
+    def op_socket(self, request: dict[str, Any], fds: list[int]) -> None:
+        close_all(fds)
+        if self.plan is None:
+            raise OSError(errno.EAGAIN, "launcher not prepared")
+        sock = socket.socket(int(request["family"]), int(request["type"]))
+        try:
+            self.reply({"id": request.get("id"), "ok": True}, [sock.fileno()])
+        finally:
+            sock.close()
+
+    def op_spawn(self, request: dict[str, Any], fds: list[int]) -> None:
+        rid = request.get("id")
+        if self.plan is None:
+            raise OSError(errno.EAGAIN, "launcher not prepared")
+        if self.spawner is not None:
+            reply, out = self.spawner.spawn(request, fds)
+            try:
+                self.reply(reply, out)
+            finally:
+                close_all(out)
+            return
+        if self.init_sock is None or self.pidns_gone:
+            raise OSError(errno.ESRCH, "the workload PID namespace is gone")
+        try:
+            send(self.init_sock, request, fds)
+        finally:
+            close_all(fds)
+        reply, out = self._await_init_reply(rid)
+        try:
+            if reply.get("ok"):
+                self.init_live.add(int(request["sid"]))
+            self.reply(reply, out)
+        finally:
+            close_all(out)
+
+    def _await_init_reply(self, rid: Any) -> tuple[dict[str, Any], list[int]]:
+        sock = self.init_sock
+        assert sock is not None
+        while True:
+            select.select([sock], [], [])
+            try:
+                got = receive(sock)
+            except BlockingIOError:
+                continue
+            if got is None:
+                self._init_gone()
+                raise OSError(errno.ESRCH, "the workload PID namespace died during spawn")
+            message, fds = got
+            if message.get("id") == rid and "ok" in message:
+                return message, fds
+            close_all(fds)
+            if "exit" in message:
+                self.init_live.discard(int(message["exit"]))
+                self.reply(message)
+
+    def op_kill_all(self, request: dict[str, Any], fds: list[int]) -> None:
+        close_all(fds)
+        self.kill_all()
+        self.reply({"id": request.get("id"), "ok": True})
+
+    def kill_all(self) -> None:
+        if self.init_pid is not None:
+            self._init_gone()  # rule 4
+            return
+        if self.spawner is not None:
+            self._kill_descendants()
+
+    def _kill_descendants(self) -> None:
+        """No PID namespace: SIGKILL every descendant until a scan finds none, reaping as we go."""
+        import time
+
+        me = os.getpid()
+        deadline = time.monotonic() + KILL_ALL_TIMEOUT
+        while True:
+            self.reap()
+            found = descendants(me, proc_parents())
+            if not found:
+                break
+            for pid in found:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if time.monotonic() > deadline:
+                raise OSError(errno.ETIMEDOUT, f"workload processes survive SIGKILL: {sorted(found)}")
+            time.sleep(0.002)
+        self.reap()
+
+    HANDLERS: Final[dict[str, Callable[[Zygote, dict[str, Any], list[int]], None]]] = {
+        "ping": op_ping,
+        "prepare": op_prepare,
+        "capture_call": op_capture_call,
+        "socket": op_socket,
+        "spawn": op_spawn,
+        "kill_all": op_kill_all,
+    }
+
+
+def _loopback_up() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        ifreq = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(sock.fileno(), _SIOCGIFFLAGS, ifreq))[1]
+        fcntl.ioctl(sock.fileno(), _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+
+
+def main(sock: socket.socket, boundary_pid: int) -> NoReturn:  # pragma: no cover - runs in the zygote
+    """Entry point of the freshly forked zygote; never returns."""
+    try:
+        linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != boundary_pid:
+            os._exit(0)
+        _reset_process([sock.detach()])
+        with contextlib.suppress(OSError):
+            os.setsid()  # out of the boundary's session: a terminal ^C is not ours to take
+        Zygote(socket.socket(fileno=3)).serve()
+    finally:
+        os._exit(1)
