@@ -193,7 +193,7 @@ class ProcessPolicy:
 @dataclass(frozen=True)
 class Policy:
     version: int
-    network_policies: tuple[NetworkRule, ...] = ()
+    network_policies: tuple[NetworkRule, ...] = ()  # sorted by key: file order never matters
     filesystem_policy: FilesystemPolicy | None = None
     landlock: LandlockPolicy | None = None
     process: ProcessPolicy | None = None

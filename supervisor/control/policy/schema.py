@@ -192,7 +192,7 @@ class _Schema:
             return None
         return Policy(
             version=1,
-            network_policies=tuple(rules),
+            network_policies=tuple(sorted(rules, key=lambda rule: rule.key)),
             filesystem_policy=fs,
             landlock=landlock,
             process=process,
