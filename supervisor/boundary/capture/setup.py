@@ -43,6 +43,8 @@ MODES = ("anyip", "nft")
 BACKLOG = 1024
 DNS_PORT = 53
 NFT_TABLE = "openshell_capture"
+IP_TRANSPARENT = 19  # <linux/in.h>
+IPV6_TRANSPARENT = 75  # <linux/in6.h>
 
 # route types (<linux/rtnetlink.h>) and tables
 RTN_UNICAST, RTN_LOCAL, RTN_BROADCAST, RTN_MULTICAST = 1, 2, 3, 5
@@ -254,10 +256,16 @@ def _tcp_listener(family: int, host: str, port: int) -> int:
 
 
 def _udp_listener(family: int, host: str, port: int) -> int:
+    """A DNS stub socket. With any-IP the queried address is local by route but not assigned to a device, and
+    the kernel sources a reply from such an address only for a transparent socket (FLOWI_FLAG_ANYSRC); hence
+    IP_TRANSPARENT/IPV6_TRANSPARENT, which this namespace's owner may set."""
     sock = socket.socket(family, socket.SOCK_DGRAM)
     try:
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.setsockopt(socket.IPPROTO_IPV6, IPV6_TRANSPARENT, 1)
+        else:
+            sock.setsockopt(socket.IPPROTO_IP, IP_TRANSPARENT, 1)
         enable_pktinfo(sock)
         sock.bind((host, port))
         sock.setblocking(False)
