@@ -7,6 +7,8 @@ Rules:
    holds): one thread, no GIL hand-offs, cheap enough that the client is not the bottleneck.
 3. A setup sample is the full connect + CONNECT + 1 KiB request/response + close, timed by the client.
 4. Nothing here retries: a failed connection is counted, never hidden.
+5. Every batch has a time budget: a slow contender measures fewer connections instead of holding up
+   the run, and the number it reached is part of the result.
 """
 
 from __future__ import annotations
@@ -133,11 +135,16 @@ class SetupResult:
         return len(self.latencies) / self.seconds if self.seconds else 0.0
 
 
-def setup_sequential(proxy: Address | None, target: Address, count: int, timeout: float) -> SetupResult:
+def setup_sequential(
+    proxy: Address | None, target: Address, count: int, timeout: float, budget: float
+) -> SetupResult:
+    """Up to ``count`` exchanges one after another, stopping early once ``budget`` seconds have passed."""
     latencies: list[float] = []
     errors = 0
     start = time.perf_counter()
     for _ in range(count):
+        if time.perf_counter() - start > budget:
+            break
         try:
             latencies.append(one_exchange(proxy, target, timeout))
         except (OSError, WireError):
@@ -177,7 +184,7 @@ async def _async_exchange(sock: socket.socket) -> None:
 
 
 async def _setup_concurrent(
-    proxy: Address | None, target: Address, count: int, concurrency: int, conn_timeout: float
+    proxy: Address | None, target: Address, count: int, concurrency: int, conn_timeout: float, budget: float
 ) -> SetupResult:
     latencies: list[float] = []
     errors = 0
@@ -185,7 +192,7 @@ async def _setup_concurrent(
 
     async def worker() -> None:
         nonlocal todo, errors
-        while todo > 0:
+        while todo > 0 and time.perf_counter() < deadline:
             todo -= 1
             start = time.perf_counter()
             try:
@@ -199,6 +206,7 @@ async def _setup_concurrent(
             latencies.append(time.perf_counter() - start)
 
     start = time.perf_counter()
+    deadline = start + budget
     async with asyncio.TaskGroup() as group:
         for _ in range(concurrency):
             group.create_task(worker())
@@ -206,9 +214,10 @@ async def _setup_concurrent(
 
 
 def setup_concurrent(
-    proxy: Address | None, target: Address, count: int, concurrency: int, timeout: float
+    proxy: Address | None, target: Address, count: int, concurrency: int, timeout: float, budget: float
 ) -> SetupResult:
-    return asyncio.run(_setup_concurrent(proxy, target, count, concurrency, timeout))
+    """``count`` exchanges by ``concurrency`` workers; none starts after ``budget`` seconds."""
+    return asyncio.run(_setup_concurrent(proxy, target, count, concurrency, timeout, budget))
 
 
 @dataclass
@@ -226,7 +235,7 @@ class IdleHold:
 
 
 async def _open_idle(
-    proxy: Address | None, target: Address, count: int, concurrency: int, conn_timeout: float
+    proxy: Address | None, target: Address, count: int, concurrency: int, conn_timeout: float, budget: float
 ) -> IdleHold:
     held: list[socket.socket] = []
     errors = 0
@@ -235,6 +244,8 @@ async def _open_idle(
     async def one() -> None:
         nonlocal errors
         async with gate:
+            if time.perf_counter() > deadline:
+                return  # not attempted: the caller sees fewer held connections, not failures
             try:
                 async with asyncio.timeout(conn_timeout):
                     sock = await _async_tunnel(proxy, target)
@@ -249,6 +260,7 @@ async def _open_idle(
             held.append(sock)
 
     start = time.perf_counter()
+    deadline = start + budget
     async with asyncio.TaskGroup() as group:
         for _ in range(count):
             group.create_task(one())
@@ -256,6 +268,7 @@ async def _open_idle(
 
 
 def open_idle(
-    proxy: Address | None, target: Address, count: int, concurrency: int, timeout: float
+    proxy: Address | None, target: Address, count: int, concurrency: int, timeout: float, budget: float
 ) -> IdleHold:
-    return asyncio.run(_open_idle(proxy, target, count, concurrency, timeout))
+    """Open up to ``count`` tunnels, each proven by one echo; none is started after ``budget`` seconds."""
+    return asyncio.run(_open_idle(proxy, target, count, concurrency, timeout, budget))

@@ -30,6 +30,8 @@ class Config:
     concurrent: int  # connections per concurrent-setup measurement
     concurrency: int
     idle_sizes: tuple[int, ...]
+    setup_budget: float  # seconds one setup measurement may take (it stops early past that)
+    idle_budget: float  # seconds allowed for opening the idle connections
     idle_hold: float = 1.0  # seconds the idle connections are held before the peak is read
     idle_open_concurrency: int = 256
     timeout: float = 60.0  # per socket operation (bulk) or per connection (setup, idle)
@@ -77,6 +79,7 @@ IDLE = (
     Metric("peak RSS", "MiB"),
     Metric("KiB/conn", "KiB"),
     Metric("opened/s", "1/s", higher_is_better=True),
+    Metric("held", "conns", ratio=False, higher_is_better=True),
 )
 
 
@@ -90,9 +93,10 @@ def _bulk(direction: Direction) -> Callable[[Probe], Outcome]:
 
 def _setup_outcome(result: clients.SetupResult) -> Outcome:
     if not result.latencies:
-        return Outcome({"conns/s": None, "p50": None, "p99": None}, result.errors)
+        return Outcome({"conns/s": None, "p50": None, "p99": None, "conns": 0.0}, result.errors)
     return Outcome(
         {
+            "conns": float(len(result.latencies)),  # fewer than asked when the budget ran out
             "conns/s": result.conns_per_s,
             "p50": percentile(result.latencies, 50) * 1e3,
             "p99": percentile(result.latencies, 99) * 1e3,
@@ -103,13 +107,17 @@ def _setup_outcome(result: clients.SetupResult) -> Outcome:
 
 def measure_sequential(probe: Probe) -> Outcome:
     cfg = probe.config
-    return _setup_outcome(clients.setup_sequential(probe.proxy, probe.echo, cfg.sequential, cfg.timeout))
+    return _setup_outcome(
+        clients.setup_sequential(probe.proxy, probe.echo, cfg.sequential, cfg.timeout, cfg.setup_budget)
+    )
 
 
 def measure_concurrent(probe: Probe) -> Outcome:
     cfg = probe.config
     return _setup_outcome(
-        clients.setup_concurrent(probe.proxy, probe.echo, cfg.concurrent, cfg.concurrency, cfg.timeout)
+        clients.setup_concurrent(
+            probe.proxy, probe.echo, cfg.concurrent, cfg.concurrency, cfg.timeout, cfg.setup_budget
+        )
     )
 
 
@@ -126,7 +134,9 @@ def _idle(count: int) -> Callable[[Probe], Outcome]:
         baseline = procstat.memory(pids)
         baseline_fds = procstat.open_fds(pids)
         exact_peak = procstat.reset_peak(pids)
-        hold = clients.open_idle(probe.proxy, probe.echo, count, cfg.idle_open_concurrency, cfg.timeout)
+        hold = clients.open_idle(
+            probe.proxy, probe.echo, count, cfg.idle_open_concurrency, cfg.timeout, cfg.idle_budget
+        )
         opened = len(hold.sockets)
         try:
             sampled = procstat.memory(pids).rss_kib
@@ -142,6 +152,7 @@ def _idle(count: int) -> Callable[[Probe], Outcome]:
             "peak RSS": peak_kib / 1024 if pids else None,
             "KiB/conn": (peak_kib - baseline.rss_kib) / opened if pids and opened else None,
             "opened/s": opened / hold.seconds if hold.seconds else None,
+            "held": float(opened),
         }
         return Outcome(values, hold.errors)
 
