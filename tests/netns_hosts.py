@@ -39,6 +39,7 @@ import fcntl
 import ipaddress
 import os
 import re
+import select
 import shutil
 import socket
 import struct
@@ -290,22 +291,26 @@ class DnsServer:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         make = sock_factory or (lambda kind: socket.socket(socket.AF_INET, kind))
-        self._udp = make(socket.SOCK_DGRAM)
-        self._udp.bind((bind, 0))
-        port = self._udp.getsockname()[1]
-        self._tcp = make(socket.SOCK_STREAM)
-        self._tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._tcp.bind((bind, port))
+        for _attempt in range(50):  # one port for both transports; an ephemeral port may be taken for the other
+            self._tcp = make(socket.SOCK_STREAM)
+            self._tcp.bind((bind, 0))
+            port = self._tcp.getsockname()[1]
+            self._udp = make(socket.SOCK_DGRAM)
+            try:
+                self._udp.bind((bind, port))
+                break
+            except OSError:
+                self._tcp.close()
+                self._udp.close()
+        else:
+            raise OSError("no port free for both UDP and TCP")
         self._tcp.listen(64)
         self.address: tuple[str, int] = (bind, port)
-        self._threads = [
-            threading.Thread(target=self._serve_udp, daemon=True, name="test-dns-udp"),
-            threading.Thread(target=self._serve_tcp, daemon=True, name="test-dns-tcp"),
-        ]
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._thread = threading.Thread(target=self._serve, daemon=True, name="test-dns")
 
     def __enter__(self) -> DnsServer:
-        for t in self._threads:
-            t.start()
+        self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -313,11 +318,11 @@ class DnsServer:
 
     def close(self) -> None:
         self._stop.set()
-        for t in self._threads:
-            if t.is_alive():
-                t.join(5)
-        self._udp.close()
-        self._tcp.close()
+        self._wake_w.send(b"x")
+        if self._thread.is_alive():
+            self._thread.join(5)
+        for s in (self._udp, self._tcp, self._wake_r, self._wake_w):
+            s.close()
 
     def count(self, name: str, rdtype: str | None = None) -> int:
         with self._lock:
@@ -369,38 +374,37 @@ class DnsServer:
             reply.answer.append(dns.rrset.from_text(target + ".", self.ttl, "IN", rdtype, *chosen))
         return reply.to_wire()
 
-    def _serve_udp(self) -> None:
-        self._udp.settimeout(0.1)
+    def _serve(self) -> None:
+        self._udp.setblocking(False)
+        self._tcp.setblocking(False)
         while not self._stop.is_set():
-            try:
-                wire, peer = self._udp.recvfrom(65535)
-            except (TimeoutError, OSError):
-                continue
-            out = self.answer(wire, "udp")
-            if out is not None:
+            readable, _, _ = select.select([self._udp, self._tcp, self._wake_r], [], [])
+            if self._udp in readable:
                 with contextlib.suppress(OSError):
-                    self._udp.sendto(out, peer)
+                    wire, peer = self._udp.recvfrom(65535)
+                    out = self.answer(wire, "udp")
+                    if out is not None:
+                        self._udp.sendto(out, peer)
+            if self._tcp in readable:
+                with contextlib.suppress(OSError):
+                    conn, _ = self._tcp.accept()
+                    self._serve_tcp(conn)
 
-    def _serve_tcp(self) -> None:
-        self._tcp.settimeout(0.1)
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._tcp.accept()
-            except (TimeoutError, OSError):
-                continue
-            with conn, contextlib.suppress(OSError):
-                conn.settimeout(2)
-                while not self._stop.is_set():
-                    head = _recv_exact(conn, 2)
-                    if head is None:
-                        break
-                    body = _recv_exact(conn, struct.unpack("!H", head)[0])
-                    if body is None:
-                        break
-                    out = self.answer(body, "tcp")
-                    if out is None:
-                        break
-                    conn.sendall(struct.pack("!H", len(out)) + out)
+    def _serve_tcp(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            conn.setblocking(True)
+            conn.settimeout(2)
+            while not self._stop.is_set():
+                head = _recv_exact(conn, 2)
+                if head is None:
+                    break
+                body = _recv_exact(conn, struct.unpack("!H", head)[0])
+                if body is None:
+                    break
+                out = self.answer(body, "tcp")
+                if out is None:
+                    break
+                conn.sendall(struct.pack("!H", len(out)) + out)
 
 
 def _recv_exact(conn: socket.socket, n: int) -> bytes | None:

@@ -48,6 +48,7 @@ __all__ = [
     "RefusedReason",
     "classify",
     "inet_aton_lenient",
+    "overlaps_always_blocked",
     "parse_host_literal",
 ]
 
@@ -216,6 +217,30 @@ def classify(addr: str | IPAddress) -> Classification:
         kind, v4 = inner
         return _result(v4, _v4_class(v4), kind)
     return _result(addr, _v6_class(addr), None)
+
+
+# The always-blocked ranges, in IPv4 and in every IPv6 prefix that carries an IPv4 address in fixed bits (rule
+# 2; Teredo's inverted embedding is no prefix). Metadata addresses inside otherwise usable ranges (CGNAT, ULA)
+# are left out here so that ``allowed_ips: [100.64.0.0/10]`` stays valid: the per-address check still refuses
+# them.
+_BLOCKED_V4 = (IPv4Network("0.0.0.0/8"), IPv4Network("127.0.0.0/8"), IPv4Network("169.254.0.0/16"))
+_BLOCKED_V6 = (
+    IPv6Network("::/128"),
+    IPv6Network("::1/128"),
+    IPv6Network("fe80::/10"),
+    *(
+        IPv6Network((int(prefix.network_address) | (int(v4.network_address) << shift), 128 - 32 - shift + v4.prefixlen))
+        for prefix, shift in ((_MAPPED, 0), (_TRANSLATED, 0), (_COMPATIBLE, 0), (_NAT64, 0), (_SIX_TO_FOUR, 80))
+        for v4 in _BLOCKED_V4
+    ),
+)
+
+
+def overlaps_always_blocked(net: IPv4Network | IPv6Network) -> bool:
+    """Whether an ``allowed_ips`` entry reaches into always-blocked space (spec §3.5: such entries are invalid)."""
+    if isinstance(net, IPv4Network):
+        return any(net.overlaps(b) for b in _BLOCKED_V4)
+    return any(net.overlaps(b) for b in _BLOCKED_V6)
 
 
 # --- host literals ---------------------------------------------------------------------------------------------

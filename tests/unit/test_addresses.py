@@ -17,6 +17,7 @@ from supervisor.control.addresses import (
     RefusedReason,
     classify,
     inet_aton_lenient,
+    overlaps_always_blocked,
     parse_host_literal,
 )
 
@@ -315,3 +316,47 @@ def test_every_lenient_spelling_is_refused_or_canonical(n: int, base: str, npart
         assert got == IPv4Address(n) and str(got) == text
     else:
         assert isinstance(got, Refused) and got.would_dial == IPv4Address(n)
+
+
+@pytest.mark.parametrize(
+    ("net", "overlaps"),
+    [
+        ("0.0.0.0/0", True),
+        ("::/0", True),
+        ("127.0.0.0/8", True),
+        ("127.0.0.1/32", True),
+        ("169.254.169.254/32", True),
+        ("0.0.0.0/32", True),
+        ("::1/128", True),
+        ("fe80::/64", True),
+        ("::ffff:127.0.0.1/128", True),
+        ("::ffff:169.254.0.0/112", True),
+        ("64:ff9b::/96", True),
+        ("64:ff9b::7f00:1/128", True),
+        ("2002::/16", True),
+        ("2002:7f00::/24", True),
+        ("10.0.0.0/8", False),
+        ("100.64.0.0/10", False),
+        ("192.168.0.0/16", False),
+        ("8.8.8.8/32", False),
+        ("fc00::/7", False),
+        ("::ffff:10.0.0.0/104", False),
+        ("64:ff9b::808:808/128", False),
+        ("2002:808:808::/48", False),
+        ("2606:4700::/32", False),
+    ],
+)
+def test_overlaps_always_blocked(net: str, overlaps: bool) -> None:
+    assert overlaps_always_blocked(ipaddress.ip_network(net)) is overlaps
+
+
+@given(st.integers(0, 2**32 - 1), st.integers(0, 32))
+def test_a_network_holding_an_always_blocked_v4_overlaps(n: int, prefix: int) -> None:
+    net = ipaddress.IPv4Network((n, prefix), strict=False)
+    holds_blocked = any(
+        classify(a).cls in (C.LOOPBACK, C.LINK_LOCAL, C.UNSPECIFIED, C.METADATA)
+        and not (classify(a).cls is C.METADATA and not a.is_link_local)
+        for a in (net.network_address, net.broadcast_address)
+    )
+    if holds_blocked:
+        assert overlaps_always_blocked(net)
