@@ -1,0 +1,184 @@
+"""``policy check`` and ``policy decide`` through ``run_policy`` with a parser built here, plus one subprocess."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from supervisor.policy_cli import add_policy_parser, run_policy
+
+GOOD = """version: 1
+network_policies:
+  github:
+    endpoints:
+      - host: api.github.com
+        port: 443
+        protocol: rest
+        enforcement: enforce
+        access: read-only
+      - host: "*.githubusercontent.com"
+        port: 443
+    binaries:
+      - path: /usr/bin/git
+  pypi:
+    endpoints:
+      - {host: pypi.org, port: 443}
+    binaries:
+      - path: /usr/bin/python3*
+"""
+
+THREE_ERRORS = """version: 1
+network_policies:
+  github:
+    endpoints:
+      - host: api.github.com
+        ports: [443, 0]
+        protocl: rest
+    binaries:
+      - path: git
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="openshell-sandbox")
+    add_policy_parser(top.add_subparsers(dest="command"))
+    return top
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    args = parser().parse_args(list(argv))
+    out, err = io.StringIO(), io.StringIO()
+    code = run_policy(args, stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def good(tmp_path: Path) -> Path:
+    path = tmp_path / "good.yaml"
+    path.write_text(GOOD)
+    return path
+
+
+def test_check_ok(good: Path) -> None:
+    assert run("policy", "check", str(good)) == (0, "ok: 2 rules, 3 endpoints\n", "")
+
+
+def test_check_lists_all_three_errors_with_paths_and_lines(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(THREE_ERRORS)
+    code, out, err = run("policy", "check", str(path))
+    assert code == 1
+    assert out.splitlines() == [
+        f"{path}:6: network_policies.github.endpoints[0].ports[1]: invalid port 0 (expected 1..=65535)",
+        f"{path}:7: network_policies.github.endpoints[0].protocl: unknown key 'protocl'; did you mean 'protocol'? "
+        "(expected one of host, port, ports, path, protocol, tls, enforcement, access, rules, deny_rules, "
+        "allowed_ips, allow_encoded_slash, websocket_credential_rewrite, request_body_credential_rewrite, "
+        "allow_uninspected_credentials, credential_binding)",
+        f"{path}:9: network_policies.github.binaries[0].path: binary path 'git' is not absolute "
+        "(expected an absolute path such as /usr/bin/git)",
+    ]
+    assert err == f"{path}: 3 errors\n"
+
+
+def test_check_json(tmp_path: Path, good: Path) -> None:
+    code, out, _ = run("policy", "check", str(good), "--json")
+    body = json.loads(out)
+    assert code == 0 and (body["ok"], body["rules"], body["endpoints"]) == (True, 2, 3) and len(body["hash"]) == 64
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(THREE_ERRORS)
+    code, out, _ = run("policy", "check", str(bad), "--json")
+    body = json.loads(out)
+    assert code == 1 and body["ok"] is False
+    assert [(e["path"], e["line"]) for e in body["errors"]] == [
+        ("network_policies.github.endpoints[0].ports[1]", 6),
+        ("network_policies.github.endpoints[0].protocl", 7),
+        ("network_policies.github.binaries[0].path", 9)]
+
+
+def test_check_warnings_go_to_stderr(tmp_path: Path) -> None:
+    path = tmp_path / "audit.yaml"
+    path.write_text("version: 1\nnetwork_policies:\n  a:\n    endpoints: [{host: a.example.com, port: 443, "
+                    "protocol: rest, access: full}]\n    binaries: [{path: /x}]\n")
+    code, out, err = run("policy", "check", str(path))
+    assert code == 0 and out == "ok: 1 rules, 1 endpoints\n" and "audit mode" in err and ":4:" in err
+
+
+def test_check_missing_file(tmp_path: Path) -> None:
+    code, out, _ = run("policy", "check", str(tmp_path / "nope.yaml"))
+    assert code == 1 and "cannot read policy file" in out
+
+
+DECIDE = [
+    (["--host", "api.github.com", "--port", "443", "--binary", "/usr/bin/git"], 0,
+     "allow github (github[0]) api.github.com:443 [l7 inspection]"),
+    (["--host", "api.github.com", "--port", "443", "--binary", "/usr/bin/curl"], 1,
+     "deny api.github.com:443: binary-not-allowed: binary '/usr/bin/curl' (ancestors: []) not allowed in "
+     "policy 'github'"),
+    (["--host", "api.github.com", "--port", "443", "--binary", "/bin/sh", "--ancestor", "/usr/bin/git"], 0,
+     "allow github (github[0]) api.github.com:443 [l7 inspection]"),
+    (["--host", "evil.example.net", "--port", "443", "--binary", "/usr/bin/git"], 1,
+     "deny evil.example.net:443: no-matching-endpoint: endpoint evil.example.net:443 is not allowed by any policy"),
+    (["--host", "api.github.com", "--port", "443"], 1,
+     "deny api.github.com:443: identity-missing: the initiating process could not be identified"),
+    (["--host", "api.github.com", "--port", "443", "--binary", "/usr/bin/git", "--method", "GET", "--path",
+      "/repos/a/b"], 0, "allow github (github[0]) api.github.com:443 GET /repos/a/b [l7 inspection]"),
+    (["--host", "api.github.com", "--port", "443", "--binary", "/usr/bin/git", "--method", "POST", "--path",
+      "/repos/a/b"], 1, "deny api.github.com:443 POST /repos/a/b: l7-no-allow-rule: POST /repos/a/b not "
+     "permitted by policy"),
+]
+
+
+@pytest.mark.parametrize(("argv", "code", "line"), DECIDE)
+def test_decide(good: Path, argv: list[str], code: int, line: str) -> None:
+    assert run("policy", "decide", "--policy", str(good), *argv) == (code, line + "\n", "")
+
+
+def test_decide_json(good: Path) -> None:
+    code, out, _ = run("policy", "decide", "--policy", str(good), "--host", "pypi.org", "--port", "443",
+                       "--binary", "/usr/bin/python3.11", "--sha256", "ab" * 32, "--json")
+    body = json.loads(out)
+    assert code == 0
+    assert {k: body[k] for k in ("result", "rule", "endpoint", "reason")} == {
+        "result": "allow", "rule": "pypi", "endpoint": "pypi[0]", "reason": None}
+    code, out, _ = run("policy", "decide", "--policy", str(good), "--host", "pypi.org", "--port", "443",
+                       "--binary", "/usr/bin/git", "--json")
+    body = json.loads(out)
+    assert code == 1 and (body["result"], body["reason"]) == ("deny", "binary-not-allowed")
+
+
+@pytest.mark.parametrize("extra", [["--method", "GET"], ["--path", "/"], ["--port", "0"]])
+def test_decide_usage_errors(good: Path, extra: list[str]) -> None:
+    argv = ["policy", "decide", "--policy", str(good), "--host", "a.example.com", "--port", "443", *extra]
+    code, out, err = run(*argv)
+    assert code == 2 and out == "" and err
+
+
+def test_decide_invalid_policy_is_a_usage_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(THREE_ERRORS)
+    code, out, err = run("policy", "decide", "--policy", str(bad), "--host", "a.example.com", "--port", "443")
+    assert code == 2 and out == "" and "ports[1]" in err
+
+
+def test_argparse_usage_exit_code() -> None:
+    with pytest.raises(SystemExit) as info:
+        parser().parse_args(["policy", "decide", "--host", "x"])
+    assert info.value.code == 2
+
+
+def test_subprocess_check(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(THREE_ERRORS)
+    script = ("import argparse,sys\nfrom supervisor.policy_cli import add_policy_parser, run_policy\n"
+              "p = argparse.ArgumentParser(); add_policy_parser(p.add_subparsers())\n"
+              "sys.exit(run_policy(p.parse_args(sys.argv[1:])))\n")
+    proc = subprocess.run([sys.executable, "-c", script, "policy", "check", str(bad)], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == 1
+    assert len(proc.stdout.splitlines()) == 3 and proc.stderr.strip() == f"{bad}: 3 errors"
