@@ -283,15 +283,19 @@ class Link:
         return len(self._streams)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        # Our settings are in force locally from the start (the peer cannot exceed the defaults before it has
+        # read them anyway). h2 only refreshes its frame-size limit per receive_data call, so set it here too:
+        # an ACK and a large frame arriving in one read would otherwise trip the old limit.
         self._h2.local_settings = h2.settings.Settings(
             client=self.client,
             initial_values={
                 h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
                 h2.settings.SettingCodes.MAX_FRAME_SIZE: MAX_FRAME,
                 h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
-                h2.settings.SettingCodes.ENABLE_PUSH: 0 if self.client else 1,
+                h2.settings.SettingCodes.ENABLE_PUSH: 0,
             },
         )
+        self._h2.max_inbound_frame_size = MAX_FRAME
         self._h2.initiate_connection()
         self._h2.increment_flow_control_window(CONNECTION_WINDOW - 65535)
         try:

@@ -1,0 +1,177 @@
+"""The HTTP/2 link over in-memory transports: streams, half-close, reset, flow control, loss of the link."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+import trio.testing
+
+from supervisor.link.h2link import Link, LinkClosed, LinkStream
+
+
+async def echo(stream: LinkStream) -> None:
+    await stream.send_headers([(":status", "200")])
+    while data := await stream.receive_some(65536):
+        await stream.send_all(data)
+    await stream.send_eof()
+
+
+@asynccontextmanager
+async def link_pair(handler=echo) -> AsyncIterator[tuple[Link, Link]]:  # type: ignore[no-untyped-def]
+    left, right = trio.testing.memory_stream_pair()
+    client = Link(left, client=True, name="client")
+    server = Link(right, client=False, handler=handler, name="server")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(client.run)
+        await nursery.start(server.run)
+        yield client, server
+        nursery.cancel_scope.cancel()
+
+
+REQ = [(":method", "POST"), (":path", "/echo"), (":scheme", "https"), (":authority", "boundary")]
+
+
+async def test_echo_roundtrip_and_half_close() -> None:
+    async with link_pair() as (client, _server):
+        stream = await client.open_stream(REQ)
+        headers = await stream.response()
+        assert dict(headers)[":status"] == "200"
+        await stream.send_all(b"hello")
+        assert await stream.receive_some() == b"hello"
+        await stream.send_eof()
+        assert await stream.receive_some() == b""
+
+
+async def test_many_concurrent_streams_keep_their_bytes() -> None:
+    async with link_pair() as (client, _server):
+        results: dict[int, bool] = {}
+
+        async def one(i: int) -> None:
+            payload = os.urandom(1000 + i * 997)
+            stream = await client.open_stream(REQ)
+            got = bytearray()
+
+            async def reader() -> None:
+                while data := await stream.receive_some():
+                    got.extend(data)
+
+            async with trio.open_nursery() as n:
+                n.start_soon(reader)
+                await stream.send_all(payload)
+                await stream.send_eof()
+            results[i] = hashlib.sha256(got).digest() == hashlib.sha256(payload).digest()
+
+        async with trio.open_nursery() as n:
+            for i in range(50):
+                n.start_soon(one, i)
+        assert len(results) == 50 and all(results.values())
+
+
+async def test_large_transfer_beyond_windows() -> None:
+    """More than the stream and connection windows: only works if acknowledgements flow back."""
+    size = 20 * 1024 * 1024
+    async with link_pair() as (client, _server):
+        stream = await client.open_stream(REQ)
+        payload = os.urandom(1024 * 1024)
+        received = 0
+
+        async def reader() -> None:
+            nonlocal received
+            while data := await stream.receive_some():
+                received += len(data)
+
+        async with trio.open_nursery() as n:
+            n.start_soon(reader)
+            for _ in range(size // len(payload)):
+                await stream.send_all(payload)
+            await stream.send_eof()
+        assert received == size
+
+
+async def test_slow_stream_does_not_stall_another() -> None:
+    """Per-stream flow control: a stream whose reader never reads must not block a second stream."""
+    async with link_pair() as (client, _server):
+        stuck = await client.open_stream(REQ)
+        await stuck.response()
+        with trio.move_on_after(2) as scope:
+            # the echo handler can only echo once the client reads; fill the stuck stream's windows
+            await stuck.send_all(os.urandom(12 * 1024 * 1024))
+        assert scope.cancelled_caught, "sending should block once the stuck stream's windows are full"
+        other = await client.open_stream(REQ)
+        await other.response()
+        with trio.fail_after(5):
+            await other.send_all(b"still flowing")
+            assert await other.receive_some() == b"still flowing"
+
+
+async def test_reset_reaches_peer() -> None:
+    seen = trio.Event()
+    outcome: list[str] = []
+
+    async def handler(stream: LinkStream) -> None:
+        await stream.send_headers([(":status", "200")])
+        try:
+            while await stream.receive_some():
+                pass
+            outcome.append("eof")
+        except trio.BrokenResourceError as exc:
+            outcome.append(f"broken: {exc}")
+        seen.set()
+
+    async with link_pair(handler) as (client, _server):
+        stream = await client.open_stream(REQ)
+        await stream.response()
+        await stream.send_all(b"x")
+        await stream.reset()
+        with trio.fail_after(5):
+            await seen.wait()
+    assert outcome and outcome[0].startswith("broken: stream reset")
+
+
+async def test_link_loss_breaks_pending_streams() -> None:
+    async def hang(stream: LinkStream) -> None:
+        await stream.send_headers([(":status", "200")])
+        await trio.sleep_forever()
+
+    async with link_pair(hang) as (client, server):
+        stream = await client.open_stream(REQ)
+        await stream.response()
+        await server.aclose("test drops the link")
+        with trio.fail_after(5), pytest.raises(LinkClosed):
+            await stream.receive_some()
+        with pytest.raises(LinkClosed):
+            await client.open_stream(REQ)
+
+
+async def test_link_stream_is_a_half_closeable_stream() -> None:
+    """trio's own conformance check for half-closeable streams, run on a pair of link streams."""
+    from trio.testing import check_half_closeable_stream
+
+    async def make_pair() -> tuple[LinkStream, LinkStream]:
+        left, right = trio.testing.memory_stream_pair()
+        accepted: list[LinkStream] = []
+        ready = trio.Event()
+
+        async def handler(stream: LinkStream) -> None:
+            await stream.send_headers([(":status", "200")])
+            accepted.append(stream)
+            ready.set()
+            await trio.sleep_forever()
+
+        client = Link(left, client=True)
+        server = Link(right, client=False, handler=handler)
+        nursery.start_soon(client.run)
+        nursery.start_soon(server.run)
+        stream = await client.open_stream(REQ)
+        await stream.response()
+        await ready.wait()
+        return stream, accepted[0]
+
+    async with trio.open_nursery() as nursery:
+        await check_half_closeable_stream(make_pair, None)
+        nursery.cancel_scope.cancel()
