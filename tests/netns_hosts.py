@@ -115,6 +115,7 @@ def _used_networks() -> list[ipaddress.IPv4Network]:
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_Socket = socket.socket  # NetnsHost.socket shadows the module name inside the class
 
 
 def _in_netns(name: str, fn: Callable[[], Any]) -> Any:
@@ -153,12 +154,12 @@ class NetnsHost:
     blackhole: str  # routed into the host and dropped there
     _procs: list[subprocess.Popen[Any]] = field(default_factory=list)
 
-    def socket(self, family: int = socket.AF_INET, type: int = socket.SOCK_STREAM) -> socket.socket:
+    def socket(self, family: int = socket.AF_INET, type: int = socket.SOCK_STREAM) -> _Socket:
         """A socket that lives in the host's namespace (usable from this process, e.g. with trio)."""
-        sock: socket.socket = _in_netns(self.name, lambda: socket.socket(family, type))
+        sock: _Socket = _in_netns(self.name, lambda: socket.socket(family, type))
         return sock
 
-    def listen(self, port: int = 0, address: str = "0.0.0.0", backlog: int = 1024) -> socket.socket:
+    def listen(self, port: int = 0, address: str = "0.0.0.0", backlog: int = 1024) -> _Socket:
         """A listening TCP socket inside the host; ``getsockname()[1]`` tells the port when 0 was asked."""
         sock = self.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

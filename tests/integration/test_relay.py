@@ -37,7 +37,7 @@ class Counting(trio.abc.HalfCloseableStream):
     async def send_eof(self) -> None:
         await self.inner.send_eof()
 
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         data = await self.inner.receive_some(max_bytes)
         self.received += len(data)
         return data

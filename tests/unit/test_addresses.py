@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from collections.abc import Callable
 from ipaddress import IPv4Address, IPv6Address
 
 import pytest
@@ -309,7 +310,12 @@ def test_every_lenient_spelling_is_refused_or_canonical(n: int, base: str, npart
     b = n.to_bytes(4, "big")
     head = list(b[: nparts - 1])
     tail = int.from_bytes(b[nparts - 1 :], "big")
-    fmt = {"d": str, "o": lambda v: "0" + format(v, "o"), "x": lambda v: "0x" + format(v, "x")}[base]
+    fmts: dict[str, Callable[[int], str]] = {
+        "d": str,
+        "o": lambda v: "0" + format(v, "o"),
+        "x": lambda v: "0x" + format(v, "x"),
+    }
+    fmt = fmts[base]
     text = ".".join([*(fmt(v) for v in head), fmt(tail)])
     got = parse_host_literal(text)
     if isinstance(got, IPv4Address):
