@@ -81,11 +81,24 @@ class SpawnSpec:
 
     def to_wire(self) -> dict[str, Any]:
         return {
-            "argv": list(self.argv), "env": dict(self.env), "cwd": self.cwd, "uid": self.uid, "gid": self.gid,
-            "groups": list(self.groups), "tty": self.tty, "cols": self.cols, "rows": self.rows,
-            "stdin": self.stdin, "stdout": self.stdout, "stderr": self.stderr, "seccomp": self.seccomp,
-            "landlock": None if self.landlock is None else {
-                "read_only": list(self.landlock.read_only), "read_write": list(self.landlock.read_write),
+            "argv": list(self.argv),
+            "env": dict(self.env),
+            "cwd": self.cwd,
+            "uid": self.uid,
+            "gid": self.gid,
+            "groups": list(self.groups),
+            "tty": self.tty,
+            "cols": self.cols,
+            "rows": self.rows,
+            "stdin": self.stdin,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "seccomp": self.seccomp,
+            "landlock": None
+            if self.landlock is None
+            else {
+                "read_only": list(self.landlock.read_only),
+                "read_write": list(self.landlock.read_write),
                 "mode": self.landlock.mode,
             },
         }
@@ -94,13 +107,22 @@ class SpawnSpec:
     def from_wire(cls, data: Mapping[str, Any]) -> SpawnSpec:
         ll = data.get("landlock")
         return cls(
-            argv=tuple(data["argv"]), env=dict(data["env"]), cwd=data["cwd"], uid=int(data["uid"]),
-            gid=int(data["gid"]), groups=tuple(int(g) for g in data.get("groups", ())),
-            tty=bool(data.get("tty", False)), cols=int(data.get("cols", 80)), rows=int(data.get("rows", 24)),
-            stdin=data.get("stdin", "pipe"), stdout=data.get("stdout", "pipe"), stderr=data.get("stderr", "pipe"),
+            argv=tuple(data["argv"]),
+            env=dict(data["env"]),
+            cwd=data["cwd"],
+            uid=int(data["uid"]),
+            gid=int(data["gid"]),
+            groups=tuple(int(g) for g in data.get("groups", ())),
+            tty=bool(data.get("tty", False)),
+            cols=int(data.get("cols", 80)),
+            rows=int(data.get("rows", 24)),
+            stdin=data.get("stdin", "pipe"),
+            stdout=data.get("stdout", "pipe"),
+            stderr=data.get("stderr", "pipe"),
             seccomp=bool(data.get("seccomp", True)),
-            landlock=None if ll is None else LandlockSpec(tuple(ll["read_only"]), tuple(ll["read_write"]),
-                                                          ll.get("mode", "best_effort")),
+            landlock=None
+            if ll is None
+            else LandlockSpec(tuple(ll["read_only"]), tuple(ll["read_write"]), ll.get("mode", "best_effort")),
         )
 
 
@@ -119,8 +141,11 @@ def validate(spec: SpawnSpec) -> str | None:
     for ident in (spec.uid, spec.gid, *spec.groups):
         if not 0 <= ident <= 0xFFFFFFFE:
             return f"id out of range: {ident}"
-    if spec.stdin not in ("pipe", "null", "inherit") or spec.stdout not in ("pipe", "inherit") \
-            or spec.stderr not in ("pipe", "inherit"):
+    if (
+        spec.stdin not in ("pipe", "null", "inherit")
+        or spec.stdout not in ("pipe", "inherit")
+        or spec.stderr not in ("pipe", "inherit")
+    ):
         return "invalid stdio mode"
     if spec.landlock is not None and spec.landlock.mode not in ("best_effort", "hard_requirement", "off"):
         return "invalid landlock mode"
@@ -142,8 +167,7 @@ def _execve(argv: tuple[str, ...], env: Mapping[str, str]) -> NoReturn:
         except OSError as exc:
             if exc.errno == errno.EACCES:
                 denied = denied or exc
-            elif exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG) \
-                    or "/" in argv[0]:
+            elif exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG) or "/" in argv[0]:
                 raise
     if denied is not None:
         raise denied
@@ -267,8 +291,9 @@ def run(ctx: ChildContext) -> NoReturn:
             action(ctx)
         raise OSError(errno.EINVAL, "execve returned")  # unreachable: _exec either replaces us or raises
     except OSError as exc:
-        _write_status(ctx, {"stage": stage.value, "errno": exc.errno or errno.EINVAL,
-                            "detail": exc.strerror or str(exc)})
+        _write_status(
+            ctx, {"stage": stage.value, "errno": exc.errno or errno.EINVAL, "detail": exc.strerror or str(exc)}
+        )
     except BaseException as exc:  # a bug must still end in a report, never in the parent's code
         _write_status(ctx, {"stage": stage.value, "errno": errno.EINVAL, "detail": repr(exc)})
     finally:

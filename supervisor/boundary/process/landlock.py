@@ -97,8 +97,11 @@ def _attr_size(abi: int) -> int:
 
 
 class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
-                ("scoped", ctypes.c_uint64)]
+    _fields_ = [
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    ]
 
 
 class _PathBeneath(ctypes.Structure):
@@ -153,14 +156,20 @@ def restrict_self(spec: LandlockSpec) -> list[str]:
         if not fs and not scoped:
             return notes
         attr = _RulesetAttr(fs, 0, scoped)
-        ruleset = linux.syscall(linux.SYS_LANDLOCK_CREATE_RULESET,
-                                ctypes.c_void_p(ctypes.addressof(attr)), _attr_size(abi), 0)
+        ruleset = linux.syscall(
+            linux.SYS_LANDLOCK_CREATE_RULESET, ctypes.c_void_p(ctypes.addressof(attr)), _attr_size(abi), 0
+        )
         try:
             if fs:
                 for fd, rights in rules:
                     beneath = _PathBeneath(rights, fd)
-                    linux.syscall(linux.SYS_LANDLOCK_ADD_RULE, ruleset, RULE_PATH_BENEATH,
-                                  ctypes.c_void_p(ctypes.addressof(beneath)), 0)
+                    linux.syscall(
+                        linux.SYS_LANDLOCK_ADD_RULE,
+                        ruleset,
+                        RULE_PATH_BENEATH,
+                        ctypes.c_void_p(ctypes.addressof(beneath)),
+                        0,
+                    )
             linux.syscall(linux.SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0)
         finally:
             os.close(ruleset)

@@ -271,7 +271,9 @@ class Launcher:
         self._init_pid = reply.get("init_pid")
         effective = plan.effective()
         self._prepared = Prepared(
-            model=plan.model, fds=dict(zip(names, fds, strict=True)), report=dict(reply.get("report") or {}),
+            model=plan.model,
+            fds=dict(zip(names, fds, strict=True)),
+            report=dict(reply.get("report") or {}),
             netns_path=f"/proc/{self._pid}/ns/net" if effective.netns else None,
         )
         return self._prepared
@@ -332,14 +334,22 @@ class Launcher:
             if failure is not None:
                 self._forget(sid)
                 os.close(pidfd)
-                raise SpawnError(str(failure.get("stage", "unknown")), int(failure.get("errno") or 0),
-                                 str(failure.get("detail", "")))
+                raise SpawnError(
+                    str(failure.get("stage", "unknown")), int(failure.get("errno") or 0), str(failure.get("detail", ""))
+                )
         except BaseException:
             zygote.close_all(ours)
             raise
         os.close(status_r)
-        return Spawned(pid=int(reply["pid"]), pidfd=pidfd, ns_pid=reply.get("ns_pid"), notes=tuple(notes),
-                       _launcher=self, _sid=sid, **ends)
+        return Spawned(
+            pid=int(reply["pid"]),
+            pidfd=pidfd,
+            ns_pid=reply.get("ns_pid"),
+            notes=tuple(notes),
+            _launcher=self,
+            _sid=sid,
+            **ends,
+        )
 
     def _forget(self, sid: int) -> None:
         """A launch that failed: drop its exit status whenever it arrives."""
@@ -347,8 +357,9 @@ class Launcher:
             self._discard.add(sid)
 
     def workload_pids(self) -> set[int]:
-        """Host pids of every live workload process: descendants of the zygote, minus the init."""
-        found = zygote.descendants(self._pid, zygote.proc_parents())
+        """Host pids of every live workload process: descendants of the zygote, minus the init and zombies."""
+        parents, zombies = zygote.proc_scan()
+        found = zygote.descendants(self._pid, parents) - zombies
         found.discard(self._init_pid or -1)
         return found
 

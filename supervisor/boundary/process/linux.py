@@ -110,8 +110,9 @@ def prctl(option: int, arg2: int = 0, arg3: int = 0, arg4: int = 0, arg5: int = 
 
 def prctl_ptr(option: int, arg2: int, pointer: ctypes.c_void_p) -> int:
     """``prctl`` whose third argument is a pointer (``PR_SET_SECCOMP``)."""
-    return _check(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg2), pointer, ctypes.c_ulong(0),
-                              ctypes.c_ulong(0)))
+    return _check(
+        _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg2), pointer, ctypes.c_ulong(0), ctypes.c_ulong(0))
+    )
 
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
@@ -149,8 +150,7 @@ class _CapHeader(ctypes.Structure):
 
 
 class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                ("inheritable", ctypes.c_uint32)]
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
 def capget() -> tuple[int, int, int]:

@@ -69,13 +69,25 @@ class NamespacePlan:
     capture: dict[str, Any] | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {"model": self.model, "netns": self.netns, "pidns": self.pidns, "mountns": self.mountns,
-                "hide_paths": list(self.hide_paths), "capture": self.capture}
+        return {
+            "model": self.model,
+            "netns": self.netns,
+            "pidns": self.pidns,
+            "mountns": self.mountns,
+            "hide_paths": list(self.hide_paths),
+            "capture": self.capture,
+        }
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> NamespacePlan:
-        return cls(model=data["model"], netns=bool(data["netns"]), pidns=bool(data["pidns"]),
-                   mountns=bool(data["mountns"]), hide_paths=tuple(data["hide_paths"]), capture=data["capture"])
+        return cls(
+            model=data["model"],
+            netns=bool(data["netns"]),
+            pidns=bool(data["pidns"]),
+            mountns=bool(data["mountns"]),
+            hide_paths=tuple(data["hide_paths"]),
+            capture=data["capture"],
+        )
 
     def effective(self) -> NamespacePlan:
         """Model P creates no namespace whatever the flags say."""
@@ -141,9 +153,10 @@ def error_reply(rid: Any, exc: BaseException, **extra: Any) -> dict[str, Any]:
 
 
 # --- /proc -----------------------------------------------------------------------------------------------
-def proc_parents(proc: str = "/proc") -> dict[int, int]:
-    """pid -> ppid for every process visible in ``proc`` (racy by nature: callers rescan)."""
+def proc_scan(proc: str = "/proc") -> tuple[dict[int, int], set[int]]:
+    """``(pid -> ppid, zombie pids)`` for every process visible in ``proc`` (racy by nature: callers rescan)."""
     parents: dict[int, int] = {}
+    zombies: set[int] = set()
     for name in os.listdir(proc):
         if not name.isdigit():
             continue
@@ -152,10 +165,12 @@ def proc_parents(proc: str = "/proc") -> dict[int, int]:
                 data = fh.read()
         except OSError:
             continue
-        fields = data[data.rfind(b")") + 2:].split()
+        fields = data[data.rfind(b")") + 2 :].split()
         if len(fields) > 1:
             parents[int(name)] = int(fields[1])
-    return parents
+            if fields[0] == b"Z":
+                zombies.add(int(name))
+    return parents, zombies
 
 
 def descendants(root: int, parents: Mapping[int, int]) -> set[int]:
@@ -294,8 +309,15 @@ def init_main(sock_fd: int, host_proc_fd: int, mount_proc: bool) -> NoReturn:  #
                     close_all(out)
                 else:
                     close_all(fds)
-                    send(sock, {"id": request.get("id"), "ok": False, "errno": errno.EINVAL,
-                                "error": "init serves spawn only"})
+                    send(
+                        sock,
+                        {
+                            "id": request.get("id"),
+                            "ok": False,
+                            "errno": errno.EINVAL,
+                            "error": "init serves spawn only",
+                        },
+                    )
     finally:
         os._exit(1)
 
@@ -436,16 +458,18 @@ class Zygote:
             raise
         self.plan = plan
         try:
-            self.reply({"id": rid, "ok": True, "fd_names": names, "report": report,
-                        "init_pid": self.init_pid}, out_fds)
+            self.reply({"id": rid, "ok": True, "fd_names": names, "report": report, "init_pid": self.init_pid}, out_fds)
         finally:
             close_all(out_fds)
 
     def _prepare(self, plan: NamespacePlan) -> tuple[list[int], list[str], dict[str, Any]]:
         if plan.hide_paths and not plan.mountns:
             raise OSError(errno.EINVAL, "hide_paths needs a mount namespace")
-        flags = (linux.CLONE_NEWNET if plan.netns else 0) | (linux.CLONE_NEWNS if plan.mountns else 0) \
+        flags = (
+            (linux.CLONE_NEWNET if plan.netns else 0)
+            | (linux.CLONE_NEWNS if plan.mountns else 0)
             | (linux.CLONE_NEWPID if plan.pidns else 0)
+        )
         if plan.model == "U":
             flags |= linux.CLONE_NEWUSER
         uid, gid = os.geteuid(), os.getegid()
@@ -585,7 +609,7 @@ class Zygote:
         deadline = time.monotonic() + KILL_ALL_TIMEOUT
         while True:
             self.reap()
-            found = descendants(me, proc_parents())
+            found = descendants(me, proc_scan()[0])
             if not found:
                 break
             for pid in found:
