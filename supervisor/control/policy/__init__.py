@@ -25,7 +25,7 @@ from .model import (
 )
 from .paths import CanonicalTarget, TargetError, canonicalize_target, parse_query
 from .schema import load_default_policy, load_policy_file, load_policy_text
-from .store import FailureMode, PolicySnapshot, PolicyStatus, PolicyStore, watch_policy_file
+from .store import FailureMode, PolicyFileWatcher, PolicySnapshot, PolicyStatus, PolicyStore, watch_policy_file
 
 __all__ = [
     "AccessPreset",
@@ -48,6 +48,7 @@ __all__ = [
     "PinViolation",
     "Policy",
     "PolicyError",
+    "PolicyFileWatcher",
     "PolicyInvalid",
     "PolicySnapshot",
     "PolicyStatus",

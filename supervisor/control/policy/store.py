@@ -273,36 +273,53 @@ def _evaluate(store: PolicyStore, text: str | None, errors: list[PolicyError], s
         return exc.errors
 
 
+class PolicyFileWatcher:
+    """One poll at a time, so tests (and the daemon's loop) drive it deterministically."""
+
+    def __init__(self, path: Path, store: PolicyStore, *, rehash_every: int = 10) -> None:
+        self.path = Path(path)
+        self.store = store
+        self.rehash_every = max(1, rehash_every)
+        self._signature: tuple[int, int, int, int] | bool | None = False  # False: never looked
+        self._settled: str | None = None  # hash of the content last handed to the store
+        self._pending_invalid: str | None = None
+        self._polls = 0
+
+    async def poll(self) -> bool:
+        """Look once; return True when a revision was handed to the store."""
+        source = str(self.path)
+        signature = await trio.to_thread.run_sync(_signature, self.path)
+        self._polls += 1
+        due = self._polls % self.rehash_every == 0
+        if signature == self._signature and not due and self._pending_invalid is None:
+            return False
+        self._signature = signature
+        text, content_hash, errors = await trio.to_thread.run_sync(_read, self.path)
+        if content_hash == self._settled:
+            self._pending_invalid = None
+            return False
+        result = await trio.to_thread.run_sync(_evaluate, self.store, text, errors, source)
+        if isinstance(result, CompiledPolicy):
+            self._pending_invalid = None
+            self._settled = content_hash
+            try:
+                self.store.activate(result, source)
+            except PolicyInvalid as exc:  # the tcp rule is checked again at activation
+                self.store.reject_disk(exc.errors, source)
+            return True
+        if self._pending_invalid != content_hash:
+            self._pending_invalid = content_hash  # seen once: maybe a save in progress; confirm next poll
+            return False
+        self._pending_invalid = None
+        self._settled = content_hash
+        self.store.reject_disk(result, source)
+        return True
+
+
 async def watch_policy_file(path: Path, store: PolicyStore, *, interval: float = 1.0, rehash_every: int = 10
                             ) -> None:
     """Poll ``path`` forever and feed revisions to ``store``. Run it in the daemon's nursery."""
-    path = Path(path)
-    source = str(path)
-    last_signature: tuple[int, int, int, int] | bool | None = False  # False: never looked
-    settled_hash: str | None = None  # the content last handed to the store (or equal to it)
-    pending_invalid: str | None = None
-    polls = 0
+    watcher = PolicyFileWatcher(path, store, rehash_every=rehash_every)
     while True:
-        signature = await trio.to_thread.run_sync(_signature, path)
-        polls += 1
-        if signature != last_signature or polls % rehash_every == 0 or pending_invalid is not None:
-            last_signature = signature
-            text, content_hash, errors = await trio.to_thread.run_sync(_read, path)
-            if content_hash != settled_hash:
-                result = await trio.to_thread.run_sync(_evaluate, store, text, errors, source)
-                if isinstance(result, CompiledPolicy):
-                    pending_invalid = None
-                    try:
-                        store.activate(result, source)
-                    except PolicyInvalid as exc:  # the tcp rule is checked again at activation
-                        store.reject_disk(exc.errors, source)
-                    settled_hash = content_hash
-                elif pending_invalid == content_hash:
-                    pending_invalid = None
-                    store.reject_disk(result, source)
-                    settled_hash = content_hash
-                else:
-                    pending_invalid = content_hash
-            else:
-                pending_invalid = None
+        await watcher.poll()
         await trio.sleep(interval)
