@@ -181,9 +181,9 @@ async def collect(stream: trio.abc.ReceiveStream, out: Collected) -> None:
 
 
 async def run_exec(
-    table: ProcessTable, spec: Any, send: Sequence[Any] = (), *, timeout_s: float = 0
+    table: ProcessTable, spec: Any, send: Sequence[Any] = (), *, timeout_s: float = 0, grace_s: float = 5
 ) -> tuple[Collected, ProcessEntry]:
-    entry = await table.start(spec, kind="exec", timeout_s=timeout_s)
+    entry = await table.start(spec, kind="exec", timeout_s=timeout_s, grace_s=grace_s)
     client, server = trio.testing.memory_stream_pair()
     out = Collected()
     async with trio.open_nursery() as n:
@@ -357,7 +357,7 @@ async def test_terminate_kills_descendants_and_ignorers(fake_table: ProcessTable
     script = "trap '' TERM; (trap '' TERM; sleep 60 & sleep 60) & sleep 60 & echo started; wait"
     entry = await fake_table.start(sh(script), kind="exec")
     await trio.sleep(0.2)
-    tree = entry.scan()()
+    tree = entry.scan()().live
     assert len(tree) >= 4
     result = await fake_table.terminate(entry.handle, 0.2)
     assert (result["signal"], result["reason"]) == ("KILL", "terminated")
@@ -377,7 +377,7 @@ async def test_drain_cut_when_grandchild_holds_pipe(fake_table: ProcessTable) ->
     assert out.exit is not None and out.exit["code"] == 3
     with pytest.raises(OpError):
         await fake_table.terminate(entry.handle, 0)
-    assert entry.scan()() == []  # the leftover sleep was swept
+    assert entry.scan()().live == []  # the leftover sleep was swept
 
 
 async def test_stream_break_keeps_process_and_reattach(fake_table: ProcessTable) -> None:
@@ -484,7 +484,7 @@ async def test_agent_exit_ends_everything(fake_table: ProcessTable) -> None:
     e1 = await fake_table.start(sh("trap '' TERM; sleep 60"), kind="exec")
     e2 = await fake_table.start(sh("sleep 60 & sleep 60"), kind="exec")
     await trio.sleep(0.1)
-    members = e1.scan()() + e2.scan()()
+    members = e1.scan()().live + e2.scan()().live
     with pytest.raises(OpError):
         await fake_table.start(Spec(["true"]), kind="agent")
     assert agent.stdin_fd is not None

@@ -23,7 +23,7 @@ import os
 import secrets
 import select
 import signal as _signal
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Final, Literal, Protocol
 
 import trio
@@ -31,10 +31,11 @@ import trio
 from supervisor.boundary.process.exec_session import ExecOutput, OutputStream, OwnedFd, set_winsize
 from supervisor.boundary.process.terminate import (
     Membership,
+    Scan,
+    everything,
     kill_tree,
     read_stat,
     scanner,
-    snapshot,
     terminate_tree,
 )
 from supervisor.jsonlog import JsonLog, now_rfc3339
@@ -257,7 +258,7 @@ class ProcessEntry:
             for s in self.output.streams:
                 s.fd.close()
 
-    def scan(self) -> Callable[[], list[Any]]:
+    def scan(self) -> Scan:
         return scanner(self.membership, self._table.launcher.workload_pids)
 
 
@@ -488,9 +489,8 @@ class ProcessTable:
             if e.result is None and e.end_reason is None:
                 e.end_reason = why
         self.log.emit(ProcessEvent.END_ALL, reason=reason, live=len(self.live()))
-        everything = _Everything(self.launcher.workload_pids)
         with trio.move_on_after(1.0):
-            await terminate_tree(everything.scan, END_ALL_GRACE_S)
+            await terminate_tree(everything(self.launcher.workload_pids), END_ALL_GRACE_S)
         await self.launcher.kill_all()  # the backstop: the workload PID namespace or every descendant
         with trio.move_on_after(_EXIT_REPORT_S):
             for e in list(self._entries.values()):
@@ -499,13 +499,3 @@ class ProcessTable:
             if e.result is None:
                 e._finish(None)
                 e._release()
-
-
-class _Everything:
-    """Every workload process (end_all), re-read on each scan."""
-
-    def __init__(self, candidates: Callable[[], Iterable[int]]) -> None:
-        self._candidates = candidates
-
-    def scan(self) -> list[Any]:
-        return [p for p in snapshot(self._candidates()).values() if p.alive]

@@ -32,7 +32,10 @@ from typing import Final
 
 import trio
 
-__all__ = ["Membership", "ProcStat", "kill_tree", "read_stat", "send_signal", "snapshot", "terminate_tree"]
+__all__ = [
+    "Membership", "ProcStat", "Tree", "everything", "kill_tree", "read_stat", "scanner", "send_signal",
+    "snapshot", "terminate_tree",
+]  # fmt: skip
 
 POLL_S: Final = 0.05
 _MAX_KILL_ROUNDS: Final = 200
@@ -93,6 +96,14 @@ def send_signal(stat: ProcStat, sig: int) -> bool:
         os.close(pidfd)
 
 
+@dataclass(frozen=True)
+class Tree:
+    """One scan: the live members, and the process groups that hold only members (signalled as a whole)."""
+
+    live: list[ProcStat]
+    groups: frozenset[int]
+
+
 class Membership:
     """The sticky member set of one handle's tree."""
 
@@ -101,8 +112,7 @@ class Membership:
         self.root_starttime = root_starttime
         self._known: dict[int, int] = {}  # pid -> start time of every member ever seen
 
-    def members(self, snap: dict[int, ProcStat]) -> list[ProcStat]:
-        """Live members in ``snap`` (zombies excluded; they are only waiting for the reaper)."""
+    def tree(self, snap: dict[int, ProcStat]) -> Tree:
         root = snap.get(self.root_pid)
         ours = root is None or (self.root_starttime is not None and root.starttime == self.root_starttime)
         seeds = [
@@ -122,18 +132,43 @@ class Membership:
                 continue
             found[p.pid] = p
             todo.extend(children.get(p.pid, ()))
-        for p in found.values():
-            self._known[p.pid] = p.starttime
         # forget pids that are gone, so a reused pid is not mistaken for a member
-        self._known = {pid: st for pid, st in self._known.items() if pid in snap}
-        return [p for p in found.values() if p.alive]
+        self._known = {p.pid: p.starttime for p in found.values()}
+        live = [p for p in found.values() if p.alive]
+        # A group id stays allocated while the group has a member, so it names our group when its leader is a
+        # member, or when it is the root's id and the root's pid was not reused.
+        groups = {p.pgid for p in live if p.pgid in found or (ours and p.pgid == self.root_pid)}
+        return Tree(live, frozenset(groups))
 
 
-Scan = Callable[[], list[ProcStat]]
+Scan = Callable[[], Tree]
 
 
 def scanner(membership: Membership, candidates: Callable[[], Iterable[int]]) -> Scan:
-    return lambda: membership.members(snapshot(candidates()))
+    return lambda: membership.tree(snapshot(candidates()))
+
+
+def everything(candidates: Callable[[], Iterable[int]]) -> Scan:
+    """Every workload process (agent exit, shutdown): all their groups are workload groups."""
+
+    def scan() -> Tree:
+        live = [p for p in snapshot(candidates()).values() if p.alive]
+        return Tree(live, frozenset(p.pgid for p in live))
+
+    return scan
+
+
+def _signal_all(tree: Tree, sig: int, skip: set[tuple[int, int]] | None = None) -> None:
+    # Whole groups first: one kill(-pgid) reaches every member at once, and the kernel makes a fork racing
+    # with it retry, so a forking group (a fork bomb) cannot outrun it the way it outruns a /proc scan.
+    for pgid in tree.groups:
+        try:
+            os.killpg(pgid, sig)
+        except OSError:
+            pass
+    for p in tree.live:
+        if skip is None or (p.pid, p.starttime) not in skip:
+            send_signal(p, sig)
 
 
 async def kill_tree(scan: Scan) -> bool:
@@ -141,19 +176,18 @@ async def kill_tree(scan: Scan) -> bool:
     for _ in range(_MAX_KILL_ROUNDS):
         stopped: set[tuple[int, int]] = set()
         while True:
-            fresh = [p for p in scan() if (p.pid, p.starttime) not in stopped]
+            tree = scan()
+            fresh = [p for p in tree.live if (p.pid, p.starttime) not in stopped]
             if not fresh:
                 break
-            for p in fresh:
-                send_signal(p, signal.SIGSTOP)
-                stopped.add((p.pid, p.starttime))
-        live = scan()
-        if not live:
+            _signal_all(Tree(fresh, tree.groups), signal.SIGSTOP)
+            stopped.update((p.pid, p.starttime) for p in fresh)
+        tree = scan()
+        if not tree.live:
             return True
-        for p in live:
-            send_signal(p, signal.SIGKILL)
+        _signal_all(tree, signal.SIGKILL)
         await trio.sleep(0.005)
-        if not scan():
+        if not scan().live:
             return True
     return False
 
@@ -163,14 +197,14 @@ async def terminate_tree(scan: Scan, grace_s: float) -> bool:
     signalled: set[tuple[int, int]] = set()
     deadline = trio.current_time() + grace_s
     while True:
-        live = scan()
-        if not live:
+        tree = scan()
+        if not tree.live:
             return True
-        for p in live:
-            if (p.pid, p.starttime) not in signalled:
-                send_signal(p, signal.SIGTERM)
-                send_signal(p, signal.SIGCONT)
-                signalled.add((p.pid, p.starttime))
+        fresh = [p for p in tree.live if (p.pid, p.starttime) not in signalled]
+        if fresh:
+            _signal_all(Tree(fresh, tree.groups), signal.SIGTERM)
+            _signal_all(Tree(fresh, tree.groups), signal.SIGCONT)
+            signalled.update((p.pid, p.starttime) for p in fresh)
         if trio.current_time() >= deadline:
             break
         await trio.sleep(min(POLL_S, max(0.0, deadline - trio.current_time())))
