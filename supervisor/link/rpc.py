@@ -1,0 +1,172 @@
+"""Operations as HTTP/2 requests on a link: unary JSON calls and streaming channels.
+
+Two shapes, both on one HTTP/2 stream each:
+
+* **unary** (attach, confirm, start, status, wait, signal, …): the request body is a JSON object, END_STREAM;
+  the reply is ``:status`` plus a JSON body. A non-2xx status carries an error body (``OpError.to_json``).
+* **channel** (exec, forward): the request body starts with a 4-byte big-endian length and that many bytes of
+  JSON, then raw bytes for the rest of the stream's life. The reply is ``:status 200`` with the reply object in
+  the ``openshell-reply`` header, then raw bytes; or an error status with an error body, END_STREAM.
+
+The router answers every request it cannot place with ``invalid`` and turns :class:`OpError` into the error
+reply, so a handler only raises.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from supervisor.link.h2link import Headers, Link, LinkClosed, LinkStream
+from supervisor.protocol.errors import ErrorKind, OpError
+
+JSON_LIMIT = 4 * 1024 * 1024
+REPLY_HEADER = "openshell-reply"
+
+UnaryHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+Accept = Callable[[dict[str, Any]], Awaitable[None]]
+ChannelHandler = Callable[[dict[str, Any], LinkStream, Accept], Awaitable[None]]
+
+
+def request_headers(method: str, path: str, authority: str = "openshell") -> Headers:
+    return [(":method", method), (":scheme", "https"), (":authority", authority), (":path", path)]
+
+
+def _decode_object(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(data) if data else {}
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise OpError(ErrorKind.INVALID, f"{what} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise OpError(ErrorKind.INVALID, f"{what} must be a JSON object")
+    return value
+
+
+def _encode(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+# -- client side ----------------------------------------------------------------------------------------------
+
+
+async def call(link: Link, path: str, body: dict[str, Any] | None = None, *, method: str = "POST") -> dict[str, Any]:
+    """One unary operation; raises :class:`OpError` with the peer's kind on an error reply."""
+    payload = _encode(body or {})
+    stream = await link.open_stream(
+        [*request_headers(method, path), ("content-type", "application/json")], end_stream=False
+    )
+    try:
+        await stream.send_all(payload)
+        await stream.send_eof()
+        await stream.response()
+        data = await stream.read_all(JSON_LIMIT)
+    except LinkClosed as exc:
+        raise OpError(ErrorKind.UNAVAILABLE, f"{path}: link lost: {exc}") from exc
+    finally:
+        await stream.aclose()
+    reply = _decode_object(data, f"reply to {path}")
+    if not 200 <= stream.status < 300:
+        raise OpError.from_json(reply, status=stream.status)
+    return reply
+
+
+async def open_channel(link: Link, path: str, body: dict[str, Any]) -> tuple[LinkStream, dict[str, Any]]:
+    """Start a channel operation; returns the open stream and the accept reply, or raises :class:`OpError`."""
+    payload = _encode(body)
+    stream = await link.open_stream(request_headers("POST", path))
+    try:
+        await stream.send_all(struct.pack(">I", len(payload)) + payload)
+        await stream.response()
+        if stream.status == 200:
+            return stream, _decode_object((stream.header(REPLY_HEADER) or "{}").encode(), f"reply to {path}")
+        data = await stream.read_all(JSON_LIMIT)
+    except LinkClosed as exc:
+        await stream.aclose()
+        raise OpError(ErrorKind.UNAVAILABLE, f"{path}: link lost: {exc}") from exc
+    await stream.aclose()
+    raise OpError.from_json(_decode_object(data, f"reply to {path}"), status=stream.status)
+
+
+# -- server side ----------------------------------------------------------------------------------------------
+
+
+class Router:
+    """Maps ``(method, path)`` to handlers; serves one link's request streams."""
+
+    def __init__(self) -> None:
+        self._unary: dict[tuple[str, str], UnaryHandler] = {}
+        self._channel: dict[str, ChannelHandler] = {}
+
+    def unary(self, path: str, handler: UnaryHandler, method: str = "POST") -> None:
+        self._unary[(method, path)] = handler
+
+    def channel(self, path: str, handler: ChannelHandler) -> None:
+        self._channel[path] = handler
+
+    async def handle(self, stream: LinkStream) -> None:
+        method = stream.header(":method") or ""
+        path = (stream.header(":path") or "").split("?", 1)[0]
+        try:
+            if (method, path) in self._unary:
+                body = _decode_object(await stream.read_all(JSON_LIMIT), f"{path} request")
+                reply = await self._unary[(method, path)](body)
+                await _send_json(stream, 200, reply)
+            elif method == "POST" and path in self._channel:
+                await self._serve_channel(stream, path)
+            else:
+                raise OpError(ErrorKind.INVALID, f"no operation {method} {path}")
+        except OpError as exc:
+            await _send_error(stream, exc)
+        except LinkClosed:
+            return
+
+    async def _serve_channel(self, stream: LinkStream, path: str) -> None:
+        head = await _read_exactly(stream, 4)
+        (size,) = struct.unpack(">I", head)
+        if size > JSON_LIMIT:
+            raise OpError(ErrorKind.INVALID, f"{path} request larger than {JSON_LIMIT} bytes")
+        body = _decode_object(await _read_exactly(stream, size), f"{path} request")
+        accepted = False
+
+        async def accept(reply: dict[str, Any]) -> None:
+            nonlocal accepted
+            accepted = True
+            await stream.send_headers([(":status", "200"), (REPLY_HEADER, json.dumps(reply, separators=(",", ":")))])
+
+        try:
+            await self._channel[path](body, stream, accept)
+        except OpError:
+            if accepted:
+                await stream.reset()
+                return
+            raise
+
+
+async def _read_exactly(stream: LinkStream, size: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < size:
+        data = await stream.receive_some(size - len(buf))
+        if not data:
+            raise OpError(ErrorKind.INVALID, "request ended early")
+        buf += data
+    return bytes(buf)
+
+
+async def _send_json(stream: LinkStream, status: int, body: dict[str, Any]) -> None:
+    payload = _encode(body)
+    await stream.send_headers(
+        [(":status", str(status)), ("content-type", "application/json"), ("content-length", str(len(payload)))]
+    )
+    await stream.send_all(payload)
+    await stream.send_eof()
+
+
+async def _send_error(stream: LinkStream, error: OpError) -> None:
+    try:
+        await _send_json(stream, error.kind.http_status, error.to_json())
+    except (LinkClosed, trio.ClosedResourceError):
+        pass

@@ -1,0 +1,123 @@
+"""The ``attach`` descriptor: what control tells the boundary when it binds it (DESIGN.md "Who says what at
+attach"; spec/boundary.md §1.2).
+
+Rule 1: the agent's argv, cwd and tty are NOT here — they come from the boundary's own command line.
+Rule 2: strict: unknown keys, wrong types and a version other than exactly ours are ``invalid``; a descriptor
+that contradicts the certificate claims (sandbox, NetworkPolicy) is ``denied``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from supervisor.protocol.claims import Claims
+from supervisor.protocol.errors import ErrorKind, OpError
+
+BACKEND_NAME = "openshell.boundary"
+CONTRACT_VERSION = 1
+
+
+class CaptureMode(enum.StrEnum):
+    NETNS = "netns"
+    PROXY_ENV = "proxy-env"
+
+
+@dataclass(frozen=True)
+class AttachRequest:
+    sandbox: str
+    network_policy: str
+    capture_mode: CaptureMode = CaptureMode.NETNS
+    agent_uid: int = 1000
+    agent_gid: int = 1000
+    policy_generation: int = 0
+    static_policy: dict[str, Any] = field(default_factory=dict)
+    interception_ca_pem: str | None = None
+    credential_placeholders: dict[str, str] = field(default_factory=dict)
+    acknowledge_external_fence: bool = False
+    capture_ports: tuple[int, ...] = (80, 443)
+    backend_name: str = BACKEND_NAME
+    version: int = CONTRACT_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        body = asdict(self)
+        body["capture_mode"] = str(self.capture_mode)
+        body["capture_ports"] = list(self.capture_ports)
+        return body
+
+
+_TYPES: dict[str, type | tuple[type, ...]] = {
+    "sandbox": str,
+    "network_policy": str,
+    "capture_mode": str,
+    "agent_uid": int,
+    "agent_gid": int,
+    "policy_generation": int,
+    "static_policy": dict,
+    "interception_ca_pem": (str, type(None)),
+    "credential_placeholders": dict,
+    "acknowledge_external_fence": bool,
+    "capture_ports": list,
+    "backend_name": str,
+    "version": int,
+}
+_REQUIRED = ("backend_name", "version", "sandbox", "network_policy")
+
+
+def _invalid(reason: str, name: str) -> OpError:
+    return OpError(ErrorKind.INVALID, reason, field=name)
+
+
+def parse_attach(body: Any, claims: Claims) -> AttachRequest:
+    """Validate an attach body against the schema and against the bound claims."""
+    if not isinstance(body, dict):
+        raise _invalid("attach descriptor must be a JSON object", "descriptor")
+    for name in body:
+        if name not in _TYPES:
+            raise _invalid(f"unknown field {name!r}", name)
+    for name in _REQUIRED:
+        if name not in body:
+            raise _invalid(f"missing field {name!r}", name)
+    for name, value in body.items():
+        expected = _TYPES[name]
+        if isinstance(value, bool) and expected is int:
+            raise _invalid(f"{name} must be an integer", name)
+        if not isinstance(value, expected):
+            raise _invalid(f"{name} has the wrong type", name)
+    if body["backend_name"] != BACKEND_NAME:
+        raise _invalid(f"backend {body['backend_name']!r} is not {BACKEND_NAME!r}", "backend_name")
+    if body["version"] != CONTRACT_VERSION:
+        raise _invalid(f"contract version {body['version']} is not {CONTRACT_VERSION}", "version")
+    try:
+        mode = CaptureMode(body.get("capture_mode", CaptureMode.NETNS))
+    except ValueError:
+        raise _invalid(f"capture_mode must be one of {[m.value for m in CaptureMode]}", "capture_mode") from None
+    for name in ("agent_uid", "agent_gid"):
+        if not 0 <= body.get(name, 1000) < 2**32 - 1:
+            raise _invalid(f"{name} out of range", name)
+    if body.get("policy_generation", 0) < 0:
+        raise _invalid("policy_generation must be >= 0", "policy_generation")
+    ports = body.get("capture_ports", [80, 443])
+    if not ports or not all(isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= 65535 for p in ports):
+        raise _invalid("capture_ports must be a non-empty list of ports 1..65535", "capture_ports")
+    placeholders = body.get("credential_placeholders", {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in placeholders.items()):
+        raise _invalid("credential_placeholders must map names to strings", "credential_placeholders")
+    if body["sandbox"] != claims.sandbox:
+        raise OpError(ErrorKind.DENIED, "descriptor names another sandbox than the claims", field="sandbox")
+    if body["network_policy"] != claims.network_policy:
+        raise OpError(ErrorKind.DENIED, "descriptor names another NetworkPolicy", field="network_policy")
+    return AttachRequest(
+        sandbox=body["sandbox"],
+        network_policy=body["network_policy"],
+        capture_mode=mode,
+        agent_uid=body.get("agent_uid", 1000),
+        agent_gid=body.get("agent_gid", 1000),
+        policy_generation=body.get("policy_generation", 0),
+        static_policy=body.get("static_policy", {}),
+        interception_ca_pem=body.get("interception_ca_pem"),
+        credential_placeholders=dict(placeholders),
+        acknowledge_external_fence=body.get("acknowledge_external_fence", False),
+        capture_ports=tuple(sorted(set(ports))),
+    )
