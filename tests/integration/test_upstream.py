@@ -109,6 +109,47 @@ async def test_silent_first_server_costs_only_its_share() -> None:
         assert time.monotonic() - t < 0.9
 
 
+async def test_closed_dns_port_fails_fast() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t = time.monotonic()
+    with pytest.raises(UpstreamError) as ei:
+        await resolve("api.test", UpstreamConfig(dns_servers=[("127.0.0.1", port)], resolve_timeout=3))
+    assert ei.value.reason is R.RESOLVE_FAILED
+    assert time.monotonic() - t < 1.5
+
+
+async def test_mismatched_and_garbage_udp_replies_are_ignored() -> None:
+    """An off-path spoofer that races the real answer: wrong query id, wrong question, garbage bytes."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.settimeout(3)
+
+        def respond() -> None:
+            for _ in range(2):  # A and AAAA
+                wire, peer = srv.recvfrom(4096)
+                q = dns.message.from_wire(wire)
+                srv.sendto(b"\x00garbage", peer)
+                forged = dns.message.make_response(q)
+                forged.id = (q.id + 1) % 65536
+                forged.answer.append(dns.rrset.from_text(q.question[0].name, 0, "IN", "A", "127.0.0.1"))
+                srv.sendto(forged.to_wire(), peer)
+                other = dns.message.make_query("other.test", q.question[0].rdtype)
+                other.id = q.id
+                wrong_q = dns.message.make_response(other)
+                srv.sendto(wrong_q.to_wire(), peer)
+                real = dns.message.make_response(q)
+                if q.question[0].rdtype == dns.rdatatype.A:
+                    real.answer.append(dns.rrset.from_text(q.question[0].name, 0, "IN", "A", "203.0.113.1"))
+                srv.sendto(real.to_wire(), peer)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.to_thread.run_sync, respond)
+            got = await resolve("api.test", UpstreamConfig(dns_servers=[srv.getsockname()]))
+    assert got == [ip_address("203.0.113.1")]
+
+
 async def test_truncated_udp_answer_is_retried_over_tcp() -> None:
     with DnsServer({"big.test": ["203.0.113.1", "203.0.113.2"]}, truncate_udp=True) as dns:
         got = await resolve("big.test", cfg_for(dns))
