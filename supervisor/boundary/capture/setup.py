@@ -37,6 +37,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from supervisor.boundary.capture import _procnet
+from supervisor.boundary.capture._sockdiag import NETLINK_SOCK_DIAG
 from supervisor.boundary.capture.dns_stub import enable_pktinfo
 
 MODES = ("anyip", "nft")
@@ -283,6 +284,13 @@ def _describe_fd(fd: int) -> str:
     finally:
         sock.detach()
     return f"{kind} [{host}]:{port}" if ":" in host else f"{kind} {host}:{port}"
+
+
+def open_sock_diag() -> int:
+    """A ``NETLINK_SOCK_DIAG`` socket of this namespace, for the boundary's identity resolver (passed out
+    with SCM_RIGHTS like the listeners; it keeps answering for the namespace it was opened in)."""
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG)
+    return sock.detach()
 
 
 # --- inspect -----------------------------------------------------------------------------------------------

@@ -1,0 +1,452 @@
+"""Binary identity of the process behind an accepted connection (spec/boundary.md §4.2).
+
+Rules:
+
+1. Resolution runs for every accepted capture/proxy connection before a byte is read from it, and any
+   failure is a refusal: :class:`IdentityUnresolved` names the stage, which the caller reports as
+   ``identity-unresolved: <stage>``. Nothing here ever returns a partial identity.
+2. The socket is found by its full 4-tuple — with an exact ``sock_diag`` lookup when the launcher gave us a
+   netlink socket of the agent's namespace, else in its TCP tables (``/proc/<anchor>/net/tcp{,6}``) —
+   ESTABLISHED only, IPv4-mapped addresses normalised: the agent's end has local = the accepted socket's peer
+   and remote = the accepted socket's local address.
+3. Owners are looked for among the workload's processes, and every other process is checked too: a socket of
+   the agent held by anything outside the workload is ``foreign-owner``. All owners must agree on
+   (path, digest, ancestors, command-line paths), else ``ambiguous``; the lowest pid is reported.
+4. Each owner is pinned with ``pidfd_open`` and its start time is read before and after everything else, and
+   the socket must still be in its fd table at the end: a process that exited or was recycled meanwhile is
+   ``vanished``.
+5. The digest is of the bytes behind the opened ``/proc/<pid>/exe`` fd (the live image, even if the path was
+   replaced), cached on that fd's (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns). No TOFU deny here:
+   pinning digests is control's policy. Files larger than ``max_hash_bytes`` get ``binary_sha256 = None``.
+6. Ancestors are exe paths, nearest first, up to the agent (inclusive) or 64 levels; a chain that leaves the
+   workload before reaching the agent (a reparented orphan) stops there and is marked ``orphaned``.
+   ``cmdline_paths`` (absolute argv entries not already named) are diagnostic only and never authorise.
+7. The budget (default 50 ms) covers the /proc walk; hashing a binary seen for the first time is excluded
+   (it is paid once per binary), so a large interpreter does not make its first connection fail.
+
+Residual window (documented in §4.2): identity is reconstructed after ``accept``, so a process that ``execve``s
+between ``connect`` and resolution is reported as its new image.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from supervisor.boundary.capture import _procnet
+from supervisor.boundary.capture._sockdiag import SockDiag
+
+MAX_ANCESTORS = 64
+DEFAULT_BUDGET_US = 50_000
+DEFAULT_MAX_HASH_BYTES = 512 * 1024 * 1024
+_HASH_CHUNK = 1024 * 1024
+_CACHE_LIMIT = 4096
+_DELETED = " (deleted)"
+
+
+class IdentityStage(enum.StrEnum):
+    """Where resolution failed; the value is the string in ``identity-unresolved: <stage>`` events."""
+
+    ANCHOR = "anchor"  # the anchor's TCP tables cannot be read
+    INODE = "inode"  # no ESTABLISHED socket with that 4-tuple in the agent's namespace
+    OWNERS = "owners"  # no workload process holds the socket (or a workload fd table is unreadable)
+    FOREIGN_OWNER = "foreign-owner"  # a process outside the workload holds the socket
+    AMBIGUOUS = "ambiguous"  # owners disagree on their identity
+    VANISHED = "vanished"  # an owner exited or was recycled during resolution
+    EXE = "exe"  # the executable cannot be opened or named
+    ANCESTORS = "ancestors"  # the ancestor chain changed while it was read
+    BUDGET = "budget"  # resolution took longer than the budget
+
+
+class IdentityUnresolved(Exception):
+    def __init__(self, stage: IdentityStage, detail: str) -> None:
+        super().__init__(f"identity-unresolved: {stage}: {detail}")
+        self.stage = stage
+        self.detail = detail
+
+    @property
+    def reason(self) -> str:
+        return f"identity-unresolved: {self.stage}"
+
+
+@dataclass(frozen=True)
+class Identity:
+    binary_path: str
+    binary_sha256: str | None
+    ancestors: tuple[str, ...]
+    cmdline_paths: tuple[str, ...]
+    pid: int
+    start_time: int
+    uid: int
+    owners: int
+    resolved_in_us: int
+    orphaned: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """The §4.2 object carried in ``openshell-identity`` (validated by protocol.egress)."""
+        return {
+            "binary_path": self.binary_path,
+            "binary_sha256": self.binary_sha256,
+            "ancestors": list(self.ancestors),
+            "cmdline_paths": list(self.cmdline_paths),
+            "pid": self.pid,
+            "start_time": self.start_time,
+            "uid": self.uid,
+            "owners": self.owners,
+            "resolved_in_us": self.resolved_in_us,
+            "orphaned": self.orphaned,
+        }
+
+
+@dataclass(frozen=True)
+class _Owner:
+    pid: int
+    fd_name: str
+
+
+@dataclass(frozen=True)
+class _OwnerIdentity:
+    pid: int
+    path: str
+    sha256: str | None
+    ancestors: tuple[str, ...]
+    cmdline_paths: tuple[str, ...]
+    start_time: int
+    uid: int
+    orphaned: bool
+
+    @property
+    def policy_key(self) -> tuple[object, ...]:
+        return (self.path, self.sha256, self.ancestors, self.cmdline_paths)
+
+
+class IdentityResolver:
+    """Resolves identities for one workload. Thread-safe (the digest cache is locked), blocking on /proc."""
+
+    def __init__(
+        self,
+        *,
+        anchor_pid: int,
+        workload_pids: Callable[[], set[int]],
+        agent_pid: Callable[[], int | None],
+        root_prefix: Callable[[int], str] | None = None,
+        budget_us: int = DEFAULT_BUDGET_US,
+        max_hash_bytes: int = DEFAULT_MAX_HASH_BYTES,
+        sock_diag: socket.socket | None = None,
+        scan_foreign: bool = True,
+        proc: str = "/proc",
+    ) -> None:
+        """``anchor_pid``: any process living in the agent's network namespace (its TCP tables are read).
+        ``root_prefix(pid)``: where the boundary sees the workload's ``/`` (e.g. the rootfs of a pivoted
+        mount namespace); stripped from exe paths so they read as inside the workload.
+        ``sock_diag``: a ``NETLINK_SOCK_DIAG`` socket opened inside the agent's namespace
+        (:func:`supervisor.boundary.capture.setup.open_sock_diag`); finds the inode with one hash lookup
+        instead of reading the TCP tables (milliseconds each). ``scan_foreign=False`` skips the check that no
+        process outside the workload holds the socket (a full /proc fd walk; keep it on unless the boundary's
+        /proc shows only the workload anyway)."""
+        self.anchor_pid = anchor_pid
+        self._diag = SockDiag(sock_diag) if sock_diag is not None else None
+        self._scan_foreign = scan_foreign
+        self._workload_pids = workload_pids
+        self._agent_pid = agent_pid
+        self._root_prefix = root_prefix
+        self.budget_us = budget_us
+        self.max_hash_bytes = max_hash_bytes
+        self._proc = proc
+        self._digests: dict[tuple[int, int, int, int, int], str | None] = {}
+        self._lock = threading.Lock()
+
+    # -- public ------------------------------------------------------------------------------------------
+
+    def resolve(self, local: tuple[str, int], remote: tuple[str, int]) -> Identity:
+        """``local``: the accepted socket's local address (listener end); ``remote``: its peer (the agent's)."""
+        started = time.perf_counter_ns()
+        hashing_ns = [0]
+        inode = self._inode(_procnet.normalise(remote), _procnet.normalise(local))
+        workload = set(self._workload_pids())
+        owners = self._owners(inode, workload)
+        agent = self._agent_pid()
+        resolved = [self._owner_identity(owner, inode, workload, agent, hashing_ns) for owner in owners]
+        if len({r.policy_key for r in resolved}) > 1:
+            pids = [r.pid for r in resolved]
+            raise IdentityUnresolved(
+                IdentityStage.AMBIGUOUS, f"inode {inode} is held by {pids} with different identities"
+            )
+        elapsed_ns = time.perf_counter_ns() - started
+        if (elapsed_ns - hashing_ns[0]) // 1000 > self.budget_us:
+            raise IdentityUnresolved(IdentityStage.BUDGET, f"took {(elapsed_ns - hashing_ns[0]) // 1000} µs")
+        first = resolved[0]
+        return Identity(
+            binary_path=first.path,
+            binary_sha256=first.sha256,
+            ancestors=first.ancestors,
+            cmdline_paths=first.cmdline_paths,
+            pid=first.pid,
+            start_time=first.start_time,
+            uid=first.uid,
+            owners=len(resolved),
+            resolved_in_us=elapsed_ns // 1000,
+            orphaned=first.orphaned,
+        )
+
+    @property
+    def cached_digests(self) -> int:
+        return len(self._digests)
+
+    # -- stage 1: socket → inode -------------------------------------------------------------------------
+
+    def _inode(self, agent_end: tuple[str, int], listener_end: tuple[str, int]) -> int:
+        if self._diag is not None:
+            try:
+                found = self._diag.lookup(agent_end, listener_end)
+            except OSError:
+                found = None  # no inet_diag here: the tables below decide
+            if found is not None:
+                if found.state != _procnet.ESTABLISHED or found.inode == 0:
+                    raise IdentityUnresolved(
+                        IdentityStage.INODE, f"socket {agent_end} → {listener_end} not established"
+                    )
+                return found.inode
+            # "no such socket" is rare (a refusal); the tables confirm it, and cover kernels without inet_diag
+        try:
+            rows = _procnet.read_tables(f"{self._proc}/{self.anchor_pid}/net")
+        except OSError as exc:
+            raise IdentityUnresolved(IdentityStage.ANCHOR, f"reading the anchor's TCP tables: {exc}") from exc
+        inodes = {
+            row.inode
+            for row in rows
+            if row.state == _procnet.ESTABLISHED
+            and row.local == agent_end
+            and row.remote == listener_end
+            and row.inode != 0
+        }
+        if len(inodes) != 1:
+            what = "no" if not inodes else "more than one"
+            raise IdentityUnresolved(IdentityStage.INODE, f"{what} established socket {agent_end} → {listener_end}")
+        return inodes.pop()
+
+    # -- stage 2: inode → owners -------------------------------------------------------------------------
+
+    def _owners(self, inode: int, workload: set[int]) -> list[_Owner]:
+        target = f"socket:[{inode}]"
+        owners: list[_Owner] = []
+        for pid in sorted(workload):
+            try:
+                owners += self._holding(pid, target)
+            except PermissionError as exc:
+                raise IdentityUnresolved(IdentityStage.OWNERS, f"cannot read the fd table of {pid}") from exc
+        for name in os.listdir(self._proc) if self._scan_foreign else ():
+            if not name.isdigit() or int(name) in workload:
+                continue
+            try:
+                foreign = self._holding(int(name), target)
+            except PermissionError:
+                continue  # unreadable without privileges; the boundary runs with ptrace-level access
+            if foreign:
+                raise IdentityUnresolved(
+                    IdentityStage.FOREIGN_OWNER, f"pid {name} outside the workload holds socket inode {inode}"
+                )
+        if not owners:
+            raise IdentityUnresolved(IdentityStage.OWNERS, f"no workload process holds socket inode {inode}")
+        return owners
+
+    def _holding(self, pid: int, target: str) -> list[_Owner]:
+        """The (first) fd of ``pid`` that refers to ``target``; [] if none or the process is gone."""
+        fd_dir = f"{self._proc}/{pid}/fd"
+        try:
+            names = os.listdir(fd_dir)
+        except (FileNotFoundError, ProcessLookupError):
+            return []
+        for fd_name in names:
+            try:
+                if os.readlink(f"{fd_dir}/{fd_name}") == target:
+                    return [_Owner(pid, fd_name)]
+            except OSError:
+                continue
+        return []
+
+    # -- stage 3: owner → identity -----------------------------------------------------------------------
+
+    def _owner_identity(
+        self, owner: _Owner, inode: int, workload: set[int], agent: int | None, hashing_ns: list[int]
+    ) -> _OwnerIdentity:
+        pid = owner.pid
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError as exc:
+            raise IdentityUnresolved(IdentityStage.VANISHED, f"pid {pid} exited") from exc
+        try:
+            start_time = self._start_time(pid)
+            exe_fd, path = self._open_exe(pid)
+            try:
+                before = time.perf_counter_ns()
+                digest = self._digest(exe_fd)
+                hashing_ns[0] += time.perf_counter_ns() - before
+            finally:
+                os.close(exe_fd)
+            uid = self._uid(pid)
+            ancestors, ancestor_pids, orphaned = self._ancestors(pid, workload, agent)
+            cmdline_paths = self._cmdline_paths([pid, *ancestor_pids], {path, *ancestors})
+            still_holds = self._readlink(f"{self._proc}/{pid}/fd/{owner.fd_name}") == f"socket:[{inode}]"
+            if not still_holds or self._start_time(pid) != start_time or _exited(pidfd):
+                raise IdentityUnresolved(IdentityStage.VANISHED, f"pid {pid} changed during resolution")
+        finally:
+            os.close(pidfd)
+        return _OwnerIdentity(pid, path, digest, ancestors, cmdline_paths, start_time, uid, orphaned)
+
+    def _open_exe(self, pid: int) -> tuple[int, str]:
+        link = f"{self._proc}/{pid}/exe"
+        try:
+            fd = os.open(link, os.O_RDONLY | os.O_CLOEXEC)
+        except (FileNotFoundError, ProcessLookupError) as exc:
+            raise IdentityUnresolved(IdentityStage.VANISHED, f"pid {pid} exited") from exc
+        except OSError as exc:
+            raise IdentityUnresolved(IdentityStage.EXE, f"opening {link}: {exc}") from exc
+        try:
+            path = self._exe_path(pid)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, path
+
+    def _exe_path(self, pid: int) -> str:
+        link = f"{self._proc}/{pid}/exe"
+        try:
+            raw = os.readlink(link)
+        except (FileNotFoundError, ProcessLookupError) as exc:
+            raise IdentityUnresolved(IdentityStage.VANISHED, f"pid {pid} exited") from exc
+        except OSError as exc:
+            raise IdentityUnresolved(IdentityStage.EXE, f"reading {link}: {exc}") from exc
+        # the kernel appends " (deleted)" once; strip it only when no file of the literal name exists
+        if raw.endswith(_DELETED) and not os.path.lexists(raw):
+            raw = raw[: -len(_DELETED)]
+        if self._root_prefix is not None:
+            prefix = self._root_prefix(pid).rstrip("/")
+            if prefix and raw.startswith(prefix + "/"):
+                raw = raw[len(prefix) :]
+        if not raw.startswith("/"):
+            raise IdentityUnresolved(IdentityStage.EXE, f"pid {pid} has no executable path ({raw!r})")
+        return raw
+
+    def _digest(self, fd: int) -> str | None:
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        with self._lock:
+            if key in self._digests:
+                return self._digests[key]
+        digest: str | None
+        if st.st_size > self.max_hash_bytes:
+            digest = None
+        else:
+            try:
+                hasher = hashlib.sha256()
+                offset = 0
+                while chunk := os.pread(fd, _HASH_CHUNK, offset):
+                    hasher.update(chunk)
+                    offset += len(chunk)
+                digest = hasher.hexdigest()
+            except OSError:
+                return None  # a read error reports no digest (control decides) and is not cached
+        with self._lock:
+            if len(self._digests) >= _CACHE_LIMIT:
+                self._digests.clear()
+            self._digests[key] = digest
+        return digest
+
+    def _ancestors(self, pid: int, workload: set[int], agent: int | None) -> tuple[tuple[str, ...], list[int], bool]:
+        """(exe paths nearest first, their pids, orphaned). Retried once if the chain changes under us."""
+        for attempt in (1, 2):
+            try:
+                return self._walk(pid, workload, agent)
+            except IdentityUnresolved:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _walk(self, pid: int, workload: set[int], agent: int | None) -> tuple[tuple[str, ...], list[int], bool]:
+        paths: list[str] = []
+        pids: list[int] = []
+        if pid == agent:
+            return (), [], False
+        current = pid
+        while len(paths) < MAX_ANCESTORS:
+            parent = self._ppid(current)
+            if parent <= 0 or parent not in workload:
+                return tuple(paths), pids, True
+            try:
+                paths.append(self._exe_path(parent))
+            except IdentityUnresolved as exc:
+                raise IdentityUnresolved(IdentityStage.ANCESTORS, f"ancestor {parent}: {exc.detail}") from exc
+            pids.append(parent)
+            if parent == agent:
+                return tuple(paths), pids, False
+            current = parent
+        return tuple(paths), pids, False
+
+    def _cmdline_paths(self, pids: list[int], known: set[str]) -> tuple[str, ...]:
+        seen: list[str] = []
+        for pid in pids:
+            try:
+                with open(f"{self._proc}/{pid}/cmdline", "rb") as handle:
+                    argv = handle.read().split(b"\0")
+            except OSError:
+                continue  # diagnostic only
+            for arg in argv:
+                text = arg.decode("utf-8", "replace")
+                if text.startswith("/") and text not in known and text not in seen:
+                    seen.append(text)
+        return tuple(seen)
+
+    # -- /proc readers -----------------------------------------------------------------------------------
+
+    def _stat_fields(self, pid: int) -> list[str]:
+        try:
+            with open(f"{self._proc}/{pid}/stat", encoding="utf-8", errors="replace") as handle:
+                text = handle.read()
+        except (FileNotFoundError, ProcessLookupError) as exc:
+            raise IdentityUnresolved(IdentityStage.VANISHED, f"pid {pid} exited") from exc
+        except OSError as exc:
+            raise IdentityUnresolved(IdentityStage.VANISHED, f"reading stat of {pid}: {exc}") from exc
+        # the command name may contain anything, including ")": fields start after the last one
+        return text[text.rindex(")") + 2 :].split()
+
+    def _start_time(self, pid: int) -> int:
+        return int(self._stat_fields(pid)[19])  # field 22 of proc(5)
+
+    def _ppid(self, pid: int) -> int:
+        try:
+            return int(self._stat_fields(pid)[1])  # field 4
+        except IdentityUnresolved as exc:
+            raise IdentityUnresolved(IdentityStage.ANCESTORS, exc.detail) from exc
+
+    def _uid(self, pid: int) -> int:
+        try:
+            with open(f"{self._proc}/{pid}/status", encoding="utf-8", errors="replace") as handle:
+                for line in handle:
+                    if line.startswith("Uid:"):
+                        return int(line.split()[1])
+        except OSError as exc:
+            raise IdentityUnresolved(IdentityStage.VANISHED, f"reading status of {pid}: {exc}") from exc
+        raise IdentityUnresolved(IdentityStage.VANISHED, f"no Uid line for {pid}")
+
+    @staticmethod
+    def _readlink(path: str) -> str | None:
+        try:
+            return os.readlink(path)
+        except OSError:
+            return None
+
+
+def _exited(pidfd: int) -> bool:
+    """A pidfd becomes readable when its process exits."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
