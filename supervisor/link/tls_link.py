@@ -1,0 +1,88 @@
+"""Establishing claim-bound mTLS links: the boundary's accept side and control's dial side.
+
+Every connection gets a deadline for the whole handshake (a peer that sends nothing must not hold a slot), then
+``verify_peer`` checks TLS 1.3, ALPN, the CA and every claim. A refusal is an exception naming the peer and the
+failing field; the caller logs it and keeps serving.
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass
+
+import trio
+
+from supervisor.protocol.certs import Bundle
+from supervisor.protocol.claims import Claims
+from supervisor.protocol.tls import PeerRejected, verify_peer
+
+HANDSHAKE_TIMEOUT = 10.0
+
+
+@dataclass
+class Refused(Exception):
+    """A connection that did not become a link."""
+
+    peer: str
+    field: str | None
+    reason: str
+
+    def __str__(self) -> str:
+        where = f" field={self.field}" if self.field else ""
+        return f"peer {self.peer} refused:{where} {self.reason}"
+
+
+def peer_name(stream: trio.SocketStream) -> str:
+    try:
+        host, port = stream.socket.getpeername()[:2]
+    except OSError:
+        return "?"
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
+async def _handshake(
+    stream: trio.SocketStream,
+    ctx: ssl.SSLContext,
+    bundle: Bundle,
+    *,
+    server: bool,
+    alpn: str | None,
+    handshake_s: float,
+) -> tuple[trio.SSLStream[trio.SocketStream], Claims, str]:
+    peer = peer_name(stream)
+    tls = trio.SSLStream(stream, ctx, server_side=server, https_compatible=False)
+    try:
+        with trio.fail_after(handshake_s):
+            await tls.do_handshake()
+        claims = verify_peer(tls, bundle, expected_alpn=alpn)
+    except trio.TooSlowError:
+        await trio.aclose_forcefully(tls)
+        raise Refused(peer, "tls", f"no TLS handshake within {handshake_s:g}s") from None
+    except PeerRejected as exc:
+        await trio.aclose_forcefully(tls)
+        raise Refused(peer, exc.field, str(exc)) from None
+    except (trio.BrokenResourceError, ssl.SSLError, OSError) as exc:
+        await trio.aclose_forcefully(tls)
+        cause = exc.__cause__ or exc
+        raise Refused(peer, "tls", f"handshake failed: {cause}") from None
+    return tls, claims, tls.selected_alpn_protocol() or ""
+
+
+async def accept_link(
+    stream: trio.SocketStream, ctx: ssl.SSLContext, bundle: Bundle, *, handshake_s: float = HANDSHAKE_TIMEOUT
+) -> tuple[trio.SSLStream[trio.SocketStream], Claims, str]:
+    """Server side (the boundary): handshake, verify, return (stream, peer claims, ALPN)."""
+    return await _handshake(stream, ctx, bundle, server=True, alpn=None, handshake_s=handshake_s)
+
+
+async def dial_link(
+    host: str, port: int, ctx: ssl.SSLContext, bundle: Bundle, alpn: str, *, handshake_s: float = HANDSHAKE_TIMEOUT
+) -> tuple[trio.SSLStream[trio.SocketStream], Claims]:
+    """Client side (control): connect, handshake, verify the boundary's claims and the ALPN."""
+    try:
+        with trio.fail_after(handshake_s):
+            tcp = await trio.open_tcp_stream(host, port)
+    except (OSError, trio.TooSlowError) as exc:
+        raise Refused(f"{host}:{port}", None, f"connect failed: {exc or 'timeout'}") from None
+    tls, claims, _ = await _handshake(tcp, ctx, bundle, server=False, alpn=alpn, handshake_s=handshake_s)
+    return tls, claims
