@@ -10,6 +10,9 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from ipaddress import IPv4Address, ip_address
 
+import dns.message
+import dns.rdatatype
+import dns.rrset
 import pytest
 import trio
 
