@@ -36,6 +36,8 @@ def normalise_ip(text: str) -> str:
 
 def normalise(endpoint: tuple[str, int] | tuple[str, int, int, int] | tuple[object, ...]) -> Endpoint:
     """``getsockname()``/``getpeername()`` of either family → (canonical address, port)."""
+    if len(endpoint) < 2 or not isinstance(endpoint[0], str) or not isinstance(endpoint[1], int):
+        raise ValueError(f"not an IP endpoint: {endpoint!r}")
     host, port = endpoint[0], endpoint[1]
     if not isinstance(host, str) or not isinstance(port, int):
         raise ValueError(f"not an IP endpoint: {endpoint!r}")
