@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from supervisor.boundary.process.environment import build_environment, build_process_spec, managed_env
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.process_ops import (
     MANAGED_ENV_KEYS,
@@ -222,3 +223,54 @@ def test_forward_host_types() -> None:
     assert refused(validate_forward_target, b"127.0.0.1", 80).kind is ErrorKind.INVALID
     assert parse_forward_request({"port": 22}).host == "127.0.0.1"
     assert refused(parse_forward_request, {"port": 22, "via": "x"}).field == "via"
+
+
+# -- environment and launch spec (boundary/process/environment.py) --------------------------------------------
+
+
+def test_managed_env_is_exactly_the_managed_keys() -> None:
+    assert set(managed_env()) == MANAGED_ENV_KEYS
+    assert set(managed_env(ca_cert=None, ca_bundle=None)) < MANAGED_ENV_KEYS
+
+
+def test_spec_environment_starts_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENSHELL_TLS_KEY", "/secret/key.pem")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "boundary-only")
+    req = parse_exec_request({"argv": ["env"], "env": {"PATH": "/opt/bin", "TERM": "vt100", "X": "1"}})
+    spec = build_process_spec(
+        req, agent_uid=1000, agent_gid=1001, managed_env=managed_env(), default_cwd="/sandbox", landlock=None,
+        user="agent", home="/home/agent", provider_env={"ANTHROPIC_API_KEY": "placeholder-1"},
+    )  # fmt: skip
+    assert dict(spec.env) == {
+        "PATH": "/opt/bin", "HOME": "/home/agent", "USER": "agent", "SHELL": "/bin/bash", "TERM": "vt100",
+        "OPENSHELL_SANDBOX": "1", "X": "1", "ANTHROPIC_API_KEY": "placeholder-1", **managed_env(),
+    }  # fmt: skip
+    assert (spec.argv, spec.cwd, spec.uid, spec.gid, spec.tty, spec.stdin) == (
+        ("env",), "/sandbox", 1000, 1001, False, "pipe",
+    )  # fmt: skip
+    assert list(spec.env)[:6] == ["PATH", "HOME", "USER", "SHELL", "TERM", "OPENSHELL_SANDBOX"]
+
+
+def test_spec_tty_and_cwd() -> None:
+    req = parse_exec_request({"argv": ["sh"], "tty": True, "cols": 120, "rows": 50, "cwd": "/work"})
+    spec = build_process_spec(req, agent_uid=1000, agent_gid=1000, managed_env={}, default_cwd="/x", landlock=None)
+    assert (spec.tty, spec.cols, spec.rows, spec.cwd, spec.env["TERM"]) == (True, 120, 50, "/work", "xterm-256color")
+
+
+@pytest.mark.parametrize(
+    "user_env",
+    [{"HTTPS_PROXY": "http://evil:1"}, {"OPENSHELL_SANDBOX": "0"}, {"A=B": "x"}, {"A": "x\x00"}, {"A\x00": "x"}],
+)
+def test_environment_rechecks_what_a_caller_passes(user_env: dict[str, str]) -> None:
+    # a caller that skipped parse_exec_request still cannot override a managed key or smuggle a bad one
+    err = refused(lambda: build_environment(user_env=user_env, managed=managed_env(), user="u", home="/h", tty=False))
+    assert err.kind is ErrorKind.INVALID
+
+
+def test_provider_env_cannot_carry_managed_keys() -> None:
+    err = refused(
+        lambda: build_environment(
+            user_env={}, managed={}, user="u", home="/h", tty=False, provider_env={"SSL_CERT_FILE": "/x"}
+        )
+    )
+    assert err.kind is ErrorKind.INVALID
