@@ -19,6 +19,7 @@ Rules of this module:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections.abc import Iterable, Sequence
@@ -71,8 +72,14 @@ NOT_SLASH = CharSet(True, frozenset("/"))
 NOT_DOT = CharSet(True, frozenset("."))
 
 
+@functools.lru_cache(maxsize=1024)
 def _lit(char: str) -> CharSet:
     return CharSet(False, frozenset(char))
+
+
+@functools.lru_cache(maxsize=1024)
+def _lit_piece(char: str) -> Piece:
+    return ((Tok(False, _lit(char)),),)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +93,8 @@ class Tok:
 
 Run = tuple[Tok, ...]
 Piece = tuple[Run, ...]  # alternatives
+
+
 
 
 def has_glob_chars(pattern: str) -> bool:
@@ -205,11 +214,11 @@ def _parse_simple(pattern: str, dialect: Dialect, *, braces: bool) -> list[Piece
         elif c == "\\":
             if i + 1 >= len(pattern):
                 raise GlobSyntaxError("trailing backslash")
-            pieces.append(((Tok(False, _lit(pattern[i + 1])),),))
+            pieces.append(_lit_piece(pattern[i + 1]))
             i += 2
             continue
         else:
-            pieces.append(((Tok(False, _lit(c)),),))
+            pieces.append(_lit_piece(c))
         i += 1
     return pieces
 
@@ -260,11 +269,18 @@ def _expand(pieces: Sequence[Piece], limit: int = MAX_ALTERNATIVES) -> list[Run]
 def pieces_regex(pieces: Iterable[Piece]) -> str:
     out: list[str] = []
     for piece in pieces:
-        if len(piece) == 1:
+        if len(piece) == 1 and len(piece[0]) == 1:
+            out.append(_tok_regex(piece[0][0]))
+        elif len(piece) == 1:
             out.append("".join(t.regex() for t in piece[0]))
         else:
             out.append("(?:" + "|".join("".join(t.regex() for t in run) for run in piece) + ")")
     return "".join(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _tok_regex(tok: Tok) -> str:
+    return tok.regex()
 
 
 # --- compiled matchers -----------------------------------------------------------------------------------
@@ -284,12 +300,14 @@ class Glob:
         return self.regex.fullmatch(text) is not None
 
 
+@functools.lru_cache(maxsize=8192)
 def compile_path_glob(pattern: str) -> Glob:
     pieces = tuple(parse_path(pattern))
     literal = not has_glob_chars(pattern) and "\\" not in pattern
     return Glob(pattern, pieces, None if literal else re.compile(pieces_regex(pieces), re.S))
 
 
+@functools.lru_cache(maxsize=8192)
 def compile_value_glob(pattern: str) -> Glob:
     pieces = tuple(_parse_simple(pattern, "value", braces=True))
     literal = not has_glob_chars(pattern) and "\\" not in pattern

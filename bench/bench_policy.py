@@ -1,0 +1,127 @@
+"""Decision cost of the policy engine at 10, 1,000 and 10,000 rules.
+
+Each policy mixes exact hosts, one-label host globs (``*.``), recursive globs (``**.``), REST endpoints, exact
+binaries and binary globs. The request mix has hits on each kind, endpoint misses and binary misses. Prints
+microseconds per decision and decisions per second for L4 (``decide_l4``) and for L7 (``decide_l7`` on an
+admitted connection), plus load and compile times. Target: a decision costs about the same at 10 and 10,000
+rules, at most ~20 µs at 10,000.
+
+    python3 bench/bench_policy.py [--decisions N] [--sizes 10,1000,10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from typing import Any
+
+import yaml
+
+from supervisor.control.policy import (
+    BinaryIdentity,
+    L4Request,
+    compile_policy,
+    decide_l4,
+    decide_l7,
+    load_policy_text,
+)
+
+
+def build_policy(rules: int) -> str:
+    body: dict[str, Any] = {}
+    for i in range(rules):
+        kind = i % 4
+        if kind == 0:
+            endpoints = [{"host": f"svc{i}.example{i % 97}.com", "port": 443}]
+        elif kind == 1:
+            endpoints = [{"host": f"*.api{i}.example.net", "ports": [443, 8443]}]
+        elif kind == 2:
+            endpoints = [{"host": f"**.cdn{i}.example.org", "port": 443}]
+        else:
+            endpoints = [{"host": f"rest{i}.example.io", "port": 443, "protocol": "rest",
+                          "enforcement": "enforce", "access": "read-only",
+                          "deny_rules": [{"method": "*", "path": "/admin/**"}]}]
+        binaries = [{"path": f"/usr/bin/tool{i % 50}"}]
+        if i % 3 == 0:
+            binaries.append({"path": f"/opt/app{i % 20}/bin/*"})
+        body[f"rule-{i:05d}"] = {"endpoints": endpoints, "binaries": binaries}
+    return yaml.safe_dump({"version": 1, "network_policies": body}, sort_keys=False)
+
+
+def build_requests(rules: int, count: int, rng: random.Random) -> list[L4Request]:
+    requests = []
+    for _ in range(count):
+        i = rng.randrange(rules)
+        kind = i % 4
+        host = (f"svc{i}.example{i % 97}.com", f"x.api{i}.example.net", f"a.b.cdn{i}.example.org",
+                f"rest{i}.example.io")[kind]
+        roll = rng.random()
+        if roll < 0.15:
+            host = f"miss{i}.nowhere.example"  # no endpoint
+        binary = f"/usr/bin/tool{i % 50}"
+        if i % 3 == 0 and rng.random() < 0.3:
+            binary = f"/opt/app{i % 20}/bin/worker"  # binary glob
+        if 0.15 <= roll < 0.25:
+            binary = "/usr/bin/intruder"  # binary miss
+        requests.append(L4Request(host, 443, BinaryIdentity(binary, None, ("/bin/sh",))))
+    return requests
+
+
+def measure(rules: int, decisions: int) -> dict[str, float]:
+    rng = random.Random(rules)
+    text = build_policy(rules)
+    started = time.perf_counter()
+    policy = load_policy_text(text)
+    loaded = time.perf_counter()
+    compiled = compile_policy(policy)
+    built = time.perf_counter()
+    requests = build_requests(rules, 4096, rng)
+    for req in requests[:512]:  # warm up
+        decide_l4(compiled, req)
+    n = 0
+    allowed = 0
+    t0 = time.perf_counter()
+    while n < decisions:
+        for req in requests:
+            allowed += decide_l4(compiled, req).allowed
+        n += len(requests)
+    l4_elapsed = time.perf_counter() - t0
+
+    rest = [d for d in (decide_l4(compiled, r) for r in requests) if d.l7]
+    targets = [("GET", "/repos/a/b"), ("POST", "/repos/a"), ("GET", "/admin/x"), ("GET", "/a/../b?x=1")]
+    m = 0
+    t1 = time.perf_counter()
+    while m < decisions // 4 and rest:
+        for i, conn in enumerate(rest):
+            method, target = targets[i % len(targets)]
+            decide_l7(compiled, conn, method, target)
+        m += len(rest)
+    l7_elapsed = time.perf_counter() - t1
+    return {
+        "rules": rules,
+        "load_s": loaded - started,
+        "compile_s": built - loaded,
+        "l4_us": l4_elapsed / n * 1e6,
+        "l4_per_s": n / l4_elapsed,
+        "l7_us": (l7_elapsed / m * 1e6) if m else float("nan"),
+        "l7_per_s": (m / l7_elapsed) if m else float("nan"),
+        "allowed_share": allowed / n,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--decisions", type=int, default=200_000)
+    parser.add_argument("--sizes", default="10,1000,10000")
+    args = parser.parse_args()
+    print(f"{'rules':>6} {'load s':>7} {'compile s':>9} {'L4 µs':>7} {'L4 /s':>10} {'L7 µs':>7} {'L7 /s':>10} "
+          f"{'allowed':>7}")
+    for size in (int(s) for s in args.sizes.split(",")):
+        r = measure(size, args.decisions)
+        print(f"{r['rules']:>6} {r['load_s']:>7.2f} {r['compile_s']:>9.2f} {r['l4_us']:>7.2f} "
+              f"{r['l4_per_s']:>10,.0f} {r['l7_us']:>7.2f} {r['l7_per_s']:>10,.0f} {r['allowed_share']:>7.0%}")
+
+
+if __name__ == "__main__":
+    main()
