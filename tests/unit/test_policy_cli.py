@@ -116,18 +116,18 @@ def test_check_missing_file(tmp_path: Path) -> None:
 
 DECIDE = [
     (["--host", "api.github.com", "--port", "443", "--binary", "/usr/bin/git"], 0,
-     "allow github (github[0]) api.github.com:443 [l7 inspection]"),
+     "allow github (github[0]) api.github.com:443 [L7 inspected]"),
     (["--host", "api.github.com", "--port", "443", "--binary", "/usr/bin/curl"], 1,
      "deny api.github.com:443: binary-not-allowed: binary '/usr/bin/curl' (ancestors: []) not allowed in "
      "policy 'github'"),
     (["--host", "api.github.com", "--port", "443", "--binary", "/bin/sh", "--ancestor", "/usr/bin/git"], 0,
-     "allow github (github[0]) api.github.com:443 [l7 inspection]"),
+     "allow github (github[0]) api.github.com:443 [L7 inspected]"),
     (["--host", "evil.example.net", "--port", "443", "--binary", "/usr/bin/git"], 1,
      "deny evil.example.net:443: no-matching-endpoint: endpoint evil.example.net:443 is not allowed by any policy"),
     (["--host", "api.github.com", "--port", "443"], 1,
      "deny api.github.com:443: identity-missing: the initiating process could not be identified"),
     (["--host", "api.github.com", "--port", "443", "--binary", "/usr/bin/git", "--method", "GET", "--path",
-      "/repos/a/b"], 0, "allow github (github[0]) api.github.com:443 GET /repos/a/b [l7 inspection]"),
+      "/repos/a/b"], 0, "allow github (github[0]) api.github.com:443 GET /repos/a/b by access:read-only"),
     (["--host", "api.github.com", "--port", "443", "--binary", "/usr/bin/git", "--method", "POST", "--path",
       "/repos/a/b"], 1, "deny api.github.com:443 POST /repos/a/b: l7-no-allow-rule: POST /repos/a/b not "
      "permitted by policy"),
@@ -182,3 +182,27 @@ def test_subprocess_check(tmp_path: Path) -> None:
                           text=True, timeout=60, check=False)
     assert proc.returncode == 1
     assert len(proc.stdout.splitlines()) == 3 and proc.stderr.strip() == f"{bad}: 3 errors"
+
+
+def test_docs_example_is_true(tmp_path: Path) -> None:
+    """docs/policy.md: the example policy loads and every console session shown prints what the page says."""
+    import re
+    import shlex
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "policy.md").read_text()
+    example = re.search(r"```yaml\n(.*?)```", page, re.S)
+    assert example is not None
+    policy = tmp_path / "agent-policy.yaml"
+    policy.write_text(example.group(1))
+    sessions = 0
+    for block in re.findall(r"```console\n(.*?)```", page, re.S):
+        lines = block.replace("\\\n", " ").splitlines()
+        for i, line in enumerate(lines):
+            if not line.startswith("$ openshell-sandbox policy") or "agent-policy.yaml" not in line:
+                continue
+            argv = [str(policy) if a == "agent-policy.yaml" else a for a in shlex.split(line[2:])[1:]]
+            code, out, _ = run(*argv)
+            assert out.strip() == lines[i + 1].strip(), line
+            assert code == (0 if out.startswith(("ok", "allow")) else 1)
+            sessions += 1
+    assert sessions == 4

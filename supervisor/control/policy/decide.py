@@ -115,7 +115,9 @@ class Decision:
         if self.method is not None:
             where += f" {self.method} {self.path}"
         if self.allowed and not self.audit:
-            return f"allow {self.rule} ({self.endpoint}) {where}" + (" [l7 inspection]" if self.l7 else "")
+            if self.l7_rule is not None:
+                return f"allow {self.rule} ({self.endpoint}) {where} by {self.l7_rule}"
+            return f"allow {self.rule} ({self.endpoint}) {where}" + (" [L7 inspected]" if self.l7 else "")
         if self.audit:
             return f"allow (audit; would deny: {self.reason}) {self.rule} ({self.endpoint}) {where}: {self.detail}"
         return f"deny {where}: {self.reason}: {self.detail}"
