@@ -396,3 +396,17 @@ def test_reasons_are_the_logged_strings() -> None:
                                              "identity-missing", "l7-denied", "l7-no-allow-rule",
                                              "path-not-canonical", "policy-quarantined"}
     assert all(r.value == str(r) for r in DenyReason)
+
+
+def test_endpoints_for_name_for_the_dns_side() -> None:
+    names = {
+        "api.github.com": ["github[0]"],
+        "raw.githubusercontent.com": ["github[1]"],
+        "git.internal.example": ["lan[2]"],
+        "anything.example.org": [],  # hostless endpoints never make a name eligible
+        "evil.example.net": [],
+    }
+    for name, labels in names.items():
+        assert [c.label for c in BASIC.endpoints_for_name(name)] == labels, name
+    assert [c.label for c in BASIC.endpoints_for_name("git.internal.example", transparent_only=True)] == ["lan[2]"]
+    assert BASIC.endpoints_for_name("api.github.com", transparent_only=True) == []

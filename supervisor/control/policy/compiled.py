@@ -170,6 +170,15 @@ class CompiledPolicy:
                     else:
                         globs[(port, host_glob.literal_suffix)].append(cep)
                         suffix_lengths.add(len(host_glob.literal_suffix))
+        by_name: dict[str, list[CompiledEndpoint]] = defaultdict(list)
+        globs_by_suffix: dict[tuple[str, ...], list[CompiledEndpoint]] = defaultdict(list)
+        for cep in self.endpoints:
+            if cep.host_glob is not None:
+                globs_by_suffix[cep.host_glob.literal_suffix].append(cep)
+            elif cep.endpoint.host:
+                by_name[cep.endpoint.host].append(cep)
+        self._by_name = {k: tuple(v) for k, v in by_name.items()}
+        self._globs_by_suffix = {k: tuple(v) for k, v in globs_by_suffix.items()}
         self._exact = {k: tuple(v) for k, v in exact.items()}
         self._globs = {k: tuple(v) for k, v in globs.items()}
         self._hostless = {k: tuple(v) for k, v in hostless.items()}
@@ -224,6 +233,29 @@ class CompiledPolicy:
         if sources > 1:
             found.sort(key=lambda c: c.order)
         return found
+
+    def endpoints_for_name(self, host: str, *, transparent_only: bool = False) -> list[CompiledEndpoint]:
+        """Endpoints whose host selector names ``host`` on any port, ignoring binaries and hostless endpoints.
+
+        For the DNS side (DESIGN "DNS and transparent capture"): a name no endpoint could allow is REFUSED and
+        never forwarded; with ``transparent_only`` only ``protocol: tcp`` endpoints count (§3.5.1 eligibility).
+        ``host`` must already be normalised.
+        """
+        found = list(self._by_name.get(host, ()))
+        labels = host.split(".")
+        for length in self._suffix_lengths:
+            if length > len(labels):
+                break
+            suffix = tuple(labels[len(labels) - length :]) if length else ()
+            for cep in self._globs_by_suffix.get(suffix, ()):
+                glob = cep.host_glob
+                assert glob is not None
+                if glob.matches(host):
+                    found.append(cep)
+        result = sorted(found, key=lambda c: c.order)
+        if transparent_only:
+            result = [c for c in result if c.endpoint.protocol is Protocol.TCP]
+        return result
 
 
 def compile_policy(policy: Policy, *, binary_aliases: Mapping[str, Iterable[str]] | None = None) -> CompiledPolicy:
