@@ -1,1 +1,50 @@
-"""Egress capture inside the agent's network namespace (spec/boundary.md §4, §5.4)."""
+"""Egress capture inside the agent's network namespace (spec/boundary.md §4, §5.4).
+
+- :mod:`.setup` runs in the launcher inside the agent's namespace: ``prepare`` (lo, any-IP routes, optional
+  nft redirect, listeners as fds), ``inspect`` (fence read-back + fingerprint), ``probe``, ``open_sock_diag``;
+  ``original_destination`` recovers a redirected connection's destination. Import it explicitly: it pulls in
+  pyroute2 when called.
+- :mod:`.identity` resolves the binary behind an accepted connection (the boundary, before reading a byte).
+- :mod:`.proxy_listener` parses what proxy-aware clients send to ``127.0.0.1:3128`` and renders the answers.
+- :mod:`.dns_stub` decides which DNS queries may be forwarded and frames DNS over TCP.
+"""
+
+from supervisor.boundary.capture.dns_stub import StubAction, StubDecision, TcpFramer, decide
+from supervisor.boundary.capture.identity import Identity, IdentityResolver, IdentityStage, IdentityUnresolved
+from supervisor.boundary.capture.proxy_listener import (
+    CONNECT_ESTABLISHED,
+    HEAD_READ_DEADLINE_S,
+    MAX_HEAD_BYTES,
+    ForwardBody,
+    ProxyReject,
+    ProxyTarget,
+    parse_head,
+    render_denied,
+    render_reply,
+)
+from supervisor.boundary.capture.setup import CaptureSetupError, inspect, original_destination, prepare, probe
+
+__all__ = [
+    "CONNECT_ESTABLISHED",
+    "HEAD_READ_DEADLINE_S",
+    "MAX_HEAD_BYTES",
+    "CaptureSetupError",
+    "ForwardBody",
+    "Identity",
+    "IdentityResolver",
+    "IdentityStage",
+    "IdentityUnresolved",
+    "ProxyReject",
+    "ProxyTarget",
+    "StubAction",
+    "StubDecision",
+    "TcpFramer",
+    "decide",
+    "inspect",
+    "original_destination",
+    "parse_head",
+    "prepare",
+    "probe",
+    "render_denied",
+    "render_reply",
+]

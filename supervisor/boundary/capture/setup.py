@@ -34,14 +34,14 @@ import shutil
 import socket
 import subprocess
 from collections.abc import Iterable
-from typing import Any
-
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
+from typing import TYPE_CHECKING, Any
 
 from supervisor.boundary.capture import _procnet
 from supervisor.boundary.capture._sockdiag import NETLINK_SOCK_DIAG
 from supervisor.boundary.capture.dns_stub import enable_pktinfo
+
+if TYPE_CHECKING:
+    from pyroute2 import IPRoute
 
 MODES = ("anyip", "nft")
 BACKLOG = 1024
@@ -111,6 +111,8 @@ def prepare(
         raise ValueError(f"unknown capture mode {mode!r}")
     ports = _check_ports(capture_ports, proxy_port, dns_port, mode)
     report: dict[str, Any] = {"mode": mode, "capture_ports": ports, "proxy_port": proxy_port}
+    from pyroute2 import IPRoute  # imported here: ~0.2 s, and only the launcher needs it
+
     with IPRoute() as ipr:
         lo = _loopback_up(ipr)
         _add_address(ipr, lo, "127.0.0.1", 8)
@@ -181,6 +183,8 @@ def _loopback_up(ipr: IPRoute) -> int:
 
 def _add_address(ipr: IPRoute, index: int, address: str, prefixlen: int) -> bool:
     """Add an address to ``lo``; ``False`` when the family is unavailable (IPv6 disabled)."""
+    from pyroute2.netlink.exceptions import NetlinkError
+
     try:
         ipr.addr("add", index=index, address=address, prefixlen=prefixlen)
     except NetlinkError as exc:
@@ -193,6 +197,8 @@ def _add_address(ipr: IPRoute, index: int, address: str, prefixlen: int) -> bool
 
 
 def _install_anyip(ipr: IPRoute, lo: int, *, ipv6: bool) -> list[str]:
+    from pyroute2.netlink.exceptions import NetlinkError
+
     installed: list[str] = []
     wanted = [(socket.AF_INET, "0.0.0.0/0")] + ([(socket.AF_INET6, "::/0")] if ipv6 else [])
     for family, dst in wanted:
@@ -330,6 +336,8 @@ def inspect(*, expect_anyip: bool = False) -> dict[str, Any]:
     ``ok`` is true only when the namespace holds nothing but an up ``lo``, no route leaves it, no rule was
     added, and (``expect_anyip``) both any-IP local routes are present.
     """
+    from pyroute2 import IPRoute
+
     with IPRoute() as ipr:
         links = [_link_entry(link) for link in ipr.get_links()]
         names = {entry["index"]: entry["name"] for entry in links}
@@ -478,6 +486,8 @@ def probe(
         "local": None,
         "error": None,
     }
+    from pyroute2 import IPRoute
+
     with IPRoute() as ipr:
         foreign = [str(link.get("ifname")) for link in ipr.get_links() if link.get("ifname") != "lo"]
     if foreign:
