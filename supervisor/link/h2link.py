@@ -269,6 +269,7 @@ class Link:
         self._kicked = trio.Event()
         self._window_event = trio.Event()
         self._closed = False
+        self._closed_event = trio.Event()
         self.close_reason: str | None = None
         self._nursery: trio.Nursery | None = None
         self._started = trio.Event()
@@ -317,6 +318,9 @@ class Link:
                     await self.transport.aclose()
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     pass
+
+    async def wait_closed(self) -> None:
+        await self._closed_event.wait()
 
     async def open_stream(self, headers: Sequence[tuple[str, str]], *, end_stream: bool = False) -> LinkStream:
         """Client side: start a request; the returned stream carries the request body and the response."""
@@ -376,6 +380,7 @@ class Link:
         if self._closed:
             return
         self._closed = True
+        self._closed_event.set()
         self.close_reason = reason
         for stream in list(self._streams.values()):
             stream._wake()

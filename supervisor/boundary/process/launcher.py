@@ -167,6 +167,8 @@ class Launcher:
             except BlockingIOError:
                 await trio.lowlevel.wait_writable(self._sock)
             except OSError as exc:
+                if exc.errno == _errno.EMSGSIZE:  # this message is refused; the launcher is fine
+                    raise LauncherError(str(exc)) from exc
                 self._dead = f"launcher socket: {exc.strerror}"
                 raise LauncherError(self._dead) from exc
 
@@ -299,6 +301,8 @@ class Launcher:
         problem = child.validate(spec)
         if problem is not None:
             raise SpawnError(Stage.VALIDATE, _errno.EINVAL, problem)
+        if len(zygote.encode(spec.to_wire())) > zygote.MAX_SPEC:
+            raise SpawnError(Stage.VALIDATE, _errno.E2BIG, f"argv and environment exceed {zygote.MAX_SPEC} bytes")
         if self._prepared is None:
             raise LauncherError("spawn before prepare")
         ours: list[int] = []  # the boundary's ends, returned in Spawned

@@ -46,6 +46,7 @@ from typing import Any, Final, Literal, NoReturn
 from . import child, linux, privilege
 
 MAX_MESSAGE: Final = 1 << 20
+MAX_SPEC: Final = 256 * 1024  # argv + env + the rest, encoded; below any default socket send buffer
 MAX_FDS: Final = 32
 SOCKET_BUFFER: Final = 1 << 20
 CAPTURE_CALLS: Final = frozenset({"inspect", "probe"})
@@ -102,7 +103,10 @@ def encode(message: Mapping[str, Any]) -> bytes:
 
 
 def send(sock: socket.socket, message: Mapping[str, Any], fds: Iterable[int] = ()) -> None:
-    socket.send_fds(sock, [encode(message)], list(fds))
+    data = encode(message)
+    if len(data) > MAX_MESSAGE:  # the peer's receive buffer would truncate it
+        raise OSError(errno.EMSGSIZE, f"launcher message of {len(data)} bytes exceeds {MAX_MESSAGE}")
+    socket.send_fds(sock, [data], list(fds))
 
 
 def decode(data: bytes, fds: list[int], flags: int) -> tuple[dict[str, Any], list[int]]:
@@ -120,9 +124,10 @@ def decode(data: bytes, fds: list[int], flags: int) -> tuple[dict[str, Any], lis
     return message, fds
 
 
-def receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
-    """One message, or ``None`` at EOF. Blocking or not, as the socket is."""
-    data, fds, flags, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS, socket.MSG_CMSG_CLOEXEC)
+def receive(sock: socket.socket, *, nowait: bool = False) -> tuple[dict[str, Any], list[int]] | None:
+    """One message, or ``None`` at EOF. Blocks if the socket does, unless ``nowait`` (then BlockingIOError)."""
+    want = socket.MSG_CMSG_CLOEXEC | (socket.MSG_DONTWAIT if nowait else 0)
+    data, fds, flags, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS, want)
     if not data:
         close_all(fds)
         return None
@@ -267,6 +272,16 @@ class Spawner:
         return exits
 
 
+def run_capture_call(request: Mapping[str, Any]) -> dict[str, Any]:
+    """Call an allowed ``capture.setup`` function in this process (which lives in the agent's netns)."""
+    fn = str(request.get("fn"))
+    if fn not in CAPTURE_CALLS:
+        raise OSError(errno.EPERM, f"capture call {fn!r} is not allowed")
+    setup = importlib.import_module("supervisor.boundary.capture.setup")
+    result = getattr(setup, fn)(**dict(request.get("args") or {}))
+    return {"id": request.get("id"), "ok": True, "result": result}
+
+
 def _stdio_fds(request: Mapping[str, Any], fds: list[int]) -> tuple[tuple[int, int, int], int]:
     layout = request["stdio"]  # indexes into fds for stdin, stdout, stderr, status
     if len(layout) != 4 or not all(isinstance(i, int) and 0 <= i < len(fds) for i in layout):
@@ -307,6 +322,12 @@ def init_main(sock_fd: int, host_proc_fd: int, mount_proc: bool) -> NoReturn:  #
                     reply, out = spawner.spawn(request, fds)
                     send(sock, reply, out)
                     close_all(out)
+                elif request.get("op") == "capture_call":
+                    close_all(fds)
+                    try:
+                        send(sock, run_capture_call(request))
+                    except Exception as exc:
+                        send(sock, error_reply(request.get("id"), exc))
                 else:
                     close_all(fds)
                     send(
@@ -315,7 +336,7 @@ def init_main(sock_fd: int, host_proc_fd: int, mount_proc: bool) -> NoReturn:  #
                             "id": request.get("id"),
                             "ok": False,
                             "errno": errno.EINVAL,
-                            "error": "init serves spawn only",
+                            "error": "init serves spawn and capture_call only",
                         },
                     )
     finally:
@@ -402,7 +423,7 @@ class Zygote:
         assert self.init_sock is not None
         while True:
             try:
-                got = receive(self.init_sock)
+                got = receive(self.init_sock, nowait=True)
             except BlockingIOError:
                 return
             if got is None:
@@ -426,9 +447,8 @@ class Zygote:
             sock, self.init_sock = self.init_sock, None
             with contextlib.suppress(OSError):
                 self.poller.unregister(sock)
-            sock.setblocking(False)
             with contextlib.suppress(OSError):
-                while (got := receive(sock)) is not None:
+                while (got := receive(sock, nowait=True)) is not None:
                     message, fds = got
                     close_all(fds)
                     if "exit" in message:
@@ -521,18 +541,19 @@ class Zygote:
             self._init_gone()
             detail = ready[0] if ready else {}
             raise OSError(int(detail.get("errno") or errno.ECHILD), str(detail.get("error", "init failed")))
-        ours.setblocking(False)
         self.init_sock = ours
         self.poller.register(ours, select.POLLIN)
 
     def op_capture_call(self, request: dict[str, Any], fds: list[int]) -> None:
+        """Capture calls read ``/proc/self``; once the init mounted the namespace's own ``/proc`` that path
+        names nothing for the zygote (it is outside the PID namespace), so the init runs them."""
         close_all(fds)
-        fn = str(request.get("fn"))
-        if fn not in CAPTURE_CALLS:
-            raise OSError(errno.EPERM, f"capture call {fn!r} is not allowed")
-        setup = importlib.import_module("supervisor.boundary.capture.setup")
-        result = getattr(setup, fn)(**dict(request.get("args") or {}))
-        self.reply({"id": request.get("id"), "ok": True, "result": result})
+        if self.init_sock is not None:
+            self.reply(self._via_init(request, []))
+            return
+        if self.plan is not None and self.plan.pidns and self.plan.mountns:
+            raise OSError(errno.ESRCH, "the workload PID namespace is gone")
+        self.reply(run_capture_call(request))
 
     def op_socket(self, request: dict[str, Any], fds: list[int]) -> None:
         close_all(fds)
@@ -545,39 +566,45 @@ class Zygote:
             sock.close()
 
     def op_spawn(self, request: dict[str, Any], fds: list[int]) -> None:
-        rid = request.get("id")
         if self.plan is None:
             raise OSError(errno.EAGAIN, "launcher not prepared")
         if self.spawner is not None:
-            reply, out = self.spawner.spawn(request, fds)
+            reply, pidfds = self.spawner.spawn(request, fds)
             try:
-                self.reply(reply, out)
+                self.reply(reply, pidfds)
             finally:
-                close_all(out)
+                close_all(pidfds)
             return
         if self.init_sock is None or self.pidns_gone:
             raise OSError(errno.ESRCH, "the workload PID namespace is gone")
+        out: list[int] = []
         try:
-            send(self.init_sock, request, fds)
-        finally:
-            close_all(fds)
-        reply, out = self._await_init_reply(rid)
-        try:
+            reply = self._via_init(request, fds, out)
             if reply.get("ok"):
                 self.init_live.add(int(request["sid"]))
             self.reply(reply, out)
         finally:
             close_all(out)
 
+    def _via_init(self, request: dict[str, Any], fds: list[int], out: list[int] | None = None) -> dict[str, Any]:
+        """Forward ``request`` (and ``fds``, closed here) to the init; return its reply, its fds into ``out``."""
+        assert self.init_sock is not None
+        try:
+            send(self.init_sock, request, fds)
+        finally:
+            close_all(fds)
+        reply, got = self._await_init_reply(request.get("id"))
+        if out is None:
+            close_all(got)
+        else:
+            out.extend(got)
+        return reply
+
     def _await_init_reply(self, rid: Any) -> tuple[dict[str, Any], list[int]]:
         sock = self.init_sock
         assert sock is not None
         while True:
-            select.select([sock], [], [])
-            try:
-                got = receive(sock)
-            except BlockingIOError:
-                continue
+            got = receive(sock)
             if got is None:
                 self._init_gone()
                 raise OSError(errno.ESRCH, "the workload PID namespace died during spawn")

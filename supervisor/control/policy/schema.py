@@ -22,30 +22,25 @@ import ipaddress
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from .ambiguity import Located, check_ambiguity
-from .errors import PolicyInvalid
-from .globs import GlobSyntaxError, compile_path_glob, compile_value_glob
+from .errors import PolicyError, PolicyInvalid
+from .globs import GlobSyntaxError, compile_path_glob
 from .hosts import validate_policy_host
 from .model import (
     AccessPreset,
     Binary,
-    Compatibility,
     Endpoint,
     Enforcement,
-    FilesystemPolicy,
-    L7Rule,
-    LandlockPolicy,
     NetworkRule,
     Policy,
-    ProcessPolicy,
     Protocol,
-    QueryMatcher,
     TlsMode,
 )
+from .schema_l7 import read_l7_rules
+from .schema_static import read_filesystem, read_landlock, read_process
 from .yamlnodes import Reader, line_of
 
 TOP_KEYS = ("version", "filesystem_policy", "landlock", "process", "network_policies", "network_middlewares")
@@ -82,15 +77,6 @@ ENDPOINT_NOT_YET = {
     "advisor_proposed": "the gateway-internal field advisor_proposed",
 }
 PROTOCOL_NOT_YET = {"graphql": "GraphQL", "json-rpc": "JSON-RPC", "mcp": "MCP", "sql": "SQL inspection"}
-L7_RULE_KEYS = ("method", "path", "query")
-L7_RULE_NOT_YET = {
-    "operation_type": "GraphQL rules (operation_type)",
-    "operation_name": "GraphQL rules (operation_name)",
-    "fields": "GraphQL rules (fields)",
-    "tool": "MCP rules (tool)",
-    "params": "JSON-RPC/MCP rules (params)",
-    "command": "SQL rules (command)",
-}
 TCP_FORBIDDEN = (
     "path",
     "enforcement",
@@ -102,11 +88,6 @@ TCP_FORBIDDEN = (
     "request_body_credential_rewrite",
     "credential_binding",
 )
-KNOWN_METHODS = {
-    Protocol.REST: {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "*"},
-    Protocol.WEBSOCKET: {"GET", "WEBSOCKET_TEXT", "*"},
-}
-_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _RULE_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}")
 ALWAYS_BLOCKED_NETS = tuple(
     ipaddress.ip_network(n)
@@ -122,9 +103,6 @@ ALWAYS_BLOCKED_NETS = tuple(
         "::ffff:0.0.0.0/128",
     )
 )
-MAX_FS_PATHS = 256
-MAX_FS_PATH_LEN = 4096
-MAX_ID = 4294967294
 
 Node = yaml.Node
 
@@ -143,8 +121,6 @@ def load_policy_file(path: Path) -> Policy:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        from .errors import PolicyError
-
         raise PolicyInvalid([PolicyError("", f"cannot read policy file: {exc}", source=str(path))]) from exc
     return load_policy_text(text, str(path))
 
@@ -178,9 +154,9 @@ class _Schema:
             version = r.integer(top["version"][1], "version")
             if version is not None and version != 1:
                 r.error("version", top["version"][1], f"unsupported policy version {version}", "1")
-        fs = self.filesystem(top["filesystem_policy"][1]) if "filesystem_policy" in top else None
-        landlock = self.landlock(top["landlock"][1]) if "landlock" in top else None
-        process = self.process(top["process"][1]) if "process" in top else None
+        fs = read_filesystem(self.r, top["filesystem_policy"][1]) if "filesystem_policy" in top else None
+        landlock = read_landlock(self.r, top["landlock"][1]) if "landlock" in top else None
+        process = read_process(self.r, top["process"][1]) if "process" in top else None
         rules: list[NetworkRule] = []
         if "network_policies" in top:
             rules = self.network_policies(top["network_policies"][1])
@@ -206,80 +182,6 @@ class _Schema:
             self.r.error("network_middlewares", node, "network middleware is not supported yet")
 
     # --- static sections ------------------------------------------------------------------------------
-
-    def filesystem(self, node: Node) -> FilesystemPolicy | None:
-        r, base = self.r, "filesystem_policy"
-        items = r.mapping(node, base)
-        if items is None:
-            return None
-        r.check_keys(items, base, ("include_workdir", "read_only", "read_write"))
-        include = False
-        if "include_workdir" in items:
-            include = bool(r.boolean(items["include_workdir"][1], f"{base}.include_workdir"))
-        lists: dict[str, tuple[str, ...]] = {}
-        total = 0
-        for key in ("read_only", "read_write"):
-            paths: list[str] = []
-            if key in items:
-                seq = r.sequence(items[key][1], f"{base}.{key}") or []
-                for i, item in enumerate(seq):
-                    where = f"{base}.{key}[{i}]"
-                    value = r.string(item, where, allow_empty=False)
-                    if value is None:
-                        continue
-                    if not value.startswith("/"):
-                        r.error(where, item, f"path {value!r} is not absolute", "an absolute path")
-                    elif ".." in value.split("/"):
-                        r.error(where, item, f"path {value!r} contains a '..' component")
-                    elif len(value) > MAX_FS_PATH_LEN:
-                        r.error(where, item, f"path is longer than {MAX_FS_PATH_LEN} characters")
-                    elif key == "read_write" and value.strip("/") == "":
-                        r.error(where, item, "read_write must not be the root directory")
-                    else:
-                        paths.append(value)
-                total += len(seq)
-            lists[key] = tuple(paths)
-        if total > MAX_FS_PATHS:
-            r.error(base, node, f"{total} filesystem paths; at most {MAX_FS_PATHS} are allowed")
-        return FilesystemPolicy(include, lists["read_only"], lists["read_write"])
-
-    def landlock(self, node: Node) -> LandlockPolicy | None:
-        r, base = self.r, "landlock"
-        items = r.mapping(node, base)
-        if items is None:
-            return None
-        r.check_keys(items, base, ("compatibility",))
-        if "compatibility" not in items:
-            return LandlockPolicy()
-        value = r.string(items["compatibility"][1], f"{base}.compatibility")
-        if value is None:
-            return None
-        try:
-            return LandlockPolicy(Compatibility(value))
-        except ValueError:
-            r.error(f"{base}.compatibility", items["compatibility"][1], f"unknown compatibility {value!r}",
-                        "best_effort or hard_requirement")
-            return None
-
-    def process(self, node: Node) -> ProcessPolicy | None:
-        r, base = self.r, "process"
-        items = r.mapping(node, base)
-        if items is None:
-            return None
-        r.check_keys(items, base, ("run_as_user", "run_as_group"))
-        ids: dict[str, str | None] = {"run_as_user": None, "run_as_group": None}
-        for key in ids:
-            if key not in items:
-                continue
-            value_node = items[key][1]
-            value = r.value(value_node) if isinstance(value_node, yaml.ScalarNode) else None
-            text = str(value) if isinstance(value, int | str) and not isinstance(value, bool) else None
-            if text == "sandbox" or (text is not None and text.isdigit() and 1 <= int(text) <= MAX_ID):
-                ids[key] = text if text == "sandbox" else str(int(text))
-            else:
-                r.error(f"{base}.{key}", value_node, f"invalid id {value!r}",
-                        f"'sandbox' or a numeric id in 1..{MAX_ID} (0/root is refused)")
-        return ProcessPolicy(ids["run_as_user"], ids["run_as_group"])
 
     # --- network --------------------------------------------------------------------------------------
 
@@ -493,8 +395,8 @@ class _Schema:
                     r.error(where("access"), a_node, f"unknown access preset {raw_a!r}",
                             "read-only, read-write or full")
 
-        rules = self.l7_rules(base, items, protocol, allow=True)
-        deny_rules = self.l7_rules(base, items, protocol, allow=False)
+        rules = read_l7_rules(self.r, base, items, protocol, allow=True)
+        deny_rules = read_l7_rules(self.r, base, items, protocol, allow=False)
 
         flags: dict[str, bool] = {}
         for flag in ("allow_encoded_slash", "websocket_credential_rewrite", "request_body_credential_rewrite",
@@ -606,145 +508,3 @@ class _Schema:
         return str(net)
 
     # --- L7 rules -------------------------------------------------------------------------------------
-
-    def l7_rules(
-        self, base: str, items: dict[str, tuple[Node, Node]], protocol: Protocol, *, allow: bool
-    ) -> tuple[L7Rule, ...] | None:
-        r = self.r
-        key = "rules" if allow else "deny_rules"
-        if key not in items:
-            return None
-        where = f"{base}.{key}"
-        seq = r.sequence(items[key][1], where)
-        if seq is None:
-            return None
-        if not seq:
-            r.error(where, items[key][1], f"{key} list cannot be empty")
-            return None
-        out: list[L7Rule] = []
-        lacking_allow = 0
-        for i, entry in enumerate(seq):
-            entry_path = f"{where}[{i}]"
-            body_node: Node = entry
-            if allow:
-                wrapper = r.mapping(entry, entry_path)
-                if wrapper is None:
-                    continue
-                r.check_keys(wrapper, entry_path, ("allow",))
-                if "allow" not in wrapper:
-                    lacking_allow += 1
-                    r.error(entry_path, entry, "rule has no allow clause", "{allow: {method: ..., path: ...}}")
-                    continue
-                body_node = wrapper["allow"][1]
-                entry_path = f"{entry_path}.allow"
-            rule = self.l7_rule(entry_path, body_node, protocol)
-            if rule is not None:
-                out.append(rule)
-        if allow and lacking_allow == len(seq):
-            r.error(where, items[key][1], "rules would deny all traffic: no entry has an allow clause")
-        return tuple(out)
-
-    def l7_rule(self, where: str, node: Node, protocol: Protocol) -> L7Rule | None:
-        r = self.r
-        items = r.mapping(node, where)
-        if items is None:
-            return None
-        r.check_keys(items, where, L7_RULE_KEYS, L7_RULE_NOT_YET)
-        method = path = None
-        if "method" not in items:
-            r.error(f"{where}.method", node, "missing required key 'method'", "an HTTP method or '*'")
-        else:
-            m_node = items["method"][1]
-            raw = r.string(m_node, f"{where}.method", allow_empty=False)
-            if raw is not None:
-                if raw != "*" and _TOKEN.fullmatch(raw) is None:
-                    r.error(f"{where}.method", m_node, f"invalid HTTP method {raw!r}", "an HTTP token or '*'")
-                else:
-                    method = raw.upper()
-                    known = KNOWN_METHODS.get(protocol, KNOWN_METHODS[Protocol.REST])
-                    if method not in known:
-                        r.warn(f"{where}.method", m_node, f"unusual method {raw!r} (known: {', '.join(sorted(known))})")
-        if "path" not in items:
-            r.error(f"{where}.path", node, "missing required key 'path'", "a path glob such as /repos/** or **")
-        else:
-            p_node = items["path"][1]
-            raw_path = r.string(p_node, f"{where}.path", allow_empty=False)
-            if raw_path is not None:
-                if not (raw_path.startswith("/") or raw_path.startswith("**")):
-                    r.error(f"{where}.path", p_node, f"rule path {raw_path!r} must start with '/' or '**'")
-                else:
-                    try:
-                        compile_path_glob(raw_path)
-                        path = raw_path
-                    except GlobSyntaxError as exc:
-                        r.error(f"{where}.path", p_node, f"invalid path glob: {exc}")
-        query: list[tuple[str, QueryMatcher]] = []
-        query_ok = True
-        if "query" in items:
-            q_items = r.mapping(items["query"][1], f"{where}.query")
-            if q_items is None:
-                query_ok = False
-            else:
-                for name, (_, value_node) in sorted(q_items.items()):
-                    matcher = self.query_matcher(f"{where}.query.{name}", value_node)
-                    if matcher is None:
-                        query_ok = False
-                    else:
-                        query.append((name, matcher))
-        if method is None or path is None or not query_ok:
-            return None
-        return L7Rule(method, path, tuple(query))
-
-    def query_matcher(self, where: str, node: Node) -> QueryMatcher | None:
-        r = self.r
-        globs: list[str] = []
-        if isinstance(node, yaml.ScalarNode):
-            value = r.string(node, where)
-            if value is None:
-                return None
-            globs = [value]
-        elif isinstance(node, yaml.MappingNode):
-            items = r.mapping(node, where)
-            if items is None:
-                return None
-            unknown = [k for k in items if k not in ("glob", "any")]
-            if unknown:
-                r.error(where, node, "unknown matcher keys; only `glob` or `any` are supported", "glob or any")
-                return None
-            if "glob" in items and "any" in items:
-                r.error(where, node, "matcher cannot specify both `glob` and `any`")
-                return None
-            if "glob" in items:
-                value = r.string(items["glob"][1], f"{where}.glob")
-                if value is None:
-                    return None
-                globs = [value]
-            elif "any" in items:
-                seq = r.sequence(items["any"][1], f"{where}.any")
-                if seq is None:
-                    return None
-                if not seq:
-                    r.error(f"{where}.any", items["any"][1], "any: list must not be empty")
-                    return None
-                for i, item in enumerate(seq):
-                    value = r.string(item, f"{where}.any[{i}]")
-                    if value is None:
-                        return None
-                    globs.append(value)
-            else:
-                r.error(where, node, "matcher needs `glob` or `any`")
-                return None
-        else:
-            r.error(where, node, "expected a glob string, {glob: ...} or {any: [...]}")
-            return None
-        for glob in globs:
-            try:
-                compile_value_glob(glob)
-            except GlobSyntaxError as exc:
-                r.error(where, node, f"invalid glob {glob!r}: {exc}")
-                return None
-        return QueryMatcher(tuple(globs))
-
-
-def policy_summary(policy: Policy) -> dict[str, Any]:
-    return {"rules": policy.rule_count, "endpoints": policy.endpoint_count, "hash": policy.digest}

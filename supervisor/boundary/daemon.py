@@ -1,0 +1,395 @@
+"""The boundary daemon: listens for control, runs the lifecycle, owns the workload.
+
+Order of events in a boundary's life:
+
+1. ``main`` loads the bootstrap bundle (refusing the other role's key), picks the privilege model and forks the
+   launcher — before ``trio.run`` and before any thread exists (DESIGN "Privilege models").
+2. The daemon listens (never ``SO_REUSEPORT``) and only listens: control dials. Every connection must complete
+   a TLS 1.3 handshake within a deadline and present a control certificate whose claims equal ours exactly;
+   anything else is logged with the peer and the failing field and closed, and the daemon keeps serving.
+3. ``attach`` prepares the agent's namespaces; ``confirm`` reads the fence back; ``start`` launches the agent.
+4. Agent exit ends Running: every workload process is terminated, the result is kept for ``wait``, and the
+   daemon exits with the agent's rendered code once control acknowledged it (or after ``exit_linger``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from supervisor.boundary.forward import open_forward, splice
+from supervisor.boundary.process import (
+    Launcher,
+    LauncherError,
+    NamespacePlan,
+    Prepared,
+)
+from supervisor.boundary.process.environment import build_process_spec, managed_env
+from supervisor.boundary.process.exec_session import pump_exec
+from supervisor.boundary.process.table import ProcessTable
+from supervisor.jsonlog import JsonLog
+from supervisor.link.h2link import Link, LinkStream
+from supervisor.link.rpc import Accept, Router
+from supervisor.link.tls_link import Refused, accept_link
+from supervisor.protocol.attach import AttachRequest, CaptureMode, parse_attach
+from supervisor.protocol.certs import Bundle
+from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.lifecycle import Lifecycle, Op
+from supervisor.protocol.process_ops import (
+    parse_exec_request,
+    parse_forward_request,
+    parse_signal_request,
+    parse_terminate_request,
+    parse_wait_request,
+)
+from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS, server_context
+
+EXIT_SELF_FAILED = 125
+
+
+@dataclass
+class BoundaryConfig:
+    bundle: Bundle
+    agent_argv: tuple[str, ...]
+    listen_host: str = "0.0.0.0"
+    listen_port: int = 7443
+    port_file: Path | None = None
+    workdir: str = "/"
+    agent_tty: bool = False
+    agent_stdio: str = "inherit"  # "inherit" (dev mode, container stdout) or "pipe"
+    privilege_model: str = "R"
+    model_reason: str = ""
+    hide_paths: tuple[str, ...] = ()
+    exit_linger_s: float = 60.0
+    acknowledge_external_fence: bool = False
+    log: JsonLog = field(default_factory=lambda: JsonLog("boundary"))
+
+
+class BoundaryDaemon:
+    def __init__(self, cfg: BoundaryConfig, launcher: Launcher) -> None:
+        self.cfg = cfg
+        self.log = cfg.log
+        self.launcher = launcher
+        self.lifecycle = Lifecycle()
+        self.instance = str(uuid.uuid4())
+        self.table = ProcessTable(launcher, log=self.log)
+        self.attach: AttachRequest | None = None
+        self.prepared: Prepared | None = None
+        self.fence: dict[str, Any] | None = None
+        self.policy_generation_acked: int | None = None
+        self.exit_acked = trio.Event()
+        self.exit_code: int | None = None
+        self.links: set[Link] = set()
+        self.router = self._make_router()
+        self._nursery: trio.Nursery | None = None
+
+    # -- serving ----------------------------------------------------------------------------------------------
+    async def serve(self) -> int:
+        ctx = server_context(self.cfg.bundle, (ALPN_OPS, ALPN_EGRESS))
+        listeners = await trio.open_tcp_listeners(self.cfg.listen_port, host=self.cfg.listen_host)
+        port = listeners[0].socket.getsockname()[1]
+        if self.cfg.port_file is not None:
+            tmp = self.cfg.port_file.with_suffix(".tmp")
+            tmp.write_text(str(port))
+            tmp.rename(self.cfg.port_file)
+        self.log.emit(
+            "boundary.listening",
+            address=f"{self.cfg.listen_host}:{port}",
+            privilege_model=self.cfg.privilege_model,
+            model_reason=self.cfg.model_reason,
+            instance=self.instance,
+        )
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await nursery.start(self.table.run)
+            nursery.start_soon(self._signals, nursery)
+            nursery.start_soon(self._watch_agent, nursery)
+            nursery.start_soon(trio.serve_listeners, lambda s: self._connection(s, ctx), listeners)
+        code = self.exit_code if self.exit_code is not None else EXIT_SELF_FAILED
+        self.log.emit("boundary.exit", code=code)
+        return code
+
+    async def _signals(self, nursery: trio.Nursery) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                self.log.emit("boundary.signal", signal=signal.Signals(signum).name)
+                if self.table.agent is not None and self.table.agent.result is None:
+                    await self.table.end_all("shutdown")
+                    # _watch_agent records the agent's result and ends the daemon.
+                    self.exit_acked.set()
+                    return
+                await self.table.end_all("shutdown")
+                self.exit_code = 128 + signum
+                nursery.cancel_scope.cancel()
+                return
+
+    async def _watch_agent(self, nursery: trio.Nursery) -> None:
+        await self.table.agent_exited.wait()
+        agent = self.table.agent
+        assert agent is not None
+        result = await agent.wait_result()
+        self.lifecycle.end()
+        self.exit_code = int(result.get("rendered", EXIT_SELF_FAILED))
+        self.log.emit("agent.exited", handle=agent.handle, result=result)
+        await self.table.end_all("agent-exit")
+        with trio.move_on_after(self.cfg.exit_linger_s) as scope:
+            await self.exit_acked.wait()
+        if scope.cancelled_caught:
+            self.log.emit("boundary.exit-linger-expired", linger_s=self.cfg.exit_linger_s)
+        await trio.sleep(0.05)  # let the acknowledgement's reply reach control
+        nursery.cancel_scope.cancel()
+
+    async def _connection(self, stream: trio.SocketStream, ctx: Any) -> None:
+        try:
+            tls, claims, alpn = await accept_link(stream, ctx, self.cfg.bundle)
+        except Refused as exc:
+            self.log.emit("link.refused", peer=exc.peer, field=exc.field, reason=exc.reason)
+            return
+        peer = f"{claims.control_deployment}"
+        if alpn == ALPN_OPS:
+            link = Link(tls, client=False, handler=self.router.handle, name=f"ops:{peer}")
+        else:
+            # Egress links arrive with the capture work; until then they are refused after authentication.
+            self.log.emit("link.refused", peer=peer, field="alpn", reason=f"{alpn} links are not served yet")
+            await trio.aclose_forcefully(tls)
+            return
+        self.links.add(link)
+        self.log.emit("link.up", peer=peer, alpn=alpn, links=len(self.links))
+        try:
+            await link.run()
+        finally:
+            self.links.discard(link)
+            self.log.emit("link.down", peer=peer, alpn=alpn, reason=link.close_reason, links=len(self.links))
+
+    # -- operations ---------------------------------------------------------------------------------------------
+    def _make_router(self) -> Router:
+        router = Router()
+        router.unary("/v1/attach", self.op_attach)
+        router.unary("/v1/confirm", self.op_confirm)
+        router.unary("/v1/start", self.op_start)
+        router.unary("/v1/resume", self.op_resume)
+        router.unary("/v1/status", self.op_status)
+        router.unary("/v1/wait", self.op_wait)
+        router.unary("/v1/signal", self.op_signal)
+        router.unary("/v1/terminate", self.op_terminate)
+        router.unary("/v1/policy-ack", self.op_policy_ack)
+        router.unary("/v1/agent/exit-ack", self.op_exit_ack)
+        router.channel("/v1/exec", self.op_exec)
+        router.channel("/v1/forward", self.op_forward)
+        return router
+
+    def _agent_ids(self, attach: AttachRequest) -> tuple[int, int]:
+        """Model R runs the agent as the descriptor's uid; U and P as the boundary's own (spec §2.9)."""
+        if self.cfg.privilege_model == "R":
+            if attach.agent_uid == os.geteuid():
+                raise OpError(ErrorKind.INVALID, "agent uid must differ from the boundary's in model R", "agent_uid")
+            return attach.agent_uid, attach.agent_gid
+        return os.geteuid(), os.getegid()
+
+    async def op_attach(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.lifecycle.check(Op.ATTACH)
+        attach = parse_attach(body, self.cfg.bundle.claims)
+        self._agent_ids(attach)
+        if attach.capture_mode is CaptureMode.PROXY_ENV and not (
+            attach.acknowledge_external_fence and self.cfg.acknowledge_external_fence
+        ):
+            raise OpError(
+                ErrorKind.DENIED,
+                "proxy-env needs the external-fence acknowledgement in both the boundary's configuration and the "
+                "descriptor",
+                field="capture_mode",
+            )
+        model = self.cfg.privilege_model
+        netns = attach.capture_mode is CaptureMode.NETNS and model != "P"
+        if attach.capture_mode is CaptureMode.NETNS and model == "P":
+            raise OpError(ErrorKind.DENIED, "model P has no network namespace: only proxy-env", field="capture_mode")
+        hide = (*self.cfg.hide_paths, str(self.cfg.bundle.directory)) if model != "P" else ()
+        plan = NamespacePlan(model, netns=netns, pidns=model != "P", mountns=model != "P", hide_paths=hide)  # type: ignore[arg-type]
+        try:
+            self.prepared = await self.launcher.prepare(plan)
+        except (LauncherError, OSError) as exc:
+            self._fatal(f"namespace setup failed: {exc}")
+            raise OpError(ErrorKind.FAILED, f"namespace setup failed: {exc}", stage="prepare") from exc
+        self.attach = attach
+        self.policy_generation_acked = attach.policy_generation
+        self.lifecycle.advance(Op.ATTACH)
+        self.log.emit(
+            "lifecycle.bound", capture_mode=str(attach.capture_mode), privilege_model=model,
+            policy_generation=attach.policy_generation,
+        )  # fmt: skip
+        return {
+            "state": str(self.lifecycle.state),
+            "boundary_instance": self.instance,
+            "privilege_model": model,
+            "capture": {"mode": str(attach.capture_mode), "netns": netns, **(self.prepared.report or {})},
+        }
+
+    async def op_confirm(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.lifecycle.check(Op.CONFIRM)
+        assert self.attach is not None and self.prepared is not None
+        fence: dict[str, Any] = {"mode": str(self.attach.capture_mode), "privilege_model": self.cfg.privilege_model}
+        if self.attach.capture_mode is CaptureMode.NETNS:
+            try:
+                report = await self.launcher.capture_call("inspect", {})
+            except (LauncherError, OSError) as exc:
+                report = {"ok": False, "problems": [f"inspect failed: {exc}"]}
+            if not report.get("ok", False):
+                self._fatal(f"fence not in force: {report.get('problems')}")
+                raise OpError(ErrorKind.FAILED, f"fence not in force: {report.get('problems')}", stage="confirm")
+            fence.update(fingerprint=report.get("fingerprint"), links=report.get("links"), probe="not-run")
+        else:
+            fence.update(fingerprint=None, probe="external-fence-acknowledged")
+        self.fence = fence
+        self.lifecycle.advance(Op.CONFIRM)
+        self.log.emit("lifecycle.ready", fence=fence)
+        return {"state": str(self.lifecycle.state), "fence": fence}
+
+    def _managed_env(self) -> dict[str, str]:
+        ca = self.attach.interception_ca_pem if self.attach else None
+        if ca is None:
+            return managed_env(ca_cert=None, ca_bundle=None)
+        return managed_env()
+
+    async def op_start(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.lifecycle.check(Op.START)
+        assert self.attach is not None
+        uid, gid = self._agent_ids(self.attach)
+        request = parse_exec_request({"argv": list(self.cfg.agent_argv), "cwd": self.cfg.workdir, "tty": False})
+        spec = build_process_spec(
+            request, agent_uid=uid, agent_gid=gid, managed_env=self._managed_env(), default_cwd=self.cfg.workdir,
+            landlock=None, provider_env=self.attach.credential_placeholders,
+        )  # fmt: skip
+        if self.cfg.agent_stdio == "inherit":
+            spec = dataclasses.replace(spec, stdin="inherit", stdout="inherit", stderr="inherit")
+        try:
+            entry = await self.table.start(spec, kind="agent")
+        except OpError as exc:
+            self.lifecycle.end()
+            self.exit_code = _launch_exit_code(exc)
+            self.log.emit("agent.launch-failed", error=exc.to_json(), exit_code=self.exit_code)
+            self._end_soon()
+            raise
+        self.lifecycle.advance(Op.START)
+        self.log.emit("lifecycle.running", agent=entry.handle, argv=list(self.cfg.agent_argv))
+        return {"state": str(self.lifecycle.state), "agent": entry.handle}
+
+    async def op_resume(self, body: dict[str, Any]) -> dict[str, Any]:
+        # The link's claims were verified exactly equal to ours (generation included) before any request.
+        self.lifecycle.check(Op.RESUME)
+        return self._status()
+
+    async def op_status(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._status()
+
+    def _status(self) -> dict[str, Any]:
+        agent = self.table.agent
+        return {
+            "state": str(self.lifecycle.state),
+            "boundary_instance": self.instance,
+            "privilege_model": self.cfg.privilege_model,
+            "capture_mode": str(self.attach.capture_mode) if self.attach else None,
+            "fence": self.fence,
+            "policy_generation": self.policy_generation_acked,
+            "agent": None if agent is None else {"handle": agent.handle, "result": agent.result},
+            "processes": self.table.live(),
+            "links": len(self.links),
+        }
+
+    async def op_wait(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.lifecycle.check(Op.WAIT)
+        req = parse_wait_request(body)
+        return await self.table.wait(req.handle, req.timeout_s)
+
+    async def op_signal(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.lifecycle.check(Op.SIGNAL)
+        req = parse_signal_request(body)
+        self.table.signal(req.handle, req.signal, str(req.scope))
+        return {"handle": req.handle, "signal": req.signal, "delivered": True}
+
+    async def op_terminate(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.lifecycle.check(Op.TERMINATE)
+        req = parse_terminate_request(body)
+        return await self.table.terminate(req.handle, req.grace_s)
+
+    async def op_policy_ack(self, body: dict[str, Any]) -> dict[str, Any]:
+        generation = body.get("policy_generation")
+        if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
+            raise OpError(ErrorKind.INVALID, "policy_generation must be a non-negative integer", "policy_generation")
+        self.policy_generation_acked = generation
+        self.log.emit("policy.acknowledged", policy_generation=generation)
+        return {"policy_generation": generation}
+
+    async def op_exit_ack(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.lifecycle.check(Op.EXIT_ACK)
+        self.exit_acked.set()
+        return {"acknowledged": True}
+
+    async def op_exec(self, body: dict[str, Any], stream: LinkStream, accept: Accept) -> None:
+        self.lifecycle.check(Op.EXEC)
+        assert self.attach is not None
+        request = parse_exec_request(body)
+        uid, gid = self._agent_ids(self.attach)
+        spec = build_process_spec(
+            request, agent_uid=uid, agent_gid=gid, managed_env=self._managed_env(), default_cwd=self.cfg.workdir,
+            landlock=None, provider_env=self.attach.credential_placeholders,
+        )  # fmt: skip
+        entry = await self.table.start(spec, kind="exec", timeout_s=request.timeout_s, grace_s=request.grace_s)
+        await accept({"handle": entry.handle, "tty": entry.tty})
+        await pump_exec(entry, stream)
+
+    async def op_forward(self, body: dict[str, Any], stream: LinkStream, accept: Accept) -> None:
+        self.lifecycle.check(Op.FORWARD)
+        target = parse_forward_request(body, self._reserved_ports())
+        local = await open_forward(self.launcher, target.host, target.port, self._reserved_ports())
+        await accept({"host": target.host, "port": target.port})
+        sent, received = await splice(stream, local)
+        self.log.emit("forward.closed", host=target.host, port=target.port, bytes_in=sent, bytes_out=received)
+
+    def _reserved_ports(self) -> set[int]:
+        ports = {self.cfg.listen_port}
+        if self.prepared is not None:
+            ports.update(int(p) for p in (self.prepared.report or {}).get("reserved_ports", []))
+        return ports
+
+    # -- failure ------------------------------------------------------------------------------------------------
+    def _fatal(self, reason: str) -> None:
+        """An authenticated lifecycle step failed: reply, then exit non-zero (spec §1.1)."""
+        self.log.emit("lifecycle.failed", reason=reason)
+        self.lifecycle.end()
+        self.exit_code = EXIT_SELF_FAILED
+        self._end_soon()
+
+    def _end_soon(self) -> None:
+        async def later() -> None:
+            await trio.sleep(0.5)  # let the error reply reach control
+            if self._nursery is not None:
+                self._nursery.cancel_scope.cancel()
+
+        if self._nursery is not None:
+            self._nursery.start_soon(later)
+
+
+def _launch_exit_code(error: OpError) -> int:
+    import errno as _errno
+
+    if error.errno == _errno.ENOENT:
+        return 127
+    if error.errno in (_errno.EACCES, _errno.ENOEXEC, _errno.EPERM):
+        return 126
+    return EXIT_SELF_FAILED
+
+
+def run(cfg: BoundaryConfig) -> int:
+    """Fork the launcher first (no thread may exist yet), then run the daemon under trio."""
+    launcher = Launcher.fork()
+    try:
+        return trio.run(BoundaryDaemon(cfg, launcher).serve)
+    finally:
+        launcher.close()

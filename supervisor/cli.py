@@ -1,0 +1,265 @@
+"""The ``openshell-sandbox`` entrypoint: the two daemons (``--mode``) and the operator subcommands.
+
+Streams are for payload: a client subcommand writes the remote process's stdout to stdout and its stderr to
+stderr; messages from openshell-sandbox itself go to stderr. Exit codes: the remote code, 128+N for a
+signal, 125 when openshell-sandbox itself failed, 126/127 when a launch failed, 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+
+EXIT_SELF_FAILED = 125
+
+DAEMON_HELP = """\
+daemons:
+  openshell-sandbox --mode=boundary --bootstrap DIR [--listen ADDR:PORT] -- AGENT ARGV...
+  openshell-sandbox --mode=control --bootstrap DIR --boundary HOST:PORT [--policy FILE] [--api PATH]
+
+operator commands (find the running sandbox's API socket by themselves; --api to choose):
+  dev       run CMD as the agent in a local two-process sandbox
+  status    show the sandbox's status (readiness, lifecycle, policy)
+  exec      run a command in the workload (-i for stdin, -t for a terminal)
+  wait      wait for a process handle's result
+  signal    send a signal to a process handle
+  terminate terminate a process handle and its descendants
+  forward   forward a local TCP port to a loopback port inside the workload
+  policy    check a policy file, or ask what it decides
+  certs     mint the bootstrap bundle for a sandbox
+"""
+
+
+def _err(message: str) -> None:
+    print(f"openshell-sandbox: {message}", file=sys.stderr)
+
+
+# -- daemons ------------------------------------------------------------------------------------------------------
+
+
+def _host_port(text: str, flag: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535 or not host:
+        raise argparse.ArgumentTypeError(f"{flag} must be HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def daemon_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="openshell-sandbox",
+        description="Supervisor daemons of an AI-agent sandbox.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=DAEMON_HELP,
+    )
+    p.add_argument("--mode", required=True, choices=["control", "boundary"], help="which daemon to run")
+    p.add_argument("--bootstrap", required=True, type=Path, help="this role's bootstrap bundle directory")
+    p.add_argument("--log-stream", choices=["stdout", "stderr"], default="stdout", help="where JSON logs go")
+    b = p.add_argument_group("boundary")
+    b.add_argument("--listen", default="0.0.0.0:7443", help="address the boundary listens on (default %(default)s)")
+    b.add_argument("--port-file", type=Path, help="write the bound port here once listening")
+    b.add_argument("--privilege-model", default="auto", choices=["auto", "R", "U", "P"], help="see docs")
+    b.add_argument("--workdir", default="/", help="the agent's working directory (default %(default)s)")
+    b.add_argument("--hide-path", action="append", default=[], help="cover this directory in the agent's view")
+    b.add_argument("--exit-linger", type=float, default=60.0, help="seconds to wait for control's exit ack")
+    b.add_argument("--agent-stdio", choices=["inherit", "pipe"], default="inherit")
+    c = p.add_argument_group("control")
+    c.add_argument("--boundary", help="HOST:PORT of the boundary to dial")
+    c.add_argument("--policy", type=Path, help="policy YAML (default: the embedded deny-all policy)")
+    c.add_argument("--policy-failure-mode", choices=["fail-closed", "retain-last-valid"], default="fail-closed")
+    c.add_argument("--api", type=Path, help="operator API socket path")
+    c.add_argument("--agent-user", default="1000:1000", help="UID:GID of the agent in model R")
+    c.add_argument("--dns-server", action="append", default=[], help="resolver ADDR[:PORT] (repeatable)")
+    c.add_argument("--capture-mode", choices=["netns", "proxy-env"], default="netns")
+    p.add_argument(
+        "--acknowledge-external-fence",
+        action="store_true",
+        help="the pod's NetworkPolicy is an enforcing fence (required for proxy-env)",
+    )
+    p.add_argument("agent_argv", nargs="*", help="boundary: the agent's argv (after --)")
+    return p
+
+
+def run_daemon(argv: list[str]) -> int:
+    from supervisor.jsonlog import JsonLog
+    from supervisor.protocol.certs import BundleError, load_bundle
+    from supervisor.protocol.claims import Role
+
+    args = daemon_parser().parse_args(argv)
+    stream = sys.stderr if args.log_stream == "stderr" else sys.stdout
+    role = Role(args.mode)
+    try:
+        bundle = load_bundle(args.bootstrap, role)
+    except BundleError as exc:
+        _err(f"--bootstrap: {exc}")
+        return EXIT_SELF_FAILED
+    log = JsonLog(args.mode, stream=stream, sandbox=bundle.claims.sandbox)
+    if role is Role.BOUNDARY:
+        return _run_boundary(args, bundle, log)
+    return _run_control(args, bundle, log)
+
+
+def _run_boundary(args: argparse.Namespace, bundle: Any, log: Any) -> int:
+    from supervisor.boundary import daemon
+    from supervisor.boundary.process import LauncherError, detect_privilege_model
+
+    if not args.agent_argv:
+        _err("--mode=boundary needs the agent's argv after --")
+        return 2
+    host, port = _host_port(args.listen, "--listen")
+    try:
+        model, reason = detect_privilege_model(args.privilege_model)
+    except LauncherError as exc:
+        _err(f"--privilege-model={args.privilege_model}: {exc}")
+        return EXIT_SELF_FAILED
+    cfg = daemon.BoundaryConfig(
+        bundle=bundle, agent_argv=tuple(args.agent_argv), listen_host=host, listen_port=port,
+        port_file=args.port_file, workdir=args.workdir, agent_stdio=args.agent_stdio, privilege_model=model,
+        model_reason=reason, hide_paths=tuple(args.hide_path), exit_linger_s=args.exit_linger,
+        acknowledge_external_fence=args.acknowledge_external_fence, log=log,
+    )  # fmt: skip
+    return daemon.run(cfg)
+
+
+def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
+    from supervisor.control import daemon
+    from supervisor.control.api import runtime_socket_path
+    from supervisor.control.policy import PolicyInvalid, PolicyStore, compile_policy, load_policy_file
+    from supervisor.control.policy.schema import load_default_policy
+    from supervisor.protocol.attach import CaptureMode
+
+    if not args.boundary:
+        _err("--mode=control needs --boundary HOST:PORT")
+        return 2
+    host, port = _host_port(args.boundary, "--boundary")
+    try:
+        policy = load_policy_file(args.policy) if args.policy else load_default_policy()
+    except PolicyInvalid as exc:
+        for error in exc.errors:
+            _err(str(error))
+        return EXIT_SELF_FAILED
+    except OSError as exc:
+        _err(f"--policy: cannot read {args.policy}: {exc.strerror}")
+        return EXIT_SELF_FAILED
+    source = str(args.policy) if args.policy else "embedded default (deny all)"
+    store = PolicyStore(compile_policy(policy), failure_mode=args.policy_failure_mode, source=source)
+    try:
+        uid_text, _, gid_text = args.agent_user.partition(":")
+        agent_uid, agent_gid = int(uid_text), int(gid_text or uid_text)
+    except ValueError:
+        _err(f"--agent-user must be UID:GID, got {args.agent_user!r}")
+        return 2
+    cfg = daemon.ControlConfig(
+        bundle=bundle, boundary_host=host, boundary_port=port, policy=store,
+        api_path=args.api or runtime_socket_path(bundle.claims.sandbox), agent_uid=agent_uid, agent_gid=agent_gid,
+        capture_mode=CaptureMode(args.capture_mode), acknowledge_external_fence=args.acknowledge_external_fence,
+        policy_file=args.policy, log=log,
+    )  # fmt: skip
+    return daemon.run(cfg)
+
+
+# -- operator subcommands ----------------------------------------------------------------------------------------
+
+
+def command_parser() -> argparse.ArgumentParser:
+    from supervisor.certs_cli import add_certs_parser
+    from supervisor.policy_cli import add_policy_parser
+
+    p = argparse.ArgumentParser(
+        prog="openshell-sandbox",
+        description="Supervisor daemons of an AI-agent sandbox, and the commands that drive them.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=DAEMON_HELP,
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    dev = sub.add_parser("dev", help="run CMD as the agent in a local two-process sandbox")
+    dev.add_argument("--policy", type=Path, help="policy YAML (default: embedded deny-all)")
+    dev.add_argument("--dns-server", action="append", default=[], help="control's resolver ADDR[:PORT]")
+    dev.add_argument("--privilege-model", default="auto", choices=["auto", "R", "U", "P"])
+    dev.add_argument("--workdir", default="/", help="the agent's working directory (default %(default)s)")
+    dev.add_argument("--agent-user", help="UID:GID of the agent in model R (default 1000:1000)")
+    dev.add_argument("argv", nargs="+", metavar="CMD", help="the agent command (after --)")
+
+    def with_api(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        parser.add_argument("--api", help="operator API socket (default: find the running sandbox)")
+        return parser
+
+    status = with_api(sub.add_parser("status", help="show the sandbox's status"))
+    status.add_argument("--json", action="store_true", help="print the raw JSON")
+    with_api(sub.add_parser("readyz", help="exit 0 when the sandbox is ready, 1 with the failing conditions"))
+
+    ex = with_api(sub.add_parser("exec", help="run a command in the workload"))
+    ex.add_argument("-i", "--interactive", action="store_true", help="forward stdin")
+    ex.add_argument("-t", "--tty", action="store_true", help="allocate a terminal")
+    ex.add_argument("--env", action="append", default=[], metavar="K=V", help="environment (repeatable)")
+    ex.add_argument("--workdir", help="working directory in the workload")
+    ex.add_argument("--timeout", type=float, default=0, help="terminate after this many seconds (0: never)")
+    ex.add_argument("argv", nargs="+", metavar="CMD")
+
+    wait = with_api(sub.add_parser("wait", help="wait for a process handle's result"))
+    wait.add_argument("handle", nargs="?", help="process handle (default: the agent)")
+    wait.add_argument("--timeout", type=float, help="give up after this many seconds")
+
+    sig = with_api(sub.add_parser("signal", help="send a signal to a process handle"))
+    sig.add_argument("signal", help="TERM, INT, HUP, KILL, …")
+    sig.add_argument("handle", nargs="?", help="process handle (default: the agent)")
+    sig.add_argument("--group", action="store_true", help="signal the handle's process group")
+
+    term = with_api(sub.add_parser("terminate", help="terminate a process handle and its descendants"))
+    term.add_argument("handle", nargs="?", help="process handle (default: the agent)")
+    term.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")
+
+    fwd = with_api(sub.add_parser("forward", help="forward a local port into the workload's loopback"))
+    fwd.add_argument("spec", metavar="[LOCAL_ADDR:]LOCAL_PORT:[REMOTE_HOST:]REMOTE_PORT")
+
+    add_policy_parser(sub)
+    add_certs_parser(sub)
+    return p
+
+
+def run_command(argv: list[str]) -> int:
+    args = command_parser().parse_args(argv)
+    if args.command is None:
+        command_parser().print_help(sys.stderr)
+        return 2
+    if args.command == "dev":
+        from supervisor.dev import DevOptions, run_dev
+
+        opts = DevOptions(
+            argv=args.argv, policy=args.policy, dns_servers=tuple(args.dns_server),
+            privilege_model=args.privilege_model, workdir=args.workdir, agent_user=args.agent_user,
+        )  # fmt: skip
+        return run_dev(opts)
+    if args.command == "policy":
+        from supervisor.policy_cli import run_policy
+
+        return run_policy(args)
+    if args.command == "certs":
+        from supervisor.certs_cli import run_certs
+
+        return run_certs(args)
+    from supervisor import client_commands
+    from supervisor.api_client import ApiError
+
+    try:
+        return trio.run(client_commands.run, args)
+    except ApiError as exc:
+        _err(str(exc))
+        return EXIT_SELF_FAILED
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    head = argv[: argv.index("--")] if "--" in argv else argv
+    if any(a == "--mode" or a.startswith("--mode=") for a in head):
+        return run_daemon(argv)
+    return run_command(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

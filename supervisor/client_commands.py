@@ -1,0 +1,203 @@
+"""The operator subcommands that talk to control's API: status, readyz, exec, wait, signal, terminate, forward."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from supervisor.api_client import ApiError, find_api, open_channel, request_json
+from supervisor.control.relay import relay
+from supervisor.exec_client import run_exec_client
+
+EXIT_SELF_FAILED = 125
+
+
+def _print_json(body: dict[str, Any]) -> None:
+    print(json.dumps(body, indent=2, sort_keys=True))
+
+
+def _fail(status: int, body: dict[str, Any]) -> int:
+    reason = body.get("reason") or body.get("raw") or f"HTTP {status}"
+    kind = body.get("kind", "error")
+    print(f"openshell-sandbox: {kind}: {reason}", file=sys.stderr)
+    return EXIT_SELF_FAILED
+
+
+async def _agent_handle(api: Path) -> str:
+    status, body = await request_json(api, "GET", "/v1/status")
+    handle = ((body.get("boundary") or {}).get("agent") or {}).get("handle")
+    if status != 200 or not handle:
+        raise ApiError("the agent has no handle yet (is the sandbox running?)")
+    return str(handle)
+
+
+async def run(args: argparse.Namespace) -> int:
+    api = find_api(args.api)
+    command = args.command
+    if command == "status":
+        return await _status(api, args.json)
+    if command == "readyz":
+        status, body = await request_json(api, "GET", "/readyz")
+        for condition in body.get("failing", []):
+            print(condition, file=sys.stderr)
+        return 0 if status == 200 else 1
+    if command == "exec":
+        return await _exec(api, args)
+    if command == "forward":
+        return await _forward(api, args.spec)
+    handle = args.handle or await _agent_handle(api)
+    if command == "wait":
+        body_in: dict[str, Any] = {"handle": handle}
+        if args.timeout is not None:
+            body_in["timeout_s"] = args.timeout
+        status, body = await request_json(api, "POST", "/v1/wait", body_in)
+        if status != 200:
+            return _fail(status, body)
+        _print_json(body)
+        rendered = body.get("rendered")
+        return rendered if isinstance(rendered, int) else EXIT_SELF_FAILED
+    if command == "signal":
+        scope = "group" if args.group else "process"
+        request = {"handle": handle, "signal": args.signal.upper().removeprefix("SIG"), "scope": scope}
+        status, body = await request_json(api, "POST", "/v1/signal", request)
+    else:  # terminate
+        status, body = await request_json(api, "POST", "/v1/terminate", {"handle": handle, "grace_s": args.grace})
+    if status != 200:
+        return _fail(status, body)
+    _print_json(body)
+    return 0
+
+
+async def _status(api: Path, raw: bool) -> int:
+    status, body = await request_json(api, "GET", "/v1/status")
+    if status != 200:
+        return _fail(status, body)
+    if raw:
+        _print_json(body)
+        return 0
+    boundary = body.get("boundary") or {}
+    policy = body.get("policy") or {}
+    agent = boundary.get("agent") or {}
+    lines = [
+        f"sandbox     {body.get('namespace')}/{body.get('sandbox')} (generation {body.get('generation')})",
+        f"ready       {'yes' if body.get('ready') else 'no'}",
+        f"link        {'up' if (body.get('link') or {}).get('up') else 'down'}",
+        f"lifecycle   {boundary.get('state', 'unknown')}  model {boundary.get('privilege_model', '?')}"
+        f"  capture {boundary.get('capture_mode', '?')}",
+        f"policy      generation {policy.get('generation')} {policy.get('status')}  ({policy.get('source')})"
+        f"  acknowledged {boundary.get('policy_generation')}",
+        f"agent       {agent.get('handle', '-')}  {json.dumps(agent.get('result')) if agent.get('result') else ''}",
+        f"processes   {len(boundary.get('processes') or [])} running",
+    ]
+    print("\n".join(lines))
+    return 0
+
+
+def _parse_env(pairs: list[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ApiError(f"--env takes K=V, got {pair!r}")
+        env[key] = value
+    return env
+
+
+async def _exec(api: Path, args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {
+        "argv": args.argv,
+        "env": _parse_env(args.env),
+        "tty": bool(args.tty),
+        "stdin": "pipe" if args.interactive else "null",
+        "timeout_s": args.timeout,
+    }
+    if args.workdir:
+        body["cwd"] = args.workdir
+    if args.tty:
+        import os
+        import shutil
+
+        size = shutil.get_terminal_size() if os.isatty(1) else os.terminal_size((80, 24))
+        body["cols"], body["rows"] = size.columns, size.lines
+    try:
+        stream, _reply = await open_channel(api, "/v1/exec", body)
+    except ApiError as exc:
+        return _launch_failure(exc)
+    async with stream:
+        return await run_exec_client(stream, tty=bool(args.tty), interactive=bool(args.interactive))
+
+
+def _launch_failure(exc: ApiError) -> int:
+    body = exc.body
+    print(f"openshell-sandbox: {body.get('kind', 'error')}: {exc}", file=sys.stderr)
+    import errno
+
+    if body.get("stage") and body.get("errno") == errno.ENOENT:
+        return 127
+    if body.get("stage") and body.get("errno") in (errno.EACCES, errno.ENOEXEC, errno.EPERM):
+        return 126
+    return EXIT_SELF_FAILED
+
+
+def parse_forward_spec(spec: str) -> tuple[str, int, str, int]:
+    """``[LOCAL_ADDR:]LOCAL_PORT:[REMOTE_HOST:]REMOTE_PORT``; remote host defaults to 127.0.0.1."""
+    parts = _split_spec(spec)
+    if len(parts) == 2:
+        local_addr, local_port, remote_host, remote_port = "127.0.0.1", parts[0], "127.0.0.1", parts[1]
+    elif len(parts) == 3:
+        if parts[0].isdigit():
+            local_addr, local_port, remote_host, remote_port = "127.0.0.1", parts[0], parts[1], parts[2]
+        else:
+            local_addr, local_port, remote_host, remote_port = parts[0], parts[1], "127.0.0.1", parts[2]
+    elif len(parts) == 4:
+        local_addr, local_port, remote_host, remote_port = parts
+    else:
+        raise ApiError(f"forward spec {spec!r} is not [LOCAL_ADDR:]LOCAL_PORT:[REMOTE_HOST:]REMOTE_PORT")
+    if not (local_port.isdigit() and remote_port.isdigit()):
+        raise ApiError(f"forward spec {spec!r}: ports must be numbers")
+    return local_addr, int(local_port), remote_host, int(remote_port)
+
+
+def _split_spec(spec: str) -> list[str]:
+    parts: list[str] = []
+    rest = spec
+    while rest:
+        if rest.startswith("["):
+            end = rest.find("]")
+            if end < 0:
+                raise ApiError(f"forward spec {spec!r}: unclosed [")
+            parts.append(rest[1:end])
+            rest = rest[end + 1 :].removeprefix(":")
+        else:
+            head, _, rest = rest.partition(":")
+            parts.append(head)
+    return parts
+
+
+async def _forward(api: Path, spec: str) -> int:
+    local_addr, local_port, remote_host, remote_port = parse_forward_spec(spec)
+    # Ask once up front so a refused target fails fast with the boundary's reason.
+    probe, _ = await open_channel(api, "/v1/forward", {"host": remote_host, "port": remote_port})
+    await probe.aclose()
+    listeners = await trio.open_tcp_listeners(local_port, host=local_addr)
+    bound = listeners[0].socket.getsockname()
+    print(f"forwarding {bound[0]}:{bound[1]} -> {remote_host}:{remote_port} in the workload", file=sys.stderr)
+
+    async def one(client: trio.SocketStream) -> None:
+        try:
+            remote, _ = await open_channel(api, "/v1/forward", {"host": remote_host, "port": remote_port})
+        except ApiError as exc:
+            print(f"openshell-sandbox: forward refused: {exc}", file=sys.stderr)
+            await client.aclose()
+            return
+        await relay(client, remote, idle_timeout=math.inf)
+
+    await trio.serve_listeners(one, listeners)
+    return 0
+

@@ -1,0 +1,210 @@
+"""The operator API: HTTP/1.1 (h11) on a Unix socket in a 0700 directory of control's uid.
+
+Unary endpoints answer JSON. ``exec`` and ``forward`` are ``POST`` with ``Connection: Upgrade`` and
+``Upgrade: openshell-channel``: control opens the matching channel on the ops link and, once the boundary has
+accepted, answers ``101 Switching Protocols`` and splices raw bytes — the exec channel framing is end to end
+between the CLI and the boundary, control never parses it. Errors carry the operation's kind and status.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import h11
+import trio
+
+from supervisor.control.policy import PolicyInvalid
+from supervisor.control.relay import relay
+from supervisor.jsonlog import JsonLog
+from supervisor.link.rpc import call, open_channel
+from supervisor.protocol.errors import ErrorKind, OpError
+
+if TYPE_CHECKING:
+    from supervisor.control.daemon import ControlDaemon
+
+UPGRADE_TOKEN = "openshell-channel"
+MAX_BODY = 4 * 1024 * 1024
+FORWARDED_UNARY = {"/v1/wait": 0, "/v1/signal": 0, "/v1/terminate": 0}
+
+
+def runtime_socket_path(sandbox: str) -> Path:
+    """DESIGN "Finding the API": ``${XDG_RUNTIME_DIR:-/run}/openshell-sandbox/<sandbox>/api.sock``."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or "/run"
+    return Path(base) / "openshell-sandbox" / sandbox / "api.sock"
+
+
+def _prepare_socket_dir(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path.parent, 0o700)
+    info = path.parent.stat()
+    if info.st_uid != os.geteuid():
+        raise OSError(f"{path.parent} is owned by uid {info.st_uid}, not control's uid {os.geteuid()}")
+    if path.exists() or path.is_symlink():
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise OSError(f"{path} exists and is not a socket")
+        path.unlink()
+
+
+class _Http:
+    """Minimal h11 driving for one connection."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.conn = h11.Connection(h11.SERVER)
+
+    async def next_event(self) -> Any:
+        while True:
+            event = self.conn.next_event()
+            if event is h11.NEED_DATA:
+                data = await self.stream.receive_some(65536)
+                self.conn.receive_data(data)
+                continue
+            return event
+
+    async def send(self, event: Any) -> None:
+        data = self.conn.send(event)
+        if data:
+            await self.stream.send_all(data)
+
+    async def respond_json(self, status: int, body: dict[str, Any]) -> None:
+        payload = json.dumps(body, indent=None, separators=(",", ":")).encode() + b"\n"
+        headers = [("content-type", "application/json"), ("content-length", str(len(payload)))]
+        await self.send(h11.Response(status_code=status, headers=headers))
+        await self.send(h11.Data(data=payload))
+        await self.send(h11.EndOfMessage())
+
+
+class ApiServer:
+    def __init__(self, daemon: ControlDaemon, path: Path, *, log: JsonLog) -> None:
+        self.daemon = daemon
+        self.path = path
+        self.log = log
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        _prepare_socket_dir(self.path)
+        sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+        old = os.umask(0o077)
+        try:
+            await sock.bind(str(self.path))
+        finally:
+            os.umask(old)
+        sock.listen(64)
+        listener = trio.SocketListener(sock)
+        self.log.emit("api.listening", path=str(self.path))
+        task_status.started()
+        try:
+            await trio.serve_listeners(self._connection, [listener])
+        finally:
+            try:
+                self.path.unlink()
+            except OSError:
+                pass
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        http = _Http(stream)
+        try:
+            while True:
+                request = await http.next_event()
+                if not isinstance(request, h11.Request):
+                    return
+                body = bytearray()
+                while True:
+                    event = await http.next_event()
+                    if isinstance(event, h11.Data):
+                        body += event.data
+                        if len(body) > MAX_BODY:
+                            await http.respond_json(413, {"kind": "invalid", "reason": "request body too large"})
+                            return
+                    elif isinstance(event, h11.EndOfMessage):
+                        break
+                    else:
+                        return
+                upgraded = await self._dispatch(http, request, bytes(body))
+                if upgraded or http.conn.our_state is h11.MUST_CLOSE:
+                    return
+                http.conn.start_next_cycle()
+        except (h11.RemoteProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _dispatch(self, http: _Http, request: h11.Request, body: bytes) -> bool:
+        method = request.method.decode()
+        target = request.target.decode().split("?", 1)[0]
+        try:
+            parsed = json.loads(body) if body else {}
+            if not isinstance(parsed, dict):
+                raise OpError(ErrorKind.INVALID, "request body must be a JSON object")
+        except ValueError as exc:
+            await http.respond_json(400, {"kind": "invalid", "reason": f"request body is not JSON: {exc}"})
+            return False
+        try:
+            if method == "GET" and target == "/healthz":
+                await http.respond_json(200, {"ok": True})
+            elif method == "GET" and target == "/readyz":
+                failing = self.daemon.readiness()
+                await http.respond_json(503 if failing else 200, {"ready": not failing, "failing": failing})
+            elif method == "GET" and target == "/v1/status":
+                await self.daemon.refresh_status()
+                await http.respond_json(200, self.daemon.status())
+            elif method == "GET" and target == "/v1/policy":
+                await http.respond_json(200, self.daemon.policy.status_json())
+            elif method == "PUT" and target == "/v1/policy":
+                await self._put_policy(http, body)
+            elif method == "POST" and target in FORWARDED_UNARY:
+                await http.respond_json(200, await call(self._link(), target, parsed))
+            elif method == "POST" and target in ("/v1/exec", "/v1/forward"):
+                return await self._channel(http, request, target, parsed)
+            else:
+                raise OpError(ErrorKind.INVALID, f"no endpoint {method} {target}")
+        except OpError as exc:
+            await http.respond_json(exc.kind.http_status, exc.to_json())
+        return False
+
+    def _link(self) -> Any:
+        link = self.daemon.ops
+        if link is None or link.closed:
+            raise OpError(ErrorKind.UNAVAILABLE, "the boundary is not attached (no ops link)")
+        return link
+
+    async def _put_policy(self, http: _Http, body: bytes) -> None:
+        try:
+            generation = self.daemon.policy.apply_text(body.decode("utf-8", "replace"), "PUT /v1/policy")
+        except PolicyInvalid as exc:
+            errors = [err.to_json() for err in exc.errors]
+            await http.respond_json(400, {"kind": "invalid", "reason": "policy rejected", "errors": errors})
+            return
+        self.log.emit("policy.applied", generation=generation, source="api")
+        await http.respond_json(200, self.daemon.policy.status_json())
+
+    async def _channel(self, http: _Http, request: h11.Request, target: str, body: dict[str, Any]) -> bool:
+        wants_upgrade = any(
+            name.lower() == b"upgrade" and value.decode().lower() == UPGRADE_TOKEN for name, value in request.headers
+        )
+        if not wants_upgrade:
+            raise OpError(ErrorKind.INVALID, f"{target} needs 'Connection: Upgrade' and 'Upgrade: {UPGRADE_TOKEN}'")
+        channel, reply = await open_channel(self._link(), target, body)
+        try:
+            await http.send(
+                h11.InformationalResponse(
+                    status_code=101,
+                    headers=[
+                        ("connection", "upgrade"),
+                        ("upgrade", UPGRADE_TOKEN),
+                        ("openshell-reply", json.dumps(reply, separators=(",", ":"))),
+                    ],
+                )
+            )
+            leftover, _closed = http.conn.trailing_data
+            if leftover:
+                await channel.send_all(leftover)
+            await relay(http.stream, channel, idle_timeout=math.inf)
+        finally:
+            await channel.aclose()
+        return True
+
