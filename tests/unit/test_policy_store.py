@@ -163,3 +163,11 @@ async def test_wait_for_change() -> None:
         store.apply_text(V2, "api")
     assert results == [1]
     assert (await store.wait_for_change(0)).generation == 1  # already different: returns at once
+
+
+async def test_apply_text_async() -> None:
+    store = make()
+    assert await store.apply_text_async(V2, "api") == 1
+    with pytest.raises(PolicyInvalid):
+        await store.apply_text_async(INVALID, "api")
+    assert store.generation == 1 and store.status == "loaded"

@@ -172,6 +172,11 @@ class PolicyStore:
         """Operator apply: validate first; on error raise ``PolicyInvalid`` and change nothing."""
         return self.activate(self.prepare(text, source), source)
 
+    async def apply_text_async(self, text: str, source: str) -> int:
+        """``apply_text`` with parsing and compiling in a worker thread (a 10,000-rule policy takes seconds)."""
+        compiled = await trio.to_thread.run_sync(self.prepare, text, source)
+        return self.activate(compiled, source)
+
     def activate(self, compiled: CompiledPolicy, source: str) -> int:
         """Make a valid, compiled candidate current (unless it equals the active policy)."""
         if compiled.has_tcp and not self._started_with_tcp:
