@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Install what the test suite needs on a fresh Debian machine of this kind (run as root; idempotent).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+need=()
+for tool in ip:iproute2 curl:curl git:git; do
+  command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
+done
+if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+python3 -m pip install -q --disable-pip-version-check -e '.[test]'
