@@ -7,7 +7,7 @@ install:
 	$(PYTHON) -m pip install -q --disable-pip-version-check .
 
 demo: install
-	openshell-sandbox dev -- sh -c 'echo "hello from the agent: $$(id)"; echo "its network: $$(ls /sys/class/net)"'
+	openshell-sandbox dev -- sh -c 'echo "hello from the agent: $$(id)"; echo "its network interfaces:"; tail -n +3 /proc/net/dev | cut -d: -f1'
 
 lint:
 	$(PYTHON) -m ruff check supervisor tests bench

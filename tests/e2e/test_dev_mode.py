@@ -1,0 +1,121 @@
+"""Dev mode end to end: real processes, the real CLI, exit codes, teardown, status and exec."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+CLI = [sys.executable, "-m", "supervisor.cli"]
+
+
+def run_cli(*args: str, timeout: float = 60, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, **kw)  # type: ignore[call-overload,no-any-return]
+
+
+def processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_exit_code_is_the_agents(code: int) -> None:
+    result = run_cli("dev", "--", "sh", "-c", f"echo out; echo err >&2; exit {code}")
+    assert result.returncode == code, result.stderr
+    assert result.stdout == "out\n"  # stdout carries only the agent's stdout
+    assert "err\n" in result.stderr
+    events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    names = [e["event"] for e in events]
+    for expected in ("lifecycle.bound", "lifecycle.ready", "lifecycle.running", "agent.exited"):
+        assert expected in names
+
+
+def test_signal_death_is_128_plus_n() -> None:
+    result = run_cli("dev", "--", "sh", "-c", "kill -TERM $$")
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+
+
+def test_missing_program_is_127() -> None:
+    result = run_cli("dev", "--", "/nonexistent/agent-binary")
+    assert result.returncode == 127, result.stderr
+
+
+def test_agent_runs_as_another_uid_with_only_loopback() -> None:
+    # /proc/net/dev shows the reader's network namespace (/sys/class/net would show sysfs's mounter's).
+    script = "id -u; tail -n +3 /proc/net/dev | cut -d: -f1; ls -A /run/openshell-sandbox | wc -l"
+    result = run_cli("dev", "--", "sh", "-c", script)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.split()
+    assert lines[0] == "1000"
+    assert lines[1:-1] == ["lo"], "the agent must have nothing but loopback"
+    assert lines[-1] == "0", "control's API directory must be hidden from the agent"
+
+
+def test_sigterm_tears_everything_down() -> None:
+    marker = f"openshell-e2e-{uuid.uuid4().hex}"
+    runtime = Path(os.environ.get("XDG_RUNTIME_DIR") or "/run") / "openshell-sandbox"
+    before = set(runtime.glob("*/api.sock")) if runtime.is_dir() else set()
+    proc = subprocess.Popen(
+        [*CLI, "dev", "--", "sh", "-c", f"sleep 1000 {marker} & sleep 1000 {marker}; echo never"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(processes_with(f"sleep 1000 {marker}")) < 2:
+        time.sleep(0.1)
+    assert len(processes_with(f"sleep 1000 {marker}")) >= 2, "the agent never started"
+    daemons = [pid for pid in processes_with("supervisor.cli") if pid != proc.pid]
+    tmpdirs = {p for p in Path("/tmp").glob("openshell-dev-*")}
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0
+    assert "never" not in out
+    time.sleep(0.2)
+    assert processes_with(marker) == [], "a workload process survived"
+    assert [pid for pid in daemons if Path(f"/proc/{pid}").exists() and processes_with("supervisor.cli")] == []
+    after = set(runtime.glob("*/api.sock")) if runtime.is_dir() else set()
+    assert after <= before, f"API socket left behind: {after - before}"
+    assert not any(p.exists() for p in tmpdirs if p not in before), "temporary bundle directory left behind"
+
+
+def test_status_and_exec_find_the_running_sandbox() -> None:
+    marker = f"openshell-e2e-{uuid.uuid4().hex}"
+    proc = subprocess.Popen(
+        [*CLI, "dev", "--", "sleep", f"{1000}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 30
+        ready = None
+        while time.monotonic() < deadline:
+            ready = run_cli("readyz", timeout=10)
+            if ready.returncode == 0:
+                break
+            time.sleep(0.2)
+        assert ready is not None and ready.returncode == 0, ready.stderr if ready else "no answer"
+        status = run_cli("status", "--json", timeout=10)
+        body = json.loads(status.stdout)
+        assert body["ready"] is True and body["boundary"]["state"] == "running"
+        assert body["policy"]["generation"] == 0
+        result = run_cli("exec", "--", "sh", "-c", f"echo {marker}; echo to-stderr >&2; exit 5", timeout=30)
+        assert result.returncode == 5, result.stderr
+        assert result.stdout == f"{marker}\n"
+        assert "to-stderr" in result.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
