@@ -7,19 +7,19 @@ import pytest
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.lifecycle import Lifecycle, Op, State, check
 
-I, D, T, OK = ErrorKind.INVALID, ErrorKind.DENIED, ErrorKind.TERMINATED, None
+INV, D, T, OK = ErrorKind.INVALID, ErrorKind.DENIED, ErrorKind.TERMINATED, None
 STATES = (State.IDLE, State.BOUND, State.READY, State.RUNNING, State.ENDED)
 MATRIX = {  # spec/boundary.md §1.4
     Op.ATTACH: (OK, D, D, D, T),
-    Op.RESUME: (I, OK, OK, OK, OK),
-    Op.CONFIRM: (I, OK, I, I, T),
-    Op.START: (I, I, OK, I, T),
-    Op.EXEC: (I, I, I, OK, T),
-    Op.FORWARD: (I, I, I, OK, T),
-    Op.SIGNAL: (I, I, I, OK, T),
-    Op.TERMINATE: (I, I, I, OK, T),
-    Op.RESIZE: (I, I, I, OK, T),
-    Op.WAIT: (I, I, I, OK, OK),
+    Op.RESUME: (INV, OK, OK, OK, OK),
+    Op.CONFIRM: (INV, OK, INV, INV, T),
+    Op.START: (INV, INV, OK, INV, T),
+    Op.EXEC: (INV, INV, INV, OK, T),
+    Op.FORWARD: (INV, INV, INV, OK, T),
+    Op.SIGNAL: (INV, INV, INV, OK, T),
+    Op.TERMINATE: (INV, INV, INV, OK, T),
+    Op.RESIZE: (INV, INV, INV, OK, T),
+    Op.WAIT: (INV, INV, INV, OK, OK),
 }
 CASES = [(op, state, row[i]) for op, row in MATRIX.items() for i, state in enumerate(STATES)]
 
