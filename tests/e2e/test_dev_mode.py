@@ -20,6 +20,32 @@ def run_cli(*args: str, timeout: float = 60, **kw: object) -> subprocess.Complet
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, **kw)  # type: ignore[call-overload,no-any-return]
 
 
+def descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def processes_with(marker: str) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -81,16 +107,16 @@ def test_sigterm_tears_everything_down() -> None:
     while time.monotonic() < deadline and len(processes_with(f"sleep 1000 {marker}")) < 2:
         time.sleep(0.1)
     assert len(processes_with(f"sleep 1000 {marker}")) >= 2, "the agent never started"
-    daemons = [pid for pid in processes_with("supervisor.cli") if pid != proc.pid]
-    assert len(daemons) >= 2, "expected a control and a boundary process"
+    tree = descendants(proc.pid)
+    assert len(tree) >= 4, "expected control, boundary, launcher and the agent's processes"
     proc.send_signal(signal.SIGTERM)
     out, _err = proc.communicate(timeout=30)
     assert proc.returncode != 0
     assert "never" not in out
     time.sleep(0.2)
     assert processes_with(marker) == [], "a workload process survived"
-    survivors = [pid for pid in daemons if pid in processes_with("supervisor.cli")]
-    assert survivors == [], "a daemon survived"
+    survivors = [pid for pid in tree if alive(pid)]
+    assert survivors == [], "a process of the sandbox survived"
     after = set(runtime.glob("*/api.sock")) if runtime.is_dir() else set()
     assert after <= before, f"API socket left behind: {after - before}"
     assert set(Path("/tmp").glob("openshell-dev-*")) <= tmp_before, "temporary bundle directory left behind"
