@@ -95,18 +95,20 @@ def test_agent_runs_as_another_uid_with_only_loopback() -> None:
 
 
 def test_sigterm_tears_everything_down() -> None:
-    marker = f"openshell-e2e-{uuid.uuid4().hex}"
+    # The sleeps' own argv is computed by the shell, so it never matches dev's or the boundary's argv.
+    seconds = 900000 + uuid.uuid4().int % 99999
+    marker = f"sleep {seconds}"
     runtime = Path(os.environ.get("XDG_RUNTIME_DIR") or "/run") / "openshell-sandbox"
     before = set(runtime.glob("*/api.sock")) if runtime.is_dir() else set()
     tmp_before = set(Path("/tmp").glob("openshell-dev-*"))
     proc = subprocess.Popen(
-        [*CLI, "dev", "--", "sh", "-c", f"sleep 1000 {marker} & sleep 1000 {marker}; echo never"],
+        [*CLI, "dev", "--", "sh", "-c", f"sleep $(({seconds}+0)) & sleep $(({seconds}+0)); echo never"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and len(processes_with(f"sleep 1000 {marker}")) < 2:
+    while time.monotonic() < deadline and len(processes_with(marker)) < 2:
         time.sleep(0.1)
-    assert len(processes_with(f"sleep 1000 {marker}")) >= 2, "the agent never started"
+    assert len(processes_with(marker)) >= 2, "the agent never started"
     tree = descendants(proc.pid)
     assert len(tree) >= 4, "expected control, boundary, launcher and the agent's processes"
     proc.send_signal(signal.SIGTERM)
