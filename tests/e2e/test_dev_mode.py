@@ -52,7 +52,7 @@ def processes_with(marker: str) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
