@@ -196,7 +196,7 @@ class Squid(ProcessContender):
             "cache deny all\naccess_log none\ncache_store_log none\n"
             f"cache_log {self.dir / 'cache.log'}\npid_filename {self.dir / 'squid.pid'}\n"
             f"coredump_dir {self.dir}\nmax_filedescriptors {self.ctx.nofile}\n"
-            "pinger_enable off\ndns_nameservers 127.0.0.1\nshutdown_lifetime 1 seconds\n"
+            "pinger_enable off\ndns_nameservers 127.0.0.1\nshutdown_lifetime 0 seconds\n"
             "via off\nforwarded_for delete\n" + user
         )
         return [binary, "-N", "-f", str(conf)]

@@ -25,12 +25,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
-from bench import micro, setup_peers
-from bench.clients import Address, bulk, setup_sequential
+from bench import micro, procstat, setup_peers
+from bench.clients import Address, bulk, open_idle, setup_sequential
 from bench.contenders import FACTORIES, BenchContext, Contender, ContenderUnavailable
 from bench.profiling import Recording, format_top
 from bench.report import Results, add_derived, build_rows, format_markdown, format_text, rows_json
@@ -143,6 +144,33 @@ def measure_cell(results: Results, scenario: Scenario, probe: Probe, run: int) -
     _log(f"  run {run + 1} {scenario.name:<18} {name:<10} {shown}{failed} ({time.perf_counter() - started:.1f} s)")
 
 
+def restart_all(
+    started: list[tuple[Contender, Address | None]], results: Results, config: Config
+) -> list[tuple[Contender, Address | None]]:
+    """Stop every contender (in parallel: squid takes seconds to stop) and start it afresh."""
+    stoppers = [threading.Thread(target=c.stop) for c, _ in started]
+    for thread in stoppers:
+        thread.start()
+    for thread in stoppers:
+        thread.join()
+    restarted: list[tuple[Contender, Address | None]] = []
+    for contender, _ in started:
+        try:
+            restarted.append((contender, contender.start()))
+        except ContenderUnavailable as exc:
+            results.skipped[contender.name] = f"failed to restart: {exc}"
+            _log(f"bench: {contender.name} failed to restart: {exc}")
+    return restarted
+
+
+def fresh_rss(contender: Contender, probe: Probe) -> int:
+    """RSS (KiB) of a just-started contender after a few connections have warmed it up."""
+    with contextlib.suppress(Exception):
+        open_idle(probe.proxy, probe.echo, 16, 16, probe.config.timeout, budget=5.0).close()
+    time.sleep(0.2)
+    return procstat.memory(contender.pids()).rss_kib
+
+
 def warm_up(probe: Probe) -> None:
     """Unrecorded traffic first, so no contender's first round pays for page faults and lazy set-up."""
     with contextlib.suppress(Exception):
@@ -222,12 +250,18 @@ def main(argv: list[str] | None = None) -> int:
 
         for contender, proxy in started:
             warm_up(probe(contender, proxy))
+        fresh: dict[str, int] = {}
         for run in range(config.runs):
             _log(f"bench: round {run + 1} of {config.runs}")
-            order = started[run % len(started):] + started[: run % len(started)]
             for scenario in scenarios:
+                if scenario.kind == "idle" and not fresh:
+                    started = restart_all(started, results, config)
+                    fresh = {c.name: fresh_rss(c, probe(c, p)) for c, p in started}
+                order = started[run % len(started):] + started[: run % len(started)]
                 for contender, proxy in order:
-                    measure_cell(results, scenario, probe(contender, proxy), run)
+                    cell = replace(probe(contender, proxy), fresh_rss_kib=fresh.get(contender.name))
+                    measure_cell(results, scenario, cell, run)
+            fresh = {}
         if args.profile:
             target = next(((c, p) for c, p in started if c.name == args.profile), None)
             if target is None:

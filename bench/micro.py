@@ -8,12 +8,14 @@ The contract with those scripts (``bench/bench_policy.py``, ``bench/bench_exec.p
 * a row has ``name`` (str) and ``unit`` (str), and a headline number in ``value`` (or, failing that,
   ``p50`` or ``median``); optional: ``p50``, ``p99``, ``min``, ``max``, ``runs`` (int), ``target``
   (same unit; lower is better), ``note`` (str);
-* exit status 0; a script that fails, times out or prints no valid row is reported with its reason.
+* exit status 0; a script that fails, times out or prints no valid row is reported with its reason;
+* it runs with the repository as working directory and on ``PYTHONPATH`` (``import bench.x`` works).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -72,12 +74,16 @@ def parse_rows(script: str, stdout: str) -> tuple[list[MicroRow], list[str]]:
 def run_script(path: Path, quick: bool, timeout: float) -> tuple[list[MicroRow], str | None]:
     """Run one micro-benchmark; return its rows and, if it failed, the reason."""
     argv = [sys.executable, str(path), "--json"]
+    repo = path.parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
     try:
         if quick:
-            helptext = subprocess.run([*argv[:2], "--help"], capture_output=True, text=True, timeout=60).stdout
+            helptext = subprocess.run(
+                [*argv[:2], "--help"], capture_output=True, text=True, timeout=60, cwd=repo, env=env
+            ).stdout
             if "--quick" in helptext:
                 argv.append("--quick")
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=path.parent.parent)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=repo, env=env)
     except subprocess.TimeoutExpired:
         return [], f"timed out after {timeout:.0f} s"
     rows, problems = parse_rows(path.name, done.stdout)

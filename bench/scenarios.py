@@ -6,6 +6,10 @@ and the number of failed connections; an exception fails the cell for that run o
 
 Derived metrics ("added p50/p99 over direct") are not measured here: they need direct's number from
 the same run and are computed when the run is complete (see ``bench.report``).
+
+Idle scenarios measure memory, which allocators keep after connections close: the harness therefore
+restarts every contender before them in each round, and the per-connection cost is the peak over the
+RSS of that fresh process (after a few warm-up connections), whatever ran before in the round.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class Probe:
     bulk: Address  # the upstream listeners, as the contender wants them named in CONNECT
     echo: Address
     config: Config
+    fresh_rss_kib: int | None = None  # the contender's RSS right after its restart for the idle scenarios
 
 
 @dataclass(frozen=True)
@@ -131,7 +136,7 @@ def _idle(count: int) -> Callable[[Probe], Outcome]:
     def measure(probe: Probe) -> Outcome:
         cfg = probe.config
         pids = probe.contender.pids()
-        baseline = procstat.memory(pids)
+        baseline_kib = probe.fresh_rss_kib if probe.fresh_rss_kib is not None else procstat.memory(pids).rss_kib
         baseline_fds = procstat.open_fds(pids)
         exact_peak = procstat.reset_peak(pids)
         hold = clients.open_idle(
@@ -150,7 +155,7 @@ def _idle(count: int) -> Callable[[Probe], Outcome]:
         _wait_fds_below(pids, baseline_fds + 16, timeout=30.0)
         values: dict[str, float | None] = {
             "peak RSS": peak_kib / 1024 if pids else None,
-            "KiB/conn": (peak_kib - baseline.rss_kib) / opened if pids and opened else None,
+            "KiB/conn": (peak_kib - baseline_kib) / opened if pids and opened else None,
             "opened/s": opened / hold.seconds if hold.seconds else None,
             "held": float(opened),
         }

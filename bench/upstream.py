@@ -25,6 +25,7 @@ from bench.wire import UPLOAD_ACK, Direction, WireError, decode_bulk_header, enc
 HOST = "127.0.0.1"
 CHUNK = 1024 * 1024
 BACKLOG = 4096
+SERVER_TIMEOUT = 120.0  # a client that vanished mid-transfer frees its thread after this
 
 
 def raise_nofile_soft_limit() -> int:
@@ -76,7 +77,13 @@ def _bulk_accept_loop(listener: socket.socket) -> None:
         except OSError:
             return
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=_serve_quietly, args=(conn,), daemon=True).start()
+        conn.settimeout(SERVER_TIMEOUT)
+        try:
+            threading.Thread(target=_serve_quietly, args=(conn,), daemon=True).start()
+        except RuntimeError:
+            # No thread to be had (a shared machine can run out for a moment): serve it here rather
+            # than let the accept loop die and every later transfer hang.
+            _serve_quietly(conn)
 
 
 def _serve_quietly(conn: socket.socket) -> None:
