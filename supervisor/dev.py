@@ -61,6 +61,7 @@ def run_dev(opts: DevOptions) -> int:
     os.chmod(tmp, 0o700)
     procs: list[subprocess.Popen[bytes]] = []
     received: list[int] = []
+    runtime: Path | None = None
 
     def on_signal(signum: int, _frame: object) -> None:
         received.append(signum)
@@ -104,6 +105,8 @@ def run_dev(opts: DevOptions) -> int:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         shutil.rmtree(tmp, ignore_errors=True)
+        if runtime is not None:
+            shutil.rmtree(runtime, ignore_errors=True)
 
 
 def _wait_for_port(port_file: Path, boundary: subprocess.Popen[bytes]) -> int | None:
