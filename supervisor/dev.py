@@ -121,17 +121,32 @@ def _wait_for_port(port_file: Path, boundary: subprocess.Popen[bytes]) -> int | 
 
 
 def _finish(procs: list[subprocess.Popen[bytes]], received: list[int], *, default: int) -> int:
-    """Wait for the boundary (its exit code is the agent's), then stop control."""
-    boundary = procs[0]
-    code = boundary.wait()
-    for proc in procs[1:]:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    """Wait for the boundary (its exit code is the agent's), then stop control.
+
+    If control dies first the sandbox cannot go on (nothing would ever start or release the agent): stop the
+    boundary and report our own failure.
+    """
+    boundary, others = procs[0], procs[1:]
+    while boundary.poll() is None:
+        dead = [p for p in others if p.poll() is not None]
+        if dead:
+            print(f"openshell-sandbox: control exited ({dead[0].returncode}); stopping the sandbox", file=sys.stderr)
+            _stop(boundary)
+            return default
+        time.sleep(0.05)
+    code = boundary.returncode
+    for proc in others:
+        _stop(proc)
     if code < 0:  # the boundary itself died of a signal
         return default
     return code
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

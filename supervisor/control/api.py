@@ -39,6 +39,8 @@ def runtime_socket_path(sandbox: str) -> Path:
 
 
 def _prepare_socket_dir(path: Path) -> None:
+    if len(os.fsencode(path)) > 107:
+        raise OSError(f"API socket path {path} is longer than the 107 bytes a Unix socket allows (use --api)")
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(path.parent, 0o700)
     info = path.parent.stat()

@@ -10,6 +10,7 @@ the boundary exit with the agent's code.
 from __future__ import annotations
 
 import signal
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -206,4 +207,9 @@ class ControlDaemon:
 
 
 def run(cfg: ControlConfig) -> int:
-    return trio.run(ControlDaemon(cfg).serve)
+    try:
+        return trio.run(ControlDaemon(cfg).serve)
+    except OSError as exc:
+        cfg.log.emit("control.failed", reason=str(exc))
+        print(f"openshell-sandbox: control: {exc}", file=sys.stderr)
+        return 125

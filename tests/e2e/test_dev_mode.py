@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,11 +20,12 @@ CLI = [sys.executable, "-m", "supervisor.cli"]
 
 
 @pytest.fixture(autouse=True)
-def _private_runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test's sandbox and clients see only its own API socket."""
-    runtime = tmp_path / "runtime"
-    runtime.mkdir()
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+def _private_runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test's sandbox and clients see only its own API socket (a short path: Unix sockets allow 107 bytes)."""
+    runtime = tempfile.mkdtemp(prefix="osr-", dir="/tmp")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime)
+    yield
+    shutil.rmtree(runtime, ignore_errors=True)
 
 
 def run_cli(*args: str, timeout: float = 60, **kw: object) -> subprocess.CompletedProcess[str]:
@@ -93,7 +97,8 @@ def test_missing_program_is_127() -> None:
 
 def test_agent_runs_as_another_uid_with_only_loopback() -> None:
     # /proc/net/dev shows the reader's network namespace (/sys/class/net would show sysfs's mounter's).
-    script = "id -u; tail -n +3 /proc/net/dev | cut -d: -f1; ls -A /run/openshell-sandbox | wc -l"
+    api_dir = Path(os.environ["XDG_RUNTIME_DIR"]) / "openshell-sandbox"
+    script = f"id -u; tail -n +3 /proc/net/dev | cut -d: -f1; ls -A {api_dir} | wc -l"
     result = run_cli("dev", "--", "sh", "-c", script)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.split()

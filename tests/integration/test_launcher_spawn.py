@@ -220,6 +220,11 @@ async def test_validation_errors_before_fork(launcher: Launcher) -> None:
     with pytest.raises(SpawnError) as info:
         await launcher.spawn(make_spec("/bin/true", env={"A=B": "1"}))
     assert info.value.stage == "validate" and info.value.exit_code == 125
+    with pytest.raises(SpawnError) as info:
+        await launcher.spawn(make_spec("/bin/true", env={"BIG": "x" * 300_000}))
+    assert (info.value.stage, info.value.errno) == ("validate", errno.E2BIG)
+    status, _, _ = await run(launcher, make_spec("/bin/true"))  # the launcher is still fine
+    assert status == 0
 
 
 # --- identity and hardening, from the child's side --------------------------------------------------------
@@ -558,3 +563,37 @@ async def test_spawn_to_exit_latency(launcher: Launcher) -> None:
         f"p90 {samples[int(len(samples) * 0.9)] * 1000:.2f} ms",
         file=sys.stderr,
     )
+
+
+# --- capture setup inside the namespaces ---------------------------------------------------------------
+def threads_of(pid: int) -> int:
+    return int(proc_line(f"/proc/{pid}/status", "Threads:")[0])
+
+
+async def test_capture_listeners_and_calls_inside_the_namespaces(launcher: Launcher) -> None:
+    prepared = await launcher.prepare(NamespacePlan("R", capture={"capture_ports": [15001]}))
+    try:
+        assert prepared.report.get("ok") is True
+        assert threads_of(launcher.pid) == 1  # the capture setup left the zygote single-threaded
+        listener = socket.socket(fileno=prepared.fds.pop("tcp4:15001"))
+        # inspect/probe read /proc/self: they must work although the zygote is outside the PID namespace.
+        fence = await launcher.capture_call("inspect", {"expect_anyip": True})
+        assert fence["ok"] is True, fence
+        probe = await launcher.capture_call("probe", {"address": "192.0.2.1", "port": 15001})
+        assert probe["captured"] is True and probe["local"] == "192.0.2.1:15001"
+        with listener:
+            listener.setblocking(True)
+            conn, _ = listener.accept()  # the probe's connection, queued on our listener
+            conn.close()
+            code = "import socket\ns = socket.create_connection(('203.0.113.9', 15001), 2)\ns.sendall(b'hi')"
+            status, _, err = await run(launcher, make_spec(PY, "-c", code))
+            assert status == 0, err
+            conn, _ = listener.accept()
+            with conn:
+                assert conn.getsockname() == ("203.0.113.9", 15001)  # the original destination
+                assert conn.recv(2) == b"hi"
+        with pytest.raises(LauncherError):
+            await launcher.capture_call("prepare", {})  # not on the allow-list
+    finally:
+        for fd in prepared.fds.values():
+            os.close(fd)

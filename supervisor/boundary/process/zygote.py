@@ -19,10 +19,12 @@ replies carry the same ``id`` and ``ok``; exits are unsolicited.
 Theory of operation. ``Launcher.fork`` calls ``main`` in a fresh child of the boundary. ``prepare`` unshares
 the namespaces the plan asks for (model U creates the user namespace in the same call and maps only its own
 uid/gid), makes ``/`` a recursive slave so nothing mounted here leaks out, covers each hidden path with an
-empty read-only tmpfs, brings up ``lo`` (or calls the capture setup), then forks the init, which mounts a
-fresh ``/proc`` for its namespace. ``spawn`` goes to whichever process forks (rule 2); it forks a child that
-runs ``child.run``. The zygote's ``/proc`` shows the new namespace once the init mounted it, so the zygote
-never reads ``/proc`` after that.
+empty read-only tmpfs, then forks the init before anything else can fork (the first child after
+``unshare(CLONE_NEWPID)`` *is* the namespace's PID 1); the init mounts a fresh ``/proc``. Then ``lo`` comes up,
+or the capture setup runs. ``spawn`` goes to whichever process forks (rule 2), which forks a child that runs
+``child.run``. Once the init has mounted the namespace's ``/proc``, ``/proc/self`` names nothing for the
+zygote (it is outside that PID namespace), so work that reads it (the capture setup and calls) runs in the
+init, and the zygote itself never reads ``/proc`` after ``prepare``.
 """
 
 from __future__ import annotations
@@ -282,11 +284,35 @@ def run_capture_call(request: Mapping[str, Any]) -> dict[str, Any]:
     return {"id": request.get("id"), "ok": True, "result": result}
 
 
+def run_capture_prepare(request: Mapping[str, Any]) -> tuple[dict[str, Any], list[int]]:
+    """``capture.setup.prepare(**capture)`` here: the reply (names, report) and the listener fds, in order."""
+    setup = importlib.import_module("supervisor.boundary.capture.setup")
+    got, report = setup.prepare(**dict(request["capture"]))
+    names = list(got)
+    return {"id": request.get("id"), "ok": True, "fd_names": names, "report": report}, [int(got[n]) for n in names]
+
+
 def _stdio_fds(request: Mapping[str, Any], fds: list[int]) -> tuple[tuple[int, int, int], int]:
     layout = request["stdio"]  # indexes into fds for stdin, stdout, stderr, status
     if len(layout) != 4 or not all(isinstance(i, int) and 0 <= i < len(fds) for i in layout):
         raise OSError(errno.EINVAL, "bad stdio layout")
     return (fds[layout[0]], fds[layout[1]], fds[layout[2]]), fds[layout[3]]
+
+
+def _init_request(spawner: Spawner, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
+    """What the init does for the zygote: spawn, and the capture work that needs this namespace's /proc."""
+    op = request.get("op")
+    if op == "spawn":
+        return spawner.spawn(request, fds)
+    close_all(fds)
+    try:
+        if op == "capture_call":
+            return run_capture_call(request), []
+        if op == "capture_prepare":
+            return run_capture_prepare(request)
+    except Exception as exc:
+        return error_reply(request.get("id"), exc), []
+    return {"id": request.get("id"), "ok": False, "errno": errno.EINVAL, "error": f"init does not serve {op!r}"}, []
 
 
 def init_main(sock_fd: int, host_proc_fd: int, mount_proc: bool) -> NoReturn:  # pragma: no cover - own pid ns
@@ -317,28 +343,11 @@ def init_main(sock_fd: int, host_proc_fd: int, mount_proc: bool) -> NoReturn:  #
                 got = receive(sock)
                 if got is None:
                     os._exit(0)
-                request, fds = got
-                if request.get("op") == "spawn":
-                    reply, out = spawner.spawn(request, fds)
+                reply, out = _init_request(spawner, *got)
+                try:
                     send(sock, reply, out)
+                finally:
                     close_all(out)
-                elif request.get("op") == "capture_call":
-                    close_all(fds)
-                    try:
-                        send(sock, run_capture_call(request))
-                    except Exception as exc:
-                        send(sock, error_reply(request.get("id"), exc))
-                else:
-                    close_all(fds)
-                    send(
-                        sock,
-                        {
-                            "id": request.get("id"),
-                            "ok": False,
-                            "errno": errno.EINVAL,
-                            "error": "init serves spawn and capture_call only",
-                        },
-                    )
     finally:
         os._exit(1)
 
@@ -504,21 +513,26 @@ class Zygote:
                 if not stat.S_ISDIR(st.st_mode):
                     raise OSError(errno.ENOTDIR, f"hide path is not a directory: {path}")
                 linux.mount("tmpfs", path, "tmpfs", HIDE_FLAGS, HIDE_OPTIONS)
-        out_fds: list[int] = []
-        names: list[str] = []
-        report: dict[str, Any] = {}
-        if plan.capture is not None:
-            setup = importlib.import_module("supervisor.boundary.capture.setup")
-            got_fds, report = setup.prepare(**plan.capture)
-            names = list(got_fds)
-            out_fds = [int(got_fds[name]) for name in names]
-        elif plan.netns:
-            _loopback_up()
         if plan.pidns:
+            # Before anything else forks: the first child forked after unshare(CLONE_NEWPID) is the init.
             self._start_init(mount_proc=plan.mountns)
         else:
             linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
             self.spawner = Spawner(host_proc_fd=None)
+        out_fds: list[int] = []
+        reply: dict[str, Any] = {"fd_names": [], "report": {}}
+        if plan.capture is not None:
+            request = {"op": "capture_prepare", "id": "prepare", "capture": plan.capture}
+            if self.init_sock is not None:  # the capture reads /proc/self: run it where that means something
+                reply = self._via_init(request, [], out_fds)
+            else:
+                reply, out_fds = run_capture_prepare(request)
+            if not reply.get("ok"):
+                close_all(out_fds)
+                raise OSError(int(reply.get("errno") or errno.EIO), f"capture setup: {reply.get('error')}")
+        elif plan.netns:
+            _loopback_up()
+        names, report = list(reply["fd_names"]), dict(reply["report"])
         if plan.model == "P":
             # Same uid as the agent: keep it from reading our memory (a copy of the boundary's) via /proc.
             linux.prctl(linux.PR_SET_DUMPABLE, 0)
