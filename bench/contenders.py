@@ -18,6 +18,7 @@ logging that another one skips.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -29,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.procstat import process_tree
+from bench.procstat import process_tree, start_time
 
 Address = tuple[str, int]
 HOST = "127.0.0.1"
@@ -91,13 +92,14 @@ class ProcessContender(Contender):
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.dir = ctx.workdir / self.name
-        self._known: set[int] = set()
+        self._tree: dict[int, int] = {}  # pid -> start time, of the processes we started
 
     def command(self) -> list[str]:
         """Write the config into ``self.dir`` and return the argv (``self.port`` is set)."""
         raise NotImplementedError
 
     def start(self) -> Address | None:
+        self._tree = {}
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         argv = self.command()
@@ -129,13 +131,15 @@ class ProcessContender(Contender):
         if self.proc is None or self.proc.poll() is not None:
             return []
         tree = process_tree(self.proc.pid)
-        self._known.update(tree)
+        for pid in tree:
+            if pid not in self._tree and (started := start_time(pid)) is not None:
+                self._tree[pid] = started
         return tree
 
     def stop(self) -> None:
         if self.proc is None:
             return
-        self.pids()  # remember the children we may have to reap by id
+        self.pids()  # remember the children we may have to end ourselves
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -143,11 +147,13 @@ class ProcessContender(Contender):
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        for pid in self._known - {self.proc.pid}:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        for pid, started in self._tree.items():
+            # Only a child that is still the very process we saw (same pid, same start time): a pid
+            # of ours that ended may already belong to someone else's process.
+            if pid != self.proc.pid and start_time(pid) == started:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        self._tree = {}
         self.proc = None
 
 

@@ -38,6 +38,20 @@ def _children(pid: int) -> list[int]:
     return children
 
 
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), or None.
+
+    A pid plus its start time names one process for good: pids are reused, this pair never is.
+    """
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may contain spaces: split after its last ")".
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return int(fields[19])
+
+
 def parse_status_kib(text: str, field: str) -> int | None:
     """The value in KiB of a ``Field:   1234 kB`` line of /proc/PID/status."""
     for line in text.splitlines():
