@@ -52,6 +52,7 @@ from supervisor.protocol.process_ops import (
 from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS, server_context
 
 EXIT_SELF_FAILED = 125
+END_WORKLOAD_S = 5.0
 
 
 @dataclass
@@ -120,15 +121,25 @@ class BoundaryDaemon:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
                 self.log.emit("boundary.signal", signal=signal.Signals(signum).name)
-                if self.table.agent is not None and self.table.agent.result is None:
-                    await self.table.end_all("shutdown")
-                    # _watch_agent records the agent's result and ends the daemon.
+                agent_running = self.table.agent is not None and self.table.agent.result is None
+                await self._end_workload("shutdown")
+                if agent_running:
+                    # _watch_agent records the agent's result and ends the daemon; no ack will come now.
                     self.exit_acked.set()
                     return
-                await self.table.end_all("shutdown")
                 self.exit_code = 128 + signum
                 nursery.cancel_scope.cancel()
                 return
+
+    async def _end_workload(self, reason: str) -> None:
+        """Terminate every workload process; never let a stuck launcher keep the daemon from exiting."""
+        with trio.move_on_after(END_WORKLOAD_S) as scope:
+            try:
+                await self.table.end_all(reason)
+            except LauncherError as exc:
+                self.log.emit("boundary.end-all-failed", reason=str(exc))
+        if scope.cancelled_caught:
+            self.log.emit("boundary.end-all-timeout", seconds=END_WORKLOAD_S)
 
     async def _watch_agent(self, nursery: trio.Nursery) -> None:
         await self.table.agent_exited.wait()
@@ -138,7 +149,7 @@ class BoundaryDaemon:
         self.lifecycle.end()
         self.exit_code = int(result.get("rendered", EXIT_SELF_FAILED))
         self.log.emit("agent.exited", handle=agent.handle, result=result)
-        await self.table.end_all("agent-exit")
+        await self._end_workload("agent-exit")
         with trio.move_on_after(self.cfg.exit_linger_s) as scope:
             await self.exit_acked.wait()
         if scope.cancelled_caught:
