@@ -12,8 +12,8 @@ from typing import Any
 import trio
 
 from supervisor.api_client import ApiError, find_api, open_channel, request_json
-from supervisor.control.relay import relay
 from supervisor.exec_client import run_exec_client
+from supervisor.link.relay import relay
 
 EXIT_SELF_FAILED = 125
 

@@ -19,8 +19,8 @@ import h11
 import trio
 
 from supervisor.control.policy import PolicyInvalid
-from supervisor.control.relay import relay
 from supervisor.jsonlog import JsonLog
+from supervisor.link.relay import relay
 from supervisor.link.rpc import call, open_channel
 from supervisor.protocol.errors import ErrorKind, OpError
 

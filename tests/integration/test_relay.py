@@ -18,7 +18,7 @@ import trio
 import trio.lowlevel
 import trio.testing
 
-from supervisor.control.relay import RelayEnd, RelayStats, relay
+from supervisor.link.relay import RelayEnd, RelayStats, relay
 
 
 class Counting(trio.abc.HalfCloseableStream):
