@@ -130,6 +130,7 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     from supervisor.control.api import runtime_socket_path
     from supervisor.control.policy import PolicyInvalid, PolicyStore, compile_policy, load_policy_file
     from supervisor.control.policy.schema import load_default_policy
+    from supervisor.control.upstream import UpstreamConfig, parse_dns_server
     from supervisor.protocol.attach import CaptureMode
 
     if not args.boundary:
@@ -153,8 +154,14 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     except ValueError:
         _err(f"--agent-user must be UID:GID, got {args.agent_user!r}")
         return 2
+    try:
+        dns_servers = [parse_dns_server(text) for text in args.dns_server]
+    except ValueError as exc:
+        _err(f"--dns-server: {exc}")
+        return 2
     cfg = daemon.ControlConfig(
         bundle=bundle, boundary_host=host, boundary_port=port, policy=store,
+        upstream=UpstreamConfig(dns_servers=dns_servers),
         api_path=args.api or runtime_socket_path(bundle.claims.sandbox), agent_uid=agent_uid, agent_gid=agent_gid,
         capture_mode=CaptureMode(args.capture_mode), acknowledge_external_fence=args.acknowledge_external_fence,
         policy_file=args.policy, log=log,

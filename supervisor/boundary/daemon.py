@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import socket
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,8 @@ from typing import Any
 
 import trio
 
+from supervisor.boundary.capture import IdentityResolver
+from supervisor.boundary.egress import EgressCapture, EgressLinks
 from supervisor.boundary.forward import open_forward, splice
 from supervisor.boundary.process import (
     Launcher,
@@ -41,7 +44,7 @@ from supervisor.link.tls_link import Refused, accept_link
 from supervisor.protocol.attach import AttachRequest, CaptureMode, parse_attach
 from supervisor.protocol.certs import Bundle
 from supervisor.protocol.errors import ErrorKind, OpError
-from supervisor.protocol.lifecycle import Lifecycle, Op
+from supervisor.protocol.lifecycle import Lifecycle, Op, State
 from supervisor.protocol.process_ops import (
     parse_exec_request,
     parse_forward_request,
@@ -52,6 +55,9 @@ from supervisor.protocol.process_ops import (
 from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS, server_context
 
 EXIT_SELF_FAILED = 125
+PROXY_PORT = 3128
+DNS_STUB_PORT = 15053
+PROBE_ADDRESS = "192.0.2.1"  # TEST-NET-1: inside the agent's namespace it can only land on our own listener
 END_WORKLOAD_S = 5.0
 
 
@@ -88,6 +94,8 @@ class BoundaryDaemon:
         self.exit_acked = trio.Event()
         self.exit_code: int | None = None
         self.links: set[Link] = set()
+        self.egress_links = EgressLinks()
+        self.capture: EgressCapture | None = None
         self.router = self._make_router()
         self._nursery: trio.Nursery | None = None
 
@@ -167,16 +175,22 @@ class BoundaryDaemon:
         if alpn == ALPN_OPS:
             link = Link(tls, client=False, handler=self.router.handle, name=f"ops:{peer}")
         else:
-            # Egress links arrive with the capture work; until then they are refused after authentication.
-            self.log.emit("link.refused", peer=peer, field="alpn", reason=f"{alpn} links are not served yet")
-            await trio.aclose_forcefully(tls)
-            return
+            try:
+                self.lifecycle.check(Op.EGRESS)
+            except OpError as exc:
+                self.log.emit("link.refused", peer=peer, field="state", reason=f"egress link: {exc.reason}")
+                await trio.aclose_forcefully(tls)
+                return
+            # On egress links the boundary is the HTTP/2 client (HTTP/2 roles do not follow TCP's).
+            link = Link(tls, client=True, name=f"egress:{peer}")
+            self.egress_links.add(link)
         self.links.add(link)
         self.log.emit("link.up", peer=peer, alpn=alpn, links=len(self.links))
         try:
             await link.run()
         finally:
             self.links.discard(link)
+            self.egress_links.discard(link)
             self.log.emit("link.down", peer=peer, alpn=alpn, reason=link.close_reason, links=len(self.links))
 
     # -- operations ---------------------------------------------------------------------------------------------
@@ -222,7 +236,18 @@ class BoundaryDaemon:
         if attach.capture_mode is CaptureMode.NETNS and model == "P":
             raise OpError(ErrorKind.DENIED, "model P has no network namespace: only proxy-env", field="capture_mode")
         hide = (*self.cfg.hide_paths, str(self.cfg.bundle.directory)) if model != "P" else ()
-        plan = NamespacePlan(model, netns=netns, pidns=model != "P", mountns=model != "P", hide_paths=hide)  # type: ignore[arg-type]
+        capture: dict[str, Any] | None = None
+        if netns:
+            capture = {"capture_ports": list(attach.capture_ports), "proxy_port": PROXY_PORT,
+                       "dns_port": DNS_STUB_PORT, "mode": "anyip"}  # fmt: skip
+        plan = NamespacePlan(
+            model,  # type: ignore[arg-type]
+            netns=netns,
+            pidns=model != "P",
+            mountns=model != "P",
+            hide_paths=hide,
+            capture=capture,
+        )
         try:
             self.prepared = await self.launcher.prepare(plan)
         except (LauncherError, OSError) as exc:
@@ -230,6 +255,19 @@ class BoundaryDaemon:
             raise OpError(ErrorKind.FAILED, f"namespace setup failed: {exc}", stage="prepare") from exc
         self.attach = attach
         self.policy_generation_acked = attach.policy_generation
+        if netns:
+            resolver = IdentityResolver(
+                anchor_pid=self.launcher.pid,
+                workload_pids=self.launcher.workload_pids,
+                agent_pid=lambda: self.table.agent.pid if self.table.agent is not None else None,
+                # With a workload PID namespace no process outside it can hold one of its sockets except
+                # ourselves and the launcher, so the full-/proc walk for foreign owners is not needed.
+                scan_foreign=model == "P",
+            )
+            self.capture = EgressCapture(
+                fds=dict(self.prepared.fds), links=self.egress_links, resolver=resolver, log=self.log,
+                accepting=lambda: self.lifecycle.state is not State.ENDED,
+            )  # fmt: skip
         self.lifecycle.advance(Op.ATTACH)
         self.log.emit(
             "lifecycle.bound", capture_mode=str(attach.capture_mode), privilege_model=model,
@@ -245,22 +283,39 @@ class BoundaryDaemon:
     async def op_confirm(self, body: dict[str, Any]) -> dict[str, Any]:
         self.lifecycle.check(Op.CONFIRM)
         assert self.attach is not None and self.prepared is not None
+        if len(self.egress_links) == 0:
+            raise OpError(ErrorKind.UNAVAILABLE, "no egress link from control yet: mediation is not connected")
         fence: dict[str, Any] = {"mode": str(self.attach.capture_mode), "privilege_model": self.cfg.privilege_model}
         if self.attach.capture_mode is CaptureMode.NETNS:
-            try:
-                report = await self.launcher.capture_call("inspect", {})
-            except (LauncherError, OSError) as exc:
-                report = {"ok": False, "problems": [f"inspect failed: {exc}"]}
-            if not report.get("ok", False):
-                self._fatal(f"fence not in force: {report.get('problems')}")
-                raise OpError(ErrorKind.FAILED, f"fence not in force: {report.get('problems')}", stage="confirm")
-            fence.update(fingerprint=report.get("fingerprint"), links=report.get("links"), probe="not-run")
+            fence.update(await self._verify_fence())
         else:
             fence.update(fingerprint=None, probe="external-fence-acknowledged")
         self.fence = fence
         self.lifecycle.advance(Op.CONFIRM)
         self.log.emit("lifecycle.ready", fence=fence)
         return {"state": str(self.lifecycle.state), "fence": fence}
+
+    async def _verify_fence(self) -> dict[str, Any]:
+        """Read the fence back and probe it from inside the agent's namespace (spec §1.2 confirm)."""
+        assert self.attach is not None and self.prepared is not None and self.capture is not None
+        port = self.attach.capture_ports[0]
+        try:
+            report = await self.launcher.capture_call("inspect", {"expect_anyip": True})
+            probe = await self.launcher.capture_call(
+                "probe", {"address": PROBE_ADDRESS, "port": port, "expect_listener_port": port}
+            )
+        except (LauncherError, OSError) as exc:
+            report, probe = {"ok": False, "problems": [f"fence read-back failed: {exc}"]}, {"ok": False}
+        _drain(self.prepared.fds.get(f"tcp4:{port}"))  # the probe's own connection must not reach the handler
+        problems = list(report.get("problems") or [])
+        if not probe.get("ok", False) or not probe.get("captured", False):
+            problems.append(f"probe to {PROBE_ADDRESS}:{port} was not captured: {probe.get('error')}")
+        if not report.get("ok", False) or problems:
+            self._fatal(f"fence not in force: {problems}")
+            raise OpError(ErrorKind.FAILED, f"fence not in force: {problems}", stage="confirm")
+        assert self._nursery is not None
+        await self._nursery.start(self.capture.run)
+        return {"fingerprint": report.get("fingerprint"), "links": report.get("links"), "probe": "captured"}
 
     def _managed_env(self) -> dict[str, str]:
         ca = self.attach.interception_ca_pem if self.attach else None
@@ -364,9 +419,10 @@ class BoundaryDaemon:
         self.log.emit("forward.closed", host=target.host, port=target.port, bytes_in=sent, bytes_out=received)
 
     def _reserved_ports(self) -> set[int]:
-        ports = {self.cfg.listen_port}
-        if self.prepared is not None:
-            ports.update(int(p) for p in (self.prepared.report or {}).get("reserved_ports", []))
+        """Ports a forward may never reach: our own listeners inside the agent's namespace (spec §3 rule 4)."""
+        ports = {self.cfg.listen_port, PROXY_PORT, DNS_STUB_PORT, 53}
+        if self.attach is not None:
+            ports.update(self.attach.capture_ports)
         return ports
 
     # -- failure ------------------------------------------------------------------------------------------------
@@ -385,6 +441,22 @@ class BoundaryDaemon:
 
         if self._nursery is not None:
             self._nursery.start_soon(later)
+
+
+def _drain(fd: int | None) -> None:
+    """Accept and drop whatever is queued on a listener (before the agent exists, only our probe can be)."""
+    if fd is None:
+        return
+    sock = socket.socket(fileno=os.dup(fd))
+    sock.setblocking(False)
+    try:
+        while True:
+            conn, _ = sock.accept()
+            conn.close()
+    except (BlockingIOError, OSError):
+        pass
+    finally:
+        sock.close()
 
 
 def _launch_exit_code(error: OpError) -> int:

@@ -18,7 +18,9 @@ from typing import Any
 import trio
 
 from supervisor.control.api import ApiServer
+from supervisor.control.egress import EgressService
 from supervisor.control.policy import PolicyStore
+from supervisor.control.upstream import UpstreamConfig
 from supervisor.jsonlog import JsonLog
 from supervisor.link.h2link import Link
 from supervisor.link.rpc import call
@@ -26,10 +28,12 @@ from supervisor.link.tls_link import Refused, dial_link
 from supervisor.protocol.attach import AttachRequest, CaptureMode
 from supervisor.protocol.certs import Bundle
 from supervisor.protocol.errors import ErrorKind, OpError
-from supervisor.protocol.tls import ALPN_OPS, client_context
+from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS, client_context
 
 BACKOFF_START_S = 0.05
 BACKOFF_MAX_S = 5.0
+EGRESS_LINKS = 2  # a few long-lived links; HTTP/2 multiplexes every captured connection over them
+CONFIRM_RETRY_S = 15.0
 
 
 @dataclass
@@ -44,6 +48,8 @@ class ControlConfig:
     capture_mode: CaptureMode = CaptureMode.NETNS
     acknowledge_external_fence: bool = False
     policy_file: Path | None = None
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    egress_links: int = EGRESS_LINKS
     log: JsonLog = field(default_factory=lambda: JsonLog("control"))
 
 
@@ -58,6 +64,12 @@ class ControlDaemon:
         self.peer_claims_ok = False
         self.agent_result: dict[str, Any] | None = None
         self.last_link_error: str | None = None
+        self.egress = EgressService(cfg.policy, cfg.upstream, self.log)
+        self.egress_up = 0
+        self._egress_started = False
+        self._nursery: trio.Nursery | None = None
+        self._acks, self._ack_queue = trio.open_memory_channel[int](16)
+        self.policy.subscribe(self._policy_changed)
 
     @property
     def sandbox(self) -> str:
@@ -66,7 +78,9 @@ class ControlDaemon:
     async def serve(self) -> int:
         api = ApiServer(self, self.cfg.api_path, log=self.log)
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             await nursery.start(api.serve)
+            nursery.start_soon(self._acknowledge_policy)
             nursery.start_soon(self._signals, nursery)
             nursery.start_soon(self._maintain_ops_link)
             if self.cfg.policy_file is not None:
@@ -143,15 +157,86 @@ class ControlDaemon:
         if state == "idle":
             reply = await call(link, "/v1/attach", self._descriptor().to_json())
             self.log.emit("lifecycle.bound", reply=reply)
-            reply = await call(link, "/v1/confirm")
+            self._start_egress_links()
+            reply = await self._confirm(link)
             self.log.emit("lifecycle.ready", fence=reply.get("fence"))
             reply = await call(link, "/v1/start")
             self.log.emit("lifecycle.running", agent=reply.get("agent"))
         else:
             reply = await call(link, "/v1/resume")
             self.log.emit("lifecycle.resumed", state=reply.get("state"))
+            if reply.get("state") in ("bound", "ready", "running"):
+                self._start_egress_links()
+            if reply.get("state") == "bound":
+                await self._confirm(link)
+                await call(link, "/v1/start")
         self.boundary = await call(link, "/v1/status")
         await self._follow_agent(link)
+
+    async def _confirm(self, link: Link) -> dict[str, Any]:
+        """``confirm`` needs our egress links up (mediation connected): retry while it says unavailable."""
+        with trio.fail_after(CONFIRM_RETRY_S):
+            while True:
+                try:
+                    return await call(link, "/v1/confirm")
+                except OpError as exc:
+                    if exc.kind is not ErrorKind.UNAVAILABLE:
+                        raise
+                await trio.sleep(0.02)
+
+    # -- egress links ---------------------------------------------------------------------------------------
+    def _start_egress_links(self) -> None:
+        if self._egress_started or self._nursery is None:
+            return
+        self._egress_started = True
+        for index in range(self.cfg.egress_links):
+            self._nursery.start_soon(self._maintain_egress_link, index)
+
+    async def _maintain_egress_link(self, index: int) -> None:
+        """One egress link, redialled with backoff: we dial (TLS client) and serve HTTP/2 on it."""
+        ctx = client_context(self.cfg.bundle, (ALPN_EGRESS,))
+        backoff = BACKOFF_START_S
+        address = f"{self.cfg.boundary_host}:{self.cfg.boundary_port}"
+        while True:
+            try:
+                tls, _claims = await dial_link(
+                    self.cfg.boundary_host, self.cfg.boundary_port, ctx, self.cfg.bundle, ALPN_EGRESS
+                )
+            except Refused as exc:
+                if exc.field is not None:
+                    self.log.emit("link.refused", peer=exc.peer, field=exc.field, reason=exc.reason)
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX_S)
+                continue
+            backoff = BACKOFF_START_S
+            link = Link(tls, client=False, handler=self.egress.handle, name=f"egress{index}:{address}")
+            self.egress_up += 1
+            self.log.emit("link.up", peer=address, alpn=ALPN_EGRESS, index=index)
+            try:
+                await link.run()
+            finally:
+                self.egress_up -= 1
+                self.log.emit("link.down", peer=address, alpn=ALPN_EGRESS, index=index, reason=link.close_reason)
+            await trio.sleep(backoff)
+
+    # -- policy generations -----------------------------------------------------------------------------------
+    def _policy_changed(self, snap: Any) -> None:
+        self.log.emit("policy.generation", generation=snap.generation, status=snap.status, source=snap.source)
+        try:
+            self._acks.send_nowait(snap.generation)
+        except trio.WouldBlock:
+            pass  # a newer generation will be acknowledged anyway
+
+    async def _acknowledge_policy(self) -> None:
+        """Tell the boundary which policy generation governs it now (it reports it in status)."""
+        async for generation in self._ack_queue:
+            link = self.ops
+            if link is None or link.closed:
+                continue
+            try:
+                await call(link, "/v1/policy-ack", {"policy_generation": generation})
+            except OpError as exc:
+                self.log.emit("policy.ack-failed", generation=generation, error=exc.to_json())
 
     async def _follow_agent(self, link: Link) -> None:
         agent = (self.boundary.get("agent") or {}).get("handle")
@@ -189,6 +274,8 @@ class ControlDaemon:
             failing.append(f"boundary: state {state or 'unknown'}, need ready or running")
         if not self.boundary.get("fence"):
             failing.append("fence: not confirmed")
+        if self.cfg.capture_mode is CaptureMode.NETNS and self.egress_up == 0:
+            failing.append("egress: no egress link to the boundary")
         return failing
 
     def status(self) -> dict[str, Any]:
@@ -202,6 +289,7 @@ class ControlDaemon:
             "link": {"up": self.ops is not None and not self.ops.closed, "last_error": self.last_link_error},
             "boundary": self.boundary,
             "agent_result": self.agent_result,
+            "egress": {"links": self.egress_up, "live": self.egress.live_connections, **self.egress.counters},
             "ready": not self.readiness(),
         }
 

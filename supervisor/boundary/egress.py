@@ -1,0 +1,329 @@
+"""The boundary's egress side: every connection the agent makes is captured here and handed to control.
+
+Listeners live in the agent's network namespace (created by the launcher, passed to us as fds): transparent
+capture listeners on every port the policy can allow (any-IP local routes make every destination address
+local, so the accepted socket's local address *is* the original destination), the HTTP proxy listener on
+127.0.0.1:3128 for proxy-aware clients, and the DNS stub. For each accepted connection, in order and before
+a single byte of it is read:
+
+1. the initiating binary is identified (/proc: socket inode → owning workload process → exe, sha256,
+   ancestors); unresolvable ⇒ refused;
+2. a CONNECT stream is opened on one of control's egress links (none up ⇒ refused at once: never a direct
+   path — there is no other path);
+3. control's answer is applied: allowed ⇒ bytes flow both ways with half-close; refused ⇒ the proxy listener
+   answers 403/502/503 with a JSON body, a transparent connection is reset.
+
+The boundary never resolves a name or dials anything outside the agent's namespace itself.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import socket
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from supervisor.boundary.capture import (
+    CONNECT_ESTABLISHED,
+    HEAD_READ_DEADLINE_S,
+    IdentityResolver,
+    IdentityUnresolved,
+    ProxyReject,
+    ProxyTarget,
+    parse_head,
+    render_reply,
+)
+from supervisor.boundary.capture.dns_stub import TcpFramer, encode_tcp, servfail
+from supervisor.boundary.capture.proxy_listener import ForwardBody, render_response, render_unavailable
+from supervisor.jsonlog import JsonLog
+from supervisor.link.h2link import Link, LinkClosed, LinkStream
+from supervisor.link.relay import relay
+from supervisor.protocol.egress import (
+    DNS_AUTHORITY,
+    DNS_PATH,
+    CaptureKind,
+    EgressHeaderError,
+    EgressReply,
+    decode_reply_headers,
+    encode_connect_headers,
+    encode_dns_request_headers,
+)
+
+LINK_WAIT_S = 0.25  # how long a connection may wait for an egress link before it is refused
+REPLY_TIMEOUT_S = 30.0
+DNS_TIMEOUT_S = 5.0
+
+
+class EgressLinks:
+    """The pool of egress links control keeps open to us (we are their HTTP/2 client)."""
+
+    def __init__(self) -> None:
+        self._links: set[Link] = set()
+        self._changed = trio.Event()
+
+    def add(self, link: Link) -> None:
+        self._links.add(link)
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def discard(self, link: Link) -> None:
+        self._links.discard(link)
+
+    def __len__(self) -> int:
+        return sum(1 for link in self._links if not link.closed)
+
+    async def pick(self) -> Link | None:
+        """The least busy live link, waiting up to LINK_WAIT_S for one to appear."""
+        with trio.move_on_after(LINK_WAIT_S):
+            while True:
+                live = [link for link in self._links if not link.closed]
+                if live:
+                    return min(live, key=lambda link: link.active_streams)
+                await self._changed.wait()
+        return None
+
+
+def _reset(sock_stream: trio.SocketStream) -> None:
+    """Close with RST (SO_LINGER 0): a refused transparent connection must not look like a clean close."""
+    try:
+        sock_stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass
+
+
+def _addr(sock: Any, peer: bool) -> tuple[str, int]:
+    address = sock.getpeername() if peer else sock.getsockname()
+    return str(address[0]), int(address[1])
+
+
+class EgressCapture:
+    def __init__(
+        self,
+        *,
+        fds: dict[str, int],
+        links: EgressLinks,
+        resolver: IdentityResolver,
+        log: JsonLog,
+        accepting: Callable[[], bool],
+    ) -> None:
+        self.fds = fds
+        self.links = links
+        self.resolver = resolver
+        self.log = log
+        self.accepting = accepting  # False once the lifecycle has ended
+        self.counters = {"accepted": 0, "refused": 0, "allowed": 0, "dns": 0}
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            for name, fd in self.fds.items():
+                sock = socket.socket(fileno=fd)
+                sock.setblocking(False)
+                tsock = trio.socket.from_stdlib_socket(sock)
+                if name.startswith("tcp"):
+                    nursery.start_soon(self._serve, tsock, self._transparent)
+                elif name == "proxy":
+                    nursery.start_soon(self._serve, tsock, self._proxy)
+                elif name.startswith("dns-udp"):
+                    nursery.start_soon(self._dns_udp, tsock)
+                elif name.startswith("dns-tcp"):
+                    nursery.start_soon(self._serve, tsock, self._dns_tcp)
+            task_status.started()
+
+    async def _serve(self, tsock: Any, handler: Callable[[trio.SocketStream], Any]) -> None:
+        listener = trio.SocketListener(tsock)
+        await trio.serve_listeners(handler, [listener])
+
+    # -- identity + hand-off ----------------------------------------------------------------------------------
+    async def _identify(self, stream: trio.SocketStream) -> dict[str, Any] | None:
+        local, remote = _addr(stream.socket, False), _addr(stream.socket, True)
+        try:
+            identity = await trio.to_thread.run_sync(self.resolver.resolve, local, remote)
+        except IdentityUnresolved as exc:
+            self.counters["refused"] += 1
+            self.log.emit("egress.refused", reason=f"identity-unresolved: {exc.stage}", detail=str(exc),
+                          destination=f"{local[0]}:{local[1]}", src_port=remote[1])  # fmt: skip
+            return None
+        except OSError as exc:
+            self.counters["refused"] += 1
+            self.log.emit("egress.refused", reason="identity-unresolved: error", detail=str(exc))
+            return None
+        return identity.to_json()
+
+    async def _hand_off(
+        self, host: str, port: int, kind: CaptureKind, identity: dict[str, Any], src_port: int
+    ) -> tuple[LinkStream | None, EgressReply]:
+        if not self.accepting():
+            return None, EgressReply(503, reason="sandbox-ended")
+        link = await self.links.pick()
+        if link is None:
+            self.counters["refused"] += 1
+            self.log.emit("egress.refused", reason="no-egress-link", destination=f"{host}:{port}",
+                          binary=identity.get("binary_path"))  # fmt: skip
+            return None, EgressReply(503, reason="no-egress-link", detail="control is not connected")
+        conn_id = secrets.token_hex(8)
+        headers = encode_connect_headers(
+            host, port, capture=kind, identity=identity, conn_id=conn_id, src_port=src_port
+        )
+        try:
+            stream = await link.open_stream(headers)
+            with trio.fail_after(REPLY_TIMEOUT_S):
+                await stream.response()
+            reply = decode_reply_headers(stream.headers)
+        except (LinkClosed, trio.TooSlowError, EgressHeaderError) as exc:
+            self.log.emit("egress.refused", reason="link-failed", detail=str(exc), destination=f"{host}:{port}")
+            return None, EgressReply(503, reason="link-failed")
+        if not reply.allowed:
+            await stream.aclose()
+            return None, reply
+        self.counters["allowed"] += 1
+        return stream, reply
+
+    # -- transparent capture ----------------------------------------------------------------------------------
+    async def _transparent(self, agent: trio.SocketStream) -> None:
+        self.counters["accepted"] += 1
+        host, port = _addr(agent.socket, False)
+        src_port = _addr(agent.socket, True)[1]
+        identity = await self._identify(agent)
+        if identity is None:
+            _reset(agent)
+            await agent.aclose()
+            return
+        upstream, _reply = await self._hand_off(host, port, CaptureKind.TRANSPARENT, identity, src_port)
+        if upstream is None:
+            _reset(agent)
+            await agent.aclose()
+            return
+        await relay(agent, upstream, idle_timeout=math.inf)
+
+    # -- the proxy listener -----------------------------------------------------------------------------------
+    async def _proxy(self, agent: trio.SocketStream) -> None:
+        self.counters["accepted"] += 1
+        identity = await self._identify(agent)
+        buffer = b""
+        parsed: ProxyTarget | ProxyReject | None = None
+        with trio.move_on_after(HEAD_READ_DEADLINE_S):
+            while parsed is None:
+                try:
+                    data = await agent.receive_some(65536)
+                except trio.BrokenResourceError:
+                    data = b""
+                if not data:
+                    break
+                buffer += data
+                parsed = parse_head(buffer)
+        if parsed is None:
+            await self._answer(agent, render_response(408 if buffer else 400))
+            return
+        if isinstance(parsed, ProxyReject):
+            await self._answer(agent, parsed.render())
+            return
+        target = parsed
+        if identity is None:
+            await self._answer(agent, render_reply(target, EgressReply(403, reason="identity-unresolved")))
+            return
+        src_port = _addr(agent.socket, True)[1]
+        upstream, reply = await self._hand_off(target.host, target.port, target.kind, identity, src_port)
+        if upstream is None:
+            body = render_unavailable(target) if reply.status == 503 else render_reply(target, reply)
+            await self._answer(agent, body)
+            return
+        if target.kind is CaptureKind.CONNECT:
+            await agent.send_all(CONNECT_ESTABLISHED)
+            if target.leftover:
+                await upstream.send_all(target.leftover)
+            await relay(agent, upstream, idle_timeout=math.inf)
+        else:
+            await self._forward_one_request(agent, upstream, target)
+
+    async def _forward_one_request(self, agent: trio.SocketStream, upstream: LinkStream, target: ProxyTarget) -> None:
+        """Absolute-form plain HTTP: one request (origin-form head + exactly its body), then the response."""
+        assert target.request_head is not None
+        body = ForwardBody(chunked=target.chunked, content_length=target.content_length)
+        try:
+            await upstream.send_all(target.request_head + body.feed(target.leftover))
+
+            async def request_body() -> None:
+                while not body.done:
+                    data = await agent.receive_some(65536)
+                    if not data:
+                        break
+                    await upstream.send_all(body.feed(data))
+                await upstream.send_eof()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(request_body)
+                while data := await upstream.receive_some(65536):
+                    await agent.send_all(data)
+                nursery.cancel_scope.cancel()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            await upstream.aclose()
+            await agent.aclose()
+
+    async def _answer(self, agent: trio.SocketStream, payload: bytes) -> None:
+        self.counters["refused"] += 1
+        try:
+            await agent.send_all(payload)
+            await agent.send_eof()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        await agent.aclose()
+
+    # -- DNS ----------------------------------------------------------------------------------------------------
+    async def _resolve_via_control(self, query: bytes) -> bytes | None:
+        link = await self.links.pick()
+        if link is None:
+            return servfail(query)
+        headers = [(":method", "POST"), (":scheme", "https"), (":authority", DNS_AUTHORITY), (":path", DNS_PATH),
+                   *encode_dns_request_headers(len(query))]  # fmt: skip
+        try:
+            with trio.fail_after(DNS_TIMEOUT_S):
+                stream = await link.open_stream(headers)
+                await stream.send_all(query)
+                await stream.send_eof()
+                await stream.response()
+                answer = await stream.read_all(65535)
+                await stream.aclose()
+        except (LinkClosed, trio.TooSlowError):
+            return servfail(query)
+        return answer or servfail(query)
+
+    async def _dns_udp(self, tsock: Any) -> None:
+        from supervisor.boundary.capture.dns_stub import destination_from_ancdata, enable_pktinfo, source_ancdata
+
+        enable_pktinfo(tsock)
+        async with trio.open_nursery() as nursery:
+            while True:
+                data, ancdata, _flags, peer = await tsock.recvmsg(65535, 256)
+                self.counters["dns"] += 1
+
+                async def answer(data: bytes = data, ancdata: Any = ancdata, peer: Any = peer) -> None:
+                    reply = await self._resolve_via_control(data)
+                    if reply is None:
+                        return
+                    destination = destination_from_ancdata(ancdata)
+                    extra = source_ancdata(destination) if destination else []
+                    try:
+                        await tsock.sendmsg([reply], extra, 0, peer)
+                    except OSError:
+                        pass
+
+                nursery.start_soon(answer)
+
+    async def _dns_tcp(self, agent: trio.SocketStream) -> None:
+        framer = TcpFramer()
+        async with agent:
+            try:
+                while data := await agent.receive_some(65536):
+                    for query in framer.feed(data):
+                        self.counters["dns"] += 1
+                        reply = await self._resolve_via_control(query)
+                        if reply is not None:
+                            await agent.send_all(encode_tcp(reply))
+            except (trio.BrokenResourceError, ValueError):
+                return

@@ -1,0 +1,274 @@
+"""Control's egress pipeline: decide, resolve, connect, relay — one CONNECT stream per captured connection.
+
+On ``openshell-egress/1`` links the boundary is the HTTP/2 client: every connection the agent makes arrives
+here as a CONNECT stream whose headers carry the destination, how it was captured and the initiating
+binary's identity (``supervisor.protocol.egress``). For each one, in order:
+
+1. headers parsed strictly (malformed → 400, nothing dialled);
+2. decided against the policy snapshot of this moment (deny by default; the decision names its rule or the
+   reason), with binary-digest pinning kept here in control;
+3. endpoints that ask for HTTP inspection are refused until L7 inspection exists (fail closed, never a silent
+   L4 allow);
+4. resolved once and vetted (internal addresses dropped unless the policy names them), then exactly the vetted
+   address is dialled — there is no second resolution to rebind;
+5. answered ``200`` and relayed both ways with half-close; or answered with a status and a reason the
+   boundary turns into a 403/502 for proxy-aware clients or a reset for transparent ones.
+
+Every decision is one JSON event; an allowed connection's event is written when it closes, with bytes and
+duration. Connections admitted under an older policy generation are re-decided when a new generation loads
+and cut if it denies them (spec/policy.md §3.15).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from ipaddress import ip_address
+from typing import Any
+
+import dns.flags
+import dns.message
+import dns.rcode
+import dns.rdatatype
+import dns.rrset
+import trio
+
+from supervisor.control.policy import BinaryIdentity, Decision, DigestPins, L4Request, PolicySnapshot, PolicyStore
+from supervisor.control.upstream import UpstreamConfig, UpstreamError, connect_to, resolve, vet_addresses
+from supervisor.control.upstream import dial as dial_upstream
+from supervisor.jsonlog import JsonLog
+from supervisor.link.h2link import LinkStream
+from supervisor.link.relay import relay
+from supervisor.protocol.egress import (
+    DNS_PATH,
+    EgressHeaderError,
+    EgressReply,
+    EgressRequest,
+    decode_connect_headers,
+    encode_dns_reply_headers,
+    encode_reply_headers,
+)
+
+DNS_MAX = 65535
+DNS_TTL = 30
+
+
+@dataclass
+class _Live:
+    request: EgressRequest
+    identity: BinaryIdentity | None
+    generation: int
+    scope: trio.CancelScope
+
+
+def _identity(raw: dict[str, Any]) -> BinaryIdentity | None:
+    path = raw.get("binary_path")
+    if not isinstance(path, str) or not path:
+        return None
+    return BinaryIdentity(
+        path=path,
+        sha256=raw.get("binary_sha256") if isinstance(raw.get("binary_sha256"), str) else None,
+        ancestors=tuple(a for a in raw.get("ancestors", ()) if isinstance(a, str)),
+        cmdline_paths=tuple(a for a in raw.get("cmdline_paths", ()) if isinstance(a, str)),
+    )
+
+
+class EgressService:
+    def __init__(self, store: PolicyStore, upstream: UpstreamConfig, log: JsonLog) -> None:
+        self.store = store
+        self.upstream = upstream
+        self.log = log
+        self.pins = DigestPins()
+        self._live: dict[int, _Live] = {}
+        # Addresses this control handed to the agent's DNS stub, mapped back to the name they answer for: a
+        # transparent connection to one of them is decided as that name (DESIGN "DNS and transparent capture").
+        self._issued: dict[str, tuple[str, float]] = {}
+        self.counters = {"allowed": 0, "denied": 0, "failed": 0, "dns": 0}
+        store.subscribe(self._policy_changed)
+
+    # -- the link handler -------------------------------------------------------------------------------------
+    async def handle(self, stream: LinkStream) -> None:
+        method = stream.header(":method")
+        if method == "CONNECT":
+            await self._connect(stream)
+        elif method == "POST" and stream.header(":path") == DNS_PATH:
+            await self._dns(stream)
+        else:
+            await self._reply(stream, EgressReply(400, reason="unknown-egress-request"))
+
+    async def _reply(self, stream: LinkStream, reply: EgressReply) -> None:
+        await stream.send_headers(encode_reply_headers(reply), end_stream=reply.status != 200)
+
+    def _event(self, request: EgressRequest, decision: str, **fields: Any) -> None:
+        identity = request.identity
+        self.log.emit(
+            "egress",
+            decision=decision,
+            destination=request.authority,
+            capture=str(request.capture),
+            binary=identity.get("binary_path"),
+            binary_sha256=identity.get("binary_sha256"),
+            ancestors=identity.get("ancestors"),
+            conn_id=request.conn_id,
+            **fields,
+        )
+
+    async def _connect(self, stream: LinkStream) -> None:
+        started = trio.current_time()
+        try:
+            request = decode_connect_headers(stream.headers)
+        except EgressHeaderError as exc:
+            self.counters["denied"] += 1
+            self.log.emit("egress", decision="deny", reason="malformed-request", detail=str(exc))
+            await self._reply(stream, EgressReply(400, reason="malformed-request", detail=str(exc)[:200]))
+            return
+        snap = self.store.snapshot()
+        identity = _identity(request.identity)
+        name = self._issued_name(request)
+        decision = snap.decide_l4(L4Request(name or request.host, request.port, identity), self.pins)
+        common = {"policy_generation": snap.generation, "rule": decision.rule, "endpoint": decision.endpoint,
+                  "name": name}  # fmt: skip
+        if not decision.allowed:
+            self.counters["denied"] += 1
+            reason = str(decision.reason) if decision.reason else "denied"
+            self._event(request, "deny", reason=reason, detail=decision.detail, **common)
+            await self._reply(stream, EgressReply(403, reason=reason, rule=decision.rule, detail=decision.detail))
+            return
+        if decision.l7:
+            self.counters["denied"] += 1
+            reason = "l7-inspection-unavailable"
+            detail = "this endpoint asks for HTTP inspection, which this control does not perform yet"
+            self._event(request, "deny", reason=reason, **common)
+            await self._reply(stream, EgressReply(403, reason=reason, rule=decision.rule, detail=detail))
+            return
+        try:
+            with trio.fail_after(self.upstream.connect_timeout):
+                if name is not None:  # the agent dials an address we issued: that address, vetted, and no other
+                    vetted = vet_addresses(name, [ip_address(request.host)], allowed_ips=decision.allowed_ips,
+                                           host_named_exactly=decision.exact_host, port=request.port)  # fmt: skip
+                    upstream, address = await connect_to(vetted, request.port)
+                else:
+                    upstream, address = await dial_upstream(
+                        request.host, request.port, self.upstream,
+                        allowed_ips=decision.allowed_ips, host_named_exactly=decision.exact_host,
+                    )  # fmt: skip
+        except trio.TooSlowError:
+            self.counters["failed"] += 1
+            self._event(request, "error", reason="connect-timeout", **common)
+            await self._reply(stream, EgressReply(504, reason="connect-timeout"))
+            return
+        except OSError as exc:
+            self.counters["failed"] += 1
+            self._event(request, "error", reason="connect-failed", detail=str(exc), **common)
+            await self._reply(stream, EgressReply(502, reason="connect-failed", detail=str(exc)[:500]))
+            return
+        except UpstreamError as exc:
+            self.counters["failed"] += 1
+            self._event(request, "deny" if exc.status == 403 else "error", reason=str(exc.reason),
+                        detail=exc.detail, **common)  # fmt: skip
+            await self._reply(stream, EgressReply(exc.status, reason=str(exc.reason), detail=exc.detail[:500]))
+            return
+        self.counters["allowed"] += 1
+        await self._reply(stream, EgressReply(200, rule=decision.rule))
+        key = id(stream)
+        with trio.CancelScope() as scope:
+            self._live[key] = _Live(request, identity, snap.generation, scope)
+            try:
+                stats = await relay(stream, upstream, idle_timeout=self.upstream.idle_timeout)
+            finally:
+                self._live.pop(key, None)
+        if scope.cancelled_caught:
+            await trio.aclose_forcefully(upstream)
+            await stream.reset()
+        self._event(
+            request, "allow", resolved=str(address), **common,
+            bytes_out=stats.bytes_a_to_b if not scope.cancelled_caught else None,
+            bytes_in=stats.bytes_b_to_a if not scope.cancelled_caught else None,
+            closed_by="policy-revision" if scope.cancelled_caught else str(stats.closed_by),
+            duration_ms=round((trio.current_time() - started) * 1000, 3),
+        )  # fmt: skip
+
+    def _issued_name(self, request: EgressRequest) -> str | None:
+        if str(request.capture) != "transparent":
+            return None
+        entry = self._issued.get(request.host)
+        if entry is None or entry[1] < trio.current_time():
+            return None
+        return entry[0]
+
+    # -- policy revisions -------------------------------------------------------------------------------------
+    def _policy_changed(self, snap: PolicySnapshot) -> None:
+        """Re-decide every live connection under the new generation; cut the ones it no longer allows."""
+        for live in list(self._live.values()):
+            decision: Decision = snap.decide_l4(L4Request(live.request.host, live.request.port, live.identity))
+            if decision.allowed and not decision.l7:
+                live.generation = snap.generation
+                continue
+            self.log.emit(
+                "egress.revoked", destination=live.request.authority, conn_id=live.request.conn_id,
+                admitted_generation=live.generation, policy_generation=snap.generation,
+                reason=str(decision.reason) if decision.reason else "l7-inspection-unavailable",
+            )  # fmt: skip
+            live.scope.cancel()
+
+    @property
+    def live_connections(self) -> int:
+        return len(self._live)
+
+    # -- DNS ----------------------------------------------------------------------------------------------------
+    async def _dns(self, stream: LinkStream) -> None:
+        self.counters["dns"] += 1
+        wire = await stream.read_all(DNS_MAX)
+        try:
+            query = dns.message.from_wire(wire)
+        except Exception:  # dnspython raises many kinds for garbage; any of them is FORMERR
+            await self._dns_answer(stream, wire[:2] + b"\x81\x01" + b"\x00" * 8 if len(wire) >= 2 else b"")
+            return
+        response = await self.answer(query)
+        await self._dns_answer(stream, response.to_wire())
+
+    async def _dns_answer(self, stream: LinkStream, wire: bytes) -> None:
+        await stream.send_headers(encode_dns_reply_headers(len(wire)))
+        await stream.send_all(wire)
+        await stream.send_eof()
+
+    async def answer(self, query: dns.message.Message) -> dns.message.Message:
+        """Answer only names some endpoint of the current policy could allow; never forward the others."""
+        response = dns.message.make_response(query)
+        response.flags |= dns.flags.RA
+        if len(query.question) != 1:
+            response.set_rcode(dns.rcode.FORMERR)
+            return response
+        question = query.question[0]
+        name = question.name.to_text(omit_final_dot=True).lower()
+        snap = self.store.snapshot()
+        eligible = snap.policy is not None and bool(snap.policy.endpoints_for_name(name))
+        if not eligible or question.rdtype not in (dns.rdatatype.A, dns.rdatatype.AAAA):
+            response.set_rcode(dns.rcode.REFUSED)
+            self.log.emit("dns", name=name, qtype=dns.rdatatype.to_text(question.rdtype), decision="refused",
+                          reason="no-endpoint-for-name" if not eligible else "qtype-not-served")  # fmt: skip
+            return response
+        endpoints = snap.policy.endpoints_for_name(name) if snap.policy is not None else []
+        allowed_ips = [ip for cep in endpoints for ip in cep.endpoint.allowed_ips]
+        exact = any(cep.host_glob is None for cep in endpoints)
+        try:
+            addresses = vet_addresses(
+                name,
+                await resolve(name, self.upstream),
+                allowed_ips=allowed_ips,
+                host_named_exactly=exact,
+                strict=False,
+            )
+        except UpstreamError as exc:
+            response.set_rcode(dns.rcode.NXDOMAIN if str(exc.reason) == "nxdomain" else dns.rcode.SERVFAIL)
+            self.log.emit("dns", name=name, decision="failed", reason=str(exc.reason))
+            return response
+        version = 4 if question.rdtype == dns.rdatatype.A else 6
+        texts = [str(a) for a in addresses if a.version == version]
+        expiry = trio.current_time() + DNS_TTL * 4
+        for text in texts:
+            self._issued[text] = (name, expiry)
+        if texts:
+            response.answer.append(dns.rrset.from_text_list(question.name, DNS_TTL, "IN", question.rdtype, texts))
+        self.log.emit("dns", name=name, qtype=dns.rdatatype.to_text(question.rdtype), decision="answered",
+                      addresses=texts)  # fmt: skip
+        return response
