@@ -34,7 +34,16 @@ from bench import micro, procstat, setup_peers
 from bench.clients import Address, bulk, open_idle, setup_sequential
 from bench.contenders import FACTORIES, BenchContext, Contender, ContenderUnavailable
 from bench.profiling import Recording, format_top
-from bench.report import Results, add_derived, build_rows, format_markdown, format_text, rows_json
+from bench.report import (
+    Results,
+    add_derived,
+    build_rows,
+    format_markdown,
+    format_summary,
+    format_summary_markdown,
+    format_text,
+    rows_json,
+)
 from bench.scenarios import MIB, Config, Probe, Scenario, build, idle_sizes
 from bench.upstream import raise_nofile_soft_limit
 from bench.wire import Direction
@@ -310,8 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     json_path = args.out / f"bench-{stamp}.json"
     json_path.write_text(json.dumps(document, indent=1) + "\n")
-    (args.out / f"bench-{stamp}.md").write_text(format_markdown(rows) + "\n")
+    summary_md = format_summary_markdown(rows, results.contenders)
+    (args.out / f"bench-{stamp}.md").write_text(f"{summary_md}\n\n{format_markdown(rows)}\n")
     print(table)
+    print("\nsummary\n" + format_summary(rows, results.contenders))
     if micro_table:
         print("\nmicro-benchmarks\n" + micro_table)
     for note in notes:

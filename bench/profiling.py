@@ -22,8 +22,8 @@ STOP_TIMEOUT = 20.0
 @dataclass(frozen=True)
 class TopCosts:
     samples: int
-    self_cost: list[tuple[str, int]]
-    total_cost: list[tuple[str, int]]
+    self_cost: list[tuple[str, int]]  # most samples as the leaf first
+    total_cost: list[tuple[str, int]]  # most samples anywhere on the stack first
 
 
 def parse_collapsed(text: str, top: int = 15) -> TopCosts:
@@ -44,12 +44,13 @@ def parse_collapsed(text: str, top: int = 15) -> TopCosts:
 
 
 def format_top(costs: TopCosts, title: str) -> str:
-    lines = [f"{title}: {costs.samples} samples", "  self%  total%  function"]
-    totals = dict(costs.total_cost)
-    for frame, count in costs.self_cost:
-        total = totals.get(frame)
-        total_text = f"{100 * total / costs.samples:6.1f}" if total is not None else "     -"
-        lines.append(f"  {100 * count / max(costs.samples, 1):5.1f}  {total_text}  {frame}")
+    def percent(count: int) -> str:
+        return f"{100 * count / max(costs.samples, 1):5.1f}%"
+
+    lines = [f"{title}: {costs.samples} samples", "  top self time (the function itself was running):"]
+    lines += [f"    {percent(count)}  {frame}" for frame, count in costs.self_cost]
+    lines.append("  top total time (the function was on the stack):")
+    lines += [f"    {percent(count)}  {frame}" for frame, count in costs.total_cost]
     return "\n".join(lines)
 
 

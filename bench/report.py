@@ -2,7 +2,7 @@
 
 Rules:
 1. One row per (scenario, metric, contender), in the order the scenarios and contenders were given.
-2. A skipped contender still gets its rows, with the reason instead of a number.
+2. A skipped contender still gets a row per scenario, with the reason instead of a number.
 3. Ratios are per-run ratios summarised (see ``bench.stats``), against direct and against tinyproxy.
 """
 
@@ -68,8 +68,10 @@ class Row:
 def build_rows(results: Results) -> list[Row]:
     rows: list[Row] = []
     for scenario in results.scenarios:
-        for metric in metrics_of(scenario):
+        for index, metric in enumerate(metrics_of(scenario)):
             for contender in results.contenders:
+                if contender in results.skipped and index > 0:
+                    continue  # a skipped contender's reason is given once per scenario
                 series = results.series(scenario.name, metric.key, contender)
                 ratios: dict[str, Summary | None] = {}
                 for ref in REFERENCES:
@@ -92,6 +94,10 @@ def _why_missing(results: Results, scenario: str, contender: str) -> str:
     return f"failed: {failures[0]}" if failures else "n/a"
 
 
+def label(metric: Metric) -> str:
+    return metric.key if metric.key == metric.unit else f"{metric.key} ({metric.unit})"
+
+
 def fmt(value: float) -> str:
     magnitude = abs(value)
     if magnitude >= 100:
@@ -107,16 +113,15 @@ HEADER = ["scenario", "metric", "contender", "median", "spread (min–max)", "×
 
 
 def _cells(row: Row) -> list[str]:
-    label = f"{row.metric.key} ({row.metric.unit})"
     errors = str(row.errors) if row.errors else ""
     if row.summary is None:
-        return [row.scenario, label, row.contender, row.note, "", "", "", errors]
+        return [row.scenario, label(row.metric), row.contender, row.note, "", "", "", errors]
     s = row.summary
     ratio_cells = [
         f"{fmt(r.median)}× ({fmt(r.low)}–{fmt(r.high)})" if (r := row.ratios.get(ref)) else "—"
         for ref in REFERENCES
     ]
-    return [row.scenario, label, row.contender, fmt(s.median), f"{fmt(s.low)}–{fmt(s.high)}", *ratio_cells,
+    return [row.scenario, label(row.metric), row.contender, fmt(s.median), f"{fmt(s.low)}–{fmt(s.high)}", *ratio_cells,
             errors]
 
 
@@ -134,10 +139,53 @@ def format_text(rows: Sequence[Row]) -> str:
     return "\n".join(out)
 
 
-def format_markdown(rows: Sequence[Row]) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _cells(r)) + " |" for r in rows]
+def summary_grid(rows: Sequence[Row], contenders: Sequence[str]) -> list[list[str]]:
+    """One line per headline metric, one column per contender: ``median (×direct, ×tinyproxy)``."""
+    grid = [["scenario", "metric", *contenders]]
+    cells: dict[tuple[str, str], dict[str, str]] = {}
+    skipped: dict[tuple[str, str], str] = {}
+    for row in rows:
+        if row.summary is None and row.note.startswith("skipped"):
+            skipped[(row.scenario, row.contender)] = "skipped"
+            continue
+        if not row.metric.headline:
+            continue
+        line = cells.setdefault((row.scenario, label(row.metric)), {})
+        if row.summary is None:
+            line[row.contender] = "n/a" if row.note == "n/a" else "failed"
+            continue
+        ratios = [f"{fmt(r.median)}×{tag}" for ref, tag in zip(REFERENCES, ("d", "t"), strict=True)
+                  if (r := row.ratios.get(ref))]
+        line[row.contender] = fmt(row.summary.median) + (f" ({', '.join(ratios)})" if ratios else "")
+    for (scenario, metric), by_contender in cells.items():
+        grid.append([scenario, metric, *(by_contender.get(c) or skipped.get((scenario, c), "") for c in contenders)])
+    return grid
+
+
+def _aligned(grid: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(line[i]) for line in grid) for i in range(len(grid[0]))]
+    return "\n".join("  ".join(c.ljust(widths[i]) for i, c in enumerate(line)).rstrip() for line in grid)
+
+
+def _markdown(grid: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(grid[0]) + " |", "|" + "---|" * len(grid[0])]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in line) + " |" for line in grid[1:]]
     return "\n".join(lines)
+
+
+SUMMARY_LEGEND = "median over runs; (×d, ×t) = median per-run ratio against direct and against tinyproxy"
+
+
+def format_summary(rows: Sequence[Row], contenders: Sequence[str]) -> str:
+    return _aligned(summary_grid(rows, contenders)) + "\n" + SUMMARY_LEGEND
+
+
+def format_summary_markdown(rows: Sequence[Row], contenders: Sequence[str]) -> str:
+    return _markdown(summary_grid(rows, contenders)) + "\n\n" + SUMMARY_LEGEND
+
+
+def format_markdown(rows: Sequence[Row]) -> str:
+    return _markdown([HEADER] + [_cells(r) for r in rows])
 
 
 def rows_json(rows: Sequence[Row]) -> list[dict[str, object]]:

@@ -56,6 +56,9 @@ from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS, server_context
 
 EXIT_SELF_FAILED = 125
 PROXY_PORT = 3128
+# Identity must resolve within this or the connection is refused. Typically ~1-3 ms warm; the first sight of a
+# binary pays its sha256, and a loaded 2-core CI machine stretches everything, so allow well beyond that.
+IDENTITY_BUDGET_US = 500_000
 DNS_STUB_PORT = 15053
 PROBE_ADDRESS = "192.0.2.1"  # TEST-NET-1: inside the agent's namespace it can only land on our own listener
 END_WORKLOAD_S = 5.0
@@ -263,6 +266,7 @@ class BoundaryDaemon:
                 # With a workload PID namespace no process outside it can hold one of its sockets except
                 # ourselves and the launcher, so the full-/proc walk for foreign owners is not needed.
                 scan_foreign=model == "P",
+                budget_us=IDENTITY_BUDGET_US,
             )
             self.capture = EgressCapture(
                 fds=dict(self.prepared.fds), links=self.egress_links, resolver=resolver, log=self.log,

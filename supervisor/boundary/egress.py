@@ -22,7 +22,7 @@ import math
 import secrets
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -43,8 +43,6 @@ from supervisor.jsonlog import JsonLog
 from supervisor.link.h2link import Link, LinkClosed, LinkStream
 from supervisor.link.relay import relay
 from supervisor.protocol.egress import (
-    DNS_AUTHORITY,
-    DNS_PATH,
     CaptureKind,
     EgressHeaderError,
     EgressReply,
@@ -133,9 +131,27 @@ class EgressCapture:
                     nursery.start_soon(self._serve, tsock, self._dns_tcp)
             task_status.started()
 
-    async def _serve(self, tsock: Any, handler: Callable[[trio.SocketStream], Any]) -> None:
+    async def _serve(self, tsock: Any, handler: Callable[[trio.SocketStream], Awaitable[None]]) -> None:
         listener = trio.SocketListener(tsock)
-        await trio.serve_listeners(handler, [listener])
+
+        async def guarded(stream: trio.SocketStream) -> None:
+            await self._guard(handler(stream), stream)
+
+        await trio.serve_listeners(guarded, [listener])
+
+    async def _guard(self, work: Awaitable[None], stream: trio.SocketStream | None = None) -> None:
+        """One connection's failure is that connection's alone: log it, reset it, keep serving the rest."""
+        try:
+            await work
+        except (trio.BrokenResourceError, trio.ClosedResourceError, LinkClosed):
+            pass
+        except Exception as exc:
+            self.log.emit("egress.error", error=repr(exc)[:500])
+            if stream is not None:
+                _reset(stream)
+        finally:
+            if stream is not None:
+                await trio.aclose_forcefully(stream)
 
     # -- identity + hand-off ----------------------------------------------------------------------------------
     async def _identify(self, stream: trio.SocketStream) -> dict[str, Any] | None:
@@ -279,8 +295,10 @@ class EgressCapture:
         link = await self.links.pick()
         if link is None:
             return servfail(query)
-        headers = [(":method", "POST"), (":scheme", "https"), (":authority", DNS_AUTHORITY), (":path", DNS_PATH),
-                   *encode_dns_request_headers(len(query))]  # fmt: skip
+        try:
+            headers = encode_dns_request_headers(len(query))
+        except EgressHeaderError:
+            return None  # not a DNS message at all: no answer
         try:
             with trio.fail_after(DNS_TIMEOUT_S):
                 stream = await link.open_stream(headers)
@@ -313,7 +331,7 @@ class EgressCapture:
                     except OSError:
                         pass
 
-                nursery.start_soon(answer)
+                nursery.start_soon(self._guard, answer())
 
     async def _dns_tcp(self, agent: trio.SocketStream) -> None:
         framer = TcpFramer()

@@ -34,6 +34,8 @@ BACKOFF_START_S = 0.05
 BACKOFF_MAX_S = 5.0
 EGRESS_LINKS = 2  # a few long-lived links; HTTP/2 multiplexes every captured connection over them
 CONFIRM_RETRY_S = 15.0
+DEFAULT_CAPTURE_PORTS = (80, 443, 8080, 8443)
+MAX_CAPTURE_PORTS = 256
 
 
 @dataclass
@@ -149,6 +151,7 @@ class ControlDaemon:
             policy_generation=snap.generation,
             static_policy=static,
             acknowledge_external_fence=self.cfg.acknowledge_external_fence,
+            capture_ports=capture_ports(snap.last_valid.policy),
         )
 
     async def _drive(self, link: Link) -> None:
@@ -292,6 +295,16 @@ class ControlDaemon:
             "egress": {"links": self.egress_up, "live": self.egress.live_connections, **self.egress.counters},
             "ready": not self.readiness(),
         }
+
+
+def capture_ports(policy: Any) -> tuple[int, ...]:
+    """Ports the boundary listens on for transparent capture: every port the policy names, plus the usual web
+    ports. Fixed at attach (the listeners exist from then on); proxy-aware clients are not limited by it."""
+    ports = set(DEFAULT_CAPTURE_PORTS)
+    for rule in policy.network_policies:
+        for endpoint in rule.endpoints:
+            ports.update(endpoint.ports)
+    return tuple(sorted(ports)[:MAX_CAPTURE_PORTS])
 
 
 def run(cfg: ControlConfig) -> int:

@@ -44,6 +44,7 @@ from supervisor.protocol.egress import (
     EgressReply,
     EgressRequest,
     decode_connect_headers,
+    decode_dns_request_headers,
     encode_dns_reply_headers,
     encode_reply_headers,
 )
@@ -217,7 +218,12 @@ class EgressService:
     # -- DNS ----------------------------------------------------------------------------------------------------
     async def _dns(self, stream: LinkStream) -> None:
         self.counters["dns"] += 1
-        wire = await stream.read_all(DNS_MAX)
+        try:
+            length = decode_dns_request_headers(stream.headers)
+        except EgressHeaderError as exc:
+            await self._reply(stream, EgressReply(400, reason="malformed-dns-request", detail=str(exc)[:200]))
+            return
+        wire = await stream.read_all(min(length, DNS_MAX))
         try:
             query = dns.message.from_wire(wire)
         except Exception:  # dnspython raises many kinds for garbage; any of them is FORMERR

@@ -1,0 +1,100 @@
+"""``exec true`` round trip on the boundary's process side: latency p50/p99.
+
+Two measurements, both from an already-running boundary (no interpreter start-up, no control, no TLS):
+
+- ``table``: ``ProcessTable.start`` (the launcher forks, the child applies every control, ``execve`` succeeds)
+  followed by ``wait`` for its exit status;
+- ``stream``: the same, plus an exec channel attached with ``pump_exec`` on an in-memory stream until the
+  ``EXIT`` frame is decoded by a client (what an operator API call adds on this side).
+
+The launcher is forked before trio starts (its rule), with the strongest privilege model available (R as
+root: network, mount and PID namespaces; else what ``detect_privilege_model`` finds).
+
+    python3 bench/bench_exec.py [--runs N] [--model auto|R|U|P]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import Any
+
+import trio
+import trio.testing
+
+from bench.stats import percentile
+from supervisor.boundary.process import Launcher, NamespacePlan, detect_privilege_model
+from supervisor.boundary.process.environment import build_process_spec, managed_env
+from supervisor.boundary.process.exec_session import pump_exec
+from supervisor.boundary.process.table import ProcessTable
+from supervisor.jsonlog import JsonLog
+from supervisor.protocol.channel import CLOSED, NEED_DATA, ChannelDecoder, Direction, Exit
+from supervisor.protocol.process_ops import parse_exec_request
+
+
+async def _read_exit(stream: trio.abc.ReceiveStream) -> dict[str, Any]:
+    decoder = ChannelDecoder(Direction.TO_CLIENT)
+    while True:
+        event = decoder.next_frame()
+        if event is NEED_DATA:
+            decoder.receive_data(await stream.receive_some(65536))
+        elif event is CLOSED:
+            raise RuntimeError("stream closed without EXIT")
+        elif isinstance(event, Exit):
+            return event.result
+
+
+async def _bench(launcher: Launcher, model: str, runs: int) -> dict[str, Any]:
+    await launcher.prepare(NamespacePlan(model))  # type: ignore[arg-type]
+    uid = 1000 if os.geteuid() == 0 else os.geteuid()
+    gid = 1000 if os.geteuid() == 0 else os.getegid()
+    spec = build_process_spec(
+        parse_exec_request({"argv": ["true"]}),
+        agent_uid=uid, agent_gid=gid, managed_env=managed_env(), default_cwd="/", landlock=None,
+    )  # fmt: skip
+    table = ProcessTable(launcher, log=JsonLog("bench", stream=open(os.devnull, "w")))  # noqa: SIM115, ASYNC230
+    samples: dict[str, list[float]] = {"table": [], "stream": []}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(table.run)
+        for i in range(runs + 20):  # the first 20 warm up
+            t0 = time.perf_counter()
+            entry = await table.start(spec, kind="exec")
+            result = await table.wait(entry.handle, None)
+            t1 = time.perf_counter()
+            assert result["code"] == 0, result
+            client, server = trio.testing.memory_stream_pair()
+            t2 = time.perf_counter()
+            entry = await table.start(spec, kind="exec")
+            async with trio.open_nursery() as inner:
+                inner.start_soon(pump_exec, entry, server)
+                result = await _read_exit(client)
+            t3 = time.perf_counter()
+            assert result["code"] == 0, result
+            if i >= 20:
+                samples["table"].append((t1 - t0) * 1000)
+                samples["stream"].append((t3 - t2) * 1000)
+        nursery.cancel_scope.cancel()
+    return {
+        name: {"p50_ms": round(percentile(v, 50), 3), "p99_ms": round(percentile(v, 99), 3), "runs": len(v)}
+        for name, v in samples.items()
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=500)
+    parser.add_argument("--model", default="auto", choices=["auto", "R", "U", "P"])
+    args = parser.parse_args()
+    model, why = detect_privilege_model(args.model)
+    launcher = Launcher.fork()  # before trio.run and before any thread
+    try:
+        report = trio.run(_bench, launcher, model, args.runs)
+    finally:
+        launcher.close()
+    print(json.dumps({"bench": "exec_true_round_trip", "model": model, "model_reason": why, **report}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
