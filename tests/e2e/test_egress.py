@@ -208,7 +208,10 @@ def test_denials_from_the_agents_side(world: World) -> None:
 
 def test_dns_for_names_no_endpoint_allows_is_refused(world: World) -> None:
     before = world.dns.count("exfil.secret-data.example")
-    script = "python3 -c \"import socket\ntry:\n socket.getaddrinfo('exfil.secret-data.example', 80)\nexcept OSError as e:\n print('refused', e.errno)\""
+    script = (
+        "python3 -c \"import socket\ntry:\n socket.getaddrinfo('exfil.secret-data.example', 80)\n"
+        "except OSError as e:\n print('refused', e.errno)\""
+    )
     result, events = world.dev(script)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("refused")
