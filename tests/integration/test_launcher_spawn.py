@@ -458,6 +458,10 @@ async def test_host_pid_matches_pidfd(launcher: Launcher) -> None:
     assert spawned.pid == int(proc_line(f"/proc/self/fdinfo/{spawned.pidfd}", "Pid:")[0])
     assert spawned.pid in launcher.workload_pids()
     assert proc_line(f"/proc/{spawned.pid}/status", "Uid:") == ["1000"] * 4
+    for fd in (spawned.pidfd, spawned.stdout, spawned.stderr):  # nothing received may leak into an exec
+        assert fd is not None and not os.get_inheritable(fd)
+    with await launcher.socket_in_netns(socket.AF_INET, socket.SOCK_STREAM) as inner:
+        assert not inner.get_inheritable()
     signal.pidfd_send_signal(spawned.pidfd, signal.SIGKILL)
     assert os.WTERMSIG(await spawned.wait_status()) == signal.SIGKILL
 

@@ -29,6 +29,7 @@ init, and the zygote itself never reads ``/proc`` after ``prepare``.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
 import fcntl
@@ -57,6 +58,7 @@ HIDE_FLAGS: Final = linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV | linux.M
 PROC_FLAGS: Final = linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
 SIGKILL_STATUS: Final = signal.SIGKILL  # raw wait status of a process killed by SIGKILL
 KILL_ALL_TIMEOUT: Final = 10.0
+_INT_SIZE: Final = array.array("i").itemsize
 _SIOCGIFFLAGS: Final = 0x8913
 _SIOCSIFFLAGS: Final = 0x8914
 _IFF_UP: Final = 0x1
@@ -127,9 +129,17 @@ def decode(data: bytes, fds: list[int], flags: int) -> tuple[dict[str, Any], lis
 
 
 def receive(sock: socket.socket, *, nowait: bool = False) -> tuple[dict[str, Any], list[int]] | None:
-    """One message, or ``None`` at EOF. Blocks if the socket does, unless ``nowait`` (then BlockingIOError)."""
+    """One message, or ``None`` at EOF. Blocks if the socket does, unless ``nowait`` (then BlockingIOError).
+
+    Not ``socket.recv_fds``: on 3.11 it ignores its flags, and we need ``MSG_CMSG_CLOEXEC`` (received fds
+    must never leak into an exec) and ``MSG_DONTWAIT``.
+    """
     want = socket.MSG_CMSG_CLOEXEC | (socket.MSG_DONTWAIT if nowait else 0)
-    data, fds, flags, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS, want)
+    data, ancillary, flags, _ = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(MAX_FDS * _INT_SIZE), want)
+    fds: list[int] = []
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds += array.array("i", payload[: len(payload) - len(payload) % _INT_SIZE])
     if not data:
         close_all(fds)
         return None
