@@ -26,6 +26,7 @@ from supervisor.protocol.claims import Claims
 
 EXIT_SELF_FAILED = 125
 PORT_WAIT_S = 30.0
+CONTROL_RESTARTS = 5
 
 
 @dataclass
@@ -96,7 +97,7 @@ def run_dev(opts: DevOptions) -> int:
             control_cmd.append(f"--agent-user={opts.agent_user}")
         control_cmd += [f"--dns-server={server}" for server in opts.dns_servers]
         procs.append(subprocess.Popen(control_cmd, stdin=subprocess.DEVNULL))
-        return _finish(procs, received, default=EXIT_SELF_FAILED)
+        return _finish(procs, received, default=EXIT_SELF_FAILED, restart_control=control_cmd)
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -120,22 +121,33 @@ def _wait_for_port(port_file: Path, boundary: subprocess.Popen[bytes]) -> int | 
     return None
 
 
-def _finish(procs: list[subprocess.Popen[bytes]], received: list[int], *, default: int) -> int:
+def _finish(
+    procs: list[subprocess.Popen[bytes]], received: list[int], *, default: int, restart_control: list[str] | None = None
+) -> int:
     """Wait for the boundary (its exit code is the agent's), then stop control.
 
-    If control dies first the sandbox cannot go on (nothing would ever start or release the agent): stop the
-    boundary and report our own failure.
+    Control is restarted when it dies on its own (as its Deployment would restart it): the agent keeps running,
+    its connections fail closed meanwhile, and the new control resumes the boundary. After
+    ``CONTROL_RESTARTS`` deaths the sandbox is stopped and our own failure reported.
     """
-    boundary, others = procs[0], procs[1:]
+    boundary = procs[0]
+    restarts = 0
     while boundary.poll() is None:
-        dead = [p for p in others if p.poll() is not None]
-        if dead:
-            print(f"openshell-sandbox: control exited ({dead[0].returncode}); stopping the sandbox", file=sys.stderr)
-            _stop(boundary)
-            return default
+        control = procs[1] if len(procs) > 1 else None
+        if control is not None and control.poll() is not None and not received:
+            if restart_control is None or restarts >= CONTROL_RESTARTS:
+                print(f"openshell-sandbox: control exited ({control.returncode}); stopping the sandbox",
+                      file=sys.stderr)  # fmt: skip
+                _stop(boundary)
+                return default
+            restarts += 1
+            print(f"openshell-sandbox: control exited ({control.returncode}); restarting it ({restarts})",
+                  file=sys.stderr)  # fmt: skip
+            time.sleep(min(0.2 * restarts, 2.0))
+            procs[1] = subprocess.Popen(restart_control, stdin=subprocess.DEVNULL)
         time.sleep(0.05)
     code = boundary.returncode
-    for proc in others:
+    for proc in procs[1:]:
         _stop(proc)
     if code < 0:  # the boundary itself died of a signal
         return default
