@@ -11,7 +11,8 @@ purpose, so that the project's own full path can be added as one thin class:
 * ``pids() -> list[int]`` — the processes whose memory counts for this contender (live tree).
 * ``stop()`` — stop everything it started, leaving nothing behind; safe to call twice.
 
-Peers bind to 127.0.0.1 on a port picked here, run in the foreground (no daemonising, no pid files
+Peers bind to 127.0.0.1 on a port picked here (and one that binds anything beyond loopback is stopped
+and reported as skipped), run in the foreground (no daemonising, no pid files
 outside the run's temporary directory) and log only errors, so no contender pays for per-connection
 logging that another one skips.
 """
@@ -30,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.procstat import process_tree, start_time
+from bench.procstat import bound_sockets, process_tree, start_time
 
 Address = tuple[str, int]
 HOST = "127.0.0.1"
@@ -110,6 +111,11 @@ class ProcessContender(Contender):
                 start_new_session=True,
             )
         self._wait_listening()
+        exposed = [s for s in bound_sockets(self.pids()) if not s.address.is_loopback]
+        if exposed:
+            self.stop()
+            where = ", ".join(f"{s.protocol} {s.address}:{s.port}" for s in exposed)
+            raise ContenderUnavailable(f"refused: it bound beyond loopback ({where})")
         return (HOST, self.port)
 
     def _wait_listening(self) -> None:
@@ -203,6 +209,7 @@ class Squid(ProcessContender):
             f"cache_log {self.dir / 'cache.log'}\npid_filename {self.dir / 'squid.pid'}\n"
             f"coredump_dir {self.dir}\nmax_filedescriptors {self.ctx.nofile}\n"
             "pinger_enable off\ndns_nameservers 127.0.0.1\nshutdown_lifetime 0 seconds\n"
+            f"udp_incoming_address {HOST}\nudp_outgoing_address {HOST}\ntcp_outgoing_address {HOST}\n"
             "via off\nforwarded_for delete\n" + user
         )
         return [binary, "-N", "-f", str(conf)]

@@ -9,6 +9,7 @@ caller falls back to sampling ``VmRSS``.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,3 +97,54 @@ def open_fds(pids: list[int]) -> int:
         with contextlib.suppress(OSError):
             total += len(os.listdir(PROC / str(pid) / "fd"))
     return total
+
+
+@dataclass(frozen=True)
+class BoundSocket:
+    protocol: str  # "tcp", "tcp6", "udp", "udp6"
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address
+    port: int
+    listening: bool
+
+
+def parse_proc_net_address(text: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
+    """``0100007F:1F90`` → (127.0.0.1, 8080): /proc/net prints each 32-bit word in host (little) order."""
+    address_hex, port_hex = text.split(":")
+    raw = bytes.fromhex(address_hex)
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    address = ipaddress.IPv4Address(words) if len(words) == 4 else ipaddress.IPv6Address(words)
+    return address, int(port_hex, 16)
+
+
+def _socket_inodes(pids: list[int]) -> set[int]:
+    inodes: set[int] = set()
+    for pid in pids:
+        fd_dir = PROC / str(pid) / "fd"
+        with contextlib.suppress(OSError):
+            for fd in fd_dir.iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("socket:["):
+                        inodes.add(int(target[8:-1]))
+    return inodes
+
+
+TCP_LISTEN = "0A"
+
+
+def bound_sockets(pids: list[int]) -> list[BoundSocket]:
+    """The TCP listeners and UDP sockets that ``pids`` hold (other TCP states are left out)."""
+    inodes = _socket_inodes(pids)
+    found: list[BoundSocket] = []
+    for protocol in ("tcp", "tcp6", "udp", "udp6"):
+        with contextlib.suppress(OSError):
+            for line in (PROC / "net" / protocol).read_text().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) < 10 or int(fields[9]) not in inodes:
+                    continue
+                listening = fields[3] == TCP_LISTEN
+                if protocol.startswith("tcp") and not listening:
+                    continue
+                address, port = parse_proc_net_address(fields[1])
+                found.append(BoundSocket(protocol, address, port, listening))
+    return found

@@ -1,0 +1,74 @@
+"""Parsing the micro-benchmarks' JSON lines, and running a script end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.micro import MicroRow, parse_rows, run_all, run_script
+
+
+@pytest.mark.parametrize(
+    ("line", "value", "extra"),
+    [
+        ('{"name": "decision, 10 rules", "unit": "us", "value": 1.5}', 1.5, {}),
+        ('{"name": "exec true", "unit": "ms", "p50": 4, "p99": 9, "runs": 200, "target": 5}', 4.0,
+         {"p50": 4.0, "p99": 9.0, "runs": 200.0, "target": 5.0}),
+        ('{"name": "x", "unit": "ms", "median": 2.5, "min": 1}', 2.5, {"min": 1.0}),
+    ],
+)
+def test_valid_rows(line: str, value: float, extra: dict[str, float]) -> None:
+    rows, problems = parse_rows("bench_x.py", "warming up\n" + line + "\n")
+    assert problems == []
+    assert rows == [MicroRow("bench_x.py", json.loads(line)["name"], json.loads(line)["unit"], value, extra)]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"unit": "us", "value": 1}',
+        '{"name": "x", "value": 1}',
+        '{"name": "x", "unit": "us", "value": true}',
+        '{"name": "x", "unit": "us", "value": "fast"}',
+        '{"name": "x", "unit": "us"',
+    ],
+)
+def test_invalid_rows_are_problems_not_rows(line: str) -> None:
+    rows, problems = parse_rows("bench_x.py", line)
+    assert rows == [] and len(problems) == 1
+
+
+def _script(tmp_path: Path, body: str) -> Path:
+    bench = tmp_path / "bench"
+    bench.mkdir(exist_ok=True)
+    path = bench / "bench_policy.py"
+    path.write_text(body)
+    return path
+
+
+def test_run_script_passes_quick_only_when_offered(tmp_path: Path) -> None:
+    path = _script(tmp_path, (
+        "import argparse, json\n"
+        "p = argparse.ArgumentParser(); p.add_argument('--json', action='store_true')\n"
+        "p.add_argument('--quick', action='store_true'); a = p.parse_args()\n"
+        "print(json.dumps({'name': 'quick' if a.quick else 'full', 'unit': 'us', 'value': 1}))\n"
+    ))
+    rows, reason = run_script(path, quick=True, timeout=60)
+    assert reason is None and [r.name for r in rows] == ["quick"]
+
+
+def test_run_script_reports_failure(tmp_path: Path) -> None:
+    path = _script(tmp_path, "import sys\nprint('{\"name\": \"a\", \"unit\": \"us\", \"value\": 1}')\nsys.exit(3)\n")
+    rows, reason = run_script(path, quick=False, timeout=60)
+    assert reason is not None and reason.startswith("exited 3")
+    assert len(rows) == 1
+
+
+def test_run_all_names_missing_scripts(tmp_path: Path) -> None:
+    _script(tmp_path, "print('no json here')\n")
+    rows, skipped = run_all(tmp_path / "bench", quick=False, timeout=60)
+    assert rows == []
+    assert skipped == {"bench_policy.py": "printed no row", "bench_exec.py": "not written yet",
+                       "bench_handshake.py": "not written yet"}
