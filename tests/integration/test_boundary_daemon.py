@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 import trio
 
-from supervisor.link.h2link import Link
+from supervisor.link.h2link import Link, LinkStream
 from supervisor.link.rpc import call
 from supervisor.link.tls_link import Refused, dial_link
 from supervisor.protocol.certs import Bundle, make_ca
 from supervisor.protocol.claims import CLAIM_FIELDS, Role
 from supervisor.protocol.errors import ErrorKind, OpError
-from supervisor.protocol.tls import ALPN_OPS, client_context
+from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS, client_context
 from tests.certs_fixtures import SAMPLE_CLAIMS, differing, leaf_bundle
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the boundary daemon runs in model R (root) here")
@@ -91,18 +91,33 @@ class Control:
     def __init__(self, b: Boundary, bundle: Bundle | None = None) -> None:
         self.b = b
         self.bundle = bundle or b.control
+        self.egress: list[Link] = []
 
     async def __aenter__(self) -> Link:
         ctx = client_context(self.bundle, (ALPN_OPS,))
         tls, _ = await dial_link("127.0.0.1", self.b.port, ctx, self.bundle, ALPN_OPS)
         self.link = Link(tls, client=True)
         self._cm = trio.open_nursery()
-        nursery = await self._cm.__aenter__()
-        await nursery.start(self.link.run)
+        self.nursery = await self._cm.__aenter__()
+        await self.nursery.start(self.link.run)
         return self.link
 
+    async def open_egress(self) -> Link:
+        """An egress link as control opens them: we dial, the boundary is the HTTP/2 client."""
+        ctx = client_context(self.bundle, (ALPN_EGRESS,))
+        tls, _ = await dial_link("127.0.0.1", self.b.port, ctx, self.bundle, ALPN_EGRESS)
+
+        async def refuse_all(stream: LinkStream) -> None:
+            await stream.send_headers([(":status", "403"), ("openshell-reason", "test")], end_stream=True)
+
+        link = Link(tls, client=False, handler=refuse_all)
+        await self.nursery.start(link.run)
+        self.egress.append(link)
+        return link
+
     async def __aexit__(self, *exc: object) -> None:
-        await self.link.aclose()
+        for link in (self.link, *self.egress):
+            await link.aclose()
         await self._cm.__aexit__(None, None, None)
 
 
@@ -125,7 +140,13 @@ async def expect_error(kind: ErrorKind, link: Link, path: str, body: dict[str, o
 
 
 async def test_lifecycle_order_is_enforced_and_second_attach_refused(boundary: Boundary) -> None:
-    async with Control(boundary) as link:
+    control = Control(boundary)
+    async with control as link:
+        # Egress links are refused before attach: nothing can be parked on an unbound boundary.
+        early = await control.open_egress()
+        with trio.fail_after(10):
+            await early.wait_closed()
+        boundary.wait_event("link.refused", field="state")
         assert (await call(link, "/v1/status"))["state"] == "idle"
         await expect_error(ErrorKind.INVALID, link, "/v1/confirm")
         await expect_error(ErrorKind.INVALID, link, "/v1/start")
@@ -139,8 +160,15 @@ async def test_lifecycle_order_is_enforced_and_second_attach_refused(boundary: B
         assert "second attach" in second.reason
         await expect_error(ErrorKind.INVALID, link, "/v1/start")  # Bound: confirm first
         await expect_error(ErrorKind.INVALID, link, "/v1/terminate", {"handle": "p_0123456789abcdef"})
+        unavailable = await expect_error(ErrorKind.UNAVAILABLE, link, "/v1/confirm")
+        assert "egress" in unavailable.reason  # confirm needs mediation connected
+        await control.open_egress()
+        with trio.fail_after(10):
+            while (await call(link, "/v1/status"))["links"] < 2:  # noqa: ASYNC110 - polls the remote side
+                await trio.sleep(0.05)
         ready = await call(link, "/v1/confirm")
         assert ready["state"] == "ready" and ready["fence"]["links"][0]["name"] == "lo"
+        assert ready["fence"]["probe"] == "captured"
         running = await call(link, "/v1/start")
         assert running["state"] == "running" and running["agent"].startswith("p_")
         await expect_error(ErrorKind.INVALID, link, "/v1/start")
