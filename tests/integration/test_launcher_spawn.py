@@ -260,6 +260,16 @@ async def test_child_identity_and_hardening(launcher: Launcher) -> None:
     assert out["core"] == [0, 0]
 
 
+async def test_signal_dispositions_and_mask_are_reset(launcher: Launcher) -> None:
+    """The zygote ignores SIGPIPE and catches SIGCHLD; neither may reach the workload through execve."""
+    await launcher.prepare(NamespacePlan("R"))
+    # (Caught signals cannot cross execve at all; ignored ones and the mask can.)
+    status, out, err = await run(launcher, make_spec("/bin/grep", "-E", "^Sig(Ign|Blk)", "/proc/self/status"))
+    assert status == 0, err
+    fields = dict(line.split(":\t") for line in out.decode().splitlines())
+    assert fields == {"SigIgn": "0" * 16, "SigBlk": "0" * 16}
+
+
 async def test_root_groups_are_not_inherited(launcher: Launcher) -> None:
     await launcher.prepare(NamespacePlan("R"))
     out = await run_py(launcher, STATUS_PROBE)

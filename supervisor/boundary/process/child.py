@@ -186,9 +186,14 @@ class ChildContext:
 
 
 def _reset_signals(ctx: ChildContext) -> None:
+    """Default dispositions and an empty mask (ignored signals would survive ``execve``).
+
+    The forking process set every disposition through ``signal.signal`` when it started, so Python's table
+    is exact and only the ones it changed since (SIGPIPE ignored, SIGCHLD caught) cost a syscall here.
+    """
     signal.set_wakeup_fd(-1)
     for sig in signal.valid_signals():
-        if sig in (signal.SIGKILL, signal.SIGSTOP):
+        if sig in (signal.SIGKILL, signal.SIGSTOP) or signal.getsignal(sig) == signal.SIG_DFL:
             continue
         try:
             signal.signal(sig, signal.SIG_DFL)
@@ -243,7 +248,7 @@ def _landlock(ctx: ChildContext) -> None:
 
 def _seccomp(ctx: ChildContext) -> None:
     if ctx.spec.seccomp:
-        seccomp.install(seccomp.build())
+        seccomp.install(seccomp.program())
 
 
 def _exec(ctx: ChildContext) -> None:

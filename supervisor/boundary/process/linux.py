@@ -96,23 +96,21 @@ def setns(fd: int, nstype: int = 0) -> None:
     _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)))
 
 
+_prctl = _libc.prctl
+_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_prctl.restype = ctypes.c_int
+_prctl_ptr = _libc["prctl"]  # a second function object, so the pointer variant keeps its own argtypes
+_prctl_ptr.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+_prctl_ptr.restype = ctypes.c_int
+
+
 def prctl(option: int, arg2: int = 0, arg3: int = 0, arg4: int = 0, arg5: int = 0) -> int:
-    return _check(
-        _libc.prctl(
-            ctypes.c_int(option),
-            ctypes.c_ulong(arg2),
-            ctypes.c_ulong(arg3),
-            ctypes.c_ulong(arg4),
-            ctypes.c_ulong(arg5),
-        )
-    )
+    return _check(_prctl(option, arg2, arg3, arg4, arg5))
 
 
 def prctl_ptr(option: int, arg2: int, pointer: ctypes.c_void_p) -> int:
     """``prctl`` whose third argument is a pointer (``PR_SET_SECCOMP``)."""
-    return _check(
-        _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg2), pointer, ctypes.c_ulong(0), ctypes.c_ulong(0))
-    )
+    return _check(_prctl_ptr(option, arg2, pointer, 0, 0))
 
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:

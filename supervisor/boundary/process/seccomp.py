@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import struct
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -280,6 +281,12 @@ def build(arch: str = linux.MACHINE, rules: tuple[Rule, ...] = DENY_RULES) -> by
     if len(prog) > 4096:
         raise ValueError("seccomp program too long")
     return b"".join(prog)
+
+
+@functools.cache
+def program(arch: str = linux.MACHINE) -> bytes:
+    """``build(arch)`` once per process: the forking process warms it so each child only installs."""
+    return build(arch)
 
 
 class _SockFprog(ctypes.Structure):

@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, NoReturn
 
-from . import child, linux, privilege
+from . import child, linux, privilege, seccomp
 
 MAX_MESSAGE: Final = 1 << 20
 MAX_SPEC: Final = 256 * 1024  # argv + env + the rest, encoded; below any default socket send buffer
@@ -247,6 +247,8 @@ class Spawner:
     """Forks workload children, owns their pidfds until handed up, and reaps (rule 2, rule 3)."""
 
     def __init__(self, host_proc_fd: int | None) -> None:
+        with contextlib.suppress(OSError):
+            seccomp.program()  # built once here, inherited by every child
         self.host_proc_fd = host_proc_fd  # set in the init: read host pids through the boundary's procfs
         self.live: dict[int, int] = {}  # local pid -> sid
 
