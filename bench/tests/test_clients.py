@@ -1,0 +1,94 @@
+"""The client against the real upstream (loopback) and against misbehaving proxies."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from bench import clients
+from bench.harness import Upstream
+from bench.wire import Direction, WireError
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[Upstream]:
+    server = Upstream()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("direction", list(Direction))
+def test_bulk_moves_every_byte(upstream: Upstream, direction: Direction) -> None:
+    result = clients.bulk(None, upstream.bulk, direction, 3 * clients.CHUNK + 17, timeout=10)
+    assert result.size == 3 * clients.CHUNK + 17 and result.mb_per_s > 0
+
+
+def test_setup_batches_count_every_connection(upstream: Upstream) -> None:
+    sequential = clients.setup_sequential(None, upstream.echo, 40, timeout=10, budget=30)
+    assert len(sequential.latencies) == 40 and sequential.errors == 0
+    concurrent = clients.setup_concurrent(None, upstream.echo, 100, 16, timeout=10, budget=30)
+    assert len(concurrent.latencies) == 100 and concurrent.errors == 0
+
+
+def test_budget_stops_a_batch_early(upstream: Upstream) -> None:
+    result = clients.setup_sequential(None, upstream.echo, 10**6, timeout=10, budget=0.2)
+    assert 0 < len(result.latencies) < 10**6
+
+
+def test_idle_connections_are_held_until_closed(upstream: Upstream) -> None:
+    hold = clients.open_idle(None, upstream.echo, 50, 10, timeout=10, budget=30)
+    try:
+        assert len(hold.sockets) == 50 and hold.errors == 0
+        assert all(s.fileno() >= 0 for s in hold.sockets)
+    finally:
+        hold.close()
+    assert hold.sockets == []
+
+
+class FakeProxy:
+    """A loopback 'proxy' answering every CONNECT with fixed bytes, to play the misbehaving peer."""
+
+    def __init__(self, answer: bytes) -> None:
+        self.answer = answer
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address: tuple[str, int] = self.listener.getsockname()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(4096)
+                conn.sendall(self.answer)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (b"HTTP/1.1 403 Forbidden\r\n\r\n", clients.TunnelRefused),
+        (b"HTTP/1.1 200 OK\r\n\r\nsurprise", WireError),
+        (b"HTTP/1.1 200 OK\r\n", WireError),  # closes before the header ends
+        (b"220 smtp ready\r\n\r\n", WireError),
+    ],
+)
+def test_client_refuses_a_bad_tunnel(answer: bytes, error: type[Exception]) -> None:
+    proxy = FakeProxy(answer)
+    try:
+        with pytest.raises(error):
+            clients.open_tunnel(proxy.address, ("127.0.0.1", 9), timeout=5)
+        result = clients.setup_sequential(proxy.address, ("127.0.0.1", 9), 3, timeout=5, budget=10)
+        assert result.latencies == [] and result.errors == 3
+        concurrent = clients.setup_concurrent(proxy.address, ("127.0.0.1", 9), 4, 2, timeout=5, budget=10)
+        assert concurrent.latencies == [] and concurrent.errors == 4
+    finally:
+        proxy.close()
