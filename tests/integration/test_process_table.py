@@ -12,6 +12,7 @@ import signal
 import struct
 import subprocess
 import termios
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ import trio.testing
 
 from supervisor.boundary.process.exec_session import pump_exec
 from supervisor.boundary.process.table import ProcessEntry, ProcessTable
-from supervisor.boundary.process.terminate import read_stat
+from supervisor.boundary.process.terminate import Membership, ProcStat, read_stat
 from supervisor.jsonlog import JsonLog
 from supervisor.protocol.channel import (
     CLOSED,
@@ -501,3 +502,77 @@ async def test_agent_exit_ends_everything(fake_table: ProcessTable) -> None:
         await fake_table.start(Spec(["true"]), kind="exec")
     assert info.value.kind is ErrorKind.TERMINATED
     assert fake_table.live() == []
+
+
+# -- membership (pure: driven by synthetic /proc snapshots) ---------------------------------------------------
+
+
+def st(pid: int, ppid: int, pgid: int, sid: int, state: str = "S", start: int = 100) -> ProcStat:
+    return ProcStat(pid, ppid, pgid, sid, state, start)
+
+
+def snap(*stats: ProcStat) -> dict[int, ProcStat]:
+    return {s.pid: s for s in stats}
+
+
+def test_membership_session_group_and_descendants() -> None:
+    m = Membership(10, 100)
+    tree = m.tree(snap(
+        st(10, 1, 10, 10),            # the root
+        st(11, 10, 10, 10),           # a child
+        st(12, 11, 12, 12),           # a grandchild that called setsid: still a descendant
+        st(13, 1, 10, 10),            # an orphan still in the session
+        st(14, 1, 14, 14),            # a stranger
+        st(15, 12, 12, 12, "Z"),      # a zombie member: not live
+    ))  # fmt: skip
+    assert sorted(p.pid for p in tree.live) == [10, 11, 12, 13]
+    assert tree.groups == {10, 12}
+
+
+def test_membership_is_sticky_across_setsid_and_reparenting() -> None:
+    m = Membership(10, 100)
+    m.tree(snap(st(10, 1, 10, 10), st(11, 10, 10, 10)))
+    # 11 double-forked away: new session, parent is the launcher's init now
+    tree = m.tree(snap(st(10, 1, 10, 10), st(11, 1, 11, 11), st(20, 11, 11, 11)))
+    assert sorted(p.pid for p in tree.live) == [10, 11, 20]
+
+
+def test_membership_forgets_reused_pids() -> None:
+    m = Membership(10, 100)
+    m.tree(snap(st(10, 1, 10, 10), st(11, 10, 10, 10)))
+    m.tree(snap(st(10, 1, 10, 10)))  # 11 is gone
+    tree = m.tree(snap(st(10, 1, 10, 10), st(11, 1, 11, 11, start=999)))  # 11 reused by a stranger
+    assert [p.pid for p in tree.live] == [10]
+
+
+def test_membership_ignores_session_when_root_pid_was_reused() -> None:
+    m = Membership(10, 100)
+    # pid 10 now names another session leader (started later): its session is not ours
+    tree = m.tree(snap(st(10, 1, 10, 10, start=500), st(11, 10, 10, 10, start=501)))
+    assert tree.live == [] and tree.groups == frozenset()
+    # the root is gone and nothing reused its pid: its session id still names our session
+    tree = Membership(10, 100).tree(snap(st(13, 1, 10, 10)))
+    assert [p.pid for p in tree.live] == [13] and tree.groups == {10}
+
+
+def test_membership_untrusted_root_start() -> None:
+    # the root's start time could not be trusted (it exited before it was read): pid 10 is not matched
+    tree = Membership(10, None).tree(snap(st(10, 1, 10, 10), st(11, 10, 10, 10)))
+    assert tree.live == []
+
+
+def test_read_stat_parses_hostile_command_names(tmp_path: Any) -> None:
+    # the command name is the executable's base name: make it look like the fields that follow it
+    hostile = tmp_path / ") Z 1 1 1 (x"
+    hostile.symlink_to("/bin/sleep")
+    proc = subprocess.Popen([str(hostile), "5"], start_new_session=True)
+    try:
+        time.sleep(0.05)
+        stat = read_stat(proc.pid)
+        assert stat is not None and (stat.pid, stat.sid, stat.pgid) == (proc.pid, proc.pid, proc.pid)
+        assert stat.ppid == os.getpid() and stat.state != "Z" and stat.alive and stat.starttime > 0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert read_stat(proc.pid) is None
+    assert read_stat(2**22 + 7) is None

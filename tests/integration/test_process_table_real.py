@@ -190,6 +190,15 @@ async def test_resize_reaches_foreground_group_as_sigwinch(table: ProcessTable) 
     assert b"21 101" in out.stdout and out.exit is not None and out.exit["code"] == 0
 
 
+@pytest.mark.parametrize("tty", [False, True])
+async def test_exit_reported_when_a_background_child_holds_the_output(table: ProcessTable, tty: bool) -> None:
+    t0 = trio.current_time()
+    out, _ = await run_exec(table, sh("sleep 30 & echo last; exit 6", tty=tty))
+    assert 1.9 < trio.current_time() - t0 < 4  # drained for at most 2 s after the exit, then EXIT
+    assert bytes(out.stdout).replace(b"\r\n", b"\n") == b"last\n"
+    assert out.exit is not None and out.exit["code"] == 6
+
+
 async def test_resize_on_non_pty_is_invalid(table: ProcessTable) -> None:
     entry = await table.start(spec(["sleep", "30"]), kind="exec")
     with pytest.raises(OpError) as info:

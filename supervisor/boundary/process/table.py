@@ -147,8 +147,9 @@ class ProcessEntry:
         self.membership = Membership(spawned.pid, stat.starttime if stat and trusted else None)
         self.pty = OwnedFd(spawned.pty_master) if spawned.pty_master is not None else None
         self._stdin = OwnedFd(spawned.stdin) if spawned.stdin is not None and self.pty is None else None
-        if self._stdin is not None:
-            os.set_blocking(self._stdin.fileno(), False)
+        for fd in (self._stdin, self.pty):
+            if fd is not None:
+                os.set_blocking(fd.fileno(), False)  # an event loop never blocks on a child's stdin
         streams: list[OutputStream] = []
         if self.pty is not None:
             streams.append(OutputStream(self.pty, Stdout, owns_fd=False))
@@ -484,7 +485,10 @@ class ProcessTable:
         if self._ended is not None:
             return
         self._ended = reason
-        why = EndReason(reason) if reason in EndReason.__members__.values() else EndReason.TERMINATED
+        try:
+            why = EndReason(reason)
+        except ValueError:
+            why = EndReason.TERMINATED  # e.g. "shutdown"
         for e in self._entries.values():
             if e.result is None and e.end_reason is None:
                 e.end_reason = why
