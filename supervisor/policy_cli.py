@@ -37,7 +37,7 @@ def add_policy_parser(subparsers: Any) -> None:
     policy = subparsers.add_parser("policy", help="check a policy file or ask it for a decision",
                                    description="Validate a policy file or test a decision against it.")
     policy.set_defaults(handler=run_policy)
-    sub = policy.add_subparsers(dest="policy_command", metavar="{check,decide}")
+    sub = policy.add_subparsers(dest="policy_command", metavar="{check,decide,get,apply}")
     sub.required = True
 
     check = sub.add_parser("check", help="validate a policy file and list every error",
@@ -58,6 +58,15 @@ def add_policy_parser(subparsers: Any) -> None:
     decide.add_argument("--path", help="HTTP request target, for an L7 decision (needs --method)")
     decide.add_argument("--json", action="store_true", help="print one JSON object")
 
+    get = sub.add_parser("get", help="show the running sandbox's policy generation and status",
+                         description="Ask the running sandbox's control which policy generation is in force.")
+    get.add_argument("--api", help="operator API socket (default: find the running sandbox)")
+    apply = sub.add_parser("apply", help="install FILE as the running sandbox's next policy generation",
+                           description="Validate FILE in control and make it generation N+1; an invalid file is "
+                                       "refused with every error and nothing changes.")
+    apply.add_argument("file", type=Path, metavar="FILE")
+    apply.add_argument("--api", help="operator API socket (default: find the running sandbox)")
+
 
 def run_policy(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     out = stdout if stdout is not None else sys.stdout
@@ -67,7 +76,9 @@ def run_policy(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr
         return _check(args, out, err)
     if command == "decide":
         return _decide(args, out, err)
-    print("policy: expected a subcommand: check or decide", file=err)
+    if command in ("get", "apply"):
+        return _remote(args, out, err)
+    print("policy: expected a subcommand: check, decide, get or apply", file=err)
     return EXIT_USAGE
 
 
@@ -127,3 +138,33 @@ def _decide(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def _dump(out: TextIO, body: dict[str, Any]) -> None:
     out.write(json.dumps(body, indent=2, sort_keys=False) + "\n")
+
+
+def _remote(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``policy get`` / ``policy apply``: the running sandbox's control, through its operator API."""
+    import trio
+
+    from supervisor.api_client import ApiError, find_api, request_json
+
+    try:
+        api = find_api(args.api)
+        if args.policy_command == "get":
+            status, body = trio.run(request_json, api, "GET", "/v1/policy")
+        else:
+            try:
+                text = args.file.read_bytes()
+            except OSError as exc:
+                print(f"{args.file}: cannot read: {exc.strerror}", file=err)
+                return EXIT_USAGE
+            status, body = trio.run(request_json, api, "PUT", "/v1/policy", text)
+    except ApiError as exc:
+        print(f"policy: {exc}", file=err)
+        return 125
+    if status != 200:
+        for error in body.get("errors", []):
+            where = f"{args.file}:{error.get('line')}: " if error.get("line") else ""
+            print(f"{where}{error.get('path')}: {error.get('message')}", file=err)
+        print(f"policy: {body.get('reason') or f'HTTP {status}'}; nothing changed", file=err)
+        return 1
+    print(json.dumps(body, indent=2, sort_keys=True), file=out)
+    return 0

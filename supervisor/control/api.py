@@ -138,6 +138,9 @@ class ApiServer:
     async def _dispatch(self, http: _Http, request: h11.Request, body: bytes) -> bool:
         method = request.method.decode()
         target = request.target.decode().split("?", 1)[0]
+        if method == "PUT" and target == "/v1/policy":  # the body is the policy YAML, not JSON
+            await self._put_policy(http, body)
+            return False
         try:
             parsed = json.loads(body) if body else {}
             if not isinstance(parsed, dict):
@@ -156,8 +159,6 @@ class ApiServer:
                 await http.respond_json(200, self.daemon.status())
             elif method == "GET" and target == "/v1/policy":
                 await http.respond_json(200, self.daemon.policy.status_json())
-            elif method == "PUT" and target == "/v1/policy":
-                await self._put_policy(http, body)
             elif method == "POST" and target in FORWARDED_UNARY:
                 await http.respond_json(200, await call(self._link(), target, parsed))
             elif method == "POST" and target in ("/v1/exec", "/v1/forward"):
@@ -176,7 +177,7 @@ class ApiServer:
 
     async def _put_policy(self, http: _Http, body: bytes) -> None:
         try:
-            generation = self.daemon.policy.apply_text(body.decode("utf-8", "replace"), "PUT /v1/policy")
+            generation = await self.daemon.policy.apply_text_async(body.decode("utf-8", "replace"), "PUT /v1/policy")
         except PolicyInvalid as exc:
             errors = [err.to_json() for err in exc.errors]
             await http.respond_json(400, {"kind": "invalid", "reason": "policy rejected", "errors": errors})
