@@ -125,10 +125,18 @@ class _Sender:
     def __init__(self, stream: trio.abc.HalfCloseableStream) -> None:
         self._stream = stream
         self._lock = trio.Lock()
+        self._closed = False
 
     async def send(self, event: Event) -> None:
+        """Send a frame; once the remote side stopped reading, drop it (the EXIT frame may already be on its way
+        to us: keep reading rather than report a broken stream)."""
+        if self._closed:
+            return
         async with self._lock:
-            await self._stream.send_all(encode_frame(event))
+            try:
+                await self._stream.send_all(encode_frame(event))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._closed = True
 
 
 async def _pump_stdin(sender: _Sender, fd: int) -> None:

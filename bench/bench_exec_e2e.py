@@ -1,0 +1,118 @@
+"""``exec true`` round trip through the whole product, two ways (DESIGN "Exec latency"):
+
+- ``api``: from an already-running client, over control's operator API (h11 upgrade on the Unix socket) →
+  control → the ops link (HTTP/2 over mTLS) → boundary → launcher → ``execve`` → EXIT frame back. The 5 ms
+  target applies here.
+- ``cli``: ``openshell-sandbox exec -- true`` as a user types it: interpreter start-up included.
+
+It starts its own dev sandbox (as root: model R) with a private runtime directory and stops it afterwards.
+
+    python3 -m bench.bench_exec_e2e [--runs N] [--cli-runs N] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from bench.stats import percentile
+from supervisor.api_client import find_api, open_channel, request_json
+from supervisor.protocol.channel import CLOSED, NEED_DATA, ChannelDecoder, Direction, Exit
+
+CLI = [sys.executable, "-m", "supervisor.cli"]
+
+
+async def _exec_true(api: Path) -> None:
+    stream, _ = await open_channel(api, "/v1/exec", {"argv": ["true"], "stdin": "null"})
+    decoder = ChannelDecoder(Direction.TO_CLIENT)
+    async with stream:
+        while True:
+            event = decoder.next_frame()
+            if event is NEED_DATA:
+                decoder.receive_data(await stream.receive_some(65536))
+            elif event is CLOSED:
+                raise RuntimeError("channel closed without EXIT")
+            elif isinstance(event, Exit):
+                if event.result.get("rendered") != 0:
+                    raise RuntimeError(f"exec true failed: {event.result}")
+                return
+
+
+async def _api_latencies(api: Path, runs: int) -> list[float]:
+    for _ in range(5):  # warm up (first exec pays imports and caches)
+        await _exec_true(api)
+    samples = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        await _exec_true(api)
+        samples.append((time.perf_counter() - started) * 1000)
+    return samples
+
+
+def _wait_ready(env: dict[str, str], timeout: float = 30) -> Path:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.environ["XDG_RUNTIME_DIR"] = env["XDG_RUNTIME_DIR"]
+            api = find_api(None)
+            status, body = trio.run(request_json, api, "GET", "/readyz")
+            if status == 200:
+                return api
+        except Exception:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError("the dev sandbox did not become ready")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--cli-runs", type=int, default=20)
+    parser.add_argument("--json", action="store_true", help="print one JSON line")
+    args = parser.parse_args()
+    runtime = tempfile.mkdtemp(prefix="osr-bench-", dir="/tmp")
+    env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
+    dev = subprocess.Popen([*CLI, "dev", "--", "sleep", "100000"], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        api = _wait_ready(env)
+        api_ms = trio.run(_api_latencies, api, args.runs)
+        cli_ms = []
+        for _ in range(args.cli_runs):
+            started = time.perf_counter()
+            done = subprocess.run([*CLI, "exec", "--", "true"], env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"exec through the CLI failed ({done.returncode}): {done.stderr.strip()}")
+            cli_ms.append((time.perf_counter() - started) * 1000)
+    finally:
+        dev.terminate()
+        dev.wait(timeout=30)
+        shutil.rmtree(runtime, ignore_errors=True)
+    result: dict[str, Any] = {
+        "bench": "exec_e2e",
+        "api_p50_ms": round(percentile(api_ms, 50), 2),
+        "api_p99_ms": round(percentile(api_ms, 99), 2),
+        "cli_p50_ms": round(percentile(cli_ms, 50), 1),
+        "cli_p99_ms": round(percentile(cli_ms, 99), 1),
+        "runs": args.runs,
+        "cli_runs": args.cli_runs,
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"exec true via API: p50 {result['api_p50_ms']} ms  p99 {result['api_p99_ms']} ms  ({args.runs} runs)")
+        print(f"exec true via CLI: p50 {result['cli_p50_ms']} ms  p99 {result['cli_p99_ms']} ms  ({args.cli_runs} runs)")
+
+
+if __name__ == "__main__":
+    main()
