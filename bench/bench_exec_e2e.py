@@ -65,7 +65,7 @@ def _wait_ready(env: dict[str, str], timeout: float = 30) -> Path:
         try:
             os.environ["XDG_RUNTIME_DIR"] = env["XDG_RUNTIME_DIR"]
             api = find_api(None)
-            status, body = trio.run(request_json, api, "GET", "/readyz")
+            status, _body = trio.run(request_json, api, "GET", "/readyz")
             if status == 200:
                 return api
         except Exception:
@@ -110,8 +110,9 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"exec true via API: p50 {result['api_p50_ms']} ms  p99 {result['api_p99_ms']} ms  ({args.runs} runs)")
-        print(f"exec true via CLI: p50 {result['cli_p50_ms']} ms  p99 {result['cli_p99_ms']} ms  ({args.cli_runs} runs)")
+        for via, runs in (("api", args.runs), ("cli", args.cli_runs)):
+            p50, p99 = result[f"{via}_p50_ms"], result[f"{via}_p99_ms"]
+            print(f"exec true via {via.upper()}: p50 {p50} ms  p99 {p99} ms  ({runs} runs)")
 
 
 if __name__ == "__main__":
