@@ -37,11 +37,13 @@ from bench.profiling import Recording, format_top
 from bench.report import (
     Results,
     add_derived,
+    aligned,
     build_rows,
     format_markdown,
     format_summary,
     format_summary_markdown,
     format_text,
+    markdown,
     rows_json,
 )
 from bench.scenarios import MIB, Config, Probe, Scenario, build, idle_sizes
@@ -293,10 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = build_rows(results)
     table = format_text(rows)
     notes = config_notes + [f"{k}: {v}" for k, v in micro_skipped.items()]
-    micro_table = "\n".join(
-        f"{r.script:<20} {r.name:<40} {r.value:>10.4g} {r.unit}"
-        + "".join(f"  {k}={v:.4g}" for k, v in r.extra.items()) for r in micro_rows
-    )
+    micro_table = aligned(micro.micro_grid(micro_rows)) if micro_rows else ""
     command = "python3 bench/run.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     document = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -320,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     json_path = args.out / f"bench-{stamp}.json"
     json_path.write_text(json.dumps(document, indent=1) + "\n")
     summary_md = format_summary_markdown(rows, results.contenders)
-    (args.out / f"bench-{stamp}.md").write_text(f"{summary_md}\n\n{format_markdown(rows)}\n")
+    micro_md = f"\n\n{markdown(micro.micro_grid(micro_rows))}" if micro_rows else ""
+    (args.out / f"bench-{stamp}.md").write_text(f"{summary_md}\n\n{format_markdown(rows)}{micro_md}\n")
     print(table)
     print("\nsummary\n" + format_summary(rows, results.contenders))
     if micro_table:

@@ -110,3 +110,18 @@ def run_all(bench_dir: Path, quick: bool, timeout: float) -> tuple[list[MicroRow
         if reason:
             skipped[name] = reason
     return rows, skipped
+
+
+MICRO_HEADER = ["script", "benchmark", "value", "unit", "p50", "p99", "target", "runs"]
+
+
+def micro_grid(rows: list[MicroRow]) -> list[list[str]]:
+    def number(row: MicroRow, key: str) -> str:
+        value = row.extra.get(key)
+        return "" if value is None else f"{value:.4g}"
+
+    return [MICRO_HEADER] + [
+        [r.script, r.name, f"{r.value:.4g}", r.unit, number(r, "p50"), number(r, "p99"), number(r, "target"),
+         number(r, "runs")]
+        for r in rows
+    ]

@@ -162,12 +162,12 @@ def summary_grid(rows: Sequence[Row], contenders: Sequence[str]) -> list[list[st
     return grid
 
 
-def _aligned(grid: Sequence[Sequence[str]]) -> str:
+def aligned(grid: Sequence[Sequence[str]]) -> str:
     widths = [max(len(line[i]) for line in grid) for i in range(len(grid[0]))]
     return "\n".join("  ".join(c.ljust(widths[i]) for i, c in enumerate(line)).rstrip() for line in grid)
 
 
-def _markdown(grid: Sequence[Sequence[str]]) -> str:
+def markdown(grid: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(grid[0]) + " |", "|" + "---|" * len(grid[0])]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in line) + " |" for line in grid[1:]]
     return "\n".join(lines)
@@ -177,15 +177,15 @@ SUMMARY_LEGEND = "median over runs; (×d, ×t) = median per-run ratio against di
 
 
 def format_summary(rows: Sequence[Row], contenders: Sequence[str]) -> str:
-    return _aligned(summary_grid(rows, contenders)) + "\n" + SUMMARY_LEGEND
+    return aligned(summary_grid(rows, contenders)) + "\n" + SUMMARY_LEGEND
 
 
 def format_summary_markdown(rows: Sequence[Row], contenders: Sequence[str]) -> str:
-    return _markdown(summary_grid(rows, contenders)) + "\n\n" + SUMMARY_LEGEND
+    return markdown(summary_grid(rows, contenders)) + "\n\n" + SUMMARY_LEGEND
 
 
 def format_markdown(rows: Sequence[Row]) -> str:
-    return _markdown([HEADER] + [_cells(r) for r in rows])
+    return markdown([HEADER] + [_cells(r) for r in rows])
 
 
 def rows_json(rows: Sequence[Row]) -> list[dict[str, object]]:

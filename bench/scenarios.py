@@ -76,15 +76,15 @@ class Scenario:
 
 THROUGHPUT = (Metric("MB/s", "MB/s", higher_is_better=True),)
 SETUP = (
-    Metric("conns/s", "1/s", higher_is_better=True),
+    Metric("conns/s", "conns/s", higher_is_better=True),
     Metric("p50", "ms", headline=False),
     Metric("p99", "ms", headline=False),
 )
 SETUP_DERIVED = (Metric("added p50", "ms", ratio=False), Metric("added p99", "ms", ratio=False))
 IDLE = (
     Metric("peak RSS", "MiB"),
-    Metric("KiB/conn", "KiB"),
-    Metric("opened/s", "1/s", higher_is_better=True, headline=False),
+    Metric("per conn", "KiB"),
+    Metric("opened/s", "conns/s", higher_is_better=True, headline=False),
     Metric("held", "conns", ratio=False, higher_is_better=True),
 )
 
@@ -156,7 +156,7 @@ def _idle(count: int) -> Callable[[Probe], Outcome]:
         _wait_fds_below(pids, baseline_fds + 16, timeout=30.0)
         values: dict[str, float | None] = {
             "peak RSS": peak_kib / 1024 if pids else None,
-            "KiB/conn": (peak_kib - baseline_kib) / opened if pids and opened else None,
+            "per conn": (peak_kib - baseline_kib) / opened if pids and opened else None,
             "opened/s": opened / hold.seconds if hold.seconds else None,
             "held": float(opened),
         }
