@@ -561,6 +561,21 @@ async def test_model_p_shares_the_network_namespace(launcher: Launcher) -> None:
         await launcher.capture_call("reconfigure", {})
 
 
+@pytest.mark.parametrize(
+    "plan",
+    [
+        NamespacePlan("P", capture={"capture_ports": [15001]}),  # would rewire the pod's own netns
+        NamespacePlan("P", hide_paths=("/tmp",)),  # nothing to hide it in
+        NamespacePlan("R", netns=False, capture={"capture_ports": [15001]}),
+    ],
+)
+async def test_plans_that_cannot_be_honoured_fail_closed(launcher: Launcher, plan: NamespacePlan) -> None:
+    with pytest.raises(LauncherError):
+        await launcher.prepare(plan)
+    with pytest.raises(LauncherError):  # and the launcher stays unusable rather than half-configured
+        await launcher.spawn(make_spec("/bin/true"))
+
+
 # --- overhead -------------------------------------------------------------------------------------------
 async def test_spawn_to_exit_latency(launcher: Launcher) -> None:
     await launcher.prepare(NamespacePlan("R"))

@@ -506,6 +506,8 @@ class Zygote:
     def _prepare(self, plan: NamespacePlan) -> tuple[list[int], list[str], dict[str, Any]]:
         if plan.hide_paths and not plan.mountns:
             raise OSError(errno.EINVAL, "hide_paths needs a mount namespace")
+        if plan.capture is not None and not plan.netns:  # it would rewire the pod's own network
+            raise OSError(errno.EINVAL, "capture setup needs the agent's own network namespace")
         flags = (
             (linux.CLONE_NEWNET if plan.netns else 0)
             | (linux.CLONE_NEWNS if plan.mountns else 0)
