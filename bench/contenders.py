@@ -231,11 +231,18 @@ class ProxyPy(ProcessContender):
 class OpenShell(Contender):
     """The project's full path: agent → boundary → mTLS → control → upstream, through dev mode.
 
-    To fill in: ``start`` launches ``openshell-sandbox dev`` with a policy that allows the upstream and
-    returns the boundary's proxy listener; ``target`` maps the loopback upstream to what control may
-    connect to (control refuses loopback upstreams by design, so the upstream will have to be reached
-    through a test host in a namespace, or a name mapped by its DNS); ``pids`` returns control's and
-    the boundary's processes; ``stop`` ends dev mode.
+    Left to fill in once the egress path runs in dev mode. What it will have to deal with:
+
+    * control refuses loopback upstreams by design, so the upstream has to live on a test host in a
+      network namespace the harness creates (as ``tests/netns_hosts.py`` does), named through a DNS
+      server the harness runs and passed to dev mode with ``--dns-server``; for "the same upstream for
+      every contender" the harness would then place its upstream there for all of them, and ``target``
+      returns that address (or the name the policy allows);
+    * the boundary's proxy listener lives in the agent's network namespace, so either the client runs
+      as the agent (``openshell-sandbox dev --policy P -- python3 -m bench.<client> …``, reporting its
+      numbers as JSON) or ``start`` returns a listener the harness can reach;
+    * ``pids`` returns control's and the boundary's processes (the peak RSS targets are per daemon);
+      ``stop`` ends dev mode and everything it started.
     """
 
     name = "openshell"
