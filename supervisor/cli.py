@@ -92,20 +92,24 @@ def run_daemon(argv: list[str]) -> int:
     args = daemon_parser().parse_args(argv)
     stream = sys.stderr if args.log_stream == "stderr" else sys.stdout
     role = Role(args.mode)
+    if role is Role.BOUNDARY:
+        return _run_boundary(args, stream)
     try:
         bundle = load_bundle(args.bootstrap, role)
     except BundleError as exc:
         _err(f"--bootstrap: {exc}")
         return EXIT_SELF_FAILED
-    log = JsonLog(args.mode, stream=stream, sandbox=bundle.claims.sandbox)
-    if role is Role.BOUNDARY:
-        return _run_boundary(args, bundle, log)
-    return _run_control(args, bundle, log)
+    return _run_control(args, bundle, JsonLog(args.mode, stream=stream, sandbox=bundle.claims.sandbox))
 
 
-def _run_boundary(args: argparse.Namespace, bundle: Any, log: Any) -> int:
+def _run_boundary(args: argparse.Namespace, stream: Any) -> int:
+    """The launcher is forked first: before any thread exists, and before the bundle's key is in our memory
+    (the launcher is a copy of this process and lives next to the workload)."""
     from supervisor.boundary import daemon
-    from supervisor.boundary.process import LauncherError, detect_privilege_model
+    from supervisor.boundary.process import Launcher, LauncherError, detect_privilege_model
+    from supervisor.jsonlog import JsonLog
+    from supervisor.protocol.certs import BundleError, load_bundle
+    from supervisor.protocol.claims import Role
 
     if not args.agent_argv:
         _err("--mode=boundary needs the agent's argv after --")
@@ -116,13 +120,23 @@ def _run_boundary(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     except LauncherError as exc:
         _err(f"--privilege-model={args.privilege_model}: {exc}")
         return EXIT_SELF_FAILED
-    cfg = daemon.BoundaryConfig(
-        bundle=bundle, agent_argv=tuple(args.agent_argv), listen_host=host, listen_port=port,
-        port_file=args.port_file, workdir=args.workdir, agent_stdio=args.agent_stdio, privilege_model=model,
-        model_reason=reason, hide_paths=tuple(args.hide_path), exit_linger_s=args.exit_linger,
-        acknowledge_external_fence=args.acknowledge_external_fence, log=log,
-    )  # fmt: skip
-    return daemon.run(cfg)
+    launcher = Launcher.fork()
+    try:
+        try:
+            bundle = load_bundle(args.bootstrap, Role.BOUNDARY)
+        except BundleError as exc:
+            _err(f"--bootstrap: {exc}")
+            return EXIT_SELF_FAILED
+        cfg = daemon.BoundaryConfig(
+            bundle=bundle, agent_argv=tuple(args.agent_argv), listen_host=host, listen_port=port,
+            port_file=args.port_file, workdir=args.workdir, agent_stdio=args.agent_stdio, privilege_model=model,
+            model_reason=reason, hide_paths=tuple(args.hide_path), exit_linger_s=args.exit_linger,
+            acknowledge_external_fence=args.acknowledge_external_fence,
+            log=JsonLog("boundary", stream=stream, sandbox=bundle.claims.sandbox),
+        )  # fmt: skip
+        return daemon.run(cfg, launcher)
+    finally:
+        launcher.close()
 
 
 def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:

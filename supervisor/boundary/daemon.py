@@ -473,10 +473,6 @@ def _launch_exit_code(error: OpError) -> int:
     return EXIT_SELF_FAILED
 
 
-def run(cfg: BoundaryConfig) -> int:
-    """Fork the launcher first (no thread may exist yet), then run the daemon under trio."""
-    launcher = Launcher.fork()
-    try:
-        return trio.run(BoundaryDaemon(cfg, launcher).serve)
-    finally:
-        launcher.close()
+def run(cfg: BoundaryConfig, launcher: Launcher) -> int:
+    """Run the daemon under trio; ``launcher`` was forked before trio (no thread may exist at fork time)."""
+    return trio.run(BoundaryDaemon(cfg, launcher).serve)

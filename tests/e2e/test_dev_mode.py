@@ -161,3 +161,33 @@ def test_status_and_exec_find_the_running_sandbox() -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
+
+
+def test_ctrl_c_in_a_terminal_tears_everything_down() -> None:
+    """Ctrl-C reaches the whole foreground process group (dev, both daemons, the launcher): the launcher must
+    not die of it, the boundary ends the agent, and nothing is left."""
+    import pexpect
+
+    seconds = 900000 + uuid.uuid4().int % 99999
+    marker = f"sleep {seconds}"
+    child = pexpect.spawn(
+        CLI[0], [*CLI[1:], "dev", "--", "sh", "-c", f"echo started; sleep $(({seconds}+0))"],
+        env={**os.environ}, encoding="utf-8", timeout=30,
+    )  # fmt: skip
+    try:
+        child.expect("started")
+        deadline = time.monotonic() + 10
+        while not processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert processes_with(marker), "the agent is not running"
+        tree = descendants(child.pid)
+        child.sendcontrol("c")
+        child.expect(pexpect.EOF, timeout=30)
+        child.close()
+        assert child.exitstatus not in (None, 0)
+        time.sleep(0.2)
+        assert processes_with(marker) == [], "a workload process survived Ctrl-C"
+        assert [pid for pid in tree if alive(pid)] == [], "a process of the sandbox survived Ctrl-C"
+    finally:
+        if child.isalive():
+            child.terminate(force=True)

@@ -228,6 +228,10 @@ def _reset_process(keep: list[int]) -> None:
             with contextlib.suppress(OSError, ValueError):
                 signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a vanished peer is an EPIPE, not a death
+    # Ctrl-C in dev mode signals the whole foreground process group, launcher included; only the boundary
+    # decides when the workload ends (and PR_SET_PDEATHSIG ends us with it).
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     lifted = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in keep]
     for index, fd in enumerate(lifted):
