@@ -295,6 +295,31 @@ def wait_end(sock):
     return {"end": end, "data": data[:200].decode("utf-8", "replace")}
 
 
+def dns_query(name, qtype=1, qid=0x4242):
+    """A minimal DNS query (RD set) for ``name``; the agent has no dnspython."""
+    labels = b"".join(bytes([len(p)]) + p.encode() for p in name.strip(".").split("."))
+    return qid.to_bytes(2, "big") + b"\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00" + labels + b"\x00" + \
+        qtype.to_bytes(2, "big") + b"\x00\x01"
+
+
+def udp_probe(host, port, payload, wait=1.0):
+    """Send one datagram and wait for an answer: "answered:<n bytes>", "refused", or "silent"."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    sock.settimeout(wait)
+    try:
+        sock.connect((host, port))
+        sock.send(payload)
+        data = sock.recv(65535)
+        return f"answered:{len(data)}", data
+    except (socket.timeout, TimeoutError):
+        return "silent", b""
+    except OSError as exc:
+        return outcome(exc), b""
+    finally:
+        sock.close()
+
+
 def exchange(sock, payload=b"", half_close=True):
     """Send, optionally half-close, read to the end: what came back and how it ended."""
     try:
@@ -467,7 +492,8 @@ class DevRun:
 
     def boundary_port(self, timeout: float = 30.0) -> int:
         """The boundary's link port (on 127.0.0.1 of the root namespace), from its --port-file."""
-        argv = dict(_children(self.proc.pid))[self.child("boundary")].split("\0")
+        pid = self.child("boundary")
+        argv = dict(_children(self.proc.pid))[pid].split("\0")
         port_file = Path(next(a for a in argv if a.startswith("--port-file=")).split("=", 1)[1])
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

