@@ -163,9 +163,12 @@ class EgressService:
             await self._reply(stream, EgressReply(502, reason="connect-failed", detail=str(exc)[:500]))
             return
         except UpstreamError as exc:
-            self.counters["failed"] += 1
-            self._event(request, "deny" if exc.status == 403 else "error", reason=str(exc.reason),
-                        detail=exc.detail, **common)  # fmt: skip
+            # 400 (a host spelling we refuse, such as 2130706433) and 403 (SSRF) refuse what the agent asked
+            # for: that is a denial to whoever reads the events, not a failure to get there.
+            refused = exc.status in (400, 403)
+            self.counters["denied" if refused else "failed"] += 1
+            self._event(request, "deny" if refused else "error", reason=str(exc.reason), detail=exc.detail,
+                        **common)  # fmt: skip
             await self._reply(stream, EgressReply(exc.status, reason=str(exc.reason), detail=exc.detail[:500]))
             return
         self.counters["allowed"] += 1
