@@ -117,20 +117,19 @@ class FakeLauncher:
         return FakeSpawned(proc.pid, os.pidfd_open(proc.pid), *fds)
 
     def workload_pids(self) -> set[int]:
-        me = os.getpid()
+        """Descendants of what this fake spawned, and whatever stays in their sessions (orphans reparent
+        away from the test process). Never the test's other children, such as real launchers."""
         stats = [s for s in (read_stat(int(p)) for p in os.listdir("/proc") if p.isdigit()) if s is not None]
         children: dict[int, list[int]] = {}
         for s in stats:
             children.setdefault(s.ppid, []).append(s.pid)
         out: set[int] = set()
-        todo = list(children.get(me, ()))
+        todo = [s.pid for s in stats if s.pid in self.roots or s.sid in self.roots]
         while todo:
             pid = todo.pop()
             if pid not in out:
                 out.add(pid)
                 todo.extend(children.get(pid, ()))
-        # orphans reparent away from the fake: keep whatever stays in a session we created
-        out.update(s.pid for s in stats if s.sid in self.roots)
         return out
 
     async def kill_all(self) -> None:

@@ -386,6 +386,7 @@ async def test_forward_reaches_workload_loopback_only(table: ProcessTable) -> No
 
     # a listener on the boundary's own loopback is not reachable: the dial happens in the workload netns
     host_side = socket.socket()
+    host_side.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # ports in TIME_WAIT are fine to listen on
     host_side.bind(("127.0.0.1", 0))
     host_side.listen()
     try:

@@ -17,6 +17,7 @@ Rules:
 
 from __future__ import annotations
 
+import collections
 import enum
 import math
 import os
@@ -249,15 +250,15 @@ class ProcessEntry:
             self.output.process_exited()
         self.exited.set()
 
-    def _release(self) -> None:
-        """Close what is left once the output is drained (or the entry is pruned)."""
-        if self.pty is not None and (self.output is None or self.output.done):
-            self.pty.close()
-        if self.output is not None and self.output.done:
+    def _release(self, *, force: bool = False) -> None:
+        """Close the fds once the output is drained, or now (``force``: pruned, or the table ended)."""
+        if self.output is not None and not (force or self.output.done):
             return
         if self.output is not None:
             for s in self.output.streams:
-                s.fd.close()
+                s.fd.close()  # wakes a reader still waiting on it; it then reports EOF
+        if self.pty is not None:
+            self.pty.close()
 
     def scan(self) -> Scan:
         return scanner(self.membership, self._table.launcher.workload_pids)
@@ -281,6 +282,7 @@ class ProcessTable:
         self.agent: ProcessEntry | None = None
         self.agent_exited = trio.Event()
         self._entries: dict[str, ProcessEntry] = {}
+        self._finished: collections.deque[ProcessEntry] = collections.deque()
         self._issued: set[str] = set()
         self._starting = 0
         self._ended: str | None = None
@@ -344,8 +346,9 @@ class ProcessTable:
         if timeout_s > 0:
             nursery.start_soon(self._timeout, entry, timeout_s, grace_s)
         entry.log_event(ProcessEvent.STARTED, tty=entry.tty)
-        if self._ended is not None:  # the agent ended while we were spawning
+        if self._ended is not None:  # the table ended while we were spawning: this one goes too
             nursery.start_soon(self._terminate_entry, entry, 0.0, EndReason.AGENT_EXIT)
+            raise OpError(ErrorKind.TERMINATED, "the agent has exited; no process can be started")
         return entry
 
     _starting_agent = False
@@ -391,14 +394,20 @@ class ProcessTable:
         except Exception as exc:  # the launcher is gone; the process is too (its init or zygote died)
             self.log.emit(ProcessEvent.EXITED, handle=entry.handle, error=f"status lost: {exc}")
             status = None
-        entry._finish(status)
-        if entry.output is None or entry.output.done:
-            entry._release()
+        self._finished_entry(entry, status)
         result = await entry.wait_result()
         entry.log_event(ProcessEvent.EXITED, **{k: result[k] for k in ("code", "signal", "reason")})
         if entry.kind == "agent":
             self.agent_exited.set()
             await self.end_all(EndReason.AGENT_EXIT)
+
+    def _finished_entry(self, entry: ProcessEntry, status: int | None) -> None:
+        if entry.result is not None:
+            return
+        entry._finish(status)
+        entry._release()
+        if entry.kind == "exec":
+            self._finished.append(entry)
 
     async def _timeout(self, entry: ProcessEntry, timeout_s: float, grace_s: float) -> None:
         with trio.move_on_after(timeout_s):
@@ -418,20 +427,14 @@ class ProcessTable:
         raise OpError(ErrorKind.INVALID, "unknown handle", field="handle")
 
     def _prune(self) -> None:
-        done = sorted(
-            (e for e in self._entries.values() if e.result is not None and e is not self.agent),
-            key=lambda e: e.ended_at,
-        )
-        excess = len(done) - self.retention_count
-        if excess <= 0:
-            return
+        """Rule 5. ``_finished`` holds exited exec entries in the order they ended."""
         cutoff = trio.current_time() - self.retention_s
-        for e in done[:excess]:
-            if e.ended_at >= cutoff:
-                break
+        while len(self._finished) > self.retention_count and self._finished[0].ended_at < cutoff:
+            e = self._finished[0]
             if e.output is not None and e.output.attached:
-                continue
-            e._release()
+                break  # a stream is still delivering it; look again later
+            self._finished.popleft()
+            e._release(force=True)
             del self._entries[e.handle]
 
     def live(self) -> list[dict[str, Any]]:
@@ -478,7 +481,7 @@ class ProcessTable:
         with trio.move_on_after(_EXIT_REPORT_S):
             await entry.exited.wait()
         if entry.result is None and entry._pidfd is not None and _pidfd_exited(entry._pidfd):
-            entry._finish(None)  # dead, but the launcher never reported its status
+            self._finished_entry(entry, None)  # dead, but the launcher never reported its status
 
     async def end_all(self, reason: str) -> None:
         """Terminate every workload process within about a second (agent exit, shutdown)."""
@@ -495,11 +498,14 @@ class ProcessTable:
         self.log.emit(ProcessEvent.END_ALL, reason=reason, live=len(self.live()))
         with trio.move_on_after(1.0):
             await terminate_tree(everything(self.launcher.workload_pids), END_ALL_GRACE_S)
-        await self.launcher.kill_all()  # the backstop: the workload PID namespace or every descendant
+        try:
+            await self.launcher.kill_all()  # the backstop: the workload PID namespace or every descendant
+        except Exception as exc:
+            self.log.emit(ProcessEvent.END_ALL, reason=reason, error=f"launcher kill_all failed: {exc}")
         with trio.move_on_after(_EXIT_REPORT_S):
             for e in list(self._entries.values()):
                 await e.exited.wait()
         for e in list(self._entries.values()):
             if e.result is None:
-                e._finish(None)
-                e._release()
+                self._finished_entry(e, None)
+                e._release(force=True)
