@@ -126,10 +126,12 @@ def machine_facts() -> dict[str, object]:
     mem_kib = 0
     with contextlib.suppress(OSError, ValueError, IndexError):
         mem_kib = int(Path("/proc/meminfo").read_text().split("\n")[0].split()[1])
+    os_name = ""
+    with contextlib.suppress(OSError):
+        os_name = platform.freedesktop_os_release().get("PRETTY_NAME", "")
     return {
         "cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem_kib / 1024 / 1024, 1),
-        "kernel": platform.release(), "os": platform.freedesktop_os_release().get("PRETTY_NAME", "")
-        if hasattr(platform, "freedesktop_os_release") else "", "python": platform.python_version(),
+        "kernel": platform.release(), "os": os_name, "python": platform.python_version(),
     }
 
 
@@ -156,9 +158,13 @@ def measure_cell(results: Results, scenario: Scenario, probe: Probe, run: int) -
 
 
 def restart_all(
-    started: list[tuple[Contender, Address | None]], results: Results, config: Config
+    started: list[tuple[Contender, Address | None]], results: Results, run: int
 ) -> list[tuple[Contender, Address | None]]:
-    """Stop every contender (in parallel: squid takes seconds to stop) and start it afresh."""
+    """Stop every contender (in parallel: squid takes seconds to stop) and start it afresh.
+
+    One that does not come back is measured no more; each scenario's row says why its later runs
+    are missing, and its earlier numbers stay.
+    """
     stoppers = [threading.Thread(target=c.stop) for c, _ in started]
     for thread in stoppers:
         thread.start()
@@ -169,7 +175,10 @@ def restart_all(
         try:
             restarted.append((contender, contender.start()))
         except ContenderUnavailable as exc:
-            results.skipped[contender.name] = f"failed to restart: {exc}"
+            for scenario in results.scenarios:
+                results.failures.setdefault((scenario.name, contender.name), []).append(
+                    f"run {run + 1}: failed to restart: {exc}"
+                )
             _log(f"bench: {contender.name} failed to restart: {exc}")
     return restarted
 
@@ -266,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             _log(f"bench: round {run + 1} of {config.runs}")
             for scenario in scenarios:
                 if scenario.kind == "idle" and not fresh:
-                    started = restart_all(started, results, config)
+                    started = restart_all(started, results, run)
                     fresh = {c.name: fresh_rss(c, probe(c, p)) for c, p in started}
                 order = started[run % len(started):] + started[: run % len(started)]
                 for contender, proxy in order:

@@ -109,19 +109,21 @@ def fmt(value: float) -> str:
     return f"{value:.3f}"
 
 
-HEADER = ["scenario", "metric", "contender", "median", "spread (min–max)", "× direct", "× tinyproxy", "failed"]
+HEADER = ["scenario", "metric", "contender", "median", "spread (min–max)", "runs", "× direct", "× tinyproxy",
+          "failed"]
 
 
 def _cells(row: Row) -> list[str]:
     errors = str(row.errors) if row.errors else ""
     if row.summary is None:
-        return [row.scenario, label(row.metric), row.contender, row.note, "", "", "", errors]
+        return [row.scenario, label(row.metric), row.contender, row.note, "", "", "", "", errors]
     s = row.summary
     ratio_cells = [
         f"{fmt(r.median)}× ({fmt(r.low)}–{fmt(r.high)})" if (r := row.ratios.get(ref)) else "—"
         for ref in REFERENCES
     ]
-    return [row.scenario, label(row.metric), row.contender, fmt(s.median), f"{fmt(s.low)}–{fmt(s.high)}", *ratio_cells,
+    return [row.scenario, label(row.metric), row.contender, fmt(s.median), f"{fmt(s.low)}–{fmt(s.high)}", str(s.n),
+            *ratio_cells,
             errors]
 
 
