@@ -259,6 +259,7 @@ class EgressCapture:
         """Absolute-form plain HTTP: one request (origin-form head + exactly its body), then the response."""
         assert target.request_head is not None
         body = ForwardBody(chunked=target.chunked, content_length=target.content_length)
+        complete = False  # the upstream's response ended with its EOF, and all of it reached the agent
         try:
             await upstream.send_all(target.request_head + body.feed(target.leftover))
 
@@ -275,9 +276,14 @@ class EgressCapture:
                 while data := await upstream.receive_some(65536):
                     await agent.send_all(data)
                 nursery.cancel_scope.cancel()
+            complete = True
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
+            if not complete:
+                # A response cut short (upstream reset, control gone) must end in a reset, never a FIN: a
+                # close-delimited body would otherwise look complete to the agent.
+                _reset(agent)
             await upstream.aclose()
             await agent.aclose()
 
