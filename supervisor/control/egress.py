@@ -188,6 +188,7 @@ class EgressService:
             bytes_out=stats.bytes_a_to_b if not scope.cancelled_caught else None,
             bytes_in=stats.bytes_b_to_a if not scope.cancelled_caught else None,
             closed_by="policy-revision" if scope.cancelled_caught else str(stats.closed_by),
+            error=None if scope.cancelled_caught else stats.error,  # a reset or failure, not a clean close
             duration_ms=round((trio.current_time() - started) * 1000, 3),
         )  # fmt: skip
 
