@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import queue
+import random
 import shutil
 import signal
 import socket
@@ -365,13 +366,16 @@ class Trap:
 
 
 def _trap() -> Trap:
-    """TCP and UDP on the same free loopback port of the root namespace."""
-    for _attempt in range(50):
+    """TCP and UDP on the same free loopback port of the root namespace. Chosen below the ephemeral range:
+    a busy machine (benchmarks leave tens of thousands of TIME-WAIT sockets) can make ``bind(0)`` fail."""
+    rng = random.Random()
+    for _attempt in range(200):
+        port = rng.randrange(20000, 32000)
         tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        tcp.bind(("127.0.0.1", 0))
         udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
-            udp.bind(("127.0.0.1", tcp.getsockname()[1]))
+            tcp.bind(("127.0.0.1", port))
+            udp.bind(("127.0.0.1", port))
         except OSError:
             tcp.close()
             udp.close()
