@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import socket
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -385,16 +386,29 @@ async def test_forward_reaches_workload_loopback_only(table: ProcessTable) -> No
     await listener.aclose()
 
     # a listener on the boundary's own loopback is not reachable: the dial happens in the workload netns
-    host_side = socket.socket()
-    host_side.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # ports in TIME_WAIT are fine to listen on
-    host_side.bind(("127.0.0.1", 0))
-    host_side.listen()
+    host_side = listen_outside_ephemeral_range()
     try:
         with pytest.raises(OpError) as info:
             await open_forward(launcher, "127.0.0.1", host_side.getsockname()[1], reserved_ports=())
         assert (info.value.kind, info.value.errno) == (ErrorKind.FAILED, errno.ECONNREFUSED)
     finally:
         host_side.close()
+
+
+def listen_outside_ephemeral_range() -> socket.socket:
+    """A listener on the boundary's loopback. Benchmarks on this machine can exhaust the ephemeral range
+    (port 0), so pick a port below it."""
+    for _ in range(50):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", random.randrange(20000, 32000)))
+        except OSError:
+            sock.close()
+            continue
+        sock.listen()
+        return sock
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 @pytest.mark.parametrize(
