@@ -5,7 +5,9 @@ Two measurements, both from an already-running boundary (no interpreter start-up
 - ``table``: ``ProcessTable.start`` (the launcher forks, the child applies every control, ``execve`` succeeds)
   followed by ``wait`` for its exit status;
 - ``stream``: the same, plus an exec channel attached with ``pump_exec`` on an in-memory stream until the
-  ``EXIT`` frame is decoded by a client (what an operator API call adds on this side).
+  ``EXIT`` frame is decoded by a client (what an operator API call adds on this side);
+- ``agent_exit_cascade_ms``: the agent exits → every other workload process has ended (target ≤ 1 s; one
+  of them ignores SIGTERM, so this includes the end-all grace).
 
 The launcher is forked before trio starts (its rule), with the strongest privilege model available (R as
 root: network, mount and PID namespaces; else what ``detect_privilege_model`` finds).
@@ -76,10 +78,42 @@ async def _bench(launcher: Launcher, model: str, runs: int) -> dict[str, Any]:
                 samples["table"].append((t1 - t0) * 1000)
                 samples["stream"].append((t3 - t2) * 1000)
         nursery.cancel_scope.cancel()
-    return {
+    report: dict[str, Any] = {
         name: {"p50_ms": round(percentile(v, 50), 3), "p99_ms": round(percentile(v, 99), 3), "runs": len(v)}
         for name, v in samples.items()
     }
+    return report
+
+
+async def _cascade(launcher: Launcher, uid: int) -> float:
+    """Agent exit → every other workload process ended (spec §1.6 bound: 1 s). One of them ignores SIGTERM."""
+    table = ProcessTable(launcher, log=JsonLog("bench", stream=open(os.devnull, "w")))  # noqa: SIM115, ASYNC230
+
+    def spec(script: str) -> Any:
+        return build_process_spec(
+            parse_exec_request({"argv": ["/bin/sh", "-c", script]}),
+            agent_uid=uid, agent_gid=uid, managed_env={}, default_cwd="/", landlock=None,
+        )  # fmt: skip
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(table.run)
+        agent = await table.start(spec("read x"), kind="agent")
+        execs = [await table.start(spec("sleep 60 & sleep 60"), kind="exec") for _ in range(4)]
+        execs.append(await table.start(spec("trap '' TERM; sleep 60"), kind="exec"))
+        await trio.sleep(0.2)
+        assert agent.stdin_fd is not None
+        t0 = time.perf_counter()
+        os.write(agent.stdin_fd.fileno(), b"\n")
+        for e in execs:
+            await table.wait(e.handle, None)
+        elapsed = time.perf_counter() - t0
+        nursery.cancel_scope.cancel()
+    return elapsed
+
+
+async def _cascade_run(launcher: Launcher, model: str) -> float:
+    await launcher.prepare(NamespacePlan(model))  # type: ignore[arg-type]
+    return await _cascade(launcher, 1000 if os.geteuid() == 0 else os.geteuid())
 
 
 def main() -> None:
@@ -89,10 +123,13 @@ def main() -> None:
     args = parser.parse_args()
     model, why = detect_privilege_model(args.model)
     launcher = Launcher.fork()  # before trio.run and before any thread
+    cascade_launcher = Launcher.fork()  # agent exit ends its workload for good: a launcher of its own
     try:
         report = trio.run(_bench, launcher, model, args.runs)
+        report["agent_exit_cascade_ms"] = round(trio.run(_cascade_run, cascade_launcher, model) * 1000, 1)
     finally:
         launcher.close()
+        cascade_launcher.close()
     print(json.dumps({"bench": "exec_true_round_trip", "model": model, "model_reason": why, **report}, indent=2))
 
 
