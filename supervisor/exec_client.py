@@ -4,9 +4,9 @@ Rules:
 
 1. fd 1 carries only the remote stdout, fd 2 only the remote stderr (and, at the very end, our own one-line
    messages about failures); both are written unbuffered, frame by frame.
-2. With ``tty`` and a local terminal on stdin, the terminal is put in raw mode for the session and restored on
-   every way out (normal exit, error, cancellation, SIGTERM/SIGHUP/SIGINT); the initial size is sent first and
-   a ``RESIZE`` follows every SIGWINCH.
+2. With ``tty`` and a local terminal on stdin, the initial size is sent first and a ``RESIZE`` follows every
+   SIGWINCH; with ``interactive`` too, the terminal is put in raw mode for the session and restored on every
+   way out (normal exit, error, cancellation, SIGTERM/SIGHUP/SIGINT).
 3. With ``interactive``, local stdin is forwarded as ``STDIN`` frames and its EOF as ``STDIN_EOF``; without it
    ``STDIN_EOF`` is sent at once (a remote process never waits for input nobody will type).
 4. The return value is the code the CLI exits with: the remote code, ``128 + N`` for signal N, 126/127 for a
@@ -198,10 +198,12 @@ async def run_exec_client(stream: trio.abc.HalfCloseableStream, *, tty: bool, in
     """Drive one exec channel until the remote process ends; returns the exit code to use."""
     stdin_fd = 0
     local_tty = tty and os.isatty(stdin_fd)
+    # Raw mode only when our keystrokes go to the remote terminal; otherwise Ctrl-C must still stop us.
+    raw = local_tty and interactive
     sender = _Sender(stream)
     killed: list[int] = []
     code = EXIT_INTERNAL
-    with _raw_terminal(stdin_fd, local_tty):
+    with _raw_terminal(stdin_fd, raw):
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_watch_termination, nursery.cancel_scope, killed)

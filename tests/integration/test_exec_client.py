@@ -170,3 +170,22 @@ def test_terminal_restored_when_the_client_is_killed() -> None:
     finally:
         if child.isalive():
             child.terminate(force=True)
+
+
+def test_tty_without_interactive_keeps_ctrl_c_local() -> None:
+    # -t without -i: nothing is forwarded, so the terminal stays cooked and Ctrl-C stops the client itself
+    child = pexpect.spawn(
+        sys.executable, driver_argv({"argv": ["/bin/sh", "-c", "echo started; sleep 30"], "tty": True},
+                                    tty=True, interactive=False)[1:],
+        cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=20,
+    )  # fmt: skip
+    try:
+        child.expect("started")
+        child.sendintr()
+        child.expect("TERMINAL echo=1 icanon=1")
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.exitstatus == 128 + signal.SIGINT
+    finally:
+        if child.isalive():
+            child.terminate(force=True)

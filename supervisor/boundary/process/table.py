@@ -285,6 +285,7 @@ class ProcessTable:
         self._finished: collections.deque[ProcessEntry] = collections.deque()
         self._issued: set[str] = set()
         self._starting = 0
+        self._starting_agent = False
         self._ended: str | None = None
         self._nursery: trio.Nursery | None = None
 
@@ -350,8 +351,6 @@ class ProcessTable:
             nursery.start_soon(self._terminate_entry, entry, 0.0, EndReason.AGENT_EXIT)
             raise OpError(ErrorKind.TERMINATED, "the agent has exited; no process can be started")
         return entry
-
-    _starting_agent = False
 
     def _spawn_error(self, exc: BaseException) -> OpError:
         if isinstance(exc, OpError):
