@@ -232,6 +232,15 @@ def body_of(data):
         return body.decode("utf-8", "replace")
 
 
+def connect_head(authority, extra=b""):
+    return f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n".encode() + extra + b"\r\n"
+
+
+def get_head(authority, version="1.1"):
+    """An absolute-form GET for the proxy listener."""
+    return f"GET http://{authority}/ HTTP/{version}\r\nHost: {authority}\r\n\r\n".encode()
+
+
 def proxy_raw(raw, timeout=10.0):
     """Send raw bytes to the proxy listener; the whole answer, its status and how the connection ended."""
     sock = dial(*PROXY, timeout=timeout)
@@ -454,7 +463,8 @@ class DevRun:
 
     def __init__(self, argv: list[str], env: dict[str, str], scratch: Path) -> None:
         self._stderr_path = scratch / f"dev-{time.monotonic_ns()}.stderr"
-        self._stderr: IO[str] = open(self._stderr_path, "w")  # a file: thousands of event lines never block
+        # a file, not a pipe, so that thousands of event lines never block the daemons; closed in finish()
+        self._stderr: IO[str] = open(self._stderr_path, "w")  # noqa: SIM115
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env)
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.stdout: list[str] = []
