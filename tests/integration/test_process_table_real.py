@@ -1,7 +1,7 @@
 """Process table, exec pump, terminate and forward on the real launcher (root, model R namespaces).
 
-The launchers are forked when this module is imported — during collection, before any trio run or worker
-thread exists (the launcher's rule) — and prepared (network + mount + PID namespaces) by the first test.
+Each test gets a launcher of its own, forked by a sync fixture before the test's trio run (as the boundary's
+main() forks it before trio.run) and prepared with network, mount and PID namespaces.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -36,30 +36,26 @@ BOMB_UID = 64123  # a uid of its own, so the fork bomb's RLIMIT_NPROC count is i
 if os.geteuid() != 0:
     pytest.skip("needs root for the launcher's namespaces (model R)", allow_module_level=True)
 
-LAUNCHERS = {name: Launcher.fork() for name in ("main", "agent")}
+
+@pytest.fixture
+def launcher() -> Iterator[Launcher]:
+    zygote = Launcher.fork()  # a sync fixture runs before the test's trio.run, as the boundary's main() does
+    yield zygote
+    zygote.close()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _close_launchers() -> Any:
-    yield
-    for launcher in LAUNCHERS.values():
-        launcher.close()
-
-
-async def make_table(name: str) -> ProcessTable:
-    launcher = LAUNCHERS[name]
-    if launcher.prepared is None:
-        try:
-            await launcher.prepare(NamespacePlan("R"))
-        except Exception as exc:  # pragma: no cover - depends on the machine
-            pytest.skip(f"launcher cannot prepare model R here: {exc}")
+async def make_table(launcher: Launcher) -> ProcessTable:
+    try:
+        await launcher.prepare(NamespacePlan("R"))
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        pytest.skip(f"launcher cannot prepare model R here: {exc}")
     log = JsonLog("boundary", stream=open(os.devnull, "w"))  # noqa: SIM115, ASYNC230
     return ProcessTable(launcher, log=log)
 
 
 @pytest.fixture
-async def table() -> AsyncIterator[ProcessTable]:
-    t = await make_table("main")
+async def table(launcher: Launcher) -> AsyncIterator[ProcessTable]:
+    t = await make_table(launcher)
     async with trio.open_nursery() as n:
         await n.start(t.run)
         yield t
@@ -327,8 +323,8 @@ async def test_control_drop_mid_exec_keeps_process(table: ProcessTable) -> None:
 # -- agent exit -----------------------------------------------------------------------------------------------
 
 
-async def test_agent_exit_ends_everything_within_a_second() -> None:
-    t = await make_table("agent")
+async def test_agent_exit_ends_everything_within_a_second(launcher: Launcher) -> None:
+    t = await make_table(launcher)
     async with trio.open_nursery() as n:
         await n.start(t.run)
         agent = await t.start(sh("read x; exit 0"), kind="agent")
