@@ -277,8 +277,8 @@ class EgressCapture:
                     await agent.send_all(data)
                 nursery.cancel_scope.cancel()
             complete = True
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+        except* (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # either side gone (bare, or grouped by the nursery): the reset below tells the agent
         finally:
             if not complete:
                 # A response cut short (upstream reset, control gone) must end in a reset, never a FIN: a
