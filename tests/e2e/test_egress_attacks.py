@@ -452,6 +452,7 @@ report("curl-forward", exit=done.returncode, size=done.stdout)
     assert p["curl-forward"]["exit"] != 0, f"curl took a truncated body for complete: {p['curl-forward']}"
     allowed = agent.egress()
     assert len(allowed) == 4 and all(e["decision"] == "allow" for e in allowed), agent.explain()
+    assert [e for e in agent.events if e.get("event") == "egress.error"] == [], agent.explain()  # expected, not odd
     for event in allowed:  # control's event says the upstream failed, not that it closed cleanly
         assert event["closed_by"] == "b" and "reset" in (event.get("error") or "").lower(), event
 
