@@ -2,11 +2,12 @@
 direct, new connections are refused while control is down, and once dev mode has restarted control (which
 resumes the boundary) new connections work again — all within one agent process that never restarts.
 
-The agent is one long-running script: it starts an endless download (the test host drips 1 KiB every 20 ms),
-reports when bytes flow, then loops, one attempt per line, each attempt both through the proxy (CONNECT) and
-transparently (fresh DNS through the stub, then a direct dial). The test drives the outage: it freezes the dev
-process (SIGSTOP, so that it cannot restart control before the agent has seen the outage), SIGKILLs control,
-waits for the agent to report failures, lets dev run again, and waits for attempts to succeed again.
+The agent is one long-running script: it starts two endless downloads (the test host drips 1 KiB every
+20 ms), one through a CONNECT tunnel and one as an absolute-form request, reports when bytes flow on both, then
+loops, one attempt per line, each attempt both through the proxy (CONNECT) and transparently (fresh DNS
+through the stub, then a direct dial). The test drives the outage: it freezes the dev process (SIGSTOP, so
+that it cannot restart control before the agent has seen the outage), SIGKILLs control, waits for the agent
+to report failures, lets dev run again, and waits for attempts to succeed again.
 """
 
 from __future__ import annotations
@@ -34,14 +35,20 @@ def attempt(i):
         result["transparent"] = sock if isinstance(sock, str) else echo_check(sock, b"attempt %d" % i)["end"]
     return result
 
-sock, answer = tunnel(f"api.test:{CONFIG['drip']}")
-got = 0
-while got < 32 * 1024:
-    got += len(sock.recv(65536))
+downloads = {"connect": tunnel(f"api.test:{CONFIG['drip']}")[0], "forward": dial(*PROXY)}
+downloads["forward"].sendall(get_head(f"api.test:{CONFIG['drip']}"))
+got = {}
+for kind, sock in downloads.items():
+    got[kind] = 0
+    while got[kind] < 32 * 1024:
+        got[kind] += len(sock.recv(65536))
 report("drip-flowing", bytes=got)
-sock.settimeout(20)
-data, end = read_to_end(sock)
-report("drip-ended", end=end, bytes=got + len(data))
+ends = {}
+for kind, sock in downloads.items():
+    sock.settimeout(20)
+    data, ends[kind] = read_to_end(sock)
+    got[kind] += len(data)
+report("drip-ended", end=ends, bytes=got)
 
 stop = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stop")
 i = 0
@@ -110,10 +117,10 @@ def test_control_killed_mid_transfer(attack_world: AttackWorld) -> None:
     print(
         f"\ncontrol down {resumed_at - killed_at:.2f} s (dev frozen), {len(down_attempts(attempts, resumed_at))} "
         f"attempts refused meanwhile; working again {recovered_at - resumed_at:.2f} s after dev resumed; "
-        f"download ended by {ended['end']} after {ended['bytes']} bytes"
+        f"downloads ended by {ended['end']} after {ended['bytes']} bytes"
     )
-    # the in-flight connection failed: no clean EOF that would pass for the end of the download
-    assert ended["end"] == "reset", ended
+    # the in-flight downloads failed: no clean EOF that would pass for the end of the download
+    assert ended["end"] == {"connect": "reset", "forward": "reset"}, ended
     # while control was down, every attempt failed, both ways, and promptly (no hang until a timeout)
     down = down_attempts(attempts, resumed_at)
     assert down and not any(a["connect"] == "eof" or a["transparent"] == "eof" for a in down), down
