@@ -51,6 +51,13 @@ def descendants(root: int) -> set[int]:
     return found
 
 
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    except OSError:
+        return []
+
+
 def alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -112,7 +119,6 @@ def test_sigterm_tears_everything_down() -> None:
     seconds = 900000 + uuid.uuid4().int % 99999
     marker = f"sleep {seconds}"
     runtime = Path(os.environ.get("XDG_RUNTIME_DIR") or "/run") / "openshell-sandbox"
-    tmp_before = set(Path("/tmp").glob("openshell-dev-*"))
     proc = subprocess.Popen(
         [*CLI, "dev", "--", "sh", "-c", f"sleep $(({seconds}+0)) & sleep $(({seconds}+0)); echo never"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -123,6 +129,13 @@ def test_sigterm_tears_everything_down() -> None:
     assert len(processes_with(marker)) >= 2, "the agent never started"
     tree = descendants(proc.pid)
     assert len(tree) >= 4, "expected control, boundary, launcher and the agent's processes"
+    bundles = {
+        Path(arg.split("=", 1)[1]).parent.parent
+        for pid in tree
+        for arg in _cmdline(pid)
+        if arg.startswith("--bootstrap=")
+    }
+    assert len(bundles) == 1, bundles
     proc.send_signal(signal.SIGTERM)
     out, _err = proc.communicate(timeout=30)
     assert proc.returncode != 0
@@ -133,7 +146,7 @@ def test_sigterm_tears_everything_down() -> None:
     assert survivors == [], "a process of the sandbox survived"
     after = set(runtime.glob("*")) if runtime.is_dir() else set()
     assert after == set(), f"runtime directory left behind: {after}"
-    assert set(Path("/tmp").glob("openshell-dev-*")) <= tmp_before, "temporary bundle directory left behind"
+    assert not any(b.exists() for b in bundles), "temporary bundle directory left behind"
 
 
 def test_status_and_exec_find_the_running_sandbox() -> None:
@@ -149,7 +162,10 @@ def test_status_and_exec_find_the_running_sandbox() -> None:
             if ready.returncode == 0:
                 break
             time.sleep(0.2)
-        assert ready is not None and ready.returncode == 0, ready.stderr if ready else "no answer"
+        if ready is None or ready.returncode != 0:
+            proc.terminate()
+            _, dev_err = proc.communicate(timeout=30)
+            raise AssertionError(f"never ready: {ready.stderr if ready else ''}\n{dev_err[-3000:]}")
         status = run_cli("status", "--json", timeout=10)
         body = json.loads(status.stdout)
         assert body["ready"] is True and body["boundary"]["state"] == "running"
