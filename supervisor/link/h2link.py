@@ -64,6 +64,8 @@ class LinkStream(trio.abc.HalfCloseableStream):
         self._local_ended = False
         self._reset_code: int | None = None
         self._headers_sent = False
+        self._receiving = False
+        self._closed_locally = False
 
     # -- headers ----------------------------------------------------------------------------------------------
     def header(self, name: str, default: str | None = None) -> str | None:
@@ -95,6 +97,8 @@ class LinkStream(trio.abc.HalfCloseableStream):
 
     # -- trio.abc.HalfCloseableStream -------------------------------------------------------------------------
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if self._closed_locally:
+            raise trio.ClosedResourceError("this stream was closed")
         view = memoryview(data)
         while view:
             self._check_sendable()
@@ -115,11 +119,16 @@ class LinkStream(trio.abc.HalfCloseableStream):
         await trio.lowlevel.checkpoint()
 
     async def wait_send_all_might_not_block(self) -> None:
+        if self._closed_locally:
+            raise trio.ClosedResourceError("this stream was closed")
         while self._link._window(self.stream_id) <= 0:
             self._check_sendable()
             await self._link._wait_window()
+        await trio.lowlevel.checkpoint()
 
     async def send_eof(self) -> None:
+        if self._closed_locally:
+            raise trio.ClosedResourceError("this stream was closed")
         if self._local_ended:
             await trio.lowlevel.checkpoint()
             return
@@ -130,12 +139,30 @@ class LinkStream(trio.abc.HalfCloseableStream):
         await trio.lowlevel.checkpoint()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if max_bytes is not None:
+            if not isinstance(max_bytes, int):
+                raise TypeError("max_bytes must be an integer or None")
+            if max_bytes < 1:
+                raise ValueError("max_bytes must be >= 1")
+        if self._closed_locally:
+            raise trio.ClosedResourceError("this stream was closed")
+        if self._receiving:
+            raise trio.BusyResourceError("another task is already receiving on this stream")
+        self._receiving = True
+        try:
+            return await self._receive(max_bytes)
+        finally:
+            self._receiving = False
+
+    async def _receive(self, max_bytes: int | None) -> bytes:
         while not self._buffer:
-            if self._reset_code is not None or self._link._closed:
-                raise LinkClosed(self._broken_reason())
-            if self._remote_ended:
+            if self._closed_locally:
+                raise trio.ClosedResourceError("this stream was closed")
+            if self._remote_ended:  # END_STREAM arrived before any reset: a clean end of data
                 await trio.lowlevel.checkpoint()
                 return b""
+            if self._reset_code is not None or self._link._closed:
+                raise LinkClosed(self._broken_reason())
             self._readable = trio.Event()
             await self._readable.wait()
         size = len(self._buffer) if max_bytes is None else min(max_bytes, len(self._buffer))
@@ -158,13 +185,27 @@ class LinkStream(trio.abc.HalfCloseableStream):
                 raise LinkClosed(f"body larger than {limit} bytes")
 
     async def aclose(self) -> None:
-        if not (self._local_ended and self._remote_ended) and self._reset_code is None:
-            self._reset(h2.errors.ErrorCodes.CANCEL)
+        """Graceful close: END_STREAM if we had not sent it; if the peer is still sending, RST_STREAM(NO_ERROR)
+        tells it we will not read any more (like closing a TCP socket with unread data). Use :meth:`reset` to
+        abort instead."""
+        if not self._closed_locally and self._reset_code is None and not self._link._closed:
+            try:
+                if not self._local_ended:
+                    self._link._h2.end_stream(self.stream_id)
+                    self._local_ended = True
+                    self._link._kick()
+            except h2.exceptions.StreamClosedError:
+                pass
+            if not self._remote_ended:
+                self._reset(h2.errors.ErrorCodes.NO_ERROR)
+        self._closed_locally = True
+        self._wake()
         self._link._forget(self.stream_id)
         await trio.lowlevel.checkpoint()
 
     async def reset(self, code: int = h2.errors.ErrorCodes.CANCEL) -> None:
         """Abort the stream (RST_STREAM)."""
+        self._closed_locally = True
         if self._reset_code is None:
             self._reset(code)
         self._link._forget(self.stream_id)
