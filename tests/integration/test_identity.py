@@ -45,7 +45,12 @@ CLIENT = textwrap.dedent(
     family = socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET
     s = socket.socket(family)
     s.connect((sys.argv[1], int(sys.argv[2])))
-    if len(sys.argv) > 3:  # share the socket with another binary
+    if len(sys.argv) > 3 and sys.argv[3] == "half-close":
+        s.sendall(b"request")
+        s.shutdown(socket.SHUT_WR)
+    elif len(sys.argv) > 3 and sys.argv[3] == "close":
+        s.close()
+    elif len(sys.argv) > 3:  # share the socket with another binary
         import subprocess
         subprocess.Popen([sys.argv[3], "60"], pass_fds=[s.fileno()])
     print("connected", flush=True)
@@ -212,6 +217,40 @@ def test_socket_held_outside_the_workload_is_foreign_owner(scene: Scene) -> None
         with pytest.raises(IdentityUnresolved) as info:
             resolver_for(set(), None).resolve(local, remote)
         assert info.value.stage is IdentityStage.FOREIGN_OWNER
+
+
+@pytest.mark.parametrize("diag", [True, False], ids=["sock_diag", "proc-tables"])
+def test_half_closed_before_resolution_is_still_identified(scene: Scene, diag: bool) -> None:
+    agent = scene.client("half-close")
+    conn, local, remote = scene.accept()
+    with conn:
+        deadline = time.monotonic() + 5
+        while not _agent_state_is_fin_wait(remote, local) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the agent's FIN has been ACKed by the kernel: its end is in FIN_WAIT2
+        assert _agent_state_is_fin_wait(remote, local)
+        identity = resolver_for(None, agent.pid, diag=diag).resolve(local, remote)
+        assert conn.recv(100) == b"request"  # nothing was read before identity was settled
+    assert identity.binary_path == PY and identity.pid == agent.pid
+
+
+def _agent_state_is_fin_wait(agent_end: tuple[str, int], listener_end: tuple[str, int]) -> bool:
+    from supervisor.boundary.capture import _procnet
+
+    return any(
+        row.local == _procnet.normalise(agent_end)
+        and row.remote == _procnet.normalise(listener_end)
+        and row.state in (_procnet.FIN_WAIT1, _procnet.FIN_WAIT2)
+        for row in _procnet.read_tables("/proc/self/net")
+    )
+
+
+@pytest.mark.parametrize("diag", [True, False], ids=["sock_diag", "proc-tables"])
+def test_socket_closed_by_a_live_agent_is_refused(scene: Scene, diag: bool) -> None:
+    agent = scene.client("close")  # the agent lives on, its end of the connection is closed (orphaned)
+    conn, local, remote = scene.accept()
+    with conn, pytest.raises(IdentityUnresolved) as info:
+        resolver_for(None, agent.pid, diag=diag).resolve(local, remote)
+    assert info.value.stage is IdentityStage.INODE
 
 
 def test_process_that_exited_before_resolution_is_refused(scene: Scene) -> None:

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 
 ESTABLISHED = 0x01
 SYN_RECV = 0x03
+FIN_WAIT1 = 0x04
+FIN_WAIT2 = 0x05
 LISTEN = 0x0A
+# states of the agent's end that still belong to an open socket: it may have half-closed (shutdown SHUT_WR)
+# before the boundary resolved it. A socket that was close()d has no owner left (inode 0), so it never passes.
+OPEN_CLIENT_STATES = frozenset({ESTABLISHED, FIN_WAIT1, FIN_WAIT2})
 
 Endpoint = tuple[str, int]
 

@@ -7,8 +7,9 @@ Rules:
    ``identity-unresolved: <stage>``. Nothing here ever returns a partial identity.
 2. The socket is found by its full 4-tuple — with an exact ``sock_diag`` lookup when the launcher gave us a
    netlink socket of the agent's namespace, else in its TCP tables (``/proc/<anchor>/net/tcp{,6}``) —
-   ESTABLISHED only, IPv4-mapped addresses normalised: the agent's end has local = the accepted socket's peer
-   and remote = the accepted socket's local address.
+   ESTABLISHED (or FIN_WAIT1/2: the agent may half-close before resolution), IPv4-mapped addresses
+   normalised: the agent's end has local = the accepted socket's peer and remote = the accepted socket's
+   local address.
 3. Owners are looked for among the workload's processes, and every other process is checked too: a socket of
    the agent held by anything outside the workload is ``foreign-owner``. All owners must agree on
    (path, digest, ancestors, command-line paths), else ``ambiguous``; the lowest pid is reported.
@@ -56,7 +57,7 @@ class IdentityStage(enum.StrEnum):
     """Where resolution failed; the value is the string in ``identity-unresolved: <stage>`` events."""
 
     ANCHOR = "anchor"  # the anchor's TCP tables cannot be read
-    INODE = "inode"  # no ESTABLISHED socket with that 4-tuple in the agent's namespace
+    INODE = "inode"  # no open socket with that 4-tuple in the agent's namespace
     OWNERS = "owners"  # no workload process holds the socket (or a workload fd table is unreadable)
     FOREIGN_OWNER = "foreign-owner"  # a process outside the workload holds the socket
     AMBIGUOUS = "ambiguous"  # owners disagree on their identity
@@ -210,10 +211,8 @@ class IdentityResolver:
             except OSError:
                 found = None  # no inet_diag here: the tables below decide
             if found is not None:
-                if found.state != _procnet.ESTABLISHED or found.inode == 0:
-                    raise IdentityUnresolved(
-                        IdentityStage.INODE, f"socket {agent_end} → {listener_end} not established"
-                    )
+                if found.state not in _procnet.OPEN_CLIENT_STATES or found.inode == 0:
+                    raise IdentityUnresolved(IdentityStage.INODE, f"socket {agent_end} → {listener_end} is not open")
                 return found.inode
             # "no such socket" is rare (a refusal); the tables confirm it, and cover kernels without inet_diag
         try:
@@ -223,14 +222,14 @@ class IdentityResolver:
         inodes = {
             row.inode
             for row in rows
-            if row.state == _procnet.ESTABLISHED
+            if row.state in _procnet.OPEN_CLIENT_STATES
             and row.local == agent_end
             and row.remote == listener_end
             and row.inode != 0
         }
         if len(inodes) != 1:
             what = "no" if not inodes else "more than one"
-            raise IdentityUnresolved(IdentityStage.INODE, f"{what} established socket {agent_end} → {listener_end}")
+            raise IdentityUnresolved(IdentityStage.INODE, f"{what} open socket {agent_end} → {listener_end}")
         return inodes.pop()
 
     # -- stage 2: inode → owners -------------------------------------------------------------------------
