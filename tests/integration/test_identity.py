@@ -379,7 +379,7 @@ def test_unknown_tuple_and_dead_anchor(scene: Scene, diag: bool) -> None:
         assert info.value.stage is IdentityStage.INODE
         with pytest.raises(IdentityUnresolved) as info:
             resolver.resolve(remote, local)  # the listener's own end is not the agent's
-        assert info.value.stage is IdentityStage.FOREIGN_OWNER  # pytest holds it, outside the workload
+        assert info.value.stage is IdentityStage.OWNERS  # only the boundary (this process) holds that end
         with pytest.raises(IdentityUnresolved) as info:
             resolver_for(set(), None, anchor_pid=2**22 + 7, diag=False).resolve(local, remote)
         assert info.value.stage is IdentityStage.ANCHOR
@@ -478,3 +478,62 @@ def test_identity_across_namespaces(tmp_path: Path) -> None:
     finally:
         parent_end.close()
         os.waitpid(pid, 0)
+
+
+MANY_AGENT = """
+import resource, socket, sys, time
+resource.setrlimit(resource.RLIMIT_NOFILE, (4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = [socket.create_connection(("198.51.100.7", 443)) for _ in range(int(sys.argv[1]))]
+print("connected", flush=True)
+time.sleep(120)
+"""
+
+
+def _many_connections_scenario(count: int) -> dict[str, Any]:
+    import resource
+
+    from supervisor.boundary.capture.setup import open_sock_diag, prepare
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    fds, _ = prepare(capture_ports=[443])
+    listener = socket.socket(fileno=fds["tcp4:443"])
+    agent = subprocess.Popen([PY, "-c", MANY_AGENT, str(count)], stdout=subprocess.PIPE)
+    accepted: list[socket.socket] = []
+    try:
+        listener.setblocking(True)
+        listener.settimeout(30)
+        for _ in range(count):
+            accepted.append(listener.accept()[0])
+        assert agent.stdout is not None and agent.stdout.readline() == b"connected\n"
+        diag = socket.socket(fileno=open_sock_diag())
+        out: dict[str, Any] = {}
+        for label, kw in (
+            ("sock_diag, workload only", {"sock_diag": diag, "scan_foreign": False}),
+            ("sock_diag + foreign scan", {"sock_diag": diag}),
+            ("/proc tables, workload only", {"diag": False, "scan_foreign": False}),
+        ):
+            resolver = resolver_for({agent.pid}, agent.pid, **kw)
+            samples = []
+            for conn in accepted[:: max(1, count // 50)]:
+                identity = resolver.resolve(conn.getsockname()[:2], conn.getpeername()[:2])
+                assert identity.pid == agent.pid
+                samples.append(identity.resolved_in_us)
+            samples.sort()
+            out[label] = {"p50": statistics.median(samples), "p99": samples[int(len(samples) * 0.99) - 1]}
+        return out
+    finally:
+        agent.kill()
+        agent.wait()
+        for conn in accepted:
+            conn.close()
+
+
+def test_resolution_time_with_a_thousand_connections_open() -> None:
+    """Prints resolution p50/p99 while the agent holds 1,000 connections (its fd table and the namespace's TCP
+    tables are large): the case where the lookup path matters."""
+    from tests.integration.test_capture_setup import in_new_netns
+
+    out = in_new_netns(lambda: _many_connections_scenario(1000), timeout=120)
+    for label, stats in out.items():
+        print(f"\nidentity with 1,000 connections open ({label}): p50 {stats['p50']:.0f} µs, p99 {stats['p99']} µs")
+    assert set(out) == {"sock_diag, workload only", "sock_diag + foreign scan", "/proc tables, workload only"}

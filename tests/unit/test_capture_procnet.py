@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +87,18 @@ def test_unresolved_reason_names_the_stage() -> None:
     assert exc.reason == "identity-unresolved: foreign-owner"
     assert exc.stage == "foreign-owner" and "pid 1" in str(exc)
     assert {s.value for s in IdentityStage} >= {"inode", "owners", "foreign-owner", "ambiguous", "vanished", "exe"}
+
+
+def test_find_rows_matches_exactly_in_both_tables(tmp_path: Path) -> None:
+    (tmp_path / "tcp").write_text(TCP)
+    (tmp_path / "tcp6").write_text(TCP6)
+    full = _procnet.read_tables(str(tmp_path))
+    for row in full:
+        assert _procnet.find_rows(str(tmp_path), row.local, row.remote) == [row]
+    # the mapped row of tcp6 is found by its IPv4 spelling
+    (mapped,) = _procnet.find_rows(str(tmp_path), ("127.0.0.1", 0xCA8A), ("10.51.100.7", 80))
+    assert mapped.inode == 55
+    assert _procnet.find_rows(str(tmp_path), ("127.0.0.1", 0xCA8A), ("10.51.100.7", 81)) == []
+    assert _procnet.find_rows(str(tmp_path), ("10.51.100.7", 443), ("127.0.0.1", 59067)) == []  # direction
+    (tmp_path / "tcp6").unlink()
+    assert _procnet.find_rows(str(tmp_path), ("2001:db8::1", 0x8CEB), ("::1", 0x912E)) == []

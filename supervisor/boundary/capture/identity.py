@@ -216,7 +216,7 @@ class IdentityResolver:
                 return found.inode
             # "no such socket" is rare (a refusal); the tables confirm it, and cover kernels without inet_diag
         try:
-            rows = _procnet.read_tables(f"{self._proc}/{self.anchor_pid}/net")
+            rows = _procnet.find_rows(f"{self._proc}/{self.anchor_pid}/net", agent_end, listener_end)
         except OSError as exc:
             raise IdentityUnresolved(IdentityStage.ANCHOR, f"reading the anchor's TCP tables: {exc}") from exc
         inodes = {
@@ -242,8 +242,11 @@ class IdentityResolver:
                 owners += self._holding(pid, target)
             except PermissionError as exc:
                 raise IdentityUnresolved(IdentityStage.OWNERS, f"cannot read the fd table of {pid}") from exc
+        # the boundary itself holds every accepted end (other inodes) and is not a foreign owner: skipping it
+        # keeps the walk independent of how many connections are open
+        me = os.getpid()
         for name in os.listdir(self._proc) if self._scan_foreign else ():
-            if not name.isdigit() or int(name) in workload:
+            if not name.isdigit() or int(name) in workload or int(name) == me:
                 continue
             try:
                 foreign = self._holding(int(name), target)
@@ -264,6 +267,8 @@ class IdentityResolver:
             names = os.listdir(fd_dir)
         except (FileNotFoundError, ProcessLookupError):
             return []
+        # newest first: a process opening many connections most often holds the one we look for near the top
+        names.sort(key=lambda name: -int(name) if name.isdigit() else 0)
         for fd_name in names:
             try:
                 if os.readlink(f"{fd_dir}/{fd_name}") == target:
