@@ -10,8 +10,9 @@ Rules:
    ESTABLISHED (or FIN_WAIT1/2: the agent may half-close before resolution), IPv4-mapped addresses
    normalised: the agent's end has local = the accepted socket's peer and remote = the accepted socket's
    local address.
-3. Owners are looked for among the workload's processes, and every other process is checked too: a socket of
-   the agent held by anything outside the workload is ``foreign-owner``. All owners must agree on
+3. Owners are looked for among the workload's processes, and every other process except the boundary itself
+   is checked too (unless ``scan_foreign=False``): a socket of the agent held by anything outside the
+   workload is ``foreign-owner``. All owners must agree on
    (path, digest, ancestors, command-line paths), else ``ambiguous``; the lowest pid is reported.
 4. Each owner is pinned with ``pidfd_open`` and its start time is read before and after everything else, and
    the socket must still be in its fd table at the end: a process that exited or was recycled meanwhile is
