@@ -393,8 +393,27 @@ def test_the_object_names_make_a_valid_claim_set() -> None:
 # -- commands shown in the docs -----------------------------------------------------------------------------------
 
 
+_OPERATOR = re.compile(r"^[|;&<>()]+$")
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def _shell_words(text: str) -> list[str]:
+    """The words of the first simple command in a shell line: stops at ``|``, ``;``, ``&&``, ``>``, ``#``…"""
+    lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    words: list[str] = []
+    for word in lexer:
+        if _OPERATOR.match(word):
+            if word[0] in "<>" and words and words[-1].isdigit():
+                words.pop()  # the fd of 2>FILE
+            break
+        words.append(word)
+    return words
+
+
 def _doc_commands(path: Path) -> list[list[str]]:
-    """``openshell-sandbox …`` command lines from the shell blocks of a Markdown file (``$`` prompts, ``\\``)."""
+    """``openshell-sandbox …`` commands in a Markdown file's code blocks, also after ``$``, ``VAR=…`` and
+    ``kubectl … exec … --``; backslash continuations are joined."""
     commands = []
     in_block = False
     pending = ""
@@ -410,14 +429,19 @@ def _doc_commands(path: Path) -> list[list[str]]:
             pending = text[:-1] + " "
             continue
         pending = ""
-        text = re.sub(r"^\$ ", "", text)
-        text = re.sub(r"^(kubectl .*?exec .*?-- )", "", text)
-        if not text.startswith("openshell-sandbox "):
-            continue
-        text = text.split(" #", 1)[0].split(" | ", 1)[0].split(" > ", 1)[0].split(" 2>", 1)[0]
-        text = text.split(" && ", 1)[0].split("; ", 1)[0]
-        commands.append(shlex.split(text)[1:])
+        words = _shell_words(text.removeprefix("$ "))
+        while words and _ASSIGNMENT.match(words[0]):
+            words.pop(0)
+        if words[:1] == ["kubectl"] and "exec" in words and "--" in words:
+            words = words[words.index("--") + 1 :]
+        if words[:1] == ["openshell-sandbox"]:
+            commands.append(words[1:])
     return commands
+
+
+def test_doc_command_extraction_stops_at_shell_operators_outside_quotes() -> None:
+    words = _shell_words("openshell-sandbox exec -- sh -c 'id; echo x >&2 | cat' >out 2>err")
+    assert words == ["openshell-sandbox", "exec", "--", "sh", "-c", "id; echo x >&2 | cat"]
 
 
 @pytest.mark.parametrize("path", DOCS_WITH_COMMANDS, ids=lambda p: p.name)
