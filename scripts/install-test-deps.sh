@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
-for tool in ip:iproute2 curl:curl git:git; do
+for tool in ip:iproute2 curl:curl git:git nft:nftables setpriv:util-linux; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ]; then

@@ -259,6 +259,8 @@ class BoundaryDaemon:
         self.attach = attach
         self.policy_generation_acked = attach.policy_generation
         if netns:
+            fds = dict(self.prepared.fds)
+            diag_fd = fds.pop("sock_diag", None)
             resolver = IdentityResolver(
                 anchor_pid=self.launcher.pid,
                 workload_pids=self.launcher.workload_pids,
@@ -267,9 +269,10 @@ class BoundaryDaemon:
                 # ourselves and the launcher, so the full-/proc walk for foreign owners is not needed.
                 scan_foreign=model == "P",
                 budget_us=IDENTITY_BUDGET_US,
+                sock_diag=socket.socket(fileno=diag_fd) if diag_fd is not None else None,
             )
             self.capture = EgressCapture(
-                fds=dict(self.prepared.fds), links=self.egress_links, resolver=resolver, log=self.log,
+                fds=fds, links=self.egress_links, resolver=resolver, log=self.log,
                 accepting=lambda: self.lifecycle.state is not State.ENDED,
             )  # fmt: skip
         self.lifecycle.advance(Op.ATTACH)

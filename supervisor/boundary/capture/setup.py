@@ -140,6 +140,10 @@ def prepare(
         close_all(fds)
         raise CaptureSetupError(f"binding capture listeners failed: {exc}") from exc
     report["listeners"] = {name: _describe_fd(fd) for name, fd in sorted(fds.items())}
+    try:  # the identity resolver's fast path (one kernel lookup instead of reading the TCP tables)
+        fds["sock_diag"] = open_sock_diag()
+    except OSError as exc:
+        report["sock_diag"] = f"unavailable: {exc}"
     fence = inspect(expect_anyip=True)
     report.update(fingerprint=fence["fingerprint"], ok=fence["ok"], problems=fence["problems"])
     if not fence["ok"]:
