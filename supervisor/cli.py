@@ -270,7 +270,8 @@ def run_command(argv: list[str]) -> int:
     try:
         return trio.run(client_commands.run, args)
     except ApiError as exc:
-        _err(str(exc))
+        kind = exc.body.get("kind")
+        _err(f"{kind}: {exc}" if kind else str(exc))
         return EXIT_SELF_FAILED
 
 
