@@ -8,13 +8,19 @@ purpose, so that the project's own full path can be added as one thin class:
   a one-line reason to have it reported as skipped (never as a number).
 * ``target(upstream) -> Address`` — the host:port the client puts in CONNECT for an upstream listener
   (peers forward anywhere; the sandbox may need a name its control resolves, or a namespaced address).
-* ``pids() -> list[int]`` — the processes whose memory counts for this contender (live tree).
+* ``pids() -> list[int]`` — the processes whose memory counts for this contender (live tree);
+  ``pid_groups()`` names parts of them (the sandbox: control, boundary, launcher) for per-daemon numbers.
+* ``client()`` — the client driver (``bench.remote``) that measures it, or ``None`` for the harness's
+  own, which runs in the harness's namespace; the sandbox answers with the driver that is its agent.
 * ``stop()`` — stop everything it started, leaving nothing behind; safe to call twice.
 
 Peers bind to 127.0.0.1 on a port picked here (and one that binds anything beyond loopback is stopped
 and reported as skipped), run in the foreground (no daemonising, no pid files
 outside the run's temporary directory) and log only errors, so no contender pays for per-connection
-logging that another one skips.
+logging that another one skips. They reach the upstream on the harness's upstream host (``bench.netns``),
+over the veth pair from the harness's namespace, like the direct client does.
+
+The project's own contender lives in ``bench.openshell``.
 """
 
 from __future__ import annotations
@@ -30,8 +36,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench.procstat import bound_sockets, process_tree, start_time
+
+if TYPE_CHECKING:
+    from bench.remote import ClientDriver
 
 Address = tuple[str, int]
 HOST = "127.0.0.1"
@@ -48,6 +58,10 @@ class BenchContext:
     workdir: Path  # a temporary directory owned by this run
     peers_venv: Path  # venv holding proxy.py (may not exist)
     nofile: int  # the soft open-files limit children inherit
+    client_copy: Path | None = None  # the 0755 copy of the client driver (bench.remote.client_copy)
+    upstream_bulk: Address | None = None  # the upstream's listeners, as every contender reaches them
+    upstream_echo: Address | None = None
+    upstream_host_reason: str = ""  # why the upstream is on loopback instead of its own host, if it is
 
 
 class Contender:
@@ -64,6 +78,12 @@ class Contender:
 
     def pids(self) -> list[int]:
         return []
+
+    def pid_groups(self) -> dict[str, list[int]]:
+        return {self.name: self.pids()}
+
+    def client(self) -> ClientDriver | None:
+        return None
 
     def stop(self) -> None:
         pass
@@ -209,7 +229,7 @@ class Squid(ProcessContender):
             f"cache_log {self.dir / 'cache.log'}\npid_filename {self.dir / 'squid.pid'}\n"
             f"coredump_dir {self.dir}\nmax_filedescriptors {self.ctx.nofile}\n"
             "pinger_enable off\ndns_nameservers 127.0.0.1\nshutdown_lifetime 0 seconds\n"
-            f"udp_incoming_address {HOST}\nudp_outgoing_address {HOST}\ntcp_outgoing_address {HOST}\n"
+            f"udp_incoming_address {HOST}\nudp_outgoing_address {HOST}\n"
             "via off\nforwarded_for delete\n" + user
         )
         return [binary, "-N", "-f", str(conf)]
@@ -228,32 +248,15 @@ class ProxyPy(ProcessContender):
         ]
 
 
-class OpenShell(Contender):
-    """The project's full path: agent → boundary → mTLS → control → upstream, through dev mode.
+def _openshell(ctx: BenchContext) -> Contender:
+    from bench.openshell import OpenShell  # it builds on this module
 
-    Left to fill in once the egress path runs in dev mode. What it will have to deal with:
-
-    * control refuses loopback upstreams by design, so the upstream has to live on a test host in a
-      network namespace the harness creates (as ``tests/netns_hosts.py`` does), named through a DNS
-      server the harness runs and passed to dev mode with ``--dns-server``; for "the same upstream for
-      every contender" the harness would then place its upstream there for all of them, and ``target``
-      returns that address (or the name the policy allows);
-    * the boundary's proxy listener lives in the agent's network namespace, so either the client runs
-      as the agent (``openshell-sandbox dev --policy P -- python3 -m bench.<client> …``, reporting its
-      numbers as JSON) or ``start`` returns a listener the harness can reach;
-    * ``pids`` returns control's and the boundary's processes (the peak RSS targets are per daemon);
-      ``stop`` ends dev mode and everything it started.
-    """
-
-    name = "openshell"
-
-    def start(self) -> Address | None:
-        raise ContenderUnavailable("not available yet (waits for the egress path in dev mode)")
+    return OpenShell(ctx)
 
 
 FACTORIES: dict[str, Callable[[BenchContext], Contender]] = {
     "direct": Direct,
-    "openshell": OpenShell,
+    "openshell": _openshell,
     "tinyproxy": Tinyproxy,
     "squid": Squid,
     "proxy.py": ProxyPy,

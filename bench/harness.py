@@ -7,7 +7,13 @@ Theory of operation:
 * Each of the ``--runs`` rounds measures every scenario for every contender, the contenders in a
   rotated order each round, so that a slow moment of the shared machine, or a warm cache, lands on
   a different contender each time; ratios are taken within a round (see ``bench.stats``).
-* Every socket is on 127.0.0.1: the upstream, each peer's listener, and the CONNECT targets.
+* The upstream lives on a host of its own: a network namespace the harness creates, reached over a veth
+  pair on a TEST-NET address (``bench.netns``), because the sandbox's control refuses loopback upstreams.
+  Every contender reaches it there, at the same address; every peer's listener is on 127.0.0.1, the
+  sandbox's is in its agent's namespace. Without root (no namespace) the upstream falls back to
+  127.0.0.1 and the sandbox is skipped, saying why. Nothing is ever sent anywhere else.
+* Every contender is measured by the same client driver (``bench.driver``, under ``/usr/bin/python3``):
+  one in the harness's namespace for direct and the peers, and the sandbox's agent for openshell.
 * ``--profile NAME`` adds one extra, unmeasured pass of the bulk and setup scenarios with py-spy
   attached to NAME's processes, so profiling never perturbs the numbers in the table.
 """
@@ -30,10 +36,11 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from bench import micro, procstat, setup_peers
-from bench.clients import Address, bulk, open_idle, setup_sequential
+from bench import micro, netns, procstat, setup_peers
+from bench.clients import Address
 from bench.contenders import FACTORIES, BenchContext, Contender, ContenderUnavailable
 from bench.profiling import Recording, format_top
+from bench.remote import ClientDriver, client_copy, spawn_local
 from bench.report import (
     Results,
     add_derived,
@@ -54,6 +61,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 DEFAULT_ORDER = ("direct", "openshell", "tinyproxy", "squid", "proxy.py")
 PROFILED_KINDS = ("bulk", "setup")
+UNPROFILED_GROUPS = ("launcher",)  # the sandbox's launcher forks sit idle during egress
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -92,19 +100,27 @@ def make_config(quick: bool, runs: int, nofile: int) -> tuple[Config, list[str]]
 
 
 class Upstream:
-    """The upstream process (``python3 -m bench.upstream``): bulk and echo listeners on 127.0.0.1."""
+    """The upstream process (``python3 -m bench.upstream``): bulk and echo listeners.
 
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.upstream"], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        )
+    On ``host`` (inside its namespace) when given, else on 127.0.0.1.
+    """
+
+    def __init__(self, host: netns.UpstreamHost | None = None) -> None:
+        argv = [sys.executable, "-m", "bench.upstream"]
+        address = "127.0.0.1"
+        if host is None:
+            self.proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        else:
+            address = host.address
+            self.proc = host.popen([*argv, "--host", address], cwd=REPO, stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE)  # fmt: skip
         assert self.proc.stdout is not None
         words = self.proc.stdout.readline().split()
         if len(words) != 3 or words[0] != b"READY":
             self.stop()
             raise RuntimeError(f"upstream did not start: {words!r}")
-        self.bulk: Address = ("127.0.0.1", int(words[1]))
-        self.echo: Address = ("127.0.0.1", int(words[2]))
+        self.bulk: Address = (address, int(words[1]))
+        self.echo: Address = (address, int(words[2]))
 
     def stop(self) -> None:
         if self.proc.stdin:
@@ -114,6 +130,24 @@ class Upstream:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+class LocalClient:
+    """The harness's own client driver (direct and the peers), started again if it ever breaks."""
+
+    def __init__(self, copy: Path) -> None:
+        self.copy = copy
+        self.driver = spawn_local(copy)
+
+    def get(self) -> ClientDriver:
+        if self.driver.broken:
+            _log(f"bench: the client driver broke ({self.driver.broken}); starting a new one")
+            self.driver.close(timeout=1)
+            self.driver = spawn_local(self.copy)
+        return self.driver
+
+    def close(self) -> None:
+        self.driver.close()
 
 
 def machine_facts() -> dict[str, object]:
@@ -186,7 +220,7 @@ def restart_all(
 def fresh_rss(contender: Contender, probe: Probe) -> int:
     """RSS (KiB) of a just-started contender after a few connections have warmed it up."""
     with contextlib.suppress(Exception):
-        open_idle(probe.proxy, probe.echo, 16, 16, probe.config.timeout, budget=5.0).close()
+        probe.client.open_idle(probe.proxy, probe.echo, 16, 16, probe.config.timeout, budget=5.0).close()
     time.sleep(0.2)
     return procstat.memory(contender.pids()).rss_kib
 
@@ -194,14 +228,15 @@ def fresh_rss(contender: Contender, probe: Probe) -> int:
 def warm_up(probe: Probe) -> None:
     """Unrecorded traffic first, so no contender's first round pays for page faults and lazy set-up."""
     with contextlib.suppress(Exception):
-        setup_sequential(probe.proxy, probe.echo, 50, probe.config.timeout, budget=5.0)
+        probe.client.setup_sequential(probe.proxy, probe.echo, 50, probe.config.timeout, budget=5.0)
         for direction in Direction:
-            bulk(probe.proxy, probe.bulk, direction, 16 * MIB, probe.config.timeout)
+            probe.client.bulk(probe.proxy, probe.bulk, direction, 16 * MIB, probe.config.timeout)
 
 
 def profile_pass(
     contender: Contender, probe: Probe, scenarios: list[Scenario], out: Path, stamp: str
 ) -> dict[str, object]:
+    """One unmeasured pass of the bulk and setup scenarios with py-spy on each of the contender's pid groups."""
     reason = setup_peers.ensure_venv_package("py-spy", "py-spy")
     if reason:
         return {"skipped": reason}
@@ -209,21 +244,29 @@ def profile_pass(
     report: dict[str, object] = {}
     for scenario in (s for s in scenarios if s.kind in PROFILED_KINDS):
         slug = scenario.name.replace(" ", "-")
-        recording = Recording(py_spy, contender.pids(), out / f"profile-{stamp}-{contender.name}-{slug}")
-        recording.start()
+        groups = {g: pids for g, pids in contender.pid_groups().items() if pids and g not in UNPROFILED_GROUPS}
+        recordings = {
+            group: Recording(py_spy, pids, out / f"profile-{stamp}-{contender.name}-{slug}-{group}")
+            for group, pids in groups.items()
+        }
+        for recording in recordings.values():
+            recording.start()
         with contextlib.suppress(Exception):
             scenario.measure(probe)
-        errors = recording.stop()
-        top = recording.summary()
-        text = format_top(top, f"{contender.name} / {scenario.name}")
-        if top.samples:
-            (out / f"profile-{stamp}-{contender.name}-{slug}.top.txt").write_text(text + "\n")
-            _log(text)
-        report[scenario.name] = {
-            "files": [str(recording.output(p)) for p in recording.pids if recording.output(p).exists()],
-            "samples": top.samples, "top_self": top.self_cost, "top_total": top.total_cost,
-            "errors": {str(pid): err for pid, err in errors.items()},
-        }
+        entry: dict[str, object] = {}
+        for group, recording in recordings.items():
+            errors = recording.stop()
+            top = recording.summary()
+            text = format_top(top, f"{contender.name} {group} / {scenario.name}")
+            if top.samples:
+                (out / f"profile-{stamp}-{contender.name}-{slug}-{group}.top.txt").write_text(text + "\n")
+                _log(text)
+            entry[group] = {
+                "files": [str(recording.output(p)) for p in recording.pids if recording.output(p).exists()],
+                "samples": top.samples, "top_self": top.self_cost, "top_total": top.total_cost,
+                "errors": {str(pid): err for pid, err in errors.items()},
+            }
+        report[scenario.name] = entry
     return report
 
 
@@ -243,14 +286,29 @@ def main(argv: list[str] | None = None) -> int:
                 preflight["proxy.py"] = reason
     results = Results(config.runs, list(args.contender_names), scenarios)
     workdir = Path(tempfile.mkdtemp(prefix="openshell-bench-"))
-    ctx = BenchContext(workdir, setup_peers.PEERS_VENV, nofile)
+    copy = client_copy()
     started: list[tuple[Contender, Address | None]] = []
+    host: netns.UpstreamHost | None = None
     upstream: Upstream | None = None
+    local: LocalClient | None = None
     profile: dict[str, object] = {}
+    facts: dict[str, object] = {}
+    run_notes: list[str] = []
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        upstream = Upstream()
+        host_reason = netns.unavailable_reason() or ""
+        if not host_reason:
+            try:
+                host = netns.open_upstream_host()
+            except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+                host_reason = f"no upstream host: {exc}"
+        if host_reason:
+            run_notes.append(f"upstream on 127.0.0.1 ({host_reason})")
+        upstream = Upstream(host)
+        ctx = BenchContext(workdir, setup_peers.PEERS_VENV, nofile, copy, upstream.bulk, upstream.echo, host_reason)
+        local = LocalClient(copy)
+        facts["harness client"] = local.driver.facts
         for name in args.contender_names:
             contender = FACTORIES[name](ctx)
             if name in preflight:
@@ -261,12 +319,17 @@ def main(argv: list[str] | None = None) -> int:
             except ContenderUnavailable as exc:
                 results.skipped[name] = str(exc)
                 contender.stop()
+            else:
+                if (driver := contender.client()) is not None:
+                    facts[f"{name} client"] = driver.facts
         for name, reason in results.skipped.items():
             _log(f"bench: {name} skipped: {reason}")
 
         def probe(contender: Contender, proxy: Address | None) -> Probe:
-            assert upstream is not None
-            return Probe(contender, proxy, contender.target(upstream.bulk), contender.target(upstream.echo), config)
+            assert upstream is not None and local is not None
+            client = contender.client() or local.get()
+            return Probe(contender, client, proxy, contender.target(upstream.bulk), contender.target(upstream.echo),
+                         config)  # fmt: skip
 
         for contender, proxy in started:
             warm_up(probe(contender, proxy))
@@ -291,9 +354,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for contender, _ in started:
             contender.stop()
+            queries = getattr(contender, "dns_queries", 0)
+            if queries:
+                run_notes.append(f"{contender.name}: control sent {queries} DNS queries (refused)")
+        if local is not None:
+            local.close()
         if upstream is not None:
             upstream.stop()
+        if host is not None:
+            host.close()
         shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(copy, ignore_errors=True)
 
     micro_rows: list[micro.MicroRow] = []
     micro_skipped: dict[str, str] = {}
@@ -303,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     add_derived(results)
     rows = build_rows(results)
     table = format_text(rows)
-    notes = config_notes + [f"{k}: {v}" for k, v in micro_skipped.items()]
+    notes = config_notes + run_notes + [f"{k}: {v}" for k, v in micro_skipped.items()]
     micro_table = aligned(micro.micro_grid(micro_rows)) if micro_rows else ""
     command = "python3 bench/run.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     document = {
@@ -311,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": command.strip(),
         "machine": machine_facts(),
         "peers": setup_peers.versions(),
+        "clients": facts,
+        "upstream": {"bulk": list(upstream.bulk), "echo": list(upstream.echo)} if upstream else None,
         "config": asdict(config) | {"nofile": nofile},
         "contenders": results.contenders,
         "skipped": results.skipped,

@@ -9,7 +9,11 @@ the same run and are computed when the run is complete (see ``bench.report``).
 
 Idle scenarios measure memory, which allocators keep after connections close: the harness therefore
 restarts every contender before them in each round, and the per-connection cost is the peak over the
-RSS of that fresh process (after a few warm-up connections), whatever ran before in the round.
+RSS of that fresh process (after a few warm-up connections), whatever ran before in the round. For the
+sandbox, control's and the boundary daemon's own peaks are reported too (the targets are per daemon).
+
+The client is always a driver (``bench.remote``): the same program wherever it runs, so a measurement is
+the same calls whatever the contender.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 
 from bench import clients, procstat
 from bench.contenders import Address, Contender
+from bench.remote import ClientDriver
 from bench.stats import percentile
 from bench.wire import Direction
 
@@ -44,6 +49,7 @@ class Config:
 @dataclass(frozen=True)
 class Probe:
     contender: Contender
+    client: ClientDriver  # where the client runs: the harness's driver, or the sandbox's agent
     proxy: Address | None
     bulk: Address  # the upstream listeners, as the contender wants them named in CONNECT
     echo: Address
@@ -86,12 +92,15 @@ IDLE = (
     Metric("per conn", "KiB"),
     Metric("opened/s", "conns/s", higher_is_better=True, headline=False),
     Metric("held", "conns", ratio=False, higher_is_better=True),
+    Metric("control peak", "MiB", ratio=False),  # the sandbox only: each daemon's own peak RSS
+    Metric("boundary peak", "MiB", ratio=False),
 )
+DAEMONS = ("control", "boundary")
 
 
 def _bulk(direction: Direction) -> Callable[[Probe], Outcome]:
     def measure(probe: Probe) -> Outcome:
-        result = clients.bulk(probe.proxy, probe.bulk, direction, probe.config.bulk_bytes, probe.config.timeout)
+        result = probe.client.bulk(probe.proxy, probe.bulk, direction, probe.config.bulk_bytes, probe.config.timeout)
         return Outcome({"MB/s": result.mb_per_s})
 
     return measure
@@ -114,14 +123,14 @@ def _setup_outcome(result: clients.SetupResult) -> Outcome:
 def measure_sequential(probe: Probe) -> Outcome:
     cfg = probe.config
     return _setup_outcome(
-        clients.setup_sequential(probe.proxy, probe.echo, cfg.sequential, cfg.timeout, cfg.setup_budget)
+        probe.client.setup_sequential(probe.proxy, probe.echo, cfg.sequential, cfg.timeout, cfg.setup_budget)
     )
 
 
 def measure_concurrent(probe: Probe) -> Outcome:
     cfg = probe.config
     return _setup_outcome(
-        clients.setup_concurrent(
+        probe.client.setup_concurrent(
             probe.proxy, probe.echo, cfg.concurrent, cfg.concurrency, cfg.timeout, cfg.setup_budget
         )
     )
@@ -136,14 +145,16 @@ def _wait_fds_below(pids: list[int], limit: int, timeout: float) -> None:
 def _idle(count: int) -> Callable[[Probe], Outcome]:
     def measure(probe: Probe) -> Outcome:
         cfg = probe.config
-        pids = probe.contender.pids()
+        groups = probe.contender.pid_groups()
+        pids = [pid for group in groups.values() for pid in group]
         baseline_kib = probe.fresh_rss_kib if probe.fresh_rss_kib is not None else procstat.memory(pids).rss_kib
         baseline_fds = procstat.open_fds(pids)
         exact_peak = procstat.reset_peak(pids)
-        hold = clients.open_idle(
+        hold = probe.client.open_idle(
             probe.proxy, probe.echo, count, cfg.idle_open_concurrency, cfg.timeout, cfg.idle_budget
         )
-        opened = len(hold.sockets)
+        opened = hold.opened
+        daemons: dict[str, float | None] = {f"{name} peak": None for name in DAEMONS}
         try:
             sampled = procstat.memory(pids).rss_kib
             deadline = time.monotonic() + cfg.idle_hold
@@ -151,6 +162,9 @@ def _idle(count: int) -> Callable[[Probe], Outcome]:
                 time.sleep(0.1)
                 sampled = max(sampled, procstat.memory(pids).rss_kib)
             peak_kib = procstat.memory(pids).hwm_kib if exact_peak else sampled
+            for name in DAEMONS:
+                if groups.get(name) and exact_peak:
+                    daemons[f"{name} peak"] = procstat.memory(groups[name]).hwm_kib / 1024
         finally:
             hold.close()
         _wait_fds_below(pids, baseline_fds + 16, timeout=30.0)
@@ -159,6 +173,7 @@ def _idle(count: int) -> Callable[[Probe], Outcome]:
             "per conn": (peak_kib - baseline_kib) / opened if pids and opened else None,
             "opened/s": opened / hold.seconds if hold.seconds else None,
             "held": float(opened),
+            **daemons,
         }
         return Outcome(values, hold.errors)
 

@@ -1,8 +1,10 @@
-"""The upstream every contender reaches: a bulk source/sink and a 1 KiB echo, on 127.0.0.1 only.
+"""The upstream every contender reaches: a bulk source/sink and a 1 KiB echo.
 
-It runs as its own process (``python3 -m bench.upstream``) so that its CPU and file descriptors are
-not the client's. It prints ``READY <bulk_port> <echo_port>`` on stdout once both listeners are bound
-and exits when its stdin closes (the harness died or is done) or on SIGTERM.
+It runs as its own process (``python3 -m bench.upstream [--host ADDR]``) so that its CPU and file
+descriptors are not the client's. It listens on 127.0.0.1 unless given the address of the harness's
+upstream host (``bench.netns``), inside whose namespace it is then started. It prints
+``READY <bulk_port> <echo_port>`` on stdout once both listeners are bound and exits when its stdin closes
+(the harness died or is done) or on SIGTERM.
 
 Why two engines: the echo side must hold 10,000 idle connections, which wants an event loop (asyncio
 protocols are the cheapest in the standard library); the bulk side moves gigabytes over a handful of
@@ -11,6 +13,7 @@ connections, which blocking sockets in threads do fastest (the GIL is released i
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -105,18 +108,18 @@ class EchoProtocol(asyncio.Protocol):
         return False  # close our side too
 
 
-def _listener(port: int = 0) -> socket.socket:
+def _listener(host: str, port: int = 0) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((HOST, port))
+    sock.bind((host, port))
     sock.listen(BACKLOG)
     return sock
 
 
-async def serve() -> None:
+async def serve(host: str) -> None:
     loop = asyncio.get_running_loop()
-    bulk = _listener()
-    echo = _listener()
+    bulk = _listener(host)
+    echo = _listener(host)
     threading.Thread(target=_bulk_accept_loop, args=(bulk,), daemon=True).start()
     server = await loop.create_server(EchoProtocol, sock=echo, backlog=BACKLOG)
     print(f"READY {bulk.getsockname()[1]} {echo.getsockname()[1]}", flush=True)
@@ -129,9 +132,12 @@ async def serve() -> None:
     bulk.close()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python3 -m bench.upstream")
+    parser.add_argument("--host", default=HOST, help="address to listen on (default %(default)s)")
+    args = parser.parse_args(argv)
     raise_nofile_soft_limit()
-    asyncio.run(serve())
+    asyncio.run(serve(args.host))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,227 @@
+"""The project's own contender: agent → boundary → mTLS HTTP/2 egress link → control → upstream, in dev mode.
+
+How it is put together, and why each piece is there:
+
+* **The client is the agent.** The boundary serves only workload processes (it identifies the binary behind
+  every connection), and its proxy listener lives in the agent's network namespace. So the sandbox is
+  started with ``python3 -m supervisor.cli dev --policy P --dns-server D -- /usr/bin/python3 -I -B
+  <copy>/bench/driver.py``: the agent *is* the bench's client driver, reading requests on the stdin that dev
+  mode hands it and answering on its stdout. It runs the same client code, under the same interpreter and from
+  the same world-readable copy as the driver that measures direct and the peers; it speaks CONNECT to
+  ``127.0.0.1:3128``, the boundary's proxy listener (what ``HTTP_PROXY`` names in the agent's environment).
+* **The upstream is not on loopback.** Control refuses loopback upstreams whatever the policy says, so the
+  harness puts the one upstream every contender reaches on a host in a network namespace it creates
+  (``bench.netns``). The policy allows exactly that address (``allowed_ips: [ADDR/32]``, host by IP literal),
+  on exactly the upstream's ports, for exactly the driver's interpreter.
+* **No name is resolved**, and should control ever try, ``--dns-server`` points it at :class:`RefusingDns`
+  on 127.0.0.1, which refuses every query and counts them: the machine's resolver is never asked.
+* **Memory** is control's and the boundary's: ``pids()`` lists the processes of dev mode's tree that run
+  ``supervisor.cli --mode=control|boundary`` (the boundary daemon and the launcher forks it keeps in the
+  agent's namespaces), never dev mode's own parent process or the agent.
+* ``stop()`` closes the agent's stdin (the driver exits, the agent's exit ends the sandbox, dev mode exits),
+  then falls back to SIGTERM and SIGKILL, by pid and start time, for anything of ours that lingers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from bench.contenders import Address, BenchContext, Contender, ContenderUnavailable
+from bench.procstat import process_tree, start_time
+from bench.remote import SYSTEM_PYTHON, ClientDriver, DriverError, driver_argv
+
+REPO = Path(__file__).resolve().parent.parent
+PROXY: Address = ("127.0.0.1", 3128)  # the boundary's proxy listener, inside the agent's namespace
+READY_TIMEOUT = 60.0
+PING_TIMEOUT = 20.0
+STOP_TIMEOUT = 20.0
+
+
+def render_policy(address: str, ports: list[int], binary: str) -> str:
+    """The bench's policy: the upstream host's address and ports, for the driver's interpreter only."""
+    port_list = ", ".join(str(p) for p in sorted(set(ports)))
+    return (
+        "version: 1\n"
+        "network_policies:\n"
+        "  bench-upstream:\n"
+        "    name: the benchmark's upstream host\n"
+        "    endpoints:\n"
+        f"      - host: {address}\n"
+        f"        ports: [{port_list}]\n"
+        f'        allowed_ips: ["{address}/32"]\n'
+        "    binaries:\n"
+        f"      - path: {binary}\n"
+    )
+
+
+class RefusingDns:
+    """A UDP DNS 'server' on 127.0.0.1 that refuses every query (control is never meant to ask one)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.address: Address = self.sock.getsockname()
+        self.queries = 0
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                wire, peer = self.sock.recvfrom(65535)
+            except OSError:
+                return
+            if len(wire) < 12:
+                continue
+            self.queries += 1
+            # Same id and question, QR set, opcode kept, RD copied, RA set, RCODE 5 (REFUSED).
+            flags = bytes([0x80 | (wire[2] & 0x79), 0x80 | 0x05])
+            with contextlib.suppress(OSError):
+                self.sock.sendto(wire[:2] + flags + wire[4:6] + b"\x00" * 6 + wire[12:], peer)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+class OpenShell(Contender):
+    name = "openshell"
+
+    def __init__(self, ctx: BenchContext) -> None:
+        super().__init__(ctx)
+        self.dir = ctx.workdir / self.name
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.driver: ClientDriver | None = None
+        self.dns: RefusingDns | None = None
+        self.dns_queries = 0  # over every start, for the run's notes
+        self._seen: dict[int, int] = {}  # pid -> start time of every process of ours we saw
+
+    # -- the interface ---------------------------------------------------------------------------------------
+    def start(self) -> Address | None:
+        ctx = self.ctx
+        if ctx.upstream_host_reason:
+            raise ContenderUnavailable(ctx.upstream_host_reason)
+        if ctx.client_copy is None or ctx.upstream_echo is None or ctx.upstream_bulk is None:
+            raise ContenderUnavailable("the harness gave no client copy or upstream")
+        if not SYSTEM_PYTHON.exists():
+            raise ContenderUnavailable(f"{SYSTEM_PYTHON} is needed for the agent (another uid cannot read ours)")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        policy = self.dir / "policy.yaml"
+        binary = os.path.realpath(SYSTEM_PYTHON)  # what the boundary reports: the bytes behind /proc/PID/exe
+        policy.write_text(render_policy(ctx.upstream_echo[0], [ctx.upstream_bulk[1], ctx.upstream_echo[1]], binary))
+        self.dns = RefusingDns()
+        argv = [
+            sys.executable, "-m", "supervisor.cli", "dev", f"--policy={policy}",
+            f"--dns-server={self.dns.address[0]}:{self.dns.address[1]}", "--", *driver_argv(ctx.client_copy),
+        ]  # fmt: skip
+        env = {**os.environ, "XDG_RUNTIME_DIR": str(self.dir / "runtime")}
+        self._seen = {}
+        with (self.dir / "dev.log").open("wb") as log:
+            self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=log, start_new_session=True)  # fmt: skip
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.driver = ClientDriver(self.proc.stdin, self.proc.stdout)
+            self.pids()
+            if self.driver.facts.get("uid") == os.geteuid() and os.geteuid() == 0:
+                raise ContenderUnavailable("the agent runs as root: not the sandbox the bench means to measure")
+            self._ping()
+        except (DriverError, ContenderUnavailable) as exc:
+            reason = str(exc) if isinstance(exc, ContenderUnavailable) else f"dev mode did not come up: {exc}"
+            self.stop()
+            raise ContenderUnavailable(f"{reason}; dev mode said: {self._log_tail()}") from None
+        return PROXY
+
+    def _ping(self) -> None:
+        """Wait until one exchange crosses the whole path (control dials its egress links after start)."""
+        assert self.driver is not None and self.ctx.upstream_echo is not None
+        deadline = time.monotonic() + PING_TIMEOUT
+        while True:
+            done = self.driver.setup_sequential(PROXY, self.ctx.upstream_echo, 1, timeout=5.0, budget=5.0)
+            if done.latencies:
+                return
+            if time.monotonic() > deadline:
+                raise ContenderUnavailable(f"no exchange crossed the sandbox within {PING_TIMEOUT:.0f} s")
+            time.sleep(0.2)
+
+    def _log_tail(self) -> str:
+        try:
+            lines = (self.dir / "dev.log").read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "(no log)"
+        return " | ".join(line[:300] for line in lines[-3:]) or "(nothing)"
+
+    def client(self) -> ClientDriver | None:
+        return self.driver
+
+    def pid_groups(self) -> dict[str, list[int]]:
+        """control, the boundary daemon, and the launcher processes it forked (idle: shared pages, mostly)."""
+        groups: dict[str, list[int]] = {"control": [], "boundary": [], "launcher": []}
+        if self.proc is None or self.proc.poll() is not None:
+            return groups
+        for pid in process_tree(self.proc.pid):
+            args = _cmdline(pid)
+            if "--mode=control" in args:
+                role = "control"
+            elif "--mode=boundary" in args:
+                role = "boundary" if _parent(pid) == self.proc.pid else "launcher"
+            else:
+                continue  # dev mode itself, the agent and anything the agent started
+            groups[role].append(pid)
+            if pid not in self._seen and (started := start_time(pid)) is not None:
+                self._seen[pid] = started
+        return groups
+
+    def pids(self) -> list[int]:
+        return [pid for group in self.pid_groups().values() for pid in group]
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(Exception):
+                self.pids()  # remember what we may have to end ourselves
+            if self.driver is not None:
+                self.driver.close(timeout=0)
+            try:
+                self.proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGTERM)  # dev mode ends the agent and both daemons
+                try:
+                    self.proc.wait(STOP_TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+            for pid, started in self._seen.items():
+                if start_time(pid) == started:  # still the very process we saw: a daemon dev mode left behind
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+        self.proc = None
+        self.driver = None
+        self._seen = {}
+        if self.dns is not None:
+            self.dns_queries += self.dns.queries
+            self.dns.close()
+            self.dns = None
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(")") + 2 :].split()[1])
