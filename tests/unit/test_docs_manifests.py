@@ -418,7 +418,7 @@ def _doc_commands(path: Path) -> list[list[str]]:
     in_block = False
     pending = ""
     for line in path.read_text().splitlines():
-        if line.startswith("```"):
+        if line.strip().startswith("```"):
             in_block = not in_block
             pending = ""
             continue
