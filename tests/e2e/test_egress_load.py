@@ -5,6 +5,7 @@ the test host — half through the proxy listener (CONNECT), half transparently 
 gave it — sends 1 KiB..512 KiB of random bytes on each (log-uniform: mostly small, some large), half-closes,
 and checks with sha256 that exactly the same bytes came back. Control's events must show 1,000 allowed
 connections whose byte counts match what was sent. Totals and wall time are printed (``pytest -s``).
+Refusals on identity resolution's time budget alone (a known issue under this load) make it xfail.
 """
 
 from __future__ import annotations
@@ -50,23 +51,17 @@ async def transfer(i):
     except Exception as exc:
         return i, 0, f"open: {{type(exc).__name__}}: {{exc}}"
 
-    echoing = asyncio.Event()
-
     async def send():
         for at in range(0, len(payload), 65536):
             writer.write(payload[at:at + 65536])
             await writer.drain()
-        # Half-close only once bytes came back, i.e. once the boundary has admitted us: a client that
-        # half-closes before its identity is resolved is refused today (the xfail test in test_egress_attacks).
-        await echoing.wait()
-        writer.write_eof()
+        writer.write_eof()  # often before the boundary has even identified us: that must not matter
 
     async def receive():
         digest, size = hashlib.sha256(), 0
         while data := await reader.read(65536):
             digest.update(data)
             size += len(data)
-            echoing.set()
         return size, digest.hexdigest()
 
     try:
@@ -93,12 +88,6 @@ asyncio.run(main())
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="identity resolution is O(processes + workload fds) per connection on up to 40 threads and its "
-    "500 ms budget is wall time: with ~1,000 connections open, 500-800 of them are refused as "
-    "identity-unresolved: budget (reported; with the budget lifted all 1,000 arrive intact)",
-)
 def test_a_thousand_parallel_transfers_arrive_intact(attack_world: AttackWorld) -> None:
     w = attack_world
     agent = w.run_agent(AGENT.format(n=TRANSFERS, low=MIN_SIZE, high=MAX_SIZE), timeout=240)
@@ -112,6 +101,12 @@ def test_a_thousand_parallel_transfers_arrive_intact(attack_world: AttackWorld) 
         f"agent RLIMIT_NOFILE soft/hard {load['nofile']}; refusals: "
         f"{dict(Counter(str(e.get('reason') or e.get('error'))[:60] for e in errors))}"
     )
+    budget = [e for e in errors if e.get("reason") == "identity-unresolved: budget"]
+    if load["failures"] and len(budget) == len(errors) == load["failures"]:
+        # Known and reported: identity resolution's 500 ms budget is wall time, which under this much
+        # concurrency also counts waiting for the GIL; a few (0..~100) connections are refused on it. Any
+        # other failure, or a refusal of another kind, fails this test below.
+        pytest.xfail(f"{len(budget)} of {TRANSFERS} connections refused as identity-unresolved: budget")
     assert load["failures"] == 0, f"{json.dumps(load['failed'], indent=1)}\n{errors[:10]}\n{agent.explain()}"
     assert load["ok"] == TRANSFERS
     assert load["bytes_each_way"] == sum(load["sizes"])
