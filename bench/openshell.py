@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -108,6 +110,7 @@ class OpenShell(Contender):
         self.driver: ClientDriver | None = None
         self.dns: RefusingDns | None = None
         self.dns_queries = 0  # over every start, for the run's notes
+        self.runtime: Path | None = None
         self._seen: dict[int, int] = {}  # pid -> start time of every process of ours we saw
 
     # -- the interface ---------------------------------------------------------------------------------------
@@ -128,7 +131,9 @@ class OpenShell(Contender):
             sys.executable, "-m", "supervisor.cli", "dev", f"--policy={policy}",
             f"--dns-server={self.dns.address[0]}:{self.dns.address[1]}", "--", *driver_argv(ctx.client_copy),
         ]  # fmt: skip
-        env = {**os.environ, "XDG_RUNTIME_DIR": str(self.dir / "runtime")}
+        # The API socket's path must stay short (a Unix socket path has 107 bytes): a runtime dir of our own.
+        self.runtime = Path(tempfile.mkdtemp(prefix="osbr-", dir="/tmp"))
+        env = {**os.environ, "XDG_RUNTIME_DIR": str(self.runtime)}
         self._seen = {}
         with (self.dir / "dev.log").open("wb") as log:
             self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -159,11 +164,13 @@ class OpenShell(Contender):
             time.sleep(0.2)
 
     def _log_tail(self) -> str:
+        """The end of dev mode's stderr: a traceback's last lines if there is one, else the last events."""
         try:
             lines = (self.dir / "dev.log").read_text(errors="replace").strip().splitlines()
         except OSError:
             return "(no log)"
-        return " | ".join(line[:300] for line in lines[-3:]) or "(nothing)"
+        plain = [line.strip(" |+") for line in lines if not line.startswith("{")]
+        return " | ".join(line[:300] for line in (plain or lines)[-3:]) or "(nothing)"
 
     def client(self) -> ClientDriver | None:
         return self.driver
@@ -213,6 +220,9 @@ class OpenShell(Contender):
         self.proc = None
         self.driver = None
         self._seen = {}
+        if self.runtime is not None:
+            shutil.rmtree(self.runtime, ignore_errors=True)
+            self.runtime = None
         if self.dns is not None:
             self.dns_queries += self.dns.queries
             self.dns.close()

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from bench import netns
 from bench.harness import main, make_config, parse_args
+from bench.remote import SYSTEM_PYTHON
 from bench.scenarios import idle_sizes
 
 
@@ -48,11 +50,22 @@ def test_one_small_run_writes_table_and_json(tmp_path: Path, capsys: pytest.Capt
                  "--out", str(tmp_path)])
     assert code == 0
     out = capsys.readouterr().out
-    assert "summary" in out and "skipped: not available yet" in out
+    assert "summary" in out
     [result] = list(tmp_path.glob("bench-*.json"))
     document = json.loads(result.read_text())
-    assert document["skipped"] == {"openshell": "not available yet (waits for the egress path in dev mode)"}
-    bulk = next(r for r in document["rows"] if r["scenario"] == "bulk up" and r["contender"] == "direct")
+    rows = {(r["scenario"], r["metric"], r["contender"]): r for r in document["rows"]}
+    bulk = rows[("bulk up", "MB/s", "direct")]
     assert bulk["summary"]["n"] == 1 and bulk["summary"]["median"] > 0
-    assert document["failures"] == []
+    assert document["clients"]["harness client"]["ready"]
+    if netns.unavailable_reason() or not SYSTEM_PYTHON.exists():
+        # Without a namespace for the upstream the sandbox cannot be measured: skipped, with the reason.
+        assert "openshell" in document["skipped"] and "skipped: " in out
+        return
+    # The full path was measured, by the driver that is the sandbox's agent, against the upstream host.
+    assert document["skipped"] == {} and document["failures"] == []
+    assert document["clients"]["openshell client"]["uid"] != 0
+    assert not document["upstream"]["echo"][0].startswith("127.")
+    for scenario, metric in (("bulk down", "MB/s"), ("setup 64-way", "conns/s"), ("idle 1000", "control peak")):
+        assert rows[(scenario, metric, "openshell")]["summary"]["median"] > 0
+    assert rows[("idle 1000", "control peak", "direct")]["summary"] is None
     assert list(tmp_path.glob("bench-*.md"))

@@ -77,8 +77,3 @@ def test_peer_listening_beyond_loopback_is_refused_and_stopped(ctx: BenchContext
     with pytest.raises(ContenderUnavailable, match="beyond loopback"):
         contender.start()
     assert contender.proc is None and contender.pids() == []
-
-
-def test_openshell_is_reported_as_not_available_yet(ctx: BenchContext) -> None:
-    with pytest.raises(ContenderUnavailable, match="not available yet"):
-        FACTORIES["openshell"](ctx).start()
