@@ -204,6 +204,12 @@ def command_parser() -> argparse.ArgumentParser:
     dev.add_argument("--privilege-model", default="auto", choices=["auto", "R", "U", "P"])
     dev.add_argument("--workdir", default="/", help="the agent's working directory (default %(default)s)")
     dev.add_argument("--agent-user", help="UID:GID of the agent in model R (default 1000:1000)")
+    dev.add_argument(
+        "--acknowledge-external-fence",
+        action="store_true",
+        help="use proxy-env capture (model P): no namespace, the agent can bypass the proxy unless something "
+        "outside fences it; dev mode has no such fence, so this is for trying model P only",
+    )
     dev.add_argument("argv", nargs="+", metavar="CMD", help="the agent command (after --)")
 
     def with_api(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -251,9 +257,16 @@ def run_command(argv: list[str]) -> int:
     if args.command == "dev":
         from supervisor.dev import DevOptions, run_dev
 
+        if args.privilege_model == "P" and not args.acknowledge_external_fence:
+            _err(
+                "dev --privilege-model=P: model P captures nothing itself (proxy-env) and dev mode has no external "
+                "fence; pass --acknowledge-external-fence to run it anyway"
+            )
+            return 2
         opts = DevOptions(
             argv=args.argv, policy=args.policy, dns_servers=tuple(args.dns_server),
             privilege_model=args.privilege_model, workdir=args.workdir, agent_user=args.agent_user,
+            acknowledge_external_fence=args.acknowledge_external_fence,
         )  # fmt: skip
         return run_dev(opts)
     if args.command == "policy":

@@ -37,6 +37,7 @@ class DevOptions:
     privilege_model: str = "auto"
     workdir: str = "/"
     agent_user: str | None = None
+    acknowledge_external_fence: bool = False
 
 
 def dev_claims(sandbox: str) -> Claims:
@@ -78,10 +79,11 @@ def run_dev(opts: DevOptions) -> int:
         port_file = tmp / "boundary.port"
         runtime.parent.mkdir(parents=True, exist_ok=True, mode=0o755)  # hidden from the agent by a tmpfs
         log_flags = ["--log-stream=stderr"]
+        fence_flags = ["--acknowledge-external-fence"] if opts.acknowledge_external_fence else []
         boundary_cmd = [
             *_entry(), "--mode=boundary", f"--bootstrap={tmp / 'bundle' / 'boundary'}", "--listen=127.0.0.1:0",
             f"--port-file={port_file}", f"--privilege-model={opts.privilege_model}", f"--workdir={opts.workdir}",
-            f"--hide-path={runtime.parent}", "--exit-linger=5", *log_flags, "--", *opts.argv,
+            f"--hide-path={runtime.parent}", "--exit-linger=5", *log_flags, *fence_flags, "--", *opts.argv,
         ]  # fmt: skip
         procs.append(subprocess.Popen(boundary_cmd, start_new_session=False))
         port = _wait_for_port(port_file, procs[0])
@@ -89,8 +91,10 @@ def run_dev(opts: DevOptions) -> int:
             return _finish(procs, received, default=EXIT_SELF_FAILED)
         control_cmd = [
             *_entry(), "--mode=control", f"--bootstrap={tmp / 'bundle' / 'control'}", f"--boundary=127.0.0.1:{port}",
-            f"--api={runtime / 'api.sock'}", *log_flags,
+            f"--api={runtime / 'api.sock'}", *log_flags, *fence_flags,
         ]  # fmt: skip
+        if opts.acknowledge_external_fence:
+            control_cmd.append("--capture-mode=proxy-env")
         if opts.policy is not None:
             control_cmd.append(f"--policy={opts.policy}")
         if opts.agent_user is not None:

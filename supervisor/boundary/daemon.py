@@ -14,6 +14,7 @@ Order of events in a boundary's life:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -26,6 +27,7 @@ from typing import Any
 import trio
 
 from supervisor.boundary.capture import IdentityResolver
+from supervisor.boundary.capture.setup import open_sock_diag
 from supervisor.boundary.egress import EgressCapture, EgressLinks
 from supervisor.boundary.forward import open_forward, splice
 from supervisor.boundary.process import (
@@ -260,21 +262,27 @@ class BoundaryDaemon:
         self.policy_generation_acked = attach.policy_generation
         if netns:
             fds = dict(self.prepared.fds)
-            diag_fd = fds.pop("sock_diag", None)
-            resolver = IdentityResolver(
-                anchor_pid=self.launcher.pid,
-                workload_pids=self.launcher.workload_pids,
-                agent_pid=lambda: self.table.agent.pid if self.table.agent is not None else None,
-                # With a workload PID namespace no process outside it can hold one of its sockets except
-                # ourselves and the launcher, so the full-/proc walk for foreign owners is not needed.
-                scan_foreign=model == "P",
-                budget_us=IDENTITY_BUDGET_US,
-                sock_diag=socket.socket(fileno=diag_fd) if diag_fd is not None else None,
-            )
-            self.capture = EgressCapture(
-                fds=fds, links=self.egress_links, resolver=resolver, log=self.log,
-                accepting=lambda: self.lifecycle.state is not State.ENDED,
-            )  # fmt: skip
+            anchor = self.launcher.pid
+        else:  # proxy-env: one proxy listener in our own (the pod's) network namespace
+            fds = {"proxy": _proxy_listener()}
+            with contextlib.suppress(OSError):
+                fds["sock_diag"] = open_sock_diag()
+            anchor = os.getpid()
+        diag_fd = fds.pop("sock_diag", None)
+        resolver = IdentityResolver(
+            anchor_pid=anchor,
+            workload_pids=self.launcher.workload_pids,
+            agent_pid=lambda: self.table.agent.pid if self.table.agent is not None else None,
+            # With a workload PID namespace no process outside it can hold one of its sockets except ourselves
+            # and the launcher, so the full-/proc walk for foreign owners is not needed; without one it is.
+            scan_foreign=model == "P",
+            budget_us=IDENTITY_BUDGET_US,
+            sock_diag=socket.socket(fileno=diag_fd) if diag_fd is not None else None,
+        )
+        self.capture = EgressCapture(
+            fds=fds, links=self.egress_links, resolver=resolver, log=self.log,
+            accepting=lambda: self.lifecycle.state is not State.ENDED,
+        )  # fmt: skip
         self.lifecycle.advance(Op.ATTACH)
         self.log.emit(
             "lifecycle.bound", capture_mode=str(attach.capture_mode), privilege_model=model,
@@ -296,7 +304,12 @@ class BoundaryDaemon:
         if self.attach.capture_mode is CaptureMode.NETNS:
             fence.update(await self._verify_fence())
         else:
+            # No probe leaves the machine (DESIGN): the external fence is the pod's NetworkPolicy, acknowledged
+            # by the operator in both places; it is reported as such, never claimed as verified.
             fence.update(fingerprint=None, probe="external-fence-acknowledged")
+        if self.capture is not None:
+            assert self._nursery is not None
+            await self._nursery.start(self.capture.run)
         self.fence = fence
         self.lifecycle.advance(Op.CONFIRM)
         self.log.emit("lifecycle.ready", fence=fence)
@@ -320,8 +333,6 @@ class BoundaryDaemon:
         if not report.get("ok", False) or problems:
             self._fatal(f"fence not in force: {problems}")
             raise OpError(ErrorKind.FAILED, f"fence not in force: {problems}", stage="confirm")
-        assert self._nursery is not None
-        await self._nursery.start(self.capture.run)
         return {"fingerprint": report.get("fingerprint"), "links": report.get("links"), "probe": "captured"}
 
     def _managed_env(self) -> dict[str, str]:
@@ -448,6 +459,20 @@ class BoundaryDaemon:
 
         if self._nursery is not None:
             self._nursery.start_soon(later)
+
+
+def _proxy_listener() -> int:
+    """The HTTP proxy listener for proxy-env mode, on the pod's loopback (never SO_REUSEPORT)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", PROXY_PORT))
+        sock.listen(1024)
+    except OSError as exc:
+        sock.close()
+        reason = f"cannot listen on 127.0.0.1:{PROXY_PORT}: {exc.strerror}"
+        raise OpError(ErrorKind.FAILED, reason, stage="attach") from None
+    return sock.detach()
 
 
 def _drain(fd: int | None) -> None:

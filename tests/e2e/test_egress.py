@@ -88,3 +88,22 @@ def test_dns_for_names_no_endpoint_allows_is_refused(world: World) -> None:
     assert result.stdout.startswith("refused")
     assert world.dns.count("exfil.secret-data.example") == before, "the name must never reach a resolver"
     assert any(e.get("event") == "dns" and e.get("decision") == "refused" for e in events)
+
+
+def test_model_p_proxy_env_mediates_proxy_aware_clients(world: World) -> None:
+    """Model P (no namespaces, proxy-env acknowledged): the proxy listener lives on the pod's loopback and the
+    same identity + decision path applies; a client ignoring the proxy is NOT fenced here (that is the external
+    fence's job, documented), so only the mediated path is asserted."""
+    script = f"curl -sS -f http://api.test:{PORT}/hello.txt && curl -s -o /dev/null -w '%{{http_code}}\\n' http://other.test:{PORT}/"
+    result, events = world.dev(script, options=("--privilege-model=P", "--acknowledge-external-fence"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == ["hello from the test host", "403"]
+    assert [e["capture"] for e in allowed_events(events)] == ["http-forward"]
+    assert allowed_events(events)[0]["binary"] == "/usr/bin/curl"
+    assert [e["destination"] for e in denied_events(events)] == [f"other.test:{PORT}"]
+
+
+def test_model_p_needs_the_acknowledgement(world: World) -> None:
+    result, _ = world.dev("true", options=("--privilege-model=P",))
+    assert result.returncode == 2
+    assert "--acknowledge-external-fence" in result.stderr
