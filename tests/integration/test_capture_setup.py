@@ -216,6 +216,9 @@ def scenario_listener_properties() -> dict[str, Any]:
 
     fds, report = prepare(capture_ports=[443, 8443], proxy_port=3128)
     props: dict[str, Any] = {}
+    diag = fds.pop("sock_diag")  # the identity resolver's netlink socket, not a listener
+    with socket.socket(fileno=diag) as netlink:
+        props_diag = {"family": int(netlink.family), "proto": netlink.proto}
     for name, fd in fds.items():
         s = _sock(fd)
         with s:
@@ -229,7 +232,7 @@ def scenario_listener_properties() -> dict[str, Any]:
             if s.family == socket.AF_INET6:
                 entry["v6only"] = s.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY)
             props[name] = entry
-    return {"props": props, "report": report}
+    return {"props": props, "report": report, "sock_diag": props_diag}
 
 
 def test_listeners_are_bound_listening_nonblocking_and_never_reuseport() -> None:
@@ -251,6 +254,7 @@ def test_listeners_are_bound_listening_nonblocking_and_never_reuseport() -> None
     report = out["report"]
     assert report["routes_installed"] == ["local 0.0.0.0/0 dev lo table local", "local ::/0 dev lo table local"]
     assert len(report["fingerprint"]) == 64 and report["ok"] and report["mode"] == "anyip"
+    assert out["sock_diag"] == {"family": int(socket.AF_NETLINK), "proto": 4}  # NETLINK_SOCK_DIAG
 
 
 def scenario_inspect_flags_tampering() -> dict[str, Any]:

@@ -199,6 +199,7 @@ def _reset_signals(ctx: ChildContext) -> None:
             signal.signal(sig, signal.SIG_DFL)
         except (OSError, ValueError):
             pass
+    linux.reset_reserved_signals()
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
 

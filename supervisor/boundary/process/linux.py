@@ -128,6 +128,26 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
     )
 
 
+# rt_sigaction is not one of the unified syscall numbers above: it differs per architecture.
+_SYS_RT_SIGACTION: Final = {"x86_64": 13, "aarch64": 134}
+
+
+def reset_reserved_signals() -> None:
+    """Set the two signals glibc keeps for itself (32, 33) back to SIG_DFL with the raw syscall.
+
+    Python's ``signal`` module cannot name them, and an ignored disposition survives ``execve``: a parent that
+    ignored one would hand that to the workload. Best effort on unknown architectures."""
+    number = _SYS_RT_SIGACTION.get(MACHINE)
+    if number is None:
+        return
+    action = (ctypes.c_ulong * 4)()  # struct kernel_sigaction: handler=SIG_DFL(0), flags, restorer, mask
+    for sig in (32, 33):
+        try:
+            syscall(number, sig, ctypes.cast(action, ctypes.c_void_p), None, 8)
+        except OSError:
+            pass
+
+
 def close_range(first: int, last: int = 0xFFFFFFFF) -> None:
     """Close every fd in ``[first, last]``; falls back to ``os.closerange`` on old kernels."""
     try:
