@@ -1,0 +1,46 @@
+"""HTTP inspection in control: TLS interception with a per-sandbox CA, L7 rules, credential injection.
+
+The entry point is :func:`inspect` (one admitted connection); :class:`InterceptionCA` mints the CA and its
+leaves; :func:`upstream_context` builds the verifying client context for the upstream leg. Everything but
+``session`` (and the stream helpers) is pure: ``head`` (smuggling checks), ``authority`` (domain-fronting
+defence), ``sniff`` (what the agent speaks), ``rewrite`` (placeholders to secrets).
+"""
+
+from .authority import AuthorityError, AuthoritySource, RequestAuthority, request_authority, same_authority
+from .ca import ALPN_HTTP1, InterceptionCA, LeafError
+from .head import MAX_HEAD_BYTES, HeadError, HeadProblem, RequestHead, check_head, find_head_end
+from .rewrite import REDACTED, CredentialRefusal, Rewritten, redact_path, redact_query, rewrite_request
+from .session import CloseReason, InspectStats, Limits, inspect
+from .sniff import TunnelProtocol, sniff
+from .upstream_tls import UnsafeUpstreamContext, upstream_context
+
+__all__ = [
+    "ALPN_HTTP1",
+    "MAX_HEAD_BYTES",
+    "REDACTED",
+    "AuthorityError",
+    "AuthoritySource",
+    "CloseReason",
+    "CredentialRefusal",
+    "HeadError",
+    "HeadProblem",
+    "InspectStats",
+    "InterceptionCA",
+    "LeafError",
+    "Limits",
+    "RequestAuthority",
+    "RequestHead",
+    "Rewritten",
+    "TunnelProtocol",
+    "UnsafeUpstreamContext",
+    "check_head",
+    "find_head_end",
+    "inspect",
+    "redact_path",
+    "redact_query",
+    "request_authority",
+    "rewrite_request",
+    "same_authority",
+    "sniff",
+    "upstream_context",
+]

@@ -1,0 +1,896 @@
+"""One inspected connection: terminate TLS if asked, then judge and forward HTTP/1.1 requests one by one.
+
+Theory of operation
+-------------------
+``inspect`` serves the agent's side of one connection that control has already admitted at L4 and whose
+endpoint asks for inspection (or that carries credentials). It owns both streams from then on.
+
+1. **What is spoken** (§3.7). The caller says TLS or plaintext, or leaves it to the first bytes (``sniff``).
+   h2c prior knowledge and unknown bytes are refused with ``403 unsupported_l7_protocol``.
+2. **TLS toward the agent** is terminated with a leaf for the *CONNECT host* from the sandbox CA; TLS toward
+   the upstream is opened lazily, for the first admitted request, and always verified (``upstream_tls``).
+3. **Each request** (§3.12), on a kept-alive connection, in order: raw head validation (``head``: the
+   smuggling shapes h11 tolerates) → h11 parse → authority binding (``authority``) → protocol checks (CONNECT,
+   h2c and non-websocket upgrades refused) → canonical target, placeholders redacted → ``decide_l7`` (allow,
+   audit, deny) → credential rewrite (``rewrite``, only now, scoped to this endpoint) → upstream write. A
+   refusal answers with the catalogue's JSON body and closes the connection; a parse error closes it without
+   a response. One JSON event per request, never with a secret or a query string in it.
+4. **Bodies stream** through both h11 state machines with one bounded chunk in flight per direction; the
+   request body and the response are pumped concurrently (an upstream may answer before the upload ends,
+   ``100 Continue`` passes through). A ``101`` to a websocket upgrade turns the rest of the connection into a
+   raw relay.
+5. **Between requests** the policy generation is checked (a revision closes the connection before the next
+   request, §3.15); an upstream connection that cannot be reused is dropped and a new one dialled for the
+   next request (a reused one that fails before any response byte is retried once for a bodiless request).
+"""
+
+from __future__ import annotations
+
+import enum
+import ssl
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, NoReturn
+
+import h11
+import trio
+
+from supervisor.control.credentials import Credentials
+from supervisor.control.l7.authority import AuthorityError, AuthoritySource, request_authority, same_authority
+from supervisor.control.l7.ca import InterceptionCA, LeafError
+from supervisor.control.l7.head import MAX_HEAD_BYTES, HeadError, RequestHead, check_head, find_head_end
+from supervisor.control.l7.rewrite import REDACTED, CredentialRefusal, redact_path, redact_query, rewrite_request
+from supervisor.control.l7.sniff import SNIFF_BYTES, SNIFF_WAIT_S, TunnelProtocol, sniff
+from supervisor.control.l7.streams import PrefixedStream, abort_all
+from supervisor.control.l7.upstream_tls import check_upstream_context
+from supervisor.control.policy import (
+    Decision,
+    DenyReason,
+    PolicySnapshot,
+    Protocol,
+    TargetError,
+    Verdict,
+    canonicalize_target,
+)
+from supervisor.control.policy.hosts import normalize_request_host
+from supervisor.control.upstream import UpstreamError
+from supervisor.jsonlog import JsonLog
+from supervisor.protocol.responses import ErrorCode, ErrorResponse
+
+__all__ = ["CloseReason", "InspectStats", "Limits", "inspect"]
+
+_STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+_REDACTED_WIRE = "%5BCREDENTIAL%5D"  # REDACTED as the canonicaliser spells it
+_RESERVED_EVENT_KEYS = frozenset({"event", "time", "component"})
+_MAX_DRAIN = 1 << 20
+
+
+@dataclass(frozen=True)
+class Limits:
+    idle_timeout: float = 300.0  # no progress either way: keep-alive idle, a slow upstream, a stalled reader
+    head_timeout: float = 30.0  # from a head's first byte to its end (slowloris)
+    handshake_timeout: float = 10.0  # each TLS handshake
+    connect_timeout: float = 30.0  # connect_upstream() as a whole
+    drain_timeout: float = 0.5  # reading what the agent still sends after a refusal, so it sees the answer
+    chunk: int = 65536  # one read; at most one chunk per direction is held here
+    max_upstream_head: int = 64 * 1024
+
+
+class CloseReason(enum.StrEnum):
+    """Why an inspected connection ended; the value is the ``closed_by`` string in stats and events."""
+
+    AGENT = "agent"
+    UPSTREAM = "upstream"
+    DENIED = "denied"
+    MALFORMED = "malformed-request"
+    UNSUPPORTED = "unsupported-protocol"
+    AGENT_TLS = "agent-tls-failed"
+    UPSTREAM_FAILED = "upstream-failed"
+    IDLE = "idle-timeout"
+    POLICY = "policy-revision"
+    ERROR = "error"
+
+
+@dataclass
+class InspectStats:
+    protocol: str = ""  # a TunnelProtocol value
+    requests: int = 0
+    allowed: int = 0
+    audited: int = 0
+    denied: int = 0
+    bytes_up: int = 0  # body bytes agent → upstream (and raw bytes after an upgrade)
+    bytes_down: int = 0  # body bytes upstream → agent
+    upgraded: bool = False
+    closed_by: str = ""  # a CloseReason value
+    error: str | None = None
+
+
+class _AgentFailed(Exception):
+    pass
+
+
+class _UpstreamFailed(Exception):
+    pass
+
+
+@dataclass
+class _Record:
+    """One request, as its event will tell it."""
+
+    started: float
+    method: str = ""
+    path: str | None = None  # redacted, query-free
+    decision: str = "deny"
+    rule: str | None = None
+    endpoint: str | None = None
+    l7_rule: str | None = None
+    reason: str | None = None
+    detail: str | None = None
+    status: int | None = None
+    bytes_up: int = 0
+    bytes_down: int = 0
+    credentials: tuple[str, ...] = ()
+    upgrade: str | None = None
+    error: str | None = None
+    request_done: bool = False
+    response_started: bool = False
+    has_body: bool = False
+    head_method: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _display(path: str | None) -> str | None:
+    return None if path is None else path.replace(_REDACTED_WIRE, REDACTED)
+
+
+def _authority_text(host: str, port: int, tls: bool) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return shown if port == (443 if tls else 80) else f"{shown}:{port}"
+
+
+def _websocket_upgrade(head: RequestHead) -> bool:
+    """RFC 6455 §4.1 client handshake shape: GET, Connection: upgrade, Upgrade: websocket, key, version 13."""
+    return (
+        head.method == "GET"
+        and "upgrade" in head.tokens("connection")
+        and head.tokens("upgrade") == {"websocket"}
+        and len(head.values("sec-websocket-key")) == 1
+        and head.values("sec-websocket-version") == ["13"]
+    )
+
+
+def _endpoint_protocol(snapshot: PolicySnapshot, decision: Decision) -> Protocol | None:
+    if snapshot.policy is None or decision.endpoint is None:
+        return None
+    for cep in snapshot.policy.endpoints_for(decision.host, decision.port):
+        if cep.label == decision.endpoint:
+            return cep.endpoint.protocol
+    return None
+
+
+class _Session:
+    def __init__(
+        self,
+        agent: trio.abc.HalfCloseableStream,
+        *,
+        host: str,
+        port: int,
+        snapshot: PolicySnapshot,
+        l4: Decision,
+        connect_upstream: Callable[[], Awaitable[trio.abc.HalfCloseableStream]],
+        ca: InterceptionCA,
+        credentials: Credentials,
+        upstream_ssl: ssl.SSLContext,
+        log: JsonLog,
+        event_fields: Mapping[str, Any],
+        is_current: Callable[[int], bool] | None,
+        limits: Limits,
+    ) -> None:
+        self.raw = agent
+        self.agent: trio.abc.Stream = agent
+        self.name = normalize_request_host(host) or host.lower()
+        self.port = port
+        self.snapshot = snapshot
+        self.l4 = l4
+        self.connect_upstream = connect_upstream
+        self.ca = ca
+        self.creds = credentials
+        self.upstream_ssl = upstream_ssl
+        self.log = log
+        self.fields = {k: v for k, v in event_fields.items() if k not in _RESERVED_EVENT_KEYS}
+        self.is_current = is_current
+        self.limits = limits
+        self.tls = False
+        self.buffer = bytearray()
+        self.upstream: trio.abc.Stream | None = None
+        self.up: h11.Connection | None = None
+        self.stats = InspectStats()
+        self.clean = True
+        self.failure: _AgentFailed | _UpstreamFailed | None = None
+        self._scope = trio.CancelScope()
+
+    # --- the connection --------------------------------------------------------------------------------------
+    async def run(self, tls: bool | None) -> InspectStats:
+        try:
+            await self._serve(tls)
+        except _AgentFailed as exc:
+            self._end(CloseReason.AGENT, str(exc), clean=False)
+        except _UpstreamFailed as exc:
+            self._end(CloseReason.UPSTREAM_FAILED, str(exc), clean=False)
+        except trio.Cancelled:
+            self._end(CloseReason.POLICY if self._stale() else CloseReason.ERROR, "cancelled", clean=False)
+            raise
+        finally:
+            await self._close()
+        return self.stats
+
+    def _end(self, why: CloseReason, error: str | None = None, *, clean: bool = True) -> None:
+        if not self.stats.closed_by:
+            self.stats.closed_by = str(why)
+            self.stats.error = error
+        self.clean = self.clean and clean
+
+    def _stale(self) -> bool:
+        return self.is_current is not None and not self.is_current(self.snapshot.generation)
+
+    async def _serve(self, tls: bool | None) -> None:
+        proto: TunnelProtocol | None
+        if tls is None:
+            proto = await self._sniff()
+            if proto is None:
+                return
+        else:
+            proto = TunnelProtocol.TLS if tls else TunnelProtocol.HTTP1
+        self.stats.protocol = str(proto)
+        if proto in (TunnelProtocol.H2C, TunnelProtocol.UNKNOWN):
+            await self._refuse_tunnel(proto)
+            return
+        if proto is TunnelProtocol.TLS:
+            if self.buffer:
+                self.agent = PrefixedStream(self.raw, bytes(self.buffer))
+                self.buffer.clear()
+            if not await self._terminate_tls():
+                return
+        while True:
+            if self._stale():
+                self._tunnel_event("closed", reason="policy-revision",
+                                   detail="policy changed; closing before the next request")  # fmt: skip
+                self._end(CloseReason.POLICY)
+                return
+            if not await self._one_request():
+                return
+
+    async def _sniff(self) -> TunnelProtocol | None:
+        first = await self._agent_recv(self.limits.idle_timeout)
+        if first is None or not first:
+            self._end(CloseReason.IDLE if first is None else CloseReason.AGENT)
+            return None
+        self.buffer += first
+        deadline = trio.current_time() + SNIFF_WAIT_S
+        while True:
+            proto = sniff(bytes(self.buffer[:SNIFF_BYTES]))
+            if proto is not None:
+                return proto
+            more = await self._agent_recv(deadline - trio.current_time())
+            if not more:
+                return sniff(bytes(self.buffer[:SNIFF_BYTES]), final=True)
+            self.buffer += more
+
+    async def _refuse_tunnel(self, proto: TunnelProtocol) -> None:
+        if proto is TunnelProtocol.H2C:
+            detail = "HTTP/2 prior-knowledge (h2c) is not supported for L7-inspected endpoints"
+        else:
+            detail = "Unsupported tunnel protocol for L7-inspected endpoint"
+        self._tunnel_event("refused", reason=str(ErrorCode.UNSUPPORTED_L7_PROTOCOL), detail=detail)
+        self.stats.denied += 1
+        await self._send_quietly(ErrorResponse(403, ErrorCode.UNSUPPORTED_L7_PROTOCOL, detail).render())
+        self._end(CloseReason.UNSUPPORTED)
+
+    async def _terminate_tls(self) -> bool:
+        try:
+            ctx = self.ca.leaf_context(self.name)
+        except LeafError as exc:
+            self._tunnel_event("agent-tls-failed", reason="no-leaf", detail=str(exc))
+            self._end(CloseReason.AGENT_TLS, str(exc), clean=False)
+            return False
+        stream = trio.SSLStream(self.agent, ctx, server_side=True, https_compatible=True)
+        try:
+            with trio.fail_after(self.limits.handshake_timeout):
+                await stream.do_handshake()
+        except (trio.TooSlowError, *_STREAM_ERRORS) as exc:
+            cause = exc.__cause__ or exc
+            detail = f"TLS handshake with the agent failed: {type(cause).__name__}: {cause}"
+            if "unknown ca" in str(cause).lower() or "certificate unknown" in str(cause).lower():
+                detail += " (the agent does not trust the sandbox CA: check SSL_CERT_FILE and friends)"
+            self._tunnel_event("agent-tls-failed", reason="agent-tls-handshake-failed", detail=detail[:500])
+            self._end(CloseReason.AGENT_TLS, detail[:500], clean=False)
+            self.agent = stream
+            return False
+        self.agent = stream
+        self.tls = True
+        return True
+
+    async def _close(self) -> None:
+        with trio.CancelScope(shield=True):
+            if not self.clean:
+                await abort_all(self.agent)
+                await abort_all(self.upstream)
+                return
+            for stream in (self.agent, self.upstream):
+                if stream is None:
+                    continue
+                with trio.move_on_after(1.0):
+                    try:
+                        await stream.aclose()
+                    except _STREAM_ERRORS:
+                        pass
+                await trio.aclose_forcefully(stream)
+
+    # --- I/O with deadlines ------------------------------------------------------------------------------------
+    async def _agent_recv(self, seconds: float) -> bytes | None:
+        """Bytes, ``b""`` at EOF, ``None`` when ``seconds`` passed first."""
+        with trio.move_on_after(max(seconds, 0)):
+            try:
+                return bytes(await self.agent.receive_some(self.limits.chunk))
+            except _STREAM_ERRORS as exc:
+                raise _AgentFailed(f"agent: {type(exc).__name__}: {exc}".rstrip(": ")) from None
+        return None
+
+    async def _agent_send(self, data: bytes) -> None:
+        if not data:
+            return
+        with trio.move_on_after(self.limits.idle_timeout) as scope:
+            try:
+                await self.agent.send_all(data)
+            except _STREAM_ERRORS as exc:
+                raise _AgentFailed(f"agent: {type(exc).__name__}: {exc}".rstrip(": ")) from None
+        if scope.cancelled_caught:
+            raise _AgentFailed("agent: not reading (idle timeout)")
+
+    async def _send_quietly(self, data: bytes) -> None:
+        try:
+            await self._agent_send(data)
+        except _AgentFailed:
+            self.clean = False
+
+    async def _up_recv(self) -> bytes:
+        assert self.upstream is not None
+        with trio.move_on_after(self.limits.idle_timeout):
+            try:
+                return bytes(await self.upstream.receive_some(self.limits.chunk))
+            except _STREAM_ERRORS as exc:
+                raise _UpstreamFailed(f"upstream: {type(exc).__name__}") from None
+        raise _UpstreamFailed("upstream: idle timeout")
+
+    async def _up_send(self, data: bytes | None) -> None:
+        assert self.upstream is not None
+        if not data:
+            return
+        with trio.move_on_after(self.limits.idle_timeout) as scope:
+            try:
+                await self.upstream.send_all(data)
+            except _STREAM_ERRORS as exc:
+                # the bytes may hold a secret: report the exception type only, never its text
+                raise _UpstreamFailed(f"upstream: {type(exc).__name__}") from None
+        if scope.cancelled_caught:
+            raise _UpstreamFailed("upstream: not reading (idle timeout)")
+
+    # --- events ------------------------------------------------------------------------------------------------
+    def _tunnel_event(self, what: str, **fields: Any) -> None:
+        self.log.emit("http.tunnel", **{**self.fields, "destination": f"{self.name}:{self.port}", "stage": what,
+                                        **fields})  # fmt: skip
+
+    def _request_event(self, rec: _Record) -> None:
+        self.stats.requests += 1
+        if rec.decision == "allow":
+            self.stats.allowed += 1
+        elif rec.decision == "audit":
+            self.stats.audited += 1
+        elif rec.decision == "deny":
+            self.stats.denied += 1
+        self.stats.bytes_up += rec.bytes_up
+        self.stats.bytes_down += rec.bytes_down
+        self.log.emit("http", **{
+            **self.fields,
+            "destination": f"{self.name}:{self.port}",
+            "tls": self.tls,
+            "policy_generation": self.snapshot.generation,
+            "method": rec.method or None,
+            "path": rec.path,
+            "decision": rec.decision,
+            "rule": rec.rule,
+            "endpoint": rec.endpoint,
+            "l7_rule": rec.l7_rule,
+            "reason": rec.reason,
+            "detail": rec.detail,
+            "status": rec.status,
+            "bytes_up": rec.bytes_up,
+            "bytes_down": rec.bytes_down,
+            "credentials": list(rec.credentials) or None,
+            "upgrade": rec.upgrade,
+            "error": rec.error,
+            "duration_ms": round((trio.current_time() - rec.started) * 1000, 3),
+            **rec.extra,
+        })  # fmt: skip
+
+    # --- one request -------------------------------------------------------------------------------------------
+    async def _read_head(self, rec: _Record) -> bytes | None:
+        """The next head, or ``None`` when the connection ends cleanly (EOF or idle) before one starts."""
+        deadline: float | None = None
+        while True:
+            end = find_head_end(self.buffer)
+            if end is not None:
+                head = bytes(self.buffer[:end])
+                del self.buffer[:end]
+                return head
+            if self.buffer and deadline is None:
+                deadline = trio.current_time() + self.limits.head_timeout
+            timeout = self.limits.idle_timeout if deadline is None else deadline - trio.current_time()
+            data = await self._agent_recv(timeout)
+            if data is None:
+                if deadline is None:
+                    self._end(CloseReason.IDLE)
+                    return None
+                self._malformed(rec, "head-timeout", "request head not complete in time")
+            if not data:
+                if self.buffer:
+                    self._malformed(rec, "truncated-head", "connection closed inside a request head")
+                self._end(CloseReason.AGENT)
+                return None
+            self.buffer += data
+
+    def _malformed(self, rec: _Record, reason: str, detail: str) -> NoReturn:
+        rec.reason = reason
+        rec.detail = f"HTTP request rejected before policy evaluation: {detail}"
+        self._request_event(rec)
+        self._end(CloseReason.MALFORMED, reason, clean=False)
+        raise _Done
+
+    async def _one_request(self) -> bool:
+        rec = _Record(started=trio.current_time())
+        try:
+            return await self._request(rec)
+        except _Done:
+            return False
+
+    async def _request(self, rec: _Record) -> bool:
+        try:
+            raw = await self._read_head(rec)
+        except HeadError as exc:
+            self._malformed(rec, str(exc.problem), exc.detail)
+        if raw is None:
+            return False
+        rec.started = trio.current_time()
+        try:
+            head = check_head(raw)
+        except HeadError as exc:
+            self._malformed(rec, str(exc.problem), exc.detail)
+        rec.method = head.method.upper()
+        rec.has_body = head.chunked or bool(head.content_length)
+        rec.head_method = rec.method == "HEAD"
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES + 1)
+        conn.receive_data(raw + bytes(self.buffer))
+        self.buffer.clear()
+        try:
+            event = conn.next_event()
+        except h11.RemoteProtocolError as exc:
+            self._malformed(rec, "invalid-request", str(exc)[:200])
+        if not isinstance(event, h11.Request):
+            self._malformed(rec, "invalid-request", "not a request")
+
+        # authority binding (§3.9)
+        try:
+            authority = request_authority(head.target, head.host, tls=self.tls)
+        except AuthorityError as exc:
+            self._malformed(rec, "invalid-authority", str(exc))
+        if not same_authority(authority, self.name, self.port):
+            rec.extra["request_authority"] = f"{authority.host}:{authority.port}"
+            rec.extra["finding"] = "openshell.http.request_authority_mismatch"
+            return await self._refuse(conn, rec, ErrorResponse(
+                403, ErrorCode.REQUEST_AUTHORITY_MISMATCH,
+                f"HTTP request authority {authority.host}:{authority.port} does not match the authorized tunnel "
+                f"endpoint {self.name}:{self.port}",
+            ), reason="request-authority-mismatch")  # fmt: skip
+
+        # protocols we do not carry (§3.10.1)
+        upgrade = head.tokens("upgrade") if "upgrade" in head.tokens("connection") else set()
+        if rec.method == "CONNECT" or "h2c" in head.tokens("upgrade") or (upgrade and upgrade != {"websocket"}):
+            what = "CONNECT inside a tunnel" if rec.method == "CONNECT" else f"Upgrade: {', '.join(sorted(upgrade))}"
+            return await self._refuse(conn, rec, ErrorResponse(
+                403, ErrorCode.UNSUPPORTED_L7_PROTOCOL, f"{what} is not supported for L7-inspected endpoints",
+            ), reason="unsupported-l7-protocol")  # fmt: skip
+        rec.upgrade = "websocket" if upgrade else None
+
+        # canonical target; policy and logs see placeholders redacted (§3.8.3, §3.13)
+        try:
+            canon = canonicalize_target(head.target, allow_encoded_slash=True)
+        except TargetError:
+            canon = None
+        if canon is not None:
+            redacted_query = redact_query(self.creds, canon.query)
+            policy_target = redact_path(self.creds, canon.path) + ("" if redacted_query is None else "?"
+                                                                    + redacted_query)  # fmt: skip
+        else:
+            policy_target = head.target
+        decision = self.snapshot.decide_l7(self.l4, rec.method, policy_target)
+        rec.rule, rec.endpoint, rec.l7_rule = decision.rule, decision.endpoint, decision.l7_rule
+        rec.path = _display(decision.path) if decision.path is not None else (
+            _display(redact_path(self.creds, canon.path)) if canon is not None else None)  # fmt: skip
+        if decision.allowed and canon is None:
+            return await self._refuse(conn, rec, ErrorResponse(
+                400, ErrorCode.INVALID_REQUEST_TARGET, "request-target must be canonical"), reason="path-not-canonical")
+        if decision.allowed and _endpoint_protocol(self.snapshot, decision) is Protocol.WEBSOCKET \
+                and not _websocket_upgrade(head):  # fmt: skip
+            decision = replace(decision, verdict=Verdict.DENY, audit=False, reason=DenyReason.L7_DENIED,
+                               detail="websocket endpoint requires a valid WebSocket upgrade request")
+        if not decision.allowed:
+            return await self._refuse(conn, rec, self._l7_denied(decision, rec),
+                                      reason=str(decision.reason) if decision.reason else "l7-denied",
+                                      detail=_display(decision.detail))  # fmt: skip
+        rec.decision = "audit" if decision.audit else "allow"
+        if decision.audit:
+            rec.reason = str(decision.reason) if decision.reason else None
+            rec.detail = _display(decision.detail)
+        assert canon is not None
+
+        # credentials: resolved only now, for this endpoint only
+        try:
+            rewritten = rewrite_request(
+                self.creds, host=self.name, port=self.port, path=canon.path, query=canon.query,
+                headers=head.headers, credentials_enabled=authority.source is not AuthoritySource.NONE,
+            )  # fmt: skip
+        except CredentialRefusal as exc:
+            rec.decision = "deny"
+            if exc.resolution.value == "credential_endpoint_mismatch":
+                rec.extra["finding"] = "openshell.http.credential_endpoint_mismatch"
+            return await self._refuse(conn, rec, ErrorResponse(exc.status, exc.code, exc.detail),
+                                      reason=str(exc.code), detail=exc.detail)  # fmt: skip
+        rec.credentials = rewritten.used
+        headers = [(n.encode("ascii"), v.encode("utf-8")) for n, v in rewritten.headers]
+        if head.host is None:
+            headers.append((b"Host", _authority_text(self.name, self.port, self.tls).encode("ascii")))
+        request = h11.Request(method=rec.method.encode("ascii"), target=rewritten.target.encode("ascii"),
+                              headers=headers)  # fmt: skip
+        return await self._forward(conn, rec, request)
+
+    def _l7_denied(self, decision: Decision, rec: _Record) -> ErrorResponse:
+        method, path = rec.method, rec.path or "/"
+        fields: dict[str, Any] = {
+            "policy": decision.rule,
+            "rule": f"{method} {path}",
+            "reason": str(decision.reason) if decision.reason else None,
+            "layer": "l7",
+            "protocol": "rest",
+            "method": method,
+            "path": path,
+            "host": self.name,
+            "port": self.port,
+        }
+        if isinstance(self.fields.get("binary"), str):
+            fields["binary"] = self.fields["binary"]
+        fields["rule_missing"] = {"type": "rest_allow", "layer": "l7", "method": method, "path": path,
+                                  "host": self.name, "port": self.port}  # fmt: skip
+        where = f" in policy '{decision.rule}'" if decision.rule else ""
+        fields["next_steps"] = [f"ask the sandbox operator to allow {method} {path} on {self.name}:{self.port}{where}"]
+        headers: tuple[tuple[str, str], ...] = ()
+        if decision.rule and decision.rule.isascii() and decision.rule.isprintable():
+            headers = (("X-OpenShell-Policy", decision.rule),)
+        return ErrorResponse(403, ErrorCode.POLICY_DENIED, _display(decision.detail) or "request denied by policy",
+                             fields, headers)  # fmt: skip
+
+    async def _refuse(self, conn: h11.Connection, rec: _Record, response: ErrorResponse, *, reason: str,
+                      detail: str | None = None) -> bool:  # fmt: skip
+        rec.decision = "deny"
+        rec.reason = reason
+        rec.detail = detail or response.detail
+        rec.status = response.status
+        await self._write_response(conn, rec, response)
+        self._request_event(rec)
+        if rec.has_body:
+            await self._drain()
+        self._end(CloseReason.DENIED)
+        return False
+
+    async def _write_response(self, conn: h11.Connection | None, rec: _Record, response: ErrorResponse) -> None:
+        if conn is None or conn.our_state is not h11.SEND_RESPONSE:
+            await self._send_quietly(response.render())
+            return
+        data = conn.send(h11.Response(status_code=response.status, headers=response.header_list(),
+                                      reason=response.reason_phrase.encode()))  # fmt: skip
+        if not rec.head_method:
+            data = (data or b"") + (conn.send(h11.Data(data=response.body())) or b"")
+        data = (data or b"") + (conn.send(h11.EndOfMessage()) or b"")
+        await self._send_quietly(data)
+
+    async def _drain(self) -> None:
+        """Read (and drop) what the agent is still sending, briefly, so closing does not reset our answer away."""
+        seen = 0
+        with trio.move_on_after(self.limits.drain_timeout):
+            while seen < _MAX_DRAIN:
+                try:
+                    data = await self.agent.receive_some(self.limits.chunk)
+                except _STREAM_ERRORS:
+                    return
+                if not data:
+                    return
+                seen += len(data)
+
+    # --- upstream ------------------------------------------------------------------------------------------------
+    async def _open_upstream(self, conn: h11.Connection, rec: _Record) -> bool:
+        try:
+            with trio.fail_after(self.limits.connect_timeout):
+                tcp = await self.connect_upstream()
+        except UpstreamError as exc:
+            code = ErrorCode.SSRF_DENIED if exc.reason.ssrf else (
+                ErrorCode.UPSTREAM_TIMEOUT if exc.status == 504 else ErrorCode.UPSTREAM_UNREACHABLE)  # fmt: skip
+            status = exc.status if exc.status in (403, 502, 504) else 502
+            return await self._upstream_refusal(conn, rec, ErrorResponse(status, code, exc.detail[:500]),
+                                                str(exc.reason))  # fmt: skip
+        except trio.TooSlowError:
+            late = ErrorResponse(504, ErrorCode.UPSTREAM_TIMEOUT, f"no connection to {self.name}:{self.port} in time")
+            return await self._upstream_refusal(conn, rec, late, "connect-timeout")
+        except OSError as exc:
+            return await self._upstream_refusal(conn, rec, ErrorResponse(
+                502, ErrorCode.UPSTREAM_UNREACHABLE, f"connect to {self.name}:{self.port} failed: {exc}"[:500]),
+                "connect-failed")  # fmt: skip
+        stream: trio.abc.Stream = tcp
+        if self.tls:
+            tls_stream = trio.SSLStream(tcp, self.upstream_ssl, server_hostname=self.name, https_compatible=True)
+            try:
+                with trio.fail_after(self.limits.handshake_timeout):
+                    await tls_stream.do_handshake()
+                alpn = tls_stream.selected_alpn_protocol()
+                if alpn not in (None, "http/1.1"):
+                    raise _UpstreamFailed(f"upstream chose ALPN {alpn!r}")
+            except (trio.TooSlowError, _UpstreamFailed, *_STREAM_ERRORS) as exc:
+                await abort_all(tls_stream)
+                cause = exc.__cause__ or exc
+                if isinstance(cause, ssl.SSLCertVerificationError):
+                    detail = (f"the certificate of {self.name}:{self.port} failed verification: "
+                              f"{cause.verify_message or cause.reason}")  # fmt: skip
+                else:
+                    detail = f"TLS handshake with {self.name}:{self.port} failed: {type(cause).__name__}: {cause}"
+                return await self._upstream_refusal(conn, rec, ErrorResponse(
+                    502, ErrorCode.UPSTREAM_TLS_FAILED, detail[:500]), "upstream-tls-failed")  # fmt: skip
+            stream = tls_stream
+        self.upstream = stream
+        self.up = h11.Connection(h11.CLIENT, max_incomplete_event_size=self.limits.max_upstream_head)
+        return True
+
+    async def _upstream_refusal(self, conn: h11.Connection, rec: _Record, response: ErrorResponse,
+                                reason: str) -> bool:  # fmt: skip
+        rec.error = reason
+        await self._write_response(conn, rec, response)
+        rec.status = response.status
+        rec.reason = reason
+        rec.detail = response.detail
+        if response.code is ErrorCode.SSRF_DENIED:
+            rec.decision = "deny"
+        else:
+            rec.decision = "error"
+        self._request_event(rec)
+        if rec.has_body:
+            await self._drain()
+        self._end(CloseReason.UPSTREAM_FAILED, reason)
+        return False
+
+    async def _drop_upstream(self) -> None:
+        stream, self.upstream, self.up = self.upstream, None, None
+        if stream is not None:
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+
+    # --- forwarding ----------------------------------------------------------------------------------------------
+    async def _forward(self, conn: h11.Connection, rec: _Record, request: h11.Request) -> bool:
+        for attempt in (0, 1):
+            fresh = self.upstream is None
+            if fresh and not await self._open_upstream(conn, rec):
+                return False
+            outcome = await self._exchange(conn, rec, request)
+            failure, self.failure = self.failure, None
+            if failure is None:
+                break
+            retry = (isinstance(failure, _UpstreamFailed) and not fresh and attempt == 0 and not rec.has_body
+                     and not rec.response_started)  # fmt: skip
+            await self._drop_upstream()
+            if retry:
+                continue
+            rec.error = str(failure)
+            if isinstance(failure, _UpstreamFailed) and not rec.response_started:
+                late = "idle timeout" in str(failure)
+                what = "did not answer in time" if late else "failed to answer"
+                answer = ErrorResponse(504 if late else 502,
+                                       ErrorCode.UPSTREAM_TIMEOUT if late else ErrorCode.UPSTREAM_PROTOCOL_ERROR,
+                                       f"{self.name}:{self.port} {what}: {failure}")  # fmt: skip
+                reason = "upstream-timeout" if late else "upstream-failed"
+                return await self._upstream_refusal(conn, rec, answer, reason)
+            self._request_event(rec)
+            self._end(CloseReason.AGENT if isinstance(failure, _AgentFailed) else CloseReason.UPSTREAM_FAILED,
+                      str(failure), clean=False)  # fmt: skip
+            return False
+
+        if outcome == "switched":
+            self._request_event(rec)
+            await self._relay_switched(conn, rec)
+            return False
+        self._request_event(rec)
+        up = self.up
+        assert up is not None
+        if up.our_state is h11.DONE and up.their_state is h11.DONE:
+            up.start_next_cycle()
+        else:
+            await self._drop_upstream()
+        if not rec.request_done or conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+            self._end(CloseReason.AGENT if conn.their_state is h11.MUST_CLOSE else CloseReason.UPSTREAM)
+            return False
+        self.buffer = bytearray(conn.trailing_data[0])
+        return True
+
+    async def _exchange(self, conn: h11.Connection, rec: _Record, request: h11.Request) -> str | None:
+        outcome: str | None = None
+        async with trio.open_nursery() as nursery:
+            self._scope = nursery.cancel_scope
+            nursery.start_soon(self._guarded, self._pump_request, conn, rec, request)
+            outcome = await self._guarded(self._pump_response, conn, rec)
+            if not rec.request_done:
+                nursery.cancel_scope.cancel()  # the answer is complete; the rest of the upload is not wanted
+        return outcome
+
+    async def _guarded(self, fn: Callable[..., Awaitable[str | None]], *args: Any) -> str | None:
+        try:
+            return await fn(*args)
+        except (_AgentFailed, _UpstreamFailed) as exc:
+            if self.failure is None:
+                self.failure = exc
+            self._scope.cancel()
+            return None
+
+    async def _pump_request(self, conn: h11.Connection, rec: _Record, request: h11.Request) -> str | None:
+        up = self.up
+        assert up is not None
+        await self._up_send(up.send(request))
+        if rec.request_done:  # a retry of a bodiless request: its end was read already
+            await self._up_send(up.send(h11.EndOfMessage()))
+            return None
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise _AgentFailed(f"agent: malformed request body: {exc}") from None
+            if event is h11.NEED_DATA:
+                data = await self._agent_recv(self.limits.idle_timeout)
+                if data is None:
+                    raise _AgentFailed("agent: request body stalled (idle timeout)")
+                conn.receive_data(data)
+                continue
+            if isinstance(event, h11.Data):
+                await self._up_send(up.send(h11.Data(data=event.data)))
+                rec.bytes_up += len(event.data)
+                continue
+            if isinstance(event, h11.EndOfMessage):
+                rec.request_done = True
+                await self._up_send(up.send(h11.EndOfMessage()))  # request trailers are not forwarded
+                return None
+            raise _AgentFailed(f"agent: connection ended inside the request ({type(event).__name__})")
+
+    async def _pump_response(self, conn: h11.Connection, rec: _Record) -> str | None:
+        up = self.up
+        assert up is not None
+        while True:
+            try:
+                event = up.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise _UpstreamFailed(f"upstream: malformed response: {exc}"[:300]) from None
+            if event is h11.NEED_DATA:
+                up.receive_data(await self._up_recv())
+                continue
+            if isinstance(event, h11.InformationalResponse):
+                if event.status_code == 101:
+                    if rec.upgrade != "websocket" or not rec.request_done:
+                        raise _UpstreamFailed("upstream: unexpected 101 Switching Protocols")
+                    rec.status = 101
+                    rec.response_started = True
+                    await self._agent_send(conn.send(h11.InformationalResponse(
+                        status_code=101, headers=list(event.headers.raw_items()), reason=event.reason)) or b"")
+                    return "switched"
+                await self._agent_send(conn.send(h11.InformationalResponse(
+                    status_code=event.status_code, headers=list(event.headers.raw_items()), reason=event.reason,
+                )) or b"")  # fmt: skip
+                continue
+            if isinstance(event, h11.Response):
+                rec.status = event.status_code
+                rec.response_started = True
+                await self._agent_send(conn.send(h11.Response(
+                    status_code=event.status_code, headers=list(event.headers.raw_items()), reason=event.reason,
+                )) or b"")  # fmt: skip
+                continue
+            if isinstance(event, h11.Data):
+                rec.bytes_down += len(event.data)
+                await self._agent_send(conn.send(h11.Data(data=event.data)) or b"")
+                continue
+            if isinstance(event, h11.EndOfMessage):
+                await self._agent_send(conn.send(h11.EndOfMessage()) or b"")
+                return "done"
+            raise _UpstreamFailed(f"upstream: connection ended inside the response ({type(event).__name__})")
+
+    async def _relay_switched(self, conn: h11.Connection, rec: _Record) -> None:
+        """After ``101``: raw bytes both ways until one side ends (then the other is closed too)."""
+        self.stats.upgraded = True
+        up = self.up
+        assert up is not None and self.upstream is not None
+        await self._up_send(conn.trailing_data[0])
+        await self._agent_send(up.trailing_data[0])
+        ended: list[str] = []
+
+        async def pump(src: trio.abc.Stream, dst: trio.abc.Stream, src_name: str, dst_name: str,
+                       scope: trio.CancelScope) -> None:  # fmt: skip
+            receiving = True
+            try:
+                while True:
+                    receiving = True
+                    with trio.move_on_after(self.limits.idle_timeout) as idle:
+                        data = await src.receive_some(self.limits.chunk)
+                    if idle.cancelled_caught:
+                        ended.append("idle")
+                        break
+                    if not data:
+                        ended.append(src_name)
+                        break
+                    receiving = False
+                    await dst.send_all(data)
+                    if src_name == "agent":
+                        self.stats.bytes_up += len(data)
+                    else:
+                        self.stats.bytes_down += len(data)
+            except _STREAM_ERRORS as exc:
+                ended.append(f"{src_name if receiving else dst_name}: {type(exc).__name__}")
+                self.clean = False
+            scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pump, self.agent, self.upstream, "agent", "upstream", nursery.cancel_scope)
+            nursery.start_soon(pump, self.upstream, self.agent, "upstream", "agent", nursery.cancel_scope)
+        first = ended[0] if ended else "cancelled"
+        why = (CloseReason.IDLE if first == "idle" else CloseReason.AGENT if first.startswith("agent")
+               else CloseReason.UPSTREAM)  # fmt: skip
+        self._end(why, first if ":" in first else None, clean=self.clean)
+
+
+class _Done(Exception):
+    """The request ended the connection (already logged)."""
+
+
+async def inspect(
+    agent: trio.abc.HalfCloseableStream,
+    *,
+    host: str,
+    port: int,
+    tls: bool | None,
+    snapshot: PolicySnapshot,
+    l4: Decision,
+    connect_upstream: Callable[[], Awaitable[trio.abc.HalfCloseableStream]],
+    ca: InterceptionCA,
+    credentials: Credentials,
+    upstream_ssl: ssl.SSLContext,
+    log: JsonLog,
+    event_fields: Mapping[str, Any] | None = None,
+    is_current: Callable[[int], bool] | None = None,
+    limits: Limits | None = None,
+) -> InspectStats:
+    """Serve one admitted connection whose endpoint asks for inspection; returns when it is over.
+
+    ``agent`` is the agent's side (after the CONNECT's 200, or the http-forward request's origin-form bytes);
+    ``host``/``port`` the authority it was admitted for; ``tls`` True/False when known, None to decide from
+    the first bytes. ``snapshot``/``l4`` are the policy generation and L4 decision that admitted it;
+    ``is_current(generation)`` (e.g. ``PolicyStore.is_current``) closes the connection before the next
+    request once the policy changed. ``connect_upstream`` returns a connected TCP stream to the vetted
+    address; it is called lazily, for the first admitted request, and again only if the upstream closed a
+    kept-alive connection. Both streams are owned here and closed (or reset, after a failure) on return.
+    """
+    check_upstream_context(upstream_ssl)
+    session = _Session(
+        agent, host=host, port=port, snapshot=snapshot, l4=l4, connect_upstream=connect_upstream, ca=ca,
+        credentials=credentials, upstream_ssl=upstream_ssl, log=log, event_fields=event_fields or {},
+        is_current=is_current, limits=limits or Limits(),
+    )  # fmt: skip
+    return await session.run(tls)
