@@ -84,12 +84,22 @@ def daemon_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _raise_nofile_limit() -> None:
+    """Each relayed connection costs a daemon one or two descriptors: use all the hard limit allows."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def run_daemon(argv: list[str]) -> int:
     from supervisor.jsonlog import JsonLog
     from supervisor.protocol.certs import BundleError, load_bundle
     from supervisor.protocol.claims import Role
 
     args = daemon_parser().parse_args(argv)
+    _raise_nofile_limit()
     stream = sys.stderr if args.log_stream == "stderr" else sys.stdout
     role = Role(args.mode)
     if role is Role.BOUNDARY:
