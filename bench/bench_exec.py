@@ -36,7 +36,7 @@ from supervisor.protocol.channel import CLOSED, NEED_DATA, ChannelDecoder, Direc
 from supervisor.protocol.process_ops import parse_exec_request
 
 
-async def _read_exit(stream: trio.abc.ReceiveStream) -> dict[str, Any]:
+async def read_exit(stream: trio.abc.ReceiveStream) -> dict[str, Any]:
     decoder = ChannelDecoder(Direction.TO_CLIENT)
     while True:
         event = decoder.next_frame()
@@ -71,7 +71,7 @@ async def _bench(launcher: Launcher, model: str, runs: int) -> dict[str, Any]:
             entry = await table.start(spec, kind="exec")
             async with trio.open_nursery() as inner:
                 inner.start_soon(pump_exec, entry, server)
-                result = await _read_exit(client)
+                result = await read_exit(client)
             t3 = time.perf_counter()
             assert result["code"] == 0, result
             if i >= 20:

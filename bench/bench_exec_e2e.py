@@ -25,27 +25,19 @@ from typing import Any
 
 import trio
 
+from bench.bench_exec import read_exit
 from bench.stats import percentile
 from supervisor.api_client import find_api, open_channel, request_json
-from supervisor.protocol.channel import CLOSED, NEED_DATA, ChannelDecoder, Direction, Exit
 
 CLI = [sys.executable, "-m", "supervisor.cli"]
 
 
 async def _exec_true(api: Path) -> None:
     stream, _ = await open_channel(api, "/v1/exec", {"argv": ["true"], "stdin": "null"})
-    decoder = ChannelDecoder(Direction.TO_CLIENT)
     async with stream:
-        while True:
-            event = decoder.next_frame()
-            if event is NEED_DATA:
-                decoder.receive_data(await stream.receive_some(65536))
-            elif event is CLOSED:
-                raise RuntimeError("channel closed without EXIT")
-            elif isinstance(event, Exit):
-                if event.result.get("rendered") != 0:
-                    raise RuntimeError(f"exec true failed: {event.result}")
-                return
+        result = await read_exit(stream)
+    if result.get("rendered") != 0:
+        raise RuntimeError(f"exec true failed: {result}")
 
 
 async def _api_latencies(api: Path, runs: int) -> list[float]:
