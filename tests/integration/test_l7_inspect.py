@@ -1,0 +1,653 @@
+"""``inspect`` end to end on loopback, from the attacker's side: a real TLS client (stdlib ``ssl`` +
+``http.client``, or raw bytes) in a thread plays the agent and trusts only the sandbox CA; a real HTTPS origin
+(trustme certificate, h11) records every request it receives, so "the secret never left" and "nothing reached
+the other host" are asserted where it matters: at the upstream.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.client
+import io
+import json
+import socket
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import h11
+import pytest
+import trio
+import trustme
+
+from supervisor.control.credentials import Credentials
+from supervisor.control.l7 import InspectStats, InterceptionCA, Limits, inspect, upstream_context
+from supervisor.control.policy import BinaryIdentity, Decision, L4Request, PolicyStore, compile_policy
+from supervisor.control.policy import load_policy_text
+from supervisor.control.upstream import UpstreamError, UpstreamReason
+from supervisor.jsonlog import JsonLog
+
+SECRET = "ghp_REAL-secret-0123456789abcdef"
+OTHER_SECRET = "other-REAL-secret-9876543210"
+UNBOUND_SECRET = "unbound-REAL-secret-5555"
+PLACEHOLDER = "openshell:resolve:env:GITHUB_TOKEN"
+OTHER_PLACEHOLDER = "openshell:resolve:env:OTHER_TOKEN"
+CURL = "/usr/bin/curl"
+
+POLICY = """
+version: 1
+network_policies:
+  api:
+    endpoints:
+      - host: api.test
+        port: 443
+        protocol: rest
+        enforcement: enforce
+        rules:
+          - allow: {method: GET, path: "/**"}
+          - allow: {method: POST, path: "/upload"}
+      - host: other.test
+        port: 443
+        protocol: rest
+        enforcement: enforce
+        access: full
+      - host: audit.test
+        port: 443
+        protocol: rest
+        access: read-only
+      - host: ws.test
+        port: 443
+        protocol: websocket
+        enforcement: enforce
+        access: read-only
+      - host: plain.test
+        port: 80
+        protocol: rest
+        enforcement: enforce
+        access: read-write
+    binaries: [{path: /usr/bin/curl}]
+"""
+
+
+# --- the origin -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Seen:
+    method: str
+    target: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class Origin:
+    """An HTTP(S) server on 127.0.0.1 that answers with what it saw and keeps connections alive."""
+
+    ctx: ssl.SSLContext | None
+    requests: list[Seen] = field(default_factory=list)
+    connections: int = 0
+    port: int = 0
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        listeners = await nursery.start(trio.serve_tcp, self.handle, 0)
+        self.port = listeners[0].socket.getsockname()[1]
+
+    async def handle(self, tcp: trio.SocketStream) -> None:
+        self.connections += 1
+        stream: trio.abc.Stream = tcp
+        if self.ctx is not None:
+            stream = trio.SSLStream(tcp, self.ctx, server_side=True, https_compatible=True)
+        conn = h11.Connection(h11.SERVER)
+        try:
+            while True:
+                request, body = await self._read(stream, conn)
+                if request is None:
+                    return
+                seen = Seen(request.method.decode(), request.target.decode(),
+                            {k.decode().lower(): v.decode() for k, v in request.headers}, body)  # fmt: skip
+                self.requests.append(seen)
+                if seen.target.startswith("/upgrade"):
+                    await self._upgrade(stream, conn)
+                    return
+                await self._answer(stream, conn, seen)
+                if conn.our_state is h11.MUST_CLOSE:
+                    return
+                conn.start_next_cycle()
+        except (h11.RemoteProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _read(self, stream: trio.abc.Stream, conn: h11.Connection) -> tuple[h11.Request | None, bytes]:
+        request: h11.Request | None = None
+        body = bytearray()
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                conn.receive_data(await stream.receive_some(65536))
+                continue
+            if isinstance(event, h11.Request):
+                request = event
+                if any(k == b"expect" for k, _ in event.headers):
+                    await stream.send_all(conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
+            elif isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                return request, bytes(body)
+            else:
+                return None, b""
+
+    async def _answer(self, stream: trio.abc.Stream, conn: h11.Connection, seen: Seen) -> None:
+        if seen.target.startswith("/big/"):
+            size = int(seen.target.split("/")[2])
+            await stream.send_all(conn.send(h11.Response(status_code=200, headers=[
+                ("content-length", str(size)), ("content-type", "application/octet-stream")])) or b"")
+            chunk = b"x" * 65536
+            left = size
+            while left:
+                piece = chunk[: min(left, len(chunk))]
+                await stream.send_all(conn.send(h11.Data(data=piece)) or b"")
+                left -= len(piece)
+            await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
+            return
+        payload = json.dumps({"method": seen.method, "target": seen.target, "headers": seen.headers,
+                              "body_sha256": hashlib.sha256(seen.body).hexdigest(),
+                              "body_len": len(seen.body)}).encode()  # fmt: skip
+        await stream.send_all(conn.send(h11.Response(status_code=200, headers=[
+            ("content-type", "application/json"), ("content-length", str(len(payload)))])) or b"")
+        await stream.send_all(conn.send(h11.Data(data=payload)) or b"")
+        await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
+
+    async def _upgrade(self, stream: trio.abc.Stream, conn: h11.Connection) -> None:
+        await stream.send_all(conn.send(h11.InformationalResponse(status_code=101, headers=[
+            ("connection", "upgrade"), ("upgrade", "websocket"),
+            ("sec-websocket-accept", "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=")])) or b"")  # fmt: skip
+        pending = conn.trailing_data[0]
+        if pending:
+            await stream.send_all(b"echo:" + pending)
+        while True:
+            data = await stream.receive_some(65536)
+            if not data:
+                return
+            await stream.send_all(b"echo:" + data)
+
+
+# --- the agent (runs in a thread) ---------------------------------------------------------------------------------
+
+
+def agent_socket(port: int, ca_pem: str | None, server_hostname: str = "api.test") -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    if ca_pem is None:
+        return sock
+    ctx = ssl.create_default_context(cadata=ca_pem)  # trusts the sandbox CA only
+    ctx.set_alpn_protocols(["h2", "http/1.1"])  # control must push it to http/1.1
+    return ctx.wrap_socket(sock, server_hostname=server_hostname)
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def http_requests(sock: socket.socket, host: str, calls: list[tuple[str, str, dict[str, str], bytes | None]]
+                  ) -> list[Reply]:  # fmt: skip
+    conn = http.client.HTTPSConnection(host, 443) if isinstance(sock, ssl.SSLSocket) else (
+        http.client.HTTPConnection(host, 80))  # fmt: skip
+    conn.sock = sock
+    out = []
+    for method, path, headers, body in calls:
+        conn.request(method, path, body=body, headers=headers)
+        response = conn.getresponse()
+        out.append(Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()))
+        if response.getheader("connection", "").lower() == "close":
+            break
+    conn.close()
+    return out
+
+
+def raw_exchange(sock: socket.socket, data: bytes, wait: float = 3.0) -> bytes:
+    """Send ``data``; return everything received until the server closes (or ``wait`` passes quietly)."""
+    sock.sendall(data)
+    sock.settimeout(wait)
+    out = bytearray()
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+    except (TimeoutError, ConnectionResetError, ssl.SSLError):
+        pass
+    sock.close()
+    return bytes(out)
+
+
+# --- harness ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Env:
+    tls_origin: Origin
+    plain_origin: Origin
+    ca: InterceptionCA
+    trustme_ca: trustme.CA
+    store: PolicyStore
+    credentials: Credentials
+    log: io.StringIO
+
+    def events(self, name: str = "http") -> list[dict[str, Any]]:
+        return [e for e in map(json.loads, self.log.getvalue().splitlines()) if e["event"] == name]
+
+    def l4(self, host: str, port: int = 443) -> Decision:
+        decision = self.store.snapshot().decide_l4(L4Request(host, port, BinaryIdentity(CURL, None)))
+        assert decision.allowed
+        return decision
+
+    async def run(
+        self,
+        client: Callable[[int], Any],
+        *,
+        host: str = "api.test",
+        port: int = 443,
+        tls: bool | None = None,
+        upstream_ssl: ssl.SSLContext | None = None,
+        connect: Callable[[], Awaitable[trio.abc.HalfCloseableStream]] | None = None,
+        is_current: Callable[[int], bool] | None = None,
+    ) -> tuple[Any, InspectStats]:
+        origin = self.tls_origin if port == 443 else self.plain_origin
+
+        async def dial() -> trio.abc.HalfCloseableStream:
+            return await trio.open_tcp_stream("127.0.0.1", origin.port)
+
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        agent_port = listeners[0].socket.getsockname()[1]
+        result: dict[str, Any] = {}
+
+        async def run_client() -> None:
+            result["value"] = await trio.to_thread.run_sync(client, agent_port)
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run_client)
+                stream = await listeners[0].accept()
+                await listeners[0].aclose()
+                stats = await inspect(
+                    stream, host=host, port=port, tls=tls, snapshot=self.store.snapshot(), l4=self.l4(host, port),
+                    connect_upstream=connect or dial, ca=self.ca, credentials=self.credentials,
+                    upstream_ssl=upstream_ssl or upstream_context(extra_ca_pem=self.trustme_ca.cert_pem.bytes().decode(),
+                                                                  system_trust=False),
+                    log=JsonLog("control", stream=self.log), event_fields={"conn_id": "c1", "binary": CURL},
+                    is_current=is_current, limits=Limits(idle_timeout=10, drain_timeout=0.2),
+                )  # fmt: skip
+        assert SECRET not in self.log.getvalue() and OTHER_SECRET not in self.log.getvalue()
+        return result["value"], stats
+
+
+@pytest.fixture
+async def env(nursery: trio.Nursery) -> Env:
+    authority = trustme.CA()
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    authority.issue_cert("api.test", "other.test", "audit.test", "ws.test").configure_cert(server_ctx)
+    tls_origin, plain_origin = Origin(server_ctx), Origin(None)
+    await tls_origin.start(nursery)
+    await plain_origin.start(nursery)
+    store = PolicyStore(compile_policy(load_policy_text(POLICY, "test.yaml")), source="test.yaml")
+    credentials = Credentials.from_mapping({
+        "GITHUB_TOKEN": {"secret": SECRET, "hosts": ["api.test", "plain.test:80"]},
+        "OTHER_TOKEN": {"secret": OTHER_SECRET, "hosts": ["other.test:443/only/**"]},
+        "UNBOUND": {"secret": UNBOUND_SECRET},
+    })  # fmt: skip
+    return Env(tls_origin, plain_origin, _CA, authority, store, credentials, io.StringIO())
+
+
+_CA = InterceptionCA.generate("l7-tests")
+
+
+def tls_calls(env: Env, calls: list[tuple[str, str, dict[str, str], bytes | None]], host: str = "api.test"
+              ) -> Callable[[int], list[Reply]]:  # fmt: skip
+    return lambda port: http_requests(agent_socket(port, env.ca.cert_pem, host), host, calls)
+
+
+# --- L7 rules ---------------------------------------------------------------------------------------------------
+
+
+async def test_get_allowed_and_post_denied_on_the_same_host(env: Env) -> None:
+    calls = [("GET", "/repos/x?page=2", {}, None), ("POST", "/repos/x", {"Content-Type": "text/plain"}, b"hi")]
+    replies, stats = await env.run(tls_calls(env, calls))
+    assert [r.status for r in replies] == [200, 403]
+    assert replies[0].json()["target"] == "/repos/x?page=2"
+    denied = replies[1]
+    assert denied.headers["content-type"] == "application/json"
+    assert denied.headers["x-openshell-policy"] == "api"
+    assert denied.headers["connection"] == "close"
+    body = denied.json()
+    assert body["error"] == "policy_denied" and body["method"] == "POST" and body["path"] == "/repos/x"
+    assert body["detail"] == "POST /repos/x not permitted by policy" and body["layer"] == "l7"
+    assert [s.method for s in env.tls_origin.requests] == ["GET"]  # the POST never reached the origin
+    events = env.events()
+    assert [(e["method"], e["decision"], e["status"]) for e in events] == [("GET", "allow", 200),
+                                                                           ("POST", "deny", 403)]  # fmt: skip
+    assert events[0]["path"] == "/repos/x" and "page" not in json.dumps(events)  # query strings are never logged
+    assert stats.allowed == 1 and stats.denied == 1 and stats.closed_by == "denied" and stats.protocol == "tls"
+
+
+async def test_keep_alive_requests_share_one_upstream_connection(env: Env) -> None:
+    calls = [("GET", f"/item/{i}", {}, None) for i in range(5)] + [("POST", "/upload", {}, b"x" * 100)]
+    replies, stats = await env.run(tls_calls(env, calls))
+    assert [r.status for r in replies] == [200] * 6
+    assert env.tls_origin.connections == 1 and len(env.tls_origin.requests) == 6
+    assert stats.requests == 6 and stats.closed_by == "agent"
+
+
+async def test_audit_mode_forwards_and_says_so(env: Env) -> None:
+    replies, stats = await env.run(tls_calls(env, [("DELETE", "/thing", {}, None)], "audit.test"), host="audit.test")
+    assert replies[0].status == 200 and env.tls_origin.requests[0].method == "DELETE"
+    event = env.events()[0]
+    assert event["decision"] == "audit" and event["reason"] == "l7-no-allow-rule" and stats.audited == 1
+
+
+async def test_non_canonical_paths_are_judged_canonical_and_sent_canonical(env: Env) -> None:
+    calls = [("GET", "/public/..;/secret/./x", {}, None), ("GET", "/a/%2e%2e/b", {}, None)]
+    replies, _ = await env.run(tls_calls(env, calls))
+    assert [r.json()["target"] for r in replies] == ["/secret/x", "/b"]
+
+
+async def test_path_climbing_above_the_root_is_denied(env: Env) -> None:
+    replies, _ = await env.run(tls_calls(env, [("GET", "/a/../../etc", {}, None)]))
+    assert replies[0].status == 403 and replies[0].json()["reason"] == "path-not-canonical"
+    assert env.tls_origin.requests == []
+
+
+async def test_streamed_upload_and_download(env: Env) -> None:
+    body = bytes(range(256)) * 8192  # 2 MiB
+    calls = [("POST", "/upload", {"Content-Type": "application/octet-stream"}, body),
+             ("GET", f"/big/{3 * 1024 * 1024}", {}, None)]  # fmt: skip
+    replies, stats = await env.run(tls_calls(env, calls))
+    assert replies[0].json()["body_sha256"] == hashlib.sha256(body).hexdigest()
+    assert len(replies[1].body) == 3 * 1024 * 1024
+    assert stats.bytes_up == len(body) and stats.bytes_down >= 3 * 1024 * 1024
+
+
+async def test_expect_100_continue_passes_through(env: Env) -> None:
+    def client(port: int) -> bytes:
+        sock = agent_socket(port, env.ca.cert_pem)
+        sock.sendall(b"POST /upload HTTP/1.1\r\nHost: api.test\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+        interim = sock.recv(4096)
+        return interim + raw_exchange(sock, b"hello")
+
+    reply, _ = await env.run(client)
+    assert reply.startswith(b"HTTP/1.1 100 ") and b"HTTP/1.1 200 " in reply
+    assert env.tls_origin.requests[0].body == b"hello"
+
+
+# --- credentials -------------------------------------------------------------------------------------------------
+
+
+async def test_placeholders_become_the_secret_at_the_bound_upstream_only(env: Env) -> None:
+    basic = base64.b64encode(f"x-access-token:{PLACEHOLDER}".encode()).decode()
+    calls = [
+        ("GET", "/user", {"Authorization": f"Bearer {PLACEHOLDER}"}, None),
+        ("GET", "/basic", {"Authorization": f"Basic {basic}"}, None),
+        ("GET", f"/q?token={PLACEHOLDER}&x=1", {}, None),
+        ("GET", f"/bot{PLACEHOLDER}/send", {"X-Api-Key": PLACEHOLDER}, None),
+    ]
+    replies, _ = await env.run(tls_calls(env, calls))
+    assert [r.status for r in replies] == [200] * 4
+    seen = env.tls_origin.requests
+    assert seen[0].headers["authorization"] == f"Bearer {SECRET}"
+    assert base64.b64decode(seen[1].headers["authorization"].split()[1]).decode() == f"x-access-token:{SECRET}"
+    assert seen[2].target == f"/q?token={SECRET}&x=1"
+    assert seen[3].target == f"/bot{SECRET}/send" and seen[3].headers["x-api-key"] == SECRET
+    events = env.events()
+    assert [e["credentials"] for e in events] == [["GITHUB_TOKEN"]] * 4
+    assert events[3]["path"] == "/bot[CREDENTIAL]/send"  # policy and logs see the redacted path
+    assert PLACEHOLDER not in env.log.getvalue()
+
+
+async def test_placeholder_toward_an_unbound_host_is_refused_and_never_sent(env: Env) -> None:
+    calls = [("GET", "/user", {"Authorization": f"Bearer {PLACEHOLDER}"}, None)]
+    replies, _ = await env.run(tls_calls(env, calls, "other.test"), host="other.test")
+    assert replies[0].status == 403
+    assert replies[0].json()["error"] == "credential_endpoint_mismatch"
+    assert "GITHUB_TOKEN" in replies[0].json()["detail"]
+    assert env.tls_origin.requests == [] and env.tls_origin.connections == 0  # not even dialled
+    assert env.events()[0]["finding"] == "openshell.http.credential_endpoint_mismatch"
+
+
+async def test_binding_path_scopes_a_credential(env: Env) -> None:
+    calls = [("GET", "/only/here", {"X-Key": OTHER_PLACEHOLDER}, None),
+             ("GET", "/elsewhere", {"X-Key": OTHER_PLACEHOLDER}, None)]  # fmt: skip
+    replies, _ = await env.run(tls_calls(env, calls, "other.test"), host="other.test")
+    assert [r.status for r in replies] == [200, 403]
+    assert [s.headers["x-key"] for s in env.tls_origin.requests] == [OTHER_SECRET]
+
+
+async def test_unbound_credential_and_unknown_placeholders_never_resolve(env: Env) -> None:
+    unknown = [("GET", "/", {"Authorization": "Bearer openshell:resolve:env:NOPE"}, None)]
+    replies, _ = await env.run(tls_calls(env, unknown))
+    assert replies[0].status == 500 and replies[0].json()["error"] == "credential_unavailable"
+    unbound = [("GET", "/", {"Authorization": "Bearer openshell:resolve:env:UNBOUND"}, None)]
+    replies, _ = await env.run(tls_calls(env, unbound))
+    assert replies[0].status == 403 and replies[0].json()["error"] == "credential_endpoint_mismatch"
+    mangled = [("GET", "/", {"Authorization": "Bearer OPENSHELL:RESOLVE:ENV:GITHUB_TOKEN"}, None)]
+    replies, _ = await env.run(tls_calls(env, mangled))
+    assert replies[0].status == 500
+    assert env.tls_origin.requests == [] and UNBOUND_SECRET not in env.log.getvalue()
+
+
+# --- authority binding (domain fronting) --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spelling", [
+    b"GET /user HTTP/1.1\r\nHost: other.test\r\n",
+    b"GET https://other.test/user HTTP/1.1\r\nHost: other.test\r\n",
+    b"GET /user HTTP/1.1\r\nHost: api.test:8443\r\n",
+    b"GET http://api.test/user HTTP/1.1\r\nHost: api.test:80\r\n",  # http:// inside TLS means port 80
+])  # fmt: skip
+async def test_authority_mismatch_inside_the_tunnel_is_refused_and_no_credential_leaves(
+    env: Env, spelling: bytes
+) -> None:
+    request = spelling + f"Authorization: Bearer {PLACEHOLDER}\r\n\r\n".encode()
+    reply, stats = await env.run(lambda port: raw_exchange(agent_socket(port, env.ca.cert_pem), request))
+    assert reply.startswith(b"HTTP/1.1 403 ")
+    assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["error"] == "request_authority_mismatch"
+    assert env.tls_origin.requests == [] and env.tls_origin.connections == 0
+    assert stats.closed_by == "denied"
+
+
+async def test_authority_spellings_that_still_match(env: Env) -> None:
+    request = b"GET /a HTTP/1.1\r\nHost: API.Test.:443\r\n\r\n"
+    reply, _ = await env.run(lambda port: raw_exchange(agent_socket(port, env.ca.cert_pem), request, wait=1))
+    assert reply.startswith(b"HTTP/1.1 200 ")
+
+
+async def test_http10_without_host_gets_no_credentials(env: Env) -> None:
+    ok = b"GET /plain HTTP/1.0\r\n\r\n"
+    reply, _ = await env.run(lambda port: raw_exchange(agent_socket(port, env.ca.cert_pem), ok))
+    assert reply.startswith(b"HTTP/1.1 200 ") and env.tls_origin.requests[0].headers["host"] == "api.test"
+    marked = f"GET /x HTTP/1.0\r\nAuthorization: Bearer {PLACEHOLDER}\r\n\r\n".encode()
+    reply, _ = await env.run(lambda port: raw_exchange(agent_socket(port, env.ca.cert_pem), marked))
+    assert reply.startswith(b"HTTP/1.1 403 ") and len(env.tls_origin.requests) == 1
+
+
+# --- smuggling -----------------------------------------------------------------------------------------------------
+
+SMUGGLING = {
+    "cl-and-te": b"POST /upload HTTP/1.1\r\nHost: plain.test\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
+                 b"0\r\n\r\nGET /admin HTTP/1.1\r\nHost: plain.test\r\n\r\n",
+    "te-cl-order": b"POST /upload HTTP/1.1\r\nHost: plain.test\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n"
+                   b"0\r\n\r\n",
+    "conflicting-cl": b"POST /upload HTTP/1.1\r\nHost: plain.test\r\nContent-Length: 0\r\nContent-Length: 30\r\n\r\n",
+    "te-not-chunked": b"POST /upload HTTP/1.1\r\nHost: plain.test\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+    "te-obfuscated": b"POST /upload HTTP/1.1\r\nHost: plain.test\r\nTransfer-Encoding : chunked\r\n\r\n0\r\n\r\n",
+    "te-on-http10": b"POST /upload HTTP/1.0\r\nHost: plain.test\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    "obs-fold": b"GET / HTTP/1.1\r\nHost: plain.test\r\nX-A: 1\r\n Transfer-Encoding: chunked\r\n\r\n",
+    "bare-lf": b"GET / HTTP/1.1\nHost: plain.test\n\n",
+    "bare-cr": b"GET / HTTP/1.1\r\nHost: plain.test\rX: y\r\n\r\n",
+    "double-host": b"GET / HTTP/1.1\r\nHost: plain.test\r\nHost: api.test\r\n\r\n",
+    "no-host": b"GET / HTTP/1.1\r\n\r\n",
+    "connection-nominates-cl": b"GET / HTTP/1.1\r\nHost: plain.test\r\nConnection: content-length\r\n\r\n",
+    "bad-chunk-size": b"POST /upload HTTP/1.1\r\nHost: plain.test\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    "http2-version": b"GET / HTTP/2.0\r\nHost: plain.test\r\n\r\n",
+    "nul-in-value": b"GET / HTTP/1.1\r\nHost: plain.test\r\nX: a\x00b\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMUGGLING))
+async def test_smuggling_shapes_close_without_response_and_reach_nothing(env: Env, name: str) -> None:
+    reply, stats = await env.run(lambda port: raw_exchange(agent_socket(port, None), SMUGGLING[name]),
+                                 host="plain.test", port=80)  # plaintext keeps the attack bytes exact
+    assert reply == b"" and env.plain_origin.requests == []
+    if name == "bad-chunk-size":  # the head is fine; the body framing breaks after the head went upstream
+        assert stats.closed_by == "agent" and env.events()[0]["error"].startswith("agent: malformed request body")
+        return
+    assert stats.closed_by == "malformed-request"
+    event = env.events()[0]
+    assert event["decision"] == "deny" and event["detail"].startswith("HTTP request rejected before policy")
+
+
+async def test_smuggling_over_tls_too(env: Env) -> None:
+    attack = SMUGGLING["cl-and-te"].replace(b"plain.test", b"api.test")
+    reply, stats = await env.run(lambda port: raw_exchange(agent_socket(port, env.ca.cert_pem), attack))
+    assert reply == b"" and env.tls_origin.requests == [] and stats.closed_by == "malformed-request"
+
+
+async def test_pipelined_requests_are_each_judged(env: Env) -> None:
+    pipelined = (b"GET /one HTTP/1.1\r\nHost: api.test\r\n\r\n"
+                 b"DELETE /two HTTP/1.1\r\nHost: api.test\r\n\r\n")  # fmt: skip
+    reply, _ = await env.run(lambda port: raw_exchange(agent_socket(port, env.ca.cert_pem), pipelined))
+    assert reply.startswith(b"HTTP/1.1 200 ") and b"HTTP/1.1 403 " in reply
+    assert [s.target for s in env.tls_origin.requests] == ["/one"]
+
+
+# --- protocols -----------------------------------------------------------------------------------------------------
+
+
+async def test_h2c_prior_knowledge_is_refused(env: Env) -> None:
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+    reply, stats = await env.run(lambda port: raw_exchange(agent_socket(port, None), preface))
+    assert b"403" in reply and b"unsupported_l7_protocol" in reply and stats.protocol == "h2c"
+
+
+async def test_unknown_bytes_are_refused(env: Env) -> None:
+    reply, stats = await env.run(lambda port: raw_exchange(agent_socket(port, None), b"SSH-2.0-OpenSSH_9.6\r\n"))
+    assert b"unsupported_l7_protocol" in reply and stats.protocol == "unknown"
+
+
+async def test_h2c_upgrade_is_refused(env: Env) -> None:
+    request = (b"GET / HTTP/1.1\r\nHost: api.test\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+               b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n")  # fmt: skip
+    reply, _ = await env.run(lambda port: raw_exchange(agent_socket(port, env.ca.cert_pem), request))
+    assert reply.startswith(b"HTTP/1.1 403 ") and b"unsupported_l7_protocol" in reply
+    assert env.tls_origin.requests == []
+
+
+WS_UPGRADE = (b"GET /upgrade HTTP/1.1\r\nHost: ws.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+              b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")  # fmt: skip
+
+
+async def test_websocket_upgrade_then_raw_relay(env: Env) -> None:
+    def client(port: int) -> bytes:
+        sock = agent_socket(port, env.ca.cert_pem, "ws.test")
+        sock.sendall(WS_UPGRADE)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(4096)
+        sock.sendall(b"ping")
+        echoed = b""
+        while not echoed.endswith(b"echo:ping"):
+            echoed += sock.recv(4096)
+        sock.close()
+        return head
+
+    head, stats = await env.run(client, host="ws.test")
+    assert head.startswith(b"HTTP/1.1 101 ") and stats.upgraded and stats.bytes_up == 4
+
+
+async def test_websocket_endpoint_requires_an_upgrade(env: Env) -> None:
+    replies, _ = await env.run(tls_calls(env, [("GET", "/plain", {}, None)], "ws.test"), host="ws.test")
+    assert replies[0].status == 403 and "WebSocket upgrade" in replies[0].json()["detail"]
+
+
+async def test_plaintext_http_with_sniffing(env: Env) -> None:
+    calls = [("GET", "/x", {"Authorization": f"Bearer {PLACEHOLDER}"}, None), ("PUT", "/y", {}, b"1")]
+    replies, stats = await env.run(lambda port: http_requests(agent_socket(port, None), "plain.test", calls),
+                                   host="plain.test", port=80)  # fmt: skip
+    assert [r.status for r in replies] == [200, 200] and stats.protocol == "http/1.1"
+    assert env.plain_origin.requests[0].headers["authorization"] == f"Bearer {SECRET}"
+
+
+# --- upstream failures ---------------------------------------------------------------------------------------------
+
+
+async def test_upstream_certificate_failure_is_a_502_never_a_downgrade(env: Env) -> None:
+    untrusting = upstream_context(extra_ca_pem=trustme.CA().cert_pem.bytes().decode(), system_trust=False)
+    calls = [("GET", "/user", {"Authorization": f"Bearer {PLACEHOLDER}"}, None)]
+    replies, stats = await env.run(tls_calls(env, calls), upstream_ssl=untrusting)
+    assert replies[0].status == 502
+    body = replies[0].json()
+    assert body["error"] == "upstream_tls_failed" and "verif" in body["detail"]
+    assert env.tls_origin.requests == []  # the TLS handshake failed before any request byte
+    assert stats.closed_by == "upstream-failed"
+
+
+async def test_upstream_name_mismatch_is_a_502(env: Env) -> None:
+    # the origin's certificate names api.test, other.test...; a tunnel to 127.0.0.1 must not accept it
+    untrusted_name = Credentials.empty()
+    env.credentials = untrusted_name
+    store = PolicyStore(compile_policy(load_policy_text(
+        "version: 1\nnetwork_policies:\n  ip:\n    endpoints: [{host: 127.0.0.1, port: 443, protocol: rest, "
+        "access: full}]\n    binaries: [{path: /usr/bin/curl}]\n", "ip.yaml")), source="ip.yaml")  # fmt: skip
+    env.store = store
+    replies, _ = await env.run(lambda port: http_requests(agent_socket(port, env.ca.cert_pem, "127.0.0.1"),
+                                                          "127.0.0.1", [("GET", "/", {}, None)]), host="127.0.0.1")
+    assert replies[0].status == 502 and replies[0].json()["error"] == "upstream_tls_failed"
+
+
+async def test_ssrf_refusal_from_the_dialler_is_a_403(env: Env) -> None:
+    async def refuse() -> trio.abc.HalfCloseableStream:
+        raise UpstreamError(UpstreamReason.INTERNAL_ADDRESS, "api.test resolves to 10.0.0.1 (private)")
+
+    replies, _ = await env.run(tls_calls(env, [("GET", "/", {}, None)]), connect=refuse)
+    assert replies[0].status == 403 and replies[0].json()["error"] == "ssrf_denied"
+
+
+async def test_agent_that_does_not_trust_the_ca_fails_the_handshake(env: Env) -> None:
+    def client(port: int) -> str:
+        try:
+            agent_socket(port, trustme.CA().cert_pem.bytes().decode())
+        except ssl.SSLCertVerificationError as exc:
+            return exc.verify_message
+        return "connected"
+
+    message, stats = await env.run(client)
+    assert message != "connected" and stats.closed_by == "agent-tls-failed"
+    assert env.events("http.tunnel")[0]["stage"] == "agent-tls-failed"
+
+
+async def test_policy_revision_closes_before_the_next_request(env: Env) -> None:
+    seen = []
+
+    def is_current(generation: int) -> bool:
+        seen.append(generation)
+        return len(seen) < 2
+
+    calls = [("GET", "/one", {}, None), ("GET", "/two", {}, None)]
+
+    def client(port: int) -> list[int]:
+        try:
+            return [r.status for r in http_requests(agent_socket(port, env.ca.cert_pem), "api.test", calls)]
+        except (http.client.RemoteDisconnected, ConnectionError):
+            return [-1]
+
+    statuses, stats = await env.run(client, is_current=is_current)
+    assert [s.target for s in env.tls_origin.requests] == ["/one"] and stats.closed_by == "policy-revision"
+    assert statuses in ([200], [-1], [200, -1])
