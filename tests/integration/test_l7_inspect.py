@@ -24,8 +24,7 @@ import trustme
 
 from supervisor.control.credentials import Credentials
 from supervisor.control.l7 import InspectStats, InterceptionCA, Limits, inspect, upstream_context
-from supervisor.control.policy import BinaryIdentity, Decision, L4Request, PolicyStore, compile_policy
-from supervisor.control.policy import load_policy_text
+from supervisor.control.policy import BinaryIdentity, Decision, L4Request, PolicyStore, compile_policy, load_policy_text
 from supervisor.control.upstream import UpstreamError, UpstreamReason
 from supervisor.jsonlog import JsonLog
 
@@ -246,6 +245,9 @@ class Env:
     def events(self, name: str = "http") -> list[dict[str, Any]]:
         return [e for e in map(json.loads, self.log.getvalue().splitlines()) if e["event"] == name]
 
+    def upstream_ssl(self) -> ssl.SSLContext:
+        return upstream_context(extra_ca_pem=self.trustme_ca.cert_pem.bytes().decode(), system_trust=False)
+
     def l4(self, host: str, port: int = 443) -> Decision:
         decision = self.store.snapshot().decide_l4(L4Request(host, port, BinaryIdentity(CURL, None)))
         assert decision.allowed
@@ -282,8 +284,7 @@ class Env:
                 stats = await inspect(
                     stream, host=host, port=port, tls=tls, snapshot=self.store.snapshot(), l4=self.l4(host, port),
                     connect_upstream=connect or dial, ca=self.ca, credentials=self.credentials,
-                    upstream_ssl=upstream_ssl or upstream_context(extra_ca_pem=self.trustme_ca.cert_pem.bytes().decode(),
-                                                                  system_trust=False),
+                    upstream_ssl=upstream_ssl or self.upstream_ssl(),
                     log=JsonLog("control", stream=self.log), event_fields={"conn_id": "c1", "binary": CURL},
                     is_current=is_current, limits=Limits(idle_timeout=10, drain_timeout=0.2),
                 )  # fmt: skip
@@ -483,8 +484,8 @@ async def test_http10_without_host_gets_no_credentials(env: Env) -> None:
 SMUGGLING = {
     "cl-and-te": b"POST /upload HTTP/1.1\r\nHost: plain.test\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
                  b"0\r\n\r\nGET /admin HTTP/1.1\r\nHost: plain.test\r\n\r\n",
-    "te-cl-order": b"POST /upload HTTP/1.1\r\nHost: plain.test\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n"
-                   b"0\r\n\r\n",
+    "te-cl-order": b"POST /upload HTTP/1.1\r\nHost: plain.test\r\nTransfer-Encoding: chunked\r\n"
+                   b"Content-Length: 3\r\n\r\n0\r\n\r\n",
     "conflicting-cl": b"POST /upload HTTP/1.1\r\nHost: plain.test\r\nContent-Length: 0\r\nContent-Length: 30\r\n\r\n",
     "te-not-chunked": b"POST /upload HTTP/1.1\r\nHost: plain.test\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
     "te-obfuscated": b"POST /upload HTTP/1.1\r\nHost: plain.test\r\nTransfer-Encoding : chunked\r\n\r\n0\r\n\r\n",
