@@ -6,7 +6,8 @@ Rules:
    least client overhead. asyncio's ``sock_*`` calls where many are in flight (concurrent setup, idle
    holds): one thread, no GIL hand-offs, cheap enough that the client is not the bottleneck.
 3. A setup sample is the full connect + CONNECT + 1 KiB request/response + close, timed by the client.
-4. Nothing here retries: a failed connection is counted, never hidden.
+4. Nothing here retries: a failed connection is counted, never hidden, and so is its kind
+   (``error_kinds``: exception type and message, e.g. ``TunnelRefused: CONNECT refused: 403 Forbidden``).
 5. Every batch has a time budget: a slow contender measures fewer connections instead of holding up
    the run, and the number it reached is part of the result.
 """
@@ -16,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 from bench.wire import (
     ECHO_SIZE,
@@ -35,6 +37,10 @@ REQUEST = bytes(range(256)) * (ECHO_SIZE // 256)
 
 class TunnelRefused(WireError):
     """The proxy answered CONNECT with something other than 2xx."""
+
+
+def error_kind(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:120]
 
 
 def _new_socket() -> socket.socket:
@@ -129,6 +135,7 @@ class SetupResult:
     latencies: list[float]  # seconds, one per successful connection
     errors: int
     seconds: float  # wall time of the whole batch
+    error_kinds: dict[str, int] = field(default_factory=dict)
 
     @property
     def conns_per_s(self) -> float:
@@ -140,16 +147,16 @@ def setup_sequential(
 ) -> SetupResult:
     """Up to ``count`` exchanges one after another, stopping early once ``budget`` seconds have passed."""
     latencies: list[float] = []
-    errors = 0
+    kinds: Counter[str] = Counter()
     start = time.perf_counter()
     for _ in range(count):
         if time.perf_counter() - start > budget:
             break
         try:
             latencies.append(one_exchange(proxy, target, timeout))
-        except (OSError, WireError):
-            errors += 1
-    return SetupResult(latencies, errors, time.perf_counter() - start)
+        except (OSError, WireError) as exc:
+            kinds[error_kind(exc)] += 1
+    return SetupResult(latencies, kinds.total(), time.perf_counter() - start, dict(kinds))
 
 
 async def _async_tunnel(proxy: Address | None, target: Address) -> socket.socket:
@@ -187,11 +194,11 @@ async def _setup_concurrent(
     proxy: Address | None, target: Address, count: int, concurrency: int, conn_timeout: float, budget: float
 ) -> SetupResult:
     latencies: list[float] = []
-    errors = 0
+    kinds: Counter[str] = Counter()
     todo = count
 
     async def worker() -> None:
-        nonlocal todo, errors
+        nonlocal todo
         while todo > 0 and time.perf_counter() < deadline:
             todo -= 1
             start = time.perf_counter()
@@ -200,8 +207,8 @@ async def _setup_concurrent(
                     sock = await _async_tunnel(proxy, target)
                     with sock:
                         await _async_exchange(sock)
-            except (OSError, WireError, TimeoutError):
-                errors += 1
+            except (OSError, WireError, TimeoutError) as exc:
+                kinds[error_kind(exc)] += 1
                 continue
             latencies.append(time.perf_counter() - start)
 
@@ -210,7 +217,7 @@ async def _setup_concurrent(
     async with asyncio.TaskGroup() as group:
         for _ in range(concurrency):
             group.create_task(worker())
-    return SetupResult(latencies, errors, time.perf_counter() - start)
+    return SetupResult(latencies, kinds.total(), time.perf_counter() - start, dict(kinds))
 
 
 def setup_concurrent(
@@ -227,6 +234,7 @@ class IdleHold:
     sockets: list[socket.socket]
     errors: int
     seconds: float  # time to open them all
+    error_kinds: dict[str, int] = field(default_factory=dict)
 
     def close(self) -> None:
         for sock in self.sockets:
@@ -238,11 +246,10 @@ async def _open_idle(
     proxy: Address | None, target: Address, count: int, concurrency: int, conn_timeout: float, budget: float
 ) -> IdleHold:
     held: list[socket.socket] = []
-    errors = 0
+    kinds: Counter[str] = Counter()
     gate = asyncio.Semaphore(concurrency)
 
     async def one() -> None:
-        nonlocal errors
         async with gate:
             if time.perf_counter() > deadline:
                 return  # not attempted: the caller sees fewer held connections, not failures
@@ -254,8 +261,8 @@ async def _open_idle(
                     except BaseException:
                         sock.close()
                         raise
-            except (OSError, WireError, TimeoutError):
-                errors += 1
+            except (OSError, WireError, TimeoutError) as exc:
+                kinds[error_kind(exc)] += 1
                 return
             held.append(sock)
 
@@ -264,7 +271,7 @@ async def _open_idle(
     async with asyncio.TaskGroup() as group:
         for _ in range(count):
             group.create_task(one())
-    return IdleHold(held, errors, time.perf_counter() - start)
+    return IdleHold(held, kinds.total(), time.perf_counter() - start, dict(kinds))
 
 
 def open_idle(

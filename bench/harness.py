@@ -186,8 +186,13 @@ def measure_cell(results: Results, scenario: Scenario, probe: Probe, run: int) -
         results.record(scenario.name, key, name, run, value)
     if outcome.errors:
         results.errors[(scenario.name, name)] = results.errors.get((scenario.name, name), 0) + outcome.errors
+        kinds = results.error_kinds.setdefault((scenario.name, name), {})
+        for kind, count in outcome.error_kinds.items():
+            kinds[kind] = kinds.get(kind, 0) + count
     shown = ", ".join(f"{k}={v:.4g}" for k, v in outcome.values.items() if v is not None)
+    top = max(outcome.error_kinds.items(), key=lambda kv: kv[1], default=None)
     failed = f", {outcome.errors} failed" if outcome.errors else ""
+    failed += f" (most: {top[1]} × {top[0]})" if top else ""
     _log(f"  run {run + 1} {scenario.name:<18} {name:<10} {shown}{failed} ({time.perf_counter() - started:.1f} s)")
 
 
@@ -392,6 +397,10 @@ def main(argv: list[str] | None = None) -> int:
             {"scenario": s, "metric": m, "contender": c, "values": v} for (s, m, c), v in results.values.items()
         ],
         "failures": [{"scenario": s, "contender": c, "errors": e} for (s, c), e in results.failures.items()],
+        "connection_errors": [
+            {"scenario": s, "contender": c, "count": n, "kinds": results.error_kinds.get((s, c), {})}
+            for (s, c), n in results.errors.items()
+        ],
         "micro": [r.as_dict() for r in micro_rows],
         "micro_skipped": micro_skipped,
         "notes": notes,

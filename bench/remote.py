@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -67,6 +67,7 @@ class RemoteIdle:
     errors: int
     seconds: float
     driver: ClientDriver
+    error_kinds: dict[str, int] = field(default_factory=dict)
 
     def close(self) -> None:
         self.driver.call("idle_close", {}, deadline=SLACK)
@@ -142,14 +143,16 @@ class ClientDriver:
 
     @staticmethod
     def _setup(result: dict[str, Any]) -> SetupResult:
-        return SetupResult([float(x) for x in result["latencies"]], int(result["errors"]), float(result["seconds"]))
+        return SetupResult([float(x) for x in result["latencies"]], int(result["errors"]), float(result["seconds"]),
+                           _kinds(result))  # fmt: skip
 
     def open_idle(self, proxy: Address | None, target: Address, count: int, concurrency: int, timeout: float,
                   budget: float) -> RemoteIdle:  # fmt: skip
         args = {"proxy": proxy, "target": target, "count": count, "concurrency": concurrency, "timeout": timeout,
                 "budget": budget}  # fmt: skip
         result = self.call("idle_open", args, deadline=budget + timeout)
-        return RemoteIdle(int(result["opened"]), int(result["errors"]), float(result["seconds"]), self)
+        return RemoteIdle(int(result["opened"]), int(result["errors"]), float(result["seconds"]), self,
+                          _kinds(result))  # fmt: skip
 
     def close(self, timeout: float = 10.0) -> None:
         """Close the driver's stdin (it exits); end it if the harness started it and it lingers."""
@@ -164,6 +167,10 @@ class ClientDriver:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def _kinds(result: dict[str, Any]) -> dict[str, int]:
+    return {str(k): int(v) for k, v in dict(result.get("error_kinds") or {}).items()}
 
 
 def spawn_local(copy: Path) -> ClientDriver:

@@ -27,6 +27,7 @@ class Results:
     skipped: dict[str, str] = field(default_factory=dict)
     values: dict[Key, list[float | None]] = field(default_factory=dict)
     errors: dict[tuple[str, str], int] = field(default_factory=dict)  # failed connections
+    error_kinds: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)  # ... and what they hit
     failures: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # failed cells
 
     def record(self, scenario: str, metric: str, contender: str, run: int, value: float | None) -> None:

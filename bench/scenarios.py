@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bench import clients, procstat
 from bench.contenders import Address, Contender
@@ -70,6 +70,7 @@ class Metric:
 class Outcome:
     values: dict[str, float | None]
     errors: int = 0
+    error_kinds: dict[str, int] = field(default_factory=dict)  # what the failed connections failed with
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def _bulk(direction: Direction) -> Callable[[Probe], Outcome]:
 
 def _setup_outcome(result: clients.SetupResult) -> Outcome:
     if not result.latencies:
-        return Outcome({"conns/s": None, "p50": None, "p99": None, "conns": 0.0}, result.errors)
+        return Outcome({"conns/s": None, "p50": None, "p99": None, "conns": 0.0}, result.errors, result.error_kinds)
     return Outcome(
         {
             "conns": float(len(result.latencies)),  # fewer than asked when the budget ran out
@@ -117,6 +118,7 @@ def _setup_outcome(result: clients.SetupResult) -> Outcome:
             "p99": percentile(result.latencies, 99) * 1e3,
         },
         result.errors,
+        result.error_kinds,
     )
 
 
@@ -175,7 +177,7 @@ def _idle(count: int) -> Callable[[Probe], Outcome]:
             "held": float(opened),
             **daemons,
         }
-        return Outcome(values, hold.errors)
+        return Outcome(values, hold.errors, hold.error_kinds)
 
     return measure
 

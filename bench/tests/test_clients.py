@@ -88,7 +88,10 @@ def test_client_refuses_a_bad_tunnel(answer: bytes, error: type[Exception]) -> N
             clients.open_tunnel(proxy.address, ("127.0.0.1", 9), timeout=5)
         result = clients.setup_sequential(proxy.address, ("127.0.0.1", 9), 3, timeout=5, budget=10)
         assert result.latencies == [] and result.errors == 3
+        assert [k.split(":")[0] for k in result.error_kinds] == [error.__name__]  # what they failed with, too
+        assert sum(result.error_kinds.values()) == 3
         concurrent = clients.setup_concurrent(proxy.address, ("127.0.0.1", 9), 4, 2, timeout=5, budget=10)
         assert concurrent.latencies == [] and concurrent.errors == 4
+        assert sum(concurrent.error_kinds.values()) == 4
     finally:
         proxy.close()
