@@ -28,6 +28,7 @@ import trio
 
 from supervisor.boundary.capture import IdentityResolver
 from supervisor.boundary.capture.setup import open_sock_diag
+from supervisor.boundary.confinement import landlock_for
 from supervisor.boundary.egress import EgressCapture, EgressLinks
 from supervisor.boundary.forward import open_forward, splice
 from supervisor.boundary.process import (
@@ -348,7 +349,8 @@ class BoundaryDaemon:
         request = parse_exec_request({"argv": list(self.cfg.agent_argv), "cwd": self.cfg.workdir, "tty": False})
         spec = build_process_spec(
             request, agent_uid=uid, agent_gid=gid, managed_env=self._managed_env(), default_cwd=self.cfg.workdir,
-            landlock=None, provider_env=self.attach.credential_placeholders,
+            landlock=landlock_for(self.attach.static_policy, self.cfg.workdir),
+            provider_env=self.attach.credential_placeholders,
         )  # fmt: skip
         if self.cfg.agent_stdio == "inherit":
             spec = dataclasses.replace(spec, stdin="inherit", stdout="inherit", stderr="inherit")
@@ -422,7 +424,8 @@ class BoundaryDaemon:
         uid, gid = self._agent_ids(self.attach)
         spec = build_process_spec(
             request, agent_uid=uid, agent_gid=gid, managed_env=self._managed_env(), default_cwd=self.cfg.workdir,
-            landlock=None, provider_env=self.attach.credential_placeholders,
+            landlock=landlock_for(self.attach.static_policy, self.cfg.workdir),
+            provider_env=self.attach.credential_placeholders,
         )  # fmt: skip
         entry = await self.table.start(spec, kind="exec", timeout_s=request.timeout_s, grace_s=request.grace_s)
         await accept({"handle": entry.handle, "tty": entry.tty})
