@@ -67,6 +67,12 @@ def daemon_parser() -> argparse.ArgumentParser:
     b.add_argument("--hide-path", action="append", default=[], help="cover this directory in the agent's view")
     b.add_argument("--exit-linger", type=float, default=60.0, help="seconds to wait for control's exit ack")
     b.add_argument("--agent-stdio", choices=["inherit", "pipe"], default="inherit")
+    b.add_argument(
+        "--tls-dir",
+        type=Path,
+        default=Path("/run/openshell-boundary/tls"),
+        help="where the interception CA and CA bundle are written for the agent (default %(default)s)",
+    )
     c = p.add_argument_group("control")
     c.add_argument("--boundary", help="HOST:PORT of the boundary to dial")
     c.add_argument("--policy", type=Path, help="policy YAML (default: the embedded deny-all policy)")
@@ -141,7 +147,7 @@ def _run_boundary(args: argparse.Namespace, stream: Any) -> int:
             bundle=bundle, agent_argv=tuple(args.agent_argv), listen_host=host, listen_port=port,
             port_file=args.port_file, workdir=args.workdir, agent_stdio=args.agent_stdio, privilege_model=model,
             model_reason=reason, hide_paths=tuple(args.hide_path), exit_linger_s=args.exit_linger,
-            acknowledge_external_fence=args.acknowledge_external_fence,
+            acknowledge_external_fence=args.acknowledge_external_fence, tls_dir=args.tls_dir,
             log=JsonLog("boundary", stream=stream, sandbox=bundle.claims.sandbox),
         )  # fmt: skip
         return daemon.run(cfg, launcher)

@@ -40,6 +40,7 @@ from supervisor.boundary.process import (
 from supervisor.boundary.process.environment import build_process_spec, managed_env
 from supervisor.boundary.process.exec_session import pump_exec
 from supervisor.boundary.process.table import ProcessTable
+from supervisor.boundary.trust import TrustError, install_trust
 from supervisor.jsonlog import JsonLog
 from supervisor.link.h2link import Link, LinkStream
 from supervisor.link.rpc import Accept, Router
@@ -82,6 +83,7 @@ class BoundaryConfig:
     hide_paths: tuple[str, ...] = ()
     exit_linger_s: float = 60.0
     acknowledge_external_fence: bool = False
+    tls_dir: Path = Path("/run/openshell-boundary/tls")
     log: JsonLog = field(default_factory=lambda: JsonLog("boundary"))
 
 
@@ -101,6 +103,7 @@ class BoundaryDaemon:
         self.exit_code: int | None = None
         self.links: set[Link] = set()
         self.egress_links = EgressLinks()
+        self.trust: tuple[Path, Path] | None = None  # (CA file, bundle file) given to the workload
         self.capture: EgressCapture | None = None
         self.router = self._make_router()
         self._nursery: trio.Nursery | None = None
@@ -259,6 +262,12 @@ class BoundaryDaemon:
         except (LauncherError, OSError) as exc:
             self._fatal(f"namespace setup failed: {exc}")
             raise OpError(ErrorKind.FAILED, f"namespace setup failed: {exc}", stage="prepare") from exc
+        if attach.interception_ca_pem is not None:
+            try:
+                self.trust = install_trust(self.cfg.tls_dir, attach.interception_ca_pem)
+            except (TrustError, OSError) as exc:
+                raise OpError(ErrorKind.INVALID if isinstance(exc, TrustError) else ErrorKind.FAILED,
+                              f"interception CA: {exc}", field="interception_ca_pem") from None  # fmt: skip
         self.attach = attach
         self.policy_generation_acked = attach.policy_generation
         if netns:
@@ -337,10 +346,10 @@ class BoundaryDaemon:
         return {"fingerprint": report.get("fingerprint"), "links": report.get("links"), "probe": "captured"}
 
     def _managed_env(self) -> dict[str, str]:
-        ca = self.attach.interception_ca_pem if self.attach else None
-        if ca is None:
+        if self.trust is None:
             return managed_env(ca_cert=None, ca_bundle=None)
-        return managed_env()
+        ca_path, bundle_path = self.trust
+        return managed_env(ca_cert=str(ca_path), ca_bundle=str(bundle_path))
 
     async def op_start(self, body: dict[str, Any]) -> dict[str, Any]:
         self.lifecycle.check(Op.START)
