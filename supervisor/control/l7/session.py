@@ -745,12 +745,17 @@ class _Session:
             self._scope.cancel()
             return None
 
+    # Both pumps coalesce: what h11 yields without needing more input is written in one ``send_all`` (a head
+    # and the body bytes that arrived with it cost one TLS record and one syscall, not three), flushed before
+    # waiting for input and whenever a chunk's worth is pending, so buffering stays bounded.
+
     async def _pump_request(self, conn: h11.Connection, rec: _Record, request: h11.Request) -> str | None:
         up = self.up
         assert up is not None
-        await self._up_send(up.send(request))
+        out = bytearray(up.send(request) or b"")
         if rec.request_done:  # a retry of a bodiless request: its end was read already
-            await self._up_send(up.send(h11.EndOfMessage()))
+            out += up.send(h11.EndOfMessage()) or b""
+            await self._up_send(bytes(out))
             return None
         while True:
             try:
@@ -758,58 +763,72 @@ class _Session:
             except h11.RemoteProtocolError as exc:
                 raise _AgentFailed(f"agent: malformed request body: {exc}") from None
             if event is h11.NEED_DATA:
+                if out:
+                    await self._up_send(bytes(out))
+                    out.clear()
                 data = await self._agent_recv(self.limits.idle_timeout)
                 if data is None:
                     raise _AgentFailed("agent: request body stalled (idle timeout)")
                 conn.receive_data(data)
                 continue
             if isinstance(event, h11.Data):
-                await self._up_send(up.send(h11.Data(data=event.data)))
+                out += up.send(h11.Data(data=event.data)) or b""
                 rec.bytes_up += len(event.data)
+                if len(out) >= self.limits.chunk:
+                    await self._up_send(bytes(out))
+                    out.clear()
                 continue
             if isinstance(event, h11.EndOfMessage):
                 rec.request_done = True
-                await self._up_send(up.send(h11.EndOfMessage()))  # request trailers are not forwarded
+                out += up.send(h11.EndOfMessage()) or b""  # request trailers are not forwarded
+                await self._up_send(bytes(out))
                 return None
             raise _AgentFailed(f"agent: connection ended inside the request ({type(event).__name__})")
 
     async def _pump_response(self, conn: h11.Connection, rec: _Record) -> str | None:
         up = self.up
         assert up is not None
+        out = bytearray()
         while True:
             try:
                 event = up.next_event()
             except h11.RemoteProtocolError as exc:
                 raise _UpstreamFailed(f"upstream: malformed response: {exc}"[:300]) from None
             if event is h11.NEED_DATA:
+                if out:
+                    await self._agent_send(bytes(out))
+                    out.clear()
                 up.receive_data(await self._up_recv())
                 continue
             if isinstance(event, h11.InformationalResponse):
+                out += conn.send(h11.InformationalResponse(
+                    status_code=event.status_code, headers=list(event.headers.raw_items()), reason=event.reason,
+                )) or b""  # fmt: skip
                 if event.status_code == 101:
                     if rec.upgrade != "websocket" or not rec.request_done:
                         raise _UpstreamFailed("upstream: unexpected 101 Switching Protocols")
                     rec.status = 101
                     rec.response_started = True
-                    await self._agent_send(conn.send(h11.InformationalResponse(
-                        status_code=101, headers=list(event.headers.raw_items()), reason=event.reason)) or b"")
+                    await self._agent_send(bytes(out))
                     return "switched"
-                await self._agent_send(conn.send(h11.InformationalResponse(
-                    status_code=event.status_code, headers=list(event.headers.raw_items()), reason=event.reason,
-                )) or b"")  # fmt: skip
                 continue
             if isinstance(event, h11.Response):
                 rec.status = event.status_code
                 rec.response_started = True
-                await self._agent_send(conn.send(h11.Response(
+                out += conn.send(h11.Response(
                     status_code=event.status_code, headers=list(event.headers.raw_items()), reason=event.reason,
-                )) or b"")  # fmt: skip
+                )) or b""  # fmt: skip
                 continue
             if isinstance(event, h11.Data):
                 rec.bytes_down += len(event.data)
-                await self._agent_send(conn.send(h11.Data(data=event.data)) or b"")
+                out += conn.send(h11.Data(data=event.data)) or b""
+                if len(out) >= self.limits.chunk:
+                    await self._agent_send(bytes(out))
+                    out.clear()
                 continue
             if isinstance(event, h11.EndOfMessage):
-                await self._agent_send(conn.send(h11.EndOfMessage()) or b"")
+                out += conn.send(h11.EndOfMessage()) or b""
+                await self._agent_send(bytes(out))
                 return "done"
             raise _UpstreamFailed(f"upstream: connection ended inside the response ({type(event).__name__})")
 

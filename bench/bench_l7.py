@@ -1,0 +1,323 @@
+"""Intercepted HTTPS (L7 inspection) against a plain relayed tunnel, in the same run, on loopback only.
+
+    python3 bench/bench_l7.py [--json] [--quick] [-n N] [--mib M] [--conns C]
+
+Three processes, as in a deployment: an HTTPS origin (stdlib ``http.server`` over ``ssl``, threads, trustme
+certificate), the mediator under test (this process, trio), and the client (stdlib ``http.client`` over
+``ssl``, one process per connection). The mediator runs two listeners side by side:
+
+* ``tunnel``: each accepted connection is relayed byte for byte to the origin (``supervisor.link.relay``);
+  the client's TLS goes end to end to the origin — what an un-inspected CONNECT costs;
+* ``intercepted``: each accepted connection goes through ``supervisor.control.l7.inspect``: TLS terminated
+  with a leaf from the sandbox CA, every request parsed by h11, judged by ``decide_l7`` (a REST rule set),
+  its ``Authorization: Bearer <placeholder>`` replaced by the secret, sent over a verified TLS connection to
+  the origin, one JSON event per request (written to /dev/null).
+
+Workloads, each on both listeners, one after the other: small GETs on kept-alive connections (1 and
+``--conns`` in parallel), small GETs on a fresh connection each (TLS handshakes: two for intercepted, one
+for tunnel), one large download and one large upload. Reported: requests/s, MB/s, the mediator's CPU per
+request or per MB (``time.process_time`` of this process), and intercepted/tunnel ratios.
+
+With ``--json`` every result is one JSON row ``{"name", "unit", "value", ...}`` (bench/micro.py's contract).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import functools
+import http.client
+import http.server
+import io
+import json
+import multiprocessing
+import os
+import socket
+import ssl
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path[0] = str(Path(__file__).resolve().parent.parent)  # import the repository, never bench/'s neighbours
+
+import trio  # noqa: E402
+import trustme  # noqa: E402
+
+from supervisor.control.credentials import Credentials  # noqa: E402
+from supervisor.control.l7 import InterceptionCA, Limits, inspect, upstream_context  # noqa: E402
+from supervisor.control.policy import (  # noqa: E402
+    BinaryIdentity,
+    L4Request,
+    PolicyStore,
+    compile_policy,
+    load_policy_text,
+)
+from supervisor.jsonlog import JsonLog  # noqa: E402
+from supervisor.link.relay import relay  # noqa: E402
+
+HOST = "bench.test"
+PLACEHOLDER = "openshell:resolve:env:BENCH_TOKEN"
+SECRET = "bench-secret-0123456789abcdef"
+SMALL = b'{"ok":true,"items":[1,2,3,4,5,6,7,8,9,10]}' * 3
+POLICY = f"""
+version: 1
+network_policies:
+  bench:
+    endpoints:
+      - host: {HOST}
+        port: 443
+        protocol: rest
+        enforcement: enforce
+        rules:
+          - allow: {{method: GET, path: "/**"}}
+          - allow: {{method: POST, path: "/upload"}}
+        deny_rules:
+          - {{method: GET, path: "/admin/**"}}
+    binaries: [{{path: /usr/bin/curl}}]
+"""
+MODES = ("tunnel", "intercepted")
+
+
+# --- the origin (its own process) -----------------------------------------------------------------------------
+
+
+class _OriginHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms Nagle/delayed-ACK stall
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's signature
+        pass
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/big/"):
+            size = int(self.path.split("/")[2])
+            self.send_response(200)
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            chunk = b"x" * (1 << 20)
+            while size:
+                n = min(size, len(chunk))
+                self.wfile.write(chunk[:n])
+                size -= n
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(SMALL)))
+        self.end_headers()
+        self.wfile.write(SMALL)
+
+    def do_POST(self) -> None:
+        left = int(self.headers.get("Content-Length", "0"))
+        while left:
+            data = self.rfile.read(min(left, 1 << 20))
+            if not data:
+                break
+            left -= len(data)
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+
+def origin_main(cert_pem: bytes, key_pem: bytes, ready: Any) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        cert, key = Path(tmp, "cert.pem"), Path(tmp, "key.pem")
+        cert.write_bytes(cert_pem)
+        key.write_bytes(key_pem)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        ctx.num_tickets = 0  # the handshake runs before the handler can disable Nagle: no trailing ticket writes
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OriginHandler)
+        server.daemon_threads = True
+        server.socket = ctx.wrap_socket(server.socket, server_side=True)
+        ready.put(server.server_address[1])
+        server.serve_forever()
+
+
+# --- the client (its own process per connection) ----------------------------------------------------------------
+
+
+def _connect(port: int, ctx: ssl.SSLContext) -> http.client.HTTPSConnection:
+    conn = http.client.HTTPSConnection(HOST, 443, context=ctx)  # no per-connection default context
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    conn.sock = ctx.wrap_socket(sock, server_hostname=HOST)
+    return conn
+
+
+def client_main(workload: str, port: int, ca_pem: str, count: int, size: int) -> tuple[float, int]:
+    """Run one workload; returns (seconds, bytes moved)."""
+    ctx = ssl.create_default_context(cadata=ca_pem)
+    headers = {"Authorization": f"Bearer {PLACEHOLDER}"}
+    moved = 0
+    start = time.perf_counter()
+    if workload == "keepalive":
+        conn = _connect(port, ctx)
+        for _ in range(count):
+            conn.request("GET", "/v1/items?page=1", headers=headers)
+            moved += len(conn.getresponse().read())
+        conn.close()
+    elif workload == "fresh":
+        for _ in range(count):
+            conn = _connect(port, ctx)
+            conn.request("GET", "/v1/items", headers=headers)
+            moved += len(conn.getresponse().read())
+            conn.close()
+    elif workload == "download":
+        conn = _connect(port, ctx)
+        conn.request("GET", f"/big/{size}", headers=headers)
+        response = conn.getresponse()
+        while chunk := response.read(1 << 20):
+            moved += len(chunk)
+        conn.close()
+    elif workload == "upload":
+        conn = _connect(port, ctx)
+        conn.putrequest("POST", "/upload")
+        conn.putheader("Authorization", f"Bearer {PLACEHOLDER}")
+        conn.putheader("Content-Length", str(size))
+        conn.endheaders()
+        chunk = b"u" * (1 << 20)
+        left = size
+        assert conn.sock is not None
+        while left:
+            n = min(left, len(chunk))
+            conn.sock.sendall(chunk[:n])
+            left -= n
+        conn.getresponse().read()
+        moved = size
+        conn.close()
+    else:
+        raise ValueError(workload)
+    return time.perf_counter() - start, moved
+
+
+# --- the mediator (this process) ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Mediator:
+    origin_port: int
+    origin_ca_pem: str
+    ca: InterceptionCA
+    ports: dict[str, int]
+
+    async def serve(self, nursery: trio.Nursery) -> None:
+        store = PolicyStore(compile_policy(load_policy_text(POLICY, "bench.yaml")), source="bench.yaml")
+        snapshot = store.snapshot()
+        l4 = snapshot.decide_l4(L4Request(HOST, 443, BinaryIdentity("/usr/bin/curl", None)))
+        credentials = Credentials.from_mapping({"BENCH_TOKEN": {"secret": SECRET, "hosts": [HOST]}})
+        upstream_ssl = upstream_context(extra_ca_pem=self.origin_ca_pem, system_trust=False)
+        log = JsonLog("control", stream=open(os.devnull, "w"))  # noqa: SIM115 - lives as long as the bench
+
+        async def dial() -> trio.abc.HalfCloseableStream:
+            return await trio.open_tcp_stream("127.0.0.1", self.origin_port)
+
+        async def tunnel(stream: trio.SocketStream) -> None:
+            await relay(stream, await dial(), idle_timeout=60)
+
+        async def intercepted(stream: trio.SocketStream) -> None:
+            await inspect(stream, host=HOST, port=443, tls=None, snapshot=snapshot, l4=l4, connect_upstream=dial,
+                          ca=self.ca, credentials=credentials, upstream_ssl=upstream_ssl, log=log,
+                          event_fields={"conn_id": "bench"}, limits=Limits(idle_timeout=60))  # fmt: skip
+
+        for mode, handler in (("tunnel", tunnel), ("intercepted", intercepted)):
+            listeners = await nursery.start(functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+            self.ports[mode] = listeners[0].socket.getsockname()[1]
+
+
+def _row(name: str, unit: str, value: float, **extra: float | int | str) -> dict[str, object]:
+    return {"name": name, "unit": unit, "value": round(value, 4), **extra}
+
+
+async def _measure(pool: concurrent.futures.ProcessPoolExecutor, parallel: int, workload: str, port: int,
+                   ca_pem: str, count: int, size: int) -> tuple[float, int, float]:  # fmt: skip
+    """(wall seconds, bytes, mediator CPU seconds) for ``parallel`` clients running ``workload`` at once."""
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    futures = [pool.submit(client_main, workload, port, ca_pem, count, size) for _ in range(parallel)]
+    results = [await trio.to_thread.run_sync(f.result) for f in futures]
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    return max(wall, max(r[0] for r in results)), sum(r[1] for r in results), cpu
+
+
+async def run(args: argparse.Namespace) -> list[dict[str, object]]:
+    authority = trustme.CA()
+    leaf = authority.issue_cert(HOST)
+    spawn = multiprocessing.get_context("spawn")
+    ready = spawn.Queue()
+    origin = spawn.Process(target=origin_main, args=(leaf.cert_chain_pems[0].bytes(), leaf.private_key_pem.bytes(),
+                                                     ready), daemon=True)  # fmt: skip
+    origin.start()
+    rows: list[dict[str, object]] = []
+    try:
+        origin_port = await trio.to_thread.run_sync(ready.get, True, 30)
+        origin_ca = authority.cert_pem.bytes().decode()
+        mediator = Mediator(origin_port, origin_ca, InterceptionCA.generate("bench"), {})
+        ca_for = {"tunnel": origin_ca, "intercepted": mediator.ca.cert_pem}
+        size = args.mib << 20
+        plan: list[tuple[str, str, int, int, int, str, Callable[[float, int, int], float], str]] = [
+            ("keep-alive GET requests/s, 1 connection", "keepalive", 1, args.n, 0, "req/s",
+             lambda wall, _b, n: n / wall, "us/req"),
+            (f"keep-alive GET requests/s, {args.conns} connections", "keepalive", args.conns, args.n, 0, "req/s",
+             lambda wall, _b, n: n / wall, "us/req"),
+            ("new-connection GET requests/s (TLS handshake each)", "fresh", 1, max(args.n // 10, 20), 0, "req/s",
+             lambda wall, _b, n: n / wall, "us/req"),
+            (f"download MB/s ({args.mib} MiB, 1 connection)", "download", 1, 1, size, "MB/s",
+             lambda wall, moved, _n: moved / wall / 1e6, "us/MB"),
+            (f"upload MB/s ({args.mib} MiB, 1 connection)", "upload", 1, 1, size, "MB/s",
+             lambda wall, moved, _n: moved / wall / 1e6, "us/MB"),
+        ]  # fmt: skip
+        with concurrent.futures.ProcessPoolExecutor(max_workers=max(args.conns, 1), mp_context=spawn) as pool:
+            # warm the pool (spawn start-up) and the leaf cache outside the measurements
+            async with trio.open_nursery() as nursery:
+                await mediator.serve(nursery)
+                for mode in MODES:
+                    await _measure(pool, args.conns, "keepalive", mediator.ports[mode], ca_for[mode], 5, 0)
+                for title, workload, parallel, count, nbytes, unit, rate, cpu_unit in plan:
+                    values: dict[str, float] = {}
+                    for mode in MODES:
+                        wall, moved, cpu = await _measure(pool, parallel, workload, mediator.ports[mode],
+                                                          ca_for[mode], count, nbytes)  # fmt: skip
+                        total = count * parallel
+                        values[mode] = rate(wall, moved, total)
+                        per = cpu / total * 1e6 if unit == "req/s" else cpu / (moved / 1e6) * 1e6
+                        rows.append(_row(f"l7 {mode}: {title}", unit, values[mode], runs=total))
+                        rows.append(_row(f"l7 {mode}: mediator CPU ({title.split(' ')[0]})", cpu_unit, per,
+                                         runs=total))  # fmt: skip
+                    rows.append(_row(f"l7 intercepted/tunnel ratio: {title}", "ratio",
+                                     values["intercepted"] / values["tunnel"]))  # fmt: skip
+                nursery.cancel_scope.cancel()
+    finally:
+        origin.kill()
+        origin.join(5)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="one JSON row per result on stdout")
+    parser.add_argument("--quick", action="store_true", help="small counts and sizes (CI smoke)")
+    parser.add_argument("-n", type=int, default=None, help="requests per connection (default 2000; quick 200)")
+    parser.add_argument("--mib", type=int, default=None, help="transfer size in MiB (default 256; quick 16)")
+    parser.add_argument("--conns", type=int, default=4, help="parallel connections for the keep-alive run")
+    args = parser.parse_args()
+    args.n = args.n or (200 if args.quick else 2000)
+    args.mib = args.mib or (16 if args.quick else 256)
+    rows = trio.run(run, args)
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+        return
+    out = io.StringIO()
+    for row in rows:
+        out.write(f"{row['name']:<92} {row['value']:>12} {row['unit']}\n")
+    sys.stdout.write(out.getvalue())
+
+
+if __name__ == "__main__":
+    threading.current_thread().name = "bench_l7"
+    main()
