@@ -61,6 +61,11 @@ network_policies:
         protocol: websocket
         enforcement: enforce
         access: read-only
+      - host: chat.test
+        port: 443
+        protocol: websocket
+        enforcement: enforce
+        access: read-write
       - host: plain.test
         port: 80
         protocol: rest
@@ -87,6 +92,7 @@ class Origin:
 
     ctx: ssl.SSLContext | None
     requests: list[Seen] = field(default_factory=list)
+    upgraded: bytearray = field(default_factory=bytearray)  # every byte received after a 101
     connections: int = 0
     port: int = 0
 
@@ -166,11 +172,13 @@ class Origin:
             ("sec-websocket-accept", "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=")])) or b"")  # fmt: skip
         pending = conn.trailing_data[0]
         if pending:
+            self.upgraded += pending
             await stream.send_all(b"echo:" + pending)
         while True:
             data = await stream.receive_some(65536)
             if not data:
                 return
+            self.upgraded += data
             await stream.send_all(b"echo:" + data)
 
 
@@ -296,7 +304,7 @@ class Env:
 async def env(nursery: trio.Nursery) -> Env:
     authority = trustme.CA()
     server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    authority.issue_cert("api.test", "other.test", "audit.test", "ws.test").configure_cert(server_ctx)
+    authority.issue_cert("api.test", "other.test", "audit.test", "ws.test", "chat.test").configure_cert(server_ctx)
     tls_origin, plain_origin = Origin(server_ctx), Origin(None)
     await tls_origin.start(nursery)
     await plain_origin.start(nursery)
@@ -551,26 +559,58 @@ async def test_h2c_upgrade_is_refused(env: Env) -> None:
     assert env.tls_origin.requests == []
 
 
-WS_UPGRADE = (b"GET /upgrade HTTP/1.1\r\nHost: ws.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
-              b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")  # fmt: skip
+def ws_upgrade(host: str) -> bytes:
+    return (f"GET /upgrade HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n").encode()
 
 
-async def test_websocket_upgrade_then_raw_relay(env: Env) -> None:
-    def client(port: int) -> bytes:
-        sock = agent_socket(port, env.ca.cert_pem, "ws.test")
-        sock.sendall(WS_UPGRADE)
+def ws_frame(opcode: int, payload: bytes) -> bytes:
+    key = b"\x01\x02\x03\x04"
+    return bytes([0x80 | opcode, 0x80 | len(payload)]) + key + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+
+
+def ws_client(env: Env, host: str, frames: list[bytes]) -> Callable[[int], tuple[bytes, bytes]]:
+    """Upgrade, then send each frame and wait for the origin's echo (or the connection's end)."""
+
+    def client(port: int) -> tuple[bytes, bytes]:
+        sock = agent_socket(port, env.ca.cert_pem, host)
+        sock.sendall(ws_upgrade(host))
         head = b""
         while b"\r\n\r\n" not in head:
             head += sock.recv(4096)
-        sock.sendall(b"ping")
-        echoed = b""
-        while not echoed.endswith(b"echo:ping"):
-            echoed += sock.recv(4096)
+        head, _, after = head.partition(b"\r\n\r\n")
+        received = bytearray(after)
+        for data in frames:
+            sock.sendall(data)
+            while not received.endswith(b"echo:" + data):
+                chunk = sock.recv(4096)
+                if not chunk:
+                    sock.close()
+                    return head, bytes(received)
+                received += chunk
         sock.close()
-        return head
+        return head, bytes(received)
 
-    head, stats = await env.run(client, host="ws.test")
-    assert head.startswith(b"HTTP/1.1 101 ") and stats.upgraded and stats.bytes_up == 4
+    return client
+
+
+async def test_websocket_upgrade_then_relay_when_text_is_allowed(env: Env) -> None:
+    frames = [ws_frame(0x1, b"hello"), ws_frame(0x2, b"\x00\x01")]
+    (head, _), stats = await env.run(ws_client(env, "chat.test", frames), host="chat.test")
+    assert head.startswith(b"HTTP/1.1 101 ") and stats.upgraded
+    assert bytes(env.tls_origin.upgraded) == b"".join(frames) and stats.bytes_up == len(b"".join(frames))
+
+
+async def test_websocket_text_denied_closes_with_1008_and_never_reaches_the_origin(env: Env) -> None:
+    binary, text = ws_frame(0x2, b"\x00\x01"), ws_frame(0x1, b"rm -rf /")
+    (head, received), stats = await env.run(ws_client(env, "ws.test", [binary, text]), host="ws.test")
+    assert head.startswith(b"HTTP/1.1 101 ")
+    assert received.endswith(b"\x88" + bytes([2 + len(b"text messages are not permitted by policy")]) +
+                             b"\x03\xf0text messages are not permitted by policy")  # fmt: skip
+    assert bytes(env.tls_origin.upgraded).startswith(binary) and text not in env.tls_origin.upgraded
+    assert stats.closed_by == "denied"
+    event = env.events()[-1]
+    assert (event["method"], event["decision"], event["status"]) == ("WEBSOCKET_TEXT", "deny", 1008)
 
 
 async def test_websocket_endpoint_requires_an_upgrade(env: Env) -> None:

@@ -43,6 +43,13 @@ from supervisor.control.l7.rewrite import REDACTED, CredentialRefusal, redact_pa
 from supervisor.control.l7.sniff import SNIFF_BYTES, SNIFF_WAIT_S, TunnelProtocol, sniff
 from supervisor.control.l7.streams import PrefixedStream, abort_all
 from supervisor.control.l7.upstream_tls import check_upstream_context
+from supervisor.control.l7.websocket import (
+    ClientFrameFilter,
+    CloseCode,
+    FilterStop,
+    client_close_frame,
+    server_close_frame,
+)
 from supervisor.control.policy import (
     Decision,
     DenyReason,
@@ -208,6 +215,8 @@ class _Session:
         self.clean = True
         self.failure: _AgentFailed | _UpstreamFailed | None = None
         self._scope = trio.CancelScope()
+        self._ws_filter: ClientFrameFilter | None = None
+        self._ws_text_decision: Decision | None = None
 
     # --- the connection --------------------------------------------------------------------------------------
     async def run(self, tls: bool | None) -> InspectStats:
@@ -528,6 +537,11 @@ class _Session:
                                       reason=str(decision.reason) if decision.reason else "l7-denied",
                                       detail=_display(decision.detail))  # fmt: skip
         rec.decision = "audit" if decision.audit else "allow"
+        if rec.upgrade == "websocket" and _endpoint_protocol(self.snapshot, decision) is Protocol.WEBSOCKET:
+            # payloads are never matched (§3.10.5): one answer holds for every text message of this connection
+            text = self.snapshot.decide_l7(self.l4, "WEBSOCKET_TEXT", policy_target)
+            self._ws_text_decision = text
+            self._ws_filter = None if text.allowed else ClientFrameFilter()
         if decision.audit:
             rec.reason = str(decision.reason) if decision.reason else None
             rec.detail = _display(decision.detail)
@@ -833,11 +847,17 @@ class _Session:
             raise _UpstreamFailed(f"upstream: connection ended inside the response ({type(event).__name__})")
 
     async def _relay_switched(self, conn: h11.Connection, rec: _Record) -> None:
-        """After ``101``: raw bytes both ways until one side ends (then the other is closed too)."""
+        """After ``101``: raw bytes both ways until one side ends (then the other is closed too).
+
+        On a websocket endpoint whose ``WEBSOCKET_TEXT`` is denied, the agent's frames pass the filter, and
+        its first text message closes both sides with 1008 (``websocket`` module).
+        """
         self.stats.upgraded = True
         up = self.up
         assert up is not None and self.upstream is not None
-        await self._up_send(conn.trailing_data[0])
+        frames = self._ws_filter
+        first_bytes = conn.trailing_data[0]
+        await self._up_send(frames.feed(first_bytes) if frames is not None else first_bytes)
         await self._agent_send(up.trailing_data[0])
         ended: list[str] = []
 
@@ -845,7 +865,7 @@ class _Session:
                        scope: trio.CancelScope) -> None:  # fmt: skip
             receiving = True
             try:
-                while True:
+                while frames is None or frames.stopped is None:
                     receiving = True
                     with trio.move_on_after(self.limits.idle_timeout) as idle:
                         data = await src.receive_some(self.limits.chunk)
@@ -856,23 +876,47 @@ class _Session:
                         ended.append(src_name)
                         break
                     receiving = False
-                    await dst.send_all(data)
                     if src_name == "agent":
+                        data = frames.feed(data) if frames is not None else data
                         self.stats.bytes_up += len(data)
                     else:
                         self.stats.bytes_down += len(data)
+                    await dst.send_all(data)
             except _STREAM_ERRORS as exc:
                 ended.append(f"{src_name if receiving else dst_name}: {type(exc).__name__}")
                 self.clean = False
             scope.cancel()
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(pump, self.agent, self.upstream, "agent", "upstream", nursery.cancel_scope)
-            nursery.start_soon(pump, self.upstream, self.agent, "upstream", "agent", nursery.cancel_scope)
+        if frames is None or frames.stopped is None:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pump, self.agent, self.upstream, "agent", "upstream", nursery.cancel_scope)
+                nursery.start_soon(pump, self.upstream, self.agent, "upstream", "agent", nursery.cancel_scope)
+        if frames is not None and frames.stopped is not None:
+            await self._close_websocket(rec, frames.stopped)
+            return
         first = ended[0] if ended else "cancelled"
         why = (CloseReason.IDLE if first == "idle" else CloseReason.AGENT if first.startswith("agent")
                else CloseReason.UPSTREAM)  # fmt: skip
         self._end(why, first if ":" in first else None, clean=self.clean)
+
+    async def _close_websocket(self, rec: _Record, stop: FilterStop) -> None:
+        denied = stop is FilterStop.TEXT_DENIED
+        code = CloseCode.POLICY_VIOLATION if denied else CloseCode.PROTOCOL_ERROR
+        reason = "text messages are not permitted by policy" if denied else "protocol error"
+        text = self._ws_text_decision
+        event = _Record(started=trio.current_time(), method="WEBSOCKET_TEXT", path=rec.path, decision="deny",
+                        rule=text.rule if text else rec.rule, endpoint=text.endpoint if text else rec.endpoint,
+                        reason=str(stop), status=int(code),
+                        detail=_display(text.detail) if denied and text else reason)  # fmt: skip
+        self._request_event(event)
+        with trio.move_on_after(1.0):
+            try:
+                await self.agent.send_all(server_close_frame(code, reason))
+                assert self.upstream is not None
+                await self.upstream.send_all(client_close_frame(code, reason))
+            except _STREAM_ERRORS:
+                self.clean = False
+        self._end(CloseReason.DENIED if denied else CloseReason.MALFORMED, str(stop), clean=self.clean)
 
 
 class _Done(Exception):
