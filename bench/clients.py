@@ -5,16 +5,19 @@ Rules:
 2. Blocking sockets where one connection is measured at a time (bulk, sequential setup): they have the
    least client overhead. asyncio's ``sock_*`` calls where many are in flight (concurrent setup, idle
    holds): one thread, no GIL hand-offs, cheap enough that the client is not the bottleneck.
-3. A setup sample is the full connect + CONNECT + 1 KiB request/response + close, timed by the client.
-4. Nothing here retries: a failed connection is counted, never hidden, and so is its kind
+3. A setup sample is the full connect + CONNECT + 1 KiB request/response, timed by the client.
+4. The upstream closes first (see ``bench.upstream``): after its clock stops, the client waits for the
+   upstream's FIN (at most ``EOF_WAIT`` seconds) before it closes, so no TIME_WAIT lands on our side.
+5. Nothing here retries: a failed connection is counted, never hidden, and so is its kind
    (``error_kinds``: exception type and message, e.g. ``TunnelRefused: CONNECT refused: 403 Forbidden``).
-5. Every batch has a time budget: a slow contender measures fewer connections instead of holding up
+6. Every batch has a time budget: a slow contender measures fewer connections instead of holding up
    the run, and the number it reached is part of the result.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 from collections import Counter
@@ -32,6 +35,7 @@ from bench.wire import (
 
 Address = tuple[str, int]
 CHUNK = 1024 * 1024
+EOF_WAIT = 5.0
 REQUEST = bytes(range(256)) * (ECHO_SIZE // 256)
 
 
@@ -80,6 +84,24 @@ def open_tunnel(proxy: Address | None, target: Address, timeout: float) -> socke
     return sock
 
 
+def _await_eof(sock: socket.socket) -> None:
+    """Read until the peer's FIN (untimed: after the measurement), so that it is the side that closed first."""
+    sock.settimeout(EOF_WAIT)
+    try:
+        while sock.recv(CHUNK):
+            pass
+    except OSError:
+        pass
+
+
+async def _async_await_eof(sock: socket.socket) -> None:
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(OSError, TimeoutError):
+        async with asyncio.timeout(EOF_WAIT):
+            while await loop.sock_recv(sock, 4096):
+                pass
+
+
 def _recv_exact_into(sock: socket.socket, view: memoryview) -> None:
     got = 0
     while got < len(view):
@@ -118,7 +140,9 @@ def bulk(proxy: Address | None, target: Address, direction: Direction, size: int
                 if not n:
                     raise WireError(f"download ended {remaining} bytes short")
                 remaining -= n
-        return BulkResult(size, time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        _await_eof(sock)
+        return BulkResult(size, seconds)
 
 
 def one_exchange(proxy: Address | None, target: Address, timeout: float) -> float:
@@ -127,7 +151,9 @@ def one_exchange(proxy: Address | None, target: Address, timeout: float) -> floa
     with open_tunnel(proxy, target, timeout) as sock:
         sock.sendall(REQUEST)
         _recv_exact_into(sock, memoryview(bytearray(ECHO_SIZE)))
-    return time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        _await_eof(sock)
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -207,10 +233,10 @@ async def _setup_concurrent(
                     sock = await _async_tunnel(proxy, target)
                     with sock:
                         await _async_exchange(sock)
+                        latencies.append(time.perf_counter() - start)
+                        await _async_await_eof(sock)
             except (OSError, WireError, TimeoutError) as exc:
                 kinds[error_kind(exc)] += 1
-                continue
-            latencies.append(time.perf_counter() - start)
 
     start = time.perf_counter()
     deadline = start + budget
@@ -236,10 +262,34 @@ class IdleHold:
     seconds: float  # time to open them all
     error_kinds: dict[str, int] = field(default_factory=dict)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 30.0) -> None:
+        """End the hold the upstream's way: one more byte asks it to close, we close on its FIN.
+
+        The upstream closing first keeps TIME_WAIT out of our (and every proxy's) port space; see
+        ``bench.upstream``. A connection that does not end within ``timeout`` is just closed.
+        """
+        if self.sockets:
+            asyncio.run(_release(self.sockets, timeout))
         for sock in self.sockets:
             sock.close()
         self.sockets.clear()
+
+
+async def _release(sockets: list[socket.socket], within: float) -> None:
+    loop = asyncio.get_running_loop()
+
+    async def one(sock: socket.socket) -> None:
+        try:
+            await loop.sock_sendall(sock, b"!")
+            while await loop.sock_recv(sock, 4096):
+                pass
+        except OSError:
+            pass
+
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(within), asyncio.TaskGroup() as group:
+            for sock in sockets:
+                group.create_task(one(sock))
 
 
 async def _open_idle(

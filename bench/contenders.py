@@ -61,6 +61,7 @@ class BenchContext:
     client_copy: Path | None = None  # the 0755 copy of the client driver (bench.remote.client_copy)
     upstream_bulk: Address | None = None  # the upstream's listeners, as every contender reaches them
     upstream_echo: Address | None = None
+    upstream_idle: Address | None = None
     upstream_host_reason: str = ""  # why the upstream is on loopback instead of its own host, if it is
 
 

@@ -116,11 +116,12 @@ class Upstream:
                                    stdout=subprocess.PIPE)  # fmt: skip
         assert self.proc.stdout is not None
         words = self.proc.stdout.readline().split()
-        if len(words) != 3 or words[0] != b"READY":
+        if len(words) != 4 or words[0] != b"READY":
             self.stop()
             raise RuntimeError(f"upstream did not start: {words!r}")
         self.bulk: Address = (address, int(words[1]))
-        self.echo: Address = (address, int(words[2]))
+        self.echo: Address = (address, int(words[2]))  # one 1 KiB echo, then the upstream closes
+        self.idle: Address = (address, int(words[3]))  # one 1 KiB echo, then held until the client ends it
 
     def stop(self) -> None:
         if self.proc.stdin:
@@ -225,7 +226,7 @@ def restart_all(
 def fresh_rss(contender: Contender, probe: Probe) -> int:
     """RSS (KiB) of a just-started contender after a few connections have warmed it up."""
     with contextlib.suppress(Exception):
-        probe.client.open_idle(probe.proxy, probe.echo, 16, 16, probe.config.timeout, budget=5.0).close()
+        probe.client.open_idle(probe.proxy, probe.idle, 16, 16, probe.config.timeout, budget=5.0).close()
     time.sleep(0.2)
     return procstat.memory(contender.pids()).rss_kib
 
@@ -311,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         if host_reason:
             run_notes.append(f"upstream on 127.0.0.1 ({host_reason})")
         upstream = Upstream(host)
-        ctx = BenchContext(workdir, setup_peers.PEERS_VENV, nofile, copy, upstream.bulk, upstream.echo, host_reason)
+        ctx = BenchContext(workdir, setup_peers.PEERS_VENV, nofile, copy, upstream.bulk, upstream.echo, upstream.idle,
+                           host_reason)  # fmt: skip
         local = LocalClient(copy)
         facts["harness client"] = local.driver.facts
         for name in args.contender_names:
@@ -334,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             assert upstream is not None and local is not None
             client = contender.client() or local.get()
             return Probe(contender, client, proxy, contender.target(upstream.bulk), contender.target(upstream.echo),
-                         config)  # fmt: skip
+                         contender.target(upstream.idle), config)  # fmt: skip
 
         for contender, proxy in started:
             warm_up(probe(contender, proxy))
@@ -388,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_facts(),
         "peers": setup_peers.versions(),
         "clients": facts,
-        "upstream": {"bulk": list(upstream.bulk), "echo": list(upstream.echo)} if upstream else None,
+        "upstream": {"bulk": upstream.bulk, "echo": upstream.echo, "idle": upstream.idle} if upstream else None,
         "config": asdict(config) | {"nofile": nofile},
         "contenders": results.contenders,
         "skipped": results.skipped,

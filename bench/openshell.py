@@ -118,14 +118,15 @@ class OpenShell(Contender):
         ctx = self.ctx
         if ctx.upstream_host_reason:
             raise ContenderUnavailable(ctx.upstream_host_reason)
-        if ctx.client_copy is None or ctx.upstream_echo is None or ctx.upstream_bulk is None:
+        listeners = [a for a in (ctx.upstream_bulk, ctx.upstream_echo, ctx.upstream_idle) if a is not None]
+        if ctx.client_copy is None or ctx.upstream_echo is None or len(listeners) != 3:
             raise ContenderUnavailable("the harness gave no client copy or upstream")
         if not SYSTEM_PYTHON.exists():
             raise ContenderUnavailable(f"{SYSTEM_PYTHON} is needed for the agent (another uid cannot read ours)")
         self.dir.mkdir(parents=True, exist_ok=True)
         policy = self.dir / "policy.yaml"
         binary = os.path.realpath(SYSTEM_PYTHON)  # what the boundary reports: the bytes behind /proc/PID/exe
-        policy.write_text(render_policy(ctx.upstream_echo[0], [ctx.upstream_bulk[1], ctx.upstream_echo[1]], binary))
+        policy.write_text(render_policy(ctx.upstream_echo[0], [port for _, port in listeners], binary))
         self.dns = RefusingDns()
         argv = [
             sys.executable, "-m", "supervisor.cli", "dev", f"--policy={policy}",

@@ -52,7 +52,8 @@ class Probe:
     client: ClientDriver  # where the client runs: the harness's driver, or the sandbox's agent
     proxy: Address | None
     bulk: Address  # the upstream listeners, as the contender wants them named in CONNECT
-    echo: Address
+    echo: Address  # one echo, then the upstream closes (setup)
+    idle: Address  # one echo, then held (idle)
     config: Config
     fresh_rss_kib: int | None = None  # the contender's RSS right after its restart for the idle scenarios
 
@@ -153,7 +154,7 @@ def _idle(count: int) -> Callable[[Probe], Outcome]:
         baseline_fds = procstat.open_fds(pids)
         exact_peak = procstat.reset_peak(pids)
         hold = probe.client.open_idle(
-            probe.proxy, probe.echo, count, cfg.idle_open_concurrency, cfg.timeout, cfg.idle_budget
+            probe.proxy, probe.idle, count, cfg.idle_open_concurrency, cfg.timeout, cfg.idle_budget
         )
         opened = hold.opened
         daemons: dict[str, float | None] = {f"{name} peak": None for name in DAEMONS}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -39,13 +40,37 @@ def test_budget_stops_a_batch_early(upstream: Upstream) -> None:
 
 
 def test_idle_connections_are_held_until_closed(upstream: Upstream) -> None:
-    hold = clients.open_idle(None, upstream.echo, 50, 10, timeout=10, budget=30)
+    hold = clients.open_idle(None, upstream.idle, 50, 10, timeout=10, budget=30)
     try:
         assert len(hold.sockets) == 50 and hold.errors == 0
         assert all(s.fileno() >= 0 for s in hold.sockets)
     finally:
         hold.close()
     assert hold.sockets == []
+
+
+def _time_wait_ports() -> list[tuple[int, int]]:
+    """(local port, remote port) of every IPv4 TCP socket in TIME_WAIT in this namespace."""
+    found = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "06":
+            found.append((int(fields[1].split(":")[1], 16), int(fields[2].split(":")[1], 16)))
+    return found
+
+
+def test_upstream_closes_first_so_no_client_keeps_time_wait(upstream: Upstream) -> None:
+    assert len(clients.setup_sequential(None, upstream.echo, 20, timeout=10, budget=30).latencies) == 20
+    assert len(clients.setup_concurrent(None, upstream.echo, 20, 5, timeout=10, budget=30).latencies) == 20
+    hold = clients.open_idle(None, upstream.idle, 20, 5, timeout=10, budget=30)
+    hold.close()
+    for direction in Direction:
+        clients.bulk(None, upstream.bulk, direction, 1000, timeout=10)
+    waits = _time_wait_ports()
+    ports = {upstream.echo[1], upstream.idle[1], upstream.bulk[1]}
+    assert not [w for w in waits if w[1] in ports], "a client closed first and holds TIME_WAIT"
+    assert sum(1 for w in waits if w[0] == upstream.echo[1]) >= 40  # they are the upstream's, as designed
+    assert sum(1 for w in waits if w[0] == upstream.idle[1]) >= 20
 
 
 class FakeProxy:

@@ -67,7 +67,7 @@ def test_every_operation_answers_like_the_client(driver: ClientDriver, upstream:
     assert len(sequential.latencies) == 20 and sequential.errors == 0
     concurrent = driver.setup_concurrent(None, upstream.echo, 40, 8, timeout=10, budget=30)
     assert len(concurrent.latencies) == 40 and concurrent.errors == 0
-    hold = driver.open_idle(None, upstream.echo, 30, 8, timeout=10, budget=30)
+    hold = driver.open_idle(None, upstream.idle, 30, 8, timeout=10, budget=30)
     assert (hold.opened, hold.errors) == (30, 0)
     assert driver.call("idle_close", {}, deadline=5) == {"closed": 30}
     assert driver.call("idle_close", {}, deadline=5) == {"closed": 0}

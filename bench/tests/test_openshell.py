@@ -107,7 +107,7 @@ def test_full_path_moves_bytes_and_stop_leaves_nothing(host: netns.UpstreamHost,
         pytest.skip("dev mode runs the agent under another uid here only as root, with /usr/bin/python3")
     upstream = Upstream(host)
     copy = client_copy()
-    contender = OpenShell(BenchContext(tmp_path, PEERS_VENV, 4096, copy, upstream.bulk, upstream.echo))
+    contender = OpenShell(BenchContext(tmp_path, PEERS_VENV, 4096, copy, upstream.bulk, upstream.echo, upstream.idle))
     try:
         assert contender.start() == PROXY
         driver = contender.client()
@@ -116,6 +116,9 @@ def test_full_path_moves_bytes_and_stop_leaves_nothing(host: netns.UpstreamHost,
         for direction in Direction:
             assert driver.bulk(PROXY, upstream.bulk, direction, size, timeout=30).size == size
         assert len(driver.setup_sequential(PROXY, upstream.echo, 5, timeout=10, budget=30).latencies) == 5
+        hold = driver.open_idle(PROXY, upstream.idle, 5, 5, timeout=10, budget=30)
+        assert (hold.opened, hold.errors) == (5, 0)
+        hold.close()
         groups = contender.pid_groups()
         assert len(groups["control"]) == 1 and len(groups["boundary"]) == 1
         for pid in contender.pids():  # the daemons only: never the agent (the driver) nor what it runs
