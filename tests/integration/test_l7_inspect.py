@@ -118,7 +118,7 @@ class Origin:
                     await self._upgrade(stream, conn)
                     return
                 await self._answer(stream, conn, seen)
-                if conn.our_state is h11.MUST_CLOSE:
+                if conn.our_state is h11.MUST_CLOSE or seen.target == "/drop":  # /drop: close without notice
                     return
                 conn.start_next_cycle()
         except (h11.RemoteProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
@@ -271,6 +271,7 @@ class Env:
         upstream_ssl: ssl.SSLContext | None = None,
         connect: Callable[[], Awaitable[trio.abc.HalfCloseableStream]] | None = None,
         is_current: Callable[[int], bool] | None = None,
+        idle_timeout: float = 10,
     ) -> tuple[Any, InspectStats]:
         origin = self.tls_origin if port == 443 else self.plain_origin
 
@@ -294,7 +295,7 @@ class Env:
                     connect_upstream=connect or dial, ca=self.ca, credentials=self.credentials,
                     upstream_ssl=upstream_ssl or self.upstream_ssl(),
                     log=JsonLog("control", stream=self.log), event_fields={"conn_id": "c1", "binary": CURL},
-                    is_current=is_current, limits=Limits(idle_timeout=10, drain_timeout=0.2),
+                    is_current=is_current, limits=Limits(idle_timeout=idle_timeout, drain_timeout=0.2),
                 )  # fmt: skip
         assert SECRET not in self.log.getvalue() and OTHER_SECRET not in self.log.getvalue()
         return result["value"], stats
@@ -692,3 +693,19 @@ async def test_policy_revision_closes_before_the_next_request(env: Env) -> None:
     statuses, stats = await env.run(client, is_current=is_current)
     assert [s.target for s in env.tls_origin.requests] == ["/one"] and stats.closed_by == "policy-revision"
     assert statuses in ([200], [-1], [200, -1])
+
+
+async def test_a_kept_alive_upstream_that_went_away_is_redialled_for_a_bodiless_request(env: Env) -> None:
+    calls = [("GET", "/drop", {}, None), ("GET", "/next", {}, None)]
+    replies, stats = await env.run(tls_calls(env, calls))
+    assert [r.status for r in replies] == [200, 200] and env.tls_origin.connections == 2
+    assert [s.target for s in env.tls_origin.requests] == ["/drop", "/next"] and stats.requests == 2
+
+
+async def test_idle_agent_is_closed(env: Env) -> None:
+    def client(port: int) -> bytes:
+        sock = agent_socket(port, env.ca.cert_pem)
+        return raw_exchange(sock, b"", wait=5)
+
+    reply, stats = await env.run(client, idle_timeout=0.3)
+    assert reply == b"" and stats.closed_by == "idle-timeout" and stats.requests == 0

@@ -142,6 +142,7 @@ class _Record:
     request_done: bool = False
     response_started: bool = False
     has_body: bool = False
+    expects_continue: bool = False  # the agent waits for 100 Continue before sending its body
     head_method: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -229,6 +230,9 @@ class _Session:
         except trio.Cancelled:
             self._end(CloseReason.POLICY if self._stale() else CloseReason.ERROR, "cancelled", clean=False)
             raise
+        except Exception as exc:  # a bug here must cost one connection, and its text may hold request bytes
+            self._tunnel_event("internal-error", reason=type(exc).__name__)
+            self._end(CloseReason.ERROR, type(exc).__name__, clean=False)
         finally:
             await self._close()
         return self.stats
@@ -476,6 +480,7 @@ class _Session:
             self._malformed(rec, str(exc.problem), exc.detail)
         rec.method = head.method.upper()
         rec.has_body = head.chunked or bool(head.content_length)
+        rec.expects_continue = "100-continue" in head.tokens("expect")
         rec.head_method = rec.method == "HEAD"
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES + 1)
         conn.receive_data(raw + bytes(self.buffer))
@@ -600,7 +605,7 @@ class _Session:
         rec.status = response.status
         await self._write_response(conn, rec, response)
         self._request_event(rec)
-        if rec.has_body:
+        if rec.has_body and not rec.expects_continue:
             await self._drain()
         self._end(CloseReason.DENIED)
         return False
@@ -683,7 +688,7 @@ class _Session:
         else:
             rec.decision = "error"
         self._request_event(rec)
-        if rec.has_body:
+        if rec.has_body and not rec.expects_continue:
             await self._drain()
         self._end(CloseReason.UPSTREAM_FAILED, reason)
         return False
