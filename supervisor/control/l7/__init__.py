@@ -2,15 +2,17 @@
 
 The entry point is :func:`inspect` (one admitted connection); :class:`InterceptionCA` mints the CA and its
 leaves; :func:`upstream_context` builds the verifying client context for the upstream leg. Everything but
-``session`` (and the stream helpers) is pure: ``head`` (smuggling checks), ``authority`` (domain-fronting
-defence), ``sniff`` (what the agent speaks), ``rewrite`` (placeholders to secrets).
+``session``, ``upgrade`` and the stream helpers is pure: ``head`` (smuggling checks), ``authority``
+(domain-fronting defence), ``sniff`` (what the agent speaks), ``rewrite`` (placeholders to secrets),
+``websocket`` (the client-frame filter), ``answers`` (refusals) and ``record`` (events and totals).
 """
 
 from .authority import AuthorityError, AuthoritySource, RequestAuthority, request_authority, same_authority
 from .ca import ALPN_HTTP1, InterceptionCA, LeafError
 from .head import MAX_HEAD_BYTES, HeadError, HeadProblem, RequestHead, check_head, find_head_end
+from .record import CloseReason, InspectStats
 from .rewrite import REDACTED, CredentialRefusal, Rewritten, redact_path, redact_query, rewrite_request
-from .session import CloseReason, InspectStats, Limits, inspect
+from .session import Limits, inspect
 from .sniff import TunnelProtocol, sniff
 from .upstream_tls import UnsafeUpstreamContext, upstream_context
 

@@ -26,22 +26,24 @@ endpoint asks for inspection (or that carries credentials). It owns both streams
 
 from __future__ import annotations
 
-import enum
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 import h11
 import trio
 
 from supervisor.control.credentials import Credentials
+from supervisor.control.l7 import answers
 from supervisor.control.l7.authority import AuthorityError, AuthoritySource, request_authority, same_authority
 from supervisor.control.l7.ca import InterceptionCA, LeafError
-from supervisor.control.l7.head import MAX_HEAD_BYTES, HeadError, RequestHead, check_head, find_head_end
-from supervisor.control.l7.rewrite import REDACTED, CredentialRefusal, redact_path, redact_query, rewrite_request
+from supervisor.control.l7.head import MAX_HEAD_BYTES, HeadError, check_head, find_head_end
+from supervisor.control.l7.record import CloseReason, InspectStats, RequestRecord, display_path
+from supervisor.control.l7.rewrite import CredentialRefusal, redact_path, redact_query, rewrite_request
 from supervisor.control.l7.sniff import SNIFF_BYTES, SNIFF_WAIT_S, TunnelProtocol, sniff
 from supervisor.control.l7.streams import PrefixedStream, abort_all
+from supervisor.control.l7.upgrade import relay_upgraded
 from supervisor.control.l7.upstream_tls import check_upstream_context
 from supervisor.control.l7.websocket import (
     ClientFrameFilter,
@@ -49,6 +51,7 @@ from supervisor.control.l7.websocket import (
     FilterStop,
     client_close_frame,
     server_close_frame,
+    websocket_upgrade,
 )
 from supervisor.control.policy import (
     Decision,
@@ -64,10 +67,9 @@ from supervisor.control.upstream import UpstreamError
 from supervisor.jsonlog import JsonLog
 from supervisor.protocol.responses import ErrorCode, ErrorResponse
 
-__all__ = ["CloseReason", "InspectStats", "Limits", "inspect"]
+__all__ = ["Limits", "inspect"]
 
 _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
-_REDACTED_WIRE = "%5BCREDENTIAL%5D"  # REDACTED as the canonicaliser spells it
 _RESERVED_EVENT_KEYS = frozenset({"event", "time", "component"})
 _MAX_DRAIN = 1 << 20
 
@@ -83,35 +85,6 @@ class Limits:
     max_upstream_head: int = 64 * 1024
 
 
-class CloseReason(enum.StrEnum):
-    """Why an inspected connection ended; the value is the ``closed_by`` string in stats and events."""
-
-    AGENT = "agent"
-    UPSTREAM = "upstream"
-    DENIED = "denied"
-    MALFORMED = "malformed-request"
-    UNSUPPORTED = "unsupported-protocol"
-    AGENT_TLS = "agent-tls-failed"
-    UPSTREAM_FAILED = "upstream-failed"
-    IDLE = "idle-timeout"
-    POLICY = "policy-revision"
-    ERROR = "error"
-
-
-@dataclass
-class InspectStats:
-    protocol: str = ""  # a TunnelProtocol value
-    requests: int = 0
-    allowed: int = 0
-    audited: int = 0
-    denied: int = 0
-    bytes_up: int = 0  # body bytes agent → upstream (and raw bytes after an upgrade)
-    bytes_down: int = 0  # body bytes upstream → agent
-    upgraded: bool = False
-    closed_by: str = ""  # a CloseReason value
-    error: str | None = None
-
-
 class _AgentFailed(Exception):
     pass
 
@@ -120,51 +93,9 @@ class _UpstreamFailed(Exception):
     pass
 
 
-@dataclass
-class _Record:
-    """One request, as its event will tell it."""
-
-    started: float
-    method: str = ""
-    path: str | None = None  # redacted, query-free
-    decision: str = "deny"
-    rule: str | None = None
-    endpoint: str | None = None
-    l7_rule: str | None = None
-    reason: str | None = None
-    detail: str | None = None
-    status: int | None = None
-    bytes_up: int = 0
-    bytes_down: int = 0
-    credentials: tuple[str, ...] = ()
-    upgrade: str | None = None
-    error: str | None = None
-    request_done: bool = False
-    response_started: bool = False
-    has_body: bool = False
-    expects_continue: bool = False  # the agent waits for 100 Continue before sending its body
-    head_method: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def _display(path: str | None) -> str | None:
-    return None if path is None else path.replace(_REDACTED_WIRE, REDACTED)
-
-
 def _authority_text(host: str, port: int, tls: bool) -> str:
     shown = f"[{host}]" if ":" in host else host
     return shown if port == (443 if tls else 80) else f"{shown}:{port}"
-
-
-def _websocket_upgrade(head: RequestHead) -> bool:
-    """RFC 6455 §4.1 client handshake shape: GET, Connection: upgrade, Upgrade: websocket, key, version 13."""
-    return (
-        head.method == "GET"
-        and "upgrade" in head.tokens("connection")
-        and head.tokens("upgrade") == {"websocket"}
-        and len(head.values("sec-websocket-key")) == 1
-        and head.values("sec-websocket-version") == ["13"]
-    )
 
 
 def _endpoint_protocol(snapshot: PolicySnapshot, decision: Decision) -> Protocol | None:
@@ -393,41 +324,14 @@ class _Session:
         self.log.emit("http.tunnel", **{**self.fields, "destination": f"{self.name}:{self.port}", "stage": what,
                                         **fields})  # fmt: skip
 
-    def _request_event(self, rec: _Record) -> None:
-        self.stats.requests += 1
-        if rec.decision == "allow":
-            self.stats.allowed += 1
-        elif rec.decision == "audit":
-            self.stats.audited += 1
-        elif rec.decision == "deny":
-            self.stats.denied += 1
-        self.stats.bytes_up += rec.bytes_up
-        self.stats.bytes_down += rec.bytes_down
-        self.log.emit("http", **{
-            **self.fields,
-            "destination": f"{self.name}:{self.port}",
-            "tls": self.tls,
-            "policy_generation": self.snapshot.generation,
-            "method": rec.method or None,
-            "path": rec.path,
-            "decision": rec.decision,
-            "rule": rec.rule,
-            "endpoint": rec.endpoint,
-            "l7_rule": rec.l7_rule,
-            "reason": rec.reason,
-            "detail": rec.detail,
-            "status": rec.status,
-            "bytes_up": rec.bytes_up,
-            "bytes_down": rec.bytes_down,
-            "credentials": list(rec.credentials) or None,
-            "upgrade": rec.upgrade,
-            "error": rec.error,
-            "duration_ms": round((trio.current_time() - rec.started) * 1000, 3),
-            **rec.extra,
-        })  # fmt: skip
+    def _request_event(self, rec: RequestRecord) -> None:
+        self.stats.count(rec)
+        self.log.emit("http", **{**self.fields, "destination": f"{self.name}:{self.port}", "tls": self.tls,
+                                 "policy_generation": self.snapshot.generation,
+                                 **rec.event_fields(trio.current_time())})  # fmt: skip
 
     # --- one request -------------------------------------------------------------------------------------------
-    async def _read_head(self, rec: _Record) -> bytes | None:
+    async def _read_head(self, rec: RequestRecord) -> bytes | None:
         """The next head, or ``None`` when the connection ends cleanly (EOF or idle) before one starts."""
         deadline: float | None = None
         while True:
@@ -452,7 +356,7 @@ class _Session:
                 return None
             self.buffer += data
 
-    def _malformed(self, rec: _Record, reason: str, detail: str) -> NoReturn:
+    def _malformed(self, rec: RequestRecord, reason: str, detail: str) -> NoReturn:
         rec.reason = reason
         rec.detail = f"HTTP request rejected before policy evaluation: {detail}"
         self._request_event(rec)
@@ -460,13 +364,13 @@ class _Session:
         raise _Done
 
     async def _one_request(self) -> bool:
-        rec = _Record(started=trio.current_time())
+        rec = RequestRecord(started=trio.current_time())
         try:
             return await self._request(rec)
         except _Done:
             return False
 
-    async def _request(self, rec: _Record) -> bool:
+    async def _request(self, rec: RequestRecord) -> bool:
         try:
             raw = await self._read_head(rec)
         except HeadError as exc:
@@ -500,19 +404,14 @@ class _Session:
         if not same_authority(authority, self.name, self.port):
             rec.extra["request_authority"] = f"{authority.host}:{authority.port}"
             rec.extra["finding"] = "openshell.http.request_authority_mismatch"
-            return await self._refuse(conn, rec, ErrorResponse(
-                403, ErrorCode.REQUEST_AUTHORITY_MISMATCH,
-                f"HTTP request authority {authority.host}:{authority.port} does not match the authorized tunnel "
-                f"endpoint {self.name}:{self.port}",
-            ), reason="request-authority-mismatch")  # fmt: skip
+            mismatch = answers.authority_mismatch(authority.host, authority.port, self.name, self.port)
+            return await self._refuse(conn, rec, mismatch, reason="request-authority-mismatch")
 
         # protocols we do not carry (§3.10.1)
         upgrade = head.tokens("upgrade") if "upgrade" in head.tokens("connection") else set()
         if rec.method == "CONNECT" or "h2c" in head.tokens("upgrade") or (upgrade and upgrade != {"websocket"}):
             what = "CONNECT inside a tunnel" if rec.method == "CONNECT" else f"Upgrade: {', '.join(sorted(upgrade))}"
-            return await self._refuse(conn, rec, ErrorResponse(
-                403, ErrorCode.UNSUPPORTED_L7_PROTOCOL, f"{what} is not supported for L7-inspected endpoints",
-            ), reason="unsupported-l7-protocol")  # fmt: skip
+            return await self._refuse(conn, rec, answers.unsupported(what), reason="unsupported-l7-protocol")
         rec.upgrade = "websocket" if upgrade else None
 
         # canonical target; policy and logs see placeholders redacted (§3.8.3, §3.13)
@@ -528,19 +427,19 @@ class _Session:
             policy_target = head.target
         decision = self.snapshot.decide_l7(self.l4, rec.method, policy_target)
         rec.rule, rec.endpoint, rec.l7_rule = decision.rule, decision.endpoint, decision.l7_rule
-        rec.path = _display(decision.path) if decision.path is not None else (
-            _display(redact_path(self.creds, canon.path)) if canon is not None else None)  # fmt: skip
+        rec.path = display_path(decision.path) if decision.path is not None else (
+            display_path(redact_path(self.creds, canon.path)) if canon is not None else None)  # fmt: skip
         if decision.allowed and canon is None:
             return await self._refuse(conn, rec, ErrorResponse(
                 400, ErrorCode.INVALID_REQUEST_TARGET, "request-target must be canonical"), reason="path-not-canonical")
         if decision.allowed and _endpoint_protocol(self.snapshot, decision) is Protocol.WEBSOCKET \
-                and not _websocket_upgrade(head):  # fmt: skip
+                and not websocket_upgrade(head):  # fmt: skip
             decision = replace(decision, verdict=Verdict.DENY, audit=False, reason=DenyReason.L7_DENIED,
                                detail="websocket endpoint requires a valid WebSocket upgrade request")
         if not decision.allowed:
             return await self._refuse(conn, rec, self._l7_denied(decision, rec),
                                       reason=str(decision.reason) if decision.reason else "l7-denied",
-                                      detail=_display(decision.detail))  # fmt: skip
+                                      detail=display_path(decision.detail))  # fmt: skip
         rec.decision = "audit" if decision.audit else "allow"
         if rec.upgrade == "websocket" and _endpoint_protocol(self.snapshot, decision) is Protocol.WEBSOCKET:
             # payloads are never matched (§3.10.5): one answer holds for every text message of this connection
@@ -549,7 +448,7 @@ class _Session:
             self._ws_filter = None if text.allowed else ClientFrameFilter()
         if decision.audit:
             rec.reason = str(decision.reason) if decision.reason else None
-            rec.detail = _display(decision.detail)
+            rec.detail = display_path(decision.detail)
         assert canon is not None
 
         # credentials: resolved only now, for this endpoint only
@@ -572,32 +471,13 @@ class _Session:
                               headers=headers)  # fmt: skip
         return await self._forward(conn, rec, request)
 
-    def _l7_denied(self, decision: Decision, rec: _Record) -> ErrorResponse:
-        method, path = rec.method, rec.path or "/"
-        fields: dict[str, Any] = {
-            "policy": decision.rule,
-            "rule": f"{method} {path}",
-            "reason": str(decision.reason) if decision.reason else None,
-            "layer": "l7",
-            "protocol": "rest",
-            "method": method,
-            "path": path,
-            "host": self.name,
-            "port": self.port,
-        }
-        if isinstance(self.fields.get("binary"), str):
-            fields["binary"] = self.fields["binary"]
-        fields["rule_missing"] = {"type": "rest_allow", "layer": "l7", "method": method, "path": path,
-                                  "host": self.name, "port": self.port}  # fmt: skip
-        where = f" in policy '{decision.rule}'" if decision.rule else ""
-        fields["next_steps"] = [f"ask the sandbox operator to allow {method} {path} on {self.name}:{self.port}{where}"]
-        headers: tuple[tuple[str, str], ...] = ()
-        if decision.rule and decision.rule.isascii() and decision.rule.isprintable():
-            headers = (("X-OpenShell-Policy", decision.rule),)
-        return ErrorResponse(403, ErrorCode.POLICY_DENIED, _display(decision.detail) or "request denied by policy",
-                             fields, headers)  # fmt: skip
+    def _l7_denied(self, decision: Decision, rec: RequestRecord) -> ErrorResponse:
+        binary = self.fields.get("binary")
+        return answers.policy_denied(decision, method=rec.method, path=rec.path or "/", host=self.name,
+                                     port=self.port, detail=display_path(decision.detail) or "",
+                                     binary=binary if isinstance(binary, str) else None)  # fmt: skip
 
-    async def _refuse(self, conn: h11.Connection, rec: _Record, response: ErrorResponse, *, reason: str,
+    async def _refuse(self, conn: h11.Connection, rec: RequestRecord, response: ErrorResponse, *, reason: str,
                       detail: str | None = None) -> bool:  # fmt: skip
         rec.decision = "deny"
         rec.reason = reason
@@ -610,7 +490,7 @@ class _Session:
         self._end(CloseReason.DENIED)
         return False
 
-    async def _write_response(self, conn: h11.Connection | None, rec: _Record, response: ErrorResponse) -> None:
+    async def _write_response(self, conn: h11.Connection | None, rec: RequestRecord, response: ErrorResponse) -> None:
         if conn is None or conn.our_state is not h11.SEND_RESPONSE:
             await self._send_quietly(response.render())
             return
@@ -635,16 +515,12 @@ class _Session:
                 seen += len(data)
 
     # --- upstream ------------------------------------------------------------------------------------------------
-    async def _open_upstream(self, conn: h11.Connection, rec: _Record) -> bool:
+    async def _open_upstream(self, conn: h11.Connection, rec: RequestRecord) -> bool:
         try:
             with trio.fail_after(self.limits.connect_timeout):
                 tcp = await self.connect_upstream()
         except UpstreamError as exc:
-            code = ErrorCode.SSRF_DENIED if exc.reason.ssrf else (
-                ErrorCode.UPSTREAM_TIMEOUT if exc.status == 504 else ErrorCode.UPSTREAM_UNREACHABLE)  # fmt: skip
-            status = exc.status if exc.status in (403, 502, 504) else 502
-            return await self._upstream_refusal(conn, rec, ErrorResponse(status, code, exc.detail[:500]),
-                                                str(exc.reason))  # fmt: skip
+            return await self._upstream_refusal(conn, rec, answers.dial_failure(exc), str(exc.reason))
         except trio.TooSlowError:
             late = ErrorResponse(504, ErrorCode.UPSTREAM_TIMEOUT, f"no connection to {self.name}:{self.port} in time")
             return await self._upstream_refusal(conn, rec, late, "connect-timeout")
@@ -676,7 +552,7 @@ class _Session:
         self.up = h11.Connection(h11.CLIENT, max_incomplete_event_size=self.limits.max_upstream_head)
         return True
 
-    async def _upstream_refusal(self, conn: h11.Connection, rec: _Record, response: ErrorResponse,
+    async def _upstream_refusal(self, conn: h11.Connection, rec: RequestRecord, response: ErrorResponse,
                                 reason: str) -> bool:  # fmt: skip
         rec.error = reason
         await self._write_response(conn, rec, response)
@@ -700,7 +576,7 @@ class _Session:
                 await trio.aclose_forcefully(stream)
 
     # --- forwarding ----------------------------------------------------------------------------------------------
-    async def _forward(self, conn: h11.Connection, rec: _Record, request: h11.Request) -> bool:
+    async def _forward(self, conn: h11.Connection, rec: RequestRecord, request: h11.Request) -> bool:
         for attempt in (0, 1):
             fresh = self.upstream is None
             if fresh and not await self._open_upstream(conn, rec):
@@ -745,7 +621,7 @@ class _Session:
         self.buffer = bytearray(conn.trailing_data[0])
         return True
 
-    async def _exchange(self, conn: h11.Connection, rec: _Record, request: h11.Request) -> str | None:
+    async def _exchange(self, conn: h11.Connection, rec: RequestRecord, request: h11.Request) -> str | None:
         outcome: str | None = None
         async with trio.open_nursery() as nursery:
             self._scope = nursery.cancel_scope
@@ -768,7 +644,7 @@ class _Session:
     # and the body bytes that arrived with it cost one TLS record and one syscall, not three), flushed before
     # waiting for input and whenever a chunk's worth is pending, so buffering stays bounded.
 
-    async def _pump_request(self, conn: h11.Connection, rec: _Record, request: h11.Request) -> str | None:
+    async def _pump_request(self, conn: h11.Connection, rec: RequestRecord, request: h11.Request) -> str | None:
         up = self.up
         assert up is not None
         out = bytearray(up.send(request) or b"")
@@ -804,7 +680,7 @@ class _Session:
                 return None
             raise _AgentFailed(f"agent: connection ended inside the request ({type(event).__name__})")
 
-    async def _pump_response(self, conn: h11.Connection, rec: _Record) -> str | None:
+    async def _pump_response(self, conn: h11.Connection, rec: RequestRecord) -> str | None:
         up = self.up
         assert up is not None
         out = bytearray()
@@ -851,12 +727,9 @@ class _Session:
                 return "done"
             raise _UpstreamFailed(f"upstream: connection ended inside the response ({type(event).__name__})")
 
-    async def _relay_switched(self, conn: h11.Connection, rec: _Record) -> None:
-        """After ``101``: raw bytes both ways until one side ends (then the other is closed too).
-
-        On a websocket endpoint whose ``WEBSOCKET_TEXT`` is denied, the agent's frames pass the filter, and
-        its first text message closes both sides with 1008 (``websocket`` module).
-        """
+    async def _relay_switched(self, conn: h11.Connection, rec: RequestRecord) -> None:
+        """After ``101``: raw bytes both ways (``upgrade``); on a websocket endpoint whose ``WEBSOCKET_TEXT`` is
+        denied, the agent's first text message closes both sides with 1008 (``websocket``)."""
         self.stats.upgraded = True
         up = self.up
         assert up is not None and self.upstream is not None
@@ -864,55 +737,26 @@ class _Session:
         first_bytes = conn.trailing_data[0]
         await self._up_send(frames.feed(first_bytes) if frames is not None else first_bytes)
         await self._agent_send(up.trailing_data[0])
-        ended: list[str] = []
-
-        async def pump(src: trio.abc.Stream, dst: trio.abc.Stream, src_name: str, dst_name: str,
-                       scope: trio.CancelScope) -> None:  # fmt: skip
-            receiving = True
-            try:
-                while frames is None or frames.stopped is None:
-                    receiving = True
-                    with trio.move_on_after(self.limits.idle_timeout) as idle:
-                        data = await src.receive_some(self.limits.chunk)
-                    if idle.cancelled_caught:
-                        ended.append("idle")
-                        break
-                    if not data:
-                        ended.append(src_name)
-                        break
-                    receiving = False
-                    if src_name == "agent":
-                        data = frames.feed(data) if frames is not None else data
-                        self.stats.bytes_up += len(data)
-                    else:
-                        self.stats.bytes_down += len(data)
-                    await dst.send_all(data)
-            except _STREAM_ERRORS as exc:
-                ended.append(f"{src_name if receiving else dst_name}: {type(exc).__name__}")
-                self.clean = False
-            scope.cancel()
-
         if frames is None or frames.stopped is None:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(pump, self.agent, self.upstream, "agent", "upstream", nursery.cancel_scope)
-                nursery.start_soon(pump, self.upstream, self.agent, "upstream", "agent", nursery.cancel_scope)
+            end = await relay_upgraded(self.agent, self.upstream, frames=frames, idle_timeout=self.limits.idle_timeout,
+                                       chunk=self.limits.chunk, stats=self.stats)  # fmt: skip
+            self.clean = self.clean and end.clean
         if frames is not None and frames.stopped is not None:
             await self._close_websocket(rec, frames.stopped)
             return
-        first = ended[0] if ended else "cancelled"
-        why = (CloseReason.IDLE if first == "idle" else CloseReason.AGENT if first.startswith("agent")
+        why = (CloseReason.IDLE if end.first == "idle" else CloseReason.AGENT if end.first.startswith("agent")
                else CloseReason.UPSTREAM)  # fmt: skip
-        self._end(why, first if ":" in first else None, clean=self.clean)
+        self._end(why, end.first if end.failed else None, clean=self.clean)
 
-    async def _close_websocket(self, rec: _Record, stop: FilterStop) -> None:
+    async def _close_websocket(self, rec: RequestRecord, stop: FilterStop) -> None:
         denied = stop is FilterStop.TEXT_DENIED
         code = CloseCode.POLICY_VIOLATION if denied else CloseCode.PROTOCOL_ERROR
         reason = "text messages are not permitted by policy" if denied else "protocol error"
         text = self._ws_text_decision
-        event = _Record(started=trio.current_time(), method="WEBSOCKET_TEXT", path=rec.path, decision="deny",
+        event = RequestRecord(started=trio.current_time(), method="WEBSOCKET_TEXT", path=rec.path, decision="deny",
                         rule=text.rule if text else rec.rule, endpoint=text.endpoint if text else rec.endpoint,
                         reason=str(stop), status=int(code),
-                        detail=_display(text.detail) if denied and text else reason)  # fmt: skip
+                        detail=display_path(text.detail) if denied and text else reason)  # fmt: skip
         self._request_event(event)
         with trio.move_on_after(1.0):
             try:

@@ -16,7 +16,10 @@ import enum
 import os
 import struct
 
-__all__ = ["ClientFrameFilter", "CloseCode", "FilterStop", "client_close_frame", "server_close_frame"]
+from supervisor.control.l7.head import RequestHead
+
+__all__ = ["ClientFrameFilter", "CloseCode", "FilterStop", "client_close_frame", "server_close_frame",
+           "websocket_upgrade"]
 
 _TEXT, _BINARY, _CONTINUATION = 0x1, 0x2, 0x0
 _CONTROL = frozenset({0x8, 0x9, 0xA})
@@ -120,3 +123,14 @@ def client_close_frame(code: int, reason: str = "") -> bytes:
     payload = _close_payload(code, reason)
     mask = os.urandom(4)
     return bytes([0x88, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def websocket_upgrade(head: RequestHead) -> bool:
+    """RFC 6455 §4.1 client handshake shape: GET, Connection: upgrade, Upgrade: websocket, key, version 13."""
+    return (
+        head.method == "GET"
+        and "upgrade" in head.tokens("connection")
+        and head.tokens("upgrade") == {"websocket"}
+        and len(head.values("sec-websocket-key")) == 1
+        and head.values("sec-websocket-version") == ["13"]
+    )
