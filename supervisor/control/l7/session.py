@@ -623,6 +623,13 @@ class _Session:
 
     async def _exchange(self, conn: h11.Connection, rec: RequestRecord, request: h11.Request) -> str | None:
         outcome: str | None = None
+        if not rec.has_body:
+            # nothing to upload: the request is complete before the answer starts, so no second task is needed
+            with trio.CancelScope() as self._scope:
+                await self._guarded(self._pump_request, conn, rec, request)
+                if self.failure is None:
+                    outcome = await self._guarded(self._pump_response, conn, rec)
+            return outcome
         async with trio.open_nursery() as nursery:
             self._scope = nursery.cancel_scope
             nursery.start_soon(self._guarded, self._pump_request, conn, rec, request)
