@@ -86,14 +86,14 @@ class Binding:
 
     def matches(self, host: str, port: int, path: str) -> bool:
         """``host`` normalised, ``path`` canonical and query-less."""
-        if self.ports and port not in self.ports:
-            return False
-        if self.host_glob is not None:
-            if not self.host_glob.matches(host):
-                return False
-        elif self.host != host:
+        if not self.matches_endpoint(host, port):
             return False
         return self.path_regex is None or self.path_regex.fullmatch(path) is not None
+
+    def matches_endpoint(self, host: str, port: int) -> bool:
+        if self.ports and port not in self.ports:
+            return False
+        return self.host_glob.matches(host) if self.host_glob is not None else self.host == host
 
     def describe(self) -> str:
         ports = "" if not self.ports else ":" + ",".join(map(str, self.ports))
@@ -290,6 +290,12 @@ class Credentials:
     def placeholders(self) -> dict[str, str]:
         """Environment variable name -> placeholder, for ``attach`` (rule 1: no secret in here)."""
         return {name: c.placeholder for name, c in sorted(self._by_name.items())}
+
+    def injects_at(self, host: str, port: int) -> bool:
+        """Whether some available credential is bound to ``host:port`` (on some path): such a connection needs
+        inspection even when its endpoint has no L7 rules (§3.7 passthrough-with-credentials)."""
+        host = normalize_request_host(host) or host
+        return any(c.secret is not None and any(b.matches_endpoint(host, port) for b in c.bindings) for c in self)
 
     # --- resolution ---------------------------------------------------------------------------------------------
     def tokens(self, text: str) -> Iterator[re.Match[str]]:

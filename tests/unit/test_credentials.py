@@ -148,3 +148,15 @@ def test_marker_scan_sees_every_spelling() -> None:
                  "xyz-OPENSHELL-RESOLVE-ENV-K", "openshell-resolve-env-k"):  # fmt: skip
         assert creds.has_marker(text), text
     assert not creds.has_marker("Bearer abc.def") and not Credentials.empty().has_marker("openshell")
+
+
+def test_injects_at_tells_which_connections_need_inspection() -> None:
+    creds = load({
+        "A": {"secret": SECRET, "hosts": ["api.test:443/v1/**", "*.cdn.test"]},
+        "B": {"secret_env": "UNSET", "hosts": ["b.test"]},
+        "C": {"secret": "other-secret-1"},
+    })  # fmt: skip
+    assert creds.injects_at("API.test.", 443) and creds.injects_at("x.cdn.test", 8080)
+    assert not creds.injects_at("api.test", 80)
+    assert not creds.injects_at("b.test", 443)  # no secret: nothing to inject
+    assert not creds.injects_at("c.test", 443)  # unbound: never injected
