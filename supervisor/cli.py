@@ -81,6 +81,10 @@ def daemon_parser() -> argparse.ArgumentParser:
     c.add_argument("--agent-user", default="1000:1000", help="UID:GID of the agent in model R")
     c.add_argument("--dns-server", action="append", default=[], help="resolver ADDR[:PORT] (repeatable)")
     c.add_argument("--capture-mode", choices=["netns", "proxy-env"], default="netns")
+    c.add_argument(
+        "--credentials", type=Path, help="credentials file (secrets control injects; the agent sees placeholders)"
+    )
+    c.add_argument("--upstream-ca", type=Path, help="extra CA (PEM) trusted for upstream TLS, besides the system store")
     p.add_argument(
         "--acknowledge-external-fence",
         action="store_true",
@@ -156,8 +160,13 @@ def _run_boundary(args: argparse.Namespace, stream: Any) -> int:
 
 
 def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
+    import ssl
+
     from supervisor.control import daemon
     from supervisor.control.api import runtime_socket_path
+    from supervisor.control.credentials import Credentials, CredentialsError
+    from supervisor.control.egress import Interception
+    from supervisor.control.l7 import InterceptionCA, upstream_context
     from supervisor.control.policy import PolicyInvalid, PolicyStore, compile_policy, load_policy_file
     from supervisor.control.policy.schema import load_default_policy
     from supervisor.control.upstream import UpstreamConfig, parse_dns_server
@@ -189,9 +198,18 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     except ValueError as exc:
         _err(f"--dns-server: {exc}")
         return 2
+    try:
+        interception = Interception(
+            ca=InterceptionCA.generate(bundle.claims.sandbox),
+            credentials=Credentials.load(args.credentials),
+            upstream_ssl=upstream_context(extra_ca_file=str(args.upstream_ca) if args.upstream_ca else None),
+        )
+    except (CredentialsError, OSError, ssl.SSLError, ValueError) as exc:
+        _err(f"--credentials/--upstream-ca: {exc}")
+        return EXIT_SELF_FAILED
     cfg = daemon.ControlConfig(
         bundle=bundle, boundary_host=host, boundary_port=port, policy=store,
-        upstream=UpstreamConfig(dns_servers=dns_servers),
+        upstream=UpstreamConfig(dns_servers=dns_servers), interception=interception,
         api_path=args.api or runtime_socket_path(bundle.claims.sandbox), agent_uid=agent_uid, agent_gid=agent_gid,
         capture_mode=CaptureMode(args.capture_mode), acknowledge_external_fence=args.acknowledge_external_fence,
         policy_file=args.policy, log=log,
@@ -217,6 +235,8 @@ def command_parser() -> argparse.ArgumentParser:
     dev = sub.add_parser("dev", help="run CMD as the agent in a local two-process sandbox")
     dev.add_argument("--policy", type=Path, help="policy YAML (default: embedded deny-all)")
     dev.add_argument("--dns-server", action="append", default=[], help="control's resolver ADDR[:PORT]")
+    dev.add_argument("--credentials", type=Path, help="credentials file for control (the agent sees placeholders)")
+    dev.add_argument("--upstream-ca", type=Path, help="extra CA (PEM) control trusts for upstream TLS")
     dev.add_argument("--privilege-model", default="auto", choices=["auto", "R", "U", "P"])
     dev.add_argument("--workdir", default="/", help="the agent's working directory (default %(default)s)")
     dev.add_argument("--agent-user", help="UID:GID of the agent in model R (default 1000:1000)")
@@ -282,7 +302,8 @@ def run_command(argv: list[str]) -> int:
         opts = DevOptions(
             argv=args.argv, policy=args.policy, dns_servers=tuple(args.dns_server),
             privilege_model=args.privilege_model, workdir=args.workdir, agent_user=args.agent_user,
-            acknowledge_external_fence=args.acknowledge_external_fence,
+            acknowledge_external_fence=args.acknowledge_external_fence, credentials=args.credentials,
+            upstream_ca=args.upstream_ca,
         )  # fmt: skip
         return run_dev(opts)
     if args.command == "policy":

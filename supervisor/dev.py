@@ -38,6 +38,8 @@ class DevOptions:
     workdir: str = "/"
     agent_user: str | None = None
     acknowledge_external_fence: bool = False
+    credentials: Path | None = None
+    upstream_ca: Path | None = None
 
 
 def dev_claims(sandbox: str) -> Claims:
@@ -60,7 +62,7 @@ def _entry() -> list[str]:
 def run_dev(opts: DevOptions) -> int:
     sandbox = "dev-" + secrets.token_hex(4)
     tmp = Path(tempfile.mkdtemp(prefix="openshell-dev-"))
-    os.chmod(tmp, 0o700)
+    os.chmod(tmp, 0o711)  # traversable for the agent's CA files in tls/; the bundle itself is 0700 below
     procs: list[subprocess.Popen[bytes]] = []
     received: list[int] = []
     runtime: Path | None = None
@@ -83,7 +85,8 @@ def run_dev(opts: DevOptions) -> int:
         boundary_cmd = [
             *_entry(), "--mode=boundary", f"--bootstrap={tmp / 'bundle' / 'boundary'}", "--listen=127.0.0.1:0",
             f"--port-file={port_file}", f"--privilege-model={opts.privilege_model}", f"--workdir={opts.workdir}",
-            f"--hide-path={runtime.parent}", "--exit-linger=5", *log_flags, *fence_flags, "--", *opts.argv,
+            f"--hide-path={runtime.parent}", f"--tls-dir={tmp / 'tls'}", "--exit-linger=5", *log_flags, *fence_flags,
+            "--", *opts.argv,
         ]  # fmt: skip
         procs.append(subprocess.Popen(boundary_cmd, start_new_session=False))
         port = _wait_for_port(port_file, procs[0])
@@ -99,6 +102,10 @@ def run_dev(opts: DevOptions) -> int:
             control_cmd.append(f"--policy={opts.policy}")
         if opts.agent_user is not None:
             control_cmd.append(f"--agent-user={opts.agent_user}")
+        if opts.credentials is not None:
+            control_cmd.append(f"--credentials={opts.credentials}")
+        if opts.upstream_ca is not None:
+            control_cmd.append(f"--upstream-ca={opts.upstream_ca}")
         control_cmd += [f"--dns-server={server}" for server in opts.dns_servers]
         procs.append(subprocess.Popen(control_cmd, stdin=subprocess.DEVNULL))
         return _finish(procs, received, default=EXIT_SELF_FAILED, restart_control=control_cmd)

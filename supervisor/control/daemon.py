@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from supervisor.control.api import ApiServer
-from supervisor.control.egress import EgressService
+from supervisor.control.egress import EgressService, Interception
 from supervisor.control.policy import PolicyStore
 from supervisor.control.upstream import UpstreamConfig
 from supervisor.jsonlog import JsonLog
@@ -51,6 +51,7 @@ class ControlConfig:
     acknowledge_external_fence: bool = False
     policy_file: Path | None = None
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    interception: Interception | None = None
     egress_links: int = EGRESS_LINKS
     log: JsonLog = field(default_factory=lambda: JsonLog("control"))
 
@@ -66,7 +67,7 @@ class ControlDaemon:
         self.peer_claims_ok = False
         self.agent_result: dict[str, Any] | None = None
         self.last_link_error: str | None = None
-        self.egress = EgressService(cfg.policy, cfg.upstream, self.log)
+        self.egress = EgressService(cfg.policy, cfg.upstream, self.log, interception=cfg.interception)
         self.egress_up = 0
         self._egress_started = False
         self._nursery: trio.Nursery | None = None
@@ -152,6 +153,8 @@ class ControlDaemon:
             static_policy=static,
             acknowledge_external_fence=self.cfg.acknowledge_external_fence,
             capture_ports=capture_ports(snap.last_valid.policy),
+            interception_ca_pem=self.cfg.interception.ca.cert_pem if self.cfg.interception else None,
+            credential_placeholders=self.cfg.interception.credentials.placeholders() if self.cfg.interception else {},
         )
 
     async def _drive(self, link: Link) -> None:

@@ -21,8 +21,11 @@ and cut if it denies them (spec/policy.md §3.15).
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import ssl
 from dataclasses import dataclass
-from ipaddress import ip_address
+from ipaddress import IPv4Address, IPv6Address, ip_address
 from typing import Any
 
 import dns.flags
@@ -32,6 +35,8 @@ import dns.rdatatype
 import dns.rrset
 import trio
 
+from supervisor.control.credentials import Credentials
+from supervisor.control.l7 import InterceptionCA, inspect
 from supervisor.control.policy import BinaryIdentity, Decision, DigestPins, L4Request, PolicySnapshot, PolicyStore
 from supervisor.control.upstream import UpstreamConfig, UpstreamError, connect_to, resolve, vet_addresses
 from supervisor.control.upstream import dial as dial_upstream
@@ -61,6 +66,21 @@ class _Live:
     scope: trio.CancelScope
 
 
+@dataclass(frozen=True)
+class Interception:
+    """What HTTP inspection needs: the per-sandbox CA, the credentials, and how upstream TLS is verified."""
+
+    ca: InterceptionCA
+    credentials: Credentials
+    upstream_ssl: ssl.SSLContext
+
+
+def _stats_json(stats: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(stats) and not isinstance(stats, type):
+        return {k: (str(v) if isinstance(v, enum.Enum) else v) for k, v in dataclasses.asdict(stats).items()}
+    return {"summary": str(stats)}
+
+
 def _identity(raw: dict[str, Any]) -> BinaryIdentity | None:
     path = raw.get("binary_path")
     if not isinstance(path, str) or not path:
@@ -74,10 +94,18 @@ def _identity(raw: dict[str, Any]) -> BinaryIdentity | None:
 
 
 class EgressService:
-    def __init__(self, store: PolicyStore, upstream: UpstreamConfig, log: JsonLog) -> None:
+    def __init__(
+        self,
+        store: PolicyStore,
+        upstream: UpstreamConfig,
+        log: JsonLog,
+        *,
+        interception: Interception | None = None,
+    ) -> None:
         self.store = store
         self.upstream = upstream
         self.log = log
+        self.interception = interception
         self.pins = DigestPins()
         self._live: dict[int, _Live] = {}
         # Addresses this control handed to the agent's DNS stub, mapped back to the name they answer for: a
@@ -135,23 +163,10 @@ class EgressService:
             await self._reply(stream, EgressReply(403, reason=reason, rule=decision.rule, detail=decision.detail))
             return
         if decision.l7:
-            self.counters["denied"] += 1
-            reason = "l7-inspection-unavailable"
-            detail = "this endpoint asks for HTTP inspection, which this control does not perform yet"
-            self._event(request, "deny", reason=reason, **common)
-            await self._reply(stream, EgressReply(403, reason=reason, rule=decision.rule, detail=detail))
+            await self._inspect(stream, request, name, decision, snap, common)
             return
         try:
-            with trio.fail_after(self.upstream.connect_timeout):
-                if name is not None:  # the agent dials an address we issued: that address, vetted, and no other
-                    vetted = vet_addresses(name, [ip_address(request.host)], allowed_ips=decision.allowed_ips,
-                                           host_named_exactly=decision.exact_host, port=request.port)  # fmt: skip
-                    upstream, address = await connect_to(vetted, request.port)
-                else:
-                    upstream, address = await dial_upstream(
-                        request.host, request.port, self.upstream,
-                        allowed_ips=decision.allowed_ips, host_named_exactly=decision.exact_host,
-                    )  # fmt: skip
+            upstream, address = await self._dial(request, name, decision)
         except trio.TooSlowError:
             self.counters["failed"] += 1
             self._event(request, "error", reason="connect-timeout", **common)
@@ -199,6 +214,61 @@ class EgressService:
         if entry is None or entry[1] < trio.current_time():
             return None
         return entry[0]
+
+    async def _dial(
+        self, request: EgressRequest, name: str | None, decision: Decision
+    ) -> tuple[trio.SocketStream, IPv4Address | IPv6Address]:
+        """Resolve once, vet, connect to exactly the vetted address (or to the one we issued for ``name``)."""
+        with trio.fail_after(self.upstream.connect_timeout):
+            if name is not None:  # the agent dials an address we issued: that address, vetted, and no other
+                vetted = vet_addresses(name, [ip_address(request.host)], allowed_ips=decision.allowed_ips,
+                                       host_named_exactly=decision.exact_host, port=request.port)  # fmt: skip
+                return await connect_to(vetted, request.port)
+            return await dial_upstream(
+                request.host, request.port, self.upstream,
+                allowed_ips=decision.allowed_ips, host_named_exactly=decision.exact_host,
+            )  # fmt: skip
+
+    async def _inspect(
+        self, stream: LinkStream, request: EgressRequest, name: str | None, decision: Decision,
+        snap: PolicySnapshot, common: dict[str, Any],
+    ) -> None:  # fmt: skip
+        """An endpoint that asks for HTTP inspection: every request is parsed and decided (spec §3.7-§3.13)."""
+        if self.interception is None:
+            self.counters["denied"] += 1
+            reason = "l7-inspection-unavailable"
+            self._event(request, "deny", reason=reason, **common)
+            detail = "this control was started without HTTP inspection"
+            await self._reply(stream, EgressReply(403, reason=reason, rule=decision.rule, detail=detail))
+            return
+        self.counters["allowed"] += 1
+        await self._reply(stream, EgressReply(200, rule=decision.rule))
+
+        async def connect_upstream() -> trio.abc.HalfCloseableStream:
+            upstream, _address = await self._dial(request, name, decision)
+            return upstream
+
+        started = trio.current_time()
+        key = id(stream)
+        fields = {"conn_id": request.conn_id, "binary": request.identity.get("binary_path")}
+        with trio.CancelScope() as scope:
+            self._live[key] = _Live(request, _identity(request.identity), snap.generation, scope)
+            try:
+                stats = await inspect(
+                    stream, host=name or request.host, port=request.port, tls=None, snapshot=snap, l4=decision,
+                    connect_upstream=connect_upstream, ca=self.interception.ca,
+                    credentials=self.interception.credentials, upstream_ssl=self.interception.upstream_ssl,
+                    log=self.log, event_fields=fields,
+                    is_current=self.store.is_current,
+                )  # fmt: skip
+            finally:
+                self._live.pop(key, None)
+        self._event(
+            request, "allow", inspected=True, **common,
+            closed_by="policy-revision" if scope.cancelled_caught else None,
+            stats=None if scope.cancelled_caught else _stats_json(stats),
+            duration_ms=round((trio.current_time() - started) * 1000, 3),
+        )  # fmt: skip
 
     # -- policy revisions -------------------------------------------------------------------------------------
     def _policy_changed(self, snap: PolicySnapshot) -> None:
