@@ -74,6 +74,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile", metavar="CONTENDER", help="py-spy profile of this contender's processes")
     parser.add_argument("--no-install", action="store_true", help="do not apt-get or pip install peers")
     parser.add_argument("--no-micro", action="store_true", help="skip bench/bench_*.py micro-benchmarks")
+    parser.add_argument("--idle-budget", type=float, metavar="SECONDS",
+                        help="time allowed for opening the idle connections (default 15, quick 10)")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.contenders.split(",") if n.strip()]
     unknown = [n for n in names if n not in FACTORIES]
@@ -84,6 +86,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.contender_names = names
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    if args.idle_budget is not None and args.idle_budget <= 0:
+        parser.error("--idle-budget must be positive")
     if args.profile and args.profile not in names:
         parser.error(f"--profile {args.profile} is not among the contenders")
     return args
@@ -281,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     nofile = raise_nofile_soft_limit()
     config, config_notes = make_config(args.quick, args.runs, nofile)
+    if args.idle_budget is not None:
+        config = replace(config, idle_budget=args.idle_budget)
     scenarios = build(config)
     preflight: dict[str, str] = {}
     if not args.no_install:

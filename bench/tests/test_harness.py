@@ -19,7 +19,8 @@ def test_direct_is_always_measured_and_order_kept() -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [["--contenders", "nginx"], ["--runs", "0"], ["--contenders", "direct", "--profile", "squid"]],
+    [["--contenders", "nginx"], ["--runs", "0"], ["--contenders", "direct", "--profile", "squid"],
+     ["--idle-budget", "0"]],
 )
 def test_bad_arguments_are_refused(argv: list[str]) -> None:
     with pytest.raises(SystemExit):
