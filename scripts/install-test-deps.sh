@@ -6,6 +6,8 @@ need=()
 for tool in ip:iproute2 curl:curl git:git nft:nftables setpriv:util-linux; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
+# a real client for the HTTPS-inspection e2e tests, importable by the agent's /usr/bin/python3
+/usr/bin/python3 -c 'import requests' 2>/dev/null || need+=(python3-requests)
 if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi

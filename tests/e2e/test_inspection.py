@@ -1,0 +1,210 @@
+"""HTTPS inspection end to end in dev mode (issue 6): real clients trust the per-sandbox CA through the
+environment alone; L7 rules per request; a placeholder becomes the secret only toward its bound host (asserted
+at the origin); domain fronting and smuggling refused, with nothing reaching the origin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trustme
+
+from tests.netns_hosts import DnsServer, NetnsHost, open_test_host, require_netns
+
+CLI = [sys.executable, "-m", "supervisor.cli"]
+RECORDER = Path(__file__).parent.parent / "https_recorder.py"
+PORT = 8443
+SECRET = "s3cr3t-value-9f2c1"
+
+POLICY = """\
+version: 1
+network_policies:
+  secure-api:
+    name: GET only, where the token is bound
+    endpoints:
+      - host: secure.test
+        port: {port}
+        protocol: rest
+        enforcement: enforce
+        allowed_ips: ["{address}/32"]
+        rules:
+          - allow: {{method: GET, path: "/**"}}
+    binaries: &clients
+      - path: /usr/bin/curl
+      - path: /usr/bin/python3*
+      - path: /usr/lib/git-core/git-remote-http
+  other-api:
+    name: everything, but the token is not bound here
+    endpoints:
+      - host: other.test
+        port: {port}
+        protocol: rest
+        enforcement: enforce
+        allowed_ips: ["{address}/32"]
+        rules:
+          - allow: {{method: "*", path: "/**"}}
+    binaries: *clients
+"""
+
+CREDENTIALS = f"""\
+API_TOKEN:
+  secret: {SECRET}
+  hosts: ["secure.test"]
+"""
+
+
+@dataclass
+class Origin:
+    host: NetnsHost
+    dns: DnsServer
+    log: Path
+    policy: Path
+    credentials: Path
+    ca_file: Path
+    runtime: str
+
+    def requests(self) -> list[dict[str, Any]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines()]
+
+    def dev(self, script: str) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+        result = subprocess.run(
+            [*CLI, "dev", f"--policy={self.policy}", f"--dns-server={self.dns.address[0]}:{self.dns.address[1]}",
+             f"--credentials={self.credentials}", f"--upstream-ca={self.ca_file}", "--", "sh", "-c", script],
+            capture_output=True, text=True, timeout=120, env={**os.environ, "XDG_RUNTIME_DIR": self.runtime},
+        )  # fmt: skip
+        events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+        return result, events
+
+
+@pytest.fixture(scope="module")
+def origin() -> Iterator[Origin]:
+    require_netns()
+    if os.geteuid() != 0:
+        pytest.skip("dev mode runs the boundary in model R here (root)")
+    root = Path(tempfile.mkdtemp(prefix="osb-l7-"))
+    runtime = tempfile.mkdtemp(prefix="osr-", dir="/tmp")
+    try:
+        ca = trustme.CA()
+        leaf = ca.issue_cert("secure.test", "other.test")
+        cert, key, ca_file = root / "cert.pem", root / "key.pem", root / "ca.pem"
+        leaf.private_key_and_cert_chain_pem.write_to_path(str(key))
+        for blob in leaf.cert_chain_pems:
+            blob.write_to_path(str(cert), append=True)
+        ca.cert_pem.write_to_path(str(ca_file))
+        www = root / "www"
+        www.mkdir()
+        git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
+        subprocess.run([*git, "init", "-q", str(root / "work")], check=True)
+        (root / "work" / "README").write_text("cloned through inspection\n")
+        subprocess.run([*git, "-C", str(root / "work"), "add", "README"], check=True)
+        subprocess.run([*git, "-C", str(root / "work"), "commit", "-qm", "first"], check=True)
+        subprocess.run(["git", "clone", "-q", "--bare", str(root / "work"), str(www / "repo.git")], check=True)
+        subprocess.run(["git", "-C", str(www / "repo.git"), "update-server-info"], check=True)
+        log = root / "requests.jsonl"
+        with open_test_host() as host:
+            host.popen([sys.executable, str(RECORDER), host.address, str(PORT), str(cert), str(key), str(log)],
+                       env={**os.environ, "RECORDER_ROOT": str(www)},
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+            with DnsServer({"secure.test": [host.address], "other.test": [host.address]}) as dns:
+                policy, credentials = root / "policy.yaml", root / "credentials.yaml"
+                policy.write_text(POLICY.format(port=PORT, address=host.address))
+                credentials.write_text(CREDENTIALS)
+                subprocess.run(["chmod", "-R", "a+rX", str(root)], check=True)
+                _wait(host.address)
+                yield Origin(host, dns, log, policy, credentials, ca_file, runtime)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def _wait(address: str) -> None:
+    import socket
+    import time
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((address, PORT), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError("the HTTPS origin did not come up")
+
+
+def test_clients_trust_the_ca_and_rules_apply_per_request(origin: Origin) -> None:
+    before = len(origin.requests())
+    url = f"https://secure.test:{PORT}"
+    script = "; ".join([
+        f"curl -sS -f {url}/plain && echo",
+        f"curl -s -o /dev/null -w '%{{http_code}}\\n' -X POST -d x {url}/write",
+        f"python3 -c \"import requests; print(requests.get('{url}/py', timeout=10).json()['path'])\"",
+        f"cd /tmp && git clone -q {url}/repo.git l7-$$ && cat l7-$$/README && rm -rf l7-$$",
+    ])  # fmt: skip
+    result, _events = origin.dev(script)
+    lines = result.stdout.splitlines()
+    assert lines[0] == '{"ok": true, "method": "GET", "path": "/plain"}', result.stderr[-3000:]
+    assert lines[1] == "403"
+    assert lines[2] == "/py"
+    assert lines[3] == "cloned through inspection"
+    seen = origin.requests()[before:]
+    assert all(r["method"] == "GET" for r in seen), "the denied POST must not reach the origin"
+    assert any(r["path"] == "/py" for r in seen) and any(r["path"].startswith("/repo.git") for r in seen)
+
+
+def test_placeholder_becomes_the_secret_only_where_bound(origin: Origin) -> None:
+    before = len(origin.requests())
+    script = "; ".join([
+        "echo \"$API_TOKEN\"",
+        f"curl -sS -f -H \"Authorization: Bearer $API_TOKEN\" https://secure.test:{PORT}/bound && echo",
+        f"curl -s -o /dev/null -w '%{{http_code}}\\n' -H \"Authorization: Bearer $API_TOKEN\" "
+        f"https://other.test:{PORT}/unbound",
+    ])  # fmt: skip
+    result, _events = origin.dev(script)
+    lines = result.stdout.splitlines()
+    assert SECRET not in result.stdout and lines[0].startswith("openshell:resolve:env:"), "the agent sees a placeholder"
+    assert lines[2] == "403", result.stderr[-3000:]
+    seen = origin.requests()[before:]
+    bound = [r for r in seen if r["path"] == "/bound"]
+    assert [r["authorization"] for r in bound] == [f"Bearer {SECRET}"]
+    assert not any(r["path"] == "/unbound" for r in seen), "nothing may reach the unbound host"
+    assert SECRET not in result.stderr, "the secret must never appear in events or logs"
+
+
+def test_domain_fronting_and_smuggling_are_refused(origin: Origin) -> None:
+    before = len(origin.requests())
+    smuggle = (
+        "import socket, ssl, os\n"
+        "s = socket.create_connection(('127.0.0.1', 3128))\n"
+        f"s.sendall(b'CONNECT secure.test:{PORT} HTTP/1.1\\r\\nHost: secure.test:{PORT}\\r\\n\\r\\n')\n"
+        "assert b' 200 ' in s.recv(4096)\n"
+        "ctx = ssl.create_default_context(cafile=os.environ['SSL_CERT_FILE'])\n"
+        "t = ctx.wrap_socket(s, server_hostname='secure.test')\n"
+        f"t.sendall(b'GET /smuggled HTTP/1.1\\r\\nHost: secure.test:{PORT}\\r\\nContent-Length: 4\\r\\n"
+        "Transfer-Encoding: chunked\\r\\n\\r\\n0\\r\\n\\r\\n')\n"
+        "answer = t.recv(4096)\n"
+        "print(answer.split(b'\\r\\n')[0].decode() if answer else 'closed')\n"
+    )
+    script = "; ".join([
+        f"curl -s -o /dev/null -w '%{{http_code}}\\n' -H 'Host: other.test:{PORT}' "
+        f"-H \"Authorization: Bearer $API_TOKEN\" https://secure.test:{PORT}/fronted",
+        f"python3 -c \"{smuggle}\"",
+    ])  # fmt: skip
+    result, _events = origin.dev(script)
+    lines = result.stdout.splitlines()
+    assert lines[0] in ("421", "403"), result.stderr[-3000:]
+    assert lines[1].startswith("HTTP/1.1 400") or lines[1] == "closed", result.stderr[-3000:]
+    seen = origin.requests()[before:]
+    assert not any(r["path"] in ("/fronted", "/smuggled") for r in seen)
+    assert not any(SECRET in (r["authorization"] or "") for r in seen)

@@ -1,0 +1,88 @@
+"""An HTTPS origin for test hosts that records what reached it:
+``python3 tests/https_recorder.py ADDRESS PORT CERT_PEM KEY_PEM LOG_FILE``.
+
+Every request is appended to LOG_FILE as one JSON line (method, path, Host, Authorization, X-Api-Key, body
+size), so a test can assert what a credential became upstream — and that nothing reached it at all. GET and
+POST answer 200 with a small JSON body; git's dumb-HTTP paths are served from the directory in
+``$RECORDER_ROOT`` when set. No name lookups (``http.server`` would do a reverse DNS lookup on bind).
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socketserver
+import ssl
+import sys
+import threading
+
+_lock = threading.Lock()
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def server_bind(self) -> None:
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
+
+
+class _Recorder(http.server.SimpleHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    log_file = ""
+
+    def _record(self, body: bytes) -> None:
+        entry = {
+            "method": self.command,
+            "path": self.path,
+            "host": self.headers.get("Host"),
+            "authorization": self.headers.get("Authorization"),
+            "x_api_key": self.headers.get("X-Api-Key"),
+            "body": len(body),
+        }
+        with _lock, open(self.log_file, "a") as out:
+            out.write(json.dumps(entry) + "\n")
+
+    def _answer(self) -> None:
+        payload = json.dumps({"ok": True, "method": self.command, "path": self.path}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_GET(self) -> None:
+        self._record(b"")
+        if os.environ.get("RECORDER_ROOT") and self.path.startswith("/repo.git"):
+            super().do_GET()
+            return
+        self._answer()
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._record(body)
+        self._answer()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def main() -> None:
+    address, port, cert, key, log_file = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+    _Recorder.log_file = log_file
+    root = os.environ.get("RECORDER_ROOT") or "/"
+
+    def handler(*args: object) -> _Recorder:
+        return _Recorder(*args, directory=root)  # type: ignore[arg-type]
+
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    with _Server((address, port), handler) as server:
+        server.socket = ctx.wrap_socket(server.socket, server_side=True)
+        server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
