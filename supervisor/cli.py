@@ -84,6 +84,11 @@ def daemon_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--credentials", type=Path, help="credentials file (secrets control injects; the agent sees placeholders)"
     )
+    c.add_argument(
+        "--interception-ca",
+        type=Path,
+        help="directory keeping the TLS-interception CA across restarts (created with a new CA when empty)",
+    )
     c.add_argument("--upstream-ca", type=Path, help="extra CA (PEM) trusted for upstream TLS, besides the system store")
     p.add_argument(
         "--acknowledge-external-fence",
@@ -166,7 +171,8 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     from supervisor.control.api import runtime_socket_path
     from supervisor.control.credentials import Credentials, CredentialsError
     from supervisor.control.egress import Interception
-    from supervisor.control.l7 import InterceptionCA, upstream_context
+    from supervisor.control.interception import load_or_create
+    from supervisor.control.l7 import upstream_context
     from supervisor.control.policy import PolicyInvalid, PolicyStore, compile_policy, load_policy_file
     from supervisor.control.policy.schema import load_default_policy
     from supervisor.control.upstream import UpstreamConfig, parse_dns_server
@@ -200,7 +206,7 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
         return 2
     try:
         interception = Interception(
-            ca=InterceptionCA.generate(bundle.claims.sandbox),
+            ca=load_or_create(args.interception_ca, bundle.claims.sandbox),
             credentials=Credentials.load(args.credentials),
             upstream_ssl=upstream_context(extra_ca_file=str(args.upstream_ca) if args.upstream_ca else None),
         )

@@ -94,7 +94,7 @@ def run_dev(opts: DevOptions) -> int:
             return _finish(procs, received, default=EXIT_SELF_FAILED)
         control_cmd = [
             *_entry(), "--mode=control", f"--bootstrap={tmp / 'bundle' / 'control'}", f"--boundary=127.0.0.1:{port}",
-            f"--api={runtime / 'api.sock'}", *log_flags, *fence_flags,
+            f"--api={runtime / 'api.sock'}", f"--interception-ca={tmp / 'interception'}", *log_flags, *fence_flags,
         ]  # fmt: skip
         if opts.acknowledge_external_fence:
             control_cmd.append("--capture-mode=proxy-env")

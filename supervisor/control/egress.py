@@ -162,7 +162,7 @@ class EgressService:
             self._event(request, "deny", reason=reason, detail=decision.detail, **common)
             await self._reply(stream, EgressReply(403, reason=reason, rule=decision.rule, detail=decision.detail))
             return
-        if decision.l7:
+        if decision.l7 or self._needs_credentials(name or request.host, request.port, decision):
             await self._inspect(stream, request, name, decision, snap, common)
             return
         try:
@@ -214,6 +214,15 @@ class EgressService:
         if entry is None or entry[1] < trio.current_time():
             return None
         return entry[0]
+
+    def _needs_credentials(self, host: str, port: int, decision: Decision) -> bool:
+        """A connection to where a credential is bound is inspected even without L7 rules, or the agent's
+        placeholder would leave unresolved (spec §3.7); never for ``tls: skip`` endpoints (raw by request)."""
+        return (
+            self.interception is not None
+            and not decision.tls_skip
+            and self.interception.credentials.injects_at(host, port)
+        )
 
     async def _dial(
         self, request: EgressRequest, name: str | None, decision: Decision

@@ -43,6 +43,13 @@ network_policies:
       - path: /usr/bin/curl
       - path: /usr/bin/python3*
       - path: /usr/lib/git-core/git-remote-http
+  plain-api:
+    name: no L7 rules, but a credential is bound here
+    endpoints:
+      - host: plain.test
+        port: {port}
+        allowed_ips: ["{address}/32"]
+    binaries: *clients
   other-api:
     name: everything, but the token is not bound here
     endpoints:
@@ -60,6 +67,9 @@ CREDENTIALS = f"""\
 API_TOKEN:
   secret: {SECRET}
   hosts: ["secure.test"]
+PLAIN_TOKEN:
+  secret: {SECRET}-plain
+  hosts: ["plain.test"]
 """
 
 
@@ -97,7 +107,7 @@ def origin() -> Iterator[Origin]:
     runtime = tempfile.mkdtemp(prefix="osr-", dir="/tmp")
     try:
         ca = trustme.CA()
-        leaf = ca.issue_cert("secure.test", "other.test")
+        leaf = ca.issue_cert("secure.test", "other.test", "plain.test")
         cert, key, ca_file = root / "cert.pem", root / "key.pem", root / "ca.pem"
         leaf.private_key_and_cert_chain_pem.write_to_path(str(key))
         for blob in leaf.cert_chain_pems:
@@ -117,7 +127,8 @@ def origin() -> Iterator[Origin]:
             host.popen([sys.executable, str(RECORDER), host.address, str(PORT), str(cert), str(key), str(log)],
                        env={**os.environ, "RECORDER_ROOT": str(www)},
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-            with DnsServer({"secure.test": [host.address], "other.test": [host.address]}) as dns:
+            names = {name: [host.address] for name in ("secure.test", "other.test", "plain.test")}
+            with DnsServer(names) as dns:
                 policy, credentials = root / "policy.yaml", root / "credentials.yaml"
                 policy.write_text(POLICY.format(port=PORT, address=host.address))
                 credentials.write_text(CREDENTIALS)
@@ -208,3 +219,15 @@ def test_domain_fronting_and_smuggling_are_refused(origin: Origin) -> None:
     seen = origin.requests()[before:]
     assert not any(r["path"] in ("/fronted", "/smuggled") for r in seen)
     assert not any(SECRET in (r["authorization"] or "") for r in seen)
+
+
+def test_credentials_are_injected_on_an_endpoint_without_l7_rules(origin: Origin) -> None:
+    """Where a credential is bound, the connection is inspected even though the endpoint has no rules: the
+    placeholder must not leave unresolved (and the secret still only goes to its bound host)."""
+    before = len(origin.requests())
+    result, _events = origin.dev(
+        f"curl -sS -f -H \"X-Api-Key: $PLAIN_TOKEN\" https://plain.test:{PORT}/plain-bound && echo"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = [r for r in origin.requests()[before:] if r["path"] == "/plain-bound"]
+    assert [r["x_api_key"] for r in seen] == [f"{SECRET}-plain"]
