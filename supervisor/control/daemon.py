@@ -101,23 +101,29 @@ class ControlDaemon:
                 return
 
     # -- the ops link ---------------------------------------------------------------------------------------
-    async def _maintain_ops_link(self) -> None:
-        ctx = client_context(self.cfg.bundle, (ALPN_OPS,))
+    async def _dial(self, alpn: str) -> trio.SSLStream[trio.SocketStream]:
+        """Dial the boundary until a link of kind ``alpn`` is up, with capped exponential backoff. Each refusal
+        on authentication grounds (a named field) is logged every time: it is never expected."""
+        ctx = client_context(self.cfg.bundle, (alpn,))
         backoff = BACKOFF_START_S
-        address = f"{self.cfg.boundary_host}:{self.cfg.boundary_port}"
         while True:
             try:
                 tls, _claims = await dial_link(
-                    self.cfg.boundary_host, self.cfg.boundary_port, ctx, self.cfg.bundle, ALPN_OPS
+                    self.cfg.boundary_host, self.cfg.boundary_port, ctx, self.cfg.bundle, alpn
                 )
+                return tls
             except Refused as exc:
-                if exc.field is not None:  # an authentication failure is worth a line each time
-                    self.log.emit("link.refused", peer=exc.peer, field=exc.field, reason=exc.reason)
-                self.last_link_error = str(exc)
+                if exc.field is not None:
+                    self.log.emit("link.refused", peer=exc.peer, field=exc.field, reason=exc.reason, alpn=alpn)
+                if alpn == ALPN_OPS:
+                    self.last_link_error = str(exc)
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
-                continue
-            backoff = BACKOFF_START_S
+
+    async def _maintain_ops_link(self) -> None:
+        address = f"{self.cfg.boundary_host}:{self.cfg.boundary_port}"
+        while True:
+            tls = await self._dial(ALPN_OPS)
             self.peer_claims_ok = True
             link = Link(tls, client=True, name=f"ops:{address}")
             async with trio.open_nursery() as nursery:
@@ -138,6 +144,7 @@ class ControlDaemon:
             self.peer_claims_ok = False
             self.last_link_error = link.close_reason
             self.log.emit("link.down", peer=address, reason=link.close_reason)
+            await trio.sleep(BACKOFF_START_S)
 
     def _descriptor(self) -> AttachRequest:
         claims = self.cfg.bundle.claims
@@ -200,21 +207,9 @@ class ControlDaemon:
 
     async def _maintain_egress_link(self, index: int) -> None:
         """One egress link, redialled with backoff: we dial (TLS client) and serve HTTP/2 on it."""
-        ctx = client_context(self.cfg.bundle, (ALPN_EGRESS,))
-        backoff = BACKOFF_START_S
         address = f"{self.cfg.boundary_host}:{self.cfg.boundary_port}"
         while True:
-            try:
-                tls, _claims = await dial_link(
-                    self.cfg.boundary_host, self.cfg.boundary_port, ctx, self.cfg.bundle, ALPN_EGRESS
-                )
-            except Refused as exc:
-                if exc.field is not None:
-                    self.log.emit("link.refused", peer=exc.peer, field=exc.field, reason=exc.reason)
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX_S)
-                continue
-            backoff = BACKOFF_START_S
+            tls = await self._dial(ALPN_EGRESS)
             link = Link(tls, client=False, handler=self.egress.handle, name=f"egress{index}:{address}")
             self.egress_up += 1
             self.log.emit("link.up", peer=address, alpn=ALPN_EGRESS, index=index)
@@ -223,7 +218,7 @@ class ControlDaemon:
             finally:
                 self.egress_up -= 1
                 self.log.emit("link.down", peer=address, alpn=ALPN_EGRESS, index=index, reason=link.close_reason)
-            await trio.sleep(backoff)
+            await trio.sleep(BACKOFF_START_S)
 
     # -- policy generations -----------------------------------------------------------------------------------
     def _policy_changed(self, snap: Any) -> None:
