@@ -63,6 +63,7 @@ class BenchContext:
     upstream_echo: Address | None = None
     upstream_idle: Address | None = None
     upstream_host_reason: str = ""  # why the upstream is on loopback instead of its own host, if it is
+    product: Path | None = None  # a directory holding the run's snapshot of ``supervisor/`` (else the checkout)
 
 
 class Contender:

@@ -155,6 +155,22 @@ class LocalClient:
         self.driver.close()
 
 
+def product_snapshot(workdir: Path) -> tuple[Path, dict[str, object]]:
+    """Copy ``supervisor/`` for this run's sandboxes; return the copy's root and which code it is."""
+    root = workdir / "product"
+    shutil.copytree(REPO / "supervisor", root / "supervisor", ignore=shutil.ignore_patterns("__pycache__"))
+
+    def git(*argv: str) -> str:
+        try:
+            done = subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    changed = [line[3:] for line in git("status", "--porcelain", "--", "supervisor").splitlines()]
+    return root, {"commit": git("rev-parse", "--short", "HEAD"), "uncommitted": changed}
+
+
 def machine_facts() -> dict[str, object]:
     cpu = ""
     with contextlib.suppress(OSError):
@@ -298,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
                 preflight["proxy.py"] = reason
     results = Results(config.runs, list(args.contender_names), scenarios)
     workdir = Path(tempfile.mkdtemp(prefix="openshell-bench-"))
+    product, product_facts = product_snapshot(workdir)
+    uncommitted = product_facts["uncommitted"]
+    run_notes = [f"product: supervisor/ at {product_facts['commit']}"
+                 + (f" with {len(uncommitted)} uncommitted file(s)" if isinstance(uncommitted, list) and uncommitted
+                    else "")]  # fmt: skip
     copy = client_copy()
     started: list[tuple[Contender, Address | None]] = []
     host: netns.UpstreamHost | None = None
@@ -305,7 +326,6 @@ def main(argv: list[str] | None = None) -> int:
     local: LocalClient | None = None
     profile: dict[str, object] = {}
     facts: dict[str, object] = {}
-    run_notes: list[str] = []
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
     args.out.mkdir(parents=True, exist_ok=True)
     try:
@@ -319,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
             run_notes.append(f"upstream on 127.0.0.1 ({host_reason})")
         upstream = Upstream(host)
         ctx = BenchContext(workdir, setup_peers.PEERS_VENV, nofile, copy, upstream.bulk, upstream.echo, upstream.idle,
-                           host_reason)  # fmt: skip
+                           host_reason, product)  # fmt: skip
         local = LocalClient(copy)
         facts["harness client"] = local.driver.facts
         for name in args.contender_names:
@@ -348,11 +368,13 @@ def main(argv: list[str] | None = None) -> int:
             warm_up(probe(contender, proxy))
         fresh: dict[str, int] = {}
         for run in range(config.runs):
-            _log(f"bench: round {run + 1} of {config.runs}")
+            _log(f"bench: round {run + 1} of {config.runs} ({time.monotonic() - began:.0f} s since the start)")
             for scenario in scenarios:
                 if scenario.kind == "idle" and not fresh:
+                    restarting = time.monotonic()
                     started = restart_all(started, results, run)
                     fresh = {c.name: fresh_rss(c, probe(c, p)) for c, p in started}
+                    _log(f"  contenders restarted for the idle scenarios ({time.monotonic() - restarting:.1f} s)")
                 order = started[run % len(started):] + started[: run % len(started)]
                 for contender, proxy in order:
                     cell = replace(probe(contender, proxy), fresh_rss_kib=fresh.get(contender.name))
@@ -395,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": command.strip(),
         "machine": machine_facts(),
         "peers": setup_peers.versions(),
+        "product": product_facts,
         "clients": facts,
         "upstream": {"bulk": upstream.bulk, "echo": upstream.echo, "idle": upstream.idle} if upstream else None,
         "config": asdict(config) | {"nofile": nofile},

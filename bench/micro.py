@@ -8,6 +8,8 @@ The contract with those scripts (``bench/bench_policy.py``, ``bench/bench_exec.p
 * a row has ``name`` (str) and ``unit`` (str), and a headline number in ``value`` (or, failing that,
   ``p50`` or ``median``); optional: ``p50``, ``p99``, ``min``, ``max``, ``runs`` (int), ``target``
   (same unit; lower is better), ``note`` (str);
+* also accepted, the flat shape ``{"bench": B, "<what>_p50_ms": .., "<what>_p99_ms": .., "<what>_runs" or
+  "runs": ..}`` (``bench_exec_e2e.py``'s): one ``ms`` row per ``<what>``, named ``B <what>``;
 * exit status 0; a script that fails, times out or prints no valid row is reported with its reason;
 * it runs with the repository as working directory and on ``PYTHONPATH`` (``import bench.x`` works).
 """
@@ -21,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-SCRIPTS = ("bench_policy.py", "bench_exec.py", "bench_handshake.py")
+SCRIPTS = ("bench_policy.py", "bench_exec.py", "bench_exec_e2e.py", "bench_handshake.py", "bench_l7.py")
 NUMBER_FIELDS = ("p50", "p99", "min", "max", "target")
 
 
@@ -58,6 +60,11 @@ def parse_rows(script: str, stdout: str) -> tuple[list[MicroRow], list[str]]:
         except json.JSONDecodeError as exc:
             problems.append(f"not JSON ({exc.msg}): {line[:80]}")
             continue
+        if "name" not in obj and isinstance(obj.get("bench"), str):
+            flat = _flat_rows(script, obj)
+            if flat:
+                rows.extend(flat)
+                continue
         name, unit = obj.get("name"), obj.get("unit")
         value = next((v for k in ("value", "p50", "median") if (v := _number(obj.get(k))) is not None), None)
         if not isinstance(name, str) or not isinstance(unit, str) or value is None:
@@ -69,6 +76,21 @@ def parse_rows(script: str, stdout: str) -> tuple[list[MicroRow], list[str]]:
         note = obj.get("note")
         rows.append(MicroRow(script, name, unit, value, extra, note if isinstance(note, str) else ""))
     return rows, problems
+
+
+def _flat_rows(script: str, obj: dict[str, object]) -> list[MicroRow]:
+    rows: list[MicroRow] = []
+    for key, raw in obj.items():
+        if not key.endswith("_p50_ms") or (p50 := _number(raw)) is None:
+            continue
+        what = key.removesuffix("_p50_ms")
+        extra = {"p50": p50}
+        if (p99 := _number(obj.get(f"{what}_p99_ms"))) is not None:
+            extra["p99"] = p99
+        if (runs := _number(obj.get(f"{what}_runs", obj.get("runs")))) is not None:
+            extra["runs"] = runs
+        rows.append(MicroRow(script, f"{obj['bench']} {what}", "ms", p50, extra))
+    return rows
 
 
 def run_script(path: Path, quick: bool, timeout: float) -> tuple[list[MicroRow], str | None]:

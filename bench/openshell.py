@@ -18,6 +18,9 @@ How it is put together, and why each piece is there:
 * **Memory** is control's and the boundary's: ``pids()`` lists the processes of dev mode's tree that run
   ``supervisor.cli --mode=control|boundary`` (the boundary daemon and the launcher forks it keeps in the
   agent's namespaces), never dev mode's own parent process or the agent.
+* **One product per run.** Dev mode runs from the harness's snapshot of ``supervisor/`` (``ctx.product``),
+  taken when the run began: the sandbox is restarted every round, and a checkout that changes meanwhile
+  must not put two versions of the product into one column.
 * ``stop()`` closes the agent's stdin (the driver exits, the agent's exit ends the sandbox, dev mode exits),
   then falls back to SIGTERM and SIGKILL, by pid and start time, for anything of ours that lingers.
 """
@@ -134,10 +137,12 @@ class OpenShell(Contender):
         ]  # fmt: skip
         # The API socket's path must stay short (a Unix socket path has 107 bytes): a runtime dir of our own.
         self.runtime = Path(tempfile.mkdtemp(prefix="osbr-", dir="/tmp"))
-        env = {**os.environ, "XDG_RUNTIME_DIR": str(self.runtime)}
+        root = ctx.product or REPO
+        env = {**os.environ, "XDG_RUNTIME_DIR": str(self.runtime),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
         self._seen = {}
         with (self.dir / "dev.log").open("wb") as log:
-            self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            self.proc = subprocess.Popen(argv, cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=log, start_new_session=True)  # fmt: skip
         assert self.proc.stdin is not None and self.proc.stdout is not None
         try:

@@ -25,9 +25,21 @@ def test_valid_rows(line: str, value: float, extra: dict[str, float]) -> None:
     assert rows == [MicroRow("bench_x.py", json.loads(line)["name"], json.loads(line)["unit"], value, extra)]
 
 
+def test_flat_shape_gives_one_row_per_measurement() -> None:
+    line = ('{"bench": "exec_e2e", "api_p50_ms": 10.3, "api_p99_ms": 13.5, "cli_p50_ms": 285.0, '
+            '"cli_p99_ms": 328.6, "runs": 300, "cli_runs": 20}')
+    rows, problems = parse_rows("bench_exec_e2e.py", line)
+    assert problems == []
+    assert rows == [
+        MicroRow("bench_exec_e2e.py", "exec_e2e api", "ms", 10.3, {"p50": 10.3, "p99": 13.5, "runs": 300.0}),
+        MicroRow("bench_exec_e2e.py", "exec_e2e cli", "ms", 285.0, {"p50": 285.0, "p99": 328.6, "runs": 20.0}),
+    ]
+
+
 @pytest.mark.parametrize(
     "line",
     [
+        '{"bench": "x", "note": "no numbers"}',
         '{"unit": "us", "value": 1}',
         '{"name": "x", "value": 1}',
         '{"name": "x", "unit": "us", "value": true}',
@@ -71,4 +83,5 @@ def test_run_all_names_missing_scripts(tmp_path: Path) -> None:
     rows, skipped = run_all(tmp_path / "bench", quick=False, timeout=60)
     assert rows == []
     assert skipped == {"bench_policy.py": "printed no row", "bench_exec.py": "not written yet",
-                       "bench_handshake.py": "not written yet"}
+                       "bench_exec_e2e.py": "not written yet", "bench_handshake.py": "not written yet",
+                       "bench_l7.py": "not written yet"}
