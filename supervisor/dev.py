@@ -55,6 +55,14 @@ def dev_claims(sandbox: str) -> Claims:
     )
 
 
+def _die_with_dev() -> None:
+    """In the daemon child before exec: SIGTERM it when dev mode itself dies, however it dies (dev is single-
+    threaded when it starts them, so this pre-exec hook is safe)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def _entry() -> list[str]:
     return [sys.executable, "-m", "supervisor.cli"]
 
@@ -88,7 +96,7 @@ def run_dev(opts: DevOptions) -> int:
             f"--hide-path={runtime.parent}", f"--tls-dir={tmp / 'tls'}", "--exit-linger=5", *log_flags, *fence_flags,
             "--", *opts.argv,
         ]  # fmt: skip
-        procs.append(subprocess.Popen(boundary_cmd, start_new_session=False))
+        procs.append(subprocess.Popen(boundary_cmd, preexec_fn=_die_with_dev))
         port = _wait_for_port(port_file, procs[0])
         if port is None:
             return _finish(procs, received, default=EXIT_SELF_FAILED)
@@ -107,7 +115,7 @@ def run_dev(opts: DevOptions) -> int:
         if opts.upstream_ca is not None:
             control_cmd.append(f"--upstream-ca={opts.upstream_ca}")
         control_cmd += [f"--dns-server={server}" for server in opts.dns_servers]
-        procs.append(subprocess.Popen(control_cmd, stdin=subprocess.DEVNULL))
+        procs.append(subprocess.Popen(control_cmd, stdin=subprocess.DEVNULL, preexec_fn=_die_with_dev))
         return _finish(procs, received, default=EXIT_SELF_FAILED, restart_control=control_cmd)
     finally:
         for proc in procs:
@@ -155,7 +163,7 @@ def _finish(
             print(f"openshell-sandbox: control exited ({control.returncode}); restarting it ({restarts})",
                   file=sys.stderr)  # fmt: skip
             time.sleep(min(0.2 * restarts, 2.0))
-            procs[1] = subprocess.Popen(restart_control, stdin=subprocess.DEVNULL)
+            procs[1] = subprocess.Popen(restart_control, stdin=subprocess.DEVNULL, preexec_fn=_die_with_dev)
         time.sleep(0.05)
     code = boundary.returncode
     for proc in procs[1:]:

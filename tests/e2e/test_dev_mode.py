@@ -123,30 +123,39 @@ def test_sigterm_tears_everything_down() -> None:
         [*CLI, "dev", "--", "sh", "-c", f"sleep $(({seconds}+0)) & sleep $(({seconds}+0)); echo never"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and len(processes_with(marker)) < 2:
-        time.sleep(0.1)
-    assert len(processes_with(marker)) >= 2, "the agent never started"
-    tree = descendants(proc.pid)
-    assert len(tree) >= 4, "expected control, boundary, launcher and the agent's processes"
-    bundles = {
-        Path(arg.split("=", 1)[1]).parent.parent
-        for pid in tree
-        for arg in _cmdline(pid)
-        if arg.startswith("--bootstrap=")
-    }
-    assert len(bundles) == 1, bundles
-    proc.send_signal(signal.SIGTERM)
-    out, _err = proc.communicate(timeout=30)
-    assert proc.returncode != 0
-    assert "never" not in out
-    time.sleep(0.2)
-    assert processes_with(marker) == [], "a workload process survived"
-    survivors = [pid for pid in tree if alive(pid)]
-    assert survivors == [], "a process of the sandbox survived"
-    after = set(runtime.glob("*")) if runtime.is_dir() else set()
-    assert after == set(), f"runtime directory left behind: {after}"
-    assert not any(b.exists() for b in bundles), "temporary bundle directory left behind"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(processes_with(marker)) < 2:
+            time.sleep(0.1)
+        assert len(processes_with(marker)) >= 2, "the agent never started"
+        tree = descendants(proc.pid)
+        assert len(tree) >= 4, "expected control, boundary, launcher and the agent's processes"
+        bundles = {
+            Path(arg.split("=", 1)[1]).parent.parent
+            for pid in tree
+            for arg in _cmdline(pid)
+            if arg.startswith("--bootstrap=")
+        }
+        assert len(bundles) == 1, bundles
+        proc.send_signal(signal.SIGTERM)
+        out, _err = proc.communicate(timeout=30)
+        assert proc.returncode != 0
+        assert "never" not in out
+        time.sleep(0.2)
+        assert processes_with(marker) == [], "a workload process survived"
+        survivors = [pid for pid in tree if alive(pid)]
+        assert survivors == [], "a process of the sandbox survived"
+        after = set(runtime.glob("*")) if runtime.is_dir() else set()
+        assert after == set(), f"runtime directory left behind: {after}"
+        assert not any(b.exists() for b in bundles), "temporary bundle directory left behind"
+    finally:
+        if proc.poll() is None:  # a failed assertion above must not leave a sandbox running
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def test_status_and_exec_find_the_running_sandbox() -> None:
@@ -207,3 +216,27 @@ def test_ctrl_c_in_a_terminal_tears_everything_down() -> None:
     finally:
         if child.isalive():
             child.terminate(force=True)
+
+
+def test_killing_dev_itself_takes_the_sandbox_down() -> None:
+    """SIGKILL cannot be handled by dev; its daemons get SIGTERM from the kernel (PR_SET_PDEATHSIG) instead."""
+    seconds = 900000 + uuid.uuid4().int % 99999
+    marker = f"sleep {seconds}"
+    proc = subprocess.Popen([*CLI, "dev", "--", "sh", "-c", f"sleep $(({seconds}+0))"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not processes_with(marker):
+            time.sleep(0.1)
+        assert processes_with(marker), "the agent never started"
+        tree = descendants(proc.pid)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and [pid for pid in tree if alive(pid)]:
+            time.sleep(0.1)
+        assert [pid for pid in tree if alive(pid)] == [], "daemons or workload outlived dev"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
