@@ -29,7 +29,7 @@ import trio
 from supervisor.boundary.capture import IdentityResolver
 from supervisor.boundary.capture.setup import open_sock_diag
 from supervisor.boundary.confinement import landlock_for
-from supervisor.boundary.egress import EgressCapture, EgressLinks
+from supervisor.boundary.egress import EgressCapture, EgressLinks, RecentPids
 from supervisor.boundary.forward import open_forward, splice
 from supervisor.boundary.process import (
     Launcher,
@@ -280,9 +280,10 @@ class BoundaryDaemon:
                 fds["sock_diag"] = open_sock_diag()
             anchor = os.getpid()
         diag_fd = fds.pop("sock_diag", None)
+        recent_pids = RecentPids(self.launcher.workload_pids)
         resolver = IdentityResolver(
             anchor_pid=anchor,
-            workload_pids=self.launcher.workload_pids,
+            workload_pids=recent_pids,
             agent_pid=lambda: self.table.agent.pid if self.table.agent is not None else None,
             # With a workload PID namespace no process outside it can hold one of its sockets except ourselves
             # and the launcher, so the full-/proc walk for foreign owners is not needed; without one it is.
@@ -291,7 +292,7 @@ class BoundaryDaemon:
             sock_diag=socket.socket(fileno=diag_fd) if diag_fd is not None else None,
         )
         self.capture = EgressCapture(
-            fds=fds, links=self.egress_links, resolver=resolver, log=self.log,
+            fds=fds, links=self.egress_links, resolver=resolver, log=self.log, recent_pids=recent_pids,
             accepting=lambda: self.lifecycle.state is not State.ENDED,
         )  # fmt: skip
         self.lifecycle.advance(Op.ATTACH)

@@ -22,6 +22,8 @@ import math
 import secrets
 import socket
 import struct
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -31,6 +33,7 @@ from supervisor.boundary.capture import (
     CONNECT_ESTABLISHED,
     HEAD_READ_DEADLINE_S,
     IdentityResolver,
+    IdentityStage,
     IdentityUnresolved,
     ProxyReject,
     ProxyTarget,
@@ -54,6 +57,34 @@ from supervisor.protocol.egress import (
 LINK_WAIT_S = 0.25  # how long a connection may wait for an egress link before it is refused
 REPLY_TIMEOUT_S = 30.0
 DNS_TIMEOUT_S = 5.0
+
+
+class RecentPids:
+    """The workload's pids, rescanned at most every ``ttl`` seconds (a full /proc scan per connection was the
+    boundary's top cost). A connection whose owner is not among them gets one fresh scan before it is refused,
+    so a process forked just before it connected is never refused for being new."""
+
+    def __init__(self, scan: Callable[[], set[int]], ttl: float = 0.25) -> None:
+        self._scan = scan
+        self._ttl = ttl
+        self._pids: set[int] = set()
+        self._at = -math.inf
+        self._lock = threading.Lock()
+
+    def __call__(self) -> set[int]:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._at > self._ttl:
+                self._pids, self._at = self._scan(), now
+            return set(self._pids)
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._at = -math.inf
+
+
+# A refusal at these stages may come from a stale pid set: worth one fresh scan.
+_RESCAN_STAGES = frozenset({IdentityStage.OWNERS, IdentityStage.FOREIGN_OWNER, IdentityStage.ANCESTORS})
 
 
 class EgressLinks:
@@ -107,12 +138,14 @@ class EgressCapture:
         resolver: IdentityResolver,
         log: JsonLog,
         accepting: Callable[[], bool],
+        recent_pids: RecentPids | None = None,
     ) -> None:
         self.fds = fds
         self.links = links
         self.resolver = resolver
         self.log = log
         self.accepting = accepting  # False once the lifecycle has ended
+        self.recent_pids = recent_pids  # the resolver's pid source, when it is cached
         self.counters = {"accepted": 0, "refused": 0, "allowed": 0, "dns": 0}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -157,7 +190,13 @@ class EgressCapture:
     async def _identify(self, stream: trio.SocketStream) -> dict[str, Any] | None:
         local, remote = _addr(stream.socket, False), _addr(stream.socket, True)
         try:
-            identity = await trio.to_thread.run_sync(self.resolver.resolve, local, remote)
+            try:
+                identity = await trio.to_thread.run_sync(self.resolver.resolve, local, remote)
+            except IdentityUnresolved as exc:
+                if self.recent_pids is None or exc.stage not in _RESCAN_STAGES:
+                    raise
+                self.recent_pids.invalidate()
+                identity = await trio.to_thread.run_sync(self.resolver.resolve, local, remote)
         except IdentityUnresolved as exc:
             self.counters["refused"] += 1
             self.log.emit("egress.refused", reason=f"identity-unresolved: {exc.stage}", detail=str(exc),
