@@ -189,14 +189,17 @@ class EgressCapture:
     # -- identity + hand-off ----------------------------------------------------------------------------------
     async def _identify(self, stream: trio.SocketStream) -> dict[str, Any] | None:
         local, remote = _addr(stream.socket, False), _addr(stream.socket, True)
+        # Resolved inline: it is ~0.2-3 ms of /proc and netlink reads, and handing it to a worker thread cost
+        # more than that (thread hand-off and GIL contention were the top of the profile under load).
+        await trio.lowlevel.checkpoint()
         try:
             try:
-                identity = await trio.to_thread.run_sync(self.resolver.resolve, local, remote)
+                identity = self.resolver.resolve(local, remote)
             except IdentityUnresolved as exc:
                 if self.recent_pids is None or exc.stage not in _RESCAN_STAGES:
                     raise
                 self.recent_pids.invalidate()
-                identity = await trio.to_thread.run_sync(self.resolver.resolve, local, remote)
+                identity = self.resolver.resolve(local, remote)
         except IdentityUnresolved as exc:
             self.counters["refused"] += 1
             self.log.emit("egress.refused", reason=f"identity-unresolved: {exc.stage}", detail=str(exc),
