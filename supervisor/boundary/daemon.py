@@ -286,8 +286,11 @@ class BoundaryDaemon:
             workload_pids=recent_pids,
             agent_pid=lambda: self.table.agent.pid if self.table.agent is not None else None,
             # With a workload PID namespace no process outside it can hold one of its sockets except ourselves
-            # and the launcher, so the full-/proc walk for foreign owners is not needed; without one it is.
-            scan_foreign=model == "P",
+            # and the launcher, so the walk of every fd table for foreign owners is not needed. Without one (P)
+            # it is, over our PID namespace: as a container's PID 1 that is just the pod. Outside a container
+            # (dev mode's model P) it would be every process on the host, tens of ms per connection: skipped,
+            # one of dev-P's documented limits.
+            scan_foreign=model == "P" and os.getpid() == 1,
             budget_us=IDENTITY_BUDGET_US,
             sock_diag=socket.socket(fileno=diag_fd) if diag_fd is not None else None,
         )
