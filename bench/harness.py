@@ -165,10 +165,11 @@ def product_snapshot(workdir: Path) -> tuple[Path, dict[str, object]]:
             done = subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.SubprocessError):
             return ""
-        return done.stdout.strip() if done.returncode == 0 else ""
+        return done.stdout if done.returncode == 0 else ""
 
-    changed = [line[3:] for line in git("status", "--porcelain", "--", "supervisor").splitlines()]
-    return root, {"commit": git("rev-parse", "--short", "HEAD"), "uncommitted": changed}
+    # Porcelain lines are "XY path": the status columns may start with a space, so nothing is stripped first.
+    changed = [line[3:] for line in git("status", "--porcelain", "--", "supervisor").splitlines() if line.strip()]
+    return root, {"commit": git("rev-parse", "--short", "HEAD").strip(), "uncommitted": changed}
 
 
 def machine_facts() -> dict[str, object]:

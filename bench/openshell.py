@@ -166,7 +166,8 @@ class OpenShell(Contender):
             if done.latencies:
                 return
             if time.monotonic() > deadline:
-                raise ContenderUnavailable(f"no exchange crossed the sandbox within {PING_TIMEOUT:.0f} s")
+                why = ", ".join(done.error_kinds) or "no answer"
+                raise ContenderUnavailable(f"no exchange crossed the sandbox within {PING_TIMEOUT:.0f} s ({why})")
             time.sleep(0.2)
 
     def _log_tail(self) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench import netns
-from bench.harness import main, make_config, parse_args
+from bench.harness import main, make_config, parse_args, product_snapshot
 from bench.remote import SYSTEM_PYTHON
 from bench.scenarios import idle_sizes
 
@@ -44,6 +44,16 @@ def test_default_and_quick_configs() -> None:
     quick, _ = make_config(quick=True, runs=5, nofile=65536)
     assert full.bulk_bytes == 1 << 30 and full.idle_sizes == (1000, 10000) and full.concurrency == 64
     assert quick.bulk_bytes == 128 << 20 and quick.idle_sizes == (1000,)
+
+
+def test_product_snapshot_is_a_copy_with_its_commit(tmp_path: Path) -> None:
+    root, facts = product_snapshot(tmp_path)
+    checkout = Path(__file__).parents[2] / "supervisor"
+    assert (root / "supervisor" / "cli.py").read_bytes() == (checkout / "cli.py").read_bytes()
+    assert facts["commit"]
+    assert not list(root.rglob("__pycache__"))
+    assert isinstance(facts["uncommitted"], list)
+    assert all(path.startswith("supervisor/") for path in facts["uncommitted"])  # whole paths, none clipped
 
 
 def test_one_small_run_writes_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
