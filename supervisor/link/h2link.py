@@ -42,6 +42,7 @@ CONNECTION_WINDOW = 64 * 1024 * 1024
 MAX_FRAME = 256 * 1024
 MAX_CONCURRENT_STREAMS = 4096
 READ_SIZE = 256 * 1024
+FINISH_GRACE_S = 5.0
 
 
 class LinkClosed(trio.BrokenResourceError):
@@ -202,6 +203,21 @@ class LinkStream(trio.abc.HalfCloseableStream):
         self._wake()
         self._link._forget(self.stream_id)
         await trio.lowlevel.checkpoint()
+
+    async def finish(self, grace: float = FINISH_GRACE_S) -> None:
+        """A server handler is done: END_STREAM, then give the peer ``grace`` seconds to end its side (what it
+        still sends is read and dropped) before closing. Closing at once would reset a stream whose peer is
+        still relaying our last bytes onwards, and a relay that sees the reset may drop them (an exec's EXIT
+        frame was lost that way)."""
+        if not self._closed_locally and self._reset_code is None and not self._link._closed:
+            with trio.move_on_after(grace):
+                try:
+                    await self.send_eof()
+                    while await self.receive_some():
+                        pass
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+        await self.aclose()
 
     async def reset(self, code: int = h2.errors.ErrorCodes.CANCEL) -> None:
         """Abort the stream (RST_STREAM)."""
@@ -511,5 +527,5 @@ class Link:
             pass
         finally:
             if stream.stream_id in self._streams:
-                await stream.aclose()
+                await stream.finish()
 

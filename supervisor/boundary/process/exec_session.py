@@ -340,6 +340,12 @@ async def pump_exec(entry: ProcessEntry, stream: trio.abc.HalfCloseableStream) -
                 output.set_lossy(True)
         with trio.CancelScope(shield=True), trio.move_on_after(1):
             try:
-                await stream.aclose()
+                if finished:
+                    # Half-close only: the owner of the stream closes it once the client has ended its side
+                    # (the link does, with a grace period). Resetting it now could lose the EXIT frame while
+                    # control is still relaying it onwards.
+                    await stream.send_eof()
+                else:
+                    await stream.aclose()
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
