@@ -114,11 +114,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--decisions", type=int, default=200_000)
     parser.add_argument("--sizes", default="10,1000,10000")
+    parser.add_argument("--json", action="store_true", help="one JSON row per measurement (for bench/run.py)")
+    parser.add_argument("--quick", action="store_true", help="fewer decisions per size")
     args = parser.parse_args()
+    decisions = min(args.decisions, 20_000) if args.quick else args.decisions
+    if args.json:
+        import json
+
+        for size in (int(s) for s in args.sizes.split(",")):
+            r = measure(size, decisions)
+            for kind in ("l4", "l7"):
+                print(json.dumps({"name": f"policy {kind.upper()} decision at {size} rules", "unit": "µs",
+                                  "value": round(r[f"{kind}_us"], 2), "target": 20.0 if size == 10_000 else None}))
+        return
     print(f"{'rules':>6} {'load s':>7} {'compile s':>9} {'L4 µs':>7} {'L4 /s':>10} {'L7 µs':>7} {'L7 /s':>10} "
           f"{'allowed':>7}")
     for size in (int(s) for s in args.sizes.split(",")):
-        r = measure(size, args.decisions)
+        r = measure(size, decisions)
         print(f"{r['rules']:>6} {r['load_s']:>7.2f} {r['compile_s']:>9.2f} {r['l4_us']:>7.2f} "
               f"{r['l4_per_s']:>10,.0f} {r['l7_us']:>7.2f} {r['l7_per_s']:>10,.0f} {r['allowed_share']:>7.0%}")
 
