@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import signal
 import socket
@@ -30,7 +31,7 @@ from supervisor.boundary.capture import IdentityResolver
 from supervisor.boundary.capture.setup import open_sock_diag
 from supervisor.boundary.confinement import landlock_for
 from supervisor.boundary.egress import EgressCapture, EgressLinks, RecentPids
-from supervisor.boundary.forward import open_forward, splice
+from supervisor.boundary.forward import open_forward
 from supervisor.boundary.process import (
     Launcher,
     LauncherError,
@@ -43,6 +44,7 @@ from supervisor.boundary.process.table import ProcessTable
 from supervisor.boundary.trust import TrustError, install_trust
 from supervisor.jsonlog import JsonLog
 from supervisor.link.h2link import Link, LinkStream
+from supervisor.link.relay import relay
 from supervisor.link.rpc import Accept, Router
 from supervisor.link.tls_link import Refused, accept_link
 from supervisor.protocol.attach import AttachRequest, CaptureMode, parse_attach
@@ -450,8 +452,11 @@ class BoundaryDaemon:
         target = parse_forward_request(body, self._reserved_ports())
         local = await open_forward(self.launcher, target.host, target.port, self._reserved_ports())
         await accept({"host": target.host, "port": target.port})
-        sent, received = await splice(stream, local)
-        self.log.emit("forward.closed", host=target.host, port=target.port, bytes_in=sent, bytes_out=received)
+        stats = await relay(stream, local, idle_timeout=math.inf)
+        self.log.emit(
+            "forward.closed", host=target.host, port=target.port, bytes_in=stats.bytes_a_to_b,
+            bytes_out=stats.bytes_b_to_a, closed_by=str(stats.closed_by),
+        )  # fmt: skip
 
     def _reserved_ports(self) -> set[int]:
         """Ports a forward may never reach: our own listeners inside the agent's namespace (spec §3 rule 4)."""

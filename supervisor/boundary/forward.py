@@ -18,10 +18,9 @@ import trio
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.process_ops import validate_forward_target
 
-__all__ = ["CONNECT_TIMEOUT_S", "open_forward", "splice"]
+__all__ = ["CONNECT_TIMEOUT_S", "open_forward"]
 
 CONNECT_TIMEOUT_S: Final = 5.0
-_CHUNK: Final = 64 * 1024
 
 
 class NetnsSockets(Protocol):
@@ -53,31 +52,3 @@ async def open_forward(
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return trio.SocketStream(sock)
 
-
-async def _copy(src: trio.abc.ReceiveStream, dst: trio.abc.HalfCloseableStream, counter: list[int]) -> None:
-    while data := await src.receive_some(_CHUNK):
-        await dst.send_all(data)
-        counter[0] += len(data)
-    await dst.send_eof()
-
-
-async def splice(a: trio.abc.HalfCloseableStream, b: trio.abc.HalfCloseableStream) -> tuple[int, int]:
-    """Relay both ways with half-close; when either direction fails, both streams are closed.
-
-    Returns (bytes a→b, bytes b→a).
-    """
-    ab, ba = [0], [0]
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_copy, a, b, ab)
-            nursery.start_soon(_copy, b, a, ba)
-    except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        pass
-    finally:
-        with trio.CancelScope(shield=True):
-            for stream in (a, b):
-                try:
-                    await stream.aclose()
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                    pass
-    return ab[0], ba[0]

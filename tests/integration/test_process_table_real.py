@@ -7,6 +7,8 @@ main() forks it before trio.run) and prepared with network, mount and PID namesp
 from __future__ import annotations
 
 import errno
+import functools
+import math
 import os
 import random
 import socket
@@ -18,13 +20,14 @@ import pytest
 import trio
 import trio.testing
 
-from supervisor.boundary.forward import open_forward, splice
+from supervisor.boundary.forward import open_forward
 from supervisor.boundary.process import Launcher, NamespacePlan, SpawnSpec
 from supervisor.boundary.process.environment import build_process_spec, managed_env
 from supervisor.boundary.process.exec_session import pump_exec
 from supervisor.boundary.process.table import ProcessTable
 from supervisor.boundary.process.terminate import everything, kill_tree, read_stat
 from supervisor.jsonlog import JsonLog
+from supervisor.link.relay import relay
 from supervisor.protocol.channel import Resize, Stdin, StdinEof, encode_frame
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.process_ops import ExecRequest
@@ -372,7 +375,7 @@ async def test_forward_reaches_workload_loopback_only(table: ProcessTable) -> No
         n.start_soon(echo_once)
         stream = await open_forward(launcher, "localhost", port, reserved_ports={3128})
         client, server = trio.testing.memory_stream_pair()
-        n.start_soon(splice, server, stream)
+        n.start_soon(functools.partial(relay, server, stream, idle_timeout=math.inf))
         await client.send_all(b"hello")
         await client.send_eof()
         got = b""
