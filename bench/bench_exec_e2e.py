@@ -1,4 +1,4 @@
-"""``exec true`` round trip through the whole product, two ways (DESIGN "Exec latency"):
+"""``exec true`` round trip through the whole product, two ways (docs/design.md "Exec latency"):
 
 - ``api``: from an already-running client, over control's operator API (h11 upgrade on the Unix socket) →
   control → the ops link (HTTP/2 over mTLS) → boundary → launcher → ``execve`` → EXIT frame back. The 5 ms

@@ -1,6 +1,6 @@
 """The bench's upstream host: a network namespace of its own, reached over a veth pair on TEST-NET addresses.
 
-Why: the sandbox's control refuses loopback upstreams by design (DESIGN "Always-blocked stays blocked"), so
+Why: the sandbox's control refuses loopback upstreams by design (docs/design.md "Always-blocked stays blocked"), so
 the one upstream every contender reaches has to sit at an address that is not loopback — and the bench may
 send packets to such an address only inside a namespace it created itself. This module creates exactly that
 and nothing more:

@@ -1,6 +1,6 @@
 """The CLI's client for control's operator API (h11 over the Unix socket).
 
-Finding the socket (DESIGN "Finding the API"): ``--api``, else ``$OPENSHELL_SANDBOX_API``, else the only live
+Finding the socket (docs/design.md "Finding the API"): ``--api``, else ``$OPENSHELL_SANDBOX_API``, else the only live
 socket under ``${XDG_RUNTIME_DIR:-/run}/openshell-sandbox/*/api.sock``, else an error listing the candidates.
 """
 

@@ -1,4 +1,4 @@
-"""``openshell-sandbox certs issue``: mint a sandbox's bootstrap bundle (DESIGN.md "Bootstrap bundle per role").
+"""``openshell-sandbox certs issue``: mint a sandbox's bootstrap bundle (docs/design.md "Bootstrap bundle per role").
 
 Exit codes: 0 written; 2 usage (a flag is missing or its value is not a valid claim or duration); 1 anything
 else (the bundle exists, a file cannot be written). Every error message names the flag or the file.

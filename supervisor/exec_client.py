@@ -1,4 +1,4 @@
-"""The CLI end of an exec channel: local terminal ⇄ channel frames (DESIGN.md "Streams are for payload").
+"""The CLI end of an exec channel: local terminal ⇄ channel frames (docs/design.md "Streams are for payload").
 
 Rules:
 

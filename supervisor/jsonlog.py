@@ -1,4 +1,4 @@
-"""One JSON object per line: the daemons' log and event format (DESIGN.md "Events").
+"""One JSON object per line: the daemons' log and event format (docs/design.md "Events").
 
 Both daemons use it, so it lives outside ``control`` and ``boundary``. Every line has ``time`` (RFC 3339, UTC,
 milliseconds), ``event`` and the emitting ``component``; everything else is flat keyword fields. Values that

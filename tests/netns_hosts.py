@@ -1,6 +1,6 @@
 """Test hosts in network namespaces, and a DNS server answering from a dict.
 
-The tests' "internet" (DESIGN "Testing"): every upstream a test dials lives in a network namespace the test
+The tests' "internet" (docs/design.md "Testing"): every upstream a test dials lives in a network namespace the test
 created itself, on TEST-NET addresses, and every name is answered by a DNS server the test runs. Nothing here
 sends a packet anywhere else.
 

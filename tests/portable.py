@@ -1,6 +1,6 @@
 """A copy of the package and its dependencies that any uid can import with Debian's ``/usr/bin/python3``.
 
-The test interpreter is pyenv under /root (mode 0700), unreadable to other uids (DESIGN "Tests under another
+The test interpreter is pyenv under /root (mode 0700), unreadable to other uids (docs/design.md "Tests under another
 uid"); both are CPython 3.11, so the installed wheels (compiled ones included) work from a 0755 copy.
 """
 

@@ -1,4 +1,4 @@
-"""The Landlock confinement of every workload process, from the policy's static sections (spec/policy.md §1.2).
+"""The Landlock confinement of every workload process, from the policy's static sections (docs/spec/policy.md §1.2).
 
 Every launch gets a Landlock domain, even when the policy says nothing about the filesystem: the domain's
 scoping (ABI ≥ 6) is what stops a workload of the boundary's own uid (models U and P) from signalling the

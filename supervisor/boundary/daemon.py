@@ -3,7 +3,7 @@
 Order of events in a boundary's life:
 
 1. ``main`` loads the bootstrap bundle (refusing the other role's key), picks the privilege model and forks the
-   launcher — before ``trio.run`` and before any thread exists (DESIGN "Privilege models").
+   launcher — before ``trio.run`` and before any thread exists (docs/design.md "Privilege models").
 2. The daemon listens (never ``SO_REUSEPORT``) and only listens: control dials. Every connection must complete
    a TLS 1.3 handshake within a deadline and present a control certificate whose claims equal ours exactly;
    anything else is logged with the peer and the failing field and closed, and the daemon keeps serving.
@@ -321,7 +321,7 @@ class BoundaryDaemon:
         if self.attach.capture_mode is CaptureMode.NETNS:
             fence.update(await self._verify_fence())
         else:
-            # No probe leaves the machine (DESIGN): the external fence is the pod's NetworkPolicy, acknowledged
+            # No probe leaves the machine (docs/design.md): the external fence is the pod's NetworkPolicy, acknowledged
             # by the operator in both places; it is reported as such, never claimed as verified.
             fence.update(fingerprint=None, probe="external-fence-acknowledged")
         if self.capture is not None:

@@ -33,7 +33,7 @@ FORWARDED_UNARY = {"/v1/wait": 0, "/v1/signal": 0, "/v1/terminate": 0}
 
 
 def runtime_socket_path(sandbox: str) -> Path:
-    """DESIGN "Finding the API": ``${XDG_RUNTIME_DIR:-/run}/openshell-sandbox/<sandbox>/api.sock``."""
+    """docs/design.md "Finding the API": ``${XDG_RUNTIME_DIR:-/run}/openshell-sandbox/<sandbox>/api.sock``."""
     base = os.environ.get("XDG_RUNTIME_DIR") or "/run"
     return Path(base) / "openshell-sandbox" / sandbox / "api.sock"
 

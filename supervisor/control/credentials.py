@@ -1,4 +1,4 @@
-"""Provider credentials that only control holds; the agent gets placeholders (spec/policy.md §3.13).
+"""Provider credentials that only control holds; the agent gets placeholders (docs/spec/policy.md §3.13).
 
 Rules:
 
@@ -8,7 +8,7 @@ Rules:
 2. The agent's environment gets, under the same name, a placeholder: ``openshell:resolve:env:NAME`` unless
    the file sets one. Control substitutes the secret for the placeholder in a request it has admitted, and
    only when the request's endpoint is one the credential is bound to (``hosts``).
-3. A credential with no binding (no ``hosts``) is never injected (DESIGN "Settled details"); its placeholder
+3. A credential with no binding (no ``hosts``) is never injected (docs/design.md "Settled details"); its placeholder
    is still issued so the agent's configuration is stable, and using it is a ``credential_endpoint_mismatch``.
 4. Binding entries: ``host`` or host glob (§2.1), optionally ``:port`` (any port when omitted) and a path
    pattern (``/x/**`` covers ``/x`` and everything below; ``*`` crosses ``/``), as a string

@@ -16,7 +16,7 @@ binary's identity (``supervisor.protocol.egress``). For each one, in order:
 
 Every decision is one JSON event; an allowed connection's event is written when it closes, with bytes and
 duration. Connections admitted under an older policy generation are re-decided when a new generation loads
-and cut if it denies them (spec/policy.md §3.15).
+and cut if it denies them (docs/spec/policy.md §3.15).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class EgressService:
         self.pins = DigestPins()
         self._live: dict[int, _Live] = {}
         # Addresses this control handed to the agent's DNS stub, mapped back to the name they answer for: a
-        # transparent connection to one of them is decided as that name (DESIGN "DNS and transparent capture").
+        # transparent connection to one of them is decided as that name (docs/design.md "DNS and transparent capture").
         self._issued: dict[str, tuple[str, float]] = {}
         self.counters = {"allowed": 0, "denied": 0, "failed": 0, "dns": 0}
         store.subscribe(self._policy_changed)

@@ -1,6 +1,6 @@
 """Control's upstream side: resolve a name with our own resolver, vet every address, dial exactly those.
 
-Rules this file enforces (spec/policy.md §3.5, §3.14; DESIGN "Always-blocked stays blocked"):
+Rules this file enforces (docs/spec/policy.md §3.5, §3.14; docs/design.md "Always-blocked stays blocked"):
 
 1. **One resolution per connection, and the address dialled is an address vetted.** ``dial`` resolves once,
    vets the answer, and connects only to the vetted addresses, checking the connected peer. Nothing resolves

@@ -1,5 +1,5 @@
-"""The ``attach`` descriptor: what control tells the boundary when it binds it (DESIGN.md "Who says what at
-attach"; spec/boundary.md §1.2).
+"""The ``attach`` descriptor: what control tells the boundary when it binds it (docs/design.md "Who says what at
+attach"; docs/spec/boundary.md §1.2).
 
 Rule 1: the agent's argv, cwd and tty are NOT here — they come from the boundary's own command line.
 Rule 2: strict: unknown keys, wrong types and a version other than exactly ours are ``invalid``; a descriptor

@@ -1,4 +1,4 @@
-"""Bootstrap bundles: a per-sandbox CA and one leaf per role, minted and loaded (DESIGN.md "Settled details").
+"""Bootstrap bundles: a per-sandbox CA and one leaf per role, minted and loaded (docs/design.md "Settled details").
 
 Rules this module enforces:
 

@@ -1,4 +1,4 @@
-"""Sandbox claims: what binds a certificate to one sandbox and one role (DESIGN.md "Claims").
+"""Sandbox claims: what binds a certificate to one sandbox and one role (docs/design.md "Claims").
 
 Rules this module enforces:
 

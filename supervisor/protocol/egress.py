@@ -4,10 +4,10 @@ Rules this module enforces (everything that crosses the boundary→control hand-
 
 1. The boundary is the HTTP/2 client. A hand-off is ``:method CONNECT`` + ``:authority host:port`` (RFC 9113
    §8.5: no ``:scheme``, no ``:path``) plus exactly the ``openshell-*`` headers below, each once.
-2. The authority follows spec/policy.md §3.1.1 tightened: IPv6 literals are bracketed, the port is present and
+2. The authority follows docs/spec/policy.md §3.1.1 tightened: IPv6 literals are bracketed, the port is present and
    1..65535 in plain decimal, no userinfo, the host is at most 255 characters of ``[a-z0-9._~-]`` (lower-cased)
    or a bracketed IPv6 address without a zone.
-3. ``openshell-identity`` is the compact JSON of the boundary's resolved identity (spec/boundary.md §4.2),
+3. ``openshell-identity`` is the compact JSON of the boundary's resolved identity (docs/spec/boundary.md §4.2),
    validated field by field; unknown fields are refused so that both sides agree on what was decided.
 4. Control answers ``:status`` 200 (allow, then bytes flow with END_STREAM as half-close) or an error status with
    ``openshell-reason`` (required) and optionally ``openshell-rule`` / ``openshell-detail``.
@@ -154,7 +154,7 @@ def format_authority(host: str, port: int) -> str:
 
 # --- identity -------------------------------------------------------------------------------------------
 
-# field → (accepted JSON types, required); the schema of spec/boundary.md §4.2
+# field → (accepted JSON types, required); the schema of docs/spec/boundary.md §4.2
 _IDENTITY_SCHEMA: Mapping[str, tuple[tuple[type, ...], bool]] = {
     "binary_path": ((str,), True),
     "binary_sha256": ((str, type(None)), True),

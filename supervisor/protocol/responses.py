@@ -1,4 +1,4 @@
-"""The client-visible error responses of the egress path (spec/policy.md §3.17), sans-I/O.
+"""The client-visible error responses of the egress path (docs/spec/policy.md §3.17), sans-I/O.
 
 Rules:
 

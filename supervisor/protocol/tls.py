@@ -1,4 +1,4 @@
-"""TLS contexts for the control <-> boundary links, and the post-handshake peer check (DESIGN.md "Trust").
+"""TLS contexts for the control <-> boundary links, and the post-handshake peer check (docs/design.md "Trust").
 
 Rules this module enforces:
 

@@ -1,4 +1,4 @@
-"""Decisions (spec/policy.md §3.3, §3.10) and the §5 bug classes, from the attacker's side where it matters."""
+"""Decisions (docs/spec/policy.md §3.3, §3.10) and the §5 bug classes, from the attacker's side where it matters."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Generations and failure modes (spec/policy.md §3.15, DESIGN "Settled details"), without any file watcher."""
+"""Generations and failure modes (docs/spec/policy.md §3.15, docs/design.md "Settled details"), without a file
+watcher."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Egress capture inside the agent's network namespace (spec/boundary.md §4, §5.4).
+"""Egress capture inside the agent's network namespace (docs/spec/boundary.md §4, §5.4).
 
 - :mod:`.setup` runs in the launcher inside the agent's namespace: ``prepare`` (lo, any-IP routes, optional
   nft redirect, listeners as fds), ``inspect`` (fence read-back + fingerprint), ``probe``, ``open_sock_diag``;

@@ -1,4 +1,4 @@
-"""Binary identity of the process behind an accepted connection (spec/boundary.md §4.2).
+"""Binary identity of the process behind an accepted connection (docs/spec/boundary.md §4.2).
 
 Rules:
 

@@ -1,6 +1,6 @@
 """The agent-facing HTTP proxy listener (``127.0.0.1:3128``), sans-I/O.
 
-Rules (spec/policy.md §3.1, §3.17; the boundary parses only to learn the destination and to answer):
+Rules (docs/spec/policy.md §3.1, §3.17; the boundary parses only to learn the destination and to answer):
 
 1. Nothing is decided here. A head becomes a :class:`ProxyTarget` (CONNECT or absolute-form plain HTTP) or a
    :class:`ProxyReject`; policy, DNS, L7 and credentials stay in control.
@@ -51,7 +51,7 @@ _REASONS = {
 }
 _UPSTREAM_ERRORS = {502: "upstream_failed", 503: "egress_unavailable", 504: "upstream_timeout"}
 
-# headers that describe the hop between the agent and us, never forwarded (spec/policy.md §3.1.2)
+# headers that describe the hop between the agent and us, never forwarded (docs/spec/policy.md §3.1.2)
 _HOP_HEADERS = frozenset(
     {b"host", b"connection", b"upgrade", b"proxy-connection", b"proxy-authorization", b"proxy-authenticate"}
 )
@@ -129,7 +129,7 @@ def render_denied(
     detail: str | None = None,
     error: str = "policy_denied",
 ) -> bytes:
-    """The ``403`` for a proxy-aware client (spec/policy.md §3.17)."""
+    """The ``403`` for a proxy-aware client (docs/spec/policy.md §3.17)."""
     body: dict[str, Any] = {
         "error": error,
         "detail": detail or f"{target.describe()} not permitted by policy",
@@ -176,7 +176,7 @@ def render_unavailable(target: ProxyTarget, reason: str = "no egress link") -> b
 
 
 def proxy_environment(url: str = f"http://{PROXY_HOST}:{PROXY_PORT}") -> dict[str, str]:
-    """The proxy variables set for the agent (spec/boundary.md §6.5), upper and lower case."""
+    """The proxy variables set for the agent (docs/spec/boundary.md §6.5), upper and lower case."""
     env: dict[str, str] = {}
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
         env[name] = env[name.lower()] = url

@@ -7,7 +7,7 @@ Rules:
 2. The fence is "only ``lo``": no link, no route and no rule may lead anywhere else. :func:`inspect` reads it
    all back, names every deviation and fingerprints the whole dump, so ``confirm`` and the periodic re-check
    compare one hash.
-3. Both modes start from any-IP routing (spec/boundary.md §5.4 B): ``local 0.0.0.0/0`` and ``local ::/0`` in
+3. Both modes start from any-IP routing (docs/spec/boundary.md §5.4 B): ``local 0.0.0.0/0`` and ``local ::/0`` in
    table ``local`` make every destination an address of this namespace, so nothing is ever routed anywhere.
    Mode ``anyip`` (the default) stops there: a wildcard listener on port P accepts a connection to *any*
    address on P and the accepted socket's local address is the original destination; a port without a
@@ -224,7 +224,7 @@ def _install_anyip(ipr: IPRoute, lo: int, *, ipv6: bool) -> list[str]:
 
 
 def _install_nft(capture_port: int, dns_port: int) -> str:
-    """spec/boundary.md §5.4 A on top of any-IP routing. Only with a working ``nft``; any failure is fatal.
+    """docs/spec/boundary.md §5.4 A on top of any-IP routing. Only with a working ``nft``; any failure is fatal.
 
     NAT output (before filter): port 53 of any address → the DNS stub; loopback destinations stay as they are
     (the agent's own services and the proxy listener); every other TCP connection → the capture port.

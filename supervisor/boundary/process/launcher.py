@@ -1,4 +1,4 @@
-"""The boundary's handle on its launcher ("zygote") process (spec/boundary.md §2.2, §2.6, §2.7, §2.9).
+"""The boundary's handle on its launcher ("zygote") process (docs/spec/boundary.md §2.2, §2.6, §2.7, §2.9).
 
 Rules of this module:
 
@@ -53,7 +53,7 @@ class SpawnError(Exception):
 
     @property
     def exit_code(self) -> int:
-        """The code a CLI reports for this failure (DESIGN "Streams are for payload")."""
+        """The code a CLI reports for this failure (docs/design.md "Streams are for payload")."""
         if self.stage == Stage.EXECVE and self.errno == _errno.ENOENT:
             return 127
         if self.stage == Stage.EXECVE and self.errno in (_errno.EACCES, _errno.ENOEXEC, _errno.EISDIR):

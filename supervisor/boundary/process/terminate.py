@@ -1,4 +1,4 @@
-"""Ending a process tree without leaving anything behind, in /proc mode (spec/boundary.md §2.6).
+"""Ending a process tree without leaving anything behind, in /proc mode (docs/spec/boundary.md §2.6).
 
 Membership of a handle's tree, from what /proc shows (restricted to the launcher's workload processes, so
 nothing outside the workload is ever signalled):

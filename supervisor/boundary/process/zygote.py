@@ -1,4 +1,4 @@
-"""The launcher ("zygote") process and the PID-namespace init it may fork (spec/boundary.md §2.2, §2.6, §2.7).
+"""The launcher ("zygote") process and the PID-namespace init it may fork (docs/spec/boundary.md §2.2, §2.6, §2.7).
 
 Rules of this module:
 

@@ -1,4 +1,4 @@
-"""What the agent speaks inside a tunnel, from its first bytes (spec/policy.md §3.7).
+"""What the agent speaks inside a tunnel, from its first bytes (docs/spec/policy.md §3.7).
 
 ``sniff(prefix)`` returns ``None`` while ``prefix`` is still a proper prefix of more than one answer (the
 caller waits up to :data:`SNIFF_WAIT_S` for more, then decides with what it has):

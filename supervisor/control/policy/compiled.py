@@ -237,7 +237,7 @@ class CompiledPolicy:
     def endpoints_for_name(self, host: str, *, transparent_only: bool = False) -> list[CompiledEndpoint]:
         """Endpoints whose host selector names ``host`` on any port, ignoring binaries and hostless endpoints.
 
-        For the DNS side (DESIGN "DNS and transparent capture"): a name no endpoint could allow is REFUSED and
+        For the DNS side (docs/design.md "DNS and transparent capture"): a name no endpoint could allow is REFUSED and
         never forwarded; with ``transparent_only`` only ``protocol: tcp`` endpoints count (§3.5.1 eligibility).
         ``host`` must already be normalised.
         """

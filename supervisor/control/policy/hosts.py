@@ -1,8 +1,8 @@
-"""Host names as policy sees them: one normalisation for requests and for policy hosts (DESIGN "Decision").
+"""Host names as policy sees them: one normalisation for requests and for policy hosts (docs/design.md "Decision").
 
 Rules:
 
-1. A request host is lower-cased, loses one trailing dot (DESIGN.md settles spec D5 this way), has Unicode
+1. A request host is lower-cased, loses one trailing dot (docs/design.md settles spec D5 this way), has Unicode
    labels converted to IDNA A-labels, and an IPv6 literal loses its brackets and is written in compressed form.
    Anything else that is not a plain DNS name (empty labels, control bytes, NUL, spaces, ``%``, ``/``, ports)
    is refused: ``normalize_request_host`` returns ``None`` and the decision is a denial.

@@ -1,4 +1,4 @@
-"""Load and validate a policy document (spec/policy.md §1, with the §6 decisions).
+"""Load and validate a policy document (docs/spec/policy.md §1, with the §6 decisions).
 
 Rules:
 

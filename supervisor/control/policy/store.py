@@ -1,4 +1,5 @@
-"""Policy generations, failure modes and the file watcher (spec/policy.md §3.15, DESIGN "Settled details").
+"""Policy generations, failure modes and the file watcher (docs/spec/policy.md §3.15, docs/design.md "Settled
+details").
 
 Rules:
 
