@@ -8,7 +8,9 @@ for tool in ip:iproute2 curl:curl git:git nft:nftables setpriv:util-linux; do
 done
 # a real client for the HTTPS-inspection e2e tests, importable by the agent's /usr/bin/python3
 /usr/bin/python3 -c 'import requests' 2>/dev/null || need+=(python3-requests)
+# what `make` needs to build .venv from /usr/bin/python3
+[ -x /usr/bin/python3 ] && ! /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null && need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
-python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+# the Python packages go into the Makefile's .venv (scripts/venv.sh), never into a system interpreter
