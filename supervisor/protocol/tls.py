@@ -1,4 +1,5 @@
-"""TLS contexts for the control <-> boundary links, and the post-handshake peer check (docs/design.md "Trust").
+"""TLS contexts for the control <-> boundary links, and the post-handshake peer check (docs/design.md "Trust and
+direction").
 
 Rules this module enforces:
 
