@@ -77,6 +77,23 @@ def daemon_parser() -> argparse.ArgumentParser:
     c.add_argument("--boundary", help="HOST:PORT of the boundary to dial")
     c.add_argument("--policy", type=Path, help="policy YAML (default: the embedded deny-all policy)")
     c.add_argument("--policy-failure-mode", choices=["fail-closed", "retain-last-valid"], default="fail-closed")
+    c.add_argument(
+        "--policy-source",
+        type=Path,
+        help="the operator's original of --policy (dev mode loads a private copy): revisions are watched here "
+        "instead, when safe (default: --policy itself)",
+    )
+    c.add_argument(
+        "--agent-writable",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a path the agent can write (repeatable; dev passes the workdir): a policy file inside one, or "
+        "inside /tmp or a read_write path, is loaded once and never hot-reloaded",
+    )
+    c.add_argument(
+        "--no-policy-watch", action="store_true", help="load the policy once; change it with `policy apply` only"
+    )
     c.add_argument("--api", type=Path, help="operator API socket path")
     c.add_argument("--agent-user", default="1000:1000", help="UID:GID of the agent in model R")
     c.add_argument("--dns-server", action="append", default=[], help="resolver ADDR[:PORT] (repeatable)")
@@ -175,6 +192,7 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     from supervisor.control.l7 import upstream_context
     from supervisor.control.policy import PolicyInvalid, PolicyStore, compile_policy, load_policy_file
     from supervisor.control.policy.schema import load_default_policy
+    from supervisor.control.policy.watch_safety import agent_writable_paths, decide_watch
     from supervisor.control.upstream import UpstreamConfig, parse_dns_server
     from supervisor.protocol.attach import CaptureMode
 
@@ -193,6 +211,9 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
         return EXIT_SELF_FAILED
     source = str(args.policy) if args.policy else "embedded default (deny all)"
     store = PolicyStore(compile_policy(policy), failure_mode=args.policy_failure_mode, source=source)
+    read_write = policy.filesystem_policy.read_write if policy.filesystem_policy is not None else ()
+    agent_writable = agent_writable_paths(args.agent_writable, read_write)
+    watch_file, watch_reason = decide_watch(args.policy_source or args.policy, args.no_policy_watch, agent_writable)
     try:
         uid_text, _, gid_text = args.agent_user.partition(":")
         agent_uid, agent_gid = int(uid_text), int(gid_text or uid_text)
@@ -218,7 +239,7 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
         upstream=UpstreamConfig(dns_servers=dns_servers), interception=interception,
         api_path=args.api or runtime_socket_path(bundle.claims.sandbox), agent_uid=agent_uid, agent_gid=agent_gid,
         capture_mode=CaptureMode(args.capture_mode), acknowledge_external_fence=args.acknowledge_external_fence,
-        policy_file=args.policy, log=log,
+        policy_file=watch_file, policy_watch_reason=watch_reason, agent_writable=agent_writable, log=log,
     )  # fmt: skip
     return daemon.run(cfg)
 

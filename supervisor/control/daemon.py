@@ -9,7 +9,9 @@ the boundary exit with the agent's code.
 
 from __future__ import annotations
 
+import functools
 import signal
+import ssl
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Any
 import trio
 
 from supervisor.control.api import ApiServer
+from supervisor.control.dialer import Backoff, BackoffGroup
 from supervisor.control.egress import EgressService, Interception
 from supervisor.control.policy import PolicyStore
 from supervisor.control.upstream import UpstreamConfig
@@ -26,16 +29,27 @@ from supervisor.link.h2link import Link
 from supervisor.link.rpc import call
 from supervisor.link.tls_link import Refused, dial_link
 from supervisor.protocol.attach import AttachRequest, CaptureMode
-from supervisor.protocol.certs import Bundle
+from supervisor.protocol.certs import Bundle, BundleError
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS, client_context
 
-BACKOFF_START_S = 0.05
-BACKOFF_MAX_S = 5.0
 EGRESS_LINKS = 2  # a few long-lived links; HTTP/2 multiplexes every captured connection over them
 CONFIRM_RETRY_S = 15.0
 DEFAULT_CAPTURE_PORTS = (80, 443, 8080, 8443)
 MAX_CAPTURE_PORTS = 256
+
+
+@dataclass
+class LinkFailure:
+    """Why one link attempt ended: the step it reached, the field a refusal named (never a value), the reason."""
+
+    step: str = "dial"
+    field: str | None = None
+    reason: str = "link ended"
+
+    def describe(self) -> str:
+        where = f" field={self.field}" if self.field else ""
+        return f"{self.step}:{where} {self.reason}"
 
 
 @dataclass
@@ -49,7 +63,9 @@ class ControlConfig:
     agent_gid: int = 1000
     capture_mode: CaptureMode = CaptureMode.NETNS
     acknowledge_external_fence: bool = False
-    policy_file: Path | None = None
+    policy_file: Path | None = None  # watched for revisions (None: the policy is loaded once)
+    policy_watch_reason: str = ""  # why it is watched or not, for the policy.watch event
+    agent_writable: tuple[str, ...] = ()  # resolved paths the agent can write (the watch re-checks against them)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     interception: Interception | None = None
     egress_links: int = EGRESS_LINKS
@@ -72,6 +88,7 @@ class ControlDaemon:
         self._egress_started = False
         self._nursery: trio.Nursery | None = None
         self._acks, self._ack_queue = trio.open_memory_channel[int](16)
+        self._backoffs = BackoffGroup()
         self.policy.subscribe(self._policy_changed)
 
     @property
@@ -86,10 +103,19 @@ class ControlDaemon:
             nursery.start_soon(self._acknowledge_policy)
             nursery.start_soon(self._signals, nursery)
             nursery.start_soon(self._maintain_ops_link)
+            self.log.emit("policy.watch", watching=self.cfg.policy_file is not None,
+                          reason=self.cfg.policy_watch_reason)  # fmt: skip
             if self.cfg.policy_file is not None:
                 from supervisor.control.policy import watch_policy_file
+                from supervisor.control.policy.watch_safety import watch_guard
 
-                nursery.start_soon(watch_policy_file, self.cfg.policy_file, self.policy)
+                def unsafe(reason: str) -> None:
+                    self.log.emit("policy.watch", watching=False, reason=f"stopped: {reason}")
+
+                nursery.start_soon(functools.partial(
+                    watch_policy_file, self.cfg.policy_file, self.policy,
+                    guard=watch_guard(self.cfg.policy_file, self.cfg.agent_writable), on_unsafe=unsafe,
+                ))  # fmt: skip
         self.log.emit("control.exit")
         return 0
 
@@ -101,50 +127,75 @@ class ControlDaemon:
                 return
 
     # -- the ops link ---------------------------------------------------------------------------------------
-    async def _dial(self, alpn: str) -> trio.SSLStream[trio.SocketStream]:
-        """Dial the boundary until a link of kind ``alpn`` is up, with capped exponential backoff. Each refusal
-        on authentication grounds (a named field) is logged every time: it is never expected."""
-        ctx = client_context(self.cfg.bundle, (alpn,))
-        backoff = BACKOFF_START_S
-        while True:
-            try:
-                tls, _claims = await dial_link(
-                    self.cfg.boundary_host, self.cfg.boundary_port, ctx, self.cfg.bundle, alpn
-                )
-                return tls
-            except Refused as exc:
-                if exc.field is not None:
-                    self.log.emit("link.refused", peer=exc.peer, field=exc.field, reason=exc.reason, alpn=alpn)
-                if alpn == ALPN_OPS:
-                    self.last_link_error = str(exc)
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX_S)
+    @property
+    def _peer(self) -> str:
+        return f"{self.cfg.boundary_host}:{self.cfg.boundary_port}"
+
+    def _link_failed(self, alpn: str, backoff: Backoff, failure: LinkFailure, **extra: Any) -> float:
+        """The one log line of one failed link (docs/quickstart.md "When the link fails"); returns the delay to wait."""
+        delay = backoff.advance()
+        self.log.emit(
+            "link.failed", peer=self._peer, alpn=alpn, step=failure.step, field=failure.field,
+            reason=failure.reason, retry_in_s=round(delay, 3), **extra,
+        )  # fmt: skip
+        return delay
+
+    async def _dial(self, alpn: str, failure: LinkFailure) -> trio.SSLStream[trio.SocketStream] | None:
+        """One dial; a refusal (connect, handshake, claims: ours of the boundary's) is recorded in ``failure``."""
+        failure.step = "dial"
+        try:
+            ctx = client_context(self.cfg.bundle, (alpn,))
+            tls, _claims = await dial_link(self.cfg.boundary_host, self.cfg.boundary_port, ctx, self.cfg.bundle, alpn)
+        except Refused as exc:
+            failure.step = "connect" if exc.field is None else "handshake"
+            failure.field, failure.reason = exc.field, exc.reason
+            return None
+        except (BundleError, ssl.SSLError, OSError) as exc:  # our own bundle became unreadable
+            failure.field, failure.reason = "bootstrap", str(exc)
+            return None
+        return tls
 
     async def _maintain_ops_link(self) -> None:
-        address = f"{self.cfg.boundary_host}:{self.cfg.boundary_port}"
+        """Dial, drive the lifecycle, follow the agent; on any failure log it once and back off. Nothing that
+        happens on a link ends the daemon (issue 10): control stays up, not ready, and keeps redialling."""
+        backoff = self._backoffs.new()
         while True:
-            tls = await self._dial(ALPN_OPS)
+            failure = LinkFailure()
+            try:
+                await self._ops_attempt(failure)
+            except Exception as exc:  # a bug or a peer we did not foresee: logged, never the daemon's end
+                failure.reason = f"{type(exc).__name__}: {exc}"
+            finally:
+                self.ops = None
+                self.ops_ready = trio.Event()
+                self.peer_claims_ok = False
+            self.last_link_error = failure.describe()
+            await backoff.sleep(self._link_failed(ALPN_OPS, backoff, failure))
+
+    async def _ops_attempt(self, failure: LinkFailure) -> None:
+        tls = await self._dial(ALPN_OPS, failure)
+        if tls is None:
+            return
+        link = Link(tls, client=True, name=f"ops:{self._peer}")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(link.run)
+            self.ops = link
             self.peer_claims_ok = True
-            link = Link(tls, client=True, name=f"ops:{address}")
-            async with trio.open_nursery() as nursery:
-                await nursery.start(link.run)
-                self.ops = link
-                self.ops_ready.set()
-                self.log.emit("link.up", peer=address, alpn=ALPN_OPS)
-                try:
-                    await self._drive(link)
-                except OpError as exc:
-                    self.log.emit("lifecycle.error", error=exc.to_json())
-                    if exc.kind in (ErrorKind.FAILED, ErrorKind.INVALID, ErrorKind.DENIED):
-                        await trio.sleep(BACKOFF_MAX_S)
+            self.ops_ready.set()
+            self.log.emit("link.up", peer=self._peer, alpn=ALPN_OPS)
+            try:
+                await self._drive(link, failure)
+                failure.step = "running" if self.agent_result is None else "agent-exited"
                 await link.wait_closed()
-                nursery.cancel_scope.cancel()
-            self.ops = None
-            self.ops_ready = trio.Event()
-            self.peer_claims_ok = False
-            self.last_link_error = link.close_reason
-            self.log.emit("link.down", peer=address, reason=link.close_reason)
-            await trio.sleep(BACKOFF_START_S)
+            except OpError as exc:
+                failure.reason = f"{exc.kind}: {exc.reason}"
+            except trio.TooSlowError:
+                failure.reason = f"no reply within {CONFIRM_RETRY_S:g}s"
+            if link.closed:  # the link's own account (a GOAWAY naming the field, a TLS alert) beats the call's
+                failure.reason = link.close_reason or failure.reason
+                failure.field = link.refused_field
+            await link.aclose()
+            nursery.cancel_scope.cancel()
 
     def _descriptor(self) -> AttachRequest:
         claims = self.cfg.bundle.claims
@@ -164,26 +215,37 @@ class ControlDaemon:
             credential_placeholders=self.cfg.interception.credentials.placeholders() if self.cfg.interception else {},
         )
 
-    async def _drive(self, link: Link) -> None:
+    async def _drive(self, link: Link, failure: LinkFailure) -> None:
+        failure.step = "status"
         status = await call(link, "/v1/status")
         state = status.get("state")
         if state == "idle":
+            failure.step = "attach"
             reply = await call(link, "/v1/attach", self._descriptor().to_json())
+            self._backoffs.reset()  # progress: only a successful attach or resume resets the backoff
             self.log.emit("lifecycle.bound", reply=reply)
             self._start_egress_links()
+            failure.step = "confirm"
             reply = await self._confirm(link)
             self.log.emit("lifecycle.ready", fence=reply.get("fence"))
+            failure.step = "start"
             reply = await call(link, "/v1/start")
             self.log.emit("lifecycle.running", agent=reply.get("agent"))
         else:
+            failure.step = "resume"
             reply = await call(link, "/v1/resume")
+            self._backoffs.reset()
             self.log.emit("lifecycle.resumed", state=reply.get("state"))
             if reply.get("state") in ("bound", "ready", "running"):
                 self._start_egress_links()
             if reply.get("state") == "bound":
+                failure.step = "confirm"
                 await self._confirm(link)
+                failure.step = "start"
                 await call(link, "/v1/start")
+        failure.step = "status"
         self.boundary = await call(link, "/v1/status")
+        failure.step = "running"
         await self._follow_agent(link)
 
     async def _confirm(self, link: Link) -> dict[str, Any]:
@@ -193,7 +255,7 @@ class ControlDaemon:
                 try:
                     return await call(link, "/v1/confirm")
                 except OpError as exc:
-                    if exc.kind is not ErrorKind.UNAVAILABLE:
+                    if exc.kind is not ErrorKind.UNAVAILABLE or link.closed:
                         raise
                 await trio.sleep(0.02)
 
@@ -207,18 +269,24 @@ class ControlDaemon:
 
     async def _maintain_egress_link(self, index: int) -> None:
         """One egress link, redialled with backoff: we dial (TLS client) and serve HTTP/2 on it."""
-        address = f"{self.cfg.boundary_host}:{self.cfg.boundary_port}"
+        backoff = self._backoffs.new()
         while True:
-            tls = await self._dial(ALPN_EGRESS)
-            link = Link(tls, client=False, handler=self.egress.handle, name=f"egress{index}:{address}")
-            self.egress_up += 1
-            self.log.emit("link.up", peer=address, alpn=ALPN_EGRESS, index=index)
+            failure = LinkFailure()
             try:
-                await link.run()
-            finally:
-                self.egress_up -= 1
-                self.log.emit("link.down", peer=address, alpn=ALPN_EGRESS, index=index, reason=link.close_reason)
-            await trio.sleep(BACKOFF_START_S)
+                tls = await self._dial(ALPN_EGRESS, failure)
+                if tls is not None:
+                    failure.step = "serving"
+                    link = Link(tls, client=False, handler=self.egress.handle, name=f"egress{index}:{self._peer}")
+                    self.egress_up += 1
+                    self.log.emit("link.up", peer=self._peer, alpn=ALPN_EGRESS, index=index)
+                    try:
+                        await link.run()
+                    finally:
+                        self.egress_up -= 1
+                    failure.reason, failure.field = link.close_reason or "link ended", link.refused_field
+            except Exception as exc:  # never the daemon's end (see _maintain_ops_link)
+                failure.reason = f"{type(exc).__name__}: {exc}"
+            await backoff.sleep(self._link_failed(ALPN_EGRESS, backoff, failure, index=index))
 
     # -- policy generations -----------------------------------------------------------------------------------
     def _policy_changed(self, snap: Any) -> None:

@@ -282,10 +282,14 @@ def _evaluate(store: PolicyStore, text: str | None, errors: list[PolicyError], s
 class PolicyFileWatcher:
     """One poll at a time, so tests (and the daemon's loop) drive it deterministically."""
 
-    def __init__(self, path: Path, store: PolicyStore, *, rehash_every: int = 10) -> None:
+    def __init__(
+        self, path: Path, store: PolicyStore, *, rehash_every: int = 10, guard: Callable[[], str | None] | None = None
+    ) -> None:
         self.path = Path(path)
         self.store = store
         self.rehash_every = max(1, rehash_every)
+        self.guard = guard  # re-checked before each revision is read: why the file is no longer safe, or None
+        self.unsafe: str | None = None  # set once the guard refused; the watcher then stops for good
         self._signature: tuple[int, int, int, int] | bool | None = False  # False: never looked
         self._settled: str | None = None  # hash of the content last handed to the store
         self._pending_invalid: str | None = None
@@ -293,6 +297,8 @@ class PolicyFileWatcher:
 
     async def poll(self) -> bool:
         """Look once; return True when a revision was handed to the store."""
+        if self.unsafe is not None:
+            return False
         source = str(self.path)
         signature = await trio.to_thread.run_sync(_signature, self.path)
         self._polls += 1
@@ -300,6 +306,10 @@ class PolicyFileWatcher:
         if signature == self._signature and not due and self._pending_invalid is None:
             return False
         self._signature = signature
+        if self.guard is not None:
+            self.unsafe = await trio.to_thread.run_sync(self.guard)
+            if self.unsafe is not None:
+                return False
         text, content_hash, errors = await trio.to_thread.run_sync(_read, self.path)
         if content_hash == self._settled:
             self._pending_invalid = None
@@ -322,10 +332,22 @@ class PolicyFileWatcher:
         return True
 
 
-async def watch_policy_file(path: Path, store: PolicyStore, *, interval: float = 1.0, rehash_every: int = 10
-                            ) -> None:
-    """Poll ``path`` forever and feed revisions to ``store``. Run it in the daemon's nursery."""
-    watcher = PolicyFileWatcher(path, store, rehash_every=rehash_every)
+async def watch_policy_file(
+    path: Path,
+    store: PolicyStore,
+    *,
+    interval: float = 1.0,
+    rehash_every: int = 10,
+    guard: Callable[[], str | None] | None = None,
+    on_unsafe: Callable[[str], None] | None = None,
+) -> None:
+    """Poll ``path`` and feed revisions to ``store`` until ``guard`` finds it unsafe (then ``on_unsafe`` says
+    why and the watch ends: the policy in force stays). Run it in the daemon's nursery."""
+    watcher = PolicyFileWatcher(path, store, rehash_every=rehash_every, guard=guard)
     while True:
         await watcher.poll()
+        if watcher.unsafe is not None:
+            if on_unsafe is not None:
+                on_unsafe(watcher.unsafe)
+            return
         await trio.sleep(interval)
