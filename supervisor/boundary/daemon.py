@@ -46,7 +46,7 @@ from supervisor.jsonlog import JsonLog
 from supervisor.link.h2link import Link, LinkStream
 from supervisor.link.relay import relay
 from supervisor.link.rpc import Accept, Router
-from supervisor.link.tls_link import Refused, accept_link
+from supervisor.link.tls_link import Refused, accept_link, refuse
 from supervisor.protocol.attach import AttachRequest, CaptureMode, parse_attach
 from supervisor.protocol.certs import Bundle
 from supervisor.protocol.errors import ErrorKind, OpError
@@ -191,7 +191,7 @@ class BoundaryDaemon:
                 self.lifecycle.check(Op.EGRESS)
             except OpError as exc:
                 self.log.emit("link.refused", peer=peer, field="state", reason=f"egress link: {exc.reason}")
-                await trio.aclose_forcefully(tls)
+                await refuse(tls, server=True, field="state")  # control is told why (a GOAWAY)
                 return
             # On egress links the boundary is the HTTP/2 client (HTTP/2 roles do not follow TCP's).
             link = Link(tls, client=True, name=f"egress:{peer}")

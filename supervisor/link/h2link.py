@@ -307,6 +307,64 @@ def _error_name(code: int) -> str:
         return str(code)
 
 
+# -- refusing a peer after a completed handshake ------------------------------------------------------------
+#
+# With TLS 1.3 the client's handshake completes before the server has checked the client's certificate, and
+# either side's claim check runs after the handshake: the refused side sees only a closed connection. So the
+# refusing side speaks just enough HTTP/2 to say why: its connection preface and a GOAWAY whose debug data is
+# ``refused field=<field>``. The field is a name from a fixed vocabulary (a claim name, ``role``,
+# ``certificate``, ``tls``, ``alpn``, ``state``), never a value: the peer is not trusted with our claims.
+
+REFUSAL_CODE = h2.errors.ErrorCodes.INADEQUATE_SECURITY
+REFUSAL_PREFIX = "refused field="
+REFUSAL_GRACE_S = 1.0
+_FIELD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz_")
+_DEBUG_LIMIT = 200
+
+
+def refusal_debug_data(field: str | None) -> bytes:
+    """The GOAWAY debug data naming ``field``; anything that is not a plain field name becomes ``certificate``."""
+    name = field if field and len(field) <= 40 and set(field) <= _FIELD_CHARS else "certificate"
+    return (REFUSAL_PREFIX + name).encode("ascii")
+
+
+def _debug_text(data: bytes | None) -> str:
+    """A peer's GOAWAY debug data for a log line: printable ASCII only, bounded."""
+    if not data:
+        return ""
+    text = data[:_DEBUG_LIMIT].decode("ascii", "replace")
+    return "".join(c if c.isprintable() and c.isascii() else "?" for c in text)
+
+
+def _refused_field(debug: str) -> str | None:
+    if not debug.startswith(REFUSAL_PREFIX):
+        return None
+    name = debug[len(REFUSAL_PREFIX) :]
+    return name if name and set(name) <= _FIELD_CHARS else None
+
+
+async def send_refusal(
+    transport: trio.abc.Stream, *, client: bool, field: str | None, grace: float = REFUSAL_GRACE_S
+) -> None:
+    """Tell the peer why it is refused (a preface and a GOAWAY naming ``field``), then close ``transport``.
+
+    ``client`` is our HTTP/2 role on this link kind. What the peer sends meanwhile is read and dropped for up to
+    ``grace`` seconds until it closes: closing with its bytes unread would reset the connection, and a reset
+    can overtake the GOAWAY.
+    """
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=client))
+    conn.initiate_connection()
+    conn.close_connection(error_code=REFUSAL_CODE, additional_data=refusal_debug_data(field))
+    with trio.move_on_after(grace):
+        try:
+            await transport.send_all(conn.data_to_send())
+            while await transport.receive_some(READ_SIZE):
+                pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+    await trio.aclose_forcefully(transport)
+
+
 class Link:
     """An HTTP/2 connection (client or server side) over a trio byte stream.
 
@@ -334,6 +392,8 @@ class Link:
         self._closed = False
         self._closed_event = trio.Event()
         self.close_reason: str | None = None
+        #: the field the peer named when it refused us with a GOAWAY (:func:`send_refusal`), if it did
+        self.refused_field: str | None = None
         self._nursery: trio.Nursery | None = None
         self._started = trio.Event()
         self.streams_opened = 0
@@ -390,10 +450,13 @@ class Link:
         await self._started.wait()
         if self._closed:
             raise LinkClosed(f"link closed ({self.close_reason})")
-        stream_id = self._h2.get_next_available_stream_id()
+        try:
+            stream_id = self._h2.get_next_available_stream_id()
+            self._h2.send_headers(stream_id, list(headers), end_stream=end_stream)
+        except h2.exceptions.ProtocolError as exc:  # the connection is closing (GOAWAY) or out of stream ids
+            raise LinkClosed(f"cannot open a stream: {exc}") from exc
         stream = LinkStream(self, stream_id)
         self._streams[stream_id] = stream
-        self._h2.send_headers(stream_id, list(headers), end_stream=end_stream)
         if end_stream:
             stream._local_ended = True
         self.streams_opened += 1
@@ -521,7 +584,10 @@ class Link:
         elif isinstance(event, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
             self._window_changed()
         elif isinstance(event, h2.events.ConnectionTerminated):
-            self.close_reason = f"peer sent GOAWAY ({_error_name(int(event.error_code or 0))})"
+            debug = _debug_text(event.additional_data)
+            self.refused_field = _refused_field(debug)
+            detail = f": {debug}" if debug else ""
+            self.close_reason = f"peer sent GOAWAY ({_error_name(int(event.error_code or 0))}{detail})"
             return True
         return False
 

@@ -14,9 +14,10 @@ reply, so a handler only raises.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import trio
@@ -53,21 +54,31 @@ def _encode(value: dict[str, Any]) -> bytes:
 # -- client side ----------------------------------------------------------------------------------------------
 
 
-async def call(link: Link, path: str, body: dict[str, Any] | None = None, *, method: str = "POST") -> dict[str, Any]:
-    """One unary operation; raises :class:`OpError` with the peer's kind on an error reply."""
-    payload = _encode(body or {})
-    stream = await link.open_stream(
-        [*request_headers(method, path), ("content-type", "application/json")], end_stream=False
-    )
+@contextlib.contextmanager
+def _exchange(path: str) -> Iterator[None]:
+    """The one place a lost link becomes an error kind: every client operation runs its whole exchange (opening
+    the stream included) inside it, so a caller only ever sees :class:`OpError`."""
     try:
-        await stream.send_all(payload)
-        await stream.send_eof()
-        await stream.response()
-        data = await stream.read_all(JSON_LIMIT)
-    except LinkClosed as exc:
+        yield
+    except (LinkClosed, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
         raise OpError(ErrorKind.UNAVAILABLE, f"{path}: link lost: {exc}") from exc
-    finally:
-        await stream.aclose()
+
+
+async def call(link: Link, path: str, body: dict[str, Any] | None = None, *, method: str = "POST") -> dict[str, Any]:
+    """One unary operation; raises :class:`OpError` with the peer's kind on an error reply, ``unavailable`` when
+    the link is lost at any point of the exchange."""
+    payload = _encode(body or {})
+    with _exchange(path):
+        stream = await link.open_stream(
+            [*request_headers(method, path), ("content-type", "application/json")], end_stream=False
+        )
+        try:
+            await stream.send_all(payload)
+            await stream.send_eof()
+            await stream.response()
+            data = await stream.read_all(JSON_LIMIT)
+        finally:
+            await stream.aclose()
     reply = _decode_object(data, f"reply to {path}")
     if not 200 <= stream.status < 300:
         raise OpError.from_json(reply, status=stream.status)
@@ -75,19 +86,21 @@ async def call(link: Link, path: str, body: dict[str, Any] | None = None, *, met
 
 
 async def open_channel(link: Link, path: str, body: dict[str, Any]) -> tuple[LinkStream, dict[str, Any]]:
-    """Start a channel operation; returns the open stream and the accept reply, or raises :class:`OpError`."""
+    """Start a channel operation; returns the open stream and the accept reply, or raises :class:`OpError`
+    (``unavailable`` when the link is lost before the reply)."""
     payload = _encode(body)
-    stream = await link.open_stream(request_headers("POST", path))
-    try:
-        await stream.send_all(struct.pack(">I", len(payload)) + payload)
-        await stream.response()
-        if stream.status == 200:
-            return stream, _decode_object((stream.header(REPLY_HEADER) or "{}").encode(), f"reply to {path}")
-        data = await stream.read_all(JSON_LIMIT)
-    except LinkClosed as exc:
+    with _exchange(path):
+        stream = await link.open_stream(request_headers("POST", path))
+        try:
+            await stream.send_all(struct.pack(">I", len(payload)) + payload)
+            await stream.response()
+            if stream.status == 200:
+                return stream, _decode_object((stream.header(REPLY_HEADER) or "{}").encode(), f"reply to {path}")
+            data = await stream.read_all(JSON_LIMIT)
+        except BaseException:
+            await stream.aclose()
+            raise
         await stream.aclose()
-        raise OpError(ErrorKind.UNAVAILABLE, f"{path}: link lost: {exc}") from exc
-    await stream.aclose()
     raise OpError.from_json(_decode_object(data, f"reply to {path}"), status=stream.status)
 
 

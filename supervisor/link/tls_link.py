@@ -2,7 +2,8 @@
 
 Every connection gets a deadline for the whole handshake (a peer that sends nothing must not hold a slot), then
 ``verify_peer`` checks TLS 1.3, ALPN, the CA and every claim. A refusal is an exception naming the peer and the
-failing field; the caller logs it and keeps serving.
+failing field; the caller logs it and keeps serving. When the handshake itself completed, the refused peer is
+told the field too (an HTTP/2 GOAWAY, never a value): with TLS 1.3 it would otherwise only see a closed link.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from dataclasses import dataclass
 
 import trio
 
+from supervisor.link.h2link import send_refusal
 from supervisor.protocol.certs import Bundle
 from supervisor.protocol.claims import Claims
-from supervisor.protocol.tls import PeerRejected, verify_peer
+from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS, PeerRejected, verify_peer
 
 HANDSHAKE_TIMEOUT = 10.0
 
@@ -59,13 +61,28 @@ async def _handshake(
         await trio.aclose_forcefully(tls)
         raise Refused(peer, "tls", f"no TLS handshake within {handshake_s:g}s") from None
     except PeerRejected as exc:
-        await trio.aclose_forcefully(tls)
+        await refuse(tls, server=server, field=exc.field)
         raise Refused(peer, exc.field, str(exc)) from None
     except (trio.BrokenResourceError, ssl.SSLError, OSError) as exc:
         await trio.aclose_forcefully(tls)
         cause = exc.__cause__ or exc
         raise Refused(peer, "tls", f"handshake failed: {cause}") from None
     return tls, claims, tls.selected_alpn_protocol() or ""
+
+
+async def refuse(tls: trio.SSLStream[trio.SocketStream], *, server: bool, field: str | None) -> None:
+    """Close a link we refuse after its handshake completed, telling the peer which field failed when it speaks one
+    of our link protocols (an HTTP/2 GOAWAY, ``h2link.send_refusal``); otherwise just close it."""
+    try:
+        alpn = tls.selected_alpn_protocol()
+    except (ssl.SSLError, trio.BrokenResourceError, trio.NeedHandshakeError):
+        alpn = None
+    if alpn not in (ALPN_OPS, ALPN_EGRESS):
+        await trio.aclose_forcefully(tls)
+        return
+    # HTTP/2 roles do not follow TCP's: control is the client on ops links, the boundary on egress links.
+    h2_client = (alpn == ALPN_EGRESS) if server else (alpn == ALPN_OPS)
+    await send_refusal(tls, client=h2_client, field=field)
 
 
 async def accept_link(
