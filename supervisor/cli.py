@@ -31,6 +31,7 @@ operator commands (find the running sandbox's API socket by themselves; --api to
   forward   forward a local TCP port to a loopback port inside the workload
   policy    check a policy file, or ask what it decides
   certs     mint the bootstrap bundle for a sandbox
+  k8s       render a sandbox's Kubernetes objects (k8s render)
 """
 
 
@@ -58,12 +59,15 @@ def daemon_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--mode", required=True, choices=["control", "boundary"], help="which daemon to run")
     p.add_argument("--bootstrap", required=True, type=Path, help="this role's bootstrap bundle directory")
-    p.add_argument("--log-stream", choices=["stdout", "stderr"], default="stdout", help="where JSON logs go")
+    p.add_argument("--log-stream", choices=["stdout", "stderr", "none"], default="stdout", help="where JSON events go")
+    p.add_argument("--log-file", type=Path, help="also append the JSON events to this file (created 0600)")
     b = p.add_argument_group("boundary")
     b.add_argument("--listen", default="0.0.0.0:7443", help="address the boundary listens on (default %(default)s)")
     b.add_argument("--port-file", type=Path, help="write the bound port here once listening")
     b.add_argument("--privilege-model", default="auto", choices=["auto", "R", "U", "P"], help="see docs")
-    b.add_argument("--workdir", default="/", help="the agent's working directory (default %(default)s)")
+    b.add_argument(
+        "--workdir", help="the agent's working directory, writable by it (required; never / nor under /proc)"
+    )
     b.add_argument("--hide-path", action="append", default=[], help="cover this directory in the agent's view")
     b.add_argument("--exit-linger", type=float, default=60.0, help="seconds to wait for control's exit ack")
     b.add_argument("--agent-stdio", choices=["inherit", "pipe"], default="inherit")
@@ -126,7 +130,6 @@ def _raise_nofile_limit() -> None:
 
 
 def run_daemon(argv: list[str]) -> int:
-    from supervisor.jsonlog import JsonLog
     from supervisor.protocol.certs import BundleError, load_bundle
     from supervisor.protocol.claims import Role
 
@@ -141,7 +144,24 @@ def run_daemon(argv: list[str]) -> int:
     except BundleError as exc:
         _err(f"--bootstrap: {exc}")
         return EXIT_SELF_FAILED
-    return _run_control(args, bundle, JsonLog(args.mode, stream=stream, sandbox=bundle.claims.sandbox))
+    log = _daemon_log(args, "control", bundle.claims.sandbox, stream)
+    if log is None:
+        return EXIT_SELF_FAILED
+    return _run_control(args, bundle, log)
+
+
+def _daemon_log(args: argparse.Namespace, component: str, sandbox: str, stream: Any) -> Any:
+    """The daemon's JsonLog per ``--log-stream``/``--log-file``; ``None`` (reported) when the file cannot be opened."""
+    from supervisor.jsonlog import JsonLog, open_log_file
+
+    file = None
+    if args.log_file is not None:
+        try:
+            file = open_log_file(args.log_file)
+        except OSError as exc:
+            _err(f"--log-file: cannot open {args.log_file}: {exc.strerror or exc}")
+            return None
+    return JsonLog(component, stream=stream, sandbox=sandbox, file=file, to_stream=args.log_stream != "none")
 
 
 def _run_boundary(args: argparse.Namespace, stream: Any) -> int:
@@ -149,7 +169,6 @@ def _run_boundary(args: argparse.Namespace, stream: Any) -> int:
     (the launcher is a copy of this process and lives next to the workload)."""
     from supervisor.boundary import daemon
     from supervisor.boundary.process import Launcher, LauncherError, detect_privilege_model
-    from supervisor.jsonlog import JsonLog
     from supervisor.protocol.certs import BundleError, load_bundle
     from supervisor.protocol.claims import Role
 
@@ -169,16 +188,34 @@ def _run_boundary(args: argparse.Namespace, stream: Any) -> int:
         except BundleError as exc:
             _err(f"--bootstrap: {exc}")
             return EXIT_SELF_FAILED
+        if (problem := _workdir_problem(args.workdir)) is not None:
+            _err(f"--workdir: {problem}")
+            return 2
+        log = _daemon_log(args, "boundary", bundle.claims.sandbox, stream)  # after the fork: not the launcher's
+        if log is None:
+            return EXIT_SELF_FAILED
         cfg = daemon.BoundaryConfig(
             bundle=bundle, agent_argv=tuple(args.agent_argv), listen_host=host, listen_port=port,
             port_file=args.port_file, workdir=args.workdir, agent_stdio=args.agent_stdio, privilege_model=model,
             model_reason=reason, hide_paths=tuple(args.hide_path), exit_linger_s=args.exit_linger,
             acknowledge_external_fence=args.acknowledge_external_fence, tls_dir=args.tls_dir,
-            log=JsonLog("boundary", stream=stream, sandbox=bundle.claims.sandbox),
+            log=log,
         )  # fmt: skip
         return daemon.run(cfg, launcher)
     finally:
         launcher.close()
+
+
+def _workdir_problem(workdir: str | None) -> str | None:
+    """The agent writes its workdir: refused wherever ``read_write`` would refuse it."""
+    from supervisor.protocol.writable_paths import writable_problem
+
+    if not workdir:
+        return "required (the agent's working directory; it is writable by the agent)"
+    if not workdir.startswith("/") or ".." in workdir.split("/"):
+        return f"{workdir!r} must be an absolute path without '..'"
+    problem = writable_problem(workdir)
+    return None if problem is None else f"{workdir!r} {problem} (the agent can write its workdir)"
 
 
 def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
@@ -249,6 +286,7 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
 
 def command_parser() -> argparse.ArgumentParser:
     from supervisor.certs_cli import add_certs_parser
+    from supervisor.k8s_cli import add_k8s_parser
     from supervisor.policy_cli import add_policy_parser
 
     p = argparse.ArgumentParser(
@@ -309,6 +347,7 @@ def command_parser() -> argparse.ArgumentParser:
 
     add_policy_parser(sub)
     add_certs_parser(sub)
+    add_k8s_parser(sub)
     return p
 
 
@@ -341,6 +380,10 @@ def run_command(argv: list[str]) -> int:
         from supervisor.certs_cli import run_certs
 
         return run_certs(args)
+    if args.command == "k8s":
+        from supervisor.k8s_cli import run_k8s
+
+        return run_k8s(args)
     from supervisor import client_commands
     from supervisor.api_client import ApiError
 

@@ -27,6 +27,7 @@ import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +53,8 @@ __all__ = [
     "BUNDLE_FILES",
     "DEFAULT_VALIDITY",
     "NOT_BEFORE_SKEW",
+    "POLICY_DIGEST_FILE",
+    "VALIDITY_SUBJECTS",
     "Bundle",
     "BundleError",
     "CertificateAuthority",
@@ -60,13 +63,18 @@ __all__ = [
     "make_ca",
     "make_leaf",
     "read_peer_certificate",
+    "read_policy_digest",
     "write_role_dir",
 ]
 
 DEFAULT_VALIDITY = datetime.timedelta(days=30)
 NOT_BEFORE_SKEW = datetime.timedelta(minutes=5)  # tolerate clocks a little behind the issuer's
+VALIDITY_SUBJECTS = ("ca", "control", "boundary")  # the certificates a bundle holds, by the names the CLI uses
 CA_FILE, CERT_FILE, KEY_FILE, CLAIMS_FILE = "ca.pem", "cert.pem", "key.pem", "claims.json"
 BUNDLE_FILES: tuple[str, ...] = (CA_FILE, CERT_FILE, KEY_FILE, CLAIMS_FILE)
+# Optional fifth file, written by `k8s render`: "sha256:<hex>" of the policy the sandbox was rendered with, so
+# control can say which revision it started from (later revisions are policy generations, never claims).
+POLICY_DIGEST_FILE = "policy.sha256"
 _MAX_FILE = 1 << 20
 
 
@@ -144,12 +152,32 @@ def _check_validity(validity: datetime.timedelta) -> None:
         raise ValueError("validity must be positive")
 
 
-def make_ca(
-    *, validity: datetime.timedelta = DEFAULT_VALIDITY, now: datetime.datetime | None = None
-) -> CertificateAuthority:
-    """A fresh per-sandbox CA, valid from ``now - 5 min`` to ``now + validity``."""
+def _window(
+    now: datetime.datetime | None,
+    validity: datetime.timedelta,
+    not_before: datetime.datetime | None,
+    not_after: datetime.datetime | None,
+) -> tuple[datetime.datetime, datetime.datetime]:
+    """A certificate's validity: ``now - 5 min`` to ``now + validity`` unless given exactly (then used as is)."""
     _check_validity(validity)
     start = _utc_now(now)
+    first = _utc_now(not_before) if not_before is not None else start - NOT_BEFORE_SKEW
+    last = _utc_now(not_after) if not_after is not None else start + validity
+    if first >= last:
+        raise ValueError(f"not-before {first:%Y-%m-%dT%H:%M:%SZ} is not before not-after {last:%Y-%m-%dT%H:%M:%SZ}")
+    return first, last
+
+
+def make_ca(
+    *,
+    validity: datetime.timedelta = DEFAULT_VALIDITY,
+    now: datetime.datetime | None = None,
+    not_before: datetime.datetime | None = None,
+    not_after: datetime.datetime | None = None,
+) -> CertificateAuthority:
+    """A fresh per-sandbox CA, valid from ``now - 5 min`` to ``now + validity`` (or exactly ``not_before`` /
+    ``not_after`` when given)."""
+    first, last = _window(now, validity, not_before, not_after)
     key = ec.generate_private_key(ec.SECP256R1())
     # A random suffix keeps CA names distinct across sandboxes, which makes chain errors easier to read.
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"openshell-sandbox CA {os.urandom(6).hex()}")])
@@ -160,8 +188,8 @@ def make_ca(
         .issuer_name(name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(start - NOT_BEFORE_SKEW)
-        .not_valid_after(start + validity)
+        .not_valid_before(first)
+        .not_valid_after(last)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -203,11 +231,12 @@ def make_leaf(
     *,
     validity: datetime.timedelta = DEFAULT_VALIDITY,
     now: datetime.datetime | None = None,
+    not_before: datetime.datetime | None = None,
+    not_after: datetime.datetime | None = None,
 ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    """A leaf for ``role`` carrying ``claims``, signed by ``ca``."""
-    _check_validity(validity)
+    """A leaf for ``role`` carrying ``claims``, signed by ``ca``; validity as for :func:`make_ca`."""
+    first, last = _window(now, validity, not_before, not_after)
     role = Role(role)
-    start = _utc_now(now)
     key = ec.generate_private_key(ec.SECP256R1())
     sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(spiffe_uri(claims, role))]
     dns = _dns_name(claims, role)
@@ -220,8 +249,8 @@ def make_leaf(
         .issuer_name(ca.certificate.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(start - NOT_BEFORE_SKEW)
-        .not_valid_after(start + validity)
+        .not_valid_before(first)
+        .not_valid_after(last)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -306,9 +335,23 @@ def issue_bundle(
     validity: datetime.timedelta = DEFAULT_VALIDITY,
     ca_key_out: Path | None = None,
     now: datetime.datetime | None = None,
+    not_before: Mapping[str, datetime.datetime] | None = None,
+    not_after: Mapping[str, datetime.datetime] | None = None,
 ) -> None:
-    """Mint a per-sandbox CA and both leaves; write ``out_dir/control`` and ``out_dir/boundary``."""
-    _check_validity(validity)
+    """Mint a per-sandbox CA and both leaves; write ``out_dir/control`` and ``out_dir/boundary``.
+
+    ``now`` is the issuing clock (tests pass one). ``not_before`` / ``not_after`` set one certificate's bound
+    exactly, keyed by ``ca``, ``control`` or ``boundary`` (``certs issue --not-before ROLE=TIME``); every
+    bound not given is the default window around ``now``. Nothing is written when a window is empty.
+    """
+    windows: dict[str, tuple[datetime.datetime, datetime.datetime]] = {}
+    for name in VALIDITY_SUBJECTS:
+        first = (not_before or {}).get(name)
+        last = (not_after or {}).get(name)
+        windows[name] = _window(now, validity, first, last)
+    unknown = sorted({*(not_before or {}), *(not_after or {})} - set(VALIDITY_SUBJECTS))
+    if unknown:
+        raise ValueError(f"no certificate named {unknown[0]!r} (one of {', '.join(VALIDITY_SUBJECTS)})")
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -324,7 +367,7 @@ def issue_bundle(
         if not ca_key_out.parent.is_dir():
             raise BundleError(f"{ca_key_out.parent}: no such directory for the CA key")
 
-    ca = make_ca(validity=validity, now=now)
+    ca = make_ca(not_before=windows["ca"][0], not_after=windows["ca"][1])
     placed: list[Path] = []
     try:
         staging = Path(tempfile.mkdtemp(prefix=".certs-issue-", dir=out_dir))
@@ -332,7 +375,7 @@ def issue_bundle(
         raise BundleError(f"{out_dir}: cannot write here: {exc.strerror or exc}") from None
     try:
         for role in targets:
-            key, cert = make_leaf(ca, claims, role, validity=validity, now=now)
+            key, cert = make_leaf(ca, claims, role, not_before=windows[role][0], not_after=windows[role][1])
             write_role_dir(staging / str(role), ca.certificate, key, cert, claims)
         if ca_key_out is not None:
             _place_ca_key(ca.key, ca_key_out)
@@ -371,6 +414,19 @@ def _place_ca_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()
+
+
+def read_policy_digest(directory: Path) -> str | None:
+    """The bundle's recorded policy digest (``sha256:<64 hex>``), ``None`` when absent; ``BundleError`` if
+    malformed."""
+    path = Path(directory) / POLICY_DIGEST_FILE
+    if not path.exists():
+        return None
+    text = _read(path).decode("ascii", "replace").strip()
+    algo, _, hexdigest = text.partition(":")
+    if algo != "sha256" or len(hexdigest) != 64 or any(c not in "0123456789abcdef" for c in hexdigest):
+        raise BundleError(f"{path}: not 'sha256:<64 lowercase hex digits>'")
+    return text
 
 
 # --- loading ------------------------------------------------------------------------------------------------

@@ -1,0 +1,393 @@
+"""The non-secret objects of one sandbox, as plain dicts (pure functions of a ``RenderSpec``).
+
+What each object is for, and why its fields are what they are, is docs/kubernetes.md; the rules that matter
+for containment are repeated here next to the code:
+
+- The workload pod has no egress at all (its NetworkPolicy lists Egress with no rule) and admits only its own
+  control on the boundary port; control dials, the boundary only listens (docs/design.md "Trust and direction").
+- No pod gets a service-account token, service links or a shared PID namespace; the boundary is PID 1.
+- A non-root daemon cannot own a Secret volume's files (root-owned, or group-readable with ``fsGroup``, which
+  ``load_bundle`` refuses), so an init container copies the Secrets into a memory-backed emptyDir under
+  ``umask 077``; the daemon's container never mounts a Secret. Model R's root boundary mounts its Secret directly
+  (0400, no ``fsGroup``).
+- The boundary gets a writable emptyDir for its state at ``/run/openshell-boundary``, where its trust files go
+  (docs/design.md "Settled details": trust files); model P names it with ``--tls-dir``.
+- Control's interception CA and credentials come from Secrets, so a restarted control keeps the CA the agent
+  already trusts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .names import LABEL_NAME, LABEL_ROLE, LABEL_SANDBOX_ID, SandboxNames
+from .spec import Model, RenderSpec
+
+__all__ = [
+    "BOOTSTRAP_DIR",
+    "COPY_DIR",
+    "CREDENTIALS_FILE",
+    "INTERCEPTION_CA_DIR",
+    "MODEL_R_CAPABILITIES",
+    "POLICY_DIR",
+    "POLICY_FILE",
+    "ROLE_CONTROL",
+    "ROLE_WORKLOAD",
+    "SECRETS_MOUNT",
+    "STATE_DIR",
+    "TLS_DIR",
+    "FileMode",
+    "boundary_service",
+    "control_deployment",
+    "labels",
+    "metadata",
+    "network_policies",
+    "policy_configmap",
+    "workload_pod",
+]
+
+Doc = dict[str, Any]
+
+ROLE_WORKLOAD, ROLE_CONTROL = "workload", "control"
+COPY_DIR = "/var/run/openshell"  # memory-backed emptyDir holding the daemons' private copies of their Secrets
+BOOTSTRAP_DIR = f"{COPY_DIR}/bootstrap"
+INTERCEPTION_CA_DIR = f"{COPY_DIR}/interception-ca"
+CREDENTIALS_DIR = f"{COPY_DIR}/credentials"
+CREDENTIALS_FILE = "credentials.yaml"
+SECRETS_MOUNT = "/etc/openshell/secrets"  # where the init container (only) sees the Secret volumes
+POLICY_DIR = "/etc/openshell/policy"
+POLICY_FILE = "policy.yaml"
+STATE_DIR = "/run/openshell-boundary"
+TLS_DIR = f"{STATE_DIR}/tls"
+API_DIR = "/run/openshell-sandbox"
+NON_ROOT_UID = 10001
+
+# Each needed by the root boundary of model R (docs/kubernetes.md "Model R" says what fails without which).
+MODEL_R_CAPABILITIES = (
+    "SETUID", "SETGID", "SETPCAP", "KILL", "SYS_PTRACE", "DAC_READ_SEARCH", "NET_BIND_SERVICE", "NET_ADMIN",
+    "SYS_ADMIN",
+)  # fmt: skip
+
+_RUNTIME_DEFAULT = {"type": "RuntimeDefault"}
+
+
+class FileMode(int):
+    """A file mode: an ``int`` everywhere, written in octal (``0440``) in YAML."""
+
+
+def labels(spec: RenderSpec, role: str) -> dict[str, str]:
+    return {LABEL_SANDBOX_ID: spec.sandbox_uid, LABEL_NAME: spec.sandbox, LABEL_ROLE: role}
+
+
+def selector(spec: RenderSpec, role: str) -> dict[str, str]:
+    return {LABEL_SANDBOX_ID: spec.sandbox_uid, LABEL_ROLE: role}
+
+
+def metadata(spec: RenderSpec, name: str, role: str, annotations: dict[str, str] | None = None) -> Doc:
+    meta: Doc = {"name": name, "namespace": spec.namespace, "labels": labels(spec, role)}
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    if spec.owner is not None:
+        meta["ownerReferences"] = [spec.owner.reference()]
+    return meta
+
+
+def _copy_script(dirs: tuple[str, ...]) -> str:
+    """Copy each Secret volume ``SECRETS_MOUNT/<d>/*`` to ``COPY_DIR/<d>/``, owner-only. The glob skips
+    kubelet's ``..data`` entries; an empty Secret leaves the literal pattern, and ``cat`` fails the pod."""
+    return (
+        "set -eu; umask 077\n"
+        f"for d in {' '.join(dirs)}; do\n"
+        f'  mkdir -p "{COPY_DIR}/$d"\n'
+        f'  for f in "{SECRETS_MOUNT}/$d"/*; do cat "$f" > "{COPY_DIR}/$d/${{f##*/}}"; done\n'
+        "done\n"
+    )
+
+
+def _restricted_container_context(*, read_only_root: bool) -> Doc:
+    return {
+        "runAsNonRoot": True,
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": read_only_root,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": dict(_RUNTIME_DEFAULT),
+    }
+
+
+def _non_root_pod_context() -> Doc:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": NON_ROOT_UID,
+        "runAsGroup": NON_ROOT_UID,
+        # Only so that the init container (this uid) can read the Secret volumes: files 0440 root:10001.
+        "fsGroup": NON_ROOT_UID,
+        "seccompProfile": dict(_RUNTIME_DEFAULT),
+    }
+
+
+def _copy_init_container(image: str, secrets: list[tuple[str, str]]) -> Doc:
+    """``secrets``: (volume name, directory name under SECRETS_MOUNT and COPY_DIR)."""
+    return {
+        "name": "secrets-copy",
+        "image": image,
+        "command": ["/bin/sh", "-c"],
+        "args": [_copy_script(tuple(d for _, d in secrets))],
+        "securityContext": _restricted_container_context(read_only_root=True),
+        "volumeMounts": [
+            *({"name": vol, "mountPath": f"{SECRETS_MOUNT}/{d}", "readOnly": True} for vol, d in secrets),
+            {"name": "openshell-run", "mountPath": COPY_DIR},
+        ],
+    }
+
+
+def _memory_dir(name: str, size: str) -> Doc:
+    return {"name": name, "emptyDir": {"medium": "Memory", "sizeLimit": size}}
+
+
+def _secret_volume(name: str, secret: str, mode: int) -> Doc:
+    return {"name": name, "secret": {"secretName": secret, "defaultMode": FileMode(mode)}}
+
+
+def boundary_args(spec: RenderSpec) -> list[str]:
+    args = [
+        "--mode=boundary",
+        f"--bootstrap={BOOTSTRAP_DIR}",
+        f"--listen=[::]:{spec.boundary_port}",
+        f"--privilege-model={spec.model}",
+    ]
+    if spec.model is Model.P:
+        # No mount namespace in P: the trust files live where the agent reads them, on a writable emptyDir.
+        args += ["--acknowledge-external-fence", f"--tls-dir={TLS_DIR}"]
+    args += [f"--workdir={spec.workdir}", "--", *spec.agent_argv]
+    return args
+
+
+def workload_pod(spec: RenderSpec, names: SandboxNames) -> Doc:
+    """The workload Pod: the boundary is the container's entrypoint and PID 1, the agent its child."""
+    model = spec.model
+    container: Doc = {
+        "name": "agent",
+        "image": spec.image,
+        "args": boundary_args(spec),
+        # No probe: the boundary speaks only mTLS with its own control; readiness lives in control.
+        "ports": [{"name": "boundary", "containerPort": spec.boundary_port, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+    }
+    volumes: list[Doc] = []
+    mounts: list[Doc] = []
+    pod: Doc = {
+        "restartPolicy": "Never",  # the agent's exit is the sandbox's end
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "shareProcessNamespace": False,  # the boundary must be PID 1: the agent cannot outlive it
+        "terminationGracePeriodSeconds": 30,
+    }
+    if model is Model.R:
+        # No fsGroup: it would make the mounted key group-readable (0440), which the boundary refuses.
+        pod["securityContext"] = {"seccompProfile": dict(_RUNTIME_DEFAULT)}
+        container["securityContext"] = {
+            "runAsUser": 0,
+            "runAsGroup": 0,
+            "runAsNonRoot": False,
+            "privileged": False,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": False,
+            "capabilities": {"drop": ["ALL"], "add": list(MODEL_R_CAPABILITIES)},
+            "seccompProfile": dict(_RUNTIME_DEFAULT),
+            # The runtimes' default AppArmor profiles deny mount(2), which the boundary needs for the agent's
+            # mount namespace: Unconfined, or a Localhost profile allowing those mounts.
+            "appArmorProfile": {"type": "Unconfined"},
+        }
+        volumes.append(_secret_volume("bootstrap", names.boundary_bootstrap_secret, 0o400))
+        mounts.append({"name": "bootstrap", "mountPath": BOOTSTRAP_DIR, "readOnly": True})
+    else:
+        if model is Model.U:
+            pod["hostUsers"] = False  # a user namespace for the pod; the boundary nests the agent's inside it
+        pod["securityContext"] = _non_root_pod_context()
+        context = _restricted_container_context(read_only_root=False)
+        if model is Model.U:
+            # A fresh /proc for the agent's PID namespace cannot be mounted over a masked one.
+            context["procMount"] = "Unmasked"
+        container["securityContext"] = context
+        pod["initContainers"] = [_copy_init_container(spec.image, [("bootstrap-secret", "bootstrap")])]
+        volumes += [
+            _secret_volume("bootstrap-secret", names.boundary_bootstrap_secret, 0o440),
+            _memory_dir("openshell-run", "1Mi"),
+        ]
+        mounts.append({"name": "openshell-run", "mountPath": COPY_DIR})
+    volumes += [_memory_dir("boundary-state", "16Mi"), {"name": "workspace", "emptyDir": {}}]
+    mounts += [
+        {"name": "boundary-state", "mountPath": STATE_DIR},
+        {"name": "workspace", "mountPath": spec.workdir},
+    ]
+    container["volumeMounts"] = mounts
+    pod["containers"] = [container]
+    pod["volumes"] = volumes
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata(spec, names.workload_pod, ROLE_WORKLOAD),
+        "spec": pod,
+    }
+
+
+def control_args(spec: RenderSpec, names: SandboxNames) -> list[str]:
+    args = [
+        "--mode=control",
+        f"--bootstrap={BOOTSTRAP_DIR}",
+        f"--boundary={names.boundary_service}:{spec.boundary_port}",
+        f"--policy={POLICY_DIR}/{POLICY_FILE}",
+        f"--interception-ca={INTERCEPTION_CA_DIR}",
+    ]
+    if spec.has_credentials:
+        args.append(f"--credentials={CREDENTIALS_DIR}/{CREDENTIALS_FILE}")
+    if spec.model is Model.R and spec.agent_user != "1000:1000":
+        args.append(f"--agent-user={spec.agent_user}")
+    if spec.model is Model.P:
+        args += ["--capture-mode=proxy-env", "--acknowledge-external-fence"]
+    return args
+
+
+def control_deployment(spec: RenderSpec, names: SandboxNames) -> Doc:
+    """Control: one replica, never two at once, non-root, no capabilities, read-only root, no token."""
+    secrets = [
+        ("bootstrap-secret", "bootstrap"),
+        ("interception-ca-secret", "interception-ca"),
+    ]
+    volumes: list[Doc] = [
+        _secret_volume("bootstrap-secret", names.control_bootstrap_secret, 0o440),
+        _secret_volume("interception-ca-secret", names.interception_ca_secret, 0o440),
+    ]
+    if spec.has_credentials:
+        secrets.append(("credentials-secret", "credentials"))
+        volumes.append(_secret_volume("credentials-secret", names.credentials_secret, 0o440))
+    volumes += [
+        _memory_dir("openshell-run", "1Mi"),
+        _memory_dir("api", "1Mi"),
+        {"name": "policy", "configMap": {"name": names.policy_configmap}},
+    ]
+    container: Doc = {
+        "name": "control",
+        "image": spec.control_image,
+        "args": control_args(spec, names),
+        # Semantic readiness (policy valid, boundary attached with matching claims, fence confirmed); the API
+        # is a Unix socket, hence exec probes. Liveness only asks whether the API answers.
+        "readinessProbe": {
+            "exec": {"command": ["openshell-sandbox", "readyz"]},
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "exec": {"command": ["openshell-sandbox", "status"]},
+            "initialDelaySeconds": 10,
+            "periodSeconds": 30,
+            "timeoutSeconds": 10,
+            "failureThreshold": 3,
+        },
+        "securityContext": _restricted_container_context(read_only_root=True),
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        "volumeMounts": [
+            {"name": "openshell-run", "mountPath": COPY_DIR, "readOnly": True},
+            {"name": "api", "mountPath": API_DIR},
+            # A directory mount, never subPath: a subPath mount does not see ConfigMap updates.
+            {"name": "policy", "mountPath": POLICY_DIR, "readOnly": True},
+        ],
+    }
+    pod: Doc = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 15,
+        "securityContext": _non_root_pod_context(),
+        "initContainers": [_copy_init_container(spec.control_image, secrets)],
+        "containers": [container],
+        "volumes": volumes,
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(spec, names.control_deployment, ROLE_CONTROL),
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},  # never two controls at once
+            "selector": {"matchLabels": selector(spec, ROLE_CONTROL)},
+            "template": {"metadata": {"labels": labels(spec, ROLE_CONTROL)}, "spec": pod},
+        },
+    }
+
+
+def boundary_service(spec: RenderSpec, names: SandboxNames) -> Doc:
+    """The name control dials: headless, and publishing not-ready addresses because readiness comes from
+    attach and confirm, which need the address first."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(spec, names.boundary_service, ROLE_WORKLOAD),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector(spec, ROLE_WORKLOAD),
+            "ports": [
+                {"name": "boundary", "port": spec.boundary_port, "targetPort": spec.boundary_port, "protocol": "TCP"}
+            ],
+        },
+    }
+
+
+def policy_configmap(spec: RenderSpec, names: SandboxNames) -> Doc:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(
+            spec, names.policy_configmap, ROLE_CONTROL, {"openshell.ai/policy-digest": spec.policy_digest}
+        ),
+        "data": {POLICY_FILE: spec.policy_text},
+    }
+
+
+def network_policies(spec: RenderSpec, names: SandboxNames) -> list[Doc]:
+    """The workload's fence (ingress only from its control on the boundary port, no egress, not even DNS) and
+    control's (egress open: the sandbox policy decides; ingress only from the operator namespace, if named)."""
+    workload = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(spec, names.workload_network_policy, ROLE_WORKLOAD),
+        "spec": {
+            "podSelector": {"matchLabels": selector(spec, ROLE_WORKLOAD)},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [
+                {
+                    "from": [{"podSelector": {"matchLabels": selector(spec, ROLE_CONTROL)}}],
+                    "ports": [{"protocol": "TCP", "port": spec.boundary_port}],
+                }
+            ],
+            "egress": [],
+        },
+    }
+    ingress: list[Doc] = []
+    if spec.operator_namespace is not None:
+        ingress.append(
+            {
+                "from": [
+                    {
+                        "namespaceSelector": {
+                            "matchLabels": {"kubernetes.io/metadata.name": spec.operator_namespace}
+                        }
+                    }
+                ],
+                "ports": [{"protocol": "TCP", "port": spec.api_port}],
+            }
+        )
+    control = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(spec, names.control_network_policy, ROLE_CONTROL),
+        "spec": {
+            "podSelector": {"matchLabels": selector(spec, ROLE_CONTROL)},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": ingress,
+            "egress": [{}],
+        },
+    }
+    return [workload, control]

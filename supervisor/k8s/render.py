@@ -1,0 +1,109 @@
+"""One sandbox's companion set from a ``RenderSpec``: the claims, the objects in apply order, the Secrets.
+
+``render`` is pure apart from what it is given: the same spec and the same Secret material always give the
+same objects and the same YAML. The claims are derived from the names (``SandboxNames``) and the spec, and the
+bootstrap bundles are minted from exactly those claims (``secrets.issue_material``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from supervisor.protocol.claims import Claims
+
+from .names import SandboxNames
+from .objects import FileMode, boundary_service, control_deployment, network_policies, policy_configmap, workload_pod
+from .secrets import SecretMaterial, redacted_secrets, secret_objects
+from .spec import RenderError, RenderSpec
+
+__all__ = ["Rendered", "check_policy", "claims_for", "render", "to_yaml"]
+
+Doc = dict[str, Any]
+
+_COMMENTS = {
+    "ConfigMap": "The sandbox's policy (docs/policy.md), mounted into control only; edits become policy generations.",
+    "NetworkPolicy": "A fence of the sandbox; it needs a CNI that enforces NetworkPolicy.",
+    "Service": "The name control dials: headless, publishing not-ready addresses (readiness comes from attach).",
+    "Deployment": "Control: policy, DNS, credentials, the only path out; it dials the boundary.",
+    "Pod": "The workload: the boundary is PID 1 and starts the agent once control has attached.",
+    "Secret": "Immutable; renewal is new Secrets and new pods.",
+}
+
+
+@dataclass(frozen=True)
+class Rendered:
+    names: SandboxNames
+    claims: Claims
+    objects: list[Doc]  # apply order: policy, fences, Service, control, workload
+    secrets: list[Doc]  # real (for --secrets-dir) or redacted
+
+
+def claims_for(spec: RenderSpec, names: SandboxNames) -> Claims:
+    """The claims both bundles carry: nothing in them depends on a UID the API server assigns."""
+    return Claims(
+        namespace=spec.namespace,
+        sandbox=spec.sandbox,
+        sandbox_uid=spec.sandbox_uid,
+        control_deployment=names.control_deployment,
+        network_policy=names.workload_network_policy,
+        image=spec.image,
+        generation=spec.generation,
+        policy_resource=names.policy_resource,
+    )
+
+
+def check_policy(text: str, source: str) -> None:
+    """The policy must load as control would load it; every error is listed, under ``--policy``."""
+    from supervisor.control.policy import PolicyInvalid, load_policy_text
+
+    try:
+        load_policy_text(text, source)
+    except PolicyInvalid as exc:
+        raise RenderError("--policy", str(exc)) from None
+
+
+def render(spec: RenderSpec, material: SecretMaterial | None) -> Rendered:
+    """``material`` ``None`` renders redacted Secrets (documentation)."""
+    names = SandboxNames.of(spec.sandbox, spec.sandbox_uid)
+    claims = claims_for(spec, names)
+    if material is not None and (material.credentials is not None) != spec.has_credentials:
+        raise RenderError("--credentials", "the Secret material and the spec disagree on credentials")
+    objects = [
+        policy_configmap(spec, names),
+        *network_policies(spec, names),  # the fence exists before the pod it fences
+        boundary_service(spec, names),
+        control_deployment(spec, names),
+        workload_pod(spec, names),
+    ]
+    secrets = redacted_secrets(spec, names, claims) if material is None else secret_objects(spec, names, material)
+    return Rendered(names=names, claims=claims, objects=objects, secrets=secrets)
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+def _mode(dumper: yaml.SafeDumper, value: FileMode) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:int", f"0{int(value):o}")
+
+
+_Dumper.add_representer(str, _str)
+_Dumper.add_representer(FileMode, _mode)
+
+
+def to_yaml(docs: list[Doc], header: str = "") -> str:
+    """Multi-document YAML for ``kubectl apply -f -``, each object preceded by a one-line comment."""
+    parts = []
+    for doc in docs:
+        body = yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
+        comment = _COMMENTS.get(str(doc.get("kind")), "")
+        parts.append((f"# {comment}\n" if comment else "") + body)
+    return header + "---\n".join(parts)

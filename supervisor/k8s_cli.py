@@ -1,0 +1,214 @@
+"""``openshell-sandbox k8s render``: one sandbox's Kubernetes objects for ``kubectl apply -f -``.
+
+Streams: the objects go to stdout (or ``--out``); Secrets never do — they go to ``--secrets-dir DIR`` as a 0600
+``secrets.yaml``, or, with ``--redact-secrets``, redacted beside the objects. Exit codes: 0 written; 2 bad
+input (the message names the flag); 1 anything else (a file cannot be written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib import resources
+from pathlib import Path
+
+from .certs_cli import parse_validity
+from .k8s.spec import Model, RenderError, RenderSpec, Topology, parse_owner
+from .protocol.certs import DEFAULT_VALIDITY, BundleError
+
+SECRETS_FILE = "secrets.yaml"  # supervisor.k8s.secrets.SECRETS_FILE, without importing it for --help
+
+__all__ = ["add_k8s_parser", "run_k8s"]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+_DESCRIPTION = """\
+Render one sandbox's companion set: the policy ConfigMap, the two NetworkPolicies, the boundary Service, the
+control Deployment and the workload Pod, as multi-document YAML for `kubectl apply -f -`. Every name embeds a
+hash of the sandbox UID; the bootstrap bundles are minted with exactly the claims those names imply
+(policy_resource is ConfigMap/<its name>) and record the policy's digest.
+
+Secrets (bootstrap bundle per role, the interception CA, credentials) never go to stdout: --secrets-dir DIR
+writes them to DIR/secrets.yaml (0600). Apply them first:
+  kubectl apply -f DIR/secrets.yaml && openshell-sandbox k8s render ... | kubectl apply -f -
+Render again with the same keys (immutable Secrets re-apply unchanged) with --reuse-secrets DIR.
+"""
+
+
+def add_k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    k8s = subparsers.add_parser(
+        "k8s", help="render a sandbox's Kubernetes objects", description="Kubernetes objects of a sandbox."
+    )
+    k8s.set_defaults(func=run_k8s)
+    actions = k8s.add_subparsers(dest="k8s_command", metavar="COMMAND", required=True)
+    r = actions.add_parser(
+        "render",
+        help="write one sandbox's objects as YAML (Secrets to --secrets-dir only)",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    who = r.add_argument_group("the sandbox")
+    who.add_argument("--namespace", required=True, metavar="NS", help="namespace of every object")
+    who.add_argument("--sandbox", required=True, metavar="NAME", help="sandbox name (a DNS label)")
+    who.add_argument(
+        "--sandbox-uid", metavar="UID", help="the sandbox's UID (default: the --owner's UID); hashed into every name"
+    )
+    who.add_argument(
+        "--owner",
+        metavar="APIVERSION/KIND/NAME/UID",
+        help="controlling ownerReference on every object, e.g. agents.example/v1/Sandbox/review-bot/7c0e…",
+    )
+    who.add_argument(
+        "--owner-namespace",
+        metavar="NS",
+        help="the owner's namespace if it is namespaced; refused unless it is --namespace",
+    )
+    who.add_argument("--generation", type=int, default=1, metavar="N", help="Sandbox spec generation (default 1)")
+    what = r.add_argument_group("the pods")
+    what.add_argument("--image", required=True, metavar="IMG", help="workload image (by digest): the `image` claim")
+    what.add_argument("--control-image", required=True, metavar="IMG", help="the openshell-sandbox image for control")
+    what.add_argument(
+        "--privilege-model", choices=[str(m) for m in Model], default="R", help="the workload's model (default R)"
+    )
+    what.add_argument(
+        "--topology", choices=[str(t) for t in Topology], default="boundary", help="only boundary in this release"
+    )
+    what.add_argument("--policy", type=Path, metavar="FILE", help="policy YAML (default: the embedded deny-all)")
+    what.add_argument("--credentials", type=Path, metavar="FILE", help="credentials file: a Secret for control only")
+    what.add_argument("--agent-user", default="1000:1000", metavar="UID:GID", help="the agent's uid:gid in model R")
+    what.add_argument("--workdir", default="/sandbox", metavar="PATH", help="the agent's workdir, an emptyDir")
+    what.add_argument("--boundary-port", type=int, default=7443, metavar="PORT", help="default %(default)s")
+    what.add_argument(
+        "--operator-namespace",
+        metavar="NS",
+        help="the only namespace whose pods may reach control's API port (default: no ingress to control)",
+    )
+    what.add_argument("--api-port", type=int, default=7444, metavar="PORT", help="control's API port for that rule")
+    what.add_argument(
+        "--validity",
+        type=parse_validity,
+        default=DEFAULT_VALIDITY,
+        metavar="DURATION",
+        help="lifetime of the bootstrap bundles (default 30d): it must cover the sandbox's life",
+    )
+    out = r.add_argument_group("output")
+    out.add_argument("--out", type=Path, metavar="PATH", help="write the objects here (a directory: PATH/NAME.yaml)")
+    out.add_argument(
+        "--secrets-dir", "--secrets-out", dest="secrets_dir", type=Path, metavar="DIR",
+        help=f"write the Secrets to DIR/{SECRETS_FILE} (0600, directory 0700)",
+    )  # fmt: skip
+    out.add_argument(
+        "--reuse-secrets", type=Path, metavar="DIR", help=f"take the keys from DIR/{SECRETS_FILE} of an earlier render"
+    )
+    out.add_argument(
+        "--redact-secrets",
+        action="store_true",
+        help="print the Secrets redacted with the objects instead (documentation); nothing is minted",
+    )
+    r.add_argument("agent_argv", nargs="*", metavar="AGENT", help="the agent's argv, after --")
+
+
+def _read_text(path: Path, flag: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RenderError(flag, f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _spec(args: argparse.Namespace) -> tuple[RenderSpec, bytes | None]:
+    from .k8s.render import check_policy
+
+    owner = parse_owner(args.owner) if args.owner else None
+    uid = args.sandbox_uid or (owner.uid if owner else None)
+    if uid is None:
+        raise RenderError("--sandbox-uid", "required (or --owner, whose UID is the default)")
+    if args.policy is not None:
+        policy_text = _read_text(args.policy, "--policy")
+        check_policy(policy_text, str(args.policy))
+    else:
+        policy_text = resources.files("supervisor.control").joinpath("default_policy.yaml").read_text("utf-8")
+    credentials = None
+    if args.credentials is not None:
+        from supervisor.control.credentials import Credentials, CredentialsError
+
+        try:
+            credentials = args.credentials.read_bytes()
+            Credentials.load(args.credentials, environ={})
+        except OSError as exc:
+            raise RenderError("--credentials", f"cannot read {args.credentials}: {exc.strerror or exc}") from None
+        except CredentialsError as exc:
+            raise RenderError("--credentials", str(exc)) from None
+    if args.agent_argv[:1] == ["--"]:
+        args.agent_argv = args.agent_argv[1:]
+    spec = RenderSpec(
+        namespace=args.namespace, sandbox=args.sandbox, sandbox_uid=uid, image=args.image,
+        control_image=args.control_image, agent_argv=tuple(args.agent_argv), policy_text=policy_text,
+        model=Model(args.privilege_model), topology=Topology(args.topology), generation=args.generation,
+        owner=owner, owner_namespace=args.owner_namespace, operator_namespace=args.operator_namespace,
+        api_port=args.api_port, boundary_port=args.boundary_port, agent_user=args.agent_user,
+        workdir=args.workdir, has_credentials=credentials is not None,
+    )  # fmt: skip
+    return spec, credentials
+
+
+def _render(args: argparse.Namespace) -> int:
+    from .k8s.names import SandboxNames
+    from .k8s.render import claims_for, render, to_yaml
+    from .k8s.secrets import check_material, issue_material, load_material, write_secrets_file
+
+    if args.redact_secrets and (args.secrets_dir or args.reuse_secrets):
+        raise RenderError("--redact-secrets", "cannot be combined with --secrets-dir or --reuse-secrets")
+    if not args.redact_secrets and args.secrets_dir is None:
+        raise RenderError("--secrets-dir", "required: Secrets are never written to stdout (or pass --redact-secrets)")
+    spec, credentials = _spec(args)
+    names = SandboxNames.of(spec.sandbox, spec.sandbox_uid)
+    if args.redact_secrets:
+        rendered = render(spec, None)
+        text = to_yaml([*rendered.objects, *rendered.secrets])
+    else:
+        claims = claims_for(spec, names)
+        if args.reuse_secrets is not None:
+            material = load_material(args.reuse_secrets, names)
+            check_material(material, claims, spec.policy_digest, args.reuse_secrets / SECRETS_FILE)
+            if credentials is not None and material.credentials not in (None, credentials):
+                raise RenderError("--credentials", "differs from the reused credentials Secret (immutable)")
+            if credentials is None and material.credentials is not None:
+                raise RenderError("--credentials", "the reused Secrets hold credentials: pass the same file")
+            if credentials is not None and material.credentials is None:
+                raise RenderError("--credentials", "the reused Secrets hold no credentials Secret")
+        else:
+            material = issue_material(claims, spec.policy_digest, validity=args.validity, credentials=credentials)
+        rendered = render(spec, material)
+        text = to_yaml(rendered.objects)
+        same = args.reuse_secrets is not None and (
+            args.reuse_secrets.resolve() == args.secrets_dir.resolve()
+        )
+        path = write_secrets_file(args.secrets_dir, to_yaml(rendered.secrets), replace=same)
+        print(f"k8s render: wrote {len(rendered.secrets)} Secrets to {path} (0600)", file=sys.stderr)
+    if args.out is None or str(args.out) == "-":
+        sys.stdout.write(text)
+    else:
+        target = args.out / f"{spec.sandbox}.yaml" if args.out.is_dir() else args.out
+        try:
+            target.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            print(f"k8s render: --out: cannot write {target}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_FAILED
+    return EXIT_OK
+
+
+def run_k8s(args: argparse.Namespace) -> int:
+    if getattr(args, "k8s_command", None) != "render":
+        print(f"k8s: unknown command {getattr(args, 'k8s_command', None)!r}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return _render(args)
+    except RenderError as exc:
+        print(f"k8s render: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except BundleError as exc:
+        print(f"k8s render: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except OSError as exc:
+        print(f"k8s render: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_FAILED
