@@ -12,10 +12,10 @@ import re
 import sys
 from pathlib import Path
 
-from .protocol.certs import DEFAULT_VALIDITY, BundleError, issue_bundle
+from .protocol.certs import DEFAULT_VALIDITY, VALIDITY_SUBJECTS, BundleError, issue_bundle
 from .protocol.claims import CLAIM_FIELDS, Claims, ClaimsError
 
-__all__ = ["add_certs_parser", "parse_validity", "run_certs"]
+__all__ = ["add_certs_parser", "parse_bound", "parse_validity", "resolve_bounds", "run_certs"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -74,6 +74,50 @@ def parse_validity(text: str) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
+_OFFSET = re.compile(r"([+-])([0-9]{1,9})([dhms])")
+When = datetime.datetime | datetime.timedelta  # an absolute time, or an offset from the moment of issuing
+
+
+def parse_bound(text: str) -> tuple[tuple[str, ...], When]:
+    """``[ROLE=]TIME`` for ``--not-before``/``--not-after``: ROLE is ca, control or boundary (none: all three);
+    TIME is ``now``, an offset from now (``+90s``, ``-5m``, ``+2h``, ``-1d``) or an RFC 3339 UTC time
+    (``2026-12-01T15:00:00Z``)."""
+    role, sep, when = text.partition("=")
+    if not sep:
+        role, when = "", text
+    if role and role not in VALIDITY_SUBJECTS:
+        raise argparse.ArgumentTypeError(f"{role!r} is not one of {', '.join(VALIDITY_SUBJECTS)}")
+    subjects = (role,) if role else VALIDITY_SUBJECTS
+    when = when.strip()
+    if when == "now":
+        return subjects, datetime.timedelta(0)
+    match = _OFFSET.fullmatch(when)
+    if match is not None:
+        offset = datetime.timedelta(seconds=int(match.group(2)) * _UNITS[match.group(3)])
+        return subjects, -offset if match.group(1) == "-" else offset
+    try:
+        moment = datetime.datetime.fromisoformat(when.replace("Z", "+00:00"))
+    except ValueError:
+        moment = None
+    if moment is None or moment.utcoffset() != datetime.timedelta(0):
+        raise argparse.ArgumentTypeError(
+            f"{when!r} is not now, an offset like +90s or -5m, or a UTC time like 2026-12-01T15:00:00Z"
+        )
+    return subjects, moment
+
+
+def resolve_bounds(
+    bounds: list[tuple[tuple[str, ...], When]] | None, now: datetime.datetime
+) -> dict[str, datetime.datetime]:
+    """The exact times per certificate; a later flag for the same certificate wins."""
+    out: dict[str, datetime.datetime] = {}
+    for subjects, when in bounds or ():
+        moment = now + when if isinstance(when, datetime.timedelta) else when
+        for subject in subjects:
+            out[subject] = moment
+    return out
+
+
 def _generation(text: str) -> int:
     try:
         value = int(text, 10)
@@ -119,6 +163,23 @@ def add_certs_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "not-before is 5 minutes before now",
     )
     issue.add_argument(
+        "--not-before",
+        action="append",
+        type=parse_bound,
+        metavar="[ROLE=]TIME",
+        help="start of validity, exactly, for one certificate (ROLE: ca, control or boundary; none: all three); "
+        "TIME: now, an offset like -5m or +30s, or a UTC time like 2026-12-01T15:00:00Z. Repeatable. For testing "
+        "clock skew: a not-yet-valid leaf is refused by its peer until then",
+    )
+    issue.add_argument(
+        "--not-after",
+        action="append",
+        type=parse_bound,
+        metavar="[ROLE=]TIME",
+        help="end of validity, exactly, for one certificate (same forms as --not-before; overrides --validity for "
+        "it). Repeatable; e.g. --not-after control=-1m mints an already expired control leaf",
+    )
+    issue.add_argument(
         "--ca-key-out",
         type=Path,
         metavar="PATH",
@@ -143,15 +204,23 @@ def run_certs(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     validity: datetime.timedelta = args.validity
     now = datetime.datetime.now(datetime.UTC)
+    not_before = resolve_bounds(args.not_before, now)
+    not_after = resolve_bounds(args.not_after, now)
     try:
-        issue_bundle(args.out, claims, validity=validity, ca_key_out=args.ca_key_out, now=now)
+        issue_bundle(
+            args.out, claims, validity=validity, ca_key_out=args.ca_key_out, now=now,
+            not_before=not_before, not_after=not_after,
+        )  # fmt: skip
+    except ValueError as exc:  # an empty validity window: nothing was written
+        print(f"certs issue: --not-before/--not-after: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except BundleError as exc:
         print(f"certs issue: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except OSError as exc:
         print(f"certs issue: {exc.filename or args.out}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_FAILED
-    until = (now + validity).strftime("%Y-%m-%dT%H:%M:%SZ")
+    until = not_after.get("control", now + validity).strftime("%Y-%m-%dT%H:%M:%SZ")
     ca_key = f"CA key in {args.ca_key_out}" if args.ca_key_out else "CA key discarded"
     print(
         f"certs issue: wrote {args.out / 'control'} and {args.out / 'boundary'} for "
