@@ -66,7 +66,7 @@ def boundary(tmp_path: Path) -> Iterator[Boundary]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "supervisor.cli", "--mode=boundary", f"--bootstrap={tmp_path / 'boundary'}",
              "--listen=127.0.0.1:0", f"--port-file={port_file}", "--privilege-model=R", "--agent-stdio=pipe",
-             "--exit-linger=1", "--", "sleep", "1000"],
+             "--exit-linger=1", "--workdir=/tmp", "--", "sleep", "1000"],
             stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.certs_fixtures import issue_pair
 
 CLI = [sys.executable, "-m", "supervisor.cli"]
@@ -57,6 +59,17 @@ def test_the_other_roles_directory_is_refused(tmp_path: Path) -> None:
     result = run("--mode=boundary", f"--bootstrap={tmp_path / 'bundle' / 'control'}", "--", "true")
     assert result.returncode == 125
     assert "control" in result.stderr
+
+
+@pytest.mark.parametrize(("flag", "word"), [(None, "required"), ("--workdir=/", "root directory"),
+                                           ("--workdir=//proc/1", "/proc"), ("--workdir=work", "absolute")])
+def test_boundary_workdir_is_required_and_never_root_or_proc(tmp_path: Path, flag: str | None, word: str) -> None:
+    issue_pair(tmp_path / "bundle")
+    flags = [flag] if flag else []
+    result = run("--mode=boundary", f"--bootstrap={tmp_path / 'bundle' / 'boundary'}", "--privilege-model=P",
+                 *flags, "--", "true")  # fmt: skip
+    assert result.returncode == 2
+    assert "--workdir" in result.stderr and word in result.stderr
 
 
 def test_invalid_policy_file_names_the_field(tmp_path: Path) -> None:

@@ -48,7 +48,7 @@ def test_control_attaches_unprivileged_with_read_only_root(tmp_path: Path) -> No
         boundary = subprocess.Popen(
             [sys.executable, "-m", "supervisor.cli", "--mode=boundary", f"--bootstrap={tmp_path / 'boundary'}",
              "--listen=127.0.0.1:0", f"--port-file={port_file}", "--privilege-model=R", "--agent-stdio=pipe",
-             "--", "sleep", "1000"],
+             "--workdir=/tmp", "--", "sleep", "1000"],
             stdout=boundary_log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         control = None

@@ -1,13 +1,16 @@
 """The static sections of a policy (docs/spec/policy.md §1.2): fixed for the sandbox's life, read by the boundary.
 
 ``filesystem_policy`` paths are absolute, without ``..``, at most 4096 characters and 256 in total, and
-``read_write`` is never ``/``; ``landlock.compatibility`` is ``best_effort`` or ``hard_requirement``;
+``read_write`` is never ``/`` nor at or under ``/proc`` (``supervisor/protocol/writable_paths.py``);
+``landlock.compatibility`` is ``best_effort`` or ``hard_requirement``;
 ``process.run_as_user``/``run_as_group`` are ``sandbox`` or a numeric id in 1..4294967294 (root refused).
 """
 
 from __future__ import annotations
 
 import yaml
+
+from supervisor.protocol.writable_paths import writable_problem
 
 from .model import Compatibility, FilesystemPolicy, LandlockPolicy, ProcessPolicy
 from .yamlnodes import Reader
@@ -45,8 +48,8 @@ def read_filesystem(r: Reader, node: Node) -> FilesystemPolicy | None:
                     r.error(where, item, f"path {value!r} contains a '..' component")
                 elif len(value) > MAX_FS_PATH_LEN:
                     r.error(where, item, f"path is longer than {MAX_FS_PATH_LEN} characters")
-                elif key == "read_write" and value.strip("/") == "":
-                    r.error(where, item, "read_write must not be the root directory")
+                elif key == "read_write" and (problem := writable_problem(value)) is not None:
+                    r.error(where, item, f"read_write {value!r} {problem}")
                 else:
                     paths.append(value)
             total += len(seq)
