@@ -84,6 +84,7 @@ def test_stage_order_follows_the_spec() -> None:
     order = [stage for stage, _ in STAGES]
     expected = [
         Stage.SIGNALS,
+        Stage.MOUNT_NS,
         Stage.SETSID,
         Stage.CTTY,
         Stage.STDIO,

@@ -41,6 +41,7 @@ class Stage(enum.StrEnum):
     VALIDATE = "validate"  # boundary-side checks before anything is forked
     FORK = "fork"
     SIGNALS = "signals"
+    MOUNT_NS = "mount_ns"  # models R and U: enter the agent's view of the filesystem (rootfs.py)
     SETSID = "setsid"
     CTTY = "ctty"
     STDIO = "stdio"
@@ -183,6 +184,7 @@ class ChildContext:
     status_fd: int
     parent_pid: int  # our parent as this child sees it (the PID-ns init is 1)
     notes: list[str] = field(default_factory=list)
+    mount_ns: int | None = None  # fd of the agent's mount namespace, entered while still privileged
 
 
 def _reset_signals(ctx: ChildContext) -> None:
@@ -201,6 +203,13 @@ def _reset_signals(ctx: ChildContext) -> None:
             pass
     linux.reset_reserved_signals()
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
+def _mount_ns(ctx: ChildContext) -> None:
+    """Enter the agent's mount namespace (root and cwd become its root); the fd is closed with the others."""
+    if ctx.mount_ns is not None:
+        linux.setns(ctx.mount_ns, linux.CLONE_NEWNS)
+        os.chdir("/")
 
 
 def _ctty(ctx: ChildContext) -> None:
@@ -258,6 +267,7 @@ def _exec(ctx: ChildContext) -> None:
 
 STAGES: Final[tuple[tuple[Stage, Callable[[ChildContext], object]], ...]] = (
     (Stage.SIGNALS, _reset_signals),
+    (Stage.MOUNT_NS, _mount_ns),
     (Stage.SETSID, lambda ctx: os.setsid()),
     (Stage.CTTY, _ctty),
     (Stage.STDIO, _stdio),

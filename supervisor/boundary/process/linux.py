@@ -32,7 +32,14 @@ MS_RDONLY: Final = 0x1
 MS_NOSUID: Final = 0x2
 MS_NODEV: Final = 0x4
 MS_NOEXEC: Final = 0x8
+MS_REMOUNT: Final = 0x20
+MS_NOATIME: Final = 0x400
+MS_NODIRATIME: Final = 0x800
+MS_BIND: Final = 0x1000
 MS_REC: Final = 0x4000
+MS_RELATIME: Final = 1 << 21
+MS_STRICTATIME: Final = 1 << 24
+MNT_DETACH: Final = 0x2
 MS_PRIVATE: Final = 1 << 18
 MS_SLAVE: Final = 1 << 19
 
@@ -126,6 +133,23 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
             ctypes.c_char_p(enc(data)),
         )
     )
+
+
+def umount2(target: str, flags: int) -> None:
+    _check(_libc.umount2(ctypes.c_char_p(os.fsencode(target)), ctypes.c_int(flags)))
+
+
+# pivot_root has no glibc wrapper, and its number differs per architecture.
+_SYS_PIVOT_ROOT: Final = {"x86_64": 155, "aarch64": 41}
+
+
+def pivot_root(new_root: str, put_old: str) -> None:
+    number = _SYS_PIVOT_ROOT.get(MACHINE)
+    if number is None:
+        raise OSError(_errno.ENOSYS, f"pivot_root: unknown architecture {MACHINE}")
+    new, old = ctypes.c_char_p(os.fsencode(new_root)), ctypes.c_char_p(os.fsencode(put_old))
+    syscall(number, ctypes.c_void_p(ctypes.cast(new, ctypes.c_void_p).value),
+            ctypes.c_void_p(ctypes.cast(old, ctypes.c_void_p).value))  # fmt: skip
 
 
 # rt_sigaction is not one of the unified syscall numbers above: it differs per architecture.

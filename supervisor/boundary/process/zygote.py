@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, NoReturn
 
-from . import child, linux, privilege, seccomp
+from . import child, linux, privilege, rootfs, seccomp
 
 MAX_MESSAGE: Final = 1 << 20
 MAX_SPEC: Final = 256 * 1024  # argv + env + the rest, encoded; below any default socket send buffer
@@ -72,6 +72,7 @@ class NamespacePlan:
     mountns: bool = True
     hide_paths: tuple[str, ...] = ()
     capture: dict[str, Any] | None = None
+    root: dict[str, Any] | None = None  # rootfs.RootPlan.to_wire(): the agent's own root (needs mountns)
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -81,6 +82,7 @@ class NamespacePlan:
             "mountns": self.mountns,
             "hide_paths": list(self.hide_paths),
             "capture": self.capture,
+            "root": self.root,
         }
 
     @classmethod
@@ -92,12 +94,13 @@ class NamespacePlan:
             mountns=bool(data["mountns"]),
             hide_paths=tuple(data["hide_paths"]),
             capture=data["capture"],
+            root=data.get("root"),
         )
 
     def effective(self) -> NamespacePlan:
         """Model P creates no namespace whatever the flags say."""
         if self.model == "P":
-            return NamespacePlan("P", False, False, False, self.hide_paths, self.capture)
+            return NamespacePlan("P", False, False, False, self.hide_paths, self.capture, None)
         return self
 
 
@@ -250,10 +253,11 @@ def _reset_process(keep: list[int]) -> None:
 class Spawner:
     """Forks workload children, owns their pidfds until handed up, and reaps (rule 2, rule 3)."""
 
-    def __init__(self, host_proc_fd: int | None) -> None:
+    def __init__(self, host_proc_fd: int | None, mount_ns: int | None = None) -> None:
         with contextlib.suppress(OSError):
             seccomp.program()  # built once here, inherited by every child
         self.host_proc_fd = host_proc_fd  # set in the init: read host pids through the boundary's procfs
+        self.mount_ns = mount_ns  # the agent's mount namespace (rootfs.build), entered by every child
         self.live: dict[int, int] = {}  # local pid -> sid
 
     def spawn(self, request: Mapping[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
@@ -264,7 +268,7 @@ class Spawner:
             parent = os.getpid()
             pid = os.fork()
             if pid == 0:  # pragma: no cover - the child never returns
-                child.run(child.ChildContext(spec, stdio, status_fd, parent))
+                child.run(child.ChildContext(spec, stdio, status_fd, parent, mount_ns=self.mount_ns))
             self.live[pid] = sid
             pidfd = os.pidfd_open(pid)
             host_pid = pid if self.host_proc_fd is None else linux.pidfd_pid(pidfd, dir_fd=self.host_proc_fd)
@@ -331,20 +335,31 @@ def _init_request(spawner: Spawner, request: dict[str, Any], fds: list[int]) -> 
     return {"id": request.get("id"), "ok": False, "errno": errno.EINVAL, "error": f"init does not serve {op!r}"}, []
 
 
-def init_main(sock_fd: int, host_proc_fd: int, mount_proc: bool) -> NoReturn:  # pragma: no cover - own pid ns
-    """PID 1 of the workload PID namespace: mount its ``/proc``, then fork and reap on the zygote's behalf."""
+def init_main(  # pragma: no cover - own pid ns
+    sock_fd: int, host_proc_fd: int, mount_proc: bool, root: dict[str, Any] | None = None
+) -> NoReturn:
+    """PID 1 of the workload PID namespace: mount its ``/proc``, build the agent's root (whose ``/proc`` is
+    that one), then fork and reap on the zygote's behalf."""
     try:
         _reset_process([sock_fd, host_proc_fd])  # socket on 3, host procfs on 4
         sock = socket.socket(fileno=3)
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+        mount_ns: int | None = None
         try:
             if mount_proc:
                 linux.mount("proc", "/proc", "proc", PROC_FLAGS)
         except OSError as exc:
             send(sock, {"ready": False, "errno": exc.errno, "error": f"mount /proc: {exc.strerror}"})
             os._exit(1)
+        try:
+            if root is not None:
+                mount_ns = rootfs.build(rootfs.RootPlan.from_wire(root))
+        except (OSError, ValueError) as exc:
+            send(sock, {"ready": False, "errno": getattr(exc, "errno", None) or errno.EINVAL,
+                        "error": getattr(exc, "strerror", None) or str(exc)})  # fmt: skip
+            os._exit(1)
         wake = _install_sigchld_wakeup()
-        spawner = Spawner(host_proc_fd=4)
+        spawner = Spawner(host_proc_fd=4, mount_ns=mount_ns)
         send(sock, {"ready": True})
         poller = select.poll()
         poller.register(sock, select.POLLIN)
@@ -508,8 +523,8 @@ class Zygote:
             close_all(out_fds)
 
     def _prepare(self, plan: NamespacePlan) -> tuple[list[int], list[str], dict[str, Any]]:
-        if plan.hide_paths and not plan.mountns:
-            raise OSError(errno.EINVAL, "hide_paths needs a mount namespace")
+        if (plan.hide_paths or plan.root is not None) and not plan.mountns:
+            raise OSError(errno.EINVAL, "hide_paths and an agent root need a mount namespace")
         if plan.capture is not None and not plan.netns:  # it would rewire the pod's own network
             raise OSError(errno.EINVAL, "capture setup needs the agent's own network namespace")
         flags = (
@@ -526,17 +541,18 @@ class Zygote:
             privilege.write_id_maps(uid, gid)
         if plan.mountns:
             linux.mount(None, "/", None, linux.MS_REC | linux.MS_SLAVE)
-            for path in plan.hide_paths:
+            for path in plan.hide_paths:  # without an agent root; with one, its plan hides them (rootfs rule 4)
                 st = os.lstat(path)
                 if not stat.S_ISDIR(st.st_mode):
                     raise OSError(errno.ENOTDIR, f"hide path is not a directory: {path}")
                 linux.mount("tmpfs", path, "tmpfs", HIDE_FLAGS, HIDE_OPTIONS)
         if plan.pidns:
             # Before anything else forks: the first child forked after unshare(CLONE_NEWPID) is the init.
-            self._start_init(mount_proc=plan.mountns)
+            self._start_init(mount_proc=plan.mountns, root=plan.root)
         else:
             linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
-            self.spawner = Spawner(host_proc_fd=None)
+            mount_ns = rootfs.build(rootfs.RootPlan.from_wire(plan.root)) if plan.root is not None else None
+            self.spawner = Spawner(host_proc_fd=None, mount_ns=mount_ns)
         out_fds: list[int] = []
         reply: dict[str, Any] = {"fd_names": [], "report": {}}
         if plan.capture is not None:
@@ -556,13 +572,13 @@ class Zygote:
             linux.prctl(linux.PR_SET_DUMPABLE, 0)
         return out_fds, names, report
 
-    def _start_init(self, mount_proc: bool) -> None:
+    def _start_init(self, mount_proc: bool, root: dict[str, Any] | None = None) -> None:
         host_proc_fd = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         ours, theirs = socket_pair()
         try:
             pid = os.fork()
             if pid == 0:  # pragma: no cover - becomes PID 1 of the namespace
-                init_main(theirs.fileno(), host_proc_fd, mount_proc)
+                init_main(theirs.fileno(), host_proc_fd, mount_proc, root)
         finally:
             theirs.close()
             os.close(host_proc_fd)

@@ -1,0 +1,379 @@
+"""The agent's view of the filesystem in models R and U (docs/design.md "Default filesystem", "Trust files").
+
+Rules of this module:
+
+1. The agent's mount namespace starts empty: a fresh tmpfs root holding only what is granted, bubblewrap-style.
+   Read-only: the system trees (``SYSTEM_READ_ONLY``, absent ones skipped, top-level symlinks such as
+   ``/bin -> usr/bin`` recreated as symlinks), the policy's ``read_only`` paths and the trust directory at
+   ``TRUST_PATH``. Read-write: the workdir and the policy's ``read_write`` paths. Never ``/`` read-write.
+2. Synthetic trees, never the host's: a size-capped private ``/tmp`` and ``/dev/shm``; a minimal ``/dev``
+   (``DEVICES`` bound from the host, a new devpts instance, ``/dev/ptmx`` and ``/dev/fd`` links); ``/proc``
+   read-only (no ``/proc/PID/mem`` writes, whatever Landlock says); a private ``/run`` skeleton (the target of
+   ``/etc/resolv.conf`` when it points into ``/run``, ``/run/lock``, ``/run/user/<uid>`` 0700 of the agent,
+   the trust directory). Policy paths under these trees are already satisfied by them and never bound from
+   the host, so homes, ``/var/lib``, the host's ``/run`` and ``/tmp`` (and their sockets) are simply absent.
+3. Read-only means read-only mounts, every submount included, keeping the flags the source had (a remount in
+   a user namespace may add ``MS_RDONLY`` but not drop locked flags): chmod, utime and setxattr fail too.
+4. Hidden paths (``--hide-path``) inside a granted tree are covered by an empty 0000 file or directory on a
+   read-only bind; a hidden path outside every granted tree is absent already.
+5. ``plan_root`` is pure planning on the boundary's (the host's) view: every path resolved, nothing mounted.
+   ``build`` runs in the launcher's forking process, single-threaded: it unshares a mount namespace of its
+   own, builds the root there, and returns that namespace as an fd after moving itself back (``setns``) to the
+   namespace it came from, so the launcher keeps running Python with the host's view; each workload child
+   enters the agent's namespace with ``setns`` before dropping privileges.
+
+Theory of operation (``build``): after ``unshare(CLONE_NEWNS)`` everything is made private, a tmpfs is mounted
+on ``/tmp`` and becomes the root with ``pivot_root`` — the old root then sits, complete, at ``/.oldroot``
+(including the ``/tmp`` the tmpfs covered). Host paths are bound from there. Finally ``/.oldroot`` is detached
+and the root itself remounted read-only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import stat
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from . import linux
+
+SYSTEM_READ_ONLY: Final = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/opt")
+SYNTHETIC: Final = ("/proc", "/dev", "/tmp", "/run")  # rule 2: never bound from the host
+DEVICES: Final = ("null", "zero", "full", "random", "urandom", "tty")
+TRUST_PATH: Final = "/run/openshell-boundary/tls"
+DEFAULT_TMP_SIZE: Final = "256m"
+DEFAULT_SHM_SIZE: Final = "64m"
+_SIZE: Final = re.compile(r"[1-9][0-9]{0,12}[kmg]?")
+_STAGE: Final = "/tmp"
+_OLD: Final = "/.oldroot"
+_HIDE: Final = "/.hide"
+_ST_TO_MS: Final = (
+    (os.ST_NOSUID, linux.MS_NOSUID),
+    (os.ST_NODEV, linux.MS_NODEV),
+    (os.ST_NOEXEC, linux.MS_NOEXEC),
+    (os.ST_NOATIME, linux.MS_NOATIME),
+    (os.ST_NODIRATIME, linux.MS_NODIRATIME),
+)
+
+
+class RootError(ValueError):
+    """The requested layout cannot be built (names the path at fault)."""
+
+
+@dataclass(frozen=True)
+class Bind:
+    source: str  # the host's path (resolved)
+    target: str  # where the agent sees it
+    writable: bool
+    directory: bool
+
+
+@dataclass(frozen=True)
+class RootPlan:
+    binds: tuple[Bind, ...]
+    symlinks: tuple[tuple[str, str], ...]  # (path, link text), e.g. ("/bin", "usr/bin")
+    hide: tuple[str, ...]
+    agent_uid: int
+    agent_gid: int
+    tmp_size: str = DEFAULT_TMP_SIZE
+    shm_size: str = DEFAULT_SHM_SIZE
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "binds": [[b.source, b.target, b.writable, b.directory] for b in self.binds],
+            "symlinks": [list(s) for s in self.symlinks],
+            "hide": list(self.hide),
+            "agent_uid": self.agent_uid,
+            "agent_gid": self.agent_gid,
+            "tmp_size": self.tmp_size,
+            "shm_size": self.shm_size,
+        }
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> RootPlan:
+        return cls(
+            binds=tuple(Bind(str(s), str(t), bool(w), bool(d)) for s, t, w, d in data["binds"]),
+            symlinks=tuple((str(p), str(t)) for p, t in data["symlinks"]),
+            hide=tuple(str(h) for h in data["hide"]),
+            agent_uid=int(data["agent_uid"]),
+            agent_gid=int(data["agent_gid"]),
+            tmp_size=check_size(str(data["tmp_size"]), "tmp_size"),
+            shm_size=check_size(str(data["shm_size"]), "shm_size"),
+        )
+
+
+def check_size(text: str, name: str) -> str:
+    """A tmpfs ``size=`` value: a positive number with an optional ``k``/``m``/``g`` suffix."""
+    value = text.strip().lower()
+    if not _SIZE.fullmatch(value):
+        raise RootError(f"{name}: {text!r} is not a size like 256m, 64m or 1g")
+    return value
+
+
+def under(path: str, tree: str) -> bool:
+    return tree == "/" or path == tree or path.startswith(tree.rstrip("/") + "/")
+
+
+def _depth_key(path: str) -> tuple[str, ...]:
+    return tuple(part for part in path.split("/") if part)
+
+
+# --- planning (the boundary, host's view) --------------------------------------------------------------
+def plan_root(
+    *,
+    workdir: str,
+    read_only: Iterable[str] = (),
+    read_write: Iterable[str] = (),
+    trust_dir: str | None,
+    agent_uid: int,
+    agent_gid: int,
+    hide: Iterable[str] = (),
+    tmp_size: str = DEFAULT_TMP_SIZE,
+    shm_size: str = DEFAULT_SHM_SIZE,
+    resolv_conf: str = "/etc/resolv.conf",
+    host_root: str = "/",
+) -> RootPlan:
+    """Rule 1, 2 and 4 as a list of binds. ``host_root`` lets tests plan against a fake tree."""
+
+    def host(path: str) -> str:
+        return os.path.join(host_root, path.lstrip("/"))
+
+    def resolve(path: str) -> str | None:
+        """The host path without symlinks, as seen from ``/`` (None when absent)."""
+        real = os.path.realpath(host(path))
+        if not os.path.exists(real):
+            return None
+        rel = os.path.relpath(real, os.path.realpath(host_root))
+        return "/" if rel == "." else "/" + rel if not rel.startswith("..") else None
+
+    if os.path.normpath(workdir) == "/" or not os.path.isabs(workdir):
+        raise RootError(f"workdir: {workdir!r} must be an absolute path other than /")
+    grants: dict[str, bool] = {}  # target -> writable
+    symlinks: list[tuple[str, str]] = []
+
+    def grant(path: str, writable: bool, field: str) -> None:
+        if not os.path.isabs(path):
+            raise RootError(f"{field}: {path!r} is not an absolute path")
+        if os.path.normpath(path) == "/":
+            if writable:
+                raise RootError(f"{field}: / cannot be writable")
+            for name in sorted(os.listdir(host("/"))):  # "/" read-only: every top-level tree but the synthetic
+                if not any(under("/" + name, tree) for tree in SYNTHETIC):
+                    grant("/" + name, False, field)
+            return
+        real = resolve(path)
+        if real is None or real == "/" or any(under(real, tree) for tree in SYNTHETIC):
+            return  # absent, or provided by the synthetic trees (rule 2)
+        grants[real] = grants.get(real, False) or writable
+
+    for path in SYSTEM_READ_ONLY:
+        if os.path.islink(host(path)):
+            symlinks.append((path, os.readlink(host(path))))
+        elif os.path.isdir(host(path)):
+            grants.setdefault(path, False)
+    for path in read_only:
+        grant(path, False, "read_only")
+    for path in read_write:
+        grant(path, True, "read_write")
+    real_workdir = resolve(workdir)
+    if real_workdir is None:
+        raise RootError(f"workdir: {workdir} does not exist")
+    if real_workdir == "/":
+        raise RootError(f"workdir: {workdir!r} resolves to /")
+    if any(under(real_workdir, tree) for tree in ("/proc", "/dev", "/run")):
+        raise RootError(f"workdir: {workdir!r} lies in /proc, /dev or /run")
+    grants[real_workdir] = True
+    binds = [
+        Bind(source=target, target=target, writable=writable, directory=os.path.isdir(host(target)))
+        for target, writable in grants.items()
+    ]
+    if os.path.islink(host(resolv_conf)):
+        real = resolve(resolv_conf)
+        if real is not None and under(real, "/run") and os.path.isfile(host(real)):
+            binds.append(Bind(source=real, target=real, writable=False, directory=False))
+    if trust_dir is not None:
+        real = resolve(trust_dir)
+        if real is None or not os.path.isdir(host(real)):
+            raise RootError(f"tls-dir: {trust_dir} is not a directory")
+        binds.append(Bind(source=real, target=TRUST_PATH, writable=False, directory=True))
+    hidden = [r for r in (resolve(h) for h in hide) if r is not None and r != "/"]
+    return RootPlan(
+        binds=tuple(sorted(binds, key=lambda b: _depth_key(b.target))),
+        symlinks=tuple(symlinks),
+        hide=tuple(dict.fromkeys(hidden)),
+        agent_uid=agent_uid,
+        agent_gid=agent_gid,
+        tmp_size=check_size(tmp_size, "tmp_size"),
+        shm_size=check_size(shm_size, "shm_size"),
+    )
+
+
+# --- building (the launcher, single-threaded) ----------------------------------------------------------
+def build(plan: RootPlan) -> int:
+    """Build the agent's mount namespace; return an fd of it (rule 5). We end in the namespace we started in."""
+    old_ns = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        linux.unshare(linux.CLONE_NEWNS)
+        try:
+            _build_here(plan)
+            return os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        finally:
+            linux.setns(old_ns, linux.CLONE_NEWNS)
+            os.chdir("/")
+    finally:
+        os.close(old_ns)
+
+
+def _step(what: str, path: str, fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except OSError as exc:
+        raise OSError(exc.errno or errno.EINVAL, f"agent root: {what} {path}: {exc.strerror or exc}") from None
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    _step("mount", target, linux.mount, source, target, fstype, flags, data)
+
+
+def _build_here(plan: RootPlan) -> None:
+    _mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE)
+    _mount("tmpfs", _STAGE, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "mode=0755,size=4m")
+    os.mkdir(_STAGE + _OLD, 0o700)
+    _step("pivot_root into", _STAGE, linux.pivot_root, _STAGE, _STAGE + _OLD)
+    os.chdir("/")
+    for path, text in plan.symlinks:
+        os.symlink(text, path)
+    _proc()
+    _dev(plan.shm_size)
+    _tmpfs("/tmp", 0o1777, plan.tmp_size, linux.MS_NOSUID | linux.MS_NODEV)
+    _run(plan.agent_uid, plan.agent_gid)
+    for bind in plan.binds:
+        _bind(bind)
+    _hide(plan.hide)
+    _step("detach", _OLD, linux.umount2, _OLD, linux.MNT_DETACH)
+    os.rmdir(_OLD)
+    _readonly("/", recursive=False)
+    _readonly("/dev", recursive=False)
+
+
+def _mkdirs(path: str) -> None:
+    """Create ``path``'s directories (0755) in the new root; never through a symlink."""
+    current = ""
+    for part in _depth_key(path):
+        current += "/" + part
+        if os.path.islink(current):
+            raise OSError(errno.ELOOP, f"agent root: {current} is a symlink on the way to {path}")
+        if not os.path.exists(current):
+            _step("mkdir", current, os.mkdir, current, 0o755)
+            os.chmod(current, 0o755)
+
+
+def _mountpoint(path: str, directory: bool) -> None:
+    _mkdirs(os.path.dirname(path))
+    if os.path.islink(path):
+        raise OSError(errno.ELOOP, f"agent root: {path} is a symlink")
+    if directory:
+        _mkdirs(path)
+    elif not os.path.exists(path):
+        _step("create", path, lambda: os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644)))
+    if os.path.realpath(path) != path:
+        raise OSError(errno.ELOOP, f"agent root: {path} leads through a symlink")
+
+
+def _bind(bind: Bind) -> None:
+    _mountpoint(bind.target, bind.directory)
+    _mount(_OLD + bind.source, bind.target, None, linux.MS_BIND | linux.MS_REC)
+    if not bind.writable:
+        _readonly(bind.target, recursive=True)
+
+
+def _flags_of(path: str) -> int:
+    """The mount flags ``path``'s mount has now, as ``MS_*`` for a bind remount (rule 3)."""
+    st = os.statvfs(path)
+    flags = 0
+    for st_flag, ms_flag in _ST_TO_MS:
+        if st.f_flag & st_flag:
+            flags |= ms_flag
+    if not st.f_flag & (os.ST_NOATIME | os.ST_RELATIME):
+        flags |= linux.MS_STRICTATIME
+    return flags
+
+
+def _mounts_under(path: str) -> list[str]:
+    """Mount points at or below ``path`` in our namespace, parents first (from our mountinfo)."""
+    with open(_OLD + "/proc/self/mountinfo") as fh:
+        points = [_unescape(line.split()[4]) for line in fh]
+    return sorted({p for p in points if under(p, path) and not under(p, _OLD)}, key=_depth_key)
+
+
+def _unescape(text: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+
+
+def _readonly(path: str, *, recursive: bool) -> None:
+    for point in _mounts_under(path) if recursive else [path]:
+        flags = linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY | _flags_of(point)
+        _mount(None, point, None, flags)
+
+
+def _tmpfs(path: str, mode: int, size: str, flags: int) -> None:
+    _mkdirs(path)
+    _mount("tmpfs", path, "tmpfs", flags, f"mode={mode:o},size={size}")
+
+
+def _proc() -> None:
+    """The launcher's ``/proc`` (the workload PID namespace's, when there is one), read-only (rule 2)."""
+    _mkdirs("/proc")
+    _mount(_OLD + "/proc", "/proc", None, linux.MS_BIND | linux.MS_REC)
+    _readonly("/proc", recursive=False)
+
+
+def _dev(shm_size: str) -> None:
+    _tmpfs("/dev", 0o755, "256k", linux.MS_NOSUID | linux.MS_NOEXEC)
+    for name in DEVICES:
+        source = f"{_OLD}/dev/{name}"
+        if not os.path.exists(source):
+            continue
+        _mountpoint(f"/dev/{name}", directory=False)
+        _mount(source, f"/dev/{name}", None, linux.MS_BIND)
+    _mkdirs("/dev/pts")
+    _mount("devpts", "/dev/pts", "devpts", linux.MS_NOSUID | linux.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
+    os.symlink("pts/ptmx", "/dev/ptmx")
+    _tmpfs("/dev/shm", 0o1777, shm_size, linux.MS_NOSUID | linux.MS_NODEV)
+    os.symlink("/proc/self/fd", "/dev/fd")
+    for fd, name in enumerate(("stdin", "stdout", "stderr")):
+        os.symlink(f"/proc/self/fd/{fd}", f"/dev/{name}")
+
+
+def _run(uid: int, gid: int) -> None:
+    _tmpfs("/run", 0o755, "4m", linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC)
+    for path, mode in (("/run/lock", 0o1777), ("/run/user", 0o755), (f"/run/user/{uid}", 0o700)):
+        os.mkdir(path)
+        os.chmod(path, mode)
+    _step("chown", f"/run/user/{uid}", os.chown, f"/run/user/{uid}", uid, gid)
+
+
+def _hide(paths: Iterable[str]) -> None:
+    """Rule 4: an empty 0000 directory or file over each hidden path that is visible in the new root."""
+    paths = [p for p in paths if os.path.lexists(p) and os.path.realpath(p) == p]
+    if not paths:
+        return
+    os.mkdir(_HIDE, 0o700)
+    empty_dir, empty_file = _HIDE + "/d", _HIDE + "/f"
+    os.mkdir(empty_dir, 0)
+    os.close(os.open(empty_file, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0))
+    os.chmod(empty_dir, 0)
+    os.chmod(empty_file, 0)
+    for path in paths:
+        source = empty_dir if stat.S_ISDIR(os.lstat(path).st_mode) else empty_file
+        _mount(source, path, None, linux.MS_BIND)
+        sealed = linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
+        _mount(None, path, None, linux.MS_REMOUNT | linux.MS_BIND | sealed | _flags_of(path))
+    with contextlib.suppress(OSError):
+        os.rmdir(empty_dir)
+        os.unlink(empty_file)
+        os.rmdir(_HIDE)
