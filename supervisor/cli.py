@@ -311,6 +311,14 @@ def command_parser() -> argparse.ArgumentParser:
         help="use proxy-env capture (model P): no namespace, the agent can bypass the proxy unless something "
         "outside fences it; dev mode has no such fence, so this is for trying model P only",
     )
+    dev.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="text (default): a ready line and one line per refused connection on stderr, the JSON events in "
+        "$XDG_STATE_HOME/openshell-sandbox/<sandbox>/events.jsonl; json: also stream those events to stderr",
+    )
+    dev.add_argument("-q", "--quiet", action="store_true", help="print nothing of ours on stderr (errors aside)")
     dev.add_argument("argv", nargs="+", metavar="CMD", help="the agent command (after --)")
 
     def with_api(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -369,7 +377,7 @@ def run_command(argv: list[str]) -> int:
             argv=args.argv, policy=args.policy, dns_servers=tuple(args.dns_server),
             privilege_model=args.privilege_model, workdir=args.workdir, agent_user=args.agent_user,
             acknowledge_external_fence=args.acknowledge_external_fence, credentials=args.credentials,
-            upstream_ca=args.upstream_ca,
+            upstream_ca=args.upstream_ca, log_format=args.log_format, quiet=args.quiet,
         )  # fmt: skip
         return run_dev(opts)
     if args.command == "policy":

@@ -2,8 +2,14 @@
 
 ``openshell-sandbox dev -- CMD`` mints a throwaway bootstrap bundle in a private temporary directory, starts
 the boundary (which holds the agent until ``start``) on an ephemeral loopback port, then control pointed at
-it. The agent inherits this terminal's stdin, stdout and stderr; both daemons log JSON lines to stderr (so
-stdout carries only the agent's output). The exit code is the agent's (128+N for a signal; 125 when the
+it. The agent inherits this terminal's stdin, stdout and stderr; stdout carries only the agent's output.
+
+Talking to a person (docs/design.md "Events"): both daemons append their JSON events to
+``$XDG_STATE_HOME/openshell-sandbox/<sandbox>/events.jsonl`` (kept after exit; ``supervisor/state_dirs.py``),
+and dev mode tails that file to print a ready line and one human line per refusal on stderr
+(``supervisor/dev_console.py``). ``--log-format json`` streams the JSON to stderr instead of those lines;
+``-q`` prints nothing of ours (fatal errors aside). The file is opened by each daemon close-on-exec, so no
+workload process inherits it. The exit code is the agent's (128+N for a signal; 125 when the
 sandbox itself failed). On Ctrl-C or SIGTERM the agent is terminated and both daemons stop. Nothing is left:
 no process, no socket, no temporary directory.
 """
@@ -18,11 +24,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from supervisor.dev_console import Console, EventsTail
 from supervisor.protocol.certs import issue_bundle
 from supervisor.protocol.claims import Claims
+from supervisor.state_dirs import StateDirError, ensure_sandbox_state_dir, events_path
 
 EXIT_SELF_FAILED = 125
 PORT_WAIT_S = 30.0
@@ -40,6 +49,8 @@ class DevOptions:
     acknowledge_external_fence: bool = False
     credentials: Path | None = None
     upstream_ca: Path | None = None
+    log_format: str = "text"  # "text": human lines on stderr; "json": the daemons' JSON events on stderr
+    quiet: bool = False  # nothing of ours on stderr (fatal errors aside)
 
 
 def dev_claims(sandbox: str) -> Claims:
@@ -67,8 +78,42 @@ def _entry() -> list[str]:
     return [sys.executable, "-m", "supervisor.cli"]
 
 
+def _default_policy_file() -> Path:
+    return Path(__file__).resolve().parent / "control" / "default_policy.yaml"
+
+
+def _console(opts: DevOptions, sandbox: str) -> tuple[Callable[[], None], Callable[[str], None]]:
+    """The tick that prints new human lines from the events file, and how dev mode says anything itself."""
+
+    def say(message: str) -> None:
+        if not opts.quiet:
+            print(message, file=sys.stderr, flush=True)
+
+    if opts.quiet or opts.log_format == "json":
+        return (lambda: None), say
+    policy = opts.policy.resolve() if opts.policy is not None else _default_policy_file()
+    label = str(opts.policy) if opts.policy is not None else "embedded deny-all"
+    console = Console(sandbox=sandbox, policy=policy, policy_label=label, events_path=events_path(sandbox))
+    tail = EventsTail(events_path(sandbox))
+
+    def tick() -> None:
+        for event in tail.read():
+            for line in console.lines_for(event):
+                say(line)
+
+    return tick, say
+
+
 def run_dev(opts: DevOptions) -> int:
     sandbox = "dev-" + secrets.token_hex(4)
+    try:
+        # 0711 (state_dirs): the agent's uid may traverse it to a work/ below, never list it; events.jsonl is
+        # 0600 and must also be hidden from the agent's view where it shares our uid (U, P).
+        ensure_sandbox_state_dir(sandbox)
+    except StateDirError as exc:
+        print(f"openshell-sandbox: {exc} (set XDG_STATE_HOME to a directory of yours)", file=sys.stderr)
+        return EXIT_SELF_FAILED
+    tick, say = _console(opts, sandbox)
     tmp = Path(tempfile.mkdtemp(prefix="openshell-dev-"))
     os.chmod(tmp, 0o711)  # traversable for the agent's CA files in tls/; the bundle itself is 0700 below
     procs: list[subprocess.Popen[bytes]] = []
@@ -88,7 +133,8 @@ def run_dev(opts: DevOptions) -> int:
         runtime = Path(os.environ.get("XDG_RUNTIME_DIR") or "/run") / "openshell-sandbox" / sandbox
         port_file = tmp / "boundary.port"
         runtime.parent.mkdir(parents=True, exist_ok=True, mode=0o755)  # hidden from the agent by a tmpfs
-        log_flags = ["--log-stream=stderr"]
+        log_flags = [f"--log-stream={'stderr' if opts.log_format == 'json' and not opts.quiet else 'none'}",
+                     f"--log-file={events_path(sandbox)}"]  # fmt: skip
         fence_flags = ["--acknowledge-external-fence"] if opts.acknowledge_external_fence else []
         boundary_cmd = [
             *_entry(), "--mode=boundary", f"--bootstrap={tmp / 'bundle' / 'boundary'}", "--listen=127.0.0.1:0",
@@ -99,7 +145,7 @@ def run_dev(opts: DevOptions) -> int:
         procs.append(subprocess.Popen(boundary_cmd, preexec_fn=_die_with_dev))
         port = _wait_for_port(port_file, procs[0])
         if port is None:
-            return _finish(procs, received, default=EXIT_SELF_FAILED)
+            return _finish(procs, received, default=EXIT_SELF_FAILED, tick=tick, say=say)
         control_cmd = [
             *_entry(), "--mode=control", f"--bootstrap={tmp / 'bundle' / 'control'}", f"--boundary=127.0.0.1:{port}",
             f"--api={runtime / 'api.sock'}", f"--interception-ca={tmp / 'interception'}", *log_flags, *fence_flags,
@@ -116,7 +162,7 @@ def run_dev(opts: DevOptions) -> int:
             control_cmd.append(f"--upstream-ca={opts.upstream_ca}")
         control_cmd += [f"--dns-server={server}" for server in opts.dns_servers]
         procs.append(subprocess.Popen(control_cmd, stdin=subprocess.DEVNULL, preexec_fn=_die_with_dev))
-        return _finish(procs, received, default=EXIT_SELF_FAILED, restart_control=control_cmd)
+        return _finish(procs, received, default=EXIT_SELF_FAILED, restart_control=control_cmd, tick=tick, say=say)
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -140,18 +186,30 @@ def _wait_for_port(port_file: Path, boundary: subprocess.Popen[bytes]) -> int | 
     return None
 
 
+def _to_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
 def _finish(
-    procs: list[subprocess.Popen[bytes]], received: list[int], *, default: int, restart_control: list[str] | None = None
+    procs: list[subprocess.Popen[bytes]],
+    received: list[int],
+    *,
+    default: int,
+    restart_control: list[str] | None = None,
+    tick: Callable[[], None] = lambda: None,
+    say: Callable[[str], None] | None = None,
 ) -> int:
     """Wait for the boundary (its exit code is the agent's), then stop control.
 
     Control is restarted when it dies on its own (as its Deployment would restart it): the agent keeps running,
     its connections fail closed meanwhile, and the new control resumes the boundary. After
-    ``CONTROL_RESTARTS`` deaths the sandbox is stopped and our own failure reported.
+    ``CONTROL_RESTARTS`` deaths the sandbox is stopped and our own failure reported. ``tick`` runs on every
+    turn (and once after the end) to print what the events file has to say.
     """
     boundary = procs[0]
     restarts = 0
     while boundary.poll() is None:
+        tick()
         control = procs[1] if len(procs) > 1 else None
         if control is not None and control.poll() is not None and not received:
             if restart_control is None or restarts >= CONTROL_RESTARTS:
@@ -160,14 +218,14 @@ def _finish(
                 _stop(boundary)
                 return default
             restarts += 1
-            print(f"openshell-sandbox: control exited ({control.returncode}); restarting it ({restarts})",
-                  file=sys.stderr)  # fmt: skip
+            (say or _to_stderr)(f"openshell-sandbox: control exited ({control.returncode}); restarting it ({restarts})")
             time.sleep(min(0.2 * restarts, 2.0))
             procs[1] = subprocess.Popen(restart_control, stdin=subprocess.DEVNULL, preexec_fn=_die_with_dev)
         time.sleep(0.05)
     code = boundary.returncode
     for proc in procs[1:]:
         _stop(proc)
+    tick()
     if code < 0:  # the boundary itself died of a signal
         return default
     return code

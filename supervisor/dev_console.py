@@ -1,0 +1,155 @@
+"""What dev mode tells the person at the terminal, derived from the daemons' JSON events.
+
+Both daemons append their events to ``events.jsonl`` (docs/design.md "Events"); dev mode tails that file and
+prints, on stderr, a few human lines instead of the JSON:
+
+* one **ready line** when control reports the agent running: the sandbox's name, the policy and its
+  generation, the fence and privilege model, the command for a shell, where the log is;
+* one **refusal line** per refused connection (and per refused request inside an inspected tunnel): the
+  binary, the destination, the reason, and the ``policy decide`` command that explains the decision;
+* one line per name the DNS stub refused, once per name.
+
+Rules:
+
+1. Everything printed that came from the workload's side — a binary path, a host name, a reason — is
+   sanitised first: the agent chooses its executables' names, and a name holding escape sequences must not
+   be able to rewrite the operator's terminal. Non-printable characters are shown escaped (``\\x1b``).
+2. The tail reads complete lines only (a line still being written is left for the next read), from where the
+   last read stopped; a line that is not a JSON object is skipped, never fatal.
+3. Pure apart from :class:`EventsTail`'s reads: :meth:`Console.lines_for` maps one event to the lines to print.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+PREFIX = "openshell-sandbox: "
+REFUSED = {"deny", "denied", "refused"}
+
+
+def clean(value: object) -> str:
+    """``value`` as text safe for a terminal: every non-printable character escaped."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
+def _split_destination(destination: str) -> tuple[str, str]:
+    host, sep, port = destination.rpartition(":")
+    if not sep:
+        return destination, ""
+    return host.strip("[]"), port
+
+
+class Console:
+    """Turns events into the human lines of dev mode's terminal (see the module's rules)."""
+
+    def __init__(self, *, sandbox: str, policy: Path, policy_label: str, events_path: Path) -> None:
+        self.sandbox = sandbox
+        self.policy = policy  # the file `policy decide` is pointed at
+        self.policy_label = policy_label
+        self.events_path = events_path
+        self.ready_printed = False
+        self._policy_generation: object = None
+        self._fence: Mapping[str, Any] = {}
+        self._dns_refused: set[str] = set()
+
+    def lines_for(self, event: Mapping[str, Any]) -> list[str]:
+        kind = event.get("event")
+        if kind == "lifecycle.bound" and event.get("component") == "boundary":
+            self._policy_generation = event.get("policy_generation")
+        elif kind == "policy.applied":
+            self._policy_generation = event.get("generation")
+        elif kind == "lifecycle.ready" and isinstance(event.get("fence"), Mapping):
+            self._fence = event["fence"]
+        elif kind == "lifecycle.running" and event.get("component") == "control" and not self.ready_printed:
+            self.ready_printed = True
+            return [self._ready_line()]
+        elif kind in ("egress", "egress.refused", "http") and (kind == "egress.refused" or _refused(event)):
+            return [self._refusal_line(event)]
+        elif kind == "dns" and event.get("decision") == "refused":
+            name = str(event.get("name", ""))
+            if name not in self._dns_refused:
+                self._dns_refused.add(name)
+                return [f"{PREFIX}refused DNS name {clean(name)}: {clean(event.get('reason', 'refused'))}"]
+        return []
+
+    def _ready_line(self) -> str:
+        fence = self._fence
+        generation = "?" if self._policy_generation is None else clean(self._policy_generation)
+        return (
+            f"{PREFIX}sandbox {self.sandbox} is ready · policy {self.policy_label} (generation {generation})"
+            f" · fence {clean(fence.get('mode', '?'))}, model {clean(fence.get('privilege_model', '?'))}"
+            f" · shell: openshell-sandbox exec -it -- sh · log: {self.events_path}"
+        )
+
+    def _refusal_line(self, event: Mapping[str, Any]) -> str:
+        destination = str(event.get("destination") or "?")
+        binary = event.get("binary")
+        who = clean(binary) if binary else "a process"
+        what = clean(destination)
+        if event.get("event") == "http" and event.get("method"):
+            what = f"{clean(event['method'])} {clean(destination)}{clean(event.get('path') or '')}"
+        reason = clean(event.get("reason") or event.get("detail") or "refused")
+        line = f"{PREFIX}refused {who} → {what}: {reason}"
+        explain = self.explain_command(event)
+        return f"{line} (why: {explain})" if explain else line
+
+    def explain_command(self, event: Mapping[str, Any]) -> str | None:
+        """The ``policy decide`` command that reproduces this decision, or ``None`` when it is no decision."""
+        reason = str(event.get("reason") or "")
+        if event.get("event") == "egress.refused" or reason.startswith("identity-unresolved"):
+            return None  # refused before any policy decision: nothing for `policy decide` to explain
+        host, port = _split_destination(str(event.get("destination") or ""))
+        if not host or not port.isdigit():
+            return None
+        argv = ["openshell-sandbox", "policy", "decide", "--policy", str(self.policy), "--host", host, "--port", port]
+        if event.get("binary"):
+            argv += ["--binary", str(event["binary"])]
+        ancestors = event.get("ancestors")
+        if isinstance(ancestors, list):
+            for ancestor in ancestors:
+                argv += ["--ancestor", str(ancestor)]
+        if event.get("event") == "http" and event.get("method") and event.get("path"):
+            argv += ["--method", str(event["method"]), "--path", str(event["path"])]
+        return clean(shlex.join(argv))
+
+
+def _refused(event: Mapping[str, Any]) -> bool:
+    return str(event.get("decision", "")) in REFUSED
+
+
+class EventsTail:
+    """New complete JSON-object lines of a file, from where the last read stopped."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(data)
+        data = self._partial + data
+        *complete, self._partial = data.split(b"\n")
+        return list(_objects(complete))
+
+
+def _objects(lines: Iterable[bytes]) -> Iterable[dict[str, Any]]:
+    for raw in lines:
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            yield value
