@@ -61,8 +61,8 @@ Doc = dict[str, Any]
 
 _DESCRIPTIONS = {
     "ca.pem": "the per-sandbox CA certificate",
-    "cert.pem": "this role's leaf certificate: the claims + its role",
-    "key.pem": "this role's private key",
+    "cert.pem": "the leaf certificate of this role, carrying the claims",
+    "key.pem": "the private key of this role",
     CA_CERT_FILE: "the TLS-interception CA certificate",
     CA_KEY_FILE: "the TLS-interception CA private key",
     CREDENTIALS_FILE: "the credentials file (--credentials)",
