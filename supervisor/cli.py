@@ -8,6 +8,7 @@ signal, 125 when openshell-sandbox itself failed, 126/127 when a launch failed, 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -68,14 +69,22 @@ def daemon_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--workdir", help="the agent's working directory, writable by it (required; never / nor under /proc)"
     )
-    b.add_argument("--hide-path", action="append", default=[], help="cover this directory in the agent's view")
+    b.add_argument(
+        "--hide-path", action="append", default=[],
+        help="R and U: cover this file or directory with an empty 0000 one in the agent's view (repeatable)",
+    )  # fmt: skip
+    b.add_argument("--tmp-size", default="256m", help="R and U: size of the agent's private /tmp (default %(default)s)")
+    b.add_argument(
+        "--shm-size", default="64m", help="R and U: size of the agent's private /dev/shm (default %(default)s)"
+    )
     b.add_argument("--exit-linger", type=float, default=60.0, help="seconds to wait for control's exit ack")
     b.add_argument("--agent-stdio", choices=["inherit", "pipe"], default="inherit")
     b.add_argument(
         "--tls-dir",
         type=Path,
         default=Path("/run/openshell-boundary/tls"),
-        help="where the interception CA and CA bundle are written for the agent (default %(default)s)",
+        help="the boundary's own directory for the agent's CA files, created at start (default %(default)s); "
+        "R and U show it read-only at /run/openshell-boundary/tls, P must name a directory the agent can read",
     )
     c = p.add_argument_group("control")
     c.add_argument("--boundary", help="HOST:PORT of the boundary to dial")
@@ -181,6 +190,9 @@ def _run_boundary(args: argparse.Namespace, stream: Any) -> int:
     except LauncherError as exc:
         _err(f"--privilege-model={args.privilege_model}: {exc}")
         return EXIT_SELF_FAILED
+    if (problem := _boundary_dirs_problem(args)) is not None:
+        _err(problem)
+        return EXIT_SELF_FAILED
     launcher = Launcher.fork()
     try:
         try:
@@ -199,11 +211,31 @@ def _run_boundary(args: argparse.Namespace, stream: Any) -> int:
             port_file=args.port_file, workdir=args.workdir, agent_stdio=args.agent_stdio, privilege_model=model,
             model_reason=reason, hide_paths=tuple(args.hide_path), exit_linger_s=args.exit_linger,
             acknowledge_external_fence=args.acknowledge_external_fence, tls_dir=args.tls_dir,
-            log=log,
+            tmp_size=args.tmp_size, shm_size=args.shm_size,
+            test_landlock_off=os.environ.get("OPENSHELL_TEST_LANDLOCK_OFF") == "1", log=log,
         )  # fmt: skip
         return daemon.run(cfg, launcher)
     finally:
         launcher.close()
+
+
+def _boundary_dirs_problem(args: argparse.Namespace) -> str | None:
+    """The trust directory is created now (never idle with one we cannot write); the tmpfs sizes parse."""
+    from supervisor.boundary.process.rootfs import RootError, check_size
+
+    try:
+        args.tmp_size = check_size(args.tmp_size, "--tmp-size")
+        args.shm_size = check_size(args.shm_size, "--shm-size")
+    except RootError as exc:
+        return str(exc)
+    tls_dir = Path(args.tls_dir)
+    try:
+        tls_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        if not os.access(tls_dir, os.W_OK | os.X_OK):
+            raise PermissionError(13, "not writable")
+    except OSError as exc:
+        return f"--tls-dir: cannot create or write {tls_dir}: {exc.strerror or exc}"
+    return None
 
 
 def _workdir_problem(workdir: str | None) -> str | None:
@@ -303,8 +335,16 @@ def command_parser() -> argparse.ArgumentParser:
     dev.add_argument("--credentials", type=Path, help="credentials file for control (the agent sees placeholders)")
     dev.add_argument("--upstream-ca", type=Path, help="extra CA (PEM) control trusts for upstream TLS")
     dev.add_argument("--privilege-model", default="auto", choices=["auto", "R", "U", "P"])
-    dev.add_argument("--workdir", default="/", help="the agent's working directory (default %(default)s)")
-    dev.add_argument("--agent-user", help="UID:GID of the agent in model R (default 1000:1000)")
+    dev.add_argument(
+        "--workdir",
+        help="the agent's working directory, writable by it (default: $XDG_STATE_HOME/openshell-sandbox/<sandbox>/"
+        "work, created for the agent and kept after exit; never / nor under /proc)",
+    )
+    dev.add_argument(
+        "--agent-user",
+        help="UID:GID the agent runs as when dev runs as root (default: a dedicated unused id from 61000 up, "
+        "printed at start); U and P run without root as your own uid",
+    )
     dev.add_argument(
         "--acknowledge-external-fence",
         action="store_true",
@@ -372,6 +412,9 @@ def run_command(argv: list[str]) -> int:
                 "dev --privilege-model=P: model P captures nothing itself (proxy-env) and dev mode has no external "
                 "fence; pass --acknowledge-external-fence to run it anyway"
             )
+            return 2
+        if args.workdir is not None and (problem := _workdir_problem(args.workdir)) is not None:
+            _err(f"dev --workdir: {problem}")
             return 2
         opts = DevOptions(
             argv=args.argv, policy=args.policy, dns_servers=tuple(args.dns_server),

@@ -29,7 +29,7 @@ import trio
 
 from supervisor.boundary.capture import IdentityResolver
 from supervisor.boundary.capture.setup import open_sock_diag
-from supervisor.boundary.confinement import landlock_for
+from supervisor.boundary.confinement import landlock_for, root_for
 from supervisor.boundary.egress import EgressCapture, EgressLinks, RecentPids
 from supervisor.boundary.forward import open_forward
 from supervisor.boundary.process import (
@@ -40,6 +40,8 @@ from supervisor.boundary.process import (
 )
 from supervisor.boundary.process.environment import build_process_spec, managed_env
 from supervisor.boundary.process.exec_session import pump_exec
+from supervisor.boundary.process.landlock import LandlockSpec
+from supervisor.boundary.process.rootfs import DEFAULT_SHM_SIZE, DEFAULT_TMP_SIZE, TRUST_PATH, RootError
 from supervisor.boundary.process.table import ProcessTable
 from supervisor.boundary.trust import TrustError, install_trust
 from supervisor.jsonlog import JsonLog
@@ -86,7 +88,10 @@ class BoundaryConfig:
     hide_paths: tuple[str, ...] = ()
     exit_linger_s: float = 60.0
     acknowledge_external_fence: bool = False
-    tls_dir: Path = Path("/run/openshell-boundary/tls")
+    tls_dir: Path = Path(TRUST_PATH)  # where we write the trust files; R and U show them at TRUST_PATH
+    tmp_size: str = DEFAULT_TMP_SIZE  # the agent's private /tmp (R, U)
+    shm_size: str = DEFAULT_SHM_SIZE  # the agent's private /dev/shm (R, U)
+    test_landlock_off: bool = False  # tests only: prove the mount layer alone holds (OPENSHELL_TEST_LANDLOCK_OFF)
     log: JsonLog = field(default_factory=lambda: JsonLog("boundary"))
 
 
@@ -127,6 +132,8 @@ class BoundaryDaemon:
             model_reason=self.cfg.model_reason,
             instance=self.instance,
         )
+        if self.cfg.test_landlock_off:
+            self.log.emit("boundary.test-knob", knob="landlock-off", warning="Landlock is off for every launch")
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await nursery.start(self.table.run)
@@ -247,7 +254,17 @@ class BoundaryDaemon:
         netns = attach.capture_mode is CaptureMode.NETNS and model != "P"
         if attach.capture_mode is CaptureMode.NETNS and model == "P":
             raise OpError(ErrorKind.DENIED, "model P has no network namespace: only proxy-env", field="capture_mode")
-        hide = (*self.cfg.hide_paths, str(self.cfg.bundle.directory)) if model != "P" else ()
+        root: dict[str, Any] | None = None
+        if model != "P":  # the agent's own root: only granted trees, secrets hidden (confinement rule 1)
+            uid, gid = self._agent_ids(attach)
+            try:
+                root = root_for(
+                    attach.static_policy, self.cfg.workdir, trust_dir=str(self.cfg.tls_dir), agent_uid=uid,
+                    agent_gid=gid, hide=(*self.cfg.hide_paths, str(self.cfg.bundle.directory)),
+                    tmp_size=self.cfg.tmp_size, shm_size=self.cfg.shm_size,
+                ).to_wire()  # fmt: skip
+            except RootError as exc:
+                raise OpError(ErrorKind.INVALID, f"agent filesystem: {exc}", field="filesystem_policy") from None
         capture: dict[str, Any] | None = None
         if netns:
             capture = {"capture_ports": list(attach.capture_ports), "proxy_port": PROXY_PORT,
@@ -257,8 +274,8 @@ class BoundaryDaemon:
             netns=netns,
             pidns=model != "P",
             mountns=model != "P",
-            hide_paths=hide,
             capture=capture,
+            root=root,
         )
         try:
             self.prepared = await self.launcher.prepare(plan)
@@ -269,6 +286,7 @@ class BoundaryDaemon:
             try:
                 self.trust = install_trust(self.cfg.tls_dir, attach.interception_ca_pem)
             except (TrustError, OSError) as exc:
+                self._fatal(f"interception CA: {exc}")
                 raise OpError(ErrorKind.INVALID if isinstance(exc, TrustError) else ErrorKind.FAILED,
                               f"interception CA: {exc}", field="interception_ca_pem") from None  # fmt: skip
         self.attach = attach
@@ -353,10 +371,21 @@ class BoundaryDaemon:
         return {"fingerprint": report.get("fingerprint"), "links": report.get("links"), "probe": "captured"}
 
     def _managed_env(self) -> dict[str, str]:
+        """CA env at the fixed path in R and U (a read-only bind of our tls dir); in P where we wrote them."""
         if self.trust is None:
             return managed_env(ca_cert=None, ca_bundle=None)
         ca_path, bundle_path = self.trust
+        if self.cfg.privilege_model != "P":
+            ca_path, bundle_path = Path(TRUST_PATH) / ca_path.name, Path(TRUST_PATH) / bundle_path.name
         return managed_env(ca_cert=str(ca_path), ca_bundle=str(bundle_path))
+
+    def _landlock(self, uid: int) -> LandlockSpec:
+        assert self.attach is not None
+        spec = landlock_for(
+            self.attach.static_policy, self.cfg.workdir, model=self.cfg.privilege_model, agent_uid=uid,
+            trust_dir=str(self.cfg.tls_dir) if self.cfg.privilege_model == "P" else None,
+        )  # fmt: skip
+        return dataclasses.replace(spec, mode="off") if self.cfg.test_landlock_off else spec
 
     async def op_start(self, body: dict[str, Any]) -> dict[str, Any]:
         self.lifecycle.check(Op.START)
@@ -365,7 +394,7 @@ class BoundaryDaemon:
         request = parse_exec_request({"argv": list(self.cfg.agent_argv), "cwd": self.cfg.workdir, "tty": False})
         spec = build_process_spec(
             request, agent_uid=uid, agent_gid=gid, managed_env=self._managed_env(), default_cwd=self.cfg.workdir,
-            landlock=landlock_for(self.attach.static_policy, self.cfg.workdir),
+            landlock=self._landlock(uid),
             provider_env=self.attach.credential_placeholders,
         )  # fmt: skip
         if self.cfg.agent_stdio == "inherit":
@@ -440,7 +469,7 @@ class BoundaryDaemon:
         uid, gid = self._agent_ids(self.attach)
         spec = build_process_spec(
             request, agent_uid=uid, agent_gid=gid, managed_env=self._managed_env(), default_cwd=self.cfg.workdir,
-            landlock=landlock_for(self.attach.static_policy, self.cfg.workdir),
+            landlock=self._landlock(uid),
             provider_env=self.attach.credential_placeholders,
         )  # fmt: skip
         entry = await self.table.start(spec, kind="exec", timeout_s=request.timeout_s, grace_s=request.grace_s)

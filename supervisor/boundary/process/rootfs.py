@@ -136,8 +136,10 @@ def plan_root(
     shm_size: str = DEFAULT_SHM_SIZE,
     resolv_conf: str = "/etc/resolv.conf",
     host_root: str = "/",
+    workdir_writable: bool = True,
 ) -> RootPlan:
-    """Rule 1, 2 and 4 as a list of binds. ``host_root`` lets tests plan against a fake tree."""
+    """Rule 1, 2 and 4 as a list of binds. ``host_root`` lets tests plan against a fake tree. The workdir is
+    always there (it is the agent's cwd), read-only when a policy leaves it out (``include_workdir: false``)."""
 
     def host(path: str) -> str:
         return os.path.join(host_root, path.lstrip("/"))
@@ -186,7 +188,7 @@ def plan_root(
         raise RootError(f"workdir: {workdir!r} resolves to /")
     if any(under(real_workdir, tree) for tree in ("/proc", "/dev", "/run")):
         raise RootError(f"workdir: {workdir!r} lies in /proc, /dev or /run")
-    grants[real_workdir] = True
+    grants[real_workdir] = grants.get(real_workdir, False) or workdir_writable
     binds = [
         Bind(source=target, target=target, writable=writable, directory=os.path.isdir(host(target)))
         for target, writable in grants.items()
