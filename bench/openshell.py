@@ -132,7 +132,7 @@ class OpenShell(Contender):
         policy.write_text(render_policy(ctx.upstream_echo[0], [port for _, port in listeners], binary))
         self.dns = RefusingDns()
         argv = [
-            sys.executable, "-m", "supervisor.cli", "dev", f"--policy={policy}",
+            sys.executable, "-m", "supervisor.cli", "dev", "--log-format=json", f"--policy={policy}",
             f"--dns-server={self.dns.address[0]}:{self.dns.address[1]}", "--", *driver_argv(ctx.client_copy),
         ]  # fmt: skip
         # The API socket's path must stay short (a Unix socket path has 107 bytes): a runtime dir of our own.

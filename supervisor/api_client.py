@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,33 @@ async def request_json(
         conn, response = await _request(stream, method, target, payload, [])
         data = await _read_body(stream, conn)
     return response.status_code, _decode(data)
+
+
+async def stream_lines(path: Path, target: str) -> AsyncIterator[bytes]:
+    """``GET target`` answered with JSON lines: yield each line as it arrives, until the API ends the body."""
+    stream = await _connect(path)
+    async with stream:
+        conn, response = await _request(stream, "GET", target, None, [])
+        if response.status_code != 200:
+            error = _decode(await _read_body(stream, conn))
+            raise ApiError(str(error.get("reason") or f"HTTP {response.status_code}"), response.status_code, error)
+        pending = b""
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError:
+                return  # the API went away mid-body (control stopped): the stream is over
+            if event is h11.NEED_DATA:
+                try:
+                    conn.receive_data(await stream.receive_some(65536))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return
+            elif isinstance(event, h11.Data):
+                *lines, pending = (pending + bytes(event.data)).split(b"\n")
+                for line in lines:
+                    yield line
+            else:
+                return
 
 
 async def open_channel(path: Path, target: str, body: dict[str, Any]) -> tuple[trio.SocketStream, dict[str, Any]]:

@@ -25,6 +25,7 @@ daemons:
 operator commands (find the running sandbox's API socket by themselves; --api to choose):
   dev       run CMD as the agent in a local two-process sandbox
   status    show the sandbox's status (readiness, lifecycle, policy)
+  logs      show control's recent events; -f follows them (--event KIND, --json)
   exec      run a command in the workload (-i for stdin, -t for a terminal)
   wait      wait for a process handle's result
   signal    send a signal to a process handle
@@ -319,6 +320,7 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
 def command_parser() -> argparse.ArgumentParser:
     from supervisor.certs_cli import add_certs_parser
     from supervisor.k8s_cli import add_k8s_parser
+    from supervisor.logs_cli import add_logs_parser
     from supervisor.policy_cli import add_policy_parser
 
     p = argparse.ArgumentParser(
@@ -395,6 +397,7 @@ def command_parser() -> argparse.ArgumentParser:
 
     add_policy_parser(sub)
     add_certs_parser(sub)
+    add_logs_parser(sub)
     add_k8s_parser(sub)
     return p
 
@@ -437,6 +440,17 @@ def run_command(argv: list[str]) -> int:
         return run_k8s(args)
     from supervisor import client_commands
     from supervisor.api_client import ApiError
+
+    if args.command == "logs":
+        from supervisor.logs_cli import run_logs
+
+        try:
+            return trio.run(run_logs, args)
+        except ApiError as exc:
+            _err(str(exc))
+            return EXIT_SELF_FAILED
+        except KeyboardInterrupt:
+            return 130
 
     try:
         return trio.run(client_commands.run, args)

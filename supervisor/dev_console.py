@@ -13,7 +13,7 @@ Rules:
 
 1. Everything printed that came from the workload's side — a binary path, a host name, a reason — is
    sanitised first: the agent chooses its executables' names, and a name holding escape sequences must not
-   be able to rewrite the operator's terminal. Non-printable characters are shown escaped (``\\x1b``).
+   be able to rewrite the operator's terminal (``supervisor.human.clean``).
 2. The tail reads complete lines only (a line still being written is left for the next read), from where the
    last read stopped; a line that is not a JSON object is skipped, never fatal.
 3. Pure apart from :class:`EventsTail`'s reads: :meth:`Console.lines_for` maps one event to the lines to print.
@@ -27,16 +27,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from supervisor.human import clean
+
 PREFIX = "openshell-sandbox: "
 REFUSED = {"deny", "denied", "refused"}
-
-
-def clean(value: object) -> str:
-    """``value`` as text safe for a terminal: every non-printable character escaped."""
-    text = str(value)
-    if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 def _split_destination(destination: str) -> tuple[str, str]:

@@ -17,6 +17,7 @@ import datetime as _dt
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -36,6 +37,7 @@ class JsonLog:
         self._stream = stream
         self.file = file
         self.to_stream = to_stream
+        self.tap: Callable[[dict[str, Any]], None] | None = None  # control's event buffer (GET /v1/events)
 
     @property
     def stream(self) -> TextIO:
@@ -46,6 +48,8 @@ class JsonLog:
         if self.sandbox is not None:
             record["sandbox"] = self.sandbox
         record.update({k: v for k, v in fields.items() if v is not None})
+        if self.tap is not None:
+            self.tap(record)
         line = json.dumps(record, default=str, separators=(",", ":"), ensure_ascii=False) + "\n"
         for sink in (self.stream if self.to_stream else None, self.file):
             if sink is None:

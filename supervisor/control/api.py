@@ -1,6 +1,9 @@
 """The operator API: HTTP/1.1 (h11) on a Unix socket in a 0700 directory of control's uid.
 
-Unary endpoints answer JSON. ``exec`` and ``forward`` are ``POST`` with ``Connection: Upgrade`` and
+Unary endpoints answer JSON. ``GET /v1/events?tail=N&event=KIND&follow=1`` answers JSON lines (chunked):
+the last N (default 100) of control's recent events, of the given kinds (repeatable; a kind matches its dotted
+family), then, with ``follow``, every new one until the client goes away; the connection closes after it.
+``exec`` and ``forward`` are ``POST`` with ``Connection: Upgrade`` and
 ``Upgrade: openshell-channel``: control opens the matching channel on the ops link and, once the boundary has
 accepted, answers ``101 Switching Protocols`` and splices raw bytes — the exec channel framing is end to end
 between the CLI and the boundary, control never parses it. Errors carry the operation's kind and status.
@@ -12,6 +15,7 @@ import json
 import math
 import os
 import stat
+import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +33,7 @@ if TYPE_CHECKING:
 
 UPGRADE_TOKEN = "openshell-channel"
 MAX_BODY = 4 * 1024 * 1024
+DEFAULT_EVENTS_TAIL = 100
 FORWARDED_UNARY = {"/v1/wait": 0, "/v1/signal": 0, "/v1/terminate": 0}
 
 
@@ -137,7 +142,11 @@ class ApiServer:
 
     async def _dispatch(self, http: _Http, request: h11.Request, body: bytes) -> bool:
         method = request.method.decode()
-        target = request.target.decode().split("?", 1)[0]
+        raw_target = request.target.decode()
+        target = raw_target.split("?", 1)[0]
+        if method == "GET" and target == "/v1/events":
+            await self._events(http, raw_target)
+            return True  # the stream ended: close the connection
         if method == "PUT" and target == "/v1/policy":  # the body is the policy YAML, not JSON
             await self._put_policy(http, body)
             return False
@@ -168,6 +177,29 @@ class ApiServer:
         except OpError as exc:
             await http.respond_json(exc.kind.http_status, exc.to_json())
         return False
+
+    async def _events(self, http: _Http, raw_target: str) -> None:
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(raw_target).query)
+        tail_text = query.get("tail", [str(DEFAULT_EVENTS_TAIL)])[-1]
+        if not tail_text.isdigit():
+            await http.respond_json(400, {"kind": "invalid", "reason": f"tail must be a count, got {tail_text!r}"})
+            return
+        follow = query.get("follow", ["0"])[-1].lower() in ("1", "true", "yes")
+        kinds = query.get("event", [])
+        buffer = self.daemon.events
+        events, seq = buffer.tail(int(tail_text), kinds)
+        await http.send(h11.Response(status_code=200, headers=[("content-type", "application/x-ndjson")]))
+        if events:
+            await http.send(h11.Data(data=_json_lines(events)))
+        if follow:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_cancel_at_eof, http.stream, nursery.cancel_scope)
+                while True:
+                    await buffer.wait_after(seq)
+                    events, seq = buffer.after(seq, kinds)
+                    if events:
+                        await http.send(h11.Data(data=_json_lines(events)))
+        await http.send(h11.EndOfMessage())
 
     def _link(self) -> Any:
         link = self.daemon.ops
@@ -211,3 +243,18 @@ class ApiServer:
             await channel.aclose()
         return True
 
+
+def _json_lines(events: list[dict[str, Any]]) -> bytes:
+    return b"".join(
+        json.dumps(event, default=str, separators=(",", ":"), ensure_ascii=False).encode() + b"\n" for event in events
+    )
+
+
+async def _cancel_at_eof(stream: trio.abc.ReceiveStream, scope: trio.CancelScope) -> None:
+    """A follower is done when its client closes (it sends nothing after the request)."""
+    try:
+        while await stream.receive_some(4096):
+            pass
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    scope.cancel()

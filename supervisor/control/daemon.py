@@ -22,6 +22,7 @@ import trio
 from supervisor.control.api import ApiServer
 from supervisor.control.dialer import Backoff, BackoffGroup
 from supervisor.control.egress import EgressService, Interception
+from supervisor.control.events import EventBuffer
 from supervisor.control.policy import PolicyStore
 from supervisor.control.upstream import UpstreamConfig
 from supervisor.jsonlog import JsonLog
@@ -76,6 +77,8 @@ class ControlDaemon:
     def __init__(self, cfg: ControlConfig) -> None:
         self.cfg = cfg
         self.log = cfg.log
+        self.events = EventBuffer()  # every event control logs, recent ones served by GET /v1/events
+        self.log.tap = self.events.record
         self.policy = cfg.policy
         self.ops: Link | None = None
         self.ops_ready = trio.Event()
@@ -96,6 +99,7 @@ class ControlDaemon:
         return self.cfg.bundle.claims.sandbox
 
     async def serve(self) -> int:
+        self.events.bind()
         api = ApiServer(self, self.cfg.api_path, log=self.log)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -241,8 +245,10 @@ class ControlDaemon:
             if reply.get("state") == "bound":
                 failure.step = "confirm"
                 await self._confirm(link)
+            if reply.get("state") in ("bound", "ready"):  # a link lost between confirm and start lands here
                 failure.step = "start"
-                await call(link, "/v1/start")
+                reply = await call(link, "/v1/start")
+                self.log.emit("lifecycle.running", agent=reply.get("agent"))
         failure.step = "status"
         self.boundary = await call(link, "/v1/status")
         failure.step = "running"

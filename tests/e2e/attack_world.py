@@ -575,8 +575,8 @@ class AttackWorld:
         return self.trap_named.port
 
     def dev_argv(self, agent_argv: list[str]) -> list[str]:
-        return [*CLI, "dev", f"--policy={self.policy}", f"--dns-server={self.dns.address[0]}:{self.dns.address[1]}",
-                "--", *agent_argv]  # fmt: skip
+        return [*CLI, "dev", "--log-format=json", f"--policy={self.policy}",
+                f"--dns-server={self.dns.address[0]}:{self.dns.address[1]}", "--", *agent_argv]  # fmt: skip
 
     def script(self, body: str) -> str:
         """Write prelude + body for the agent; returns the path."""

@@ -39,8 +39,8 @@ class World:
         self, script: str, *, timeout: float = 90, options: tuple[str, ...] = ()
     ) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
         result = subprocess.run(
-            [*CLI, "dev", f"--policy={self.policy}", f"--dns-server={self.dns.address[0]}:{self.dns.address[1]}",
-             *options, "--", "sh", "-c", script],
+            [*CLI, "dev", "--log-format=json", f"--policy={self.policy}",
+             f"--dns-server={self.dns.address[0]}:{self.dns.address[1]}", *options, "--", "sh", "-c", script],
             capture_output=True, text=True, timeout=timeout, env={**os.environ, "XDG_RUNTIME_DIR": self.runtime},
         )  # fmt: skip
         events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]

@@ -82,7 +82,7 @@ def processes_with(marker: str) -> list[int]:
 
 @pytest.mark.parametrize("code", [0, 3])
 def test_exit_code_is_the_agents(code: int) -> None:
-    result = run_cli("dev", "--", "sh", "-c", f"echo out; echo err >&2; exit {code}")
+    result = run_cli("dev", "--log-format=json", "--", "sh", "-c", f"echo out; echo err >&2; exit {code}")
     assert result.returncode == code, result.stderr
     assert result.stdout == "out\n"  # stdout carries only the agent's stdout
     assert "err\n" in result.stderr

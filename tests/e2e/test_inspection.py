@@ -90,8 +90,9 @@ class Origin:
 
     def dev(self, script: str) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
         result = subprocess.run(
-            [*CLI, "dev", f"--policy={self.policy}", f"--dns-server={self.dns.address[0]}:{self.dns.address[1]}",
-             f"--credentials={self.credentials}", f"--upstream-ca={self.ca_file}", "--", "sh", "-c", script],
+            [*CLI, "dev", "--log-format=json", f"--policy={self.policy}",
+             f"--dns-server={self.dns.address[0]}:{self.dns.address[1]}", f"--credentials={self.credentials}",
+             f"--upstream-ca={self.ca_file}", "--", "sh", "-c", script],
             capture_output=True, text=True, timeout=120, env={**os.environ, "XDG_RUNTIME_DIR": self.runtime},
         )  # fmt: skip
         events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]

@@ -1,0 +1,58 @@
+"""How events read for a person: terminal-safe text and one-line summaries (dev mode's stderr, ``logs``).
+
+Rule: anything that may come from the workload's side — binary paths, host names, request paths, reasons
+that quote them — is passed through :func:`clean` before it reaches a terminal. The agent names its own
+executables; a name holding escape sequences must not be able to rewrite or hide the operator's screen.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+DECISION_EVENTS = ("egress", "egress.refused", "http", "dns")
+_QUIET_FIELDS = ("time", "event", "component", "sandbox")
+MAX_FIELDS_TEXT = 240
+
+
+def clean(value: object) -> str:
+    """``value`` as text safe for a terminal: every non-printable character escaped (``\\x1b``, ``\\n``)."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
+def summary(event: Mapping[str, Any]) -> str:
+    """One line for ``openshell-sandbox logs``: time, component, event, then what matters for that event."""
+    stamp = str(event.get("time", ""))
+    clock = stamp[11:23] if len(stamp) >= 23 else stamp
+    head = f"{clean(clock)}  {clean(event.get('component', '-')):<8} {clean(event.get('event', '?'))}"
+    if str(event.get("event")) in DECISION_EVENTS:
+        return f"{head}  {_decision(event)}"
+    rest = {k: v for k, v in event.items() if k not in _QUIET_FIELDS}
+    text = " ".join(f"{k}={_compact(v)}" for k, v in rest.items())
+    if len(text) > MAX_FIELDS_TEXT:
+        text = text[: MAX_FIELDS_TEXT - 1] + "…"
+    return f"{head}  {clean(text)}" if text else head
+
+
+def _decision(event: Mapping[str, Any]) -> str:
+    decision = event.get("decision") or ("refused" if event.get("event") == "egress.refused" else "?")
+    if event.get("event") == "dns":
+        target = f"DNS {event.get('name', '?')} {event.get('qtype', '')}".rstrip()
+        who = ""
+    else:
+        target = str(event.get("destination") or "?")
+        if event.get("method"):
+            target = f"{event['method']} {target}{event.get('path') or ''}"
+        who = f"{event.get('binary') or 'a process'} → "
+    why = event.get("reason") or (f"rule {event['rule']}" if event.get("rule") else "")
+    return clean(f"{decision} {who}{target}" + (f"  {why}" if why else ""))
+
+
+def _compact(value: object) -> str:
+    if isinstance(value, str):
+        return value if value and " " not in value else json.dumps(value, ensure_ascii=False)
+    return json.dumps(value, default=str, separators=(",", ":"), ensure_ascii=False)
