@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from supervisor.dev_confinement import DevSetupError, prepare, resolve_model
 from supervisor.dev_console import Console, EventsTail
 from supervisor.protocol.certs import issue_bundle
 from supervisor.protocol.claims import Claims
@@ -44,7 +45,7 @@ class DevOptions:
     policy: Path | None = None
     dns_servers: tuple[str, ...] = ()
     privilege_model: str = "auto"
-    workdir: str = "/"
+    workdir: str | None = None  # None: <state dir>/work (supervisor/dev_confinement.py)
     agent_user: str | None = None
     acknowledge_external_fence: bool = False
     credentials: Path | None = None
@@ -133,13 +134,23 @@ def run_dev(opts: DevOptions) -> int:
         runtime = Path(os.environ.get("XDG_RUNTIME_DIR") or "/run") / "openshell-sandbox" / sandbox
         port_file = tmp / "boundary.port"
         runtime.parent.mkdir(parents=True, exist_ok=True, mode=0o755)  # hidden from the agent by a tmpfs
+        try:
+            plan = prepare(
+                sandbox=sandbox, tmp=tmp, runtime_parent=runtime.parent, model=resolve_model(opts.privilege_model)[0],
+                workdir=opts.workdir, agent_user=opts.agent_user, policy=opts.policy, credentials=opts.credentials,
+            )  # fmt: skip
+        except DevSetupError as exc:
+            print(f"openshell-sandbox: {exc}", file=sys.stderr)
+            return EXIT_SELF_FAILED
+        for note in plan.notes:
+            say(f"openshell-sandbox: {note}")
         log_flags = [f"--log-stream={'stderr' if opts.log_format == 'json' and not opts.quiet else 'none'}",
                      f"--log-file={events_path(sandbox)}"]  # fmt: skip
         fence_flags = ["--acknowledge-external-fence"] if opts.acknowledge_external_fence else []
         boundary_cmd = [
             *_entry(), "--mode=boundary", f"--bootstrap={tmp / 'bundle' / 'boundary'}", "--listen=127.0.0.1:0",
-            f"--port-file={port_file}", f"--privilege-model={opts.privilege_model}", f"--workdir={opts.workdir}",
-            f"--hide-path={runtime.parent}", f"--tls-dir={tmp / 'tls'}", "--exit-linger=5", *log_flags, *fence_flags,
+            f"--port-file={port_file}", *plan.boundary_flags,
+            f"--tls-dir={tmp / 'tls'}", "--exit-linger=5", *log_flags, *fence_flags,
             "--", *opts.argv,
         ]  # fmt: skip
         procs.append(subprocess.Popen(boundary_cmd, preexec_fn=_die_with_dev))
@@ -152,12 +163,7 @@ def run_dev(opts: DevOptions) -> int:
         ]  # fmt: skip
         if opts.acknowledge_external_fence:
             control_cmd.append("--capture-mode=proxy-env")
-        if opts.policy is not None:
-            control_cmd.append(f"--policy={opts.policy}")
-        if opts.agent_user is not None:
-            control_cmd.append(f"--agent-user={opts.agent_user}")
-        if opts.credentials is not None:
-            control_cmd.append(f"--credentials={opts.credentials}")
+        control_cmd += plan.control_flags  # private copies of --policy/--credentials, agent ids, workdir
         if opts.upstream_ca is not None:
             control_cmd.append(f"--upstream-ca={opts.upstream_ca}")
         control_cmd += [f"--dns-server={server}" for server in opts.dns_servers]
