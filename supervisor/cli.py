@@ -64,7 +64,12 @@ def daemon_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-stream", choices=["stdout", "stderr", "none"], default="stdout", help="where JSON events go")
     p.add_argument("--log-file", type=Path, help="also append the JSON events to this file (created 0600)")
     b = p.add_argument_group("boundary")
-    b.add_argument("--listen", default="0.0.0.0:7443", help="address the boundary listens on (default %(default)s)")
+    b.add_argument(
+        "--listen",
+        default="[::]:7443",
+        help="address the boundary listens on (default %(default)s: every IPv6 and IPv4 address; IPv4 only where "
+        "the pod has no IPv6)",
+    )
     b.add_argument("--port-file", type=Path, help="write the bound port here once listening")
     b.add_argument("--privilege-model", default="auto", choices=["auto", "R", "U", "P"], help="see docs")
     b.add_argument(

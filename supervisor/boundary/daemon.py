@@ -119,7 +119,10 @@ class BoundaryDaemon:
     # -- serving ----------------------------------------------------------------------------------------------
     async def serve(self) -> int:
         ctx = server_context(self.cfg.bundle, (ALPN_OPS, ALPN_EGRESS))
-        listeners = await trio.open_tcp_listeners(self.cfg.listen_port, host=self.cfg.listen_host)
+        # "::" (the default, [::]:7443) means every address of both families: trio then binds 0.0.0.0 and a
+        # v6-only ::, and skips the family a v6-less (or v4-less) pod does not have. Dual-stack clusters work.
+        host = None if self.cfg.listen_host in ("::", "") else self.cfg.listen_host
+        listeners = await trio.open_tcp_listeners(self.cfg.listen_port, host=host)
         port = listeners[0].socket.getsockname()[1]
         if self.cfg.port_file is not None:
             tmp = self.cfg.port_file.with_suffix(".tmp")
