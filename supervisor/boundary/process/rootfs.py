@@ -10,8 +10,9 @@ Rules of this module:
    (``DEVICES`` bound from the host, a new devpts instance, ``/dev/ptmx`` and ``/dev/fd`` links); ``/proc``
    read-only (no ``/proc/PID/mem`` writes, whatever Landlock says); a private ``/run`` skeleton (the target of
    ``/etc/resolv.conf`` when it points into ``/run``, ``/run/lock``, ``/run/user/<uid>`` 0700 of the agent,
-   the trust directory). Policy paths under these trees are already satisfied by them and never bound from
-   the host, so homes, ``/var/lib``, the host's ``/run`` and ``/tmp`` (and their sockets) are simply absent.
+   the trust directory). A policy naming ``/tmp``, ``/run`` or anything in ``/proc`` or ``/dev`` gets the
+   synthetic ones; only a path the policy names below ``/tmp`` or ``/run`` is bound from the host. Homes,
+   ``/var/lib``, the host's ``/run`` and ``/tmp`` (and the sockets in them) are simply absent.
 3. Read-only means read-only mounts, every submount included, keeping the flags the source had (a remount in
    a user namespace may add ``MS_RDONLY`` but not drop locked flags): chmod, utime and setxattr fail too.
 4. Hidden paths (``--hide-path``) inside a granted tree are covered by an empty 0000 file or directory on a
@@ -42,7 +43,8 @@ from typing import Any, Final
 from . import linux
 
 SYSTEM_READ_ONLY: Final = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/opt")
-SYNTHETIC: Final = ("/proc", "/dev", "/tmp", "/run")  # rule 2: never bound from the host
+SYNTHETIC: Final = ("/proc", "/dev", "/tmp", "/run")  # rule 2: never bound from the host as a whole
+SYNTHETIC_TREES: Final = ("/proc", "/dev")  # nothing below these is bound from the host either
 DEVICES: Final = ("null", "zero", "full", "random", "urandom", "tty")
 TRUST_PATH: Final = "/run/openshell-boundary/tls"
 DEFAULT_TMP_SIZE: Final = "256m"
@@ -168,7 +170,7 @@ def plan_root(
                     grant("/" + name, False, field)
             return
         real = resolve(path)
-        if real is None or real == "/" or any(under(real, tree) for tree in SYNTHETIC):
+        if real is None or real in ("/", *SYNTHETIC) or any(under(real, tree) for tree in SYNTHETIC_TREES):
             return  # absent, or provided by the synthetic trees (rule 2)
         grants[real] = grants.get(real, False) or writable
 
