@@ -328,6 +328,12 @@ def refusal_debug_data(field: str | None) -> bytes:
     return (REFUSAL_PREFIX + name).encode("ascii")
 
 
+def _cause(exc: BaseException) -> str:
+    """What broke a transport: trio wraps the SSL error (a TLS alert names the peer's reason) as the cause."""
+    cause = exc.__cause__ or exc
+    return f"{type(cause).__name__}: {cause}" if str(cause) else repr(cause)
+
+
 def _debug_text(data: bytes | None) -> str:
     """A peer's GOAWAY debug data for a log line: printable ASCII only, bounded."""
     if not data:
@@ -521,7 +527,7 @@ class Link:
                 try:
                     await self.transport.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    self._mark_closed(f"send failed: {exc!r}")
+                    self._mark_closed(f"send failed: {_cause(exc)}")
                     return
 
     async def _reader(self) -> None:
@@ -529,7 +535,7 @@ class Link:
             try:
                 data = await self.transport.receive_some(READ_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                self.close_reason = f"receive failed: {exc!r}"
+                self.close_reason = f"receive failed: {_cause(exc)}"
                 return
             if not data:
                 self.close_reason = "peer closed the connection"

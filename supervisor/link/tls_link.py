@@ -64,10 +64,31 @@ async def _handshake(
         await refuse(tls, server=server, field=exc.field)
         raise Refused(peer, exc.field, str(exc)) from None
     except (trio.BrokenResourceError, ssl.SSLError, OSError) as exc:
+        await _send_alert(tls)
         await trio.aclose_forcefully(tls)
         cause = exc.__cause__ or exc
         raise Refused(peer, "tls", f"handshake failed: {cause}") from None
     return tls, claims, tls.selected_alpn_protocol() or ""
+
+
+async def _send_alert(tls: trio.SSLStream[trio.SocketStream]) -> None:
+    """Send the TLS alert OpenSSL wrote when it failed the handshake (unknown CA, certificate expired, …).
+
+    trio raises as soon as the handshake fails and leaves the alert in its outgoing buffer, so the peer would see
+    a bare close; with TLS 1.3 a client's handshake has already completed by then and the alert is the only
+    account of why it was refused that it can get.
+    """
+    outgoing = getattr(tls, "_outgoing", None)  # trio's MemoryBIO; absent in another trio: then say nothing
+    if not isinstance(outgoing, ssl.MemoryBIO):
+        return
+    data = outgoing.read()
+    if not data:
+        return
+    with trio.move_on_after(1):
+        try:
+            await tls.transport_stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
 
 
 async def refuse(tls: trio.SSLStream[trio.SocketStream], *, server: bool, field: str | None) -> None:
