@@ -233,10 +233,18 @@ class BoundaryDaemon:
         return router
 
     def _agent_ids(self, attach: AttachRequest) -> tuple[int, int]:
-        """Model R runs the agent as the descriptor's uid; U and P as the boundary's own (spec §2.9)."""
-        if self.cfg.privilege_model == "R":
+        """Model R runs the agent as the descriptor's uid; U and P as the boundary's own (spec §2.9) — except U
+        under euid 0, where the user namespace maps the descriptor's ids instead (never host uid 0: it would own
+        root's files; docs/design.md "Settled details")."""
+        model = self.cfg.privilege_model
+        if model == "R":
             if attach.agent_uid == os.geteuid():
                 raise OpError(ErrorKind.INVALID, "agent uid must differ from the boundary's in model R", "agent_uid")
+            return attach.agent_uid, attach.agent_gid
+        if model == "U" and os.geteuid() == 0:
+            if attach.agent_uid == 0 or attach.agent_gid == 0:
+                raise OpError(ErrorKind.INVALID, "model U under root never maps the agent to uid or gid 0",
+                              "agent_uid")  # fmt: skip
             return attach.agent_uid, attach.agent_gid
         return os.geteuid(), os.getegid()
 
@@ -279,6 +287,7 @@ class BoundaryDaemon:
             mountns=model != "P",
             capture=capture,
             root=root,
+            agent_ids=self._agent_ids(attach) if model == "U" and os.geteuid() == 0 else None,
         )
         try:
             self.prepared = await self.launcher.prepare(plan)

@@ -121,6 +121,63 @@ def write_id_maps(uid: int, gid: int) -> None:
             os.close(fd)
 
 
+def root_id_maps(agent_uid: int, agent_gid: int) -> tuple[str, str]:
+    """Model U under euid 0: ``(uid_map, gid_map)`` text mapping the agent's ids to themselves, never to 0.
+
+    The launcher's own ids (host 0) are mapped too, to themselves: it is host root already, and a mapped fsuid
+    lets it create the agent's root in the namespace's own tmpfs. The agent never runs as them; it runs as its
+    own mapped ids, so on the host its files are its uid's and root's files are not its own.
+    """
+    if agent_uid == 0 or agent_gid == 0:
+        raise PermissionError(errno.EPERM, "model U under root never maps the agent to uid or gid 0")
+    return f"0 0 1\n{agent_uid} {agent_uid} 1\n", f"0 0 1\n{agent_gid} {agent_gid} 1\n"
+
+
+def fork_id_map_writer(uid_map: str, gid_map: str) -> tuple[int, int]:
+    """Fork, before ``unshare(CLONE_NEWUSER)``, a child that writes our id maps once told to (``(pid, fd)``;
+    finish with :func:`finish_id_map_writer`).
+
+    A process may map only its own ids into a namespace it just created (it has no capability in the parent
+    namespace any more); mapping others takes a writer with ``CAP_SETUID``/``CAP_SETGID`` in the parent, which
+    this child keeps. ``setgroups`` stays allowed so the workload child can drop host supplementary groups.
+    """
+    rfd, wfd = os.pipe2(os.O_CLOEXEC)
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the writer child
+        code = 1
+        try:
+            os.close(wfd)
+            if os.read(rfd, 1) == b"x":
+                for name, text in (("uid_map", uid_map), ("gid_map", gid_map)):
+                    fd = os.open(f"/proc/{parent}/{name}", os.O_WRONLY | os.O_CLOEXEC)
+                    try:
+                        os.write(fd, text.encode())
+                    finally:
+                        os.close(fd)
+                code = 0
+        except OSError as exc:
+            code = min(exc.errno or 1, 255)
+        finally:
+            os._exit(code)
+    os.close(rfd)
+    return pid, wfd
+
+
+def finish_id_map_writer(pid: int, fd: int, *, write: bool = True) -> None:
+    """Tell the writer to map (after our ``unshare``) or, with ``write=False``, to give up; reap it."""
+    try:
+        if write:
+            os.write(fd, b"x")
+    finally:
+        os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if write and code != 0:
+        raise OSError(code if code > 0 else errno.ECHILD, f"writing the user namespace's id maps: "
+                      f"{os.strerror(code) if code > 0 else 'killed'}")  # fmt: skip
+
+
 USERNS_FLAGS: Final = linux.CLONE_NEWUSER | linux.CLONE_NEWNET | linux.CLONE_NEWNS | linux.CLONE_NEWPID
 
 

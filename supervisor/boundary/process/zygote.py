@@ -18,8 +18,9 @@ replies carry the same ``id`` and ``ok``; exits are unsolicited.
 
 Theory of operation. ``Launcher.fork`` calls ``main`` in a fresh child of the boundary. ``prepare`` unshares
 the namespaces the plan asks for (model U creates the user namespace in the same call and maps only its own
-uid/gid), makes ``/`` a recursive slave so nothing mounted here leaks out, covers each hidden path with an
-empty read-only tmpfs, then forks the init before anything else can fork (the first child after
+uid/gid; under euid 0 a writer forked before the ``unshare`` maps the agent's ids to themselves instead, see
+``privilege.root_id_maps``), makes ``/`` a recursive slave so nothing mounted here leaks out, covers each hidden
+path with an empty read-only tmpfs, then forks the init before anything else can fork (the first child after
 ``unshare(CLONE_NEWPID)`` *is* the namespace's PID 1); the init mounts a fresh ``/proc``. Then ``lo`` comes up,
 or the capture setup runs. ``spawn`` goes to whichever process forks (rule 2), which forks a child that runs
 ``child.run``. Once the init has mounted the namespace's ``/proc``, ``/proc/self`` names nothing for the
@@ -73,6 +74,7 @@ class NamespacePlan:
     hide_paths: tuple[str, ...] = ()
     capture: dict[str, Any] | None = None
     root: dict[str, Any] | None = None  # rootfs.RootPlan.to_wire(): the agent's own root (needs mountns)
+    agent_ids: tuple[int, int] | None = None  # model U under euid 0: the ids the user namespace maps the agent to
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -83,6 +85,7 @@ class NamespacePlan:
             "hide_paths": list(self.hide_paths),
             "capture": self.capture,
             "root": self.root,
+            "agent_ids": list(self.agent_ids) if self.agent_ids is not None else None,
         }
 
     @classmethod
@@ -95,6 +98,7 @@ class NamespacePlan:
             hide_paths=tuple(data["hide_paths"]),
             capture=data["capture"],
             root=data.get("root"),
+            agent_ids=(int(data["agent_ids"][0]), int(data["agent_ids"][1])) if data.get("agent_ids") else None,
         )
 
     def effective(self) -> NamespacePlan:
@@ -535,9 +539,21 @@ class Zygote:
         if plan.model == "U":
             flags |= linux.CLONE_NEWUSER
         uid, gid = os.geteuid(), os.getegid()
-        if flags:
-            linux.unshare(flags)
-        if plan.model == "U":
+        writer: tuple[int, int] | None = None
+        if plan.model == "U" and uid == 0:  # never leave the agent host root: map it to its own ids
+            if plan.agent_ids is None:
+                raise OSError(errno.EINVAL, "model U under root needs the agent's uid and gid")
+            writer = privilege.fork_id_map_writer(*privilege.root_id_maps(*plan.agent_ids))
+        try:
+            if flags:
+                linux.unshare(flags)
+        except BaseException:
+            if writer is not None:
+                privilege.finish_id_map_writer(*writer, write=False)
+            raise
+        if writer is not None:
+            privilege.finish_id_map_writer(*writer)
+        elif plan.model == "U":
             privilege.write_id_maps(uid, gid)
         if plan.mountns:
             linux.mount(None, "/", None, linux.MS_REC | linux.MS_SLAVE)
