@@ -1,0 +1,110 @@
+"""Dev mode's human lines and ``logs``' one-liners, from events alone (no processes)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from supervisor.dev_console import Console, EventsTail
+from supervisor.human import clean, summary
+
+EVENTS = Path("/state/openshell-sandbox/dev-1/events.jsonl")
+
+
+def console() -> Console:
+    return Console(sandbox="dev-1", policy=Path("/p/agent policy.yaml"), policy_label="agent.yaml",
+                   events_path=EVENTS)  # fmt: skip
+
+
+def deny(**fields: Any) -> dict[str, Any]:
+    base = {"event": "egress", "component": "control", "decision": "deny", "destination": "example.test:443",
+            "binary": "/usr/bin/curl", "ancestors": ["/usr/bin/dash"], "reason": "no-matching-endpoint"}  # fmt: skip
+    return {**base, **fields}
+
+
+def test_the_ready_line_comes_once_with_what_a_person_needs() -> None:
+    c = console()
+    assert c.lines_for({"event": "lifecycle.bound", "component": "boundary", "policy_generation": 3}) == []
+    assert c.lines_for({"event": "lifecycle.ready", "component": "control",
+                        "fence": {"mode": "netns", "privilege_model": "U"}}) == []  # fmt: skip
+    assert c.lines_for({"event": "lifecycle.running", "component": "boundary"}) == []
+    [line] = c.lines_for({"event": "lifecycle.running", "component": "control"})
+    for part in ("dev-1", "policy agent.yaml (generation 3)", "fence netns", "model U",
+                 "openshell-sandbox exec -it -- sh", str(EVENTS)):  # fmt: skip
+        assert part in line
+    assert c.lines_for({"event": "lifecycle.running", "component": "control"}) == []  # a resumed control
+
+
+def test_a_refusal_line_names_binary_destination_reason_and_the_command_that_explains_it() -> None:
+    [line] = console().lines_for(deny())
+    assert line.startswith("openshell-sandbox: refused /usr/bin/curl → example.test:443: no-matching-endpoint")
+    command = line.split("(why: ", 1)[1].removesuffix(")")
+    assert shlex.split(command) == [
+        "openshell-sandbox", "policy", "decide", "--policy", "/p/agent policy.yaml", "--host", "example.test",
+        "--port", "443", "--binary", "/usr/bin/curl", "--ancestor", "/usr/bin/dash",
+    ]  # fmt: skip
+
+
+def test_allowed_connections_and_other_events_print_nothing() -> None:
+    c = console()
+    assert c.lines_for(deny(decision="allow")) == []
+    assert c.lines_for({"event": "link.up", "component": "control"}) == []
+    assert c.lines_for({"event": "http", "decision": "allow", "method": "GET", "destination": "a:443"}) == []
+
+
+def test_an_l7_refusal_names_the_request_and_explains_it_with_method_and_path() -> None:
+    [line] = console().lines_for(deny(event="http", method="POST", path="/repos/x", reason="l7-denied"))
+    assert "refused /usr/bin/curl → POST example.test:443/repos/x: l7-denied" in line
+    assert "--method POST --path /repos/x" in line
+
+
+def test_a_refusal_before_any_decision_has_no_explain_command() -> None:
+    [line] = console().lines_for({"event": "egress.refused", "component": "boundary",
+                                  "reason": "identity-unresolved: vanished", "destination": "10.0.0.1:80"})  # fmt: skip
+    assert line == "openshell-sandbox: refused a process → 10.0.0.1:80: identity-unresolved: vanished"
+
+
+def test_dns_refusals_are_said_once_per_name() -> None:
+    c = console()
+    first = c.lines_for({"event": "dns", "decision": "refused", "name": "x.test", "reason": "no-endpoint-for-name"})
+    again = c.lines_for({"event": "dns", "decision": "refused", "name": "x.test", "qtype": "AAAA"})
+    assert first == ["openshell-sandbox: refused DNS name x.test: no-endpoint-for-name"] and again == []
+
+
+def test_what_the_agent_names_cannot_reach_the_terminal_raw() -> None:
+    """Attacker's side: an executable named with an escape sequence, a bell, a newline and a bidi override."""
+    evil = "/work/cur\x1b[2J\x1b]0;owned\x07l\nforged\u202e"
+    [line] = console().lines_for(deny(binary=evil, destination="example.test:443"))
+    assert "\x1b" not in line and "\x07" not in line and "\n" not in line and "\u202e" not in line
+    assert "cur\\x1b[2J\\x1b]0;owned\\x07l\\nforged\\u202e" in line
+    assert all(ch.isprintable() for ch in summary(deny(binary=evil)))
+
+
+def test_clean_leaves_printable_text_alone() -> None:
+    assert clean("example.test:443 → ok é") == "example.test:443 → ok é"
+    assert clean("a\tb") == "a\\tb"
+
+
+def test_summary_lines_for_logs() -> None:
+    line = summary({"time": "2026-12-01T14:35:07.271Z", **deny()})
+    assert line == "14:35:07.271  control  egress  deny /usr/bin/curl → example.test:443  no-matching-endpoint"
+    other = summary({"time": "2026-12-01T14:35:07.271Z", "event": "link.up", "component": "boundary",
+                     "sandbox": "dev-1", "peer": "os-ctl", "links": 2})  # fmt: skip
+    assert other == "14:35:07.271  boundary link.up  peer=os-ctl links=2"
+    long = summary({"event": "x", "component": "control", "blob": "y" * 1000})
+    assert len(long) < 300 and long.endswith("…")
+
+
+def test_the_tail_returns_complete_lines_only_and_skips_garbage(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    tail = EventsTail(path)
+    assert tail.read() == []  # not there yet
+    with path.open("w") as f:
+        f.write(json.dumps({"event": "a"}) + "\nnot json\n[1]\n" + '{"event": "b"')
+    assert tail.read() == [{"event": "a"}]
+    with path.open("a") as f:
+        f.write("}\n")
+    assert tail.read() == [{"event": "b"}]
+    assert tail.read() == []
