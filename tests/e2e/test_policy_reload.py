@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from tests.e2e.egress_world import CLI, PORT, World, world
+from tests.e2e.safe_dirs import safe_dir
 
 __all__ = ["world"]
 
@@ -46,9 +47,12 @@ def _replace(path: Path, text: str) -> None:
 
 
 def test_revisions_quarantine_and_apply(world: World, tmp_path: Path) -> None:
-    policy = tmp_path / "policy.yaml"
+    with safe_dir() as directory:  # under /tmp the file would be loaded once, never watched
+        _revisions_quarantine_and_apply(world, tmp_path, directory / "policy.yaml")
+
+
+def _revisions_quarantine_and_apply(world: World, tmp_path: Path, policy: Path) -> None:
     policy.write_text(DENY_ALL)
-    os.chmod(tmp_path, 0o755)
     loop = f"while :; do curl -s -o /dev/null -w '%{{http_code}}\\n' http://api.test:{PORT}/hello.txt; sleep 0.2; done"
     env = {**os.environ, "XDG_RUNTIME_DIR": world.runtime}
     dev = subprocess.Popen(
