@@ -11,7 +11,10 @@ extras=$2
 install_missing=${3:-}
 cd "$(dirname "$0")/.."
 
-if [ -x /usr/bin/python3 ]; then base=/usr/bin/python3; else base=$(command -v python3 || true); fi
+# OPENSHELL_BASE_PYTHON overrides the choice (the tests use it to play a Debian without python3-venv)
+if [ -n "${OPENSHELL_BASE_PYTHON:-}" ]; then base=$OPENSHELL_BASE_PYTHON
+elif [ -x /usr/bin/python3 ]; then base=/usr/bin/python3
+else base=$(command -v python3 || true); fi
 if [ -z "$base" ]; then
   echo "openshell-sandbox: no python3 found (Debian: apt-get install python3 python3-venv)" >&2
   exit 1
