@@ -126,6 +126,21 @@ def daemon_parser() -> argparse.ArgumentParser:
         help="directory keeping the TLS-interception CA across restarts (created with a new CA when empty)",
     )
     c.add_argument("--upstream-ca", type=Path, help="extra CA (PEM) trusted for upstream TLS, besides the system store")
+    c.add_argument(
+        "--self-address",
+        action="append",
+        default=[],
+        metavar="ADDR",
+        help="an address of this control that no interface shows (e.g. its Service IP); never dialled upstream, "
+        "like every interface address of its own, whatever the policy says (repeatable)",
+    )
+    c.add_argument(
+        "--ipv6-egress",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="whether control can reach IPv6 destinations; auto: a route covering global IPv6 exists in its network "
+        "namespace (re-checked on change). Without it, AAAA queries are answered with no records (default auto)",
+    )
     p.add_argument(
         "--acknowledge-external-fence",
         action="store_true",
@@ -256,7 +271,21 @@ def _workdir_problem(workdir: str | None) -> str | None:
     return None if problem is None else f"{workdir!r} {problem} (the agent can write its workdir)"
 
 
+def _policy_digest(path: Path | None) -> str | None:
+    """``sha256:<hex>`` of the policy control starts with, compared in status with the one render recorded."""
+    import hashlib
+    from importlib import resources
+
+    try:
+        default = resources.files("supervisor.control").joinpath("default_policy.yaml")
+        data = path.read_bytes() if path else default.read_bytes()
+    except OSError:
+        return None
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
 def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
+    import ipaddress
     import ssl
 
     from supervisor.control import daemon
@@ -265,6 +294,7 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     from supervisor.control.egress import Interception
     from supervisor.control.interception import load_or_create
     from supervisor.control.l7 import upstream_context
+    from supervisor.control.local_net import Ipv6Egress, LocalNetwork
     from supervisor.control.policy import PolicyInvalid, PolicyStore, compile_policy, load_policy_file
     from supervisor.control.policy.schema import load_default_policy
     from supervisor.control.policy.watch_safety import agent_writable_paths, decide_watch
@@ -309,12 +339,22 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     except (CredentialsError, OSError, ssl.SSLError, ValueError) as exc:
         _err(f"--credentials/--upstream-ca: {exc}")
         return EXIT_SELF_FAILED
+    try:
+        self_addresses = [ipaddress.ip_address(text) for text in args.self_address]
+    except ValueError as exc:
+        _err(f"--self-address: {exc}")
+        return 2
+    local_net = LocalNetwork(self_addresses, ipv6_egress=Ipv6Egress(args.ipv6_egress), log=log)
+    upstream = UpstreamConfig(
+        dns_servers=dns_servers, is_local=local_net.is_local, ipv6_egress=lambda: local_net.ipv6_egress
+    )
     cfg = daemon.ControlConfig(
-        bundle=bundle, boundary_host=host, boundary_port=port, policy=store,
-        upstream=UpstreamConfig(dns_servers=dns_servers), interception=interception,
+        bundle=bundle, boundary_host=host, boundary_port=port, policy=store, local_net=local_net,
+        upstream=upstream, interception=interception,
         api_path=args.api or runtime_socket_path(bundle.claims.sandbox), agent_uid=agent_uid, agent_gid=agent_gid,
         capture_mode=CaptureMode(args.capture_mode), acknowledge_external_fence=args.acknowledge_external_fence,
         policy_file=watch_file, policy_watch_reason=watch_reason, agent_writable=agent_writable, log=log,
+        policy_digest=_policy_digest(args.policy),
     )  # fmt: skip
     return daemon.run(cfg)
 

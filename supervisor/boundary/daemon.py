@@ -52,6 +52,7 @@ from supervisor.link.tls_link import Refused, accept_link, refuse
 from supervisor.protocol.attach import AttachRequest, CaptureMode, parse_attach
 from supervisor.protocol.certs import Bundle
 from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.fingerprint import pem_fingerprint
 from supervisor.protocol.lifecycle import Lifecycle, Op, State
 from supervisor.protocol.process_ops import (
     parse_exec_request,
@@ -443,7 +444,18 @@ class BoundaryDaemon:
             "agent": None if agent is None else {"handle": agent.handle, "result": agent.result},
             "processes": self.table.live(),
             "links": len(self.links),
+            # The CA the agent was given to trust: a control that resumes with another one says so.
+            "interception_ca_sha256": self._interception_ca_sha256(),
         }
+
+    def _interception_ca_sha256(self) -> str | None:
+        pem = self.attach.interception_ca_pem if self.attach else None
+        if not pem:
+            return None
+        try:
+            return pem_fingerprint(pem)
+        except ValueError:
+            return None
 
     async def op_wait(self, body: dict[str, Any]) -> dict[str, Any]:
         self.lifecycle.check(Op.WAIT)

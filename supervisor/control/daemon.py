@@ -9,6 +9,7 @@ the boundary exit with the agent's code.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import signal
 import ssl
@@ -20,9 +21,11 @@ from typing import Any
 import trio
 
 from supervisor.control.api import ApiServer
+from supervisor.control.certificates import CertificateFacts, expiring
 from supervisor.control.dialer import Backoff, BackoffGroup
 from supervisor.control.egress import EgressService, Interception
 from supervisor.control.events import EventBuffer
+from supervisor.control.local_net import LocalNetwork
 from supervisor.control.policy import PolicyStore
 from supervisor.control.upstream import UpstreamConfig
 from supervisor.jsonlog import JsonLog
@@ -30,8 +33,9 @@ from supervisor.link.h2link import Link
 from supervisor.link.rpc import call
 from supervisor.link.tls_link import Refused, dial_link
 from supervisor.protocol.attach import AttachRequest, CaptureMode
-from supervisor.protocol.certs import Bundle, BundleError
+from supervisor.protocol.certs import Bundle, BundleError, read_policy_digest
 from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.fingerprint import certificate_fingerprint
 from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS, client_context
 
 EGRESS_LINKS = 2  # a few long-lived links; HTTP/2 multiplexes every captured connection over them
@@ -69,7 +73,10 @@ class ControlConfig:
     agent_writable: tuple[str, ...] = ()  # resolved paths the agent can write (the watch re-checks against them)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     interception: Interception | None = None
+    policy_digest: str | None = None  # sha256:<hex> of the policy loaded at start (status: rendered or not)
     egress_links: int = EGRESS_LINKS
+    # control's own addresses and IPv6 egress, watched (None: not watched; tests that drive the daemon directly)
+    local_net: LocalNetwork | None = None
     log: JsonLog = field(default_factory=lambda: JsonLog("control"))
 
 
@@ -93,6 +100,8 @@ class ControlDaemon:
         self._acks, self._ack_queue = trio.open_memory_channel[int](16)
         self._backoffs = BackoffGroup()
         self.policy.subscribe(self._policy_changed)
+        self.certificates = certificate_facts(cfg)
+        self.boundary_ca_sha256: str | None = None  # the interception CA the boundary (the agent) trusts
 
     @property
     def sandbox(self) -> str:
@@ -103,10 +112,13 @@ class ControlDaemon:
         api = ApiServer(self, self.cfg.api_path, log=self.log)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            if self.cfg.local_net is not None:  # read before any upstream dial: never dial ourselves
+                await nursery.start(self.cfg.local_net.watch)
             await nursery.start(api.serve)
             nursery.start_soon(self._acknowledge_policy)
             nursery.start_soon(self._signals, nursery)
             nursery.start_soon(self._maintain_ops_link)
+            nursery.start_soon(self._watch_certificates)
             self.log.emit("policy.watch", watching=self.cfg.policy_file is not None,
                           reason=self.cfg.policy_watch_reason)  # fmt: skip
             if self.cfg.policy_file is not None:
@@ -227,6 +239,7 @@ class ControlDaemon:
             failure.step = "attach"
             reply = await call(link, "/v1/attach", self._descriptor().to_json())
             self._backoffs.reset()  # progress: only a successful attach or resume resets the backoff
+            self.boundary_ca_sha256 = self.certificates.interception_ca_sha256
             self.log.emit("lifecycle.bound", reply=reply)
             self._start_egress_links()
             failure.step = "confirm"
@@ -237,9 +250,11 @@ class ControlDaemon:
             self.log.emit("lifecycle.running", agent=reply.get("agent"))
         else:
             failure.step = "resume"
-            reply = await call(link, "/v1/resume")
+            ours = self.certificates.interception_ca_sha256
+            reply = await call(link, "/v1/resume", {"interception_ca_sha256": ours})
             self._backoffs.reset()
             self.log.emit("lifecycle.resumed", state=reply.get("state"))
+            self._compare_interception_ca(reply.get("interception_ca_sha256"))
             if reply.get("state") in ("bound", "ready", "running"):
                 self._start_egress_links()
             if reply.get("state") == "bound":
@@ -253,6 +268,26 @@ class ControlDaemon:
         self.boundary = await call(link, "/v1/status")
         failure.step = "running"
         await self._follow_agent(link)
+
+    def _compare_interception_ca(self, theirs: object) -> None:
+        """After a restart: does the agent trust the CA we mint with? (control/certificates.py)"""
+        self.boundary_ca_sha256 = theirs if isinstance(theirs, str) else None
+        ours = self.certificates.interception_ca_sha256
+        if self.boundary_ca_sha256 is not None and self.boundary_ca_sha256 != ours:
+            self.log.emit("interception.ca-mismatch", ours=ours, boundary=self.boundary_ca_sha256,
+                          reason="control's interception CA is not the one the agent was given at attach: "
+                          "inspected connections will fail verification in the agent (was --interception-ca "
+                          "or its Secret replaced?)")  # fmt: skip
+
+    async def _watch_certificates(self) -> None:
+        """One ``certificate.expiring`` event per certificate once it is within the warning (rechecked hourly)."""
+        told: set[str] = set()
+        while True:
+            for name, when in expiring(self.certificates, datetime.datetime.now(datetime.UTC)):
+                if name not in told:
+                    told.add(name)
+                    self.log.emit("certificate.expiring", certificate=name, when=when)
+            await trio.sleep(3600)
 
     async def _confirm(self, link: Link) -> dict[str, Any]:
         """``confirm`` needs our egress links up (mediation connected): retry while it says unavailable."""
@@ -351,7 +386,16 @@ class ControlDaemon:
             failing.append("fence: not confirmed")
         if self.cfg.capture_mode is CaptureMode.NETNS and self.egress_up == 0:
             failing.append("egress: no egress link to the boundary")
+        for name, when in expiring(self.certificates, datetime.datetime.now(datetime.UTC)):
+            failing.append(f"certificate: {name} {when}")
+        ours = self.certificates.interception_ca_sha256
+        if self.boundary_ca_sha256 is not None and self.boundary_ca_sha256 != ours:
+            failing.append(f"interception: CA {ours} is not the one the agent trusts ({self.boundary_ca_sha256})")
         return failing
+
+    def _interception_status(self) -> dict[str, Any]:
+        ours, theirs = self.certificates.interception_ca_sha256, self.boundary_ca_sha256
+        return {"ca_sha256": ours, "boundary_ca_sha256": theirs, "match": None if theirs is None else theirs == ours}
 
     def status(self) -> dict[str, Any]:
         claims = self.cfg.bundle.claims
@@ -365,8 +409,26 @@ class ControlDaemon:
             "boundary": self.boundary,
             "agent_result": self.agent_result,
             "egress": {"links": self.egress_up, "live": self.egress.live_connections, **self.egress.counters},
+            "certificates": self.certificates.to_json(datetime.datetime.now(datetime.UTC)),
+            "interception": self._interception_status(),
             "ready": not self.readiness(),
         }
+
+
+def certificate_facts(cfg: ControlConfig) -> CertificateFacts:
+    ca = cfg.interception.ca.certificate if cfg.interception is not None else None
+    try:
+        rendered = read_policy_digest(cfg.bundle.directory)
+    except BundleError as exc:
+        cfg.log.emit("bootstrap.policy-digest-unreadable", reason=str(exc))
+        rendered = None
+    return CertificateFacts(
+        bootstrap_not_after=cfg.bundle.not_after,
+        interception_not_after=ca.not_valid_after_utc if ca is not None else None,
+        interception_ca_sha256=certificate_fingerprint(ca) if ca is not None else None,
+        rendered_policy_digest=rendered,
+        started_policy_digest=cfg.policy_digest,
+    )
 
 
 def capture_ports(policy: Any) -> tuple[int, ...]:
