@@ -114,7 +114,11 @@ def daemon_parser() -> argparse.ArgumentParser:
         "--no-policy-watch", action="store_true", help="load the policy once; change it with `policy apply` only"
     )
     c.add_argument("--api", type=Path, help="operator API socket path")
-    c.add_argument("--agent-user", default="1000:1000", help="UID:GID of the agent in model R")
+    c.add_argument(
+        "--agent-user",
+        default="1000:1000",
+        help="UID:GID of the agent in model R and in model U under root (never 0); default %(default)s",
+    )
     c.add_argument("--dns-server", action="append", default=[], help="resolver ADDR[:PORT] (repeatable)")
     c.add_argument("--capture-mode", choices=["netns", "proxy-env"], default="netns")
     c.add_argument(

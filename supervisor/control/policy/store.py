@@ -20,7 +20,9 @@ Rules:
 The watcher polls ``stat`` (mtime, size, inode) every ``interval`` and re-hashes the content every
 ``rehash_every`` polls regardless; parsing and compiling run in a worker thread so a 10,000-rule file never
 stalls the event loop. An invalid (or unreadable) revision must be seen on two consecutive polls before the
-failure mode applies, so an editor's half-written save does not flap the sandbox into quarantine.
+failure mode applies, so an editor's half-written save does not flap the sandbox into quarantine. A ``guard``
+(``watch_safety.watch_guard``: may the agent change this file?) is re-checked before each revision is read; once
+it refuses, the watch stops for good and the policy in force stays.
 """
 
 from __future__ import annotations
