@@ -385,6 +385,10 @@ def command_parser() -> argparse.ArgumentParser:
     dev.add_argument("--dns-server", action="append", default=[], help="control's resolver ADDR[:PORT]")
     dev.add_argument("--credentials", type=Path, help="credentials file for control (the agent sees placeholders)")
     dev.add_argument("--upstream-ca", type=Path, help="extra CA (PEM) control trusts for upstream TLS")
+    dev.add_argument("--ipv6-egress", choices=["auto", "on", "off"], default="auto",
+                     help="control's --ipv6-egress: off answers the agent's AAAA queries with no records")  # fmt: skip
+    dev.add_argument("--self-address", action="append", default=[], metavar="ADDR",
+                     help="control's --self-address: an address control never dials (repeatable)")  # fmt: skip
     dev.add_argument("--privilege-model", default="auto", choices=["auto", "R", "U", "P"])
     dev.add_argument(
         "--workdir",
@@ -473,6 +477,7 @@ def run_command(argv: list[str]) -> int:
             privilege_model=args.privilege_model, workdir=args.workdir, agent_user=args.agent_user,
             acknowledge_external_fence=args.acknowledge_external_fence, credentials=args.credentials,
             upstream_ca=args.upstream_ca, log_format=args.log_format, quiet=args.quiet,
+            ipv6_egress=args.ipv6_egress, self_addresses=tuple(args.self_address),
         )  # fmt: skip
         return run_dev(opts)
     if args.command == "policy":

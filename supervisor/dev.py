@@ -52,6 +52,8 @@ class DevOptions:
     upstream_ca: Path | None = None
     log_format: str = "text"  # "text": human lines on stderr; "json": the daemons' JSON events on stderr
     quiet: bool = False  # nothing of ours on stderr (fatal errors aside)
+    ipv6_egress: str = "auto"  # control's --ipv6-egress
+    self_addresses: tuple[str, ...] = ()  # control's --self-address
 
 
 def dev_claims(sandbox: str) -> Claims:
@@ -167,6 +169,7 @@ def run_dev(opts: DevOptions) -> int:
         if opts.upstream_ca is not None:
             control_cmd.append(f"--upstream-ca={opts.upstream_ca}")
         control_cmd += [f"--dns-server={server}" for server in opts.dns_servers]
+        control_cmd += [f"--ipv6-egress={opts.ipv6_egress}", *(f"--self-address={a}" for a in opts.self_addresses)]
         procs.append(subprocess.Popen(control_cmd, stdin=subprocess.DEVNULL, preexec_fn=_die_with_dev))
         return _finish(procs, received, default=EXIT_SELF_FAILED, restart_control=control_cmd, tick=tick, say=say)
     finally:

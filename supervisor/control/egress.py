@@ -36,6 +36,8 @@ import dns.rrset
 import trio
 
 from supervisor.control.credentials import Credentials
+from supervisor.control.dns_answers import DnsAction, plan_answer
+from supervisor.control.dns_answers import reply as dns_reply
 from supervisor.control.l7 import InterceptionCA, inspect
 from supervisor.control.policy import BinaryIdentity, Decision, DigestPins, L4Request, PolicySnapshot, PolicyStore
 from supervisor.control.upstream import UpstreamConfig, UpstreamError, connect_to, resolve, vet_addresses
@@ -231,7 +233,8 @@ class EgressService:
         with trio.fail_after(self.upstream.connect_timeout):
             if name is not None:  # the agent dials an address we issued: that address, vetted, and no other
                 vetted = vet_addresses(name, [ip_address(request.host)], allowed_ips=decision.allowed_ips,
-                                       host_named_exactly=decision.exact_host, port=request.port)  # fmt: skip
+                                       host_named_exactly=decision.exact_host, port=request.port,
+                                       is_local=self.upstream.is_local)  # fmt: skip
                 return await connect_to(vetted, request.port)
             return await dial_upstream(
                 request.host, request.port, self.upstream,
@@ -321,21 +324,20 @@ class EgressService:
         await stream.send_eof()
 
     async def answer(self, query: dns.message.Message) -> dns.message.Message:
-        """Answer only names some endpoint of the current policy could allow; never forward the others."""
-        response = dns.message.make_response(query)
-        response.flags |= dns.flags.RA
-        if len(query.question) != 1:
-            response.set_rcode(dns.rcode.FORMERR)
+        """Answer only names some endpoint of the current policy could allow; never forward the others
+        (``dns_answers`` has the table: REFUSED, NOTIMP, NODATA for AAAA without IPv6 egress)."""
+        snap = self.store.snapshot()
+        plan = plan_answer(
+            query, eligible=lambda n: snap.policy is not None and bool(snap.policy.endpoints_for_name(n)),
+            ipv6_egress=self.upstream.ipv6_egress(),
+        )  # fmt: skip
+        response = dns_reply(query, plan.rcode)
+        if plan.action is not DnsAction.RESOLVE:
+            self.log.emit("dns", name=plan.name, qtype=plan.qtype, decision=str(plan.action), reason=plan.reason)
             return response
         question = query.question[0]
-        name = question.name.to_text(omit_final_dot=True).lower()
-        snap = self.store.snapshot()
-        eligible = snap.policy is not None and bool(snap.policy.endpoints_for_name(name))
-        if not eligible or question.rdtype not in (dns.rdatatype.A, dns.rdatatype.AAAA):
-            response.set_rcode(dns.rcode.REFUSED)
-            self.log.emit("dns", name=name, qtype=dns.rdatatype.to_text(question.rdtype), decision="refused",
-                          reason="no-endpoint-for-name" if not eligible else "qtype-not-served")  # fmt: skip
-            return response
+        name = plan.name
+        assert name is not None
         endpoints = snap.policy.endpoints_for_name(name) if snap.policy is not None else []
         allowed_ips = [ip for cep in endpoints for ip in cep.endpoint.allowed_ips]
         exact = any(cep.host_glob is None for cep in endpoints)
@@ -346,6 +348,7 @@ class EgressService:
                 allowed_ips=allowed_ips,
                 host_named_exactly=exact,
                 strict=False,
+                is_local=self.upstream.is_local,
             )
         except UpstreamError as exc:
             response.set_rcode(dns.rcode.NXDOMAIN if str(exc.reason) == "nxdomain" else dns.rcode.SERVFAIL)

@@ -23,6 +23,9 @@ Rules this file enforces (docs/spec/policy.md §3.5, §3.14; docs/design.md "Alw
    otherwise              every address must be public
    =====================  ==================================================================================
 
+   Before any of that, an address of control itself (``local_net``: its interfaces and ``--self-address``) is
+   refused as ``control-local``, whatever the policy names: never dial yourself.
+
    By default the check is all-or-nothing, as the spec asks for connections: one refused address refuses
    the connection, since an answer mixing a public and an internal address is itself the attack shape.
    ``strict=False`` filters instead (for policy DNS, §3.5.1). Always-blocked addresses are refused whatever
@@ -39,7 +42,7 @@ import ipaddress
 import re
 import socket
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
@@ -94,6 +97,7 @@ class UpstreamReason(enum.StrEnum):
     NOT_IN_ALLOWED_IPS = "allowed-ips-check-failed"
     INVALID_ALLOWED_IPS = "invalid-allowed-ips"
     CONTROL_PLANE_PORT = "control-plane-port"
+    CONTROL_LOCAL = "control-local"
     CONNECT_REFUSED = "connect-refused"
     CONNECT_TIMEOUT = "connect-timeout"
     CONNECT_FAILED = "connect-failed"
@@ -120,6 +124,7 @@ _STATUS = {
     UpstreamReason.NOT_IN_ALLOWED_IPS: 403,
     UpstreamReason.INVALID_ALLOWED_IPS: 403,
     UpstreamReason.CONTROL_PLANE_PORT: 403,
+    UpstreamReason.CONTROL_LOCAL: 403,
     UpstreamReason.CONNECT_REFUSED: 502,
     UpstreamReason.CONNECT_TIMEOUT: 504,
     UpstreamReason.CONNECT_FAILED: 502,
@@ -141,6 +146,10 @@ class UpstreamConfig:
     connect_timeout: float = 10.0
     resolve_timeout: float = 5.0
     idle_timeout: float = 300.0
+    # control's own addresses (``local_net.LocalNetwork.is_local``): never dialled, whatever the policy says
+    is_local: Callable[[IPAddress], bool] = field(default=lambda _addr: False)
+    # whether control can reach IPv6 destinations (``local_net.LocalNetwork.ipv6_egress``)
+    ipv6_egress: Callable[[], bool] = field(default=lambda: True)
 
 
 def parse_dns_server(text: str) -> tuple[str, int]:
@@ -389,8 +398,10 @@ def vet_addresses(
     host_named_exactly: bool = False,
     port: int | None = None,
     strict: bool = True,
+    is_local: Callable[[IPAddress], bool] | None = None,
 ) -> list[IPAddress]:
-    """The addresses of ``host`` that may be dialled (rule 4). Raises UpstreamError when the connection is refused."""
+    """The addresses of ``host`` that may be dialled (rule 4). Raises UpstreamError when the connection is refused.
+    ``is_local`` says which addresses are control's own: refused before anything the policy says."""
     nets = check_allowed_ips(allowed_ips)
     literal = isinstance(parse_host_literal(host), IPv4Address | IPv6Address)
     if (nets or literal or host_named_exactly) and port in CONTROL_PLANE_PORTS:
@@ -404,6 +415,14 @@ def vet_addresses(
                 UpstreamError(
                     UpstreamReason.ALWAYS_BLOCKED,
                     f"{host} resolves to {c.cls} address {addr}, always refused",
+                    address=addr,
+                )
+            )
+        elif is_local is not None and (is_local(addr) or is_local(c.address)):
+            refusals.append(
+                UpstreamError(
+                    UpstreamReason.CONTROL_LOCAL,
+                    f"{host} resolves to {addr}, an address of control itself: never dialled",
                     address=addr,
                 )
             )
@@ -424,7 +443,7 @@ def vet_addresses(
         else:
             survivors.append(addr)
     if refusals and (strict or not survivors):
-        blocked = [r for r in refusals if r.reason is UpstreamReason.ALWAYS_BLOCKED]
+        blocked = [r for r in refusals if r.reason in (UpstreamReason.ALWAYS_BLOCKED, UpstreamReason.CONTROL_LOCAL)]
         raise (blocked or refusals)[0]
     if not survivors:
         raise UpstreamError(UpstreamReason.NO_ADDRESSES, f"{host} has no addresses")
@@ -500,7 +519,11 @@ async def dial(
         raise UpstreamError(UpstreamReason.INVALID_PORT, f"port {port} out of range")
     nets = check_allowed_ips(allowed_ips)  # an invalid policy entry refuses before any DNS traffic
     addresses = await resolve(host, cfg)
-    vetted = vet_addresses(host, addresses, allowed_ips=nets, host_named_exactly=host_named_exactly, port=port)
+    vetted = vet_addresses(
+        host, addresses, allowed_ips=nets, host_named_exactly=host_named_exactly, port=port, is_local=cfg.is_local
+    )
+    if not cfg.ipv6_egress():  # no route for IPv6: try the IPv4 addresses only, when there are any
+        vetted = [a for a in vetted if _dial_form(a).version == 4] or vetted
     with trio.move_on_after(cfg.connect_timeout):
         return await connect_to(vetted, port)
     raise UpstreamError(
