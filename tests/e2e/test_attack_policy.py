@@ -325,3 +325,22 @@ def _attack_and_check(
 
     (workdir / "exit").write_text("")
     assert run.dev.wait(timeout=30) == 0, run.stderr()
+
+
+def test_model_p_says_secrets_are_not_protected_and_never_watches(scratch: Path) -> None:
+    """Model P locally is one uid and no mount namespace: dev says so plainly and control loads the policy once."""
+    with safe_dir("attack-policy-") as directory:
+        policy = directory / "policy.yaml"
+        policy.write_text(DENY_ALL)
+        env = {**os.environ, "XDG_STATE_HOME": str(scratch / "state"), "XDG_RUNTIME_DIR": str(scratch / "run")}
+        result = subprocess.run(
+            [sys.executable, "-m", "supervisor.cli", "dev", "--privilege-model=P", "--acknowledge-external-fence",
+             f"--policy={policy}", "--", "true"],
+            capture_output=True, text=True, env=env, timeout=60,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "secrets are NOT protected" in result.stderr
+    assert "loaded once (--no-policy-watch)" in result.stderr
+    events = (scratch / "state" / "openshell-sandbox").glob("*/events.jsonl")
+    watch = [json.loads(line) for path in events for line in path.read_text().splitlines() if "policy.watch" in line]
+    assert watch and all(event["watching"] is False for event in watch), watch
