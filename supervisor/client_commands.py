@@ -95,6 +95,17 @@ async def _status(api: Path, raw: bool) -> int:
         f"agent       {agent.get('handle', '-')}  {json.dumps(agent.get('result')) if agent.get('result') else ''}",
         f"processes   {len(boundary.get('processes') or [])} running",
     ]
+    interception = body.get("interception") or {}
+    if interception.get("ca_sha256"):
+        match = interception.get("match")
+        trust = (
+            "the agent trusts it" if match is True
+            else f"NOT the CA the agent trusts ({interception.get('boundary_ca_sha256')})" if match is False
+            else "not given to the agent yet"
+        )  # fmt: skip
+        lines.append(f"inspection  CA {interception['ca_sha256']}  {trust}")
+    for item in (body.get("certificates") or {}).get("expiring", []):
+        lines.append(f"certificate {item}")
     print("\n".join(lines))
     return 0
 

@@ -77,6 +77,12 @@ def add_k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     what.add_argument("--credentials", type=Path, metavar="FILE", help="credentials file: a Secret for control only")
     what.add_argument("--agent-user", default="1000:1000", metavar="UID:GID", help="the agent's uid:gid in model R")
     what.add_argument("--workdir", default="/sandbox", metavar="PATH", help="the agent's workdir, an emptyDir")
+    what.add_argument(
+        "--seccomp-localhost",
+        metavar="PROFILE",
+        help="model U: the workload's Localhost seccomp profile (e.g. containerd, whose RuntimeDefault denies the "
+        "unshare the boundary needs); default RuntimeDefault",
+    )
     what.add_argument("--boundary-port", type=int, default=7443, metavar="PORT", help="default %(default)s")
     what.add_argument(
         "--operator-namespace",
@@ -146,7 +152,7 @@ def _spec(args: argparse.Namespace) -> tuple[RenderSpec, bytes | None]:
         model=Model(args.privilege_model), topology=Topology(args.topology), generation=args.generation,
         owner=owner, owner_namespace=args.owner_namespace, operator_namespace=args.operator_namespace,
         api_port=args.api_port, boundary_port=args.boundary_port, agent_user=args.agent_user,
-        workdir=args.workdir, has_credentials=credentials is not None,
+        workdir=args.workdir, has_credentials=credentials is not None, seccomp_localhost=args.seccomp_localhost,
     )  # fmt: skip
     return spec, credentials
 

@@ -209,6 +209,8 @@ def workload_pod(spec: RenderSpec, names: SandboxNames) -> Doc:
         if model is Model.U:
             # A fresh /proc for the agent's PID namespace cannot be mounted over a masked one.
             context["procMount"] = "Unmasked"
+            if spec.seccomp_localhost is not None:
+                context["seccompProfile"] = {"type": "Localhost", "localhostProfile": spec.seccomp_localhost}
         container["securityContext"] = context
         pod["initContainers"] = [_copy_init_container(spec.image, [("bootstrap-secret", "bootstrap")])]
         volumes += [

@@ -114,6 +114,9 @@ class RenderSpec:
     agent_user: str = "1000:1000"
     workdir: str = "/sandbox"
     has_credentials: bool = False
+    # Model U on containerd: a Localhost seccomp profile (relative to the kubelet's seccomp root) permitting
+    # unshare/setns/mount, since containerd's RuntimeDefault denies unshare(CLONE_NEWUSER) without SYS_ADMIN.
+    seccomp_localhost: str | None = None
 
     def __post_init__(self) -> None:
         for flag, value in (("--namespace", self.namespace), ("--sandbox", self.sandbox)):
@@ -147,6 +150,13 @@ class RenderSpec:
         for flag, port in (("--api-port", self.api_port), ("--boundary-port", self.boundary_port)):
             if isinstance(port, bool) or not 1 <= port <= 65535:
                 raise RenderError(flag, f"{port!r} is not a TCP port")
+        if self.seccomp_localhost is not None:
+            if self.model is not Model.U:
+                raise RenderError("--seccomp-localhost", "only for --privilege-model U (the others use RuntimeDefault)")
+            if not re.fullmatch(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*", self.seccomp_localhost) or ".." in (
+                self.seccomp_localhost.split("/")
+            ):
+                raise RenderError("--seccomp-localhost", f"{self.seccomp_localhost!r} is not a relative profile path")
         if not _AGENT_USER.fullmatch(self.agent_user):
             raise RenderError("--agent-user", f"{self.agent_user!r} is not UID:GID")
         if not _WORKDIR.fullmatch(self.workdir) or self.workdir.rstrip("/") == "" or ".." in self.workdir.split("/"):

@@ -179,3 +179,6 @@ def test_a_restarted_control_keeps_its_ca_and_a_replaced_ca_is_reported(sandbox:
     assert status["interception"]["match"] is False and status["interception"]["boundary_ca_sha256"] == ca
     ready = box.readyz()
     assert ready.returncode == 1 and "interception:" in ready.stdout + ready.stderr
+    human = subprocess.run([*CLI, "status", f"--api={box.root / 'api.sock'}"], capture_output=True, text=True,
+                           timeout=30)  # fmt: skip
+    assert f"NOT the CA the agent trusts ({ca})" in human.stdout

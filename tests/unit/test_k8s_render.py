@@ -430,6 +430,19 @@ def test_model_p_workload_meets_restricted() -> None:
     assert restricted_violations(one(objects(Model.P), "Pod")) == []
 
 
+def test_model_u_can_use_a_localhost_seccomp_profile_and_still_meets_baseline() -> None:
+    pod = one(objects(Model.U, seccomp_localhost="profiles/openshell-boundary.json"), "Pod")
+    sc = main_container(pod)["securityContext"]
+    assert sc["seccompProfile"] == {"type": "Localhost", "localhostProfile": "profiles/openshell-boundary.json"}
+    assert baseline_violations(pod) == []
+    for version in SCHEMA_VERSIONS:
+        kubernetes_validate.validate(pod, version, strict=True)
+    with pytest.raises(RenderError, match=r"^--seccomp-localhost: only for"):
+        make_spec(Model.P, seccomp_localhost="x.json")
+    with pytest.raises(RenderError, match=r"^--seccomp-localhost: "):
+        make_spec(Model.U, seccomp_localhost="../etc/x")
+
+
 def test_model_u_workload_meets_baseline_with_host_users_false_but_not_restricted() -> None:
     pod = one(objects(Model.U), "Pod")
     assert baseline_violations(pod) == []
