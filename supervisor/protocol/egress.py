@@ -75,6 +75,15 @@ class EgressRequest:
         return format_authority(self.host, self.port)
 
 
+# Refusal reasons that are destination refusals (docs/spec/policy.md §3.17: ``ssrf_denied``), not policy ones: the
+# boundary renders them with that code. They are control's ``UpstreamReason`` values with status 403 (a unit test
+# keeps the two in step; the boundary cannot import control).
+SSRF_REASONS = frozenset(
+    {"internal-address", "always-blocked", "allowed-ips-check-failed", "invalid-allowed-ips", "control-plane-port",
+     "control-local"}
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class EgressReply:
     status: int
@@ -85,6 +94,11 @@ class EgressReply:
     @property
     def allowed(self) -> bool:
         return self.status == 200
+
+    @property
+    def ssrf(self) -> bool:
+        """A refusal of the destination's address (``ssrf_denied``) rather than of the request by policy."""
+        return self.status == 403 and self.reason in SSRF_REASONS
 
 
 # --- authority ------------------------------------------------------------------------------------------

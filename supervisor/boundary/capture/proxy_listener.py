@@ -162,7 +162,8 @@ def render_reply(target: ProxyTarget, reply: EgressReply) -> bytes:
         return CONNECT_ESTABLISHED if target.kind is CaptureKind.CONNECT else b""
     reason = reply.reason or "denied"
     if reply.status == 403:
-        return render_denied(target, reason=reason, rule=reply.rule, detail=reply.detail)
+        error = "ssrf_denied" if reply.ssrf else "policy_denied"
+        return render_denied(target, reason=reason, rule=reply.rule, detail=reply.detail, error=error)
     if reply.status in _UPSTREAM_ERRORS:
         return render_upstream_failure(target, reply.status, reason=reason, detail=reply.detail)
     if reply.status == 400:
