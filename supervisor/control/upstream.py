@@ -422,7 +422,9 @@ def vet_addresses(
             refusals.append(
                 UpstreamError(
                     UpstreamReason.CONTROL_LOCAL,
-                    f"{host} resolves to {addr}, an address of control itself: never dialled",
+                    f"{addr} is an address of control itself: never dialled"
+                    if literal
+                    else f"{host} resolves to {addr}, an address of control itself: never dialled",
                     address=addr,
                 )
             )
