@@ -56,6 +56,8 @@ class StandIn:
     state: str = "idle"
     faults: dict[str, int] = field(default_factory=dict)
     waiting: bool = False
+    agent_exits: bool = False  # wait returns at once: the agent has exited
+    exit_acked: bool = False
     ops: Link | None = None
     refused: list[Refused] = field(default_factory=list)
 
@@ -82,7 +84,13 @@ class StandIn:
                 return {"state": self.state, "agent": AGENT}
             elif name == "wait":
                 self.waiting = True
+                if self.agent_exits:
+                    self.state = "ended"
+                    return {"handle": AGENT, "exit_code": 0, "rendered": 0}
                 await trio.sleep_forever()
+            elif name == "agent/exit-ack":
+                self.exit_acked = True
+                return {"acknowledged": True}
             return self.status()
 
         return handler
@@ -336,3 +344,29 @@ async def test_not_yet_valid_leaf_comes_up_once_valid(tmp_path: Path) -> None:
             assert_backoff(failures)
             assert stand_in.refused and {r.field for r in stand_in.refused} == {"tls"}  # in the handshake
             control.alive()
+
+
+async def test_workload_gone_control_stays_up_not_ready(tmp_path: Path) -> None:
+    """The agent exits, the boundary goes away with it: control stays up, not ready, redialling with backoff."""
+    ca = make_ca(validity=datetime.timedelta(days=1))
+    _control, boundary = _bundles(tmp_path, ca)
+    stand_in = StandIn(boundary, agent_exits=True)
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = int(listeners[0].socket.getsockname()[1])
+    with run_control(tmp_path, tmp_path / "control", port) as control:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, stand_in.connection, listeners)
+            await control.wait_for("the exit acknowledged", lambda: stand_in.exit_acked)
+            assert control.events("agent.exited")
+            nursery.cancel_scope.cancel()  # the boundary exits: every link closes, nothing listens any more
+        for listener in listeners:
+            await listener.aclose()
+        failures = await control.wait_for("five failed redials", lambda: (f := control.ops_failures())[5:] and f)
+        assert failures[0]["step"] in ("agent-exited", "running"), failures[0]
+        assert all(e["step"] == "connect" and "connect failed" in e["reason"] for e in failures[1:]), failures
+        assert_backoff(failures)  # the attach reset it once; since then every failure doubles the wait
+        ready = await trio.run_process([*CLI, "readyz", f"--api={tmp_path / 'api.sock'}"], check=False,
+                                       capture_stdout=True, capture_stderr=True)  # fmt: skip
+        assert ready.returncode == 1, ready
+        assert b"not attached" in ready.stdout + ready.stderr, ready
+        control.alive()
