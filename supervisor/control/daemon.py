@@ -57,6 +57,13 @@ class LinkFailure:
         return f"{self.step}:{where} {self.reason}"
 
 
+def _describe(exc: BaseException) -> str:
+    """An unexpected exception for a log line: the one inside a nursery's group, type and message."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"
+
+
 @dataclass
 class ControlConfig:
     bundle: Bundle
@@ -180,7 +187,7 @@ class ControlDaemon:
             try:
                 await self._ops_attempt(failure)
             except Exception as exc:  # a bug or a peer we did not foresee: logged, never the daemon's end
-                failure.reason = f"{type(exc).__name__}: {exc}"
+                failure.reason = _describe(exc)
             finally:
                 self.ops = None
                 self.ops_ready = trio.Event()
@@ -326,7 +333,7 @@ class ControlDaemon:
                         self.egress_up -= 1
                     failure.reason, failure.field = link.close_reason or "link ended", link.refused_field
             except Exception as exc:  # never the daemon's end (see _maintain_ops_link)
-                failure.reason = f"{type(exc).__name__}: {exc}"
+                failure.reason = _describe(exc)
             await backoff.sleep(self._link_failed(ALPN_EGRESS, backoff, failure, index=index))
 
     # -- policy generations -----------------------------------------------------------------------------------
