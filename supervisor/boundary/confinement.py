@@ -7,8 +7,9 @@ Rules of this module:
    read-only ones are read-only mounts, ``/proc`` read-only) and Landlock inside it. Model P has no mount
    namespace: Landlock is its only layer.
 2. With no ``filesystem_policy`` the agent gets the safe default set, never ``/`` writable: read the system
-   trees, ``/proc``, the trust directory and the resolver configuration (in R and U all of its own root); write the workdir, ``/tmp``, ``/dev/shm``,
-   the usual device nodes and ``/dev/pts`` (and in R and U its private ``/run/lock`` and ``/run/user/<uid>``).
+   trees, ``/proc``, the trust directory and the resolver configuration (in R and U all of its own root);
+   write the workdir, ``/tmp``, ``/dev/shm``, the usual device nodes and ``/dev/pts`` (and in R and U its
+   private ``/run/lock`` and ``/run/user/<uid>``).
 3. With one, the workload may read ``read_only`` and write ``read_write`` (plus the workdir with
    ``include_workdir``); a small baseline is always added so that processes work at all and can read the CA
    files the boundary gives them.

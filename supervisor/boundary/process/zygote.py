@@ -19,9 +19,13 @@ replies carry the same ``id`` and ``ok``; exits are unsolicited.
 Theory of operation. ``Launcher.fork`` calls ``main`` in a fresh child of the boundary. ``prepare`` unshares
 the namespaces the plan asks for (model U creates the user namespace in the same call and maps only its own
 uid/gid; under euid 0 a writer forked before the ``unshare`` maps the agent's ids to themselves instead, see
-``privilege.root_id_maps``), makes ``/`` a recursive slave so nothing mounted here leaks out, covers each hidden
-path with an empty read-only tmpfs, then forks the init before anything else can fork (the first child after
-``unshare(CLONE_NEWPID)`` *is* the namespace's PID 1); the init mounts a fresh ``/proc``. Then ``lo`` comes up,
+``privilege.root_id_maps``), makes ``/`` a recursive slave so nothing mounted here leaks out, then forks the
+init before anything else can fork (the first child after ``unshare(CLONE_NEWPID)`` *is* the namespace's PID 1);
+the init mounts a fresh ``/proc`` and, when the plan has a ``root``, builds the agent's own root in a mount
+namespace of its own (``rootfs.build``; without a PID namespace the zygote builds it) and keeps only an fd of it:
+every workload child enters it (``setns``) before dropping privileges, while the zygote and the init keep the
+host's view and can go on importing modules. A plan without a root covers each hidden directory with an empty
+read-only tmpfs in the zygote's namespace instead. Then ``lo`` comes up,
 or the capture setup runs. ``spawn`` goes to whichever process forks (rule 2), which forks a child that runs
 ``child.run``. Once the init has mounted the namespace's ``/proc``, ``/proc/self`` names nothing for the
 zygote (it is outside that PID namespace), so work that reads it (the capture setup and calls) runs in the
