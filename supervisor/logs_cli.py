@@ -34,7 +34,7 @@ def add_logs_parser(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="KIND",
-        help="only events of this kind; 'egress' also matches 'egress.refused' (repeatable)",
+        help="only events of this kind; 'egress' also matches 'egress.revoked' (repeatable)",
     )
     logs.add_argument("--json", action="store_true", help="print the events' JSON lines")
     logs.add_argument("--api", help="operator API socket (default: find the running sandbox)")
