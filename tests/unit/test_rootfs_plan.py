@@ -109,6 +109,12 @@ def test_hidden_paths_are_resolved_and_absent_ones_dropped(host: Path) -> None:
     assert p.hide == ("/etc/policy.yaml",)
 
 
+def test_hiding_the_workdir_or_a_directory_above_it_is_refused(host: Path) -> None:
+    with pytest.raises(RootError, match="hide-path: /work holds the workdir"):
+        plan(host, hide=["/work"])
+    assert plan(host, hide=["/"]).hide == ()  # "/" is never hidden: nothing would be left
+
+
 def test_missing_trust_dir_is_refused_naming_it(host: Path) -> None:
     with pytest.raises(RootError, match="/state/none"):
         plan(host, trust_dir="/state/none")

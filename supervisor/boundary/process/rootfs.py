@@ -205,6 +205,9 @@ def plan_root(
             raise RootError(f"tls-dir: {trust_dir} is not a directory")
         binds.append(Bind(source=real, target=TRUST_PATH, writable=False, directory=True))
     hidden = [r for r in (resolve(h) for h in hide) if r is not None and r != "/"]
+    for path in hidden:
+        if under(real_workdir, path):
+            raise RootError(f"hide-path: {path} holds the workdir {real_workdir}: the agent could not enter it")
     return RootPlan(
         binds=tuple(sorted(binds, key=lambda b: _depth_key(b.target))),
         symlinks=tuple(symlinks),
