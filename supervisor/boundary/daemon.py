@@ -275,7 +275,8 @@ class BoundaryDaemon:
                     agent_gid=gid, hide=(*self.cfg.hide_paths, str(self.cfg.bundle.directory)),
                     tmp_size=self.cfg.tmp_size, shm_size=self.cfg.shm_size,
                 ).to_wire()  # fmt: skip
-            except RootError as exc:
+            except RootError as exc:  # a layout we cannot build now will not build later: exit, do not idle
+                self._fatal(f"agent filesystem: {exc}")
                 raise OpError(ErrorKind.INVALID, f"agent filesystem: {exc}", field="filesystem_policy") from None
         capture: dict[str, Any] | None = None
         if netns:
