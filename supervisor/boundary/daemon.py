@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import pwd
 import signal
 import socket
 import uuid
@@ -41,7 +42,7 @@ from supervisor.boundary.process import (
 from supervisor.boundary.process.environment import build_process_spec, managed_env
 from supervisor.boundary.process.exec_session import pump_exec
 from supervisor.boundary.process.landlock import LandlockSpec
-from supervisor.boundary.process.rootfs import DEFAULT_SHM_SIZE, DEFAULT_TMP_SIZE, TRUST_PATH, RootError
+from supervisor.boundary.process.rootfs import DEFAULT_SHM_SIZE, DEFAULT_TMP_SIZE, TRUST_PATH, RootError, under
 from supervisor.boundary.process.table import ProcessTable
 from supervisor.boundary.trust import TrustError, install_trust
 from supervisor.jsonlog import JsonLog
@@ -393,6 +394,19 @@ class BoundaryDaemon:
             ca_path, bundle_path = Path(TRUST_PATH) / ca_path.name, Path(TRUST_PATH) / bundle_path.name
         return managed_env(ca_cert=str(ca_path), ca_bundle=str(bundle_path))
 
+    def _home(self, uid: int) -> str | None:
+        """``HOME``: the account's, unless the agent's own root (R, U) leaves it out; then the workdir."""
+        if self.cfg.privilege_model == "P":
+            return None
+        try:
+            home = pwd.getpwuid(uid).pw_dir
+        except KeyError:
+            return None  # no account: the environment falls back to the workdir already
+        assert self.attach is not None
+        fs = self.attach.static_policy.get("filesystem_policy") or {}
+        writable = [self.cfg.workdir, *(fs.get("read_write") or ())]
+        return None if any(under(home, path) for path in writable) else self.cfg.workdir
+
     def _landlock(self, uid: int) -> LandlockSpec:
         assert self.attach is not None
         spec = landlock_for(
@@ -408,7 +422,7 @@ class BoundaryDaemon:
         request = parse_exec_request({"argv": list(self.cfg.agent_argv), "cwd": self.cfg.workdir, "tty": False})
         spec = build_process_spec(
             request, agent_uid=uid, agent_gid=gid, managed_env=self._managed_env(), default_cwd=self.cfg.workdir,
-            landlock=self._landlock(uid),
+            landlock=self._landlock(uid), home=self._home(uid),
             provider_env=self.attach.credential_placeholders,
         )  # fmt: skip
         if self.cfg.agent_stdio == "inherit":
@@ -494,7 +508,7 @@ class BoundaryDaemon:
         uid, gid = self._agent_ids(self.attach)
         spec = build_process_spec(
             request, agent_uid=uid, agent_gid=gid, managed_env=self._managed_env(), default_cwd=self.cfg.workdir,
-            landlock=self._landlock(uid),
+            landlock=self._landlock(uid), home=self._home(uid),
             provider_env=self.attach.credential_placeholders,
         )  # fmt: skip
         entry = await self.table.start(spec, kind="exec", timeout_s=request.timeout_s, grace_s=request.grace_s)
