@@ -205,6 +205,7 @@ attempt("utime_owned", lambda: os.utime("{host.owned}", (0, 0)))
 attempt("setxattr_owned", lambda: os.setxattr("{host.owned}", "user.osb", b"x"))
 attempt("chmod_passwd", lambda: os.chmod("/etc/passwd", 0o666))
 attempt("mkdir_root", lambda: os.mkdir("/osb-{host.tag}"))
+attempt("init_root_write", lambda: write("/proc/1/root/etc/osb-{host.tag}", "w"))  # the init keeps the host's
 attempt("write_workdir", lambda: write("{host.workdir}/ok-{model}", "w"))
 """,
     )

@@ -104,6 +104,8 @@ if pid == 0:
     time.sleep(30)
     os._exit(0)
 attempt("proc_mem", lambda: os.close(os.open(f"/proc/{pid}/mem", os.O_RDWR)))
+attempt("init_root", lambda: os.listdir("/proc/1/root/"))  # the init keeps the host's view
+attempt("init_fds", lambda: os.listdir("/proc/1/fd/") and os.readlink("/proc/1/fd/3"))
 os.kill(pid, 9)
 os.waitpid(pid, 0)
 attempt("write_shm", lambda: write("/dev/shm/osb-" + c["tag"], "w"))
@@ -231,6 +233,13 @@ def test_no_planted_socket_is_reachable(attacked: dict[str, Any]) -> None:
 
 def test_proc_pid_mem_is_read_only_without_landlock(attacked: dict[str, Any]) -> None:
     assert attacked["first"]["proc_mem"] == "EROFS", attacked["first"]
+
+
+def test_the_inits_host_view_is_out_of_reach(attacked: dict[str, Any]) -> None:
+    """The namespace's init (same uid in U, but more capabilities) keeps the host's root and an fd of the
+    agent's namespace: ``/proc/1/root`` and its fds are ptrace-guarded."""
+    got = attacked["first"]
+    assert (got["init_root"], got["init_fds"]) == ("EACCES", "EACCES"), got
 
 
 def test_tmp_and_dev_shm_are_private_and_die_with_the_sandbox(attacked: dict[str, Any]) -> None:
