@@ -18,10 +18,11 @@ Rules of this module:
 4. Hidden paths (``--hide-path``) inside a granted tree are covered by an empty 0000 file or directory on a
    read-only bind; a hidden path outside every granted tree is absent already.
 5. ``plan_root`` is pure planning on the boundary's (the host's) view: every path resolved, nothing mounted.
-   ``build`` runs in the launcher's forking process, single-threaded: it unshares a mount namespace of its
-   own, builds the root there, and returns that namespace as an fd after moving itself back (``setns``) to the
-   namespace it came from, so the launcher keeps running Python with the host's view; each workload child
-   enters the agent's namespace with ``setns`` before dropping privileges.
+   ``enter`` runs in the launcher's forking process (the PID namespace's init, or the zygote without one),
+   single-threaded, right before its first workload child: it unshares a mount namespace of its own, builds
+   the root there and stays in it, so every workload child is forked inside. Only ``CAP_SYS_ADMIN`` is needed
+   (no ``setns``, which would also need ``CAP_SYS_CHROOT``, absent from model R's pod). Nothing is imported
+   after it: the capture setup and its calls all ran before the agent was started.
 
 Theory of operation (``build``): after ``unshare(CLONE_NEWNS)`` everything is made private, a tmpfs is mounted
 on ``/tmp`` and becomes the root with ``pivot_root`` — the old root then sits, complete, at ``/.oldroot``
@@ -220,19 +221,12 @@ def plan_root(
 
 
 # --- building (the launcher, single-threaded) ----------------------------------------------------------
-def build(plan: RootPlan) -> int:
-    """Build the agent's mount namespace; return an fd of it (rule 5). We end in the namespace we started in."""
-    old_ns = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        linux.unshare(linux.CLONE_NEWNS)
-        try:
-            _build_here(plan)
-            return os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-        finally:
-            linux.setns(old_ns, linux.CLONE_NEWNS)
-            os.chdir("/")
-    finally:
-        os.close(old_ns)
+def enter(plan: RootPlan) -> None:
+    """Move the calling process into a new mount namespace holding the agent's root (rule 5). On failure the
+    caller must never fork a workload child: its namespace is half-built."""
+    linux.unshare(linux.CLONE_NEWNS)
+    _build_here(plan)
+    os.chdir("/")
 
 
 def _step(what: str, path: str, fn: Any, *args: Any) -> Any:

@@ -21,11 +21,10 @@ the namespaces the plan asks for (model U creates the user namespace in the same
 uid/gid; under euid 0 a writer forked before the ``unshare`` maps the agent's ids to themselves instead, see
 ``privilege.root_id_maps``), makes ``/`` a recursive slave so nothing mounted here leaks out, then forks the
 init before anything else can fork (the first child after ``unshare(CLONE_NEWPID)`` *is* the namespace's PID 1);
-the init mounts a fresh ``/proc`` and, when the plan has a ``root``, builds the agent's own root in a mount
-namespace of its own (``rootfs.build``; without a PID namespace the zygote builds it) and keeps only an fd of it:
-every workload child enters it (``setns``) before dropping privileges, while the zygote and the init keep the
-host's view and can go on importing modules. A plan without a root covers each hidden directory with an empty
-read-only tmpfs in the zygote's namespace instead. Then ``lo`` comes up,
+the init mounts a fresh ``/proc``. When the plan has a ``root``, whichever process forks the workload enters
+the agent's own root right before its first child (``rootfs.enter``: a mount namespace of its own, so the
+zygote of a PID namespace keeps the host's view); a plan without one covers each hidden directory with an
+empty read-only tmpfs in the zygote's namespace instead. Then ``lo`` comes up,
 or the capture setup runs. ``spawn`` goes to whichever process forks (rule 2), which forks a child that runs
 ``child.run``. Once the init has mounted the namespace's ``/proc``, ``/proc/self`` names nothing for the
 zygote (it is outside that PID namespace), so work that reads it (the capture setup and calls) runs in the
@@ -261,15 +260,35 @@ def _reset_process(keep: list[int]) -> None:
 class Spawner:
     """Forks workload children, owns their pidfds until handed up, and reaps (rule 2, rule 3)."""
 
-    def __init__(self, host_proc_fd: int | None, mount_ns: int | None = None) -> None:
+    def __init__(
+        self, host_proc_fd: int | None, mount_ns: int | None = None, root: rootfs.RootPlan | None = None
+    ) -> None:
         with contextlib.suppress(OSError):
             seccomp.program()  # built once here, inherited by every child
         self.host_proc_fd = host_proc_fd  # set in the init: read host pids through the boundary's procfs
-        self.mount_ns = mount_ns  # the agent's mount namespace (rootfs.build), entered by every child
+        self.mount_ns = mount_ns  # a mount namespace fd every child enters (setns) first; None: inherit ours
+        self.root = root  # the agent's own root, entered before the first child (rootfs rule 5)
+        self.root_error: OSError | None = None  # entering failed: never fork a child in a half-built view
         self.live: dict[int, int] = {}  # local pid -> sid
+
+    def _enter_root(self) -> None:
+        if self.root_error is not None:
+            raise self.root_error
+        if self.root is not None:
+            plan, self.root = self.root, None
+            try:
+                rootfs.enter(plan)
+            except OSError as exc:
+                self.root_error = OSError(exc.errno or errno.EIO, f"agent root: {exc.strerror or exc}")
+                raise self.root_error from None
 
     def spawn(self, request: Mapping[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
         rid, sid = request["id"], int(request["sid"])
+        try:
+            self._enter_root()
+        except OSError as exc:
+            close_all(fds)
+            return error_reply(rid, exc, stage=child.Stage.MOUNT_NS.value), []
         try:
             spec = child.SpawnSpec.from_wire(request["spec"])
             stdio, status_fd = _stdio_fds(request, fds)
@@ -352,7 +371,6 @@ def init_main(  # pragma: no cover - own pid ns
         _reset_process([sock_fd, host_proc_fd])  # socket on 3, host procfs on 4
         sock = socket.socket(fileno=3)
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-        mount_ns: int | None = None
         try:
             if mount_proc:
                 linux.mount("proc", "/proc", "proc", PROC_FLAGS)
@@ -360,14 +378,12 @@ def init_main(  # pragma: no cover - own pid ns
             send(sock, {"ready": False, "errno": exc.errno, "error": f"mount /proc: {exc.strerror}"})
             os._exit(1)
         try:
-            if root is not None:
-                mount_ns = rootfs.build(rootfs.RootPlan.from_wire(root))
-        except (OSError, ValueError) as exc:
-            send(sock, {"ready": False, "errno": getattr(exc, "errno", None) or errno.EINVAL,
-                        "error": getattr(exc, "strerror", None) or str(exc)})  # fmt: skip
+            plan = rootfs.RootPlan.from_wire(root) if root is not None else None
+        except (KeyError, TypeError, ValueError) as exc:
+            send(sock, {"ready": False, "errno": errno.EINVAL, "error": f"agent root: {exc}"})
             os._exit(1)
         wake = _install_sigchld_wakeup()
-        spawner = Spawner(host_proc_fd=4, mount_ns=mount_ns)
+        spawner = Spawner(host_proc_fd=4, root=plan)
         send(sock, {"ready": True})
         poller = select.poll()
         poller.register(sock, select.POLLIN)
@@ -571,8 +587,8 @@ class Zygote:
             self._start_init(mount_proc=plan.mountns, root=plan.root)
         else:
             linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
-            mount_ns = rootfs.build(rootfs.RootPlan.from_wire(plan.root)) if plan.root is not None else None
-            self.spawner = Spawner(host_proc_fd=None, mount_ns=mount_ns)
+            root = rootfs.RootPlan.from_wire(plan.root) if plan.root is not None else None
+            self.spawner = Spawner(host_proc_fd=None, root=root)
         out_fds: list[int] = []
         reply: dict[str, Any] = {"fd_names": [], "report": {}}
         if plan.capture is not None:
