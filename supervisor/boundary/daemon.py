@@ -28,7 +28,8 @@ from typing import Any
 
 import trio
 
-from supervisor.boundary.capture import IdentityResolver
+from supervisor.boundary.capture import IdentityResolver, connect_notify
+from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog
 from supervisor.boundary.capture.setup import open_sock_diag
 from supervisor.boundary.confinement import landlock_for, root_for
 from supervisor.boundary.egress import EgressCapture, EgressLinks, RecentPids
@@ -70,6 +71,7 @@ PROXY_PORT = 3128
 # hashing of a binary excluded; typically 0.2-3 ms. CPU, not wall time: waiting for the GIL under load is not
 # the workload's doing.
 IDENTITY_BUDGET_US = 50_000
+CONNECT_NOTIFY_OFF_ENV = "OPENSHELL_BENCH_NO_CONNECT_NOTIFY"  # "1": accept-time identity only (bench baseline)
 DNS_STUB_PORT = 15053
 PROBE_ADDRESS = "192.0.2.1"  # TEST-NET-1: inside the agent's namespace it can only land on our own listener
 END_WORKLOAD_S = 5.0
@@ -316,6 +318,14 @@ class BoundaryDaemon:
             anchor = os.getpid()
         diag_fd = fds.pop("sock_diag", None)
         recent_pids = RecentPids(self.launcher.workload_pids)
+        # Identity fixed at connect (docs/design.md "Identity"): where the kernel has seccomp user notification
+        # and we may take a workload process's fds (pidfd_getfd needs ptrace rights over it: R, U, or root);
+        # else the accept-time resolution and its documented window. The bench's baseline turns it off.
+        at_connect = (
+            (model != "P" or os.geteuid() == 0)
+            and os.environ.get(CONNECT_NOTIFY_OFF_ENV) != "1"
+            and connect_notify.available()
+        )
         resolver = IdentityResolver(
             anchor_pid=anchor,
             workload_pids=recent_pids,
@@ -328,7 +338,16 @@ class BoundaryDaemon:
             scan_foreign=model == "P" and os.getpid() == 1,
             budget_us=IDENTITY_BUDGET_US,
             sock_diag=socket.socket(fileno=diag_fd) if diag_fd is not None else None,
+            records=ConnectRecords() if at_connect else None,
+            exec_log=ExecLog() if at_connect else None,
         )
+        if at_connect:
+            notifier = connect_notify.ConnectNotifier(
+                resolver, on_event=lambda name, fields: self.log.emit(name, **fields)
+            )
+            self.launcher.notify_socket = notifier.child_end()
+            assert self._nursery is not None
+            self._nursery.start_soon(notifier.serve)
         self.capture = EgressCapture(
             fds=fds, links=self.egress_links, resolver=resolver, log=self.log, recent_pids=recent_pids,
             accepting=lambda: self.lifecycle.state is not State.ENDED,
@@ -336,7 +355,7 @@ class BoundaryDaemon:
         self.lifecycle.advance(Op.ATTACH)
         self.log.emit(
             "lifecycle.bound", capture_mode=str(attach.capture_mode), privilege_model=model,
-            policy_generation=attach.policy_generation,
+            policy_generation=attach.policy_generation, identity_at="connect" if at_connect else "accept",
         )  # fmt: skip
         return {
             "state": str(self.lifecycle.state),

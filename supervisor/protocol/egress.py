@@ -180,6 +180,9 @@ _IDENTITY_SCHEMA: Mapping[str, tuple[tuple[type, ...], bool]] = {
     "owners": ((int,), True),
     "resolved_in_us": ((int,), True),
     "orphaned": ((bool,), False),
+    # loader variables in the process's initial environment that void a binary-scoped match unless the binary
+    # entry opts in (docs/design.md "Identity"; docs/spec/policy.md binaries ``allow_loader_env``)
+    "loader_env": ((list,), False),
 }
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 

@@ -36,6 +36,7 @@ class DiagResult:
     state: int
     uid: int
     inode: int
+    cookie: int = 0  # the socket's cookie (SO_COOKIE), what a connect-time record is keyed by
 
 
 class SockDiag:
@@ -84,7 +85,9 @@ class SockDiag:
             raise OSError(-code, f"sock_diag: {errno.errorcode.get(-code, str(-code))}")
         _family, state, _timer, _retrans = _MSG_HEAD.unpack_from(body)
         *_, uid, inode = _MSG_TAIL.unpack_from(body, _MSG_HEAD.size + _SOCKID_LEN)
-        return DiagResult(state=state, uid=uid, inode=inode)
+        # idiag_cookie[2] ends the sockid: low word first (sock_diag_save_cookie)
+        low, high = struct.unpack_from("=II", body, _MSG_HEAD.size + _SOCKID_LEN - 8)
+        return DiagResult(state=state, uid=uid, inode=inode, cookie=low | high << 32)
 
 
 def _packed(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, family: int) -> bytes:

@@ -28,6 +28,11 @@ Rules:
 
 Residual window (documented in §4.2): identity is reconstructed after ``accept``, so a process that ``execve``s
 between ``connect`` and resolution is reported as its new image.
+
+With a connect-time record store (``records``, filled by capture/connect_notify.py; docs/design.md "Identity"),
+rules 2-7 run at ``connect`` instead, on the process that called it (:meth:`IdentityResolver.connector`), and
+``resolve`` only finds the record by the accepted peer's inode and cookie: a connection without one is
+``no-record``. With an exec log, every ancestor counts with the image it had when its child was created.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from typing import Any
 
 from supervisor.boundary.capture import _procnet
 from supervisor.boundary.capture._sockdiag import SockDiag
+from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog
 
 MAX_ANCESTORS = 64
 DEFAULT_BUDGET_US = 50_000
@@ -66,6 +72,7 @@ class IdentityStage(enum.StrEnum):
     EXE = "exe"  # the executable cannot be opened or named
     ANCESTORS = "ancestors"  # the ancestor chain changed while it was read
     BUDGET = "budget"  # resolution took longer than the budget
+    NO_RECORD = "no-record"  # connect-time identity in force, and the connecting socket has no record
 
 
 class IdentityUnresolved(Exception):
@@ -91,6 +98,7 @@ class Identity:
     owners: int
     resolved_in_us: int
     orphaned: bool = False
+    loader_env: tuple[str, ...] = ()  # LD_PRELOAD / LD_AUDIT / LD_LIBRARY_PATH (workload-writable) when set
 
     def to_json(self) -> dict[str, Any]:
         """The §4.2 object carried in ``openshell-identity`` (validated by protocol.egress)."""
@@ -105,6 +113,7 @@ class Identity:
             "owners": self.owners,
             "resolved_in_us": self.resolved_in_us,
             "orphaned": self.orphaned,
+            "loader_env": list(self.loader_env),
         }
 
 
@@ -145,6 +154,8 @@ class IdentityResolver:
         sock_diag: socket.socket | None = None,
         scan_foreign: bool = True,
         proc: str = "/proc",
+        records: ConnectRecords | None = None,
+        exec_log: ExecLog | None = None,
     ) -> None:
         """``anchor_pid``: any process living in the agent's network namespace (its TCP tables are read).
         ``root_prefix(pid)``: where the boundary sees the workload's ``/`` (e.g. the rootfs of a pivoted
@@ -165,12 +176,16 @@ class IdentityResolver:
         self._proc = proc
         self._digests: dict[tuple[int, int, int, int, int], str | None] = {}
         self._lock = threading.Lock()
+        self.records = records
+        self.exec_log = exec_log
 
     # -- public ------------------------------------------------------------------------------------------
 
     def resolve(self, local: tuple[str, int], remote: tuple[str, int]) -> Identity:
         """``local``: the accepted socket's local address (listener end); ``remote``: its peer (the agent's)."""
         started = time.perf_counter_ns()
+        if self.records is not None:
+            return self._recorded(_procnet.normalise(remote), _procnet.normalise(local), started)
         # The budget bounds the work of this resolution: this thread's CPU time, less first-time hashing. Wall
         # time would also count waiting for the GIL and the CPU, which under load refused honest connections.
         cpu_started = time.thread_time_ns()
@@ -202,6 +217,138 @@ class IdentityResolver:
             resolved_in_us=elapsed_ns // 1000,
             orphaned=first.orphaned,
         )
+
+    def _recorded(self, agent_end: tuple[str, int], listener_end: tuple[str, int], started: int) -> Identity:
+        assert self.records is not None
+        cookie: int | None = None
+        inode: int | None = None
+        if self._diag is not None:
+            try:
+                found = self._diag.lookup(agent_end, listener_end)
+            except OSError:
+                found = None
+            if found is not None and found.state in _procnet.OPEN_CLIENT_STATES and found.inode != 0:
+                inode, cookie = found.inode, found.cookie
+        if inode is None:
+            inode = self._inode(agent_end, listener_end)
+        identity = self.records.take(inode, cookie)
+        if not isinstance(identity, Identity):
+            raise IdentityUnresolved(
+                IdentityStage.NO_RECORD, f"socket {agent_end} → {listener_end} was not recorded at connect"
+            )
+        elapsed_us = (time.perf_counter_ns() - started) // 1000
+        return Identity(**{**identity.__dict__, "resolved_in_us": identity.resolved_in_us + elapsed_us})
+
+    # -- connect time (capture/connect_notify.py) -------------------------------------------------------------
+
+    def open_exe(self, pid: int) -> tuple[int, str]:
+        """An fd of ``pid``'s live image and its path (inside the workload); the caller closes the fd."""
+        return self._open_exe(pid)
+
+    def cached_digest(self, fd: int) -> tuple[bool, str | None]:
+        """``(hit, digest)`` from the cache only: never reads the file."""
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        with self._lock:
+            if key in self._digests:
+                return True, self._digests[key]
+        return False, None
+
+    def digest(self, fd: int) -> str | None:
+        return self._digest(fd)
+
+    def connector(self, pid: int, path: str, digest: str | None, started: int) -> Identity:
+        """The identity of ``pid`` (a thread group leader blocked in ``connect``) as it is now."""
+        start_time = self._start_time(pid)
+        uid = self._uid(pid)
+        workload = set(self._workload_pids())
+        agent = self._agent_pid()
+        ancestors, ancestor_pids, orphaned = self._ancestors(pid, workload, agent)
+        cmdline_paths = self._cmdline_paths([pid, *ancestor_pids], {path, *ancestors})
+        loader_env = self._loader_env(pid, uid)
+        if self._start_time(pid) != start_time:
+            raise IdentityUnresolved(IdentityStage.VANISHED, f"pid {pid} changed during resolution")
+        return Identity(
+            binary_path=path,
+            binary_sha256=digest,
+            ancestors=ancestors,
+            cmdline_paths=cmdline_paths,
+            pid=pid,
+            start_time=start_time,
+            uid=uid,
+            owners=1,
+            resolved_in_us=(time.perf_counter_ns() - started) // 1000,
+            orphaned=orphaned,
+            loader_env=loader_env,
+        )
+
+    def note_exec(self, pid: int) -> None:
+        """``pid`` is about to ``execve``: its children so far were created under its current image."""
+        if self.exec_log is None:
+            return
+        try:
+            exe = self._exe_path(pid)
+            tasks = os.listdir(f"{self._proc}/{pid}/task")
+        except (IdentityUnresolved, OSError):
+            return
+        for tid in tasks:
+            try:
+                with open(f"{self._proc}/{pid}/task/{tid}/children", encoding="ascii") as handle:
+                    children = handle.read().split()
+            except OSError:
+                continue
+            for child in children:
+                try:
+                    self.exec_log.note_child(int(child), self._start_time(int(child)), exe)
+                except (IdentityUnresolved, ValueError):
+                    continue
+
+    def thread_group(self, tid: int) -> int:
+        """The thread group (process) of task ``tid``; a notification names the calling thread."""
+        try:
+            with open(f"{self._proc}/{tid}/status", encoding="utf-8", errors="replace") as handle:
+                for line in handle:
+                    if line.startswith("Tgid:"):
+                        return int(line.split()[1])
+        except OSError as exc:
+            raise IdentityUnresolved(IdentityStage.VANISHED, f"reading status of {tid}: {exc}") from exc
+        raise IdentityUnresolved(IdentityStage.VANISHED, f"no Tgid line for {tid}")
+
+    def _loader_env(self, pid: int, uid: int) -> tuple[str, ...]:
+        """Loader variables of ``pid``'s initial environment that can inject code (docs/policy.md)."""
+        try:
+            with open(f"{self._proc}/{pid}/environ", "rb") as handle:
+                entries = handle.read().split(b"\0")
+        except OSError as exc:
+            raise IdentityUnresolved(IdentityStage.VANISHED, f"reading environ of {pid}: {exc}") from exc
+        found: list[str] = []
+        for entry in entries:
+            name, _, value = entry.partition(b"=")
+            if name in (b"LD_PRELOAD", b"LD_AUDIT") and value.strip():
+                found.append(name.decode())
+            elif name == b"LD_LIBRARY_PATH" and self._writable_dirs(pid, uid, value.decode("utf-8", "replace")):
+                found.append("LD_LIBRARY_PATH")
+        return tuple(sorted(set(found)))
+
+    def _writable_dirs(self, pid: int, uid: int, search_path: str) -> bool:
+        """Whether any entry of a library search path is relative or a directory ``uid`` could write."""
+        for entry in search_path.replace(";", ":").split(":") if search_path else ():
+            if not entry.startswith("/"):
+                return True  # empty or relative: the working directory, which the workload picks
+            probe = entry
+            while True:
+                try:
+                    st = os.stat(f"{self._proc}/{pid}/root{probe}")
+                    break
+                except FileNotFoundError:
+                    if probe == "/":
+                        return True
+                    probe = os.path.dirname(probe.rstrip("/")) or "/"  # a missing directory: can it be made?
+                except OSError:
+                    return True
+            if uid == 0 or (st.st_uid == uid and st.st_mode & 0o200) or st.st_mode & 0o022:
+                return True
+        return False
 
     @property
     def cached_digests(self) -> int:
@@ -391,7 +538,7 @@ class IdentityResolver:
             if parent <= 0 or parent not in workload:
                 return tuple(paths), pids, True
             try:
-                paths.append(self._exe_path(parent))
+                paths.append(self._exe_at_creation(current, parent))
             except IdentityUnresolved as exc:
                 raise IdentityUnresolved(IdentityStage.ANCESTORS, f"ancestor {parent}: {exc.detail}") from exc
             pids.append(parent)
@@ -399,6 +546,17 @@ class IdentityResolver:
                 return tuple(paths), pids, False
             current = parent
         return tuple(paths), pids, False
+
+    def _exe_at_creation(self, child: int, parent: int) -> str:
+        """``parent``'s image when ``child`` was created: the exec log's, else the current one."""
+        if self.exec_log is not None:
+            try:
+                logged = self.exec_log.parent_exe(child, self._start_time(child))
+            except IdentityUnresolved as exc:
+                raise IdentityUnresolved(IdentityStage.ANCESTORS, f"process {child}: {exc.detail}") from exc
+            if logged is not None:
+                return logged
+        return self._exe_path(parent)
 
     def _cmdline_paths(self, pids: list[int], known: set[str]) -> tuple[str, ...]:
         seen: list[str] = []

@@ -23,6 +23,7 @@ import json
 import os
 import resource
 import signal
+import socket
 import termios
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from .landlock import LandlockSpec
 
 DEFAULT_PATH: Final = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 STATUS_FD: Final = 3  # where the status pipe sits once stdio is in place
+NOTIFY_FD: Final = 4  # the connect-notify hand-off socket, when there is one, until the seccomp stage
 
 
 class Stage(enum.StrEnum):
@@ -185,6 +187,7 @@ class ChildContext:
     parent_pid: int  # our parent as this child sees it (the PID-ns init is 1)
     notes: list[str] = field(default_factory=list)
     mount_ns: int | None = None  # fd of the agent's mount namespace, entered while still privileged
+    notify_fd: int | None = None  # socket to the boundary: the connect-notify listener is sent over it
 
 
 def _reset_signals(ctx: ChildContext) -> None:
@@ -220,14 +223,18 @@ def _ctty(ctx: ChildContext) -> None:
 def _stdio(ctx: ChildContext) -> None:
     # Lift everything above the targets first so no dup2 overwrites an fd still to be placed.
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (*ctx.stdio, ctx.status_fd)]
+    notify = None if ctx.notify_fd is None else fcntl.fcntl(ctx.notify_fd, fcntl.F_DUPFD_CLOEXEC, 10)
     for target, fd in enumerate(high[:3]):
         os.dup2(fd, target, inheritable=True)
     os.dup2(high[3], STATUS_FD, inheritable=False)
     ctx.status_fd = STATUS_FD
+    if notify is not None:
+        os.dup2(notify, NOTIFY_FD, inheritable=False)
+        ctx.notify_fd = NOTIFY_FD
 
 
 def _close_fds(ctx: ChildContext) -> None:
-    linux.close_range(STATUS_FD + 1)
+    linux.close_range(STATUS_FD + 1 if ctx.notify_fd is None else NOTIFY_FD + 1)
 
 
 def _chdir(ctx: ChildContext) -> None:
@@ -257,6 +264,15 @@ def _landlock(ctx: ChildContext) -> None:
 
 
 def _seccomp(ctx: ChildContext) -> None:
+    if ctx.notify_fd is not None:  # first: the deny list refuses seccomp(2) (docs/design.md "Identity")
+        listener = seccomp.install_listener(seccomp.notify_program())
+        hand_off = socket.socket(fileno=ctx.notify_fd)
+        try:
+            socket.send_fds(hand_off, [b"listener"], [listener])
+        finally:
+            hand_off.close()
+            os.close(listener)
+            ctx.notify_fd = None
     if ctx.spec.seccomp:
         seccomp.install(seccomp.program())
 

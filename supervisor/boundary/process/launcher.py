@@ -134,6 +134,9 @@ class Launcher:
         self._closed = False
         self._prepared: Prepared | None = None
         self._init_pid: int | None = None
+        # The connect-notify hand-off socket (capture/connect_notify.py): when set, every spawned child gets a
+        # copy, installs the notify filter and sends its listener over it before exec.
+        self.notify_socket: socket.socket | None = None
 
     @classmethod
     def fork(cls) -> Launcher:
@@ -313,9 +316,15 @@ class Launcher:
             ours.append(status_r)
             theirs.append(status_w)
             layout.append(len(theirs) - 1)
+            notify: int | None = None
+            if self.notify_socket is not None:
+                theirs.append(os.dup(self.notify_socket.fileno()))
+                notify = len(theirs) - 1
             sid = next(self._ids)
             try:
-                reply, fds = await self._request("spawn", fds=theirs, sid=sid, spec=spec.to_wire(), stdio=layout)
+                reply, fds = await self._request(
+                    "spawn", fds=theirs, sid=sid, spec=spec.to_wire(), stdio=layout, notify=notify
+                )
             except BaseException:
                 self._forget(sid)
                 raise

@@ -38,6 +38,7 @@ BPF_RET_K: Final = 0x06
 
 RET_KILL_PROCESS: Final = 0x80000000
 RET_ERRNO: Final = 0x00050000
+RET_USER_NOTIF: Final = 0x7FC00000
 RET_ALLOW: Final = 0x7FFF0000
 
 OFF_NR: Final = 0
@@ -104,6 +105,11 @@ SYSCALLS: Final[dict[str, dict[str, int]]] = {
         "clone": 56,
         "seccomp": 317,
         "prctl": 157,
+        "connect": 42,
+        "execve": 59,
+        "sendto": 44,
+        "sendmsg": 46,
+        "sendmmsg": 307,
     },
     "aarch64": _COMMON
     | {
@@ -138,6 +144,11 @@ SYSCALLS: Final[dict[str, dict[str, int]]] = {
         "clone": 220,
         "seccomp": 277,
         "prctl": 167,
+        "connect": 203,
+        "execve": 221,
+        "sendto": 206,
+        "sendmsg": 211,
+        "sendmmsg": 269,
     },
 }
 
@@ -163,6 +174,7 @@ class Rule:
     syscall: str
     errno: int = errno.EPERM
     when: tuple[tuple[Arg, ...], ...] = ()  # OR of AND-clauses; empty means always
+    ret: int | None = None  # another seccomp return than RET_ERRNO | errno (the notify filter's RET_USER_NOTIF)
 
 
 _UNCONDITIONAL: Final = (
@@ -226,6 +238,29 @@ DENY_RULES: Final[tuple[Rule, ...]] = (
     Rule("prctl", when=((Arg(0, "eq", linux.PR_SET_SECCOMP), Arg(1, "eq", linux.SECCOMP_MODE_FILTER)),)),
 )
 
+# The connect-notify filter (docs/design.md "Identity"): installed in each workload child after fork and before
+# execve, never in the launcher, the init or the fence probe. ``connect`` and ``execve``/``execveat`` wait for
+# the boundary's answer (supervisor/boundary/capture/connect_notify.py); a TCP Fast Open send (a connect
+# without ``connect``) and a workload's own listener are refused; io_uring (which connects without a syscall)
+# stays denied even where the deny list is off.
+MSG_FASTOPEN: Final = 0x20000000
+SECCOMP_FILTER_FLAG_NEW_LISTENER: Final = 1 << 3
+NOTIFY_RULES: Final[tuple[Rule, ...]] = (
+    Rule("connect", ret=RET_USER_NOTIF),
+    Rule("execve", ret=RET_USER_NOTIF),
+    Rule("execveat", ret=RET_USER_NOTIF),
+    Rule("sendto", errno.EOPNOTSUPP, when=((Arg(3, "set", MSG_FASTOPEN),),)),
+    Rule("sendmsg", errno.EOPNOTSUPP, when=((Arg(2, "set", MSG_FASTOPEN),),)),
+    Rule("sendmmsg", errno.EOPNOTSUPP, when=((Arg(3, "set", MSG_FASTOPEN),),)),
+    Rule(
+        "seccomp",
+        when=((Arg(0, "eq", SECCOMP_SET_MODE_FILTER), Arg(1, "set", SECCOMP_FILTER_FLAG_NEW_LISTENER)),),
+    ),
+    Rule("io_uring_setup"),
+    Rule("io_uring_enter"),
+    Rule("io_uring_register"),
+)
+
 
 def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
     if not (0 <= jt <= 255 and 0 <= jf <= 255):
@@ -253,7 +288,7 @@ def _clause(tests: tuple[Arg, ...], ret: int) -> list[bytes]:
 
 
 def _rule_block(rule: Rule, nr: int) -> list[bytes]:
-    ret = RET_ERRNO | (rule.errno & 0xFFFF)
+    ret = RET_ERRNO | (rule.errno & 0xFFFF) if rule.ret is None else rule.ret
     if not rule.when:
         body = [_insn(BPF_RET_K, 0, 0, ret)]
     else:
@@ -298,3 +333,25 @@ def install(program: bytes) -> None:
     buf = ctypes.create_string_buffer(program, len(program))
     prog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
     linux.prctl_ptr(linux.PR_SET_SECCOMP, linux.SECCOMP_MODE_FILTER, ctypes.c_void_p(ctypes.addressof(prog)))
+
+
+@functools.cache
+def notify_program(arch: str = linux.MACHINE) -> bytes:
+    """The connect-notify filter for ``arch``, built once per process like :func:`program`."""
+    return build(arch, NOTIFY_RULES)
+
+
+def install_listener(program: bytes, arch: str = linux.MACHINE) -> int:
+    """Install ``program`` with ``SECCOMP_FILTER_FLAG_NEW_LISTENER``; returns the listener fd (close-on-exec).
+
+    ``no_new_privs`` must already be set. Install it before :func:`install` (the deny list refuses ``seccomp``)."""
+    if arch not in SYSCALLS:
+        raise OSError(errno.ENOSYS, f"seccomp filter has no syscall table for {arch}")
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    return linux.syscall(
+        SYSCALLS[arch]["seccomp"],
+        SECCOMP_SET_MODE_FILTER,
+        SECCOMP_FILTER_FLAG_NEW_LISTENER,
+        ctypes.c_void_p(ctypes.addressof(prog)),
+    )

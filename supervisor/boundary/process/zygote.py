@@ -292,10 +292,11 @@ class Spawner:
         try:
             spec = child.SpawnSpec.from_wire(request["spec"])
             stdio, status_fd = _stdio_fds(request, fds)
+            notify = _notify_fd(request, fds)
             parent = os.getpid()
             pid = os.fork()
             if pid == 0:  # pragma: no cover - the child never returns
-                child.run(child.ChildContext(spec, stdio, status_fd, parent, mount_ns=self.mount_ns))
+                child.run(child.ChildContext(spec, stdio, status_fd, parent, mount_ns=self.mount_ns, notify_fd=notify))
             self.live[pid] = sid
             pidfd = os.pidfd_open(pid)
             host_pid = pid if self.host_proc_fd is None else linux.pidfd_pid(pidfd, dir_fd=self.host_proc_fd)
@@ -344,6 +345,16 @@ def _stdio_fds(request: Mapping[str, Any], fds: list[int]) -> tuple[tuple[int, i
     if len(layout) != 4 or not all(isinstance(i, int) and 0 <= i < len(fds) for i in layout):
         raise OSError(errno.EINVAL, "bad stdio layout")
     return (fds[layout[0]], fds[layout[1]], fds[layout[2]]), fds[layout[3]]
+
+
+def _notify_fd(request: Mapping[str, Any], fds: list[int]) -> int | None:
+    """The connect-notify hand-off socket the boundary sent with a spawn (``"notify"`` indexes ``fds``), if any."""
+    index = request.get("notify")
+    if index is None:
+        return None
+    if not isinstance(index, int) or not 0 <= index < len(fds):
+        raise OSError(errno.EINVAL, "bad notify index")
+    return fds[index]
 
 
 def _init_request(spawner: Spawner, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:

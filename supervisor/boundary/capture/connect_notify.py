@@ -1,0 +1,243 @@
+"""Identity fixed at ``connect()``: the boundary's side of the seccomp user-notification filter
+(docs/design.md "Identity"; the filter is ``supervisor.boundary.process.seccomp.NOTIFY_RULES``).
+
+Rules:
+
+1. Each workload child installs the filter after fork and before ``execve`` and sends its listener fd over the
+   hand-off socket (:meth:`ConnectNotifier.child_end`, one copy per spawn); the launcher, the workload's
+   init and the fence probe never get one. :meth:`ConnectNotifier.serve` receives listeners and serves each in
+   its own task without ever blocking trio: it waits on the fd with ``trio.lowlevel.wait_readable`` and
+   receives only when ``poll`` says a notification is pending (a receive with none pending would block).
+2. Every notification is answered ``CONTINUE``: the filter decides nothing, it only lets the boundary look.
+   ``connect`` on a TCP socket (``AF_INET``/``AF_INET6``, ``SOCK_STREAM``) takes the socket (``pidfd_getfd``),
+   reads its inode and ``SO_COOKIE``, resolves the caller's identity and records it; anything else is answered
+   at once. ``execve``/``execveat`` first note the caller's children in the exec log (the image they were
+   created under).
+3. An identity is recorded only if the notification is still valid after it was read
+   (``SECCOMP_IOCTL_NOTIF_ID_VALID``): the task was alive throughout, so its pid named it.
+4. A notification not handled within ``bound`` seconds is answered ``CONTINUE`` without a record (the
+   connection is then refused at accept as ``no-record``): the agent never hangs on a slow boundary. First-time
+   hashing runs in a worker thread so it cannot stall other notifications. If the boundary is gone (its
+   listener closed) the kernel fails a trapped call with ``ENOSYS``.
+5. Any failure while looking is a missing record, never a refusal here: the decision is made at accept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import os
+import select
+import socket
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+import trio
+
+from supervisor.boundary.capture.identity import IdentityResolver, IdentityUnresolved
+from supervisor.boundary.process import linux, seccomp
+
+# struct seccomp_notif { u64 id; u32 pid; u32 flags; struct seccomp_data { int nr; u32 arch; u64 ip; u64 args[6] } }
+_NOTIF: Final = struct.Struct("=QIIiIQ6Q")
+_RESP: Final = struct.Struct("=QqiI")  # id, val, error, flags
+_IOC_READ_WRITE: Final = 3 << 30
+_IOC_WRITE: Final = 1 << 30
+NOTIF_RECV: Final = _IOC_READ_WRITE | (_NOTIF.size << 16) | (ord("!") << 8) | 0
+NOTIF_SEND: Final = _IOC_READ_WRITE | (_RESP.size << 16) | (ord("!") << 8) | 1
+NOTIF_ID_VALID: Final = _IOC_WRITE | (8 << 16) | (ord("!") << 8) | 2
+FLAG_CONTINUE: Final = 1
+SECCOMP_GET_ACTION_AVAIL: Final = 2
+SO_COOKIE: Final = 57
+DEFAULT_BOUND: Final = 2.0
+_MAX_FDS: Final = 8
+
+
+def available() -> bool:
+    """Whether this kernel can return ``SECCOMP_RET_USER_NOTIF`` (asked without installing anything)."""
+    table = seccomp.SYSCALLS.get(linux.MACHINE)
+    if table is None:
+        return False
+    action = ctypes.c_uint32(seccomp.RET_USER_NOTIF)
+    try:
+        linux.syscall(table["seccomp"], SECCOMP_GET_ACTION_AVAIL, 0, ctypes.c_void_p(ctypes.addressof(action)))
+    except OSError:
+        return False
+    return True
+
+
+def pidfd_getfd(pidfd: int, fd: int) -> int:
+    return linux.syscall(seccomp.SYSCALLS[linux.MACHINE]["pidfd_getfd"], pidfd, fd, 0)
+
+
+@dataclass(frozen=True)
+class Notification:
+    id: int
+    pid: int  # the calling thread, in our PID namespace
+    nr: int
+    args: tuple[int, ...]
+
+
+def receive(listener: int) -> Notification:
+    buf = bytearray(_NOTIF.size)
+    fcntl.ioctl(listener, NOTIF_RECV, buf, True)
+    nid, pid, _flags, nr, _arch, _ip, *args = _NOTIF.unpack(buf)
+    return Notification(nid, pid, nr, tuple(args))
+
+
+def answer_continue(listener: int, nid: int) -> None:
+    """Let the call proceed; a task that died meanwhile (``ENOENT``) needs no answer."""
+    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+        fcntl.ioctl(listener, NOTIF_SEND, bytearray(_RESP.pack(nid, 0, 0, FLAG_CONTINUE)), True)
+
+
+def still_valid(listener: int, nid: int) -> bool:
+    try:
+        fcntl.ioctl(listener, NOTIF_ID_VALID, bytearray(struct.pack("=Q", nid)), True)
+    except OSError:
+        return False
+    return True
+
+
+def _pending(listener: int) -> tuple[bool, bool]:
+    """``(a notification is pending, every filter user is gone)`` without blocking."""
+    poller = select.poll()
+    poller.register(listener, select.POLLIN | select.POLLHUP)
+    events = poller.poll(0)
+    mask = events[0][1] if events else 0
+    return bool(mask & select.POLLIN), bool(mask & (select.POLLHUP | select.POLLERR | select.POLLNVAL))
+
+
+class ConnectNotifier:
+    """Receives the workload's listeners and records who called ``connect`` (rules above)."""
+
+    def __init__(
+        self,
+        resolver: IdentityResolver,
+        *,
+        bound: float = DEFAULT_BOUND,
+        on_event: Callable[[str, dict[str, object]], None] | None = None,
+    ) -> None:
+        if resolver.records is None:
+            raise ValueError("the resolver needs a connect record store")
+        self.resolver = resolver
+        self.records = resolver.records
+        self.bound = bound
+        self._on_event = on_event
+        self._ours, self._theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._ours.setblocking(False)
+        self._syscalls = seccomp.SYSCALLS[linux.MACHINE]
+        self.counters = {"listeners": 0, "notifications": 0, "recorded": 0, "unrecorded": 0, "timed_out": 0}
+
+    def child_end(self) -> socket.socket:
+        """The end workload children send their listener over (the launcher gives each spawn a copy)."""
+        return self._theirs
+
+    def close(self) -> None:
+        self._ours.close()
+        self._theirs.close()
+
+    async def serve(self) -> None:
+        """Receive listeners until cancelled; each is served in its own task."""
+        async with trio.open_nursery() as nursery:
+            while True:
+                await trio.lowlevel.wait_readable(self._ours)
+                try:
+                    _msg, fds, _flags, _addr = socket.recv_fds(self._ours, 64, _MAX_FDS)
+                except BlockingIOError:
+                    continue
+                for fd in fds:
+                    os.set_inheritable(fd, False)
+                    self.counters["listeners"] += 1
+                    nursery.start_soon(self._serve_listener, fd)
+
+    async def _serve_listener(self, listener: int) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                while True:
+                    await trio.lowlevel.wait_readable(listener)
+                    ready, gone = _pending(listener)
+                    if not ready:
+                        if gone:
+                            return  # every process under this filter has exited
+                        continue
+                    try:
+                        note = receive(listener)
+                    except FileNotFoundError:
+                        continue  # the caller died between poll and receive
+                    self.counters["notifications"] += 1
+                    nursery.start_soon(self._answer, listener, note)
+        finally:
+            trio.lowlevel.notify_closing(listener)
+            os.close(listener)
+
+    async def _answer(self, listener: int, note: Notification) -> None:
+        recorded = False
+        try:
+            with trio.move_on_after(self.bound) as scope:
+                try:
+                    recorded = await self._look(listener, note)
+                except (IdentityUnresolved, OSError) as exc:
+                    self._event("identity.connect-unrecorded", pid=note.pid, detail=str(exc)[:300])
+            if scope.cancelled_caught:
+                self.counters["timed_out"] += 1
+                self._event("identity.connect-timeout", pid=note.pid, bound_s=self.bound)
+        finally:
+            if note.nr == self._syscalls["connect"]:
+                self.counters["recorded" if recorded else "unrecorded"] += 1
+            answer_continue(listener, note.id)  # rule 2, rule 4: always, and before the bound is out
+
+    async def _look(self, listener: int, note: Notification) -> bool:
+        if note.nr in (self._syscalls["execve"], self._syscalls["execveat"]):
+            self.resolver.note_exec(self.resolver.thread_group(note.pid))
+            return False
+        if note.nr != self._syscalls["connect"]:
+            return False
+        started = time.perf_counter_ns()
+        tgid = self.resolver.thread_group(note.pid)
+        pidfd = os.pidfd_open(tgid)
+        try:
+            if not still_valid(listener, note.id):
+                return False  # the pid may already name another process
+            sock_fd = pidfd_getfd(pidfd, note.args[0] & 0xFFFFFFFF)
+        finally:
+            os.close(pidfd)
+        try:
+            sock = socket.socket(fileno=sock_fd)
+        except OSError:
+            os.close(sock_fd)
+            return False  # not a socket: the kernel will say so to the caller
+        try:
+            if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+                return False  # rule 2: only TCP is captured
+            cookie = struct.unpack("=Q", sock.getsockopt(socket.SOL_SOCKET, SO_COOKIE, 8))[0]
+            inode = os.fstat(sock.fileno()).st_ino
+        finally:
+            sock.close()
+        exe_fd, path = self.resolver.open_exe(tgid)
+        try:
+            hit, digest = self.resolver.cached_digest(exe_fd)
+            if not hit:  # first time this binary is seen: hash off the event loop (rule 4)
+                copy = os.dup(exe_fd)
+                digest = await trio.to_thread.run_sync(_digest_and_close, self.resolver, copy, abandon_on_cancel=True)
+        finally:
+            os.close(exe_fd)
+        identity = self.resolver.connector(tgid, path, digest, started)
+        if not still_valid(listener, note.id):
+            return False  # rule 3
+        self.records.put(inode, cookie, identity)
+        return True
+
+    def _event(self, name: str, **fields: object) -> None:
+        if self._on_event is not None:
+            self._on_event(name, fields)
+
+
+def _digest_and_close(resolver: IdentityResolver, fd: int) -> str | None:
+    try:
+        return resolver.digest(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,92 @@
+"""What the connect-time notification learned, kept until accept (docs/design.md "Identity").
+
+Rules:
+
+1. A record is keyed by the connecting socket's inode and carries its cookie; :meth:`ConnectRecords.take`
+   returns it only when the cookie the accept side saw (``sock_diag``) is the same, so a record left by a
+   socket that was closed unaccepted can never name a later socket that reuses the inode. Taking consumes it.
+2. The first record of a socket wins: a second ``connect`` on an already connecting socket fails in the kernel
+   and must not rename it.
+3. Both stores are bounded: records older than ``ttl`` go first, then the oldest; the exec log forgets the
+   oldest entries (their processes have long exited, or their children count with their current image).
+4. The exec log maps a process, by (pid, start time), to the executable its parent had when it was created:
+   filled when the parent ``execve``s (its children at that moment were created under the old image), read
+   by the ancestor walk so a parent's later ``exec`` grants nothing. The first entry for a child wins.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_TTL = 120.0
+MAX_RECORDS = 65_536
+MAX_EXEC_LOG = 65_536
+
+
+@dataclass(frozen=True)
+class ConnectRecord:
+    cookie: int
+    identity: Any  # supervisor.boundary.capture.identity.Identity (kept untyped here: no import cycle)
+    at: float
+
+
+class ConnectRecords:
+    def __init__(self, *, ttl: float = DEFAULT_TTL, limit: int = MAX_RECORDS) -> None:
+        self._records: OrderedDict[int, ConnectRecord] = OrderedDict()
+        self.ttl = ttl
+        self.limit = limit
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def put(self, inode: int, cookie: int, identity: Any) -> bool:
+        """Record ``identity`` for the socket; False if it already has a record (rule 2)."""
+        now = time.monotonic()
+        self._expire(now)
+        old = self._records.get(inode)
+        if old is not None and old.cookie == cookie:
+            return False
+        self._records.pop(inode, None)
+        self._records[inode] = ConnectRecord(cookie, identity, now)
+        while len(self._records) > self.limit:
+            self._records.popitem(last=False)
+        return True
+
+    def take(self, inode: int, cookie: int | None) -> Any | None:
+        """The identity recorded for the socket, consumed; ``cookie=None`` when the accept side has none."""
+        self._expire(time.monotonic())
+        record = self._records.get(inode)
+        if record is None or (cookie is not None and record.cookie != cookie):
+            return None
+        del self._records[inode]
+        return record.identity
+
+    def _expire(self, now: float) -> None:
+        while self._records:
+            inode, record = next(iter(self._records.items()))
+            if now - record.at <= self.ttl:
+                return
+            del self._records[inode]
+
+
+class ExecLog:
+    def __init__(self, *, limit: int = MAX_EXEC_LOG) -> None:
+        self._parent_exe: OrderedDict[tuple[int, int], str] = OrderedDict()
+        self.limit = limit
+
+    def __len__(self) -> int:
+        return len(self._parent_exe)
+
+    def note_child(self, pid: int, start_time: int, parent_exe: str) -> None:
+        key = (pid, start_time)
+        if key in self._parent_exe:
+            return  # rule 4: the image at creation is the one before the parent's first exec since
+        self._parent_exe[key] = parent_exe
+        while len(self._parent_exe) > self.limit:
+            self._parent_exe.popitem(last=False)
+
+    def parent_exe(self, pid: int, start_time: int) -> str | None:
+        return self._parent_exe.get((pid, start_time))
