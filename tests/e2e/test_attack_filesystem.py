@@ -366,3 +366,22 @@ def test_planted_files_exist_as_the_attack_expects(host: Host) -> None:
     """The fixture's own check: the agent's uid really owns the planted file and DAC alone would allow it."""
     st = os.stat(host.owned)
     assert (st.st_uid, stat.S_IMODE(os.stat(host.open_dir).st_mode)) == (AGENT_ID, 0o777)
+
+
+def test_model_r_builds_the_root_with_the_pods_capabilities_only(host: Host) -> None:
+    """Model R's pod has no CAP_SYS_CHROOT (docs/kubernetes.md "Model R"): the agent's root needs only
+    CAP_SYS_ADMIN, so a boundary without SYS_CHROOT still confines the agent."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is needed to drop CAP_SYS_CHROOT")
+    script = host.workdir / "no-chroot.py"
+    script.write_text(PRELUDE + 'attempt("write_etc", lambda: write("/etc/osb-nochroot", "w"))\n'
+                      'OUT["root"] = sorted(os.listdir("/"))\ndone()\n')  # fmt: skip
+    script.chmod(0o644)
+    result = subprocess.run(
+        ["setpriv", "--bounding-set=-sys_chroot", *CLI, "dev", "--privilege-model=R", f"--workdir={host.workdir}",
+         f"--agent-user={AGENT_ID}:{AGENT_ID}", "--", AGENT_PYTHON, str(script)],
+        capture_output=True, text=True, timeout=120, cwd="/",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = json.loads(result.stdout.splitlines()[-1])
+    assert got["write_etc"] == "EROFS" and "home" not in got["root"] and "root" not in got["root"], got
