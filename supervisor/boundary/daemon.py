@@ -273,14 +273,20 @@ class BoundaryDaemon:
         if model != "P":  # the agent's own root: only granted trees, secrets hidden (confinement rule 1)
             uid, gid = self._agent_ids(attach)
             try:
-                root = root_for(
+                layout = root_for(
                     attach.static_policy, self.cfg.workdir, trust_dir=str(self.cfg.tls_dir), agent_uid=uid,
                     agent_gid=gid, hide=(*self.cfg.hide_paths, str(self.cfg.bundle.directory)),
                     tmp_size=self.cfg.tmp_size, shm_size=self.cfg.shm_size,
-                ).to_wire()  # fmt: skip
+                )  # fmt: skip
             except RootError as exc:  # a layout we cannot build now will not build later: exit, do not idle
                 self._fatal(f"agent filesystem: {exc}")
                 raise OpError(ErrorKind.INVALID, f"agent filesystem: {exc}", field="filesystem_policy") from None
+            root = layout.to_wire()
+            self.log.emit(
+                "agent.filesystem", read_only=[b.target for b in layout.binds if not b.writable],
+                read_write=[b.target for b in layout.binds if b.writable], hidden=list(layout.hide),
+                tmp_size=layout.tmp_size, shm_size=layout.shm_size,
+            )  # fmt: skip
         capture: dict[str, Any] | None = None
         if netns:
             capture = {"capture_ports": list(attach.capture_ports), "proxy_port": PROXY_PORT,
