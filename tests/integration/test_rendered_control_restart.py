@@ -62,9 +62,13 @@ def _wait(what: str, check: Any, timeout: float = 30) -> Any:
 
 
 class Sandbox:
-    def __init__(self, root: Path) -> None:
+    """One rendered sandbox's daemons run by hand (also used by tests/e2e/test_rendered_inspection_restart.py)."""
+
+    def __init__(self, root: Path, policy: str | None = None, control_args: tuple[str, ...] = ()) -> None:
         self.root = root
-        policy = resources.files("supervisor.control").joinpath("default_policy.yaml").read_text("utf-8")
+        self.control_args = control_args
+        if policy is None:
+            policy = resources.files("supervisor.control").joinpath("default_policy.yaml").read_text("utf-8")
         self.spec = RenderSpec(
             namespace="agents-team-a", sandbox="review-bot", sandbox_uid="0f9e8d7c-1111-4222-8333-944455556666",
             image="registry.example/agent@sha256:" + "ab" * 32, control_image="registry.example/os:1",
@@ -89,8 +93,13 @@ class Sandbox:
              "--workdir=/tmp", f"--tls-dir={self.root / 'tls'}", "--", *self.spec.agent_argv],
             stdout=log, stderr=subprocess.STDOUT,
         ))  # fmt: skip
-        port_file = self.root / "port"
-        self.port = int(_wait("the boundary's port", lambda: port_file.exists() and port_file.read_text()))
+        port_file, proc = self.root / "port", self.procs[-1]
+
+        def port() -> str | None:
+            assert proc.poll() is None, (self.root / "boundary.log").read_text()
+            return port_file.read_text() if port_file.exists() else None
+
+        self.port = int(_wait("the boundary's port", port))
 
     def start_control(self, ca_dir: Path) -> tuple[subprocess.Popen[bytes], Path]:
         self.starts += 1
@@ -98,7 +107,7 @@ class Sandbox:
         proc = subprocess.Popen(
             [*CLI, "--mode=control", f"--bootstrap={self.root / 'control'}", f"--boundary=127.0.0.1:{self.port}",
              f"--policy={self.root / 'policy' / 'policy.yaml'}", f"--interception-ca={ca_dir}",
-             f"--api={self.root / 'api.sock'}"],
+             f"--api={self.root / 'api.sock'}", *self.control_args],
             stdout=log.open("w"), stderr=subprocess.STDOUT,
         )  # fmt: skip
         self.procs.append(proc)
