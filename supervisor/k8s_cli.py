@@ -30,7 +30,8 @@ hash of the sandbox UID; the bootstrap bundles are minted with exactly the claim
 
 Secrets (bootstrap bundle per role, the interception CA, credentials) never go to stdout: --secrets-dir DIR
 writes them to DIR/secrets.yaml (0600). Apply them first:
-  kubectl apply -f DIR/secrets.yaml && openshell-sandbox k8s render ... | kubectl apply -f -
+  openshell-sandbox k8s render ... --secrets-dir DIR --out FILE -- AGENT...
+  kubectl apply -f DIR/secrets.yaml && kubectl apply -f FILE
 Render again with the same keys (immutable Secrets re-apply unchanged) with --reuse-secrets DIR.
 """
 
