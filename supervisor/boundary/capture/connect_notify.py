@@ -89,8 +89,8 @@ def receive(listener: int) -> Notification:
 
 
 def answer_continue(listener: int, nid: int) -> None:
-    """Let the call proceed; a task that died meanwhile (``ENOENT``) needs no answer."""
-    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+    """Let the call proceed; a task that died meanwhile (``ENOENT``) needs no answer, nor can anything else."""
+    with contextlib.suppress(OSError):
         fcntl.ioctl(listener, NOTIF_SEND, bytearray(_RESP.pack(nid, 0, 0, FLAG_CONTINUE)), True)
 
 
@@ -130,6 +130,7 @@ class ConnectNotifier:
         self._ours, self._theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._ours.setblocking(False)
         self._syscalls = seccomp.SYSCALLS[linux.MACHINE]
+        self._listeners: dict[int, trio.CancelScope] = {}
         self.counters = {"listeners": 0, "notifications": 0, "recorded": 0, "unrecorded": 0, "timed_out": 0}
 
     def child_end(self) -> socket.socket:
@@ -137,8 +138,17 @@ class ConnectNotifier:
         return self._theirs
 
     def close(self) -> None:
+        self.close_listeners()
         self._ours.close()
         self._theirs.close()
+
+    def close_listeners(self) -> None:
+        """Close every listener now: a trapped call still waiting, or made later, fails with ``ENOSYS``."""
+        for fd, scope in list(self._listeners.items()):
+            scope.cancel()
+            trio.lowlevel.notify_closing(fd)
+            os.close(fd)
+        self._listeners.clear()
 
     async def serve(self) -> None:
         """Receive listeners until cancelled; each is served in its own task."""
@@ -155,24 +165,34 @@ class ConnectNotifier:
                     nursery.start_soon(self._serve_listener, fd)
 
     async def _serve_listener(self, listener: int) -> None:
+        scope = trio.CancelScope()
+        self._listeners[listener] = scope
         try:
-            async with trio.open_nursery() as nursery:
-                while True:
-                    await trio.lowlevel.wait_readable(listener)
-                    ready, gone = _pending(listener)
-                    if not ready:
-                        if gone:
-                            return  # every process under this filter has exited
-                        continue
-                    try:
-                        note = receive(listener)
-                    except FileNotFoundError:
-                        continue  # the caller died between poll and receive
-                    self.counters["notifications"] += 1
-                    nursery.start_soon(self._answer, listener, note)
+            with scope, contextlib.suppress(trio.ClosedResourceError):
+                await self._receive_loop(listener)
         finally:
-            trio.lowlevel.notify_closing(listener)
-            os.close(listener)
+            if self._listeners.pop(listener, None) is not None:
+                trio.lowlevel.notify_closing(listener)
+                os.close(listener)
+
+    async def _receive_loop(self, listener: int) -> None:
+        async with trio.open_nursery() as nursery:
+            while True:
+                try:
+                    await trio.lowlevel.wait_readable(listener)
+                except trio.ClosedResourceError:
+                    return  # close_listeners()
+                ready, gone = _pending(listener)
+                if not ready:
+                    if gone:
+                        return  # every process under this filter has exited
+                    continue
+                try:
+                    note = receive(listener)
+                except FileNotFoundError:
+                    continue  # the caller died between poll and receive
+                self.counters["notifications"] += 1
+                nursery.start_soon(self._answer, listener, note)
 
     async def _answer(self, listener: int, note: Notification) -> None:
         recorded = False
@@ -188,7 +208,8 @@ class ConnectNotifier:
         finally:
             if note.nr == self._syscalls["connect"]:
                 self.counters["recorded" if recorded else "unrecorded"] += 1
-            answer_continue(listener, note.id)  # rule 2, rule 4: always, and before the bound is out
+            if listener in self._listeners:  # else closed: the kernel failed the call already
+                answer_continue(listener, note.id)  # rule 2, rule 4: always, and before the bound is out
 
     async def _look(self, listener: int, note: Notification) -> bool:
         if note.nr in (self._syscalls["execve"], self._syscalls["execveat"]):

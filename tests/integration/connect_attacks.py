@@ -1,0 +1,179 @@
+"""Attacks on connect-time identity, run as the agent by tests/integration/test_connect_identity.py.
+
+``python3 connect_attacks.py CASE PORT`` prints one JSON object: what the "boundary" (the test) answered for
+each connection this case made (its last line: the identity it resolved, or the refusal), and what the kernel
+said to the agent. The server side answers an HTTP/1.0 response whose body is that JSON, so curl can be a
+client too. Nothing here may need more than the agent's own rights.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+HOST = "127.0.0.1"
+SH = "/bin/sh"
+CURL = "/usr/bin/curl"
+
+
+def ask(sock: socket.socket) -> object:
+    """Ask the server to resolve this connection; its verdict (the response body's last line)."""
+    sock.sendall(b"resolve\n")
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return last_json(data)
+
+
+def last_json(data: bytes) -> object:
+    lines = [line for line in data.decode(errors="replace").splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else {"raw": data.decode(errors="replace")}
+
+
+def dial(port: int) -> socket.socket:
+    sock = socket.socket()
+    sock.settimeout(20)
+    sock.connect((HOST, port))
+    return sock
+
+
+def plain(port: int) -> dict[str, object]:
+    return {"verdict": ask(dial(port))}
+
+
+def descendant(port: int) -> dict[str, object]:
+    """A real descendant: sh runs curl, which connects."""
+    out = subprocess.run([SH, "-c", f"{CURL} -s http://{HOST}:{port}/"], capture_output=True, timeout=30)
+    return {"verdict": last_json(out.stdout)}
+
+
+def scm_rights_then_exec(port: int) -> dict[str, object]:
+    """Connect, pass the socket to a helper over SCM_RIGHTS, close ours; the helper execs sh on it."""
+    ours, theirs = socket.socketpair()
+    helper = subprocess.Popen(
+        [sys.executable, "-c", HELPER],
+        pass_fds=[theirs.fileno()],
+        stdout=subprocess.PIPE,
+        env={"FD": str(theirs.fileno())},
+    )
+    theirs.close()
+    sock = dial(port)
+    socket.send_fds(ours, [b"s"], [sock.fileno()])
+    sock.close()
+    ours.close()
+    out, _ = helper.communicate(timeout=30)
+    return {"verdict": last_json(out)}
+
+
+HELPER = """
+import os, socket
+chan = socket.socket(fileno=int(os.environ["FD"]))
+_, fds, _, _ = socket.recv_fds(chan, 16, 1)
+os.dup2(fds[0], 3)
+os.execv("/bin/sh", ["sh", "-c", "printf 'resolve\\\\n' >&3; cat <&3"])
+"""
+
+
+def fork_before_exec(port: int) -> dict[str, object]:
+    """Fork a child first; the parent then execs sh; only then the child connects."""
+    read_end, write_end = os.pipe()
+    result_r, result_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        os.close(result_r)
+        deadline = time.monotonic() + 20
+        while os.path.realpath(f"/proc/{os.getppid()}/exe") != os.path.realpath(SH) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        verdict = {"verdict": ask(dial(port)), "parent_exe": os.path.realpath(f"/proc/{os.getppid()}/exe")}
+        os.write(result_w, json.dumps(verdict).encode())
+        os._exit(0)
+    os.close(write_end)
+    os.close(result_w)
+    # the parent (the agent) becomes sh: it lives until the child is done, then reports for it
+    os.dup2(read_end, 0)
+    os.dup2(result_r, 4)
+    os.execv(SH, ["sh", "-c", "cat >/dev/null; cat <&4"])
+    raise AssertionError("unreachable")
+
+
+def preload(port: int) -> dict[str, object]:
+    env = dict(os.environ, LD_PRELOAD="/nonexistent/preload.so")
+    out = subprocess.run([CURL, "-s", f"http://{HOST}:{port}/"], capture_output=True, env=env, timeout=30)
+    return {"verdict": last_json(out.stdout)}
+
+
+def library_path(port: int) -> dict[str, object]:
+    """LD_LIBRARY_PATH naming a directory the agent can write, then one it cannot."""
+    verdicts = {}
+    for name, value in (("writable", "/tmp"), ("system", "/usr/lib")):
+        env = dict(os.environ, LD_LIBRARY_PATH=value)
+        out = subprocess.run([CURL, "-s", f"http://{HOST}:{port}/"], capture_output=True, env=env, timeout=30)
+        verdicts[name] = last_json(out.stdout)
+    return {"verdicts": verdicts}
+
+
+def fastopen(port: int) -> dict[str, object]:
+    sock = socket.socket()
+    try:
+        sock.sendto(b"resolve\n", socket.MSG_FASTOPEN, (HOST, port))
+        return {"fastopen": "sent", "verdict": ask(sock)}
+    except OSError as exc:
+        return {"fastopen": errno.errorcode.get(exc.errno or 0, str(exc.errno)), "then": plain(port)["verdict"]}
+
+
+class _Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def second_listener(port: int) -> dict[str, object]:
+    """Install our own listener filter (allow everything) to answer our own connects: refused."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    allow = (ctypes.c_uint64 * 1)(0x7FFF0000 << 32 | 0x06)  # BPF_RET|BPF_K, k=SECCOMP_RET_ALLOW
+    prog = _Fprog(1, ctypes.cast(allow, ctypes.c_void_p))
+    nr = {"x86_64": 317, "aarch64": 277}[os.uname().machine]
+    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS (already set by the launcher)
+    result = libc.syscall(ctypes.c_long(nr), ctypes.c_long(1), ctypes.c_long(1 << 3), ctypes.byref(prog))
+    err = ctypes.get_errno()
+    listener = "installed" if result >= 0 else errno.errorcode.get(err, str(err))
+    return {"listener": listener, "then": plain(port)["verdict"]}
+
+
+def stalled(port: int) -> dict[str, object]:
+    started = time.monotonic()
+    sock = dial(port)
+    connected_after = time.monotonic() - started
+    return {"connected_after_s": connected_after, "verdict": ask(sock)}
+
+
+def boundary_gone(port: int) -> dict[str, object]:
+    sys.stdin.readline()  # the test closes the listeners, then says go
+    try:
+        dial(port)
+    except OSError as exc:
+        return {"connect": errno.errorcode.get(exc.errno or 0, str(exc.errno))}
+    return {"connect": "ok"}
+
+
+CASES = {
+    "plain": plain,
+    "descendant": descendant,
+    "scm_rights_then_exec": scm_rights_then_exec,
+    "fork_before_exec": fork_before_exec,
+    "preload": preload,
+    "library_path": library_path,
+    "fastopen": fastopen,
+    "second_listener": second_listener,
+    "stalled": stalled,
+    "boundary_gone": boundary_gone,
+}
+
+if __name__ == "__main__":
+    print(json.dumps(CASES[sys.argv[1]](int(sys.argv[2]))), flush=True)

@@ -1,0 +1,298 @@
+"""Identity fixed at ``connect()`` (issue 16), attacked from the agent's side with the real launcher.
+
+The test is the boundary: it prepares the launcher (models R and U, as root), gives it the connect-notify
+hand-off socket, opens a listener inside the agent's network namespace and, for every connection accepted,
+resolves the identity the way the boundary does (by the record the notification left) and answers it back to
+the agent as an HTTP/1.0 body. The agent then runs one attack from tests/integration/connect_attacks.py and
+reports what it saw; every attack must fail — the connection is attributed to the process that called
+``connect`` — while the plain client and real descendants keep working.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from supervisor.boundary.capture import connect_notify
+from supervisor.boundary.capture.connect_notify import ConnectNotifier, Notification
+from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog
+from supervisor.boundary.capture.identity import IdentityResolver, IdentityUnresolved
+from supervisor.boundary.process import Launcher, NamespacePlan, SpawnSpec
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="the launcher's models R and U need root here"),
+    pytest.mark.skipif(not connect_notify.available(), reason="this kernel lacks SECCOMP_RET_USER_NOTIF"),
+    pytest.mark.skipif(not os.path.exists("/usr/bin/curl"), reason="curl is the 'allowed binary' of these attacks"),
+]
+
+PY = "/usr/bin/python3"
+PYTHON = os.path.realpath(PY)
+SH = os.path.realpath("/bin/sh")
+CURL = os.path.realpath("/usr/bin/curl")
+UID = GID = 1000
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+SCRIPT = Path(__file__).with_name("connect_attacks.py")
+
+
+@pytest.fixture
+def launcher() -> Iterator[Launcher]:
+    zyg = Launcher.fork()  # before trio.run, as the boundary's main() does
+    yield zyg
+    zyg.close()
+
+
+@pytest.fixture
+def script_dir(tmp_path: Path) -> Iterator[Path]:
+    """The attack script where the agent's uid can read it (pytest's tmp_path is under a root-only tree)."""
+    base = Path("/tmp") / f"connect-identity-{os.getpid()}-{tmp_path.name}"
+    base.mkdir(mode=0o755)
+    shutil.copy(SCRIPT, base / SCRIPT.name)
+    os.chmod(base / SCRIPT.name, 0o644)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def plan(model: str) -> NamespacePlan:
+    return NamespacePlan(model, agent_ids=(UID, GID) if model == "U" else None)  # type: ignore[arg-type]
+
+
+class World:
+    def __init__(self, launcher: Launcher, notifier_cls: type[ConnectNotifier] = ConnectNotifier, **kw: Any) -> None:
+        self.launcher = launcher
+        self.agent: int | None = None
+        self.resolver = IdentityResolver(
+            anchor_pid=launcher.pid,
+            workload_pids=launcher.workload_pids,
+            agent_pid=lambda: self.agent,
+            budget_us=5_000_000,
+            records=ConnectRecords(),
+            exec_log=ExecLog(),
+        )
+        self.notifier = notifier_cls(self.resolver, **kw)
+        launcher.notify_socket = self.notifier.child_end()
+        self.verdicts: list[dict[str, Any]] = []
+
+    async def serve(self, listener: trio.SocketListener) -> None:
+        async with trio.open_nursery() as nursery:
+            while True:
+                stream = await listener.accept()
+                nursery.start_soon(self._one, stream)
+
+    async def _one(self, stream: trio.SocketStream) -> None:
+        async with stream:
+            local, remote = stream.socket.getsockname(), stream.socket.getpeername()
+            verdict: dict[str, Any]
+            try:
+                identity = self.resolver.resolve(local[:2], remote[:2])
+                verdict = {"binary": identity.binary_path, "ancestors": list(identity.ancestors),
+                           "loader_env": list(identity.loader_env), "pid": identity.pid}  # fmt: skip
+            except IdentityUnresolved as exc:
+                verdict = {"refused": str(exc.stage)}
+            self.verdicts.append(verdict)
+            body = (json.dumps(verdict) + "\n").encode()
+            with trio.move_on_after(10):  # the request line (or curl's request); answer either way
+                await stream.receive_some(4096)
+            head = f"HTTP/1.0 200 OK\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            try:
+                await stream.send_all(head + body)
+            except trio.BrokenResourceError:
+                pass
+
+    async def run(self, model: str, case: str, script_dir: Path, *, stdin_after: Any = None) -> dict[str, Any]:
+        """Prepare ``model``, run ``case`` as the agent, and return its report."""
+        await self.launcher.prepare(plan(model))
+        raw = await self.launcher.socket_in_netns(socket.AF_INET, socket.SOCK_STREAM)
+        raw.bind(("127.0.0.1", 0))
+        raw.listen(16)
+        port = raw.getsockname()[1]
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(raw))
+        spec = SpawnSpec(
+            argv=(PY, str(script_dir / SCRIPT.name), case, str(port)),
+            env=ENV, cwd="/", uid=UID, gid=GID, stderr="pipe",
+        )  # fmt: skip
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.notifier.serve)
+                nursery.start_soon(self.serve, listener)
+                spawned = await self.launcher.spawn(spec)
+                self.agent = spawned.pid
+                if stdin_after is not None:
+                    await stdin_after(self, spawned.stdin)
+                elif spawned.stdin is not None:
+                    os.close(spawned.stdin)
+                out, err = await _read(spawned.stdout), await _read(spawned.stderr)
+                status = await spawned.wait_status()
+                os.close(spawned.pidfd)
+                nursery.cancel_scope.cancel()
+        assert os.waitstatus_to_exitcode(status) == 0, err.decode()
+        return dict(json.loads(out.decode().strip().splitlines()[-1]))
+
+
+async def _read(fd: int | None) -> bytes:
+    if fd is None:
+        return b""
+    out = bytearray()
+    async with trio.lowlevel.FdStream(fd) as stream:
+        while chunk := await stream.receive_some(65536):
+            out += chunk
+    return bytes(out)
+
+
+MODELS = pytest.mark.parametrize("model", ["R", "U"])
+
+
+@MODELS
+async def test_plain_client_and_real_descendant_are_identified(
+    launcher: Launcher, script_dir: Path, model: str
+) -> None:
+    world = World(launcher)
+    report = await world.run(model, "plain", script_dir)
+    assert report["verdict"] == {"binary": PYTHON, "ancestors": [], "loader_env": [], "pid": world.agent}
+    launcher2 = Launcher.fork()
+    try:
+        world2 = World(launcher2)
+        report = await world2.run(model, "descendant", script_dir)
+    finally:
+        launcher2.close()
+    verdict = report["verdict"]
+    assert (verdict["binary"], verdict["ancestors"], verdict["loader_env"]) == (CURL, [SH, PYTHON], [])
+
+
+@MODELS
+async def test_scm_rights_hand_off_then_exec_keeps_the_connector(
+    launcher: Launcher, script_dir: Path, model: str
+) -> None:
+    """Connect, pass the socket on, exec sh on it: accept-time resolution would name sh; the record names
+    the python that called connect."""
+    world = World(launcher)
+    report = await world.run(model, "scm_rights_then_exec", script_dir)
+    assert report["verdict"]["binary"] == PYTHON, report
+    assert world.verdicts == [report["verdict"]]
+
+
+@MODELS
+async def test_child_forked_before_its_parent_execs_is_not_the_new_images_descendant(
+    launcher: Launcher, script_dir: Path, model: str
+) -> None:
+    world = World(launcher)
+    report = await world.run(model, "fork_before_exec", script_dir)
+    assert report["parent_exe"] == SH  # the attack happened: the parent is sh when its child connects
+    assert report["verdict"]["binary"] == PYTHON
+    assert report["verdict"]["ancestors"] == [PYTHON], report  # the parent as it was when the child was forked
+
+
+@MODELS
+async def test_loader_injection_is_reported(launcher: Launcher, script_dir: Path, model: str) -> None:
+    world = World(launcher)
+    report = await world.run(model, "preload", script_dir)
+    assert report["verdict"]["binary"] == CURL
+    assert report["verdict"]["loader_env"] == ["LD_PRELOAD"]
+    launcher2 = Launcher.fork()
+    try:
+        report = await World(launcher2).run(model, "library_path", script_dir)
+    finally:
+        launcher2.close()
+    assert report["verdicts"]["writable"]["loader_env"] == ["LD_LIBRARY_PATH"]
+    assert report["verdicts"]["system"]["loader_env"] == []
+
+
+@MODELS
+async def test_fast_open_send_is_refused(launcher: Launcher, script_dir: Path, model: str) -> None:
+    world = World(launcher)
+    report = await world.run(model, "fastopen", script_dir)
+    assert report["fastopen"] == errno.errorcode[errno.EOPNOTSUPP], report
+    assert report["then"]["binary"] == PYTHON  # an ordinary connect afterwards still works
+    assert len(world.verdicts) == 1  # nothing reached the listener by the refused send
+
+
+@MODELS
+async def test_a_second_listener_is_refused(launcher: Launcher, script_dir: Path, model: str) -> None:
+    world = World(launcher)
+    report = await world.run(model, "second_listener", script_dir)
+    assert report["listener"] == "EPERM", report
+    assert report["then"]["binary"] == PYTHON  # still recorded by our listener
+
+
+class Stalled(ConnectNotifier):
+    """A boundary that never finishes looking at a connect."""
+
+    async def _look(self, listener: int, note: Notification) -> bool:
+        if note.nr == self._syscalls["connect"]:
+            await trio.sleep_forever()
+        return await super()._look(listener, note)
+
+
+async def test_a_stalled_boundary_never_hangs_the_agent(launcher: Launcher, script_dir: Path) -> None:
+    world = World(launcher, Stalled, bound=0.5)
+    report = await world.run("R", "stalled", script_dir)
+    assert 0.4 <= report["connected_after_s"] < 5, report
+    assert report["verdict"] == {"refused": "no-record"}
+    assert world.notifier.counters["timed_out"] >= 1  # (any AF_UNIX connect of the agent stalled too)
+
+
+async def test_without_the_boundary_a_trapped_connect_fails(launcher: Launcher, script_dir: Path) -> None:
+    """The listener closed (the boundary gone): the kernel fails the call with ENOSYS, never hangs it."""
+
+    async def close_listeners_then_go(world: World, stdin: int | None) -> None:
+        assert stdin is not None
+        # the agent is past its exec once it waits on stdin: the listener can go
+        for _ in range(500):
+            if _waiting_on_read(world.agent):
+                break
+            await trio.sleep(0.01)
+        world.notifier.close_listeners()
+        os.write(stdin, b"go\n")
+        os.close(stdin)
+
+    world = World(launcher)
+    report = await world.run("R", "boundary_gone", script_dir, stdin_after=close_listeners_then_go)
+    assert report == {"connect": errno.errorcode[errno.ENOSYS]}
+    assert world.verdicts == []
+
+
+def _waiting_on_read(pid: int | None) -> bool:
+    """The agent runs the case's python and sleeps (reading its stdin)."""
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return exe == PYTHON and state == "S"
+
+
+def test_the_filter_denies_what_it_must_without_a_boundary() -> None:
+    """The filter program on its own (no listener served): FASTOPEN and a nested listener are refused."""
+    code = (
+        "import socket, errno, os\n"
+        "s = socket.socket()\n"
+        "try:\n"
+        "    s.sendto(b'x', socket.MSG_FASTOPEN, ('127.0.0.1', 9))\n"
+        "    print('sent')\n"
+        "except OSError as e:\n"
+        "    print(errno.errorcode[e.errno])\n"
+    )
+    installer = (
+        "import os, sys, ctypes\n"
+        "from supervisor.boundary.process import seccomp, linux\n"
+        "linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)\n"
+        "fd = seccomp.install_listener(seccomp.notify_program())\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        f"    exec({code!r})\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", installer], capture_output=True,
+                         timeout=30, cwd=Path(__file__).parents[2])  # fmt: skip
+    assert out.stdout.decode().strip() == errno.errorcode[errno.EOPNOTSUPP], out.stderr.decode()
