@@ -9,6 +9,7 @@ resumes and the agent's trust still matches it; with another CA it resumes too, 
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -26,6 +27,7 @@ from supervisor.k8s.names import SandboxNames
 from supervisor.k8s.render import claims_for
 from supervisor.k8s.secrets import issue_material
 from supervisor.k8s.spec import Model, RenderSpec
+from supervisor.protocol.certs import DEFAULT_VALIDITY
 from supervisor.protocol.fingerprint import pem_fingerprint
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the boundary daemon runs in model R (root) here")
@@ -64,7 +66,13 @@ def _wait(what: str, check: Any, timeout: float = 30) -> Any:
 class Sandbox:
     """One rendered sandbox's daemons run by hand (also used by tests/e2e/test_rendered_inspection_restart.py)."""
 
-    def __init__(self, root: Path, policy: str | None = None, control_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        root: Path,
+        policy: str | None = None,
+        control_args: tuple[str, ...] = (),
+        validity: datetime.timedelta = DEFAULT_VALIDITY,
+    ) -> None:
         self.root = root
         self.control_args = control_args
         if policy is None:
@@ -75,7 +83,7 @@ class Sandbox:
             agent_argv=("sleep", "1000"), policy_text=policy, model=Model.R,
         )  # fmt: skip
         names = SandboxNames.of(self.spec.sandbox, self.spec.sandbox_uid)
-        self.material = issue_material(claims_for(self.spec, names), self.spec.policy_digest)
+        self.material = issue_material(claims_for(self.spec, names), self.spec.policy_digest, validity=validity)
         _copy(root / "boundary", self.material.boundary)
         _copy(root / "control", self.material.control)
         _copy(root / "ca", self.material.interception_ca)
@@ -191,3 +199,21 @@ def test_a_restarted_control_keeps_its_ca_and_a_replaced_ca_is_reported(sandbox:
     human = subprocess.run([*CLI, "status", f"--api={box.root / 'api.sock'}"], capture_output=True, text=True,
                            timeout=30)  # fmt: skip
     assert f"NOT the CA the agent trusts ({ca})" in human.stdout
+
+
+def test_a_bundle_ending_within_seven_days_is_an_event_and_keeps_control_not_ready(tmp_path: Path) -> None:
+    box = Sandbox(tmp_path, validity=datetime.timedelta(days=6))
+    try:
+        box.start_boundary()
+        _, log = box.start_control(box.root / "ca")
+        event = _wait("the expiry event", lambda: next(
+            (e for e in _events(log) if e["event"] == "certificate.expiring"), None))  # fmt: skip
+        assert event["certificate"] == "bootstrap certificate" and "(in 5 days)" in event["when"]
+        _wait("attach and start", lambda: _running(box))
+        ready = box.readyz()
+        assert ready.returncode == 1
+        assert "certificate: bootstrap certificate expires" in ready.stdout + ready.stderr
+        status = box.status()
+        assert status["certificates"]["expiring"] and status["interception"]["match"] is True
+    finally:
+        box.close()
