@@ -92,6 +92,7 @@ def _identity(raw: dict[str, Any]) -> BinaryIdentity | None:
         sha256=raw.get("binary_sha256") if isinstance(raw.get("binary_sha256"), str) else None,
         ancestors=tuple(a for a in raw.get("ancestors", ()) if isinstance(a, str)),
         cmdline_paths=tuple(a for a in raw.get("cmdline_paths", ()) if isinstance(a, str)),
+        loader_env=tuple(a for a in raw.get("loader_env", ()) if isinstance(a, str)),
     )
 
 

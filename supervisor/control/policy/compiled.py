@@ -75,16 +75,20 @@ class CompiledRule:
     rule: NetworkRule
     exact_binaries: frozenset[str]
     glob_binaries: tuple[Glob, ...]
+    loader_exact: frozenset[str] = frozenset()  # the entries with allow_loader_env
+    loader_globs: tuple[Glob, ...] = ()
 
     def binary_matches(self, identity: BinaryIdentity) -> bool:
-        """Executable path or any ancestor path; never ``cmdline_paths``."""
-        exact = self.exact_binaries
+        """Executable path or any ancestor path; never ``cmdline_paths``. A process started with loader
+        variables (``identity.loader_env``) matches only entries that allow them."""
+        exact, globs = (self.loader_exact, self.loader_globs) if identity.loader_env else (
+            self.exact_binaries, self.glob_binaries)  # fmt: skip
         if identity.path in exact:
             return True
         for ancestor in identity.ancestors:
             if ancestor in exact:
                 return True
-        for glob in self.glob_binaries:
+        for glob in globs:
             if glob.matches(identity.path):
                 return True
             for ancestor in identity.ancestors:
@@ -189,13 +193,20 @@ class CompiledPolicy:
     def _compile_rule(position: int, rule: NetworkRule, aliases: Mapping[str, tuple[str, ...]]) -> CompiledRule:
         exact: set[str] = set()
         patterns: list[Glob] = []
+        loader_exact: set[str] = set()
+        loader_patterns: list[Glob] = []
         for binary in rule.binaries:
             if "*" in binary.path:
                 patterns.append(compile_path_glob(binary.path))
+                if binary.allow_loader_env:
+                    loader_patterns.append(patterns[-1])
             else:
-                exact.add(binary.path)
-                exact.update(aliases.get(binary.path, ()))
-        return CompiledRule(rule.key, position, rule, frozenset(exact), tuple(patterns))
+                names = {binary.path, *aliases.get(binary.path, ())}
+                exact.update(names)
+                if binary.allow_loader_env:
+                    loader_exact.update(names)
+        return CompiledRule(rule.key, position, rule, frozenset(exact), tuple(patterns),
+                            frozenset(loader_exact), tuple(loader_patterns))  # fmt: skip
 
     @property
     def rule_count(self) -> int:

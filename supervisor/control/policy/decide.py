@@ -141,6 +141,8 @@ def _identity_text(identity: BinaryIdentity) -> str:
     text = f"binary '{identity.path}' (ancestors: [{ancestors}]"
     if identity.cmdline_paths:
         text += f", cmdline: [{', '.join(identity.cmdline_paths)}]"
+    if identity.loader_env:
+        text += f", started with {', '.join(identity.loader_env)}: only binaries with allow_loader_env match"
     return text + ")"
 
 

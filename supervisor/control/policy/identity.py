@@ -35,11 +35,16 @@ class BinaryIdentity:
     ancestors: tuple[str, ...] = ()  # nearest parent first
     cmdline_paths: tuple[str, ...] = ()  # diagnostics only; never grants
     ancestor_sha256: tuple[str | None, ...] = ()  # parallel to ``ancestors`` when the boundary hashed them
+    # loader variables set in the process's initial environment (LD_PRELOAD, LD_AUDIT, LD_LIBRARY_PATH naming
+    # a workload-writable directory): only binary entries with ``allow_loader_env`` match such a process
+    loader_env: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"path": self.path, "sha256": self.sha256, "ancestors": list(self.ancestors)}
         if self.cmdline_paths:
             body["cmdline_paths"] = list(self.cmdline_paths)
+        if self.loader_env:
+            body["loader_env"] = list(self.loader_env)
         return body
 
 

@@ -136,6 +136,9 @@ class Endpoint:
 @dataclass(frozen=True)
 class Binary:
     path: str  # absolute path or path glob (§2.3)
+    # the process may still match with LD_PRELOAD/LD_AUDIT (or LD_LIBRARY_PATH naming a workload-writable
+    # directory) in its initial environment (docs/policy.md "Loader injection")
+    allow_loader_env: bool = False
 
 
 @dataclass(frozen=True)
@@ -150,7 +153,8 @@ class NetworkRule:
         if self.name != self.key:
             body["name"] = self.name
         body["endpoints"] = [ep.to_json() for ep in self.endpoints]
-        body["binaries"] = [{"path": b.path} for b in self.binaries]
+        body["binaries"] = [{"path": b.path, **({"allow_loader_env": True} if b.allow_loader_env else {})}
+                            for b in self.binaries]  # fmt: skip
         return body
 
 

@@ -45,7 +45,7 @@ from .yamlnodes import Reader, line_of
 
 TOP_KEYS = ("version", "filesystem_policy", "landlock", "process", "network_policies", "network_middlewares")
 RULE_KEYS = ("name", "endpoints", "binaries")
-BINARY_KEYS = ("path", "harness")
+BINARY_KEYS = ("path", "harness", "allow_loader_env")
 ENDPOINT_KEYS = (
     "host",
     "port",
@@ -249,6 +249,12 @@ class _Schema:
         r.check_keys(items, base, BINARY_KEYS)
         if "harness" in items:
             r.boolean(items["harness"][1], f"{base}.harness")  # accepted and ignored (backward compatibility)
+        allow_loader_env = False
+        if "allow_loader_env" in items:
+            flag = r.boolean(items["allow_loader_env"][1], f"{base}.allow_loader_env")
+            if flag is None:
+                return None
+            allow_loader_env = flag
         if "path" not in items:
             r.error(f"{base}.path", node, "missing required key 'path'", "an absolute executable path or glob")
             return None
@@ -266,7 +272,7 @@ class _Schema:
             except GlobSyntaxError as exc:
                 r.error(f"{base}.path", path_node, f"invalid binary glob: {exc}")
                 return None
-        return Binary(path)
+        return Binary(path, allow_loader_env)
 
     def endpoint(self, base: str, node: Node) -> Endpoint | None:
         r = self.r
