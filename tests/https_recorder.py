@@ -1,5 +1,5 @@
 """An HTTPS origin for test hosts that records what reached it:
-``python3 tests/https_recorder.py ADDRESS PORT CERT_PEM KEY_PEM LOG_FILE``.
+``python3 tests/https_recorder.py ADDRESS PORT CERT_PEM KEY_PEM LOG_FILE`` (``- -`` for plain HTTP).
 
 Every request is appended to LOG_FILE as one JSON line (method, path, Host, Authorization, X-Api-Key, body
 size), so a test can assert what a credential became upstream — and that nothing reached it at all. GET and
@@ -65,6 +65,13 @@ class _Recorder(http.server.SimpleHTTPRequestHandler):
         self._record(body)
         self._answer()
 
+    def __getattr__(self, name: str) -> object:
+        """Any other method (PROPFIND, BREW, ...) is recorded and answered like POST: so a test can tell
+        whether a request with a method no list names reached the origin."""
+        if name.startswith("do_") and name[3:].isupper():
+            return self.do_POST
+        raise AttributeError(name)
+
     def log_message(self, format: str, *args: object) -> None:
         pass
 
@@ -77,10 +84,11 @@ def main() -> None:
     def handler(*args: object) -> _Recorder:
         return _Recorder(*args, directory=root)  # type: ignore[arg-type]
 
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(cert, key)
     with _Server((address, port), handler) as server:
-        server.socket = ctx.wrap_socket(server.socket, server_side=True)
+        if cert != "-":  # "-" "-": plain HTTP
+            ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ctx.load_cert_chain(cert, key)
+            server.socket = ctx.wrap_socket(server.socket, server_side=True)
         server.serve_forever()
 
 

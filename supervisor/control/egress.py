@@ -63,9 +63,11 @@ DNS_TTL = 30
 @dataclass
 class _Live:
     request: EgressRequest
+    host: str  # the name it was decided as (a transparent capture's issued name, else the request's host)
     identity: BinaryIdentity | None
     generation: int
     scope: trio.CancelScope
+    inspected: bool
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,7 @@ class EgressService:
         if decision.l7 or self._needs_credentials(name or request.host, request.port, decision):
             await self._inspect(stream, request, name, decision, snap, common)
             return
+        terminate = self.interception is not None and not decision.tls_skip
         try:
             upstream, address = await self._dial(request, name, decision)
         except trio.TooSlowError:
@@ -189,11 +192,14 @@ class EgressService:
                         **common)  # fmt: skip
             await self._reply(stream, EgressReply(exc.status, reason=str(exc.reason), detail=exc.detail[:500]))
             return
+        if terminate:  # TLS terminated and HTTP bound to this host:port by default (spec §3.7, §3.9)
+            await self._inspect(stream, request, name, decision, snap, common, early_upstream=upstream)
+            return
         self.counters["allowed"] += 1
         await self._reply(stream, EgressReply(200, rule=decision.rule))
         key = id(stream)
         with trio.CancelScope() as scope:
-            self._live[key] = _Live(request, identity, snap.generation, scope)
+            self._live[key] = _Live(request, name or request.host, identity, snap.generation, scope, inspected=False)
             try:
                 stats = await relay(stream, upstream, idle_timeout=self.upstream.idle_timeout)
             finally:
@@ -244,41 +250,59 @@ class EgressService:
 
     async def _inspect(
         self, stream: LinkStream, request: EgressRequest, name: str | None, decision: Decision,
-        snap: PolicySnapshot, common: dict[str, Any],
+        snap: PolicySnapshot, common: dict[str, Any], *, early_upstream: trio.SocketStream | None = None,
     ) -> None:  # fmt: skip
-        """An endpoint that asks for HTTP inspection: every request is parsed and decided (spec §3.7-§3.13)."""
+        """Every endpoint but ``tls: skip``: TLS terminated, every HTTP request bound to the tunnel's authority
+        and decided (spec §3.7-§3.13). Endpoints without L7 rules or credentials come with ``early_upstream``
+        (dialled already, so a refused destination is answered before the tunnel opens): what is neither TLS
+        nor HTTP is relayed raw to it."""
         if self.interception is None:
             self.counters["denied"] += 1
             reason = "l7-inspection-unavailable"
             self._event(request, "deny", reason=reason, **common)
             detail = "this control was started without HTTP inspection"
             await self._reply(stream, EgressReply(403, reason=reason, rule=decision.rule, detail=detail))
+            if early_upstream is not None:
+                await trio.aclose_forcefully(early_upstream)
             return
         self.counters["allowed"] += 1
         await self._reply(stream, EgressReply(200, rule=decision.rule))
 
+        resolved: list[str] = [str(early_upstream.socket.getpeername()[0])] if early_upstream is not None else []
+
         async def connect_upstream() -> trio.abc.HalfCloseableStream:
-            upstream, _address = await self._dial(request, name, decision)
+            upstream, address = await self._dial(request, name, decision)
+            resolved.append(str(address))
             return upstream
+
+        identity = _identity(request.identity)
+
+        def current(host: str, port: int) -> tuple[PolicySnapshot, Decision]:
+            now = self.store.snapshot()
+            return now, now.decide_l4(L4Request(host, port, identity), self.pins)
 
         started = trio.current_time()
         key = id(stream)
         fields = {"conn_id": request.conn_id, "binary": request.identity.get("binary_path")}
         with trio.CancelScope() as scope:
-            self._live[key] = _Live(request, _identity(request.identity), snap.generation, scope)
+            self._live[key] = _Live(request, name or request.host, identity, snap.generation, scope, inspected=True)
             try:
                 stats = await inspect(
                     stream, host=name or request.host, port=request.port, tls=None, snapshot=snap, l4=decision,
                     connect_upstream=connect_upstream, ca=self.interception.ca,
                     credentials=self.interception.credentials, upstream_ssl=self.interception.upstream_ssl,
                     log=self.log, event_fields=fields,
-                    is_current=self.store.is_current,
+                    is_current=self.store.is_current, current=current,
+                    raw_fallback=early_upstream is not None, early_upstream=early_upstream,
                 )  # fmt: skip
             finally:
                 self._live.pop(key, None)
         self._event(
-            request, "allow", inspected=True, **common,
-            closed_by="policy-revision" if scope.cancelled_caught else None,
+            request, "allow", inspected=True, **common, resolved=resolved[0] if resolved else None,
+            closed_by="policy-revision" if scope.cancelled_caught else stats.closed_by,
+            bytes_out=None if scope.cancelled_caught else stats.bytes_up,
+            bytes_in=None if scope.cancelled_caught else stats.bytes_down,
+            error=None if scope.cancelled_caught else stats.error,
             stats=None if scope.cancelled_caught else _stats_json(stats),
             duration_ms=round((trio.current_time() - started) * 1000, 3),
         )  # fmt: skip
@@ -287,14 +311,20 @@ class EgressService:
     def _policy_changed(self, snap: PolicySnapshot) -> None:
         """Re-decide every live connection under the new generation; cut the ones it no longer allows."""
         for live in list(self._live.values()):
-            decision: Decision = snap.decide_l4(L4Request(live.request.host, live.request.port, live.identity))
-            if decision.allowed and not decision.l7:
+            decision: Decision = snap.decide_l4(L4Request(live.host, live.request.port, live.identity))
+            # an inspected session re-decides each next request itself (it adopts the new generation); a raw
+            # relay is cut when the new policy wants the connection inspected
+            wants_inspection = decision.l7 or (self.interception is not None and not decision.tls_skip)
+            if decision.allowed and (live.inspected or not wants_inspection):
                 live.generation = snap.generation
                 continue
+            if decision.allowed:
+                reason = "inspection-required"
+            else:
+                reason = str(decision.reason) if decision.reason else "denied"
             self.log.emit(
                 "egress.revoked", destination=live.request.authority, conn_id=live.request.conn_id,
-                admitted_generation=live.generation, policy_generation=snap.generation,
-                reason=str(decision.reason) if decision.reason else "l7-inspection-unavailable",
+                admitted_generation=live.generation, policy_generation=snap.generation, reason=reason,
             )  # fmt: skip
             live.scope.cancel()
 

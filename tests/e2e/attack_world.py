@@ -281,11 +281,13 @@ def tunnel(authority, timeout=10.0):
 
 def echo_check(sock, payload=b"ping"):
     """Through an echo server: the payload comes back before we half-close (so the connection was admitted
-    first), then the end of the connection."""
+    first), then the end of the connection. The payload is sent as a line: control waits for more of a first
+    line that could still become an HTTP request line ("attempt 1 HTTP/1.1"), and a newline ends that doubt."""
     got = bytearray()
+    line = payload + b"\n"
     try:
-        sock.sendall(payload)
-        while len(got) < len(payload):
+        sock.sendall(line)
+        while len(got) < len(line):
             chunk = sock.recv(65536)
             if not chunk:
                 break
@@ -295,7 +297,7 @@ def echo_check(sock, payload=b"ping"):
     except OSError as exc:
         rest, end = b"", outcome(exc)
     sock.close()
-    return {"end": end, "data": (bytes(got) + rest)[:200].decode("utf-8", "replace")}
+    return {"end": end, "data": (bytes(got) + rest).removesuffix(b"\n")[:200].decode("utf-8", "replace")}
 
 
 def wait_end(sock):

@@ -420,7 +420,8 @@ for kind in ("connect", "transparent"):
     assert sorted(received) == sorted(p[f"server-first {k}"]["sent"] for k in ("connect", "transparent"))
     allowed = [e for e in agent.egress() if e["decision"] == "allow"]
     assert len(allowed) == 4, agent.explain()
-    assert all(e["closed_by"] in ("a", "b") and e.get("error") is None for e in allowed), allowed  # clean ends
+    # clean ends (raw relays say a/b; the relays of a first byte neither TLS nor HTTP say agent/upstream)
+    assert all(e["closed_by"] in ("a", "b", "agent", "upstream") and e.get("error") is None for e in allowed), allowed
 
 
 def test_upstream_reset_mid_transfer_reaches_the_agent_as_a_reset(attack_world: AttackWorld) -> None:
@@ -430,7 +431,7 @@ def test_upstream_reset_mid_transfer_reaches_the_agent_as_a_reset(attack_world: 
     w = attack_world
     agent = w.run_agent("""
 import subprocess
-request = b"GET / HTTP/1.0\\r\\nHost: api.test\\r\\n\\r\\n"
+request = f"GET / HTTP/1.0\\r\\nHost: api.test:{CONFIG['reset']}\\r\\n\\r\\n".encode()
 sock, answer = tunnel(f"api.test:{CONFIG['reset']}")
 report("connect", **exchange(sock, request, half_close=False))
 address = socket.getaddrinfo("api.test", CONFIG["reset"], socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
@@ -451,7 +452,7 @@ report("curl-forward", exit=done.returncode, size=done.stdout)
     assert len(allowed) == 4 and all(e["decision"] == "allow" for e in allowed), agent.explain()
     assert [e for e in agent.events if e.get("event") == "egress.error"] == [], agent.explain()  # expected, not odd
     for event in allowed:  # control's event says the upstream failed, not that it closed cleanly
-        assert event["closed_by"] == "b" and "reset" in (event.get("error") or "").lower(), event
+        assert event["closed_by"] in ("b", "upstream-failed") and "reset" in (event.get("error") or "").lower(), event
 
 
 def test_a_client_that_half_closes_at_once_is_still_identified(attack_world: AttackWorld) -> None:
@@ -466,4 +467,4 @@ report("forward", **exchange(sock, get_head(f"api.test:{CONFIG['reset']}", "1.0"
 """)
     p = agent.probes
     assert p["transparent"]["data"].startswith("got 7 "), agent.explain()
-    assert p["forward"]["data"].startswith("HTTP/1.0 200"), agent.explain()
+    assert p["forward"]["data"].startswith(("HTTP/1.0 200", "HTTP/1.1 200")), agent.explain()  # inspection re-frames

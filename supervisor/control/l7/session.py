@@ -38,10 +38,11 @@ from supervisor.control.credentials import Credentials
 from supervisor.control.l7 import answers
 from supervisor.control.l7.authority import AuthorityError, AuthoritySource, request_authority, same_authority
 from supervisor.control.l7.ca import InterceptionCA, LeafError
+from supervisor.control.l7.client_hello import ClientHelloError, Pending, server_name
 from supervisor.control.l7.head import MAX_HEAD_BYTES, HeadError, check_head, find_head_end
 from supervisor.control.l7.record import CloseReason, InspectStats, RequestRecord, display_path
 from supervisor.control.l7.rewrite import CredentialRefusal, redact_path, redact_query, rewrite_request
-from supervisor.control.l7.sniff import SNIFF_BYTES, SNIFF_WAIT_S, TunnelProtocol, sniff
+from supervisor.control.l7.sniff import TunnelProtocol, sniff
 from supervisor.control.l7.streams import PrefixedStream, abort_all
 from supervisor.control.l7.upgrade import relay_upgraded
 from supervisor.control.l7.upstream_tls import check_upstream_context
@@ -65,6 +66,7 @@ from supervisor.control.policy import (
 from supervisor.control.policy.hosts import normalize_request_host
 from supervisor.control.upstream import UpstreamError
 from supervisor.jsonlog import JsonLog
+from supervisor.link.relay import relay
 from supervisor.protocol.responses import ErrorCode, ErrorResponse
 
 __all__ = ["Limits", "inspect"]
@@ -124,6 +126,10 @@ class _Session:
         event_fields: Mapping[str, Any],
         is_current: Callable[[int], bool] | None,
         limits: Limits,
+        raw_fallback: bool = False,
+        early_upstream: trio.abc.HalfCloseableStream | None = None,
+        current: Callable[[str, int], tuple[PolicySnapshot, Decision]] | None = None,
+        choose_name: Callable[[str], Decision | None] | None = None,
     ) -> None:
         self.raw = agent
         self.agent: trio.abc.Stream = agent
@@ -149,6 +155,12 @@ class _Session:
         self._scope = trio.CancelScope()
         self._ws_filter: ClientFrameFilter | None = None
         self._ws_text_decision: Decision | None = None
+        self.raw_fallback = raw_fallback
+        self.early_upstream = early_upstream
+        self.origin_first: bytes | None = None
+        self.current = current
+        self.choose_name = choose_name
+        self._handed_off = False
 
     # --- the connection --------------------------------------------------------------------------------------
     async def run(self, tls: bool | None) -> InspectStats:
@@ -186,39 +198,166 @@ class _Session:
         else:
             proto = TunnelProtocol.TLS if tls else TunnelProtocol.HTTP1
         self.stats.protocol = str(proto)
+        if proto is TunnelProtocol.UNKNOWN and self.raw_fallback:
+            await self._relay_raw()
+            return
         if proto in (TunnelProtocol.H2C, TunnelProtocol.UNKNOWN):
             await self._refuse_tunnel(proto)
             return
         if proto is TunnelProtocol.TLS:
+            if not await self._check_server_name():
+                return
             if self.buffer:
                 self.agent = PrefixedStream(self.raw, bytes(self.buffer))
                 self.buffer.clear()
             if not await self._terminate_tls():
                 return
         while True:
-            if self._stale():
+            if self._stale() and not self._adopt_current_policy():
                 self._tunnel_event("closed", reason="policy-revision",
-                                   detail="policy changed; closing before the next request")  # fmt: skip
+                                   detail="the new policy no longer allows this connection")  # fmt: skip
                 self._end(CloseReason.POLICY)
                 return
             if not await self._one_request():
                 return
 
+    async def _first_bytes(self) -> bytes | None:
+        """The agent's first bytes (``b""`` at EOF, ``None`` when idle); with an early upstream, an origin that
+        speaks first (a server-first protocol: SMTP, MySQL, SSH) is noted in ``self.origin_first``."""
+        if self.early_upstream is None:
+            return await self._agent_recv(self.limits.idle_timeout)
+        upstream = self.early_upstream
+        got: dict[str, bytes] = {}
+
+        failed: list[_AgentFailed | _UpstreamFailed] = []
+
+        async def from_agent(scope: trio.CancelScope) -> None:
+            try:
+                data = await self._agent_recv(self.limits.idle_timeout)
+            except _AgentFailed as exc:
+                failed.append(exc)
+                data = None
+            if data is not None:
+                got["agent"] = data
+            scope.cancel()
+
+        async def from_upstream(scope: trio.CancelScope) -> None:
+            try:
+                got["upstream"] = bytes(await upstream.receive_some(self.limits.chunk))
+            except _STREAM_ERRORS as exc:
+                failed.append(_UpstreamFailed(f"upstream: {type(exc).__name__}"))
+            scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(from_agent, nursery.cancel_scope)
+            nursery.start_soon(from_upstream, nursery.cancel_scope)
+        if failed:
+            raise failed[0]
+        if "upstream" in got:
+            self.origin_first = got["upstream"]
+            return got.get("agent", b"")
+        return got.get("agent")
+
     async def _sniff(self) -> TunnelProtocol | None:
-        first = await self._agent_recv(self.limits.idle_timeout)
+        first = await self._first_bytes()
+        if self.origin_first is not None:  # only with raw_fallback: an early upstream is given for no other
+            self.buffer += first or b""
+            return TunnelProtocol.UNKNOWN
         if first is None or not first:
             self._end(CloseReason.IDLE if first is None else CloseReason.AGENT)
             return None
         self.buffer += first
-        deadline = trio.current_time() + SNIFF_WAIT_S
+        deadline = trio.current_time() + self.limits.head_timeout
         while True:
-            proto = sniff(bytes(self.buffer[:SNIFF_BYTES]))
+            proto = sniff(bytes(self.buffer))
             if proto is not None:
                 return proto
             more = await self._agent_recv(deadline - trio.current_time())
+            if more is None:  # still ambiguous at the head timeout: neither relayed nor parsed
+                self._tunnel_event("closed", reason="sniff-timeout",
+                                   detail="the first bytes were neither TLS nor HTTP nor anything else in time")
+                self._end(CloseReason.MALFORMED, "sniff-timeout", clean=False)
+                return None
             if not more:
-                return sniff(bytes(self.buffer[:SNIFF_BYTES]), final=True)
+                return sniff(bytes(self.buffer), final=True)
             self.buffer += more
+
+    async def _check_server_name(self) -> bool:
+        """Read the whole ClientHello; its SNI must name this tunnel's host (no fronting by SNI), or pick the
+        name for a transparent capture to an address (``choose_name``)."""
+        deadline = trio.current_time() + self.limits.head_timeout
+        while True:
+            try:
+                sni = server_name(bytes(self.buffer))
+            except ClientHelloError as exc:
+                self._tunnel_event("refused", reason="invalid-client-hello", detail=str(exc))
+                self._end(CloseReason.AGENT_TLS, str(exc), clean=False)
+                return False
+            if not isinstance(sni, Pending):
+                break
+            more = await self._agent_recv(deadline - trio.current_time())
+            if not more:
+                self._tunnel_event("closed", reason="client-hello-incomplete",
+                                   detail="the TLS ClientHello did not arrive whole in time")
+                self._end(CloseReason.AGENT_TLS, "client-hello-incomplete", clean=False)
+                return False
+            self.buffer += more
+        if sni is None:
+            return True
+        wanted = normalize_request_host(sni)
+        if wanted == self.name:
+            return True
+        if self.choose_name is not None and wanted is not None:
+            chosen = self.choose_name(wanted)
+            if chosen is not None:
+                self.name, self.l4 = wanted, chosen
+                return True
+        self.stats.denied += 1
+        self._tunnel_event("refused", reason=str(ErrorCode.REQUEST_AUTHORITY_MISMATCH),
+                           finding="openshell.tls.server_name_mismatch", server_name=sni[:255],
+                           detail=f"TLS server name {sni[:255]!r} does not match the authorized tunnel endpoint "
+                                  f"{self.name}:{self.port}")  # fmt: skip
+        self._end(CloseReason.DENIED, "server-name-mismatch", clean=False)
+        return False
+
+    def _adopt_current_policy(self) -> bool:
+        """A new policy generation: re-decide this connection; keep it (under the new generation) if allowed."""
+        if self.current is None:
+            return False
+        snapshot, l4 = self.current(self.name, self.port)
+        if not l4.allowed or l4.tls_skip:
+            return False
+        self.snapshot, self.l4 = snapshot, l4
+        return True
+
+    async def _relay_raw(self) -> None:
+        """Bytes that are neither TLS nor HTTP on an endpoint without L7 rules: relayed untouched."""
+        upstream: trio.abc.HalfCloseableStream
+        if self.early_upstream is not None:
+            upstream, self.early_upstream = self.early_upstream, None
+        else:
+            try:
+                with trio.fail_after(self.limits.connect_timeout):
+                    upstream = await self.connect_upstream()
+            except (UpstreamError, trio.TooSlowError, OSError) as exc:
+                self._tunnel_event("upstream-failed", reason=type(exc).__name__)
+                self._end(CloseReason.UPSTREAM_FAILED, type(exc).__name__, clean=False)
+                return
+        agent = PrefixedStream(self.raw, bytes(self.buffer))
+        self.buffer.clear()
+        if self.origin_first:
+            try:
+                await agent.send_all(self.origin_first)
+            except _STREAM_ERRORS as exc:
+                await abort_all(upstream)
+                raise _AgentFailed(f"agent: {type(exc).__name__}") from None
+            self.stats.bytes_down += len(self.origin_first)
+        self._handed_off = True
+        relayed = await relay(agent, upstream, idle_timeout=self.limits.idle_timeout, chunk=self.limits.chunk)
+        self.stats.bytes_up += relayed.bytes_a_to_b
+        self.stats.bytes_down += relayed.bytes_b_to_a
+        why = {"a": CloseReason.AGENT, "b": CloseReason.UPSTREAM, "idle-timeout": CloseReason.IDLE}
+        self._end(why.get(relayed.closed_by, CloseReason.ERROR), relayed.error, clean=relayed.error is None)
 
     async def _refuse_tunnel(self, proto: TunnelProtocol) -> None:
         if proto is TunnelProtocol.H2C:
@@ -255,7 +394,11 @@ class _Session:
         return True
 
     async def _close(self) -> None:
+        if self._handed_off:  # the raw relay closed (or aborted) both streams itself
+            return
         with trio.CancelScope(shield=True):
+            if self.early_upstream is not None:  # dialled for a raw relay that never happened
+                await trio.aclose_forcefully(self.early_upstream)
             if not self.clean:
                 await abort_all(self.agent)
                 await abort_all(self.upstream)
@@ -302,8 +445,9 @@ class _Session:
         with trio.move_on_after(self.limits.idle_timeout):
             try:
                 return bytes(await self.upstream.receive_some(self.limits.chunk))
-            except _STREAM_ERRORS as exc:
-                raise _UpstreamFailed(f"upstream: {type(exc).__name__}") from None
+            except _STREAM_ERRORS as exc:  # a receive holds no request bytes: the cause (a reset) may be named
+                cause = exc.__cause__ or exc
+                raise _UpstreamFailed(f"upstream: {type(cause).__name__}: {cause}"[:200].rstrip(": ")) from None
         raise _UpstreamFailed("upstream: idle timeout")
 
     async def _up_send(self, data: bytes | None) -> None:
@@ -517,8 +661,11 @@ class _Session:
     # --- upstream ------------------------------------------------------------------------------------------------
     async def _open_upstream(self, conn: h11.Connection, rec: RequestRecord) -> bool:
         try:
-            with trio.fail_after(self.limits.connect_timeout):
-                tcp = await self.connect_upstream()
+            if self.early_upstream is not None:  # dialled before the agent's first byte (raw_fallback)
+                tcp, self.early_upstream = self.early_upstream, None
+            else:
+                with trio.fail_after(self.limits.connect_timeout):
+                    tcp = await self.connect_upstream()
         except UpstreamError as exc:
             return await self._upstream_refusal(conn, rec, answers.dial_failure(exc), str(exc.reason))
         except trio.TooSlowError:
@@ -795,6 +942,10 @@ async def inspect(
     event_fields: Mapping[str, Any] | None = None,
     is_current: Callable[[int], bool] | None = None,
     limits: Limits | None = None,
+    raw_fallback: bool = False,
+    early_upstream: trio.abc.HalfCloseableStream | None = None,
+    current: Callable[[str, int], tuple[PolicySnapshot, Decision]] | None = None,
+    choose_name: Callable[[str], Decision | None] | None = None,
 ) -> InspectStats:
     """Serve one admitted connection whose endpoint asks for inspection; returns when it is over.
 
@@ -805,11 +956,19 @@ async def inspect(
     request once the policy changed. ``connect_upstream`` returns a connected TCP stream to the vetted
     address; it is called lazily, for the first admitted request, and again only if the upstream closed a
     kept-alive connection. Both streams are owned here and closed (or reset, after a failure) on return.
+
+    Endpoints without L7 rules pass ``raw_fallback``: bytes that are neither TLS nor HTTP are relayed raw to
+    ``early_upstream`` (dialled already, and also watched: an origin that speaks first makes the connection
+    raw). ``current(host, port)`` returns the newest snapshot and this connection's L4 decision under it: a
+    new generation that still allows the connection keeps it (instead of closing before the next request).
+    ``choose_name(sni)`` — for a transparent capture to an address — returns the L4 decision for a name the
+    ClientHello asks for (or ``None`` to refuse it); without it an SNI must name ``host``.
     """
     check_upstream_context(upstream_ssl)
     session = _Session(
         agent, host=host, port=port, snapshot=snapshot, l4=l4, connect_upstream=connect_upstream, ca=ca,
         credentials=credentials, upstream_ssl=upstream_ssl, log=log, event_fields=event_fields or {},
-        is_current=is_current, limits=limits or Limits(),
+        is_current=is_current, limits=limits or Limits(), raw_fallback=raw_fallback, early_upstream=early_upstream,
+        current=current, choose_name=choose_name,
     )  # fmt: skip
     return await session.run(tls)
