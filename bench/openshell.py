@@ -133,7 +133,10 @@ class OpenShell(Contender):
         self.dns = RefusingDns()
         argv = [
             sys.executable, "-m", "supervisor.cli", "dev", "--log-format=json", f"--policy={policy}",
-            f"--dns-server={self.dns.address[0]}:{self.dns.address[1]}", "--", *driver_argv(ctx.client_copy),
+            f"--dns-server={self.dns.address[0]}:{self.dns.address[1]}",
+            # the agent gets a fresh root with only granted paths and a private /tmp: the driver's copy is its
+            # workdir (root's, 0755: the agent runs it and cannot change it; the harness removes it)
+            f"--workdir={ctx.client_copy}", "--", *driver_argv(ctx.client_copy),
         ]  # fmt: skip
         # The API socket's path must stay short (a Unix socket path has 107 bytes): a runtime dir of our own.
         self.runtime = Path(tempfile.mkdtemp(prefix="osbr-", dir="/tmp"))
