@@ -1,4 +1,5 @@
-"""Intercepted HTTPS (L7 inspection) against a plain relayed tunnel, in the same run, on loopback only.
+"""Intercepted HTTPS (L7 inspection, and TLS termination without rules) against a raw relayed tunnel
+(``tls: skip``), in the same run, on loopback only.
 
     python3 bench/bench_l7.py [--json] [--quick] [-n N] [--mib M] [--conns C]
 
@@ -11,7 +12,10 @@ certificate), the mediator under test (this process, trio), and the client (stdl
 * ``intercepted``: each accepted connection goes through ``supervisor.control.l7.inspect``: TLS terminated
   with a leaf from the sandbox CA, every request parsed by h11, judged by ``decide_l7`` (a REST rule set),
   its ``Authorization: Bearer <placeholder>`` replaced by the secret, sent over a verified TLS connection to
-  the origin, one JSON event per request (written to /dev/null).
+  the origin, one JSON event per request (written to /dev/null);
+* ``terminated``: the default for an endpoint without L7 rules (issue 14): dialled first, the first bytes
+  sniffed, TLS terminated, every request's authority bound to the tunnel and its placeholder resolved — no
+  rules to judge. ``tunnel`` is what a ``tls: skip`` endpoint costs.
 
 Workloads, each on both listeners, one after the other: small GETs on kept-alive connections (1 and
 ``--conns`` in parallel), small GETs on a fresh connection each (TLS handshakes: two for intercepted, one
@@ -79,7 +83,18 @@ network_policies:
           - {{method: GET, path: "/admin/**"}}
     binaries: [{{path: /usr/bin/curl}}]
 """
-MODES = ("tunnel", "intercepted")
+# The policy of the "terminated" mode: the same host with no L7 rules (TLS still terminated, authority bound).
+PLAIN_POLICY = f"""
+version: 1
+network_policies:
+  bench:
+    endpoints:
+      - host: {HOST}
+        port: 443
+    binaries: [{{path: /usr/bin/curl}}]
+"""
+MODES = ("tunnel", "intercepted", "terminated")
+INTERCEPTING = ("intercepted", "terminated")
 
 
 # --- the origin (its own process) -----------------------------------------------------------------------------
@@ -229,7 +244,18 @@ class Mediator:
                           ca=self.ca, credentials=credentials, upstream_ssl=upstream_ssl, log=log,
                           event_fields={"conn_id": "bench"}, limits=Limits(idle_timeout=60))  # fmt: skip
 
-        for mode, handler in (("tunnel", tunnel), ("intercepted", intercepted)):
+        plain = PolicyStore(compile_policy(load_policy_text(PLAIN_POLICY, "plain.yaml")), source="plain.yaml")
+        plain_snapshot = plain.snapshot()
+        plain_l4 = plain_snapshot.decide_l4(L4Request(HOST, 443, BinaryIdentity("/usr/bin/curl", None)))
+
+        async def terminated(stream: trio.SocketStream) -> None:
+            # control's path for an endpoint without L7 rules: dialled first, then sniffed (raw_fallback)
+            await inspect(stream, host=HOST, port=443, tls=None, snapshot=plain_snapshot, l4=plain_l4,
+                          connect_upstream=dial, ca=self.ca, credentials=credentials, upstream_ssl=upstream_ssl,
+                          log=log, event_fields={"conn_id": "bench"}, limits=Limits(idle_timeout=60),
+                          raw_fallback=True, early_upstream=await dial())  # fmt: skip
+
+        for mode, handler in (("tunnel", tunnel), ("intercepted", intercepted), ("terminated", terminated)):
             listeners = await nursery.start(functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
             self.ports[mode] = listeners[0].socket.getsockname()[1]
 
@@ -261,7 +287,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, object]]:
         origin_port = await trio.to_thread.run_sync(ready.get, True, 30)
         origin_ca = authority.cert_pem.bytes().decode()
         mediator = Mediator(origin_port, origin_ca, InterceptionCA.generate("bench"), {})
-        ca_for = {"tunnel": origin_ca, "intercepted": mediator.ca.cert_pem}
+        ca_for = {"tunnel": origin_ca, "intercepted": mediator.ca.cert_pem, "terminated": mediator.ca.cert_pem}
         size = args.mib << 20
         plan: list[tuple[str, str, int, int, int, str, Callable[[float, int, int], float], str]] = [
             ("keep-alive GET requests/s, 1 connection", "keepalive", 1, args.n, 0, "req/s",
@@ -292,8 +318,9 @@ async def run(args: argparse.Namespace) -> list[dict[str, object]]:
                         rows.append(_row(f"l7 {mode}: {title}", unit, values[mode], runs=total))
                         rows.append(_row(f"l7 {mode}: mediator CPU ({title.split(' ')[0]})", cpu_unit, per,
                                          runs=total))  # fmt: skip
-                    rows.append(_row(f"l7 intercepted/tunnel ratio: {title}", "ratio",
-                                     values["intercepted"] / values["tunnel"]))  # fmt: skip
+                    for mode in INTERCEPTING:
+                        rows.append(_row(f"l7 {mode}/tunnel ratio: {title}", "ratio",
+                                         values[mode] / values["tunnel"]))  # fmt: skip
                 nursery.cancel_scope.cancel()
     finally:
         origin.kill()
