@@ -133,10 +133,11 @@ class _OwnerIdentity:
     start_time: int
     uid: int
     orphaned: bool
+    loader_env: tuple[str, ...] = ()
 
     @property
     def policy_key(self) -> tuple[object, ...]:
-        return (self.path, self.sha256, self.ancestors, self.cmdline_paths)
+        return (self.path, self.sha256, self.ancestors, self.cmdline_paths, self.loader_env)
 
 
 class IdentityResolver:
@@ -216,6 +217,7 @@ class IdentityResolver:
             owners=len(resolved),
             resolved_in_us=elapsed_ns // 1000,
             orphaned=first.orphaned,
+            loader_env=first.loader_env,
         )
 
     def _recorded(self, agent_end: tuple[str, int], listener_end: tuple[str, int], started: int) -> Identity:
@@ -264,6 +266,11 @@ class IdentityResolver:
         workload = set(self._workload_pids())
         agent = self._agent_pid()
         ancestors, ancestor_pids, orphaned = self._ancestors(pid, workload, agent)
+        invalidate = getattr(self._workload_pids, "invalidate", None)
+        if orphaned and callable(invalidate):  # a cached pid set may predate a parent forked just now
+            invalidate()
+            workload = set(self._workload_pids())
+            ancestors, ancestor_pids, orphaned = self._ancestors(pid, workload, agent)
         cmdline_paths = self._cmdline_paths([pid, *ancestor_pids], {path, *ancestors})
         loader_env = self._loader_env(pid, uid)
         if self._start_time(pid) != start_time:
@@ -451,12 +458,13 @@ class IdentityResolver:
             uid = self._uid(pid)
             ancestors, ancestor_pids, orphaned = self._ancestors(pid, workload, agent)
             cmdline_paths = self._cmdline_paths([pid, *ancestor_pids], {path, *ancestors})
+            loader_env = self._loader_env(pid, uid)
             still_holds = self._readlink(f"{self._proc}/{pid}/fd/{owner.fd_name}") == f"socket:[{inode}]"
             if not still_holds or self._start_time(pid) != start_time or _exited(pidfd):
                 raise IdentityUnresolved(IdentityStage.VANISHED, f"pid {pid} changed during resolution")
         finally:
             os.close(pidfd)
-        return _OwnerIdentity(pid, path, digest, ancestors, cmdline_paths, start_time, uid, orphaned)
+        return _OwnerIdentity(pid, path, digest, ancestors, cmdline_paths, start_time, uid, orphaned, loader_env)
 
     def _open_exe(self, pid: int) -> tuple[int, str]:
         link = f"{self._proc}/{pid}/exe"
