@@ -256,9 +256,16 @@ def _openshell(ctx: BenchContext) -> Contender:
     return OpenShell(ctx)
 
 
+def _openshell_accept_identity(ctx: BenchContext) -> Contender:
+    from bench.openshell import OpenShellAcceptIdentity
+
+    return OpenShellAcceptIdentity(ctx)
+
+
 FACTORIES: dict[str, Callable[[BenchContext], Contender]] = {
     "direct": Direct,
     "openshell": _openshell,
+    "openshell-accept-identity": _openshell_accept_identity,  # opt-in: --contenders ...,openshell-accept-identity
     "tinyproxy": Tinyproxy,
     "squid": Squid,
     "proxy.py": ProxyPy,

@@ -105,6 +105,7 @@ def _cmdline(pid: int) -> list[str]:
 
 class OpenShell(Contender):
     name = "openshell"
+    extra_env: dict[str, str] = {}
 
     def __init__(self, ctx: BenchContext) -> None:
         super().__init__(ctx)
@@ -141,7 +142,7 @@ class OpenShell(Contender):
         # The API socket's path must stay short (a Unix socket path has 107 bytes): a runtime dir of our own.
         self.runtime = Path(tempfile.mkdtemp(prefix="osbr-", dir="/tmp"))
         root = ctx.product or REPO
-        env = {**os.environ, "XDG_RUNTIME_DIR": str(self.runtime),
+        env = {**os.environ, **self.extra_env, "XDG_RUNTIME_DIR": str(self.runtime),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
         self._seen = {}
         with (self.dir / "dev.log").open("wb") as log:
@@ -245,3 +246,11 @@ def _parent(pid: int) -> int | None:
     except OSError:
         return None
     return int(stat[stat.rfind(")") + 2 :].split()[1])
+
+
+class OpenShellAcceptIdentity(OpenShell):
+    """The same product with identity resolved at accept only (no connect-notify filter in the workload): the
+    same-run baseline for what recording identity at ``connect()`` costs (docs/design.md "Identity")."""
+
+    name = "openshell-accept-identity"
+    extra_env = {"OPENSHELL_BENCH_NO_CONNECT_NOTIFY": "1"}
