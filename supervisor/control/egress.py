@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address, ip_address
 from typing import Any
@@ -115,7 +116,9 @@ class EgressService:
         self._live: dict[int, _Live] = {}
         # Addresses this control handed to the agent's DNS stub, mapped back to the name they answer for: a
         # transparent connection to one of them is decided as that name (docs/design.md "DNS and transparent capture").
-        self._issued: dict[str, tuple[str, float]] = {}
+        # Several names may share an address (a CDN): each keeps its own expiry, and a TLS connection to the
+        # address is served as the one its ClientHello names (``_choose_name``).
+        self._issued: dict[str, dict[str, float]] = {}
         self.counters = {"allowed": 0, "denied": 0, "failed": 0, "dns": 0}
         store.subscribe(self._policy_changed)
 
@@ -216,13 +219,46 @@ class EgressService:
             duration_ms=round((trio.current_time() - started) * 1000, 3),
         )  # fmt: skip
 
+    def _issued_names(self, request: EgressRequest) -> list[str]:
+        """The names this control issued ``request.host`` for, still within their TTL, newest first."""
+        if str(request.capture) != "transparent":
+            return []
+        entry = self._issued.get(request.host, {})
+        now = trio.current_time()
+        for name in [n for n, expiry in entry.items() if expiry < now]:
+            del entry[name]
+        return sorted(entry, key=lambda n: entry[n], reverse=True)
+
     def _issued_name(self, request: EgressRequest) -> str | None:
+        """The name a transparent connection is first decided as: the only name issued for its address, or —
+        when several share it — the newest the policy allows (the ClientHello may then choose another)."""
+        names = self._issued_names(request)
+        if len(names) <= 1:
+            return names[0] if names else None
+        snap = self.store.snapshot()
+        identity = _identity(request.identity)
+        for name in names:
+            if snap.decide_l4(L4Request(name, request.port, identity), self.pins).allowed:
+                return name
+        return names[0]
+
+    def _chooser(self, request: EgressRequest, target: dict[str, Any]) -> Callable[[str], Decision | None] | None:
+        """For a transparent capture: the L4 decision for the name a ClientHello asks for, when this control
+        issued that name for the address within its TTL and the policy allows it (``None`` refuses)."""
         if str(request.capture) != "transparent":
             return None
-        entry = self._issued.get(request.host)
-        if entry is None or entry[1] < trio.current_time():
-            return None
-        return entry[0]
+        identity = _identity(request.identity)
+
+        def choose(sni: str) -> Decision | None:
+            if sni not in self._issued_names(request):
+                return None
+            decision = self.store.snapshot().decide_l4(L4Request(sni, request.port, identity), self.pins)
+            if not decision.allowed or decision.tls_skip:
+                return None
+            target["name"], target["decision"] = sni, decision
+            return decision
+
+        return choose
 
     def _needs_credentials(self, host: str, port: int, decision: Decision) -> bool:
         """A connection to where a credential is bound is inspected even without L7 rules, or the agent's
@@ -270,8 +306,10 @@ class EgressService:
 
         resolved: list[str] = [str(early_upstream.socket.getpeername()[0])] if early_upstream is not None else []
 
+        target: dict[str, Any] = {"name": name, "decision": decision}  # a ClientHello may choose another name
+
         async def connect_upstream() -> trio.abc.HalfCloseableStream:
-            upstream, address = await self._dial(request, name, decision)
+            upstream, address = await self._dial(request, target["name"], target["decision"])
             resolved.append(str(address))
             return upstream
 
@@ -294,6 +332,7 @@ class EgressService:
                     log=self.log, event_fields=fields,
                     is_current=self.store.is_current, current=current,
                     raw_fallback=early_upstream is not None, early_upstream=early_upstream,
+                    choose_name=self._chooser(request, target),
                 )  # fmt: skip
             finally:
                 self._live.pop(key, None)
@@ -389,7 +428,7 @@ class EgressService:
         texts = [str(a) for a in addresses if a.version == version]
         expiry = trio.current_time() + DNS_TTL * 4
         for text in texts:
-            self._issued[text] = (name, expiry)
+            self._issued.setdefault(text, {})[name] = expiry
         if texts:
             response.answer.append(dns.rrset.from_text_list(question.name, DNS_TTL, "IN", question.rdtype, texts))
         self.log.emit("dns", name=name, qtype=dns.rdatatype.to_text(question.rdtype), decision="answered",

@@ -169,8 +169,9 @@ for host in ("plain.test", "rest.test"):
           request("", f"{host}:{PLAIN}", target=f"http://{other_plain}/front-abs-plain-{host}"))
     # fronting by SNI: the tunnel says one host, the ClientHello another
     probe(f"{host} sni", lambda: tls(tunnel(host, TLS), "other.test"), request(f"/front-sni-{host}", other_tls))
-    probe(f"{host} sni direct", lambda: tls(direct(host, TLS), "other.test"),
-          request(f"/front-sni-direct-{host}", other_tls))
+    # dialling the address: the SNI may only pick a name this sandbox's DNS issued for it (below), not any name
+    probe(f"{host} sni direct", lambda: tls(direct(host, TLS), "unissued.test"),
+          request(f"/front-sni-direct-{host}", f"unissued.test:{TLS}"))
     # a prefix split over two writes, and a ClientHello that comes late
     probe(f"{host} split plain", lambda: direct(host, PLAIN), request(f"/front-split-{host}", other_plain),
           pieces=2, pause=0.4)
@@ -184,6 +185,14 @@ for host in ("plain.test", "rest.test"):
     # a TLS record with a version byte no TLS has: never relayed raw
     probe(f"{host} 160305", lambda: tunnel(host, TLS),
           b"\x16\x03\x05\x00\x05hello" + request(f"/front-160305-{host}", other_tls))
+
+# two allowed names on one address (a CDN): dialled by address, each gets its own leaf, verified by name
+first = socket.getaddrinfo("plain.test", TLS, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+second = socket.getaddrinfo("other.test", TLS, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+report("same address", same=first == second)
+for name in ("plain.test", "other.test"):
+    probe(f"cdn {name}", lambda: tls(socket.create_connection((first, TLS), timeout=10), name),
+          request(f"/cdn-{name}", f"{name}:{TLS}"))
 
 # tls: skip: the client's own TLS reaches the origin's own certificate
 try:
@@ -316,10 +325,18 @@ def test_fronting_is_refused_everywhere_and_nothing_reaches_an_origin(run: Run) 
         for name in ("sni", "sni direct", "160305"):  # the handshake never completes
             assert p[f"{host} {name}"]["status"] is None, (name, p[f"{host} {name}"], explain)
     assert not [path for path in paths if "front-" in path], f"fronted requests reached an origin: {paths}"
-    assert not [r for r in seen if (r["host"] or "").startswith("other.test")], seen
+    assert not [r for r in seen if (r["host"] or "").startswith("other.test") and not r["path"].startswith("/cdn-")]
     mismatches = [e for e in events if e.get("event") in ("http", "http.tunnel")
                   and ("request_authority_mismatch" in json.dumps(e) or "request-authority-mismatch" in json.dumps(e))]
     assert mismatches, "each refusal is an event"
+
+
+def test_two_names_on_one_address_each_get_their_own_leaf(run: Run) -> None:
+    p = run.probes
+    assert p["same address"]["same"], p
+    for name in ("plain.test", "other.test"):  # each verified against its own name (hostname checking on)
+        assert p[f"cdn {name}"]["status"] == 200, (name, p[f"cdn {name}"], run.result.stderr[-3000:])
+        assert [r["host"] for r in run.seen if r["path"] == f"/cdn-{name}"] == [f"{name}:{TLS_PORT}"]
 
 
 def test_tls_skip_relays_the_clients_own_tls(run: Run) -> None:
