@@ -296,3 +296,21 @@ def test_the_filter_denies_what_it_must_without_a_boundary() -> None:
     out = subprocess.run([sys.executable, "-c", installer], capture_output=True,
                          timeout=30, cwd=Path(__file__).parents[2])  # fmt: skip
     assert out.stdout.decode().strip() == errno.errorcode[errno.EOPNOTSUPP], out.stderr.decode()
+
+
+def test_sock_diag_reports_the_connecting_sockets_cookie() -> None:
+    """What ties an accepted connection to its record: sock_diag's cookie is the client's SO_COOKIE."""
+    from supervisor.boundary.capture._sockdiag import SockDiag
+
+    with socket.socket() as server, socket.socket() as client:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        client.connect(server.getsockname())
+        diag = SockDiag.open()
+        try:
+            found = diag.lookup(client.getsockname(), server.getsockname())
+        finally:
+            diag.close()
+        cookie = int.from_bytes(client.getsockopt(socket.SOL_SOCKET, connect_notify.SO_COOKIE, 8), "little")
+        assert found is not None and found.cookie == cookie != 0
+        assert found.inode == os.fstat(client.fileno()).st_ino

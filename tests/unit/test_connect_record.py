@@ -1,0 +1,49 @@
+"""The connect-time record store and exec log (pure; issue 16)."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog
+
+
+def test_a_record_is_taken_once_and_only_with_its_cookie() -> None:
+    records = ConnectRecords()
+    assert records.put(10, 111, "python")
+    assert records.take(10, 222) is None  # another socket that reused the inode
+    assert records.take(10, 111) == "python"
+    assert records.take(10, 111) is None  # consumed
+    assert records.put(11, 5, "curl")
+    assert records.take(11, None) == "curl"  # no cookie at accept: the inode decides
+
+
+def test_the_first_record_of_a_socket_wins() -> None:
+    records = ConnectRecords()
+    assert records.put(10, 111, "python")
+    assert not records.put(10, 111, "curl")
+    assert records.take(10, 111) == "python"
+    assert records.put(10, 111, "curl")  # once taken, the inode is free again
+
+
+def test_records_expire_and_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr("supervisor.boundary.capture.connect_record.time.monotonic", lambda: now[0])
+    records = ConnectRecords(ttl=10, limit=3)
+    records.put(1, 1, "a")
+    now[0] += 11
+    records.put(2, 2, "b")
+    assert records.take(1, 1) is None and len(records) == 1
+    for inode in (3, 4, 5):
+        records.put(inode, inode, str(inode))
+    assert len(records) == 3 and records.take(2, 2) is None  # the oldest went first
+
+
+def test_the_exec_log_keeps_the_image_at_creation() -> None:
+    log = ExecLog(limit=2)
+    log.note_child(7, 100, "/usr/bin/python3.11")
+    log.note_child(7, 100, "/usr/bin/dash")  # the parent's second exec: the child was made before the first
+    assert log.parent_exe(7, 100) == "/usr/bin/python3.11"
+    assert log.parent_exe(7, 101) is None  # a recycled pid is another process
+    log.note_child(8, 1, "a")
+    log.note_child(9, 1, "b")
+    assert log.parent_exe(7, 100) is None and len(log) == 2
