@@ -1,6 +1,6 @@
 """Identity fixed at ``connect()`` (issue 16), attacked from the agent's side with the real launcher.
 
-The test is the boundary: it prepares the launcher (models R and U, as root), gives it the connect-notify
+The test is the boundary: it prepares the launcher (models R, U and P, as root), gives it the connect-notify
 hand-off socket, opens a listener inside the agent's network namespace and, for every connection accepted,
 resolves the identity the way the boundary does (by the record the notification left) and answers it back to
 the agent as an HTTP/1.0 body. The agent then runs one attack from tests/integration/connect_attacks.py and
@@ -149,7 +149,7 @@ async def _read(fd: int | None) -> bytes:
     return bytes(out)
 
 
-MODELS = pytest.mark.parametrize("model", ["R", "U"])
+MODELS = pytest.mark.parametrize("model", ["R", "U", "P"])  # P: no namespaces of ours, as root (docs/design.md)
 
 
 @MODELS
