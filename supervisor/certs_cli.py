@@ -12,8 +12,8 @@ import re
 import sys
 from pathlib import Path
 
-from .protocol.certs import DEFAULT_VALIDITY, VALIDITY_SUBJECTS, BundleError, issue_bundle
-from .protocol.claims import CLAIM_FIELDS, Claims, ClaimsError
+from .protocol.certs import DEFAULT_VALIDITY, VALIDITY_SUBJECTS, BundleError, issue_bundle, issue_operator
+from .protocol.claims import CLAIM_FIELDS, Claims, ClaimsError, Role
 
 __all__ = ["add_certs_parser", "parse_bound", "parse_validity", "resolve_bounds", "run_certs"]
 
@@ -28,6 +28,14 @@ Mint the bootstrap material of one sandbox: a fresh per-sandbox CA, a control le
 
   OUT/control/   ca.pem cert.pem key.pem claims.json   (mount into the control pod only)
   OUT/boundary/  ca.pem cert.pem key.pem claims.json   (mount into the workload pod only)
+
+With --operator, also
+
+  OUT/operator/  ca.pem cert.pem key.pem claims.json   (for a person or tool: control's TCP API, --api-listen)
+
+The operator certificate is accepted only by control's operator API over TCP (--api-listen), never on a link.
+Without --operator the bundle is exactly the two directories above; a later operator certificate needs the CA
+key (--ca-key-out now, then `certs operator`).
 
 key.pem is mode 0600 and the directories 0700. The CA key is discarded unless --ca-key-out is given: nothing
 at runtime needs it, and renewal is a new pod. An existing non-empty OUT/control or OUT/boundary is never
@@ -79,7 +87,8 @@ When = datetime.datetime | datetime.timedelta  # an absolute time, or an offset 
 
 
 def parse_bound(text: str) -> tuple[tuple[str, ...], When]:
-    """``[ROLE=]TIME`` for ``--not-before``/``--not-after``: ROLE is ca, control or boundary (none: all three);
+    """``[ROLE=]TIME`` for ``--not-before``/``--not-after``: ROLE is ca, control, boundary or operator (none: every
+    certificate issued);
     TIME is ``now``, an offset from now (``+90s``, ``-5m``, ``+2h``, ``-1d``) or an RFC 3339 UTC time
     (``2026-12-01T15:00:00Z``)."""
     role, sep, when = text.partition("=")
@@ -167,7 +176,7 @@ def add_certs_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         action="append",
         type=parse_bound,
         metavar="[ROLE=]TIME",
-        help="start of validity, exactly, for one certificate (ROLE: ca, control or boundary; none: all three); "
+        help="start of validity, exactly, for one certificate (ROLE: ca, control, boundary or operator; none: every one issued); "
         "TIME: now, an offset like -5m or +30s, or a UTC time like 2026-12-01T15:00:00Z. Repeatable. For testing "
         "clock skew: a not-yet-valid leaf is refused by its peer until then",
     )
@@ -183,8 +192,39 @@ def add_certs_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "--ca-key-out",
         type=Path,
         metavar="PATH",
-        help="also write the CA private key here (0600; refuses to overwrite). Keep it out of every pod",
+        help="also write the CA private key here (0600; refuses to overwrite). Keep it out of every pod; "
+        "`certs operator` needs it to mint a later operator certificate",
     )
+    issue.add_argument(
+        "--operator",
+        action="store_true",
+        help="also write OUT/operator: a certificate for control's TCP operator API (--api-listen), bound to the "
+        "same claims; refused on both link ports",
+    )
+    operator = actions.add_parser(
+        "operator",
+        help="mint a later operator certificate with a kept CA key",
+        description="Mint an operator certificate for an issued sandbox: the CA certificate and claims are read "
+        "from one of its role directories (--bundle, e.g. OUT/control), the CA key from --ca-key (kept by "
+        "`certs issue --ca-key-out`). Writes ca.pem cert.pem key.pem claims.json into --out (created 0700).",
+    )
+    operator.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory (new or empty)")
+    operator.add_argument("--bundle", required=True, type=Path, metavar="DIR", help="an issued role directory")
+    operator.add_argument("--ca-key", required=True, type=Path, metavar="PATH", help="the sandbox CA's key (0600)")
+    operator.add_argument(
+        "--validity", type=parse_validity, default=DEFAULT_VALIDITY, metavar="DURATION", help="lifetime (default 30d)"
+    )
+    operator.add_argument("--not-before", type=_operator_bound, metavar="TIME", help="start of validity, exactly")
+    operator.add_argument(
+        "--not-after", type=_operator_bound, metavar="TIME", help="end of validity, exactly (e.g. -1m: expired)"
+    )
+
+
+def _operator_bound(text: str) -> When:
+    subjects, when = parse_bound(text if "=" in text else f"operator={text}")
+    if subjects != ("operator",):
+        raise argparse.ArgumentTypeError(f"{text!r}: only the operator certificate is minted here")
+    return when
 
 
 def _claims_from_args(args: argparse.Namespace) -> Claims:
@@ -193,6 +233,8 @@ def _claims_from_args(args: argparse.Namespace) -> Claims:
 
 def run_certs(args: argparse.Namespace) -> int:
     """Run a parsed ``certs`` command; returns the process exit code."""
+    if getattr(args, "certs_command", None) == "operator":
+        return _run_operator(args)
     if getattr(args, "certs_command", None) != "issue":
         print(f"certs: unknown command {getattr(args, 'certs_command', None)!r}", file=sys.stderr)
         return EXIT_USAGE
@@ -204,12 +246,20 @@ def run_certs(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     validity: datetime.timedelta = args.validity
     now = datetime.datetime.now(datetime.UTC)
+    named = [subjects for subjects, _ in (args.not_before or []) + (args.not_after or []) if len(subjects) == 1]
+    if not args.operator and ("operator",) in named:
+        print("certs issue: --not-before/--not-after: operator=...: no operator certificate without --operator",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
     not_before = resolve_bounds(args.not_before, now)
     not_after = resolve_bounds(args.not_after, now)
+    if not args.operator:
+        not_before.pop("operator", None)
+        not_after.pop("operator", None)
     try:
         issue_bundle(
             args.out, claims, validity=validity, ca_key_out=args.ca_key_out, now=now,
-            not_before=not_before, not_after=not_after,
+            not_before=not_before, not_after=not_after, operator=args.operator,
         )  # fmt: skip
     except ValueError as exc:  # an empty validity window: nothing was written
         print(f"certs issue: --not-before/--not-after: {exc}", file=sys.stderr)
@@ -222,9 +272,35 @@ def run_certs(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     until = not_after.get("control", now + validity).strftime("%Y-%m-%dT%H:%M:%SZ")
     ca_key = f"CA key in {args.ca_key_out}" if args.ca_key_out else "CA key discarded"
+    wrote = f"{args.out / 'control'}, {args.out / 'boundary'} and {args.out / 'operator'}" if args.operator else (
+        f"{args.out / 'control'} and {args.out / 'boundary'}"
+    )
     print(
-        f"certs issue: wrote {args.out / 'control'} and {args.out / 'boundary'} for "
+        f"certs issue: wrote {wrote} for "
         f"{claims.namespace}/{claims.sandbox} generation {claims.generation}, valid until {until}, {ca_key}",
         file=sys.stderr,
     )
+    return EXIT_OK
+
+
+def _run_operator(args: argparse.Namespace) -> int:
+    now = datetime.datetime.now(datetime.UTC)
+
+    def moment(when: When | None) -> datetime.datetime | None:
+        if when is None:
+            return None
+        return now + when if isinstance(when, datetime.timedelta) else when
+
+    try:
+        issue_operator(
+            args.out, args.bundle, args.ca_key, validity=args.validity, now=now,
+            not_before=moment(args.not_before), not_after=moment(args.not_after),
+        )  # fmt: skip
+    except ValueError as exc:
+        print(f"certs operator: --not-before/--not-after: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except BundleError as exc:
+        print(f"certs operator: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"certs operator: wrote {args.out} ({Role.OPERATOR} certificate for control's TCP API)", file=sys.stderr)
     return EXIT_OK

@@ -8,7 +8,8 @@ Rules this module enforces:
 2. Each leaf (ECDSA P-256, digitalSignature, EKU serverAuth + clientAuth) carries the sandbox's claims and
    its role in a non-critical extension under ``CLAIMS_OID``: a DER UTF8String holding the canonical JSON of
    ``encode_claims``. A SPIFFE-style URI SAN repeats the identity for humans and tools.
-3. ``issue_bundle`` writes ``<out>/control/`` and ``<out>/boundary/``, each holding ``ca.pem``,
+3. ``issue_bundle`` writes ``<out>/control/`` and ``<out>/boundary/`` (and ``<out>/operator/`` only when asked:
+   a bundle without the operator role is unchanged), each holding ``ca.pem``,
    ``cert.pem``, ``key.pem`` (0600) and ``claims.json``, in 0700 directories. It never overwrites a
    non-empty role directory, and builds everything in a temporary directory first so that a failure leaves
    nothing half-written.
@@ -39,6 +40,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from .claims import (
     CLAIMS_OID,
+    LINK_ROLES,
     Claims,
     ClaimsError,
     Role,
@@ -59,6 +61,7 @@ __all__ = [
     "BundleError",
     "CertificateAuthority",
     "issue_bundle",
+    "issue_operator",
     "load_bundle",
     "make_ca",
     "make_leaf",
@@ -69,7 +72,8 @@ __all__ = [
 
 DEFAULT_VALIDITY = datetime.timedelta(days=30)
 NOT_BEFORE_SKEW = datetime.timedelta(minutes=5)  # tolerate clocks a little behind the issuer's
-VALIDITY_SUBJECTS = ("ca", "control", "boundary")  # the certificates a bundle holds, by the names the CLI uses
+# The certificates a bundle can hold, by the names the CLI uses (operator only with issue_bundle(operator=True)).
+VALIDITY_SUBJECTS = ("ca", "control", "boundary", "operator")
 CA_FILE, CERT_FILE, KEY_FILE, CLAIMS_FILE = "ca.pem", "cert.pem", "key.pem", "claims.json"
 BUNDLE_FILES: tuple[str, ...] = (CA_FILE, CERT_FILE, KEY_FILE, CLAIMS_FILE)
 # Optional fifth file, written by `k8s render`: "sha256:<hex>" of the policy the sandbox was rendered with, so
@@ -337,27 +341,31 @@ def issue_bundle(
     now: datetime.datetime | None = None,
     not_before: Mapping[str, datetime.datetime] | None = None,
     not_after: Mapping[str, datetime.datetime] | None = None,
+    operator: bool = False,
 ) -> None:
-    """Mint a per-sandbox CA and both leaves; write ``out_dir/control`` and ``out_dir/boundary``.
+    """Mint a per-sandbox CA and both leaves; write ``out_dir/control`` and ``out_dir/boundary`` (and
+    ``out_dir/operator`` with ``operator``: a certificate for control's TCP operator API).
 
     ``now`` is the issuing clock (tests pass one). ``not_before`` / ``not_after`` set one certificate's bound
-    exactly, keyed by ``ca``, ``control`` or ``boundary`` (``certs issue --not-before ROLE=TIME``); every
-    bound not given is the default window around ``now``. Nothing is written when a window is empty.
+    exactly, keyed by ``ca``, ``control``, ``boundary`` or ``operator`` (``certs issue --not-before ROLE=TIME``);
+    every bound not given is the default window around ``now``. Nothing is written when a window is empty.
     """
+    subjects = VALIDITY_SUBJECTS if operator else tuple(n for n in VALIDITY_SUBJECTS if n != str(Role.OPERATOR))
+    unknown = sorted({*(not_before or {}), *(not_after or {})} - set(subjects))
+    if unknown:
+        raise ValueError(f"no certificate named {unknown[0]!r} is issued (one of {', '.join(subjects)})")
     windows: dict[str, tuple[datetime.datetime, datetime.datetime]] = {}
-    for name in VALIDITY_SUBJECTS:
+    for name in subjects:
         first = (not_before or {}).get(name)
         last = (not_after or {}).get(name)
         windows[name] = _window(now, validity, first, last)
-    unknown = sorted({*(not_before or {}), *(not_after or {})} - set(VALIDITY_SUBJECTS))
-    if unknown:
-        raise ValueError(f"no certificate named {unknown[0]!r} (one of {', '.join(VALIDITY_SUBJECTS)})")
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         raise BundleError(f"{out_dir}: cannot create the output directory: {exc.strerror or exc}") from None
-    targets = {role: out_dir / str(role) for role in Role}
+    roles = (*LINK_ROLES, Role.OPERATOR) if operator else LINK_ROLES
+    targets = {role: out_dir / str(role) for role in roles}
     for target in targets.values():
         _refuse_existing(target)
     if ca_key_out is not None:
@@ -398,6 +406,48 @@ def issue_bundle(
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def issue_operator(
+    out_dir: Path,
+    bundle_dir: Path,
+    ca_key_path: Path,
+    *,
+    validity: datetime.timedelta = DEFAULT_VALIDITY,
+    now: datetime.datetime | None = None,
+    not_before: datetime.datetime | None = None,
+    not_after: datetime.datetime | None = None,
+) -> None:
+    """A later operator certificate: the CA certificate and claims from an issued role directory
+    (``bundle_dir``, e.g. ``OUT/control``), signed with the CA key kept by ``certs issue --ca-key-out``;
+    written to ``out_dir`` (must not exist or be empty). ``BundleError`` names the file at fault."""
+    bundle_dir, ca_key_path, out_dir = Path(bundle_dir), Path(ca_key_path), Path(out_dir)
+    ca_cert = _load_cert(bundle_dir / CA_FILE)
+    try:
+        claims = parse_claims_json(_read(bundle_dir / CLAIMS_FILE))
+    except ClaimsError as exc:
+        raise BundleError(f"{bundle_dir / CLAIMS_FILE}: {exc}") from None
+    try:
+        key = serialization.load_pem_private_key(_read_private_key(ca_key_path), password=None)
+    except (ValueError, TypeError) as exc:
+        raise BundleError(f"{ca_key_path}: not an unencrypted PEM private key: {exc}") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise BundleError(f"{ca_key_path}: not an ECDSA key")
+    pub = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    if key.public_key().public_bytes(*pub) != ca_cert.public_key().public_bytes(*pub):
+        raise BundleError(f"{ca_key_path}: is not the key of the CA in {bundle_dir / CA_FILE}")
+    _refuse_existing(out_dir)
+    leaf_key, cert = make_leaf(
+        CertificateAuthority(key=key, certificate=ca_cert), claims, Role.OPERATOR,
+        validity=validity, now=now, not_before=not_before, not_after=not_after,
+    )  # fmt: skip
+    if out_dir.is_dir():
+        out_dir.rmdir()  # empty (checked above): write_role_dir creates it 0700 itself
+    try:
+        write_role_dir(out_dir, ca_cert, leaf_key, cert, claims)
+    except OSError as exc:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        raise BundleError(f"{exc.filename or out_dir}: cannot write the operator bundle: {exc.strerror or exc}") from None
 
 
 def _place_ca_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:

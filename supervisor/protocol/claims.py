@@ -30,6 +30,7 @@ from cryptography import x509
 __all__ = [
     "CLAIMS_OID",
     "CLAIM_FIELDS",
+    "LINK_ROLES",
     "MAX_CLAIM_LENGTH",
     "ClaimMismatch",
     "Claims",
@@ -67,11 +68,22 @@ _ROLE_KEY = "role"
 
 
 class Role(enum.StrEnum):
+    """Who a certificate speaks for. ``control`` and ``boundary`` are the two ends of the links; ``operator`` is
+    a person or tool outside the pod, accepted only by control's TCP operator API (docs/design.md "Remote
+    operators") and refused on every link, since a link expects exactly ``other()`` of its own role."""
+
     CONTROL = "control"
     BOUNDARY = "boundary"
+    OPERATOR = "operator"
 
     def other(self) -> Role:
+        """The link peer's role; an operator has no link peer (``ValueError``)."""
+        if self is Role.OPERATOR:
+            raise ValueError("the operator role has no link peer")
         return Role.BOUNDARY if self is Role.CONTROL else Role.CONTROL
+
+
+LINK_ROLES: tuple[Role, ...] = (Role.CONTROL, Role.BOUNDARY)  # the roles of every bootstrap bundle
 
 
 class ClaimsError(ValueError):
@@ -218,7 +230,7 @@ def decode_claims(data: bytes) -> tuple[Claims, Role]:
     try:
         role = Role(raw_role)
     except ValueError:
-        raise ClaimsError(f"claim 'role' is {raw_role!r:.80}, not control or boundary", field=_ROLE_KEY) from None
+        raise ClaimsError(f"claim 'role' is {raw_role!r:.80}, not control, boundary or operator", field=_ROLE_KEY) from None
     return Claims.from_dict(obj), role
 
 

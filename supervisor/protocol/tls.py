@@ -34,6 +34,7 @@ from .claims import ClaimMismatch, Claims, ClaimsError, Role, verify_claims
 from .errors import ErrorKind, OpError
 
 __all__ = [
+    "ALPN_API",
     "ALPN_EGRESS",
     "ALPN_OPS",
     "PeerRejected",
@@ -45,6 +46,7 @@ __all__ = [
 
 ALPN_OPS = "openshell-ops/1"
 ALPN_EGRESS = "openshell-egress/1"
+ALPN_API = "http/1.1"  # control's TCP operator API: HTTP/1.1 (h11) inside the TLS
 
 FIELD_TLS = "tls"
 FIELD_ALPN = "alpn"
@@ -160,8 +162,12 @@ def verify_peer(
     bundle: Bundle,
     *,
     expected_alpn: str | None = None,
+    expected_role: Role | None = None,
 ) -> Claims:
-    """Check a completed handshake against ``bundle``; return the peer's claims or raise ``PeerRejected``."""
+    """Check a completed handshake against ``bundle``; return the peer's claims or raise ``PeerRejected``.
+
+    The peer must hold ``expected_role``, by default the link peer of the bundle's role (``Role.other``): a link
+    never accepts an operator certificate, and control's TCP API asks for ``Role.OPERATOR`` explicitly."""
     version = ssl_object.version()
     if version != "TLSv1.3":
         raise PeerRejected(FIELD_TLS, f"negotiated {version or 'no TLS version'}, TLSv1.3 required")
@@ -175,7 +181,8 @@ def verify_peer(
         raise PeerRejected(FIELD_CERTIFICATE, "peer presented no certificate")
     claims, role, not_before, not_after = _checked_peer(_ca_certificate(bundle), bytes(der))
     _check_dates(not_before, not_after)
-    expected_role = bundle.role.other()
+    if expected_role is None:
+        expected_role = bundle.role.other()
     try:
         verify_claims(claims, role, bundle.claims, expected_role)
     except ClaimMismatch as exc:

@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from supervisor.protocol.certs import Bundle, make_ca
+from supervisor.protocol.certs import Bundle, issue_bundle, load_bundle, make_ca
 from supervisor.protocol.claims import CLAIM_FIELDS, Claims, Role
 from supervisor.protocol.tls import (
+    ALPN_API,
     ALPN_EGRESS,
     ALPN_OPS,
     PeerRejected,
@@ -412,3 +413,69 @@ async def test_non_tls_traffic_fails_the_handshake_cleanly(pair: tuple[Bundle, B
     assert server.claims is None and not server.linked
     # Whatever came back is a TLS alert record at most; never an HTTP answer or application data.
     assert not reply or reply[0] == 0x15, bytes(reply[:40])
+
+
+# --- the operator role (issue 18): accepted by control's TCP API only, never on a link -----------------------
+
+
+@pytest.mark.parametrize("alpn", [ALPN_OPS, ALPN_EGRESS])
+async def test_operator_cert_refused_on_the_boundarys_link_port(tmp_path: Path, alpn: str) -> None:
+    """A leaked operator certificate of this very sandbox dials the boundary as if it were control."""
+    issue_bundle(tmp_path / "b", SAMPLE_CLAIMS, operator=True)
+    boundary = load_bundle(tmp_path / "b" / "boundary", Role.BOUNDARY)
+    operator = load_bundle(tmp_path / "b" / "operator", Role.OPERATOR)
+    dialler = Bundle(Role.CONTROL, operator.directory, operator.ca_path, operator.cert_path, operator.key_path,
+                     operator.claims)  # fmt: skip
+    s, c = await connect_pair(boundary, dialler, client_alpn=[alpn], server_expects=alpn, client_expects=alpn)
+    assert_rejected(s, "role")
+    assert "expected 'control', got 'operator'" in str(s.error)
+    assert not c.linked
+
+
+async def test_operator_cert_refused_where_control_dials(tmp_path: Path) -> None:
+    """Something listening with an operator key where the boundary should be: control refuses it."""
+    issue_bundle(tmp_path / "b", SAMPLE_CLAIMS, operator=True)
+    control = load_bundle(tmp_path / "b" / "control", Role.CONTROL)
+    operator = load_bundle(tmp_path / "b" / "operator", Role.OPERATOR)
+    listener = Bundle(Role.BOUNDARY, operator.directory, operator.ca_path, operator.cert_path, operator.key_path,
+                      operator.claims)  # fmt: skip
+    s, c = await connect_pair(listener, control)
+    assert_rejected(c, "role")
+    assert not s.linked
+
+
+async def test_operator_cert_accepted_only_when_asked_for(tmp_path: Path) -> None:
+    """control's API asks for the operator role explicitly; the default (a link's) would refuse it."""
+    issue_bundle(tmp_path / "b", SAMPLE_CLAIMS, operator=True)
+    control = load_bundle(tmp_path / "b" / "control", Role.CONTROL)
+    operator = load_bundle(tmp_path / "b" / "operator", Role.OPERATOR)
+    server_ctx = server_context(control, [ALPN_API])
+    client_ctx = client_context(operator, [ALPN_API])
+    seen: list[Claims] = []
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+
+    async def serve() -> None:
+        tls = trio.SSLStream(await listeners[0].accept(), server_ctx, server_side=True)
+        await tls.do_handshake()
+        with pytest.raises(PeerRejected, match="role"):
+            verify_peer(tls, control, expected_alpn=ALPN_API)
+        seen.append(verify_peer(tls, control, expected_alpn=ALPN_API, expected_role=Role.OPERATOR))
+        await trio.aclose_forcefully(tls)
+
+    async def dial() -> None:
+        tls = trio.SSLStream(await trio.open_tcp_stream("127.0.0.1", port), client_ctx)
+        await tls.do_handshake()
+        seen.append(verify_peer(tls, operator, expected_alpn=ALPN_API, expected_role=Role.CONTROL))
+        try:
+            data = await tls.receive_some(1)
+        except trio.BrokenResourceError:
+            data = b""
+        assert data == b""
+
+    with trio.fail_after(DEADLINE):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve)
+            nursery.start_soon(dial)
+    await listeners[0].aclose()
+    assert seen == [SAMPLE_CLAIMS, SAMPLE_CLAIMS]

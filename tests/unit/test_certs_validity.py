@@ -30,9 +30,10 @@ def _dates(path: Path) -> tuple[datetime.datetime, datetime.datetime]:
         ("control=+30s", ("control",), datetime.timedelta(seconds=30)),
         ("boundary=-5m", ("boundary",), -datetime.timedelta(minutes=5)),
         ("ca=now", ("ca",), datetime.timedelta(0)),
-        ("+2h", ("ca", "control", "boundary"), datetime.timedelta(hours=2)),
+        ("+2h", ("ca", "control", "boundary", "operator"), datetime.timedelta(hours=2)),
+        ("operator=-1m", ("operator",), -datetime.timedelta(minutes=1)),
         ("control=2026-12-01T15:00:00Z", ("control",), datetime.datetime(2026, 12, 1, 15, tzinfo=datetime.UTC)),
-        ("2026-12-01T15:00:00+00:00", ("ca", "control", "boundary"),
+        ("2026-12-01T15:00:00+00:00", ("ca", "control", "boundary", "operator"),
          datetime.datetime(2026, 12, 1, 15, tzinfo=datetime.UTC)),
     ],
 )  # fmt: skip
@@ -41,7 +42,7 @@ def test_bounds_parse(text: str, subjects: tuple[str, ...], when: object) -> Non
 
 
 @pytest.mark.parametrize(
-    "text", ["operator=+1s", "control=", "control=tomorrow", "control=2026-12-01T15:00:00+02:00", "+1w", "5m"]
+    "text", ["admin=+1s", "control=", "control=tomorrow", "control=2026-12-01T15:00:00+02:00", "+1w", "5m"]
 )
 def test_bad_bounds_are_usage_errors(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
@@ -54,6 +55,7 @@ def test_later_flag_wins_and_offsets_are_from_now() -> None:
         "ca": NOW + datetime.timedelta(hours=1),
         "control": NOW - datetime.timedelta(minutes=1),
         "boundary": NOW + datetime.timedelta(hours=1),
+        "operator": NOW + datetime.timedelta(hours=1),
     }
 
 

@@ -46,7 +46,9 @@ def raw(d: dict[str, Any]) -> bytes:
 def test_role_other() -> None:
     assert Role.CONTROL.other() is Role.BOUNDARY
     assert Role.BOUNDARY.other() is Role.CONTROL
-    assert [str(r) for r in Role] == ["control", "boundary"]
+    assert [str(r) for r in Role] == ["control", "boundary", "operator"]
+    with pytest.raises(ValueError, match="no link peer"):
+        Role.OPERATOR.other()
 
 
 def test_oid_is_under_the_private_enterprise_arc() -> None:
