@@ -15,6 +15,7 @@ import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import h11
@@ -66,6 +67,8 @@ network_policies:
         protocol: websocket
         enforcement: enforce
         access: read-write
+      - host: open.test
+        port: 443
       - host: plain.test
         port: 80
         protocol: rest
@@ -305,7 +308,7 @@ class Env:
 async def env(nursery: trio.Nursery) -> Env:
     authority = trustme.CA()
     server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    authority.issue_cert("api.test", "other.test", "audit.test", "ws.test", "chat.test").configure_cert(server_ctx)
+    authority.issue_cert("api.test", "other.test", "audit.test", "ws.test", "chat.test", "open.test").configure_cert(server_ctx)
     tls_origin, plain_origin = Origin(server_ctx), Origin(None)
     await tls_origin.start(nursery)
     await plain_origin.start(nursery)
@@ -370,10 +373,20 @@ async def test_non_canonical_paths_are_judged_canonical_and_sent_canonical(env: 
     assert [r.json()["target"] for r in replies] == ["/secret/x", "/b"]
 
 
-async def test_path_climbing_above_the_root_is_denied(env: Env) -> None:
+async def test_path_climbing_above_the_root_is_refused_as_an_invalid_target(env: Env) -> None:
+    """Not a rule to ask for (§3.17): 400 invalid_request_target, never a 403 naming a rule."""
     replies, _ = await env.run(tls_calls(env, [("GET", "/a/../../etc", {}, None)]))
-    assert replies[0].status == 403 and replies[0].json()["reason"] == "path-not-canonical"
+    assert replies[0].status == 400 and replies[0].json()["error"] == "invalid_request_target"
+    assert "rule_missing" not in replies[0].json()
     assert env.tls_origin.requests == []
+    assert env.events()[-1]["reason"] == "path-not-canonical"
+
+
+async def test_an_encoded_slash_where_the_endpoint_does_not_allow_it_is_an_invalid_target(env: Env) -> None:
+    replies, _ = await env.run(tls_calls(env, [("GET", "/a%2Fb", {}, None)]))
+    assert replies[0].status == 400 and replies[0].json()["error"] == "invalid_request_target"
+    assert env.tls_origin.requests == []
+    assert env.events()[-1]["reason"] in ("encoded-slash", "path-not-canonical")
 
 
 async def test_streamed_upload_and_download(env: Env) -> None:
@@ -447,6 +460,7 @@ async def test_unbound_credential_and_unknown_placeholders_never_resolve(env: En
     unbound = [("GET", "/", {"Authorization": "Bearer openshell:resolve:env:UNBOUND"}, None)]
     replies, _ = await env.run(tls_calls(env, unbound))
     assert replies[0].status == 403 and replies[0].json()["error"] == "credential_endpoint_mismatch"
+    assert "bound to no endpoint" in replies[0].json()["detail"], replies[0].json()  # not "to other endpoints"
     mangled = [("GET", "/", {"Authorization": "Bearer OPENSHELL:RESOLVE:ENV:GITHUB_TOKEN"}, None)]
     replies, _ = await env.run(tls_calls(env, mangled))
     assert replies[0].status == 500
@@ -614,6 +628,26 @@ async def test_websocket_text_denied_closes_with_1008_and_never_reaches_the_orig
     assert (event["method"], event["decision"], event["status"]) == ("WEBSOCKET_TEXT", "deny", 1008)
 
 
+async def test_websocket_upgrade_on_a_rest_endpoint_is_refused_and_nothing_goes_upstream(env: Env) -> None:
+    """A GET rule must not become a raw channel: after a 101 nothing would be judged (docs/design.md)."""
+    (head, received), stats = await env.run(ws_client(env, "api.test", [ws_frame(0x1, b"DELETE everything")]))
+    assert head.startswith(b"HTTP/1.1 403 ") and b"unsupported_l7_protocol" in received, (head, received)
+    assert env.tls_origin.requests == [] and not env.tls_origin.upgraded and not stats.upgraded
+    assert env.events()[-1]["reason"] == "websocket-upgrade-not-allowed"
+
+
+async def test_wss_to_a_plain_endpoint_is_bound_then_relayed(env: Env) -> None:
+    """An endpoint without L7 rules: the handshake is authority-bound like any request, then raw after 101."""
+    frames = [ws_frame(0x1, b"hello"), ws_frame(0x2, b"\x00\x01")]
+    (head, _), stats = await env.run(ws_client(env, "open.test", frames), host="open.test")
+    assert head.startswith(b"HTTP/1.1 101 ") and stats.upgraded
+    assert bytes(env.tls_origin.upgraded) == b"".join(frames)
+    fronted, _ = await env.run(lambda port: raw_exchange(agent_socket(port, env.ca.cert_pem, "open.test"),
+                                                         ws_upgrade("other.test")), host="open.test")  # fmt: skip
+    assert fronted.startswith(b"HTTP/1.1 403 ") and b"request_authority_mismatch" in fronted, fronted
+    assert [r.headers["host"] for r in env.tls_origin.requests] == ["open.test"]
+
+
 async def test_websocket_endpoint_requires_an_upgrade(env: Env) -> None:
     replies, _ = await env.run(tls_calls(env, [("GET", "/plain", {}, None)], "ws.test"), host="ws.test")
     assert replies[0].status == 403 and "WebSocket upgrade" in replies[0].json()["detail"]
@@ -709,3 +743,46 @@ async def test_idle_agent_is_closed(env: Env) -> None:
 
     reply, stats = await env.run(client, idle_timeout=0.3)
     assert reply == b"" and stats.closed_by == "idle-timeout" and stats.requests == 0
+
+
+# --- the catalogue, as the agent reads it (§3.17) -------------------------------------------------------------------
+
+DOCS_POLICY = Path(__file__).resolve().parents[2] / "docs" / "policy.md"
+
+
+async def _refusal_bodies(env: Env) -> dict[str, bytes]:
+    """Every refusal an agent can read inside a tunnel, produced for real (each body as it crossed the wire)."""
+    bodies: dict[str, bytes] = {}
+    bearer = {"Authorization": f"Bearer {OTHER_PLACEHOLDER}"}
+    cases: list[tuple[str, list[tuple[str, str, dict[str, str], bytes | None]]]] = [
+        ("l7 deny", [("POST", "/write", {}, b"x")]),
+        ("authority mismatch", [("GET", "/", {"Host": "other.test"}, None)]),
+        ("non-canonical target", [("GET", "/a/../../etc", {}, None)]),
+        ("credential bound elsewhere", [("GET", "/", bearer, None)]),
+        ("credential bound nowhere", [("GET", "/", {"Authorization": "Bearer openshell:resolve:env:UNBOUND"}, None)]),
+        ("unknown placeholder", [("GET", "/", {"Authorization": "Bearer openshell:resolve:env:NOPE"}, None)]),
+        ("websocket upgrade without a rule", [("GET", "/upgrade", {"Connection": "Upgrade", "Upgrade": "websocket",
+                                                                 "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+                                                                 "Sec-WebSocket-Version": "13"}, None)]),
+    ]  # fmt: skip
+    for name, calls in cases:
+        replies, _ = await env.run(tls_calls(env, calls))
+        bodies[name] = replies[0].body
+    reply, _ = await env.run(lambda port: raw_exchange(agent_socket(port, None), b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"))
+    bodies["h2c"] = reply.split(b"\r\n\r\n", 1)[1]
+
+    async def refuse() -> trio.abc.HalfCloseableStream:
+        raise UpstreamError(UpstreamReason.INTERNAL_ADDRESS, "api.test resolves to 10.0.0.1 (private)")
+
+    replies, _ = await env.run(tls_calls(env, [("GET", "/", {}, None)]), connect=refuse)
+    bodies["ssrf"] = replies[0].body
+    return bodies
+
+
+async def test_every_refusal_body_is_shown_in_docs_policy_md(env: Env) -> None:
+    """docs/policy.md shows each refusal body exactly as control writes it: the docs cannot drift."""
+    docs = DOCS_POLICY.read_text()
+    missing = {name: body.decode().strip() for name, body in (await _refusal_bodies(env)).items()
+               if body.decode().strip() not in docs}  # fmt: skip
+    assert not missing, "not in docs/policy.md:\n" + "\n".join(f"{k}: {v}" for k, v in missing.items())
+    assert env.tls_origin.requests == [], "no refusal reached the origin"

@@ -150,6 +150,8 @@ class _Resolver:
     def __init__(self, creds: Credentials, host: str, port: int, path: str, enabled: bool) -> None:
         self.creds, self.host, self.port, self.path, self.enabled = creds, host, port, path, enabled
         self.mismatched: dict[str, None] = {}
+        self.unbound: dict[str, None] = {}  # credentials bound to no endpoint at all: never injected
+        self.no_host = False  # a placeholder in a request without Host (HTTP/1.0): no authority, no credential
         self.unavailable: dict[str, None] = {}
         self.used: dict[str, None] = {}
         self.secrets: dict[str, str] = {}
@@ -164,11 +166,13 @@ class _Resolver:
 
     def _check_token(self, token: str) -> None:
         if not self.enabled:
-            self.mismatched["(request without Host)"] = None
+            self.no_host = True
             return
         resolution, cred = self.creds.resolve(token, self.host, self.port, self.path)
         name = cred.name if cred is not None else "an unknown placeholder"
-        if resolution is Resolution.ENDPOINT_MISMATCH:
+        if resolution is Resolution.ENDPOINT_MISMATCH and cred is not None and not cred.bindings:
+            self.unbound[name] = None
+        elif resolution is Resolution.ENDPOINT_MISMATCH:
             self.mismatched[name] = None
         elif resolution is Resolution.UNAVAILABLE or cred is None:
             self.unavailable[name] = None
@@ -213,11 +217,24 @@ def rewrite_request(
         basic = _basic_decoded(value)
         if basic is not None:
             resolver.check(basic[1])
+    if resolver.no_host:
+        raise CredentialRefusal(
+            Resolution.ENDPOINT_MISMATCH,
+            "a request without a Host header gets no credentials: send Host naming the endpoint",
+        )
     if resolver.mismatched:
         names = list(resolver.mismatched)
         raise CredentialRefusal(
             Resolution.ENDPOINT_MISMATCH,
             f"credential {', '.join(names)} is not authorized for {host}:{port}; it is bound to other endpoints",
+            names,
+        )
+    if resolver.unbound:
+        names = list(resolver.unbound)
+        raise CredentialRefusal(
+            Resolution.ENDPOINT_MISMATCH,
+            f"credential {', '.join(names)} is bound to no endpoint, so it is never injected: ask the sandbox "
+            "operator to bind it to the hosts it is meant for",
             names,
         )
     if resolver.unavailable:

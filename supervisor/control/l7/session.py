@@ -573,9 +573,13 @@ class _Session:
         rec.rule, rec.endpoint, rec.l7_rule = decision.rule, decision.endpoint, decision.l7_rule
         rec.path = display_path(decision.path) if decision.path is not None else (
             display_path(redact_path(self.creds, canon.path)) if canon is not None else None)  # fmt: skip
-        if decision.allowed and canon is None:
-            return await self._refuse(conn, rec, ErrorResponse(
-                400, ErrorCode.INVALID_REQUEST_TARGET, "request-target must be canonical"), reason="path-not-canonical")
+        if canon is None or decision.reason in (DenyReason.PATH_NOT_CANONICAL, DenyReason.ENCODED_SLASH):
+            # not a rule to ask for: the target itself is refused, in enforce and audit alike (§3.8.3, §3.17)
+            why = "encoded-slash" if decision.reason is DenyReason.ENCODED_SLASH else "path-not-canonical"
+            detail = "request-target must be canonical" + (f": {display_path(decision.detail)}" if decision.detail
+                                                             and decision.reason is not None else "")  # fmt: skip
+            return await self._refuse(conn, rec, ErrorResponse(400, ErrorCode.INVALID_REQUEST_TARGET, detail),
+                                      reason=why)  # fmt: skip
         if decision.allowed and _endpoint_protocol(self.snapshot, decision) is Protocol.WEBSOCKET \
                 and not websocket_upgrade(head):  # fmt: skip
             decision = replace(decision, verdict=Verdict.DENY, audit=False, reason=DenyReason.L7_DENIED,
@@ -584,6 +588,15 @@ class _Session:
             return await self._refuse(conn, rec, self._l7_denied(decision, rec),
                                       reason=str(decision.reason) if decision.reason else "l7-denied",
                                       detail=display_path(decision.detail))  # fmt: skip
+        if rec.upgrade == "websocket" and decision.l7 and \
+                _endpoint_protocol(self.snapshot, decision) is not Protocol.WEBSOCKET:  # fmt: skip
+            # after a 101 nothing more is judged: on an endpoint with L7 rules that would switch them off, so the
+            # upgrade needs an endpoint that says protocol: websocket (docs/design.md "Upgrades")
+            where = f" (endpoint {decision.endpoint})" if decision.endpoint else ""
+            refusal = ErrorResponse(403, ErrorCode.UNSUPPORTED_L7_PROTOCOL,
+                                    f"Upgrade: websocket is not allowed on {self.name}:{self.port}{where}: its L7 "
+                                    "rules would no longer apply; an endpoint with protocol: websocket allows it")
+            return await self._refuse(conn, rec, refusal, reason="websocket-upgrade-not-allowed")  # fmt: skip
         rec.decision = "audit" if decision.audit else "allow"
         if rec.upgrade == "websocket" and _endpoint_protocol(self.snapshot, decision) is Protocol.WEBSOCKET:
             # payloads are never matched (§3.10.5): one answer holds for every text message of this connection
