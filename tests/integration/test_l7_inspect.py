@@ -308,7 +308,8 @@ class Env:
 async def env(nursery: trio.Nursery) -> Env:
     authority = trustme.CA()
     server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    authority.issue_cert("api.test", "other.test", "audit.test", "ws.test", "chat.test", "open.test").configure_cert(server_ctx)
+    names = ("api.test", "other.test", "audit.test", "ws.test", "chat.test", "open.test")
+    authority.issue_cert(*names).configure_cert(server_ctx)
     tls_origin, plain_origin = Origin(server_ctx), Origin(None)
     await tls_origin.start(nursery)
     await plain_origin.start(nursery)
