@@ -176,9 +176,9 @@ def add_certs_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         action="append",
         type=parse_bound,
         metavar="[ROLE=]TIME",
-        help="start of validity, exactly, for one certificate (ROLE: ca, control, boundary or operator; none: every one issued); "
-        "TIME: now, an offset like -5m or +30s, or a UTC time like 2026-12-01T15:00:00Z. Repeatable. For testing "
-        "clock skew: a not-yet-valid leaf is refused by its peer until then",
+        help="start of validity, exactly, for one certificate (ROLE: ca, control, boundary or operator; none: "
+        "every one issued); TIME: now, an offset like -5m or +30s, or a UTC time like 2026-12-01T15:00:00Z. "
+        "Repeatable. For testing clock skew: a not-yet-valid leaf is refused by its peer until then",
     )
     issue.add_argument(
         "--not-after",
@@ -272,8 +272,10 @@ def run_certs(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     until = not_after.get("control", now + validity).strftime("%Y-%m-%dT%H:%M:%SZ")
     ca_key = f"CA key in {args.ca_key_out}" if args.ca_key_out else "CA key discarded"
-    wrote = f"{args.out / 'control'}, {args.out / 'boundary'} and {args.out / 'operator'}" if args.operator else (
-        f"{args.out / 'control'} and {args.out / 'boundary'}"
+    wrote = (
+        f"{args.out / 'control'}, {args.out / 'boundary'} and {args.out / 'operator'}"
+        if args.operator
+        else (f"{args.out / 'control'} and {args.out / 'boundary'}")
     )
     print(
         f"certs issue: wrote {wrote} for "

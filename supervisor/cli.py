@@ -115,6 +115,12 @@ def daemon_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--api", type=Path, help="operator API socket path")
     c.add_argument(
+        "--api-listen",
+        metavar="ADDR:PORT",
+        help="also serve the operator API on TCP with mutual TLS, to operator certificates of this sandbox only "
+        "(`certs issue --operator`); failed handshakes are rate limited and every operator request is logged",
+    )
+    c.add_argument(
         "--agent-user",
         default="1000:1000",
         help="UID:GID of the agent in model R and in model U under root (never 0); default %(default)s",
@@ -310,6 +316,11 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
         return 2
     host, port = _host_port(args.boundary, "--boundary")
     try:
+        api_listen = _host_port(args.api_listen, "--api-listen") if args.api_listen else None
+    except argparse.ArgumentTypeError as exc:
+        _err(str(exc))
+        return 2
+    try:
         policy = load_policy_file(args.policy) if args.policy else load_default_policy()
     except PolicyInvalid as exc:
         for error in exc.errors:
@@ -355,7 +366,8 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     cfg = daemon.ControlConfig(
         bundle=bundle, boundary_host=host, boundary_port=port, policy=store, local_net=local_net,
         upstream=upstream, interception=interception,
-        api_path=args.api or runtime_socket_path(bundle.claims.sandbox), agent_uid=agent_uid, agent_gid=agent_gid,
+        api_path=args.api or runtime_socket_path(bundle.claims.sandbox), api_listen=api_listen,
+        agent_uid=agent_uid, agent_gid=agent_gid,
         capture_mode=CaptureMode(args.capture_mode), acknowledge_external_fence=args.acknowledge_external_fence,
         policy_file=watch_file, policy_watch_reason=watch_reason, agent_writable=agent_writable, log=log,
         policy_digest=_policy_digest(args.policy),
@@ -417,7 +429,9 @@ def command_parser() -> argparse.ArgumentParser:
     dev.add_argument("argv", nargs="+", metavar="CMD", help="the agent command (after --)")
 
     def with_api(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        parser.add_argument("--api", help="operator API socket (default: find the running sandbox)")
+        from supervisor.api_client import add_api_arguments
+
+        add_api_arguments(parser)
         return parser
 
     status = with_api(sub.add_parser("status", help="show the sandbox's status"))

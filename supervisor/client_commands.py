@@ -6,12 +6,11 @@ import argparse
 import json
 import math
 import sys
-from pathlib import Path
 from typing import Any
 
 import trio
 
-from supervisor.api_client import ApiError, find_api, open_channel, request_json
+from supervisor.api_client import Api, ApiError, find_api, open_channel, request_json
 from supervisor.exec_client import run_exec_client
 from supervisor.link.relay import relay
 
@@ -29,7 +28,7 @@ def _fail(status: int, body: dict[str, Any]) -> int:
     return EXIT_SELF_FAILED
 
 
-async def _agent_handle(api: Path) -> str:
+async def _agent_handle(api: Api) -> str:
     status, body = await request_json(api, "GET", "/v1/status")
     handle = ((body.get("boundary") or {}).get("agent") or {}).get("handle")
     if status != 200 or not handle:
@@ -38,7 +37,7 @@ async def _agent_handle(api: Path) -> str:
 
 
 async def run(args: argparse.Namespace) -> int:
-    api = find_api(args.api)
+    api = find_api(args.api, args.cert)
     command = args.command
     if command == "status":
         return await _status(api, args.json)
@@ -74,7 +73,7 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _status(api: Path, raw: bool) -> int:
+async def _status(api: Api, raw: bool) -> int:
     status, body = await request_json(api, "GET", "/v1/status")
     if status != 200:
         return _fail(status, body)
@@ -120,7 +119,7 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-async def _exec(api: Path, args: argparse.Namespace) -> int:
+async def _exec(api: Api, args: argparse.Namespace) -> int:
     body: dict[str, Any] = {
         "argv": args.argv,
         "env": _parse_env(args.env),
@@ -191,7 +190,7 @@ def _split_spec(spec: str) -> list[str]:
     return parts
 
 
-async def _forward(api: Path, spec: str) -> int:
+async def _forward(api: Api, spec: str) -> int:
     local_addr, local_port, remote_host, remote_port = parse_forward_spec(spec)
     # Ask once up front so a refused target fails fast with the boundary's reason.
     probe, _ = await open_channel(api, "/v1/forward", {"host": remote_host, "port": remote_port})

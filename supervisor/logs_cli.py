@@ -15,7 +15,7 @@ import sys
 import urllib.parse
 from typing import Any
 
-from supervisor.api_client import ApiError, find_api, stream_lines
+from supervisor.api_client import ApiError, add_api_arguments, find_api, stream_lines
 from supervisor.human import summary
 
 DEFAULT_TAIL = 100
@@ -37,7 +37,7 @@ def add_logs_parser(subparsers: Any) -> None:
         help="only events of this kind; 'egress' also matches 'egress.revoked' (repeatable)",
     )
     logs.add_argument("--json", action="store_true", help="print the events' JSON lines")
-    logs.add_argument("--api", help="operator API socket (default: find the running sandbox)")
+    add_api_arguments(logs)
 
 
 def events_target(tail: int, follow: bool, kinds: list[str]) -> str:
@@ -48,7 +48,7 @@ def events_target(tail: int, follow: bool, kinds: list[str]) -> str:
 async def run_logs(args: argparse.Namespace) -> int:
     if args.tail < 0:
         raise ApiError(f"--tail must be 0 or more, got {args.tail}")
-    api = find_api(args.api)
+    api = find_api(args.api, args.cert)
     try:
         async for line in stream_lines(api, events_target(args.tail, args.follow, args.event)):
             if not line.strip():

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from supervisor.api_client import add_api_arguments
 from supervisor.control.policy import (
     BinaryIdentity,
     L4Request,
@@ -60,12 +61,12 @@ def add_policy_parser(subparsers: Any) -> None:
 
     get = sub.add_parser("get", help="show the running sandbox's policy generation and status",
                          description="Ask the running sandbox's control which policy generation is in force.")
-    get.add_argument("--api", help="operator API socket (default: find the running sandbox)")
+    add_api_arguments(get)
     apply = sub.add_parser("apply", help="install FILE as the running sandbox's next policy generation",
                            description="Validate FILE in control and make it generation N+1; an invalid file is "
                                        "refused with every error and nothing changes.")
     apply.add_argument("file", type=Path, metavar="FILE")
-    apply.add_argument("--api", help="operator API socket (default: find the running sandbox)")
+    add_api_arguments(apply)
 
 
 def run_policy(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
@@ -147,7 +148,7 @@ def _remote(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from supervisor.api_client import ApiError, find_api, request_json
 
     try:
-        api = find_api(args.api)
+        api = find_api(args.api, args.cert)
         if args.policy_command == "get":
             status, body = trio.run(request_json, api, "GET", "/v1/policy")
         else:

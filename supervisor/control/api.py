@@ -7,6 +7,9 @@ family), then, with ``follow``, every new one until the client goes away; the co
 ``Upgrade: openshell-channel``: control opens the matching channel on the ops link and, once the boundary has
 accepted, answers ``101 Switching Protocols`` and splices raw bytes — the exec channel framing is end to end
 between the CLI and the boundary, control never parses it. Errors carry the operation's kind and status.
+
+The same API is served on TCP with mutual TLS to ``operator`` certificates when control has ``--api-listen``
+(``api_tls.py``); there every request is logged with the certificate's identity (``api.operator``) before it acts.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ def _prepare_socket_dir(path: Path) -> None:
 class _Http:
     """Minimal h11 driving for one connection."""
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.abc.HalfCloseableStream) -> None:
         self.stream = stream
         self.conn = h11.Connection(h11.SERVER)
 
@@ -69,7 +72,7 @@ class _Http:
             event = self.conn.next_event()
             if event is h11.NEED_DATA:
                 data = await self.stream.receive_some(65536)
-                self.conn.receive_data(data)
+                self.conn.receive_data(bytes(data))
                 continue
             return event
 
@@ -113,6 +116,12 @@ class ApiServer:
                 pass
 
     async def _connection(self, stream: trio.SocketStream) -> None:
+        await self.handle(stream)
+
+    async def handle(
+        self, stream: trio.abc.HalfCloseableStream, *, operator: dict[str, str] | None = None, peer: str | None = None
+    ) -> None:
+        """Serve one connection: the Unix socket's (``operator`` None) or an operator's over TLS."""
         http = _Http(stream)
         try:
             while True:
@@ -131,6 +140,8 @@ class ApiServer:
                         break
                     else:
                         return
+                if operator is not None:
+                    self._log_action(request, bytes(body), operator, peer)
                 upgraded = await self._dispatch(http, request, bytes(body))
                 if upgraded or http.conn.our_state is h11.MUST_CLOSE:
                     return
@@ -139,6 +150,25 @@ class ApiServer:
             return
         finally:
             await trio.aclose_forcefully(stream)
+
+    def _log_action(self, request: h11.Request, body: bytes, operator: dict[str, str], peer: str | None) -> None:
+        """One ``api.operator`` line per request from a remote operator, naming its certificate and what it asks."""
+        detail: dict[str, Any] = {}
+        target = request.target.decode("ascii", "replace")
+        if target.split("?", 1)[0] in ("/v1/exec", "/v1/forward", *FORWARDED_UNARY):
+            try:
+                parsed = json.loads(body) if body else {}
+            except ValueError:
+                parsed = {}
+            if isinstance(parsed, dict):
+                keys = ("argv", "cwd", "tty", "host", "port", "handle", "signal", "scope", "grace_s")
+                detail = {key: parsed[key] for key in keys if key in parsed}
+        elif target.split("?", 1)[0] == "/v1/policy" and request.method == b"PUT":
+            import hashlib
+
+            detail = {"policy_sha256": hashlib.sha256(body).hexdigest(), "bytes": len(body)}
+        self.log.emit("api.operator", peer=peer, operator=operator, action=f"{request.method.decode()} {target}",
+                      request=detail or None)  # fmt: skip
 
     async def _dispatch(self, http: _Http, request: h11.Request, body: bytes) -> bool:
         method = request.method.decode()

@@ -71,6 +71,7 @@ class ControlConfig:
     boundary_port: int
     policy: PolicyStore
     api_path: Path
+    api_listen: tuple[str, int] | None = None  # the operator API on TCP + mTLS too (--api-listen; api_tls.py)
     agent_uid: int = 1000
     agent_gid: int = 1000
     capture_mode: CaptureMode = CaptureMode.NETNS
@@ -122,6 +123,11 @@ class ControlDaemon:
             if self.cfg.local_net is not None:  # read before any upstream dial: never dial ourselves
                 await nursery.start(self.cfg.local_net.watch)
             await nursery.start(api.serve)
+            if self.cfg.api_listen is not None:
+                from supervisor.control.api_tls import TlsApiListener
+
+                host, port = self.cfg.api_listen
+                await nursery.start(TlsApiListener(api, host, port, self.cfg.bundle, log=self.log).serve)
             nursery.start_soon(self._acknowledge_policy)
             nursery.start_soon(self._signals, nursery)
             nursery.start_soon(self._maintain_ops_link)

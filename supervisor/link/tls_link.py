@@ -124,3 +124,8 @@ async def dial_link(
         raise Refused(f"{host}:{port}", None, f"connect failed: {exc or 'timeout'}") from None
     tls, claims, _ = await _handshake(tcp, ctx, bundle, server=False, alpn=alpn, handshake_s=handshake_s)
     return tls, claims
+
+
+async def send_handshake_alert(tls: trio.SSLStream[trio.SocketStream]) -> None:
+    """The alert OpenSSL wrote when a handshake failed, sent before closing (also control's TCP operator API)."""
+    await _send_alert(tls)

@@ -447,7 +447,8 @@ def issue_operator(
         write_role_dir(out_dir, ca_cert, leaf_key, cert, claims)
     except OSError as exc:
         shutil.rmtree(out_dir, ignore_errors=True)
-        raise BundleError(f"{exc.filename or out_dir}: cannot write the operator bundle: {exc.strerror or exc}") from None
+        where = exc.filename or out_dir
+        raise BundleError(f"{where}: cannot write the operator bundle: {exc.strerror or exc}") from None
 
 
 def _place_ca_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:

@@ -230,7 +230,8 @@ def decode_claims(data: bytes) -> tuple[Claims, Role]:
     try:
         role = Role(raw_role)
     except ValueError:
-        raise ClaimsError(f"claim 'role' is {raw_role!r:.80}, not control, boundary or operator", field=_ROLE_KEY) from None
+        known = ", ".join(str(r) for r in Role)
+        raise ClaimsError(f"claim 'role' is {raw_role!r:.80}, not one of {known}", field=_ROLE_KEY) from None
     return Claims.from_dict(obj), role
 
 
