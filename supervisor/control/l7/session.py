@@ -40,6 +40,7 @@ from supervisor.control.l7.authority import AuthorityError, AuthoritySource, req
 from supervisor.control.l7.ca import InterceptionCA, LeafError
 from supervisor.control.l7.client_hello import ClientHelloError, Pending, server_name
 from supervisor.control.l7.head import MAX_HEAD_BYTES, HeadError, check_head, find_head_end
+from supervisor.control.l7.idle import IdleClock
 from supervisor.control.l7.record import CloseReason, InspectStats, RequestRecord, display_path
 from supervisor.control.l7.rewrite import CredentialRefusal, redact_path, redact_query, rewrite_request
 from supervisor.control.l7.sniff import TunnelProtocol, sniff
@@ -161,6 +162,7 @@ class _Session:
         self.current = current
         self.choose_name = choose_name
         self._handed_off = False
+        self.idle = IdleClock(limits.idle_timeout)
 
     # --- the connection --------------------------------------------------------------------------------------
     async def run(self, tls: bool | None) -> InspectStats:
@@ -225,7 +227,7 @@ class _Session:
         """The agent's first bytes (``b""`` at EOF, ``None`` when idle); with an early upstream, an origin that
         speaks first (a server-first protocol: SMTP, MySQL, SSH) is noted in ``self.origin_first``."""
         if self.early_upstream is None:
-            return await self._agent_recv(self.limits.idle_timeout)
+            return await self._agent_recv(None)
         upstream = self.early_upstream
         got: dict[str, bytes] = {}
 
@@ -233,7 +235,7 @@ class _Session:
 
         async def from_agent(scope: trio.CancelScope) -> None:
             try:
-                data = await self._agent_recv(self.limits.idle_timeout)
+                data = await self._agent_recv(None)
             except _AgentFailed as exc:
                 failed.append(exc)
                 data = None
@@ -414,25 +416,30 @@ class _Session:
                 await trio.aclose_forcefully(stream)
 
     # --- I/O with deadlines ------------------------------------------------------------------------------------
-    async def _agent_recv(self, seconds: float) -> bytes | None:
-        """Bytes, ``b""`` at EOF, ``None`` when ``seconds`` passed first."""
-        with trio.move_on_after(max(seconds, 0)):
+    async def _agent_recv(self, seconds: float | None) -> bytes | None:
+        """Bytes, ``b""`` at EOF, ``None`` when ``seconds`` passed first (``None``: the idle rule, no byte
+        moved either way for the idle timeout)."""
+        data: bytes | None = None
+        with self.idle.guard() if seconds is None else trio.move_on_after(max(seconds, 0)):
             try:
-                return bytes(await self.agent.receive_some(self.limits.chunk))
+                data = bytes(await self.agent.receive_some(self.limits.chunk))
             except _STREAM_ERRORS as exc:
                 raise _AgentFailed(f"agent: {type(exc).__name__}: {exc}".rstrip(": ")) from None
-        return None
+        if data:
+            self.idle.touch()
+        return data
 
     async def _agent_send(self, data: bytes) -> None:
         if not data:
             return
-        with trio.move_on_after(self.limits.idle_timeout) as scope:
+        with self.idle.guard() as scope:
             try:
                 await self.agent.send_all(data)
             except _STREAM_ERRORS as exc:
                 raise _AgentFailed(f"agent: {type(exc).__name__}: {exc}".rstrip(": ")) from None
         if scope.cancelled_caught:
             raise _AgentFailed("agent: not reading (idle timeout)")
+        self.idle.touch()
 
     async def _send_quietly(self, data: bytes) -> None:
         try:
@@ -442,19 +449,21 @@ class _Session:
 
     async def _up_recv(self) -> bytes:
         assert self.upstream is not None
-        with trio.move_on_after(self.limits.idle_timeout):
+        with self.idle.guard():
             try:
-                return bytes(await self.upstream.receive_some(self.limits.chunk))
+                data = bytes(await self.upstream.receive_some(self.limits.chunk))
             except _STREAM_ERRORS as exc:  # a receive holds no request bytes: the cause (a reset) may be named
                 cause = exc.__cause__ or exc
                 raise _UpstreamFailed(f"upstream: {type(cause).__name__}: {cause}"[:200].rstrip(": ")) from None
+            self.idle.touch()
+            return data
         raise _UpstreamFailed("upstream: idle timeout")
 
     async def _up_send(self, data: bytes | None) -> None:
         assert self.upstream is not None
         if not data:
             return
-        with trio.move_on_after(self.limits.idle_timeout) as scope:
+        with self.idle.guard() as scope:
             try:
                 await self.upstream.send_all(data)
             except _STREAM_ERRORS as exc:
@@ -462,6 +471,7 @@ class _Session:
                 raise _UpstreamFailed(f"upstream: {type(exc).__name__}") from None
         if scope.cancelled_caught:
             raise _UpstreamFailed("upstream: not reading (idle timeout)")
+        self.idle.touch()
 
     # --- events ------------------------------------------------------------------------------------------------
     def _tunnel_event(self, what: str, **fields: Any) -> None:
@@ -486,8 +496,7 @@ class _Session:
                 return head
             if self.buffer and deadline is None:
                 deadline = trio.current_time() + self.limits.head_timeout
-            timeout = self.limits.idle_timeout if deadline is None else deadline - trio.current_time()
-            data = await self._agent_recv(timeout)
+            data = await self._agent_recv(None if deadline is None else deadline - trio.current_time())
             if data is None:
                 if deadline is None:
                     self._end(CloseReason.IDLE)
@@ -828,7 +837,7 @@ class _Session:
                 if out:
                     await self._up_send(bytes(out))
                     out.clear()
-                data = await self._agent_recv(self.limits.idle_timeout)
+                data = await self._agent_recv(None)
                 if data is None:
                     raise _AgentFailed("agent: request body stalled (idle timeout)")
                 conn.receive_data(data)
@@ -905,7 +914,7 @@ class _Session:
         await self._up_send(frames.feed(first_bytes) if frames is not None else first_bytes)
         await self._agent_send(up.trailing_data[0])
         if frames is None or frames.stopped is None:
-            end = await relay_upgraded(self.agent, self.upstream, frames=frames, idle_timeout=self.limits.idle_timeout,
+            end = await relay_upgraded(self.agent, self.upstream, frames=frames, idle=self.idle,
                                        chunk=self.limits.chunk, stats=self.stats)  # fmt: skip
             self.clean = self.clean and end.clean
         if frames is not None and frames.stopped is not None:

@@ -1,6 +1,7 @@
 """After a ``101 Switching Protocols``: relay raw bytes both ways, through the websocket frame filter if any.
 
-The first side to end (EOF, failure, or idle in both directions for ``idle_timeout``) ends the relay; the
+The first side to end (EOF, failure, or idle: no byte either way for the connection's ``IdleClock`` timeout —
+a server that keeps talking to a silent client is not idle) ends the relay; the
 caller then closes (or, after a failure, resets) both streams. TLS streams have no half-close, so "one side
 ended" cannot be forwarded as EOF the way ``supervisor.link.relay`` does for TCP.
 """
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 import trio
 
+from supervisor.control.l7.idle import IdleClock
 from supervisor.control.l7.record import InspectStats
 from supervisor.control.l7.websocket import ClientFrameFilter
 
@@ -34,7 +36,7 @@ async def relay_upgraded(
     upstream: trio.abc.Stream,
     *,
     frames: ClientFrameFilter | None,
-    idle_timeout: float,
+    idle: IdleClock,
     chunk: int,
     stats: InspectStats,
 ) -> UpgradeEnd:
@@ -49,14 +51,15 @@ async def relay_upgraded(
         try:
             while True:
                 receiving = True
-                with trio.move_on_after(idle_timeout) as idle:
+                with idle.guard() as waited:
                     data = await src.receive_some(chunk)
-                if idle.cancelled_caught:
+                if waited.cancelled_caught:
                     outcome = "idle"
                     break
                 if not data:
                     outcome = src_name
                     break
+                idle.touch()
                 receiving = False
                 if src_name == "agent":
                     if frames is not None:
@@ -65,7 +68,12 @@ async def relay_upgraded(
                 else:
                     stats.bytes_down += len(data)
                 if data:
-                    await dst.send_all(data)
+                    with idle.guard() as waited:
+                        await dst.send_all(data)
+                    if waited.cancelled_caught:
+                        outcome = "idle"
+                        break
+                    idle.touch()
                 if frames is not None and frames.stopped is not None:
                     outcome = "filter"
                     break
