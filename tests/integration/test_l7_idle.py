@@ -163,4 +163,5 @@ async def test_nothing_moving_either_way_ends_after_exactly_the_idle_timeout(
         nursery.start_soon(agent.send_all, b"POST /upload HTTP/1.1\r\nHost: api.test\r\nContent-Length: 10\r\n\r\n")
         stats = await _inspect(agent_side, upstream_side)  # the body never comes, the origin never answers
     assert "timeout" in (stats.error or ""), stats  # the agent's body or the origin's answer: both idle
-    assert trio.current_time() - start == pytest.approx(IDLE)
+    # after exactly IDLE the connection is judged idle; a 504 then drains the agent for drain_timeout at most
+    assert IDLE <= trio.current_time() - start <= IDLE + Limits().drain_timeout
