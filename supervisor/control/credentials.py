@@ -297,6 +297,13 @@ class Credentials:
         host = normalize_request_host(host) or host
         return any(c.secret is not None and any(b.matches_endpoint(host, port) for b in c.bindings) for c in self)
 
+    def secrets_at(self, host: str, port: int) -> list[tuple[str, str]]:
+        """``(secret, placeholder)`` of every available credential bound to ``host:port`` (on some path): what
+        a response from there must never carry back to the agent (``l7.scrub``)."""
+        host = normalize_request_host(host) or host
+        return [(c.secret, c.placeholder) for c in self
+                if c.secret and any(b.matches_endpoint(host, port) for b in c.bindings)]  # fmt: skip
+
     # --- resolution ---------------------------------------------------------------------------------------------
     def tokens(self, text: str) -> Iterator[re.Match[str]]:
         """Every placeholder-shaped token in ``text``: issued placeholders and any marker spelling."""

@@ -149,6 +149,17 @@ class Origin:
                 return None, b""
 
     async def _answer(self, stream: trio.abc.Stream, conn: h11.Connection, seen: Seen) -> None:
+        if seen.target == "/split/":  # echo the key in a header and twice in a body, cut mid-secret
+            key = seen.headers.get("x-api-key", "").encode()
+            body = b"key=" + key + b";again=" + key
+            half = len(b"key=") + len(key) // 2
+            await stream.send_all(conn.send(h11.Response(status_code=200, headers=[
+                ("x-echo", key), ("transfer-encoding", "chunked")])) or b"")  # fmt: skip
+            for piece in (body[:half], body[half:]):
+                await stream.send_all(conn.send(h11.Data(data=piece)) or b"")
+                await trio.sleep(0.05)  # two reads at the proxy, not one
+            await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
+            return
         if seen.target.startswith("/big/"):
             size = int(seen.target.split("/")[2])
             await stream.send_all(conn.send(h11.Response(status_code=200, headers=[
@@ -434,6 +445,22 @@ async def test_placeholders_become_the_secret_at_the_bound_upstream_only(env: En
     assert [e["credentials"] for e in events] == [["GITHUB_TOKEN"]] * 4
     assert events[3]["path"] == "/bot[CREDENTIAL]/send"  # policy and logs see the redacted path
     assert PLACEHOLDER not in env.log.getvalue()
+
+
+async def test_an_echoing_origin_sends_the_agent_its_placeholder_never_the_secret(env: Env) -> None:
+    """The origin echoes what it received (the secret) in its JSON body, and — on ``/split/`` — in a header and
+    in a body whose two chunks cut the secret in half: the agent reads the placeholder everywhere."""
+    calls = [("GET", "/user", {"Authorization": f"Bearer {PLACEHOLDER}"}, None),
+             ("GET", "/split/", {"X-Api-Key": PLACEHOLDER}, None)]  # fmt: skip
+    replies, _ = await env.run(tls_calls(env, calls))
+    assert [r.status for r in replies] == [200, 200]
+    assert env.tls_origin.requests[0].headers["authorization"] == f"Bearer {SECRET}"  # the origin got the secret
+    assert replies[0].json()["headers"]["authorization"] == f"Bearer {PLACEHOLDER}"
+    assert replies[1].headers["x-echo"] == PLACEHOLDER
+    assert replies[1].body == f"key={PLACEHOLDER};again={PLACEHOLDER}".encode()
+    for reply in replies:
+        assert SECRET.encode() not in reply.body and SECRET not in json.dumps(reply.headers)
+    assert env.events()[-1]["secrets_scrubbed"] == 3
 
 
 async def test_placeholder_toward_an_unbound_host_is_refused_and_never_sent(env: Env) -> None:

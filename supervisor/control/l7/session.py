@@ -43,6 +43,7 @@ from supervisor.control.l7.head import MAX_HEAD_BYTES, HeadError, check_head, fi
 from supervisor.control.l7.idle import IdleClock
 from supervisor.control.l7.record import CloseReason, InspectStats, RequestRecord, display_path
 from supervisor.control.l7.rewrite import CredentialRefusal, redact_path, redact_query, rewrite_request
+from supervisor.control.l7.scrub import Scrubber
 from supervisor.control.l7.sniff import TunnelProtocol, sniff
 from supervisor.control.l7.streams import PrefixedStream, abort_all
 from supervisor.control.l7.upgrade import relay_upgraded
@@ -856,10 +857,23 @@ class _Session:
                 return None
             raise _AgentFailed(f"agent: connection ended inside the request ({type(event).__name__})")
 
+    def _scrubber(self) -> Scrubber:
+        """For each response from a host where a credential is bound: the secret becomes its placeholder."""
+        return Scrubber(self.creds.secrets_at(self.name, self.port))
+
+    def _response_headers(self, scrub: Scrubber, event: h11.Response | h11.InformationalResponse,
+                          rec: RequestRecord) -> list[tuple[bytes, bytes]]:  # fmt: skip
+        headers = [(name, scrub.header(value)) for name, value in event.headers.raw_items()]
+        has_body = not rec.head_method and event.status_code >= 200 and event.status_code not in (204, 304)
+        if scrub and has_body:  # a placeholder is not as long as its secret: h11 frames the scrubbed body itself
+            headers = [(n, v) for n, v in headers if n.lower() not in (b"content-length", b"transfer-encoding")]
+        return headers
+
     async def _pump_response(self, conn: h11.Connection, rec: RequestRecord) -> str | None:
         up = self.up
         assert up is not None
         out = bytearray()
+        scrub = self._scrubber()
         while True:
             try:
                 event = up.next_event()
@@ -873,7 +887,8 @@ class _Session:
                 continue
             if isinstance(event, h11.InformationalResponse):
                 out += conn.send(h11.InformationalResponse(
-                    status_code=event.status_code, headers=list(event.headers.raw_items()), reason=event.reason,
+                    status_code=event.status_code, headers=self._response_headers(scrub, event, rec),
+                    reason=event.reason,
                 )) or b""  # fmt: skip
                 if event.status_code == 101:
                     if rec.upgrade != "websocket" or not rec.request_done:
@@ -887,17 +902,25 @@ class _Session:
                 rec.status = event.status_code
                 rec.response_started = True
                 out += conn.send(h11.Response(
-                    status_code=event.status_code, headers=list(event.headers.raw_items()), reason=event.reason,
+                    status_code=event.status_code, headers=self._response_headers(scrub, event, rec),
+                    reason=event.reason,
                 )) or b""  # fmt: skip
                 continue
             if isinstance(event, h11.Data):
                 rec.bytes_down += len(event.data)
-                out += conn.send(h11.Data(data=event.data)) or b""
+                data = scrub.feed(bytes(event.data))
+                if data:
+                    out += conn.send(h11.Data(data=data)) or b""
                 if len(out) >= self.limits.chunk:
                     await self._agent_send(bytes(out))
                     out.clear()
                 continue
             if isinstance(event, h11.EndOfMessage):
+                tail = scrub.flush()
+                if tail:
+                    out += conn.send(h11.Data(data=tail)) or b""
+                if scrub.replaced:
+                    rec.extra["secrets_scrubbed"] = scrub.replaced
                 out += conn.send(h11.EndOfMessage()) or b""
                 await self._agent_send(bytes(out))
                 return "done"
