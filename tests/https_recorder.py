@@ -16,6 +16,7 @@ import socketserver
 import ssl
 import sys
 import threading
+import time
 
 _lock = threading.Lock()
 
@@ -55,6 +56,16 @@ class _Recorder(http.server.SimpleHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self._record(b"")
+        if self.path.startswith("/slow/"):  # /slow/N: N KiB, one every 0.2 s (a streamed response)
+            count = int(self.path.split("/")[2])
+            self.send_response(200)
+            self.send_header("Content-Length", str(count * 1024))
+            self.end_headers()
+            for _ in range(count):
+                self.wfile.write(b"s" * 1024)
+                self.wfile.flush()
+                time.sleep(0.2)
+            return
         if os.environ.get("RECORDER_ROOT") and self.path.startswith("/repo.git"):
             super().do_GET()
             return

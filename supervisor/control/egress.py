@@ -7,16 +7,19 @@ binary's identity (``supervisor.protocol.egress``). For each one, in order:
 1. headers parsed strictly (malformed → 400, nothing dialled);
 2. decided against the policy snapshot of this moment (deny by default; the decision names its rule or the
    reason), with binary-digest pinning kept here in control;
-3. endpoints that ask for HTTP inspection are refused until L7 inspection exists (fail closed, never a silent
-   L4 allow);
-4. resolved once and vetted (internal addresses dropped unless the policy names them), then exactly the vetted
-   address is dialled — there is no second resolution to rebind;
-5. answered ``200`` and relayed both ways with half-close; or answered with a status and a reason the
-   boundary turns into a 403/502 for proxy-aware clients or a reset for transparent ones.
+3. resolved once and vetted (internal addresses dropped unless the policy names them), then exactly the vetted
+   address is dialled — there is no second resolution to rebind (endpoints with L7 rules or a bound
+   credential dial lazily, for their first admitted request);
+4. answered ``200``; then every endpoint but ``tls: skip`` is inspected (``supervisor.control.l7``): TLS
+   terminated, every HTTP request bound to the tunnel's host:port, L7 rules and credentials applied where
+   configured, and only bytes that are neither TLS nor HTTP relayed raw (docs/spec/policy.md §3.7, §3.9);
+   ``tls: skip`` is relayed both ways with half-close. A refusal is a status and a reason the boundary turns
+   into a 403/502 for proxy-aware clients or a reset for transparent ones.
 
 Every decision is one JSON event; an allowed connection's event is written when it closes, with bytes and
 duration. Connections admitted under an older policy generation are re-decided when a new generation loads
-and cut if it denies them (docs/spec/policy.md §3.15).
+and cut if it denies them (docs/spec/policy.md §3.15); an inspected one judges its next request under the new
+generation.
 """
 
 from __future__ import annotations

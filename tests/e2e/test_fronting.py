@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -206,6 +207,35 @@ except (ssl.SSLError, OSError) as exc:
 '''
 
 
+# A streamed response while the policy changes underneath (an unrelated rule is added), then one more request
+# on the same kept-alive connection: both must go through (the new generation still allows the connection).
+RELOAD = r'''
+import http.client, json, os, sys, time
+
+host, port = sys.argv[1], int(sys.argv[2])
+conn = http.client.HTTPSConnection("127.0.0.1", 3128, timeout=30)
+conn.set_tunnel(host, port)
+conn.request("GET", "/slow/30")
+response = conn.getresponse()
+first = response.read(1024)
+print("started", flush=True)
+rest = response.read()
+while not os.path.exists(f"reloaded-{host}"):
+    time.sleep(0.05)
+conn.request("GET", f"/after-reload-{host}")
+second = conn.getresponse()
+second.read()
+print(json.dumps({"body": len(first) + len(rest), "second": second.status}), flush=True)
+'''
+
+UNRELATED_RULE = """
+  unrelated:
+    name: added while a response streams
+    endpoints: [{host: unrelated.test, port: 443}]
+    binaries: [{path: /usr/bin/curl}]
+"""
+
+
 @dataclass
 class World:
     host: NetnsHost
@@ -257,6 +287,7 @@ def world() -> Iterator[World]:
         workdir = root / "agent"
         workdir.mkdir()
         (workdir / "probes.py").write_text(PROBES)
+        (workdir / "reload.py").write_text(RELOAD)
         shutil.copy(ca_file, workdir / "origin-ca.pem")
         logs = (root / "tls.jsonl", root / "plain.jsonl")
         with open_test_host() as host:
@@ -346,3 +377,36 @@ def test_tls_skip_relays_the_clients_own_tls(run: Run) -> None:
     assert "/skip" in [r["path"] for r in run.seen]
     skip = [e for e in run.events if e.get("event") == "egress" and e.get("destination") == f"skip.test:{TLS_PORT}"]
     assert skip and not skip[0].get("inspected"), skip
+
+
+@pytest.mark.parametrize("host", ["plain.test", "rest.test"])
+def test_a_streamed_response_survives_an_unrelated_policy_reload(world: World, host: str) -> None:
+    """Reloads re-decide each live inspected connection and close only those the new generation denies."""
+    before = len(world.requests())
+    env = {**os.environ, "XDG_RUNTIME_DIR": world.runtime}
+    dev = subprocess.Popen(
+        [*CLI, "dev", "--log-format=json", f"--policy={world.policy}",
+         f"--dns-server={world.dns.address[0]}:{world.dns.address[1]}", f"--upstream-ca={world.upstream_ca}",
+         f"--workdir={world.workdir}", "--", "python3", "reload.py", host, str(TLS_PORT)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert dev.stdout is not None
+        assert dev.stdout.readline().strip() == "started", dev.stderr.read() if dev.stderr else ""
+        revised = world.workdir.parent / f"revised-{host}.yaml"
+        revised.write_text(world.policy.read_text() + UNRELATED_RULE)
+        applied = subprocess.run([*CLI, "policy", "apply", str(revised)], capture_output=True, text=True,
+                                 timeout=30, env=env)  # fmt: skip
+        assert applied.returncode == 0, applied.stderr
+        (world.workdir / f"reloaded-{host}").touch()
+        out, err = dev.communicate(timeout=60)
+    finally:
+        with suppress(ProcessLookupError):
+            dev.kill()
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result == {"body": 30 * 1024, "second": 200}, (result, err[-3000:])
+    events = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    assert not [e for e in events if e.get("event") == "egress.revoked"], "nothing was revoked"
+    later = [e for e in events if e.get("event") == "http" and e.get("path") == f"/after-reload-{host}"]
+    assert later and later[0]["policy_generation"] == 1, later  # judged under the new generation
+    assert f"/after-reload-{host}" in [r["path"] for r in world.requests()[before:]]
