@@ -2,13 +2,17 @@
 
 Theory of operation
 -------------------
-``inspect`` serves the agent's side of one connection that control has already admitted at L4 and whose
-endpoint asks for inspection (or that carries credentials). It owns both streams from then on.
+``inspect`` serves the agent's side of one connection that control has already admitted at L4, on any
+endpoint but ``tls: skip``. It owns both streams from then on.
 
-1. **What is spoken** (§3.7). The caller says TLS or plaintext, or leaves it to the first bytes (``sniff``).
-   h2c prior knowledge and unknown bytes are refused with ``403 unsupported_l7_protocol``.
-2. **TLS toward the agent** is terminated with a leaf for the *CONNECT host* from the sandbox CA; TLS toward
-   the upstream is opened lazily, for the first admitted request, and always verified (``upstream_tls``).
+1. **What is spoken** (§3.7). The caller says TLS or plaintext, or leaves it to the first bytes (``sniff``,
+   waiting up to the head timeout while they are ambiguous). h2c prior knowledge is refused with ``403
+   unsupported_l7_protocol``; bytes that are neither TLS nor HTTP too, except on endpoints without L7 rules
+   (``raw_fallback``), where they — and connections whose origin speaks first — are relayed raw.
+2. **TLS toward the agent**: the whole ClientHello is read first; its SNI must name the tunnel's host (or, for
+   a transparent capture, a name issued for its address: ``choose_name``). It is terminated with a leaf for
+   that host from the sandbox CA; TLS toward the upstream is opened for the first admitted request, and
+   always verified (``upstream_tls``).
 3. **Each request** (§3.12), on a kept-alive connection, in order: raw head validation (``head``: the
    smuggling shapes h11 tolerates) → h11 parse → authority binding (``authority``) → protocol checks (CONNECT,
    h2c and non-websocket upgrades refused) → canonical target, placeholders redacted → ``decide_l7`` (allow,
@@ -17,10 +21,12 @@ endpoint asks for inspection (or that carries credentials). It owns both streams
    a response. One JSON event per request, never with a secret or a query string in it.
 4. **Bodies stream** through both h11 state machines with one bounded chunk in flight per direction; the
    request body and the response are pumped concurrently (an upstream may answer before the upload ends,
-   ``100 Continue`` passes through). A ``101`` to a websocket upgrade turns the rest of the connection into a
-   raw relay.
-5. **Between requests** the policy generation is checked (a revision closes the connection before the next
-   request, §3.15); an upstream connection that cannot be reused is dropped and a new one dialled for the
+   ``100 Continue`` passes through). Responses from a host a credential is bound to carry its placeholder
+   where the secret was echoed (``scrub``). A ``101`` to a websocket upgrade (allowed on endpoints without L7
+   rules and on ``protocol: websocket`` ones) turns the rest of the connection into a raw relay. The
+   connection is idle only when no byte moved either way for the idle timeout (``idle``).
+5. **Between requests** the policy generation is checked: a revision re-decides the connection
+   (``current``) and closes it only if the new generation denies it (§3.15); an upstream connection that cannot be reused is dropped and a new one dialled for the
    next request (a reused one that fails before any response byte is retried once for a bodiless request).
 """
 
