@@ -15,11 +15,16 @@ Rules:
    created under).
 3. An identity is recorded only if the notification is still valid after it was read
    (``SECCOMP_IOCTL_NOTIF_ID_VALID``): the task was alive throughout, so its pid named it.
-4. A notification not handled within ``bound`` seconds is answered ``CONTINUE`` without a record (the
-   connection is then refused at accept as ``no-record``): the agent never hangs on a slow boundary. First-time
-   hashing runs in a worker thread so it cannot stall other notifications. If the boundary is gone (its
-   listener closed) the kernel fails a trapped call with ``ENOSYS``.
+4. Notifications are answered inline, in the task that receives them, with no checkpoint; only the first
+   connection of a binary not hashed yet waits, in a task of its own, for a worker thread to hash it, and is
+   answered ``CONTINUE`` without a record after ``bound`` seconds (the connection is then refused at accept
+   as ``no-record``): the agent never hangs on a slow boundary. If the boundary is gone (its listener closed)
+   the kernel fails a trapped call with ``ENOSYS``.
 5. Any failure while looking is a missing record, never a refusal here: the decision is made at accept.
+6. When the caller's image was hashed before, ``CONTINUE`` goes out as soon as the socket is taken and the
+   image opened, and the rest is read before trio reaches its next checkpoint: the caller is not kept waiting
+   on /proc reads, and neither an accept nor an exec notification (of the caller or an ancestor) is handled
+   before the record is stored. If the caller exits meanwhile (its pidfd readable) the record is dropped.
 """
 
 from __future__ import annotations
@@ -111,6 +116,19 @@ def _pending(listener: int) -> tuple[bool, bool]:
     return bool(mask & select.POLLIN), bool(mask & (select.POLLHUP | select.POLLERR | select.POLLNVAL))
 
 
+@dataclass(frozen=True)
+class _Pending:
+    """A connect waiting for its caller's image to be hashed; owns ``pidfd`` and ``exe_fd``."""
+
+    tgid: int
+    pidfd: int
+    exe_fd: int
+    path: str
+    inode: int
+    cookie: int
+    started: int
+
+
 class ConnectNotifier:
     """Receives the workload's listeners and records who called ``connect`` (rules above)."""
 
@@ -192,69 +210,115 @@ class ConnectNotifier:
                 except FileNotFoundError:
                     continue  # the caller died between poll and receive
                 self.counters["notifications"] += 1
-                nursery.start_soon(self._answer, listener, note)
+                pending = self._handle(listener, note)
+                if pending is not None:
+                    nursery.start_soon(self._finish, listener, note, pending)
 
-    async def _answer(self, listener: int, note: Notification) -> None:
-        recorded = False
+    def _handle(self, listener: int, note: Notification) -> _Pending | None:
+        """Answer ``note`` now, unless the caller's image must be hashed first: then what the hash needs."""
+        pending: _Pending | None = None
         try:
-            with trio.move_on_after(self.bound) as scope:
-                try:
-                    recorded = await self._look(listener, note)
-                except (IdentityUnresolved, OSError) as exc:
-                    self._event("identity.connect-unrecorded", pid=note.pid, detail=str(exc)[:300])
-            if scope.cancelled_caught:
-                self.counters["timed_out"] += 1
-                self._event("identity.connect-timeout", pid=note.pid, bound_s=self.bound)
-        finally:
+            if note.nr in (self._syscalls["execve"], self._syscalls["execveat"]):
+                self.resolver.note_exec(self.resolver.thread_group(note.pid))
+            elif note.nr == self._syscalls["connect"]:
+                pending = self._connect(listener, note)
+        except (IdentityUnresolved, OSError) as exc:
             if note.nr == self._syscalls["connect"]:
-                self.counters["recorded" if recorded else "unrecorded"] += 1
-            if listener in self._listeners:  # else closed: the kernel failed the call already
-                answer_continue(listener, note.id)  # rule 2, rule 4: always, and before the bound is out
+                self.counters["unrecorded"] += 1
+                self._event("identity.connect-unrecorded", pid=note.pid, detail=str(exc)[:300])
+        finally:
+            if pending is None:
+                self._release(listener, note)
+        return pending
 
-    async def _look(self, listener: int, note: Notification) -> bool:
-        if note.nr in (self._syscalls["execve"], self._syscalls["execveat"]):
-            self.resolver.note_exec(self.resolver.thread_group(note.pid))
-            return False
-        if note.nr != self._syscalls["connect"]:
-            return False
+    def _release(self, listener: int, note: Notification) -> None:
+        if listener in self._listeners:  # else closed: the kernel failed the call already
+            answer_continue(listener, note.id)
+
+    def _connect(self, listener: int, note: Notification) -> _Pending | None:
+        """Rule 2 and rule 6, without a checkpoint. ``None`` once answered (recorded or not)."""
         started = time.perf_counter_ns()
-        tgid = self.resolver.thread_group(note.pid)
-        pidfd = os.pidfd_open(tgid)
+        try:
+            tgid, pidfd = note.pid, os.pidfd_open(note.pid)  # succeeds for a thread group leader only
+        except OSError:
+            tgid = self.resolver.thread_group(note.pid)
+            pidfd = os.pidfd_open(tgid)
+        exe_fd: int | None = None
         try:
             if not still_valid(listener, note.id):
-                return False  # the pid may already name another process
+                raise ProcessLookupError(f"pid {tgid} is no longer the caller")
             sock_fd = pidfd_getfd(pidfd, note.args[0] & 0xFFFFFFFF)
+            try:
+                sock = socket.socket(fileno=sock_fd)
+            except OSError:
+                os.close(sock_fd)
+                self._release(listener, note)  # not a socket: the kernel will say so to the caller
+                return None
+            try:
+                if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+                    self._release(listener, note)  # only TCP is captured
+                    return None
+                cookie = struct.unpack("=Q", sock.getsockopt(socket.SOL_SOCKET, SO_COOKIE, 8))[0]
+                inode = os.fstat(sock.fileno()).st_ino
+            finally:
+                sock.close()
+            hit, digest = self.resolver.cached_digest(f"/proc/{tgid}/exe")
+            if not hit:  # first time this binary is seen: hashed off the event loop, the caller waiting
+                exe_fd, path = self.resolver.open_exe(tgid)
+                pending = _Pending(tgid, pidfd, exe_fd, path, inode, cookie, started)
+                pidfd = exe_fd = -1  # now the pending hash's
+                return pending
+            # Rule 6: the image cannot change before we answer the caller's next trapped call (an execve),
+            # which this loop reaches only after the record is stored.
+            self._release(listener, note)
+            self._store(tgid, pidfd, self.resolver.exe_path(tgid), digest, inode, cookie, started)
+            return None
         finally:
-            os.close(pidfd)
-        try:
-            sock = socket.socket(fileno=sock_fd)
-        except OSError:
-            os.close(sock_fd)
-            return False  # not a socket: the kernel will say so to the caller
-        try:
-            if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
-                return False  # rule 2: only TCP is captured
-            cookie = struct.unpack("=Q", sock.getsockopt(socket.SOL_SOCKET, SO_COOKIE, 8))[0]
-            inode = os.fstat(sock.fileno()).st_ino
-        finally:
-            sock.close()
-        exe_fd, path = self.resolver.open_exe(tgid)
-        try:
-            hit, digest = self.resolver.cached_digest(exe_fd)
-            if not hit:  # first time this binary is seen: hash off the event loop (rule 4)
-                copy = os.dup(exe_fd)
-                digest = await trio.to_thread.run_sync(_digest_and_close, self.resolver, copy, abandon_on_cancel=True)
-        finally:
-            os.close(exe_fd)
-        identity = self.resolver.connector(tgid, path, digest, started)
-        if not still_valid(listener, note.id):
-            return False  # rule 3
+            for fd in (pidfd, exe_fd):
+                if fd is not None and fd >= 0:
+                    os.close(fd)
+
+    def _store(
+        self, tgid: int, pidfd: int, path: str, digest: str | None, inode: int, cookie: int, started: int
+    ) -> None:
+        identity = self.resolver.connector(tgid, path, digest, started, recheck=False)
+        if _exited(pidfd):
+            raise ProcessLookupError(f"pid {tgid} exited while it was read")  # its pid may name another now
         self.records.put(inode, cookie, identity)
-        return True
+        self.counters["recorded"] += 1
+
+    async def _finish(self, listener: int, note: Notification, pending: _Pending) -> None:
+        """The first connection of a binary not hashed yet: hash, record, answer — within the bound (rule 4)."""
+        try:
+            with trio.move_on_after(self.bound) as scope:
+                copy = os.dup(pending.exe_fd)
+                digest = await trio.to_thread.run_sync(_digest_and_close, self.resolver, copy, abandon_on_cancel=True)
+                if still_valid(listener, note.id):  # rule 3
+                    self._store(pending.tgid, pending.pidfd, pending.path, digest, pending.inode, pending.cookie,
+                                pending.started)  # fmt: skip
+                else:
+                    self.counters["unrecorded"] += 1
+            if scope.cancelled_caught:
+                self.counters["timed_out"] += 1
+                self.counters["unrecorded"] += 1
+                self._event("identity.connect-timeout", pid=note.pid, bound_s=self.bound)
+        except (IdentityUnresolved, OSError) as exc:
+            self.counters["unrecorded"] += 1
+            self._event("identity.connect-unrecorded", pid=note.pid, detail=str(exc)[:300])
+        finally:
+            os.close(pending.pidfd)
+            os.close(pending.exe_fd)
+            self._release(listener, note)
 
     def _event(self, name: str, **fields: object) -> None:
         if self._on_event is not None:
             self._on_event(name, fields)
+
+
+def _exited(pidfd: int) -> bool:
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _digest_and_close(resolver: IdentityResolver, fd: int) -> str | None:

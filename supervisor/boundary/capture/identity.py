@@ -247,9 +247,12 @@ class IdentityResolver:
         """An fd of ``pid``'s live image and its path (inside the workload); the caller closes the fd."""
         return self._open_exe(pid)
 
-    def cached_digest(self, fd: int) -> tuple[bool, str | None]:
-        """``(hit, digest)`` from the cache only: never reads the file."""
-        st = os.fstat(fd)
+    def exe_path(self, pid: int) -> str:
+        return self._exe_path(pid)
+
+    def cached_digest(self, fd: int | str) -> tuple[bool, str | None]:
+        """``(hit, digest)`` from the cache only, for an open image or a path to stat: never reads the file."""
+        st = os.fstat(fd) if isinstance(fd, int) else os.stat(fd)
         key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         with self._lock:
             if key in self._digests:
@@ -259,8 +262,9 @@ class IdentityResolver:
     def digest(self, fd: int) -> str | None:
         return self._digest(fd)
 
-    def connector(self, pid: int, path: str, digest: str | None, started: int) -> Identity:
-        """The identity of ``pid`` (a thread group leader blocked in ``connect``) as it is now."""
+    def connector(self, pid: int, path: str, digest: str | None, started: int, *, recheck: bool = True) -> Identity:
+        """The identity of ``pid`` (a thread group leader blocked in ``connect``) as it is now. ``recheck=False``
+        when the caller checks otherwise (a pidfd) that ``pid`` did not exit meanwhile."""
         start_time = self._start_time(pid)
         uid = self._uid(pid)
         workload = set(self._workload_pids())
@@ -273,7 +277,7 @@ class IdentityResolver:
             ancestors, ancestor_pids, orphaned = self._ancestors(pid, workload, agent)
         cmdline_paths = self._cmdline_paths([pid, *ancestor_pids], {path, *ancestors})
         loader_env = self._loader_env(pid, uid)
-        if self._start_time(pid) != start_time:
+        if recheck and self._start_time(pid) != start_time:
             raise IdentityUnresolved(IdentityStage.VANISHED, f"pid {pid} changed during resolution")
         return Identity(
             binary_path=path,
@@ -330,6 +334,8 @@ class IdentityResolver:
             raise IdentityUnresolved(IdentityStage.VANISHED, f"reading environ of {pid}: {exc}") from exc
         found: list[str] = []
         for entry in entries:
+            if not entry.startswith(b"LD_"):
+                continue
             name, _, value = entry.partition(b"=")
             if name in (b"LD_PRELOAD", b"LD_AUDIT") and value.strip():
                 found.append(name.decode())
@@ -604,13 +610,14 @@ class IdentityResolver:
 
     def _uid(self, pid: int) -> int:
         try:
-            with open(f"{self._proc}/{pid}/status", encoding="utf-8", errors="replace") as handle:
-                for line in handle:
-                    if line.startswith("Uid:"):
-                        return int(line.split()[1])
+            with open(f"{self._proc}/{pid}/status", "rb") as handle:
+                text = handle.read()
         except OSError as exc:
             raise IdentityUnresolved(IdentityStage.VANISHED, f"reading status of {pid}: {exc}") from exc
-        raise IdentityUnresolved(IdentityStage.VANISHED, f"no Uid line for {pid}")
+        at = text.find(b"\nUid:")
+        if at < 0:
+            raise IdentityUnresolved(IdentityStage.VANISHED, f"no Uid line for {pid}")
+        return int(text[at + 5 :].split(None, 1)[0])
 
     @staticmethod
     def _readlink(path: str) -> str | None:
