@@ -43,7 +43,7 @@ class Stage(enum.StrEnum):
     VALIDATE = "validate"  # boundary-side checks before anything is forked
     FORK = "fork"
     SIGNALS = "signals"
-    MOUNT_NS = "mount_ns"  # models R and U: enter the agent's view of the filesystem (rootfs.py)
+    MOUNT_NS = "mount_ns"  # R, U: the agent's own root (entered by the forking process, rootfs.py rule 5)
     SETSID = "setsid"
     CTTY = "ctty"
     STDIO = "stdio"
@@ -209,7 +209,8 @@ def _reset_signals(ctx: ChildContext) -> None:
 
 
 def _mount_ns(ctx: ChildContext) -> None:
-    """Enter the agent's mount namespace (root and cwd become its root); the fd is closed with the others."""
+    """Enter a mount namespace handed over as an fd (needs CAP_SYS_CHROOT too); the fd is closed with the others.
+    The boundary does not use it: its forking process enters the agent's root itself (rootfs.py rule 5)."""
     if ctx.mount_ns is not None:
         linux.setns(ctx.mount_ns, linux.CLONE_NEWNS)
         os.chdir("/")
