@@ -331,8 +331,9 @@ OUT["unchanged"] = open("{TRUST_PATH}/openshell-ca.pem").read() == before and "B
 
 @pytest.mark.parametrize("model", MODELS)
 def test_resolver_configuration_is_readable_by_the_agent(host: Host, model: str) -> None:
-    """A resolved-style /etc/resolv.conf (symlink into /run) keeps working; the layout logic is unit-tested
-    (tests/unit/test_rootfs_plan.py), the real case only where the host has such a symlink."""
+    """A resolved-style /etc/resolv.conf (symlink into /run) keeps working: the layout logic is unit-tested
+    (tests/unit/test_rootfs_plan.py), a swapped /etc answered on 127.0.0.53 in
+    tests/integration/test_agent_root_resolved.py, the host's own file here only where it is such a symlink."""
     real = os.path.realpath("/etc/resolv.conf")
     if not os.path.exists(real):
         pytest.skip("no /etc/resolv.conf here")
