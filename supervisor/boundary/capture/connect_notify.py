@@ -62,13 +62,20 @@ _MAX_FDS: Final = 8
 
 
 def available() -> bool:
-    """Whether this kernel can return ``SECCOMP_RET_USER_NOTIF`` (asked without installing anything)."""
+    """Whether this kernel can return ``SECCOMP_RET_USER_NOTIF`` (asked without installing anything) and we may
+    call ``pidfd_getfd``."""
     table = seccomp.SYSCALLS.get(linux.MACHINE)
     if table is None:
         return False
     action = ctypes.c_uint32(seccomp.RET_USER_NOTIF)
     try:
         linux.syscall(table["seccomp"], SECCOMP_GET_ACTION_AVAIL, 0, ctypes.c_void_p(ctypes.addressof(action)))
+        # pidfd_getfd on ourselves: a container runtime's seccomp profile may deny it to us
+        pidfd = os.pidfd_open(os.getpid())
+        try:
+            os.close(pidfd_getfd(pidfd, pidfd))
+        finally:
+            os.close(pidfd)
     except OSError:
         return False
     return True
