@@ -352,10 +352,14 @@ def _dev(shm_size: str) -> None:
 
 def _run(uid: int, gid: int) -> None:
     _tmpfs("/run", 0o755, "4m", linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC)
-    for path, mode in (("/run/lock", 0o1777), ("/run/user", 0o755), (f"/run/user/{uid}", 0o700)):
+    for path, mode in (("/run/lock", 0o1777), ("/run/user", 0o755)):
         os.mkdir(path)
         os.chmod(path, mode)
-    _step("chown", f"/run/user/{uid}", os.chown, f"/run/user/{uid}", uid, gid)
+    # The agent's runtime directory is a tmpfs created with its owner: a chown would need CAP_CHOWN, which
+    # model R's pod does not have (docs/kubernetes.md "Model R"; found by running the pod, tests/k8s).
+    os.mkdir(f"/run/user/{uid}", 0o700)
+    flags = linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
+    _mount("tmpfs", f"/run/user/{uid}", "tmpfs", flags, f"mode=0700,uid={uid},gid={gid},size=4m")
 
 
 def _hide(paths: Iterable[str]) -> None:
