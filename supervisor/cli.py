@@ -234,6 +234,12 @@ def _run_boundary(args: argparse.Namespace, stream: Any) -> int:
         if (problem := _workdir_problem(args.workdir)) is not None:
             _err(f"--workdir: {problem}")
             return 2
+        # The agent's own root holds the workdir at its real path (R, U): its cwd, HOME and Landlock use that.
+        real_workdir = os.path.realpath(args.workdir)
+        if (problem := _workdir_problem(real_workdir)) is not None:
+            _err(f"--workdir: {args.workdir} resolves to {real_workdir}: {problem}")
+            return 2
+        args.workdir = real_workdir
         log = _daemon_log(args, "boundary", bundle.claims.sandbox, stream)  # after the fork: not the launcher's
         if log is None:
             return EXIT_SELF_FAILED

@@ -386,3 +386,17 @@ def test_model_r_builds_the_root_with_the_pods_capabilities_only(host: Host) -> 
     assert result.returncode == 0, result.stderr[-3000:]
     got = json.loads(result.stdout.splitlines()[-1])
     assert got["write_etc"] == "EROFS" and "home" not in got["root"] and "root" not in got["root"], got
+
+
+def test_a_workdir_named_through_a_symlink_is_entered_at_its_real_path(host: Host) -> None:
+    """The agent's root binds the real path (a symlink would lead nowhere inside it): the boundary resolves it."""
+    link = host.workdir.parent / "work-link"
+    link.symlink_to(host.workdir)
+    result = subprocess.run(
+        [*CLI, "dev", "--privilege-model=R", f"--workdir={link}", f"--agent-user={AGENT_ID}:{AGENT_ID}", "--",
+         "sh", "-c", "pwd; echo x > via-link && echo wrote"],
+        capture_output=True, text=True, timeout=120, cwd="/",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == [str(host.workdir), "wrote"]
+    assert (host.workdir / "via-link").read_text() == "x\n"
