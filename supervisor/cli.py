@@ -118,7 +118,8 @@ def daemon_parser() -> argparse.ArgumentParser:
         "--api-listen",
         metavar="ADDR:PORT",
         help="also serve the operator API on TCP with mutual TLS, to operator certificates of this sandbox only "
-        "(`certs issue --operator`); failed handshakes are rate limited and every operator request is logged",
+        "(`certs issue --operator`); ADDR * is every address. Failed handshakes are rate limited and every "
+        "operator request is logged",
     )
     c.add_argument(
         "--agent-user",

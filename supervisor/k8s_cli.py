@@ -86,11 +86,18 @@ def add_k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     )
     what.add_argument("--boundary-port", type=int, default=7443, metavar="PORT", help="default %(default)s")
     what.add_argument(
+        "--api-listen",
+        action="store_true",
+        help="control also serves the operator API on --api-port with mutual TLS (operator certificates only: "
+        "--operator-cert-out) and its NetworkPolicy admits that port; without it control has no ingress at all",
+    )
+    what.add_argument(
         "--operator-namespace",
         metavar="NS",
-        help="the only namespace whose pods may reach control's API port (default: no ingress to control)",
+        help="with --api-listen: the only namespace whose pods may reach the API port (default: any source; the "
+        "operator certificate is what admits a client)",
     )
-    what.add_argument("--api-port", type=int, default=7444, metavar="PORT", help="control's API port for that rule")
+    what.add_argument("--api-port", type=int, default=7444, metavar="PORT", help="control's TCP API port")
     what.add_argument(
         "--validity",
         type=parse_validity,
@@ -106,6 +113,13 @@ def add_k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     )  # fmt: skip
     out.add_argument(
         "--reuse-secrets", type=Path, metavar="DIR", help=f"take the keys from DIR/{SECRETS_FILE} of an earlier render"
+    )
+    out.add_argument(
+        "--operator-cert-out",
+        type=Path,
+        metavar="DIR",
+        help="also mint an operator certificate of this sandbox into DIR (new or empty; key 0600), for "
+        "`--api https://HOST:PORT --cert DIR`; not with --reuse-secrets (the CA key is not kept)",
     )
     out.add_argument(
         "--redact-secrets",
@@ -152,7 +166,8 @@ def _spec(args: argparse.Namespace) -> tuple[RenderSpec, bytes | None]:
         control_image=args.control_image, agent_argv=tuple(args.agent_argv), policy_text=policy_text,
         model=Model(args.privilege_model), topology=Topology(args.topology), generation=args.generation,
         owner=owner, owner_namespace=args.owner_namespace, operator_namespace=args.operator_namespace,
-        api_port=args.api_port, boundary_port=args.boundary_port, agent_user=args.agent_user,
+        api_port=args.api_port, api_listen=args.api_listen, boundary_port=args.boundary_port,
+        agent_user=args.agent_user,
         workdir=args.workdir, has_credentials=credentials is not None, seccomp_localhost=args.seccomp_localhost,
     )  # fmt: skip
     return spec, credentials
@@ -161,12 +176,25 @@ def _spec(args: argparse.Namespace) -> tuple[RenderSpec, bytes | None]:
 def _render(args: argparse.Namespace) -> int:
     from .k8s.names import SandboxNames
     from .k8s.render import claims_for, render, to_yaml
-    from .k8s.secrets import check_material, issue_material, load_material, write_secrets_file
+    from .k8s.secrets import (
+        check_material,
+        check_operator_dir,
+        issue_material,
+        load_material,
+        write_operator_dir,
+        write_secrets_file,
+    )
 
     if args.redact_secrets and (args.secrets_dir or args.reuse_secrets):
         raise RenderError("--redact-secrets", "cannot be combined with --secrets-dir or --reuse-secrets")
     if not args.redact_secrets and args.secrets_dir is None:
         raise RenderError("--secrets-dir", "required: Secrets are never written to stdout (or pass --redact-secrets)")
+    if args.operator_cert_out is not None:
+        if args.redact_secrets or args.reuse_secrets:
+            raise RenderError("--operator-cert-out", "needs freshly minted keys (not --redact-secrets/--reuse-secrets)")
+        if not args.api_listen:
+            raise RenderError("--operator-cert-out", "needs --api-listen (the certificate is for control's TCP API)")
+        check_operator_dir(args.operator_cert_out)
     spec, credentials = _spec(args)
     names = SandboxNames.of(spec.sandbox, spec.sandbox_uid)
     if args.redact_secrets:
@@ -184,7 +212,8 @@ def _render(args: argparse.Namespace) -> int:
             if credentials is not None and material.credentials is None:
                 raise RenderError("--credentials", "the reused Secrets hold no credentials Secret")
         else:
-            material = issue_material(claims, spec.policy_digest, validity=args.validity, credentials=credentials)
+            material = issue_material(claims, spec.policy_digest, validity=args.validity, credentials=credentials,
+                                      operator=args.operator_cert_out is not None)  # fmt: skip
         rendered = render(spec, material)
         text = to_yaml(rendered.objects)
         same = args.reuse_secrets is not None and (
@@ -192,6 +221,10 @@ def _render(args: argparse.Namespace) -> int:
         )
         path = write_secrets_file(args.secrets_dir, to_yaml(rendered.secrets), replace=same)
         print(f"k8s render: wrote {len(rendered.secrets)} Secrets to {path} (0600)", file=sys.stderr)
+        if args.operator_cert_out is not None and material.operator is not None:
+            write_operator_dir(args.operator_cert_out, material.operator)
+            print(f"k8s render: wrote the operator certificate to {args.operator_cert_out} "
+                  f"(--api https://HOST:{spec.api_port} --cert {args.operator_cert_out})", file=sys.stderr)  # fmt: skip
     if args.out is None or str(args.out) == "-":
         sys.stdout.write(text)
     else:

@@ -144,7 +144,8 @@ class TlsApiListener:
         self._handshakes = trio.Semaphore(MAX_HANDSHAKES)
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        # "*": every address of the pod, IPv4 and IPv6 (what `k8s render --api-listen` passes).
+        listeners = await trio.open_tcp_listeners(self.port, host=None if self.host == "*" else self.host)
         bound = listeners[0].socket.getsockname()
         self.log.emit("api.listening", address=f"{self.host}:{bound[1]}", tls=True, role=str(Role.OPERATOR),
                       uri=spiffe_uri(self.bundle.claims, Role.OPERATOR))  # fmt: skip

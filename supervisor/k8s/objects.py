@@ -248,6 +248,8 @@ def control_args(spec: RenderSpec, names: SandboxNames) -> list[str]:
         args.append(f"--agent-user={spec.agent_user}")
     if spec.model is Model.P:
         args += ["--capture-mode=proxy-env", "--acknowledge-external-fence"]
+    if spec.api_listen:
+        args.append(f"--api-listen=*:{spec.api_port}")  # every address of the pod, IPv4 and IPv6
     return args
 
 
@@ -297,6 +299,8 @@ def control_deployment(spec: RenderSpec, names: SandboxNames) -> Doc:
             {"name": "policy", "mountPath": POLICY_DIR, "readOnly": True},
         ],
     }
+    if spec.api_listen:
+        container["ports"] = [{"name": "operator-api", "containerPort": spec.api_port, "protocol": "TCP"}]
     pod: Doc = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -350,7 +354,9 @@ def policy_configmap(spec: RenderSpec, names: SandboxNames) -> Doc:
 
 def network_policies(spec: RenderSpec, names: SandboxNames) -> list[Doc]:
     """The workload's fence (ingress only from its control on the boundary port, no egress, not even DNS) and
-    control's (egress open: the sandbox policy decides; ingress only from the operator namespace, if named)."""
+    control's (egress open: the sandbox policy decides; ingress only to the operator API port and only with
+    --api-listen, from the operator namespace if named, else from anywhere: mutual TLS with an operator
+    certificate guards it)."""
     workload = {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -368,19 +374,12 @@ def network_policies(spec: RenderSpec, names: SandboxNames) -> list[Doc]:
         },
     }
     ingress: list[Doc] = []
-    if spec.operator_namespace is not None:
-        ingress.append(
-            {
-                "from": [
-                    {
-                        "namespaceSelector": {
-                            "matchLabels": {"kubernetes.io/metadata.name": spec.operator_namespace}
-                        }
-                    }
-                ],
-                "ports": [{"protocol": "TCP", "port": spec.api_port}],
-            }
-        )
+    if spec.api_listen:
+        rule: Doc = {"ports": [{"protocol": "TCP", "port": spec.api_port}]}
+        if spec.operator_namespace is not None:
+            namespace = {"matchLabels": {"kubernetes.io/metadata.name": spec.operator_namespace}}
+            rule = {"from": [{"namespaceSelector": namespace}], **rule}
+        ingress.append(rule)
     control = {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",

@@ -48,10 +48,12 @@ __all__ = [
     "SECRETS_FILE",
     "SecretMaterial",
     "check_material",
+    "check_operator_dir",
     "issue_material",
     "load_material",
     "redacted_secrets",
     "secret_objects",
+    "write_operator_dir",
     "write_secrets_file",
 ]
 
@@ -77,6 +79,8 @@ class SecretMaterial:
     control: dict[str, bytes]
     interception_ca: dict[str, bytes]
     credentials: bytes | None = None
+    # The operator bundle (``k8s render --operator-cert-out``): written to a directory, never a Secret.
+    operator: dict[str, bytes] | None = None
 
 
 def issue_material(
@@ -86,14 +90,16 @@ def issue_material(
     validity: datetime.timedelta = DEFAULT_VALIDITY,
     credentials: bytes | None = None,
     now: datetime.datetime | None = None,
+    operator: bool = False,
 ) -> SecretMaterial:
-    """Mint both bundles (``issue_bundle``) and a fresh interception CA; nothing is left on disk."""
+    """Mint both bundles (``issue_bundle``; with ``operator`` the operator's too) and a fresh interception CA;
+    nothing is left on disk."""
     staging = Path(tempfile.mkdtemp(prefix="openshell-render-"))
+    wanted = (Role.BOUNDARY, Role.CONTROL, Role.OPERATOR) if operator else (Role.BOUNDARY, Role.CONTROL)
     try:
-        issue_bundle(staging / "out", claims, validity=validity, now=now)
+        issue_bundle(staging / "out", claims, validity=validity, now=now, operator=operator)
         roles = {
-            role: {name: (staging / "out" / str(role) / name).read_bytes() for name in BUNDLE_FILES}
-            for role in (Role.BOUNDARY, Role.CONTROL)
+            role: {name: (staging / "out" / str(role) / name).read_bytes() for name in BUNDLE_FILES} for role in wanted
         }
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -104,6 +110,7 @@ def issue_material(
         control={**roles[Role.CONTROL], POLICY_DIGEST_FILE: digest},
         interception_ca={CA_CERT_FILE: ca.cert_pem.encode("ascii"), CA_KEY_FILE: ca.private_key_pem()},
         credentials=credentials,
+        operator=roles.get(Role.OPERATOR),
     )
 
 
@@ -289,3 +296,34 @@ def write_secrets_file(directory: Path, text: str, *, replace: bool) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def check_operator_dir(directory: Path) -> None:
+    """``--operator-cert-out`` must be new or empty: an operator bundle is never overwritten."""
+    directory = Path(directory)
+    if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
+        raise RenderError("--operator-cert-out", f"{directory}: exists and is not a directory")
+    if directory.is_dir() and any(directory.iterdir()):
+        raise RenderError("--operator-cert-out", f"{directory}: exists and is not empty")
+    if not directory.parent.is_dir():
+        raise RenderError("--operator-cert-out", f"{directory.parent}: no such directory")
+
+
+def write_operator_dir(directory: Path, files: dict[str, bytes]) -> None:
+    """The operator bundle for ``--api https://… --cert DIR``: a 0700 directory, key.pem 0600, the rest 0644."""
+    check_operator_dir(directory)
+    directory = Path(directory)
+    if directory.is_dir():
+        directory.rmdir()
+    os.mkdir(directory, 0o700)
+    os.chmod(directory, 0o700)
+    try:
+        for name, content in files.items():
+            mode = 0o600 if name == "key.pem" else 0o644
+            fd = os.open(directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+            os.fchmod(fd, mode)
+            with os.fdopen(fd, "wb") as out:
+                out.write(content)
+    except OSError as exc:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise RenderError("--operator-cert-out", f"{directory}: cannot write: {exc.strerror or exc}") from None

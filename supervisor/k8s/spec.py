@@ -110,6 +110,7 @@ class RenderSpec:
     owner_namespace: str | None = None  # where the owner lives; None: this namespace or cluster-scoped
     operator_namespace: str | None = None  # the only namespace whose pods may reach control's API port
     api_port: int = DEFAULT_API_PORT
+    api_listen: bool = False  # control serves the operator API on api_port with mTLS (--api-listen)
     boundary_port: int = DEFAULT_BOUNDARY_PORT
     agent_user: str = "1000:1000"
     workdir: str = "/sandbox"
@@ -147,6 +148,8 @@ class RenderSpec:
                 )
         if self.operator_namespace is not None and not is_dns_label(self.operator_namespace):
             raise RenderError("--operator-namespace", f"{self.operator_namespace!r} is not a namespace name")
+        if self.operator_namespace is not None and not self.api_listen:
+            raise RenderError("--operator-namespace", "needs --api-listen (without it control has no TCP API)")
         for flag, port in (("--api-port", self.api_port), ("--boundary-port", self.boundary_port)):
             if isinstance(port, bool) or not 1 <= port <= 65535:
                 raise RenderError(flag, f"{port!r} is not a TCP port")

@@ -485,11 +485,21 @@ def test_workload_network_policy_admits_only_its_control_on_the_boundary_port_an
     assert svc["selector"].items() <= pod_labels(one(docs, "Pod")).items()
 
 
-def test_control_network_policy_has_no_ingress_unless_an_operator_namespace_is_named() -> None:
-    spec = one(objects(Model.R), "NetworkPolicy", "os-npc-")["spec"]
+def test_control_network_policy_has_no_ingress_unless_the_api_listens() -> None:
+    """Issue 18: the API port is admitted only when control serves it (--api-listen), and only that port."""
+    docs = objects(Model.R)
+    spec = one(docs, "NetworkPolicy", "os-npc-")["spec"]
     assert spec["ingress"] == [] and spec["egress"] == [{}]
-    spec = one(objects(Model.R, operator_namespace="openshell-ops"), "NetworkPolicy", "os-npc-")["spec"]
-    (rule,) = spec["ingress"]
+    control = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert not [a for a in control["args"] if a.startswith("--api-listen")] and "ports" not in control
+    docs = objects(Model.R, api_listen=True, api_port=7555)
+    (rule,) = one(docs, "NetworkPolicy", "os-npc-")["spec"]["ingress"]
+    assert rule == {"ports": [{"protocol": "TCP", "port": 7555}]}  # any source: the operator certificate admits
+    control = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "--api-listen=*:7555" in control["args"]
+    assert control["ports"] == [{"name": "operator-api", "containerPort": 7555, "protocol": "TCP"}]
+    spec = one(objects(Model.R, api_listen=True, operator_namespace="openshell-ops"), "NetworkPolicy", "os-npc-")
+    (rule,) = spec["spec"]["ingress"]
     assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "openshell-ops"}}}]
     assert rule["ports"] == [{"protocol": "TCP", "port": 7444}]
 
@@ -512,7 +522,7 @@ def test_every_object_is_labelled_and_owned() -> None:
 @pytest.mark.parametrize("model", MODELS)
 def test_every_object_validates_against_the_kubernetes_schemas(model: Model, version: str) -> None:
     owner = Owner("agents.example/v1alpha1", "Sandbox", "review-bot", UID)
-    docs = objects(model, owner=owner, has_credentials=True, operator_namespace="ops")
+    docs = objects(model, owner=owner, has_credentials=True, operator_namespace="ops", api_listen=True)
     spec = make_spec(model)
     docs += render(spec, None).secrets  # the redacted form too
     assert {d["kind"] for d in docs} == {"ConfigMap", "NetworkPolicy", "Service", "Deployment", "Pod", "Secret"}
@@ -548,7 +558,8 @@ def test_the_schema_check_can_fail() -> None:
         ({"workdir": "rel"}, "--workdir"),
         ({"agent_user": "1000"}, "--agent-user"),
         ({"boundary_port": 0}, "--boundary-port"),
-        ({"operator_namespace": "Ops!"}, "--operator-namespace"),
+        ({"operator_namespace": "Ops!", "api_listen": True}, "--operator-namespace"),
+        ({"operator_namespace": "ops"}, "--operator-namespace"),  # needs --api-listen
         ({"owner": Owner("v1", "Sandbox", "x", UID), "owner_namespace": "elsewhere"}, "--owner"),
         ({"owner_namespace": "agents-team-a"}, "--owner-namespace"),
         ({"topology": "proxy-pod"}, "--topology"),
