@@ -410,6 +410,12 @@ def command_parser() -> argparse.ArgumentParser:
                      help="control's --self-address: an address control never dials (repeatable)")  # fmt: skip
     dev.add_argument("--privilege-model", default="auto", choices=["auto", "R", "U", "P"])
     dev.add_argument(
+        "--api-listen",
+        metavar="ADDR:PORT",
+        help="control also serves the operator API on TCP with mutual TLS; dev mints an operator certificate and "
+        "prints its directory (for --api https://ADDR:PORT --cert DIR; removed when dev exits)",
+    )
+    dev.add_argument(
         "--workdir",
         help="the agent's working directory, writable by it (default: $XDG_STATE_HOME/openshell-sandbox/<sandbox>/"
         "work, created for the agent and kept after exit; never / nor under /proc)",
@@ -498,8 +504,14 @@ def run_command(argv: list[str]) -> int:
             privilege_model=args.privilege_model, workdir=args.workdir, agent_user=args.agent_user,
             acknowledge_external_fence=args.acknowledge_external_fence, credentials=args.credentials,
             upstream_ca=args.upstream_ca, log_format=args.log_format, quiet=args.quiet,
-            ipv6_egress=args.ipv6_egress, self_addresses=tuple(args.self_address),
+            ipv6_egress=args.ipv6_egress, self_addresses=tuple(args.self_address), api_listen=args.api_listen,
         )  # fmt: skip
+        if args.api_listen is not None:
+            try:
+                _host_port(args.api_listen, "dev --api-listen")
+            except argparse.ArgumentTypeError as exc:
+                _err(str(exc))
+                return 2
         return run_dev(opts)
     if args.command == "policy":
         from supervisor.policy_cli import run_policy

@@ -54,6 +54,7 @@ class DevOptions:
     quiet: bool = False  # nothing of ours on stderr (fatal errors aside)
     ipv6_egress: str = "auto"  # control's --ipv6-egress
     self_addresses: tuple[str, ...] = ()  # control's --self-address
+    api_listen: str | None = None  # control's --api-listen ADDR:PORT; an operator bundle is minted for it
 
 
 def dev_claims(sandbox: str) -> Claims:
@@ -132,7 +133,7 @@ def run_dev(opts: DevOptions) -> int:
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         # Bundle directories must be traversable by the daemons' uid only: both are ours here.
-        issue_bundle(tmp / "bundle", dev_claims(sandbox))
+        issue_bundle(tmp / "bundle", dev_claims(sandbox), operator=opts.api_listen is not None)
         runtime = Path(os.environ.get("XDG_RUNTIME_DIR") or "/run") / "openshell-sandbox" / sandbox
         port_file = tmp / "boundary.port"
         runtime.parent.mkdir(parents=True, exist_ok=True, mode=0o755)  # hidden from the agent by a tmpfs
@@ -170,6 +171,11 @@ def run_dev(opts: DevOptions) -> int:
             control_cmd.append(f"--upstream-ca={opts.upstream_ca}")
         control_cmd += [f"--dns-server={server}" for server in opts.dns_servers]
         control_cmd += [f"--ipv6-egress={opts.ipv6_egress}", *(f"--self-address={a}" for a in opts.self_addresses)]
+        if opts.api_listen is not None:
+            control_cmd.append(f"--api-listen={opts.api_listen}")
+            host, _, api_port = opts.api_listen.rpartition(":")
+            say(f"openshell-sandbox: operator API on https://{host}:{api_port} --cert {tmp / 'bundle' / 'operator'}"
+                " (removed when dev exits)")  # fmt: skip
         procs.append(subprocess.Popen(control_cmd, stdin=subprocess.DEVNULL, preexec_fn=_die_with_dev))
         return _finish(procs, received, default=EXIT_SELF_FAILED, restart_control=control_cmd, tick=tick, say=say)
     finally:

@@ -387,3 +387,32 @@ def test_failed_handshakes_are_rate_limited_per_source(remote: Remote) -> None:
     assert len(remote.refusals(source)) == refused  # closed before TLS: no handshake, nothing more logged
     # ... while the operator elsewhere is unaffected.
     assert remote.cli("status").returncode == 0
+
+
+def test_dev_api_listen_prints_the_operator_bundle(tmp_path: Path) -> None:
+    """``dev --api-listen``: dev mints an operator certificate, says where it is, and the CLI reaches control."""
+    port = _free_port()
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state")}
+    dev = subprocess.Popen([*CLI, "dev", "--api-listen", f"127.0.0.1:{port}", "--", "sleep", "1000"], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert dev.stderr is not None
+        line = ""
+        deadline = time.monotonic() + 60
+        while "operator API on" not in line:
+            assert time.monotonic() < deadline and dev.poll() is None, line
+            if select.select([dev.stderr], [], [], 1)[0]:
+                line = dev.stderr.readline()
+        url, cert = line.split("operator API on ", 1)[1].split(" (", 1)[0].split(" --cert ")
+        assert url == f"https://127.0.0.1:{port}"
+
+        def status() -> subprocess.CompletedProcess[str] | None:
+            result = subprocess.run([*CLI, "status", "--json", "--api", url, "--cert", cert], capture_output=True,
+                                    text=True, timeout=60, env=env)  # fmt: skip
+            return result if result.returncode == 0 and json.loads(result.stdout).get("ready") else None
+
+        assert json.loads(_wait("dev's control ready over TCP", status).stdout)["namespace"] == "dev"
+    finally:
+        dev.terminate()
+        dev.wait(timeout=30)
+    assert not Path(cert).exists()  # removed with dev's temporary directory
