@@ -1,0 +1,90 @@
+#!/bin/sh
+# Build the openshell-sandbox image with no container registry at all (images/README.md, "Building without any
+# registry pull"): a Debian bookworm base from debootstrap, imported into podman; the Python dependencies as
+# wheels fetched on the host; the image built from images/Containerfile with no network during the build.
+#
+#   sh images/build-local.sh [TAG]            (default TAG: localhost/openshell-sandbox:dev; run as root)
+#
+# The base (a tarball and the imported image localhost/debian-python:bookworm) and the wheels are cached under
+# $OPENSHELL_IMAGE_CACHE (default /var/cache/openshell-sandbox), so a second build takes seconds; delete that
+# directory (and `podman rmi localhost/debian-python:bookworm`) for a fresh base. Podman runs with runc and
+# explicit ulimits (these hosts are cgroup v1; crun fails there) through a private containers.conf unless
+# CONTAINERS_CONF is already set. The Debian mirror is the first one of /etc/apt/sources.list* (override: MIRROR).
+set -eu
+
+TAG=${1:-localhost/openshell-sandbox:dev}
+CACHE=${OPENSHELL_IMAGE_CACHE:-/var/cache/openshell-sandbox}
+BASE=localhost/debian-python:bookworm
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-python3}
+[ -x "$ROOT/.venv/bin/python" ] && PY="$ROOT/.venv/bin/python"
+
+say() { printf 'build-local: %s\n' "$*" >&2; }
+
+if [ "$(id -u)" != 0 ]; then say "run as root (debootstrap and rootful podman)"; exit 2; fi
+for tool in podman runc debootstrap; do
+    command -v "$tool" > /dev/null || { say "$tool is missing: apt-get install podman runc debootstrap"; exit 2; }
+done
+
+mkdir -p "$CACHE"
+chmod 0755 "$CACHE"
+if [ -z "${CONTAINERS_CONF:-}" ]; then
+    nofile=$(ulimit -Hn); [ "$nofile" = unlimited ] && nofile=65536
+    [ "$nofile" -gt 65536 ] && nofile=65536
+    CONTAINERS_CONF="$CACHE/containers.conf"
+    cat > "$CONTAINERS_CONF.tmp" <<EOF
+[containers]
+default_ulimits = ["nofile=$nofile:$nofile", "nproc=4096:4096"]
+[engine]
+runtime = "runc"
+[network]
+network_backend = "netavark"
+EOF
+    mv "$CONTAINERS_CONF.tmp" "$CONTAINERS_CONF"
+    export CONTAINERS_CONF
+fi
+
+if [ -z "${MIRROR:-}" ]; then
+    MIRROR=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources 2>/dev/null \
+        | sed -n -e 's/^URIs:[[:space:]]*\([^[:space:]]*\).*/\1/p' -e 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\([^[:space:]]*\)[[:space:]]\+bookworm[[:space:]].*/\2/p' \
+        | grep -v security | head -n 1)
+    MIRROR=${MIRROR:-http://deb.debian.org/debian}
+fi
+
+# 1. The base: debootstrap once, then the tarball is the cache (and the imported image, when still present).
+if ! podman image exists "$BASE"; then
+    if [ ! -s "$CACHE/debian-python-bookworm.tar" ]; then
+        say "debootstrap bookworm from $MIRROR (about a minute or two)"
+        rootfs=$(mktemp -d "$CACHE/rootfs.XXXXXX")
+        trap 'rm -rf "$rootfs"' EXIT
+        debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+            bookworm "$rootfs" "$MIRROR" > "$CACHE/debootstrap.log" 2>&1 \
+            || { say "debootstrap failed; see $CACHE/debootstrap.log"; tail -n 20 "$CACHE/debootstrap.log" >&2; exit 1; }
+        rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+        tar --numeric-owner -C "$rootfs" -cf "$CACHE/debian-python-bookworm.tar.tmp" .
+        mv "$CACHE/debian-python-bookworm.tar.tmp" "$CACHE/debian-python-bookworm.tar"
+        rm -rf "$rootfs"
+        trap - EXIT
+    else
+        say "base from the cached $CACHE/debian-python-bookworm.tar"
+    fi
+    podman import --change 'CMD ["/bin/bash"]' "$CACHE/debian-python-bookworm.tar" "$BASE" > /dev/null
+else
+    say "base $BASE already present"
+fi
+
+# 2. The wheels (pip on the host has the index); kept between runs, refreshed only when missing.
+wheels="$CACHE/wheels"
+mkdir -p "$wheels"
+"$PY" -m pip download -q --disable-pip-version-check --only-binary=:all: --python-version 3.11 \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+    -d "$wheels" "$ROOT" 'setuptools>=68' wheel
+rm -f "$wheels"/openshell_sandbox-*  # the project itself is built from the context, never a stale wheel
+
+# 3. The image, with no network at all during the build.
+say "podman build $TAG"
+podman build -q --network=none --ulimit "nofile=1024:1024" --ulimit "nproc=4096:4096" \
+    -v "$wheels:/wheels:ro" --build-arg BASE="$BASE" \
+    --build-arg PIP_ARGS="--no-index --find-links=/wheels" \
+    -f "$ROOT/images/Containerfile" -t "$TAG" "$ROOT" > /dev/null
+say "built $TAG"

@@ -1,0 +1,225 @@
+"""The podman translation step: what ``k8s render`` writes, turned into pods ``podman kube play`` (4.3) runs.
+
+Podman 4.3 plays Pods (and Deployments, under names of its own), but not ``kind: Secret``, Secret or emptyDir
+volumes, Services or NetworkPolicies. So, for each of the two pods of one sandbox:
+
+- a **Deployment** becomes the Pod of its template, named after the Deployment (one replica: the pod a
+  Deployment would run); ``podman kube down`` + a new play with fresh directories is a Deployment replacing it;
+- a **Secret volume** becomes a hostPath directory holding the Secret's files as kubelet writes them: owner root,
+  group the pod's ``fsGroup`` (else root), mode ``defaultMode`` (the render's 0400 / 0440), in a 0700 parent;
+- a **ConfigMap volume** becomes a hostPath directory of 0644 files (mounted read-only, as in the manifests);
+- an **emptyDir** becomes a fresh, empty 0777 hostPath directory (on disk, not memory: ``medium: Memory`` and
+  ``sizeLimit`` are not reproduced);
+- the boundary **Service** becomes the workload pod's address on the podman network: control's
+  ``--boundary=os-bnd-…:PORT`` is rewritten to ``--boundary=ADDRESS:PORT`` (no name lookup, no aardvark);
+- the pod-level ``runAsUser``/``runAsGroup``/``fsGroup`` are written into each container's own context (``fsGroup``
+  as a supplemental group, which is what kubelet does for the processes), so nothing depends on how podman reads
+  the pod-level context;
+- init containers are kept after they ran (podman's ``always`` type; its ``once`` removal races their exit);
+- probes are dropped (podman runs them through systemd timers, which these hosts lack); the run calls
+  ``readyz``/``status`` through ``podman exec`` instead. ``hostUsers: false`` and ``procMount: Unmasked`` become
+  ``podman kube play --userns=auto`` and ``unmask=ALL`` (``PlayPod.play_args``/``unmask``).
+
+NetworkPolicies are not translated: the podman network is ``--internal`` (nothing leaves the machine), but
+nothing fences the workload pod from the other containers on it. docs/kubernetes.md ("Running the companion set
+under podman") says what this run changes and what it cannot show.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+Doc = dict[str, Any]
+
+
+class TranslationError(Exception):
+    """The rendered set holds something this translation does not know how to play."""
+
+
+@dataclass
+class PlayPod:
+    """One translated pod: the YAML ``podman kube play`` gets, and what the play needs besides."""
+
+    name: str
+    role: str  # "control" | "workload"
+    doc: Doc
+    yaml_path: Path
+    userns: str | None = None  # --userns for kube play (hostUsers: false)
+    unmask: bool = False  # procMount: Unmasked (not expressible in podman 4.3's kube YAML)
+    containers: list[str] = field(default_factory=list)  # podman's names: <pod>-<container>
+
+    def play_args(self, network: str, address: str) -> list[str]:
+        args = ["kube", "play", "--network", network, "--ip", address]
+        if self.userns:
+            args += ["--userns", self.userns]
+        return [*args, str(self.yaml_path)]
+
+
+def load_documents(*paths: Path) -> list[Doc]:
+    docs: list[Doc] = []
+    for path in paths:
+        for doc in yaml.safe_load_all(path.read_text("utf-8")):
+            if doc:
+                docs.append(doc)
+    return docs
+
+
+def _secret_files(secret: Doc) -> dict[str, bytes]:
+    files = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+    files.update({k: str(v).encode() for k, v in (secret.get("stringData") or {}).items()})
+    return files
+
+
+def _write_files(directory: Path, files: Mapping[str, bytes], mode: int, gid: int) -> None:
+    directory.mkdir(mode=0o755)
+    os.chmod(directory, 0o755)
+    for name, content in files.items():
+        if "/" in name or name.startswith("."):
+            raise TranslationError(f"{directory.name}: key {name!r} is not a plain file name")
+        path = directory / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(content)
+        os.chown(path, 0, gid)
+        os.chmod(path, mode)
+
+
+class Translation:
+    """The rendered objects and Secrets of one sandbox, and the pods made of them under ``work``."""
+
+    def __init__(self, objects: Sequence[Doc], secrets: Sequence[Doc], work: Path) -> None:
+        self.work = work
+        self.objects = list(objects)
+        self.secrets = {s["metadata"]["name"]: s for s in secrets if s.get("kind") == "Secret"}
+        self.configmaps = {o["metadata"]["name"]: o for o in objects if o.get("kind") == "ConfigMap"}
+        services = [o for o in objects if o.get("kind") == "Service"]
+        if len(services) != 1:
+            raise TranslationError(f"expected one Service (the boundary's), found {len(services)}")
+        self.service = services[0]
+        self.plays = 0
+        work.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(work, 0o700)
+
+    def pod_doc(self, role: str) -> Doc:
+        for obj in self.objects:
+            labels = obj.get("metadata", {}).get("labels", {})
+            if labels.get("openshell.ai/sandbox-role") != role:
+                continue
+            if obj.get("kind") == "Pod":
+                return obj
+            if obj.get("kind") == "Deployment":
+                template = obj["spec"]["template"]
+                return {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": obj["metadata"]["name"], "labels": dict(template["metadata"]["labels"])},
+                    "spec": template["spec"],
+                }
+        raise TranslationError(f"no Pod or Deployment with role {role!r} in the rendered set")
+
+    def boundary_name(self) -> str:
+        return str(self.service["metadata"]["name"])
+
+    def translate(
+        self,
+        role: str,
+        *,
+        boundary_address: str,
+        extra_args: Sequence[str] = (),
+        extra_mounts: Mapping[str, Path] = {},
+    ) -> PlayPod:
+        """A fresh play of the ``role`` pod (fresh emptyDirs each time, as a new pod gets).
+
+        ``extra_args`` are appended to the main container's args (control: ``--dns-server``, ``--upstream-ca``);
+        ``extra_mounts`` maps a container path to a host directory, mounted read-only into the main container.
+        """
+        self.plays += 1
+        source = self.pod_doc(role)
+        spec: Doc = yaml.safe_load(yaml.safe_dump(source["spec"]))  # a deep copy, plain types only
+        name = str(source["metadata"]["name"])
+        root = self.work / f"{self.plays:02d}-{role}"
+        root.mkdir(mode=0o700)
+        pod_context = spec.pop("securityContext", {}) or {}
+        fs_group = pod_context.get("fsGroup")
+        gid = int(fs_group) if fs_group is not None else 0
+
+        volumes = []
+        for volume in spec.get("volumes", []):
+            vol_name = volume["name"]
+            path = root / vol_name
+            if "secret" in volume:
+                secret_name = volume["secret"]["secretName"]
+                if secret_name not in self.secrets:
+                    raise TranslationError(f"volume {vol_name}: Secret {secret_name} is not in the rendered Secrets")
+                mode = int(volume["secret"].get("defaultMode", 0o644))
+                _write_files(path, _secret_files(self.secrets[secret_name]), mode, gid)
+            elif "configMap" in volume:
+                cm_name = volume["configMap"]["name"]
+                if cm_name not in self.configmaps:
+                    raise TranslationError(f"volume {vol_name}: ConfigMap {cm_name} is not in the rendered set")
+                data = {k: str(v).encode() for k, v in self.configmaps[cm_name].get("data", {}).items()}
+                _write_files(path, data, 0o644, 0)
+            elif "emptyDir" in volume:
+                path.mkdir()
+                os.chmod(path, 0o777)
+            else:
+                raise TranslationError(f"volume {vol_name}: only Secret, ConfigMap and emptyDir volumes are rendered")
+            volumes.append({"name": vol_name, "hostPath": {"path": str(path), "type": "Directory"}})
+
+        userns = None
+        if spec.pop("hostUsers", True) is False:
+            userns = "auto"
+        unmask = False
+        for kind in ("initContainers", "containers"):
+            for container in spec.get(kind, []):
+                container.pop("readinessProbe", None)
+                container.pop("livenessProbe", None)
+                container.pop("startupProbe", None)
+                context = container.setdefault("securityContext", {})
+                context.pop("appArmorProfile", None)
+                if context.pop("procMount", None) == "Unmasked":
+                    unmask = True
+                for key in ("runAsUser", "runAsGroup", "runAsNonRoot"):
+                    if key in pod_context and key not in context:
+                        context[key] = pod_context[key]
+        if fs_group is not None:
+            spec["securityContext"] = {"supplementalGroups": [gid]}
+
+        main = spec["containers"][0]
+        if role == "control":
+            main["args"] = [self._boundary_arg(a, boundary_address) for a in main.get("args", [])]
+        main["args"] = [*main.get("args", []), *extra_args]
+        for index, (mount_path, host) in enumerate(sorted(extra_mounts.items())):
+            vol_name = f"extra-{index}"
+            volumes.append({"name": vol_name, "hostPath": {"path": str(host), "type": "Directory"}})
+            main.setdefault("volumeMounts", []).append({"name": vol_name, "mountPath": mount_path, "readOnly": True})
+        spec["volumes"] = volumes
+
+        metadata: Doc = {"name": name, "labels": source["metadata"]["labels"]}
+        if spec.get("initContainers"):
+            # podman 4.3 removes a "once" init container after it exits and sometimes tries while it still runs
+            # ("cannot remove container … as it is running"); "always" keeps it (exited) instead.
+            metadata["annotations"] = {"io.podman.annotations.init.container.type": "always"}
+        doc = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+        yaml_path = root / "pod.yaml"
+        yaml_path.write_text(yaml.safe_dump(doc, sort_keys=False), "utf-8")
+        containers = [f"{name}-{c['name']}" for c in spec["containers"]]
+        return PlayPod(name=name, role=role, doc=doc, yaml_path=yaml_path, userns=userns, unmask=unmask,
+                       containers=containers)  # fmt: skip
+
+    def _boundary_arg(self, arg: str, address: str) -> str:
+        prefix = f"--boundary={self.boundary_name()}:"
+        if arg.startswith(prefix):
+            return f"--boundary={address}:{arg[len(prefix):]}"
+        return arg
+
+    def close(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)

@@ -1,0 +1,398 @@
+"""Real pods: the companion set ``k8s render`` writes, run under podman (``make test-k8s``; issue 17).
+
+One run: the image built from images/Containerfile on a debootstrap base (images/build-local.sh, base cached),
+an internal podman network on TEST-NET-1, a DNS container and an HTTPS origin container on it (the origin's
+certificate is from a CA the agent does not trust, so a request that verifies went through control's
+inspection). Then, for each privilege model, a sandbox is rendered with the real CLI, translated by
+tests/k8s/podman_play.py (docs/kubernetes.md, "Running the companion set under podman") and played with
+``podman kube play``; both daemons run as the image's entrypoint with the rendered args. The tests are the
+steps of the run, in order; pytest's verbose output lists each with its result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trustme
+
+from tests.k8s.podman_env import (
+    IMAGE,
+    REPO,
+    Network,
+    Podman,
+    build_image,
+    containers_conf,
+    missing_tools,
+    new_run_id,
+    run_detached,
+    wait_for,
+)
+from tests.k8s.podman_play import PlayPod, Translation, load_documents
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="rootful podman: the run needs root"),
+    pytest.mark.skipif(bool(missing_tools()), reason=f"missing {missing_tools()} (make test-k8s installs them)"),
+]
+
+CLI = [sys.executable, "-m", "supervisor.cli"]
+PORT = 8443
+NAMESPACE = "ostk"
+ORIGIN_CA_DIR = "/etc/openshell/test-origin-ca"
+POLICY = """\
+version: 1
+network_policies:
+  origin:
+    name: the test origin, inspected
+    endpoints:
+      - host: secure.test
+        port: {port}
+        allowed_ips: ["{address}/32"]
+{extra}    binaries:
+      - path: /usr/bin/python3*
+"""
+SECOND_ENDPOINT = """\
+      - host: denied.test
+        port: {port}
+        allowed_ips: ["{address}/32"]
+"""
+FETCH = (
+    "import sys, urllib.request\n"
+    "try:\n"
+    "    body = urllib.request.urlopen(sys.argv[1], timeout=20).read()\n"
+    "except Exception as exc:\n"
+    "    print(f'FAILED {type(exc).__name__}: {exc}', file=sys.stderr); sys.exit(3)\n"
+    "sys.stdout.write(body.decode())\n"
+)
+
+
+@dataclass
+class World:
+    run_id: str
+    work: Path
+    podman: Podman
+    network: Network
+    dns: str
+    origin: str
+    origin_ca: Path  # directory holding ca.pem, mounted into control
+    requests: Path  # the origin's request log
+
+    def origin_paths(self) -> list[str]:
+        if not self.requests.exists():
+            return []
+        return [json.loads(line)["path"] for line in self.requests.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[World]:
+    run_id = new_run_id()
+    work = Path(f"/var/tmp/ostk-{run_id}")
+    work.mkdir(mode=0o700)
+    podman = Podman(containers_conf(work / "containers.conf"), work / "podman.log")
+    network: Network | None = None
+    forwarding = Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()  # netavark turns it on
+    try:
+        build_image(work / "build.log")
+        files = work / "origin"
+        files.mkdir(mode=0o755)
+        shutil.copy(REPO / "tests" / "https_recorder.py", files / "https_recorder.py")
+        shutil.copy(REPO / "tests" / "k8s" / "dns_server.py", files / "dns_server.py")
+
+        def start_dns(net: Network) -> None:  # under the address lock: the bridge exists once it runs
+            dns, origin = net.address(1), net.address(2)
+            run_detached(podman, f"ostk-{run_id}-dns", net, dns, [(files, "/o", "ro")],
+                         ["/opt/openshell-sandbox/bin/python", "/o/dns_server.py", dns,
+                          f"secure.test={origin}", f"denied.test={origin}"])  # fmt: skip
+
+        network = Network(podman, run_id, start_dns)
+        dns, origin = network.address(1), network.address(2)
+        ca = trustme.CA()
+        leaf = ca.issue_cert("secure.test", "denied.test")
+        leaf.private_key_pem.write_to_path(str(files / "key.pem"))
+        for blob in leaf.cert_chain_pems:
+            blob.write_to_path(str(files / "cert.pem"), append=True)
+        origin_ca = work / "origin-ca"
+        origin_ca.mkdir(mode=0o755)
+        ca.cert_pem.write_to_path(str(origin_ca / "ca.pem"))
+        os.chmod(origin_ca / "ca.pem", 0o644)
+        logs = work / "origin-log"
+        logs.mkdir(mode=0o755)
+        run_detached(podman, f"ostk-{run_id}-origin", network, origin, [(files, "/o", "ro"), (logs, "/log", "rw")],
+                     ["/usr/bin/python3", "/o/https_recorder.py", origin, str(PORT), "/o/cert.pem", "/o/key.pem",
+                      "/log/requests.jsonl"])  # fmt: skip
+        probe = f"import socket; socket.create_connection(('{origin}', {PORT}), 2).close()"
+        wait_for("the origin to listen", lambda: podman.run(
+            "exec", f"ostk-{run_id}-origin", "/usr/bin/python3", "-c", probe, check=False).returncode == 0)  # fmt: skip
+        wait_for("the DNS server", lambda: "serving" in podman.run("logs", f"ostk-{run_id}-dns").stdout)
+        yield World(run_id, work, podman, network, dns, origin, origin_ca, logs / "requests.jsonl")
+    finally:
+        _teardown(podman, run_id)
+        if forwarding == "0" and not podman.run("ps", "-q", check=False).stdout.strip():
+            Path("/proc/sys/net/ipv4/ip_forward").write_text("0\n")
+        if os.environ.get("OPENSHELL_K8S_KEEP") != "1":
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _teardown(podman: Podman, run_id: str) -> None:
+    """Whatever a failed step left: every pod and container of this run, then the network."""
+    for name in podman.run("pod", "ps", "--format", "{{.Name}}", check=False).stdout.split():
+        if run_id in name:
+            podman.run("pod", "rm", "-f", "-t", "5", name, check=False)
+    for name in podman.run("ps", "-a", "--format", "{{.Names}}", check=False).stdout.split():
+        if run_id in name:
+            podman.run("rm", "-f", "-t", "2", name, check=False)
+    for name in podman.run("network", "ls", "--format", "{{.Name}}", check=False).stdout.split():
+        if run_id in name:
+            podman.run("network", "rm", "-f", name, check=False)
+
+
+class Sandbox:
+    """One rendered sandbox on the run's network: its render, its translation, its two pods."""
+
+    def __init__(self, world: World, model: str, first_address: int) -> None:
+        self.world = world
+        self.model = model
+        self.name = f"{model.lower()}-{world.run_id}"
+        self.root = world.work / self.name
+        self.root.mkdir(mode=0o700)
+        self.control_ip = world.network.address(first_address)
+        self.workload_ip = world.network.address(first_address + 1)
+        self.policy = POLICY.format(port=PORT, address=world.origin, extra="")
+        (self.root / "policy.yaml").write_text(self.policy)
+        rendered = subprocess.run(
+            [*CLI, "k8s", "render", "--namespace", NAMESPACE, "--sandbox", self.name,
+             "--sandbox-uid", str(uuid.uuid4()), "--image", IMAGE, "--control-image", IMAGE,
+             "--privilege-model", model, "--policy", str(self.root / "policy.yaml"),
+             "--secrets-dir", str(self.root / "secrets"), "--out", str(self.root / "objects.yaml"),
+             "--", "/usr/bin/sleep", "100000"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert rendered.returncode == 0, rendered.stderr
+        self.translation = Translation(
+            load_documents(self.root / "objects.yaml"),
+            load_documents(self.root / "secrets" / "secrets.yaml"),
+            self.root / "pods",
+        )
+        self.control: PlayPod | None = None
+        self.workload: PlayPod | None = None
+
+    # -- pods -------------------------------------------------------------------------------------------------
+    def play_workload(self) -> PlayPod:
+        pod = self.translation.translate("workload", boundary_address=self.workload_ip)
+        self.world.podman.run(*pod.play_args(self.world.network.name, self.workload_ip))
+        self.workload = pod
+        return pod
+
+    def play_control(self) -> PlayPod:
+        pod = self.translation.translate(
+            "control", boundary_address=self.workload_ip,
+            extra_args=[f"--dns-server={self.world.dns}:53", f"--upstream-ca={ORIGIN_CA_DIR}/ca.pem"],
+            extra_mounts={ORIGIN_CA_DIR: self.world.origin_ca},
+        )  # fmt: skip
+        self.world.podman.run(*pod.play_args(self.world.network.name, self.control_ip))
+        self.control = pod
+        return pod
+
+    def down(self, pod: PlayPod | None) -> None:
+        if pod is not None:
+            self.world.podman.run("kube", "down", str(pod.yaml_path), timeout=120)
+
+    @property
+    def control_container(self) -> str:
+        assert self.control is not None
+        return self.control.containers[0]
+
+    @property
+    def workload_container(self) -> str:
+        assert self.workload is not None
+        return self.workload.containers[0]
+
+    # -- through podman exec into control ------------------------------------------------------------------
+    def ctl(self, *args: str, timeout: float = 60, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return self.world.podman.run("exec", "-i", self.control_container, *args, check=False, timeout=timeout,
+                                     stdin=stdin)  # fmt: skip
+
+    def status(self) -> dict[str, Any]:
+        result = self.ctl("openshell-sandbox", "status", "--json")
+        if result.returncode != 0:
+            return {}
+        out: dict[str, Any] = json.loads(result.stdout)
+        return out
+
+    def running(self) -> dict[str, Any] | None:
+        status = self.status()
+        return status if status.get("boundary", {}).get("state") == "running" else None
+
+    def fetch(self, host: str, path: str) -> subprocess.CompletedProcess[str]:
+        return self.ctl("openshell-sandbox", "exec", "--", "/usr/bin/python3", "-c", FETCH,
+                        f"https://{host}:{PORT}{path}", timeout=90)  # fmt: skip
+
+    def diagnose(self) -> str:
+        """The last lines of every container of both pods (init containers too), for a failed step."""
+        out = []
+        for pod in (self.workload, self.control):
+            if pod is None:
+                continue
+            names = self.world.podman.run("ps", "-a", "--filter", f"pod={pod.name}", "--format",
+                                          "{{.Names}} {{.Status}}", check=False).stdout  # fmt: skip
+            for line in names.splitlines():
+                name = line.split()[0]
+                logs = self.world.podman.run("logs", "--tail", "15", name, check=False)
+                out.append(f"--- {line}\n{logs.stdout}{logs.stderr}")
+        return "\n".join(out)
+
+    def control_events(self) -> list[dict[str, Any]]:
+        logs = self.world.podman.run("logs", self.control_container, check=False)
+        return [json.loads(line) for line in (logs.stdout + logs.stderr).splitlines() if line.startswith("{")]
+
+
+def _entrypoint_runs(world: World, container: str, mode: str) -> None:
+    info = world.podman.inspect(container)
+    assert info["State"]["Status"] == "running", info["State"]
+    entrypoint = info["Config"].get("Entrypoint") or []
+    entrypoint = entrypoint.split() if isinstance(entrypoint, str) else entrypoint  # podman 4.3: a string
+    command = [*entrypoint, *(info["Config"].get("Cmd") or [])]
+    assert command[0] in ("openshell-sandbox", "/usr/local/bin/openshell-sandbox"), command
+    assert f"--mode={mode}" in command, command
+    pid1 = world.podman.run("exec", container, "cat", "/proc/1/cmdline").stdout.split("\0")
+    assert any(p.endswith("openshell-sandbox") for p in pid1[:2]) and f"--mode={mode}" in pid1, pid1
+
+
+def _up(box: Sandbox) -> None:
+    box.play_workload()
+    box.play_control()
+    try:
+        wait_for("control to attach and start the agent", box.running, timeout=120)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{box.diagnose()}") from None
+    _entrypoint_runs(box.world, box.workload_container, "boundary")
+    _entrypoint_runs(box.world, box.control_container, "control")
+    wait_for("control ready", lambda: box.ctl("openshell-sandbox", "readyz").returncode == 0, timeout=60)
+
+
+def _allowed_and_denied(box: Sandbox, tag: str) -> None:
+    ok = box.fetch("secure.test", f"/{tag}-allowed")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert json.loads(ok.stdout)["path"] == f"/{tag}-allowed"
+    denied = box.fetch("denied.test", f"/{tag}-denied")
+    assert denied.returncode != 0, denied.stdout
+    assert f"/{tag}-allowed" in box.world.origin_paths()
+    assert f"/{tag}-denied" not in box.world.origin_paths(), "a denied request reached the origin"
+    wait_for("the refusal in control's log", lambda: any(
+        e.get("event") == "egress.refused" and "denied.test" in json.dumps(e) for e in box.control_events()))  # fmt: skip
+
+
+# ---- model R: every step ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def box_r(world: World) -> Iterator[Sandbox]:
+    box = Sandbox(world, "R", 3)
+    yield box
+    for pod in (box.control, box.workload):
+        if pod is not None:
+            world.podman.run("kube", "down", str(pod.yaml_path), check=False, timeout=120)
+
+
+def test_r_1_both_daemons_run_as_entrypoints_from_the_rendered_pods(box_r: Sandbox) -> None:
+    _up(box_r)
+
+
+def test_r_2_allowed_https_verifies_through_inspection_and_a_denied_one_is_refused(box_r: Sandbox) -> None:
+    _allowed_and_denied(box_r, "r")
+
+
+def test_r_3_podman_exec_into_control_status_exec_id_policy_apply(box_r: Sandbox) -> None:
+    status = box_r.ctl("openshell-sandbox", "status")
+    assert status.returncode == 0 and box_r.name in status.stdout, status.stdout + status.stderr
+    ident = box_r.ctl("openshell-sandbox", "exec", "--", "/usr/bin/id")
+    assert ident.returncode == 0 and ident.stdout.startswith("uid=1000(agent)"), ident.stdout + ident.stderr
+    before = box_r.status()["policy"]
+    world = box_r.world
+    wider = POLICY.format(port=PORT, address=world.origin, extra=SECOND_ENDPOINT.format(port=PORT, address=world.origin))
+    copied = box_r.ctl("sh", "-c", "cat > /tmp/policy-2.yaml", stdin=wider)
+    assert copied.returncode == 0, copied.stderr
+    applied = box_r.ctl("openshell-sandbox", "policy", "apply", "/tmp/policy-2.yaml")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    after = box_r.status()["policy"]
+    assert after != before and after.get("generation") == before.get("generation", 1) + 1, (before, after)
+    now = box_r.fetch("denied.test", "/r-after-apply")
+    assert now.returncode == 0 and json.loads(now.stdout)["path"] == "/r-after-apply", now.stdout + now.stderr
+
+
+def test_r_4_control_pod_replaced_resumes_the_same_agent_with_the_same_ca(box_r: Sandbox) -> None:
+    before = box_r.status()
+    ca, agent = before["interception"]["ca_sha256"], before["boundary"]["agent"]["handle"]
+    instance = before["boundary"]["boundary_instance"]
+    assert ca and before["interception"]["match"] is True
+    box_r.down(box_r.control)
+    box_r.play_control()  # what the Deployment does: a new pod, fresh emptyDirs, the same Secrets
+    wait_for("lifecycle.resumed", lambda: any(e.get("event") == "lifecycle.resumed" for e in box_r.control_events()),
+             timeout=120)  # fmt: skip
+    after = wait_for("running after the restart", box_r.running, timeout=60)
+    assert after["interception"] == {"ca_sha256": ca, "boundary_ca_sha256": ca, "match": True}
+    assert after["boundary"]["agent"]["handle"] == agent, (before["boundary"], after["boundary"])
+    assert after["boundary"]["boundary_instance"] == instance
+    wait_for("ready after the restart", lambda: box_r.ctl("openshell-sandbox", "readyz").returncode == 0)
+    again = box_r.fetch("secure.test", "/r-after-restart")
+    assert again.returncode == 0 and json.loads(again.stdout)["path"] == "/r-after-restart", again.stderr
+
+
+def test_r_5_workload_removed_control_stays_up_not_ready_logging(box_r: Sandbox) -> None:
+    podman = box_r.world.podman
+    box_r.down(box_r.workload)
+    box_r.workload = None
+
+    def failures() -> int:
+        return sum(1 for e in box_r.control_events() if e.get("event", "").startswith("link.") and
+                   e.get("event") != "link.up")  # fmt: skip
+
+    seen = failures()
+    wait_for("control to log the lost link, repeatedly", lambda: failures() >= seen + 3, timeout=120)
+    info = podman.inspect(box_r.control_container)
+    assert info["State"]["Status"] == "running" and info["RestartCount"] == 0, (info["State"], info["RestartCount"])
+    ready = box_r.ctl("openshell-sandbox", "readyz")
+    assert ready.returncode != 0 and "boundary" in ready.stdout + ready.stderr, ready.stdout + ready.stderr
+
+
+def test_r_6_kube_down_leaves_nothing_of_the_sandbox(box_r: Sandbox) -> None:
+    box_r.down(box_r.control)
+    box_r.control = None
+    assert not [x for x in box_r.world.podman.leftovers(box_r.name)]
+
+
+# ---- model P ------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def box_p(world: World) -> Iterator[Sandbox]:
+    box = Sandbox(world, "P", 5)
+    yield box
+    for pod in (box.control, box.workload):
+        if pod is not None:
+            world.podman.run("kube", "down", str(pod.yaml_path), check=False, timeout=120)
+
+
+def test_p_1_pods_up_allowed_and_denied(box_p: Sandbox) -> None:
+    _up(box_p)
+    ident = box_p.ctl("openshell-sandbox", "exec", "--", "/usr/bin/id", "-u")
+    assert ident.returncode == 0 and ident.stdout.strip() != "0", ident.stdout + ident.stderr
+    _allowed_and_denied(box_p, "p")
+
+
+def test_p_2_kube_down_leaves_nothing_of_the_sandbox(box_p: Sandbox) -> None:
+    box_p.down(box_p.control)
+    box_p.down(box_p.workload)
+    box_p.control = box_p.workload = None
+    assert not box_p.world.podman.leftovers(box_p.name)
+
+
+# ---- the end of the run ------------------------------------------------------------------------------------------
+def test_z_teardown_leaves_nothing(world: World) -> None:
+    _teardown(world.podman, world.run_id)
+    assert not world.podman.leftovers(world.run_id)
