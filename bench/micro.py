@@ -1,4 +1,5 @@
-"""Running the project's micro-benchmarks (policy decision, exec round trip, TLS handshake) as extra rows.
+"""Running the project's micro-benchmarks (policy decision, exec round trip, TLS handshake, connect identity)
+as extra rows.
 
 The contract with those scripts (``bench/bench_policy.py``, ``bench/bench_exec.py``,
 ``bench/bench_handshake.py``), each run as ``python3 bench/bench_X.py --json [--quick]``:
@@ -23,7 +24,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-SCRIPTS = ("bench_policy.py", "bench_exec.py", "bench_exec_e2e.py", "bench_handshake.py", "bench_l7.py")
+SCRIPTS = ("bench_policy.py", "bench_exec.py", "bench_exec_e2e.py", "bench_handshake.py", "bench_l7.py",
+           "bench_connect_identity.py")  # fmt: skip
 NUMBER_FIELDS = ("p50", "p99", "min", "max", "target")
 
 

@@ -84,4 +84,4 @@ def test_run_all_names_missing_scripts(tmp_path: Path) -> None:
     assert rows == []
     assert skipped == {"bench_policy.py": "printed no row", "bench_exec.py": "not written yet",
                        "bench_exec_e2e.py": "not written yet", "bench_handshake.py": "not written yet",
-                       "bench_l7.py": "not written yet"}
+                       "bench_l7.py": "not written yet", "bench_connect_identity.py": "not written yet"}
