@@ -161,8 +161,8 @@ def _cause(exc: BaseException) -> str:
 
 class _TlsStream(trio.abc.HalfCloseableStream):
     """The TLS connection to a remote API. A refusal of our certificate arrives (TLS 1.3) as an alert on the first
-    read after the handshake: it becomes an ``ApiError`` naming the alert. TLS offers no half-close here, so
-    ``send_eof`` only stops our sending; the connection closes when the API is done."""
+    read after the handshake: it becomes an ``ApiError`` naming the alert. ``send_eof`` is a TLS close_notify
+    (TLS 1.3 half-close): the API keeps answering until it is done."""
 
     def __init__(self, tls: trio.SSLStream[trio.SocketStream], where: str) -> None:
         self.tls = tls
@@ -170,8 +170,10 @@ class _TlsStream(trio.abc.HalfCloseableStream):
         self.received = False
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        from supervisor.link.tls_link import receive_after_close_notify
+
         try:
-            data = bytes(await self.tls.receive_some(max_bytes))
+            data = await receive_after_close_notify(self.tls, max_bytes)
         except trio.BrokenResourceError as exc:
             if self.received:
                 raise
@@ -191,7 +193,9 @@ class _TlsStream(trio.abc.HalfCloseableStream):
         await self.tls.wait_send_all_might_not_block()
 
     async def send_eof(self) -> None:
-        await trio.lowlevel.checkpoint()
+        from supervisor.link.tls_link import send_close_notify
+
+        await send_close_notify(self.tls)  # where it cannot be sent alone, just stop sending
 
     async def aclose(self) -> None:
         await trio.aclose_forcefully(self.tls)

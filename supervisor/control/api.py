@@ -167,8 +167,9 @@ class ApiServer:
             import hashlib
 
             detail = {"policy_sha256": hashlib.sha256(body).hexdigest(), "bytes": len(body)}
-        self.log.emit("api.operator", peer=peer, operator=operator, action=f"{request.method.decode()} {target}",
-                      request=detail or None)  # fmt: skip
+        # The action first: `logs` shows the fields in this order and cuts long lines.
+        self.log.emit("api.operator", action=f"{request.method.decode()} {target}", request=detail or None,
+                      peer=peer, operator=operator)  # fmt: skip
 
     async def _dispatch(self, http: _Http, request: h11.Request, body: bytes) -> bool:
         method = request.method.decode()

@@ -17,8 +17,8 @@ client that presents an ``operator`` certificate of this sandbox:
 4. Every accepted connection and every request on it is logged with the certificate's identity
    (``api.operator``: its SPIFFE URI, SHA-256 fingerprint, serial and end of validity) before it acts.
 
-TLS has no half-close that trio exposes, so a channel's end of data from the workload closes the connection
-(``_TlsChannelEnd``): every byte sent before it still arrives, then the client sees the close.
+A channel's end of data from the workload is a TLS close_notify (``_TlsChannelEnd``, TLS 1.3 half-close), so
+that a forwarded connection half-closes as a plain TCP one would.
 """
 
 from __future__ import annotations
@@ -32,7 +32,12 @@ import trio
 from cryptography import x509
 
 from supervisor.jsonlog import JsonLog
-from supervisor.link.tls_link import peer_name, send_handshake_alert
+from supervisor.link.tls_link import (
+    peer_name,
+    receive_after_close_notify,
+    send_close_notify,
+    send_handshake_alert,
+)
 from supervisor.protocol.certs import Bundle
 from supervisor.protocol.claims import Role, spiffe_uri
 from supervisor.protocol.fingerprint import certificate_fingerprint
@@ -100,13 +105,14 @@ def operator_identity(der: bytes) -> dict[str, str]:
 
 
 class _TlsChannelEnd(trio.abc.HalfCloseableStream):
-    """The TLS stream as the relay's half-closeable end: ``send_eof`` closes the connection after the data."""
+    """The TLS stream as the relay's half-closeable end: ``send_eof`` is a close_notify (or a close where it cannot
+    be sent alone)."""
 
     def __init__(self, tls: trio.SSLStream[trio.SocketStream]) -> None:
         self.tls = tls
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        return bytes(await self.tls.receive_some(max_bytes))
+        return await receive_after_close_notify(self.tls, max_bytes)
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await self.tls.send_all(data)
@@ -115,10 +121,11 @@ class _TlsChannelEnd(trio.abc.HalfCloseableStream):
         await self.tls.wait_send_all_might_not_block()
 
     async def send_eof(self) -> None:
-        await self.tls.aclose()
+        if not await send_close_notify(self.tls):
+            await self.tls.aclose()
 
     async def aclose(self) -> None:
-        await self.tls.aclose()
+        await trio.aclose_forcefully(self.tls)
 
 
 class TlsApiListener:
@@ -180,7 +187,7 @@ class TlsApiListener:
             self._handshakes.release()
         if identity is None:
             return
-        self.log.emit("api.operator", peer=peer, operator=identity, action="connected")
+        self.log.emit("api.operator", action="connected", peer=peer, operator=identity)
         await self.api.handle(_TlsChannelEnd(tls), operator=identity, peer=peer)
 
     async def _handshake(self, tls: trio.SSLStream[trio.SocketStream], address: str, peer: str) -> Any:

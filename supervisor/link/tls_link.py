@@ -129,3 +129,27 @@ async def dial_link(
 async def send_handshake_alert(tls: trio.SSLStream[trio.SocketStream]) -> None:
     """The alert OpenSSL wrote when a handshake failed, sent before closing (also control's TCP operator API)."""
     await _send_alert(tls)
+
+
+async def send_close_notify(tls: trio.SSLStream[trio.SocketStream]) -> bool:
+    """Half-close a TLS 1.3 stream: send close_notify and keep reading (TLS 1.3 allows it, RFC 8446 §6.1; trio has
+    no public call for it, so this drives its SSL object as ``aclose`` does, without waiting for the peer's
+    close_notify). False, having sent nothing, where trio's internals differ: the caller then closes instead."""
+    retry = getattr(tls, "_retry", None)
+    ssl_object = getattr(tls, "_ssl_object", None)
+    if retry is None or not isinstance(ssl_object, ssl.SSLObject):
+        await trio.lowlevel.checkpoint()
+        return False
+    await retry(ssl_object.unwrap, ignore_want_read=True)
+    return True
+
+
+async def receive_after_close_notify(tls: trio.SSLStream[trio.SocketStream], max_bytes: int | None) -> bytes:
+    """``receive_some`` for a stream that may have sent its own close_notify: the peer's close_notify is then an
+    end of data, where trio (seeing OpenSSL's "zero return" with both shutdowns done) reports a broken stream."""
+    try:
+        return bytes(await tls.receive_some(max_bytes))
+    except trio.BrokenResourceError as exc:
+        if isinstance(exc.__cause__, ssl.SSLZeroReturnError):
+            return b""
+        raise

@@ -35,8 +35,16 @@ from tests.certs_fixtures import differing
 
 CLI = [sys.executable, "-m", "supervisor.cli"]
 WORKLOAD_PORT = 8000
+COUNT_PORT = 8001  # reads until the client half-closes, then answers with the byte count
 AGENT = (
-    "import http.server, socketserver\n"
+    "import http.server, socketserver, threading\n"
+    "class C(socketserver.BaseRequestHandler):\n"
+    "    def handle(self):\n"
+    "        n = 0\n"
+    "        while chunk := self.request.recv(65536):\n"
+    "            n += len(chunk)\n"
+    "        self.request.sendall(b'got %d bytes' % n)\n"
+    f"threading.Thread(target=socketserver.TCPServer(('127.0.0.1', {COUNT_PORT}), C).serve_forever).start()\n"
     "class H(http.server.BaseHTTPRequestHandler):\n"
     "    def do_GET(self):\n"
     "        body = b'hello from inside the workload\\n'\n"
@@ -230,6 +238,34 @@ def test_forward_over_tcp(remote: Remote) -> None:
         proc.wait(timeout=10)
     logged = [e for e in remote.events() if e["event"] == "api.operator" and e["action"] == "POST /v1/forward"]
     assert any(e.get("request") == {"host": "127.0.0.1", "port": WORKLOAD_PORT} for e in logged)
+
+
+def test_forward_carries_half_close_both_ways(remote: Remote) -> None:
+    """The local client shuts its sending side; the workload sees EOF, answers, and closes: TLS 1.3 close_notify
+    carries each end of data across the TCP API without closing the other direction."""
+    local_port = _free_port()
+    proc = subprocess.Popen([*CLI, "forward", "--api", remote.url, "--cert", str(remote.operator),
+                             f"{local_port}:{COUNT_PORT}"], env=remote.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+
+        def exchange() -> bytes:
+            assert proc.poll() is None, proc.communicate()[1]
+            answer = b""
+            try:
+                with socket.create_connection(("127.0.0.1", local_port), timeout=10) as conn:
+                    conn.sendall(b"x" * 100000)
+                    conn.shutdown(socket.SHUT_WR)
+                    while chunk := conn.recv(4096):
+                        answer += chunk
+            except OSError:
+                return b""
+            return answer
+
+        assert _wait("an answer after the half-close", exchange, timeout=30) == b"got 100000 bytes"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=10)
 
 
 def test_policy_apply_and_get_over_tcp(remote: Remote) -> None:
