@@ -43,7 +43,7 @@ from typing import Final
 
 import trio
 
-from supervisor.boundary.capture.identity import IdentityResolver, IdentityUnresolved
+from supervisor.boundary.capture.identity import IdentityResolver
 from supervisor.boundary.process import linux, seccomp
 
 # struct seccomp_notif { u64 id; u32 pid; u32 flags; struct seccomp_data { int nr; u32 arch; u64 ip; u64 args[6] } }
@@ -229,7 +229,7 @@ class ConnectNotifier:
                 self.resolver.note_exec(self.resolver.thread_group(note.pid))
             elif note.nr == self._syscalls["connect"]:
                 pending = self._connect(listener, note)
-        except (IdentityUnresolved, OSError) as exc:
+        except Exception as exc:  # rule 5: whatever went wrong, no record (and the boundary goes on)
             if note.nr == self._syscalls["connect"]:
                 self.counters["unrecorded"] += 1
                 self._event("identity.connect-unrecorded", pid=note.pid, detail=str(exc)[:300])
@@ -309,7 +309,7 @@ class ConnectNotifier:
                 self.counters["timed_out"] += 1
                 self.counters["unrecorded"] += 1
                 self._event("identity.connect-timeout", pid=note.pid, bound_s=self.bound)
-        except (IdentityUnresolved, OSError) as exc:
+        except Exception as exc:  # rule 5
             self.counters["unrecorded"] += 1
             self._event("identity.connect-unrecorded", pid=note.pid, detail=str(exc)[:300])
         finally:
