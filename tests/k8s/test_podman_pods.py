@@ -287,8 +287,9 @@ def _allowed_and_denied(box: Sandbox, tag: str) -> None:
     assert denied.returncode != 0, denied.stdout
     assert f"/{tag}-allowed" in box.world.origin_paths()
     assert f"/{tag}-denied" not in box.world.origin_paths(), "a denied request reached the origin"
-    wait_for("the refusal in control's log", lambda: any(
-        e.get("event") == "egress.refused" and "denied.test" in json.dumps(e) for e in box.control_events()))  # fmt: skip
+    wait_for("the refusal in control's log", lambda: [
+        e for e in box.control_events() if e.get("event") == "egress" and e.get("decision") == "deny"
+        and "denied.test" in json.dumps(e)])  # fmt: skip
 
 
 # ---- model R: every step ----------------------------------------------------------------------------------------
@@ -317,9 +318,8 @@ def test_r_3_podman_exec_into_control_status_exec_id_policy_apply(box_r: Sandbox
     before = box_r.status()["policy"]
     world = box_r.world
     wider = POLICY.format(port=PORT, address=world.origin, extra=SECOND_ENDPOINT.format(port=PORT, address=world.origin))
-    copied = box_r.ctl("sh", "-c", "cat > /tmp/policy-2.yaml", stdin=wider)
-    assert copied.returncode == 0, copied.stderr
-    applied = box_r.ctl("openshell-sandbox", "policy", "apply", "/tmp/policy-2.yaml")
+    # control's root is read-only: the file comes in on stdin (kubectl exec -i … policy apply /dev/stdin < FILE)
+    applied = box_r.ctl("openshell-sandbox", "policy", "apply", "/dev/stdin", stdin=wider)
     assert applied.returncode == 0, applied.stdout + applied.stderr
     after = box_r.status()["policy"]
     assert after != before and after.get("generation") == before.get("generation", 1) + 1, (before, after)
