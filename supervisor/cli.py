@@ -21,8 +21,10 @@ DAEMON_HELP = """\
 daemons:
   openshell-sandbox --mode=boundary --bootstrap DIR [--listen ADDR:PORT] -- AGENT ARGV...
   openshell-sandbox --mode=control --bootstrap DIR --boundary HOST:PORT [--policy FILE] [--api PATH]
+                    [--api-listen ADDR:PORT]
 
-operator commands (find the running sandbox's API socket by themselves; --api to choose):
+operator commands (find the running sandbox's API socket by themselves; --api to choose, or
+--api https://HOST:PORT --cert DIR for control's --api-listen from outside the pod):
   dev       run CMD as the agent in a local two-process sandbox
   status    show the sandbox's status (readiness, lifecycle, policy)
   logs      show control's recent events; -f follows them (--event KIND, --json)

@@ -452,3 +452,32 @@ def test_dev_api_listen_prints_the_operator_bundle(tmp_path: Path) -> None:
         dev.terminate()
         dev.wait(timeout=30)
     assert not Path(cert).exists()  # removed with dev's temporary directory
+
+
+@pytest.mark.parametrize("alpn", ["openshell-ops/1", "openshell-egress/1"])
+def test_operator_cert_refused_on_the_boundarys_link_port(remote: Remote, alpn: str) -> None:
+    """The operator certificate dials the real boundary as if it were control, on each link protocol."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.load_verify_locations(remote.operator / "ca.pem")
+    ctx.load_cert_chain(remote.operator / "cert.pem", remote.operator / "key.pem")
+    ctx.set_alpn_protocols([alpn])
+    port = int((remote.root / "port").read_text())
+    log = remote.root / "boundary.log"
+
+    def refusals() -> list[dict[str, Any]]:
+        lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+        return [e for e in lines if e["event"] == "link.refused" and "got 'operator'" in e.get("reason", "")]
+
+    before = len(refusals())
+    answer = b""
+    try:
+        raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+        with raw, ctx.wrap_socket(raw) as tls:
+            while chunk := tls.recv(4096):
+                answer += chunk
+    except (ssl.SSLError, OSError):
+        pass
+    refusal = _wait("the boundary's refusal", lambda: refusals()[before:], timeout=20)[-1]
+    assert refusal["field"] == "role"
+    assert remote.cli("status").returncode == 0  # control's own link is untouched
