@@ -120,3 +120,16 @@ def test_https_api_needs_a_cert(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENSHELL_SANDBOX_CERT", "/op")
     assert find_api(None) == TlsApi("127.0.0.1", 7444, Path("/op"))
     assert find_api("/run/x/api.sock") == Path("/run/x/api.sock")
+
+
+def test_certs_issue_operator_bound_needs_operator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from supervisor.cli import main
+
+    claims = [f"--{k.replace('_', '-')}={v}" for k, v in SAMPLE_CLAIMS.to_dict().items()]
+    assert main(["certs", "issue", f"--out={tmp_path / 'a'}", *claims, "--not-after=operator=+1h"]) == 2
+    assert "no operator certificate without --operator" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
+    assert main(["certs", "issue", f"--out={tmp_path / 'b'}", *claims, "--operator", "--not-after=operator=+1h"]) == 0
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["boundary", "control", "operator"]
+    assert main(["certs", "issue", f"--out={tmp_path / 'c'}", *claims, "--not-after=+2h"]) == 0  # all issued ones
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["boundary", "control"]
