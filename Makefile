@@ -30,3 +30,13 @@ test:
 # the benchmarks (docs/performance.md); extra arguments with BENCH_ARGS="--quick"
 bench: test-venv
 	$(PY) bench/run.py $(BENCH_ARGS)
+
+# Real pods: the rendered companion set under rootful podman, models R, P (U where the host allows), on an
+# internal TEST-NET network (tests/k8s; docs/kubernetes.md "Running the companion set under podman"). As root;
+# installs podman, runc, netavark, debootstrap when missing; the image's debootstrap base is cached under
+# /var/cache/openshell-sandbox. A few minutes; not part of `make test`.
+.PHONY: test-k8s
+test-k8s:
+	bash scripts/install-k8s-test-deps.sh
+	@sh scripts/venv.sh $(VENV) test --install-missing
+	OPENSHELL_TEST_K8S=1 $(PY) -m pytest -v -p no:cacheprovider --timeout=900 tests/k8s

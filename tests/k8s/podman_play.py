@@ -17,8 +17,10 @@ volumes, Services or NetworkPolicies. So, for each of the two pods of one sandbo
   the pod-level context;
 - init containers are kept after they ran (podman's ``always`` type; its ``once`` removal races their exit);
 - probes are dropped (podman runs them through systemd timers, which these hosts lack); the run calls
-  ``readyz``/``status`` through ``podman exec`` instead. ``hostUsers: false`` and ``procMount: Unmasked`` become
-  ``podman kube play --userns=auto`` and ``unmask=ALL`` (``PlayPod.play_args``/``unmask``).
+  ``readyz``/``status`` through ``podman exec`` instead. ``hostUsers: false`` becomes ``podman kube play
+  --userns=auto:uidmapping=0:BASE:65536,…`` with a BASE of the run's choosing, and every hostPath file of that
+  pod is owned by the mapped ids (what kubelet's idmapped mounts do; runc 1.1 has none); ``procMount: Unmasked``
+  is passed through as written.
 
 NetworkPolicies are not translated: the podman network is ``--internal`` (nothing leaves the machine), but
 nothing fences the workload pod from the other containers on it. docs/kubernetes.md ("Running the companion set
@@ -53,7 +55,7 @@ class PlayPod:
     doc: Doc
     yaml_path: Path
     userns: str | None = None  # --userns for kube play (hostUsers: false)
-    unmask: bool = False  # procMount: Unmasked (not expressible in podman 4.3's kube YAML)
+    unmask: bool = False  # the pod asks for procMount: Unmasked
     containers: list[str] = field(default_factory=list)  # podman's names: <pod>-<container>
 
     def play_args(self, network: str, address: str) -> list[str]:
@@ -78,9 +80,10 @@ def _secret_files(secret: Doc) -> dict[str, bytes]:
     return files
 
 
-def _write_files(directory: Path, files: Mapping[str, bytes], mode: int, gid: int) -> None:
+def _write_files(directory: Path, files: Mapping[str, bytes], mode: int, gid: int, base: int = 0) -> None:
     directory.mkdir(mode=0o755)
     os.chmod(directory, 0o755)
+    os.chown(directory, base, base)
     for name, content in files.items():
         if "/" in name or name.startswith("."):
             raise TranslationError(f"{directory.name}: key {name!r} is not a plain file name")
@@ -88,15 +91,17 @@ def _write_files(directory: Path, files: Mapping[str, bytes], mode: int, gid: in
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as out:
             out.write(content)
-        os.chown(path, 0, gid)
+        os.chown(path, base, base + gid)
         os.chmod(path, mode)
 
 
 class Translation:
     """The rendered objects and Secrets of one sandbox, and the pods made of them under ``work``."""
 
-    def __init__(self, objects: Sequence[Doc], secrets: Sequence[Doc], work: Path) -> None:
+    def __init__(self, objects: Sequence[Doc], secrets: Sequence[Doc], work: Path, userns_base: int = 0) -> None:
+        """``userns_base``: the host uid/gid that uid/gid 0 of a ``hostUsers: false`` pod maps to."""
         self.work = work
+        self.userns_base = userns_base
         self.objects = list(objects)
         self.secrets = {s["metadata"]["name"]: s for s in secrets if s.get("kind") == "Secret"}
         self.configmaps = {o["metadata"]["name"]: o for o in objects if o.get("kind") == "ConfigMap"}
@@ -150,6 +155,13 @@ class Translation:
         pod_context = spec.pop("securityContext", {}) or {}
         fs_group = pod_context.get("fsGroup")
         gid = int(fs_group) if fs_group is not None else 0
+        userns = None
+        base = 0
+        if spec.pop("hostUsers", True) is False:
+            if not self.userns_base:
+                raise TranslationError("hostUsers: false needs a userns_base (the host ids the pod's map to)")
+            base = self.userns_base
+            userns = f"auto:uidmapping=0:{base}:65536,gidmapping=0:{base}:65536"
 
         volumes = []
         for volume in spec.get("volumes", []):
@@ -160,23 +172,21 @@ class Translation:
                 if secret_name not in self.secrets:
                     raise TranslationError(f"volume {vol_name}: Secret {secret_name} is not in the rendered Secrets")
                 mode = int(volume["secret"].get("defaultMode", 0o644))
-                _write_files(path, _secret_files(self.secrets[secret_name]), mode, gid)
+                _write_files(path, _secret_files(self.secrets[secret_name]), mode, gid, base)
             elif "configMap" in volume:
                 cm_name = volume["configMap"]["name"]
                 if cm_name not in self.configmaps:
                     raise TranslationError(f"volume {vol_name}: ConfigMap {cm_name} is not in the rendered set")
                 data = {k: str(v).encode() for k, v in self.configmaps[cm_name].get("data", {}).items()}
-                _write_files(path, data, 0o644, 0)
+                _write_files(path, data, 0o644, 0, base)
             elif "emptyDir" in volume:
                 path.mkdir()
                 os.chmod(path, 0o777)
+                os.chown(path, base, base)
             else:
                 raise TranslationError(f"volume {vol_name}: only Secret, ConfigMap and emptyDir volumes are rendered")
             volumes.append({"name": vol_name, "hostPath": {"path": str(path), "type": "Directory"}})
 
-        userns = None
-        if spec.pop("hostUsers", True) is False:
-            userns = "auto"
         unmask = False
         for kind in ("initContainers", "containers"):
             for container in spec.get(kind, []):
@@ -185,7 +195,7 @@ class Translation:
                 container.pop("startupProbe", None)
                 context = container.setdefault("securityContext", {})
                 context.pop("appArmorProfile", None)
-                if context.pop("procMount", None) == "Unmasked":
+                if context.get("procMount") == "Unmasked":  # kept: podman reads it (or not; the run says)
                     unmask = True
                 for key in ("runAsUser", "runAsGroup", "runAsNonRoot"):
                     if key in pod_context and key not in context:
