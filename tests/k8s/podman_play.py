@@ -195,7 +195,7 @@ class Translation:
                 container.pop("startupProbe", None)
                 context = container.setdefault("securityContext", {})
                 context.pop("appArmorProfile", None)
-                if context.get("procMount") == "Unmasked":  # kept: podman reads it (or not; the run says)
+                if context.get("procMount") == "Unmasked":  # passed through: podman 4.3.1 does not apply it
                     unmask = True
                 for key in ("runAsUser", "runAsGroup", "runAsNonRoot"):
                     if key in pod_context and key not in context:
