@@ -81,10 +81,16 @@ mkdir -p "$wheels"
     -d "$wheels" "$ROOT" 'setuptools>=68' wheel
 rm -f "$wheels"/openshell_sandbox-*  # the project itself is built from the context, never a stale wheel
 
-# 3. The image, with no network at all during the build.
+# 3. The image, with no network at all during the build. No intermediate images are kept (--layers=false), and
+#    the image this tag named before is removed once nothing uses it, so repeated builds do not pile up.
 say "podman build $TAG"
-podman build -q --network=none --ulimit "nofile=1024:1024" --ulimit "nproc=4096:4096" \
+old_id=$(podman image inspect --format '{{.Id}}' "$TAG" 2>/dev/null || true)
+podman build -q --layers=false --network=none --ulimit "nofile=1024:1024" --ulimit "nproc=4096:4096" \
     -v "$wheels:/wheels:ro" --build-arg BASE="$BASE" \
     --build-arg PIP_ARGS="--no-index --find-links=/wheels" \
     -f "$ROOT/images/Containerfile" -t "$TAG" "$ROOT" > /dev/null
+new_id=$(podman image inspect --format '{{.Id}}' "$TAG")
+if [ -n "$old_id" ] && [ "$old_id" != "$new_id" ]; then
+    podman rmi "$old_id" > /dev/null 2>&1 || true
+fi
 say "built $TAG"

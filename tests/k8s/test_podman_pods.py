@@ -11,6 +11,7 @@ steps of the run, in order; pytest's verbose output lists each with its result.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
@@ -436,3 +437,15 @@ def test_u_1_pods_up_allowed_and_denied_or_skipped_with_the_reason(world: World)
 def test_z_teardown_leaves_nothing(world: World) -> None:
     _teardown(world.podman, world.run_id)
     assert not world.podman.leftovers(world.run_id)
+    subnet = world.network.subnet
+    addresses = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout
+    routes = subprocess.run(["ip", "-4", "route", "show", "table", "all"], capture_output=True, text=True).stdout
+    left = [w for w in (addresses + routes).split() if "." in w and w[0].isdigit() and _in(w, subnet)]
+    assert not left, f"{subnet} is still on the host: {left}"
+
+
+def _in(word: str, subnet: ipaddress.IPv4Network) -> bool:
+    try:
+        return ipaddress.ip_interface(word).ip in subnet
+    except ValueError:
+        return False
