@@ -254,6 +254,17 @@ class BoundaryDaemon:
 
     async def op_attach(self, body: dict[str, Any]) -> dict[str, Any]:
         self.lifecycle.check(Op.ATTACH)
+        try:
+            return await self._attach(body)
+        except OpError as exc:
+            # A refused descriptor or acknowledgement will not be different next time: reply, then exit
+            # non-zero (spec §1.1) instead of idling for a control that keeps sending the same thing.
+            if self.lifecycle.state is State.IDLE:
+                self.log.emit("lifecycle.refused", op="attach", error=exc.to_json())
+                self._fatal(f"attach refused: {exc.kind}: {exc.reason}" + (f" ({exc.field})" if exc.field else ""))
+            raise
+
+    async def _attach(self, body: dict[str, Any]) -> dict[str, Any]:
         attach = parse_attach(body, self.cfg.bundle.claims)
         self._agent_ids(attach)
         if attach.capture_mode is CaptureMode.PROXY_ENV and not (

@@ -101,6 +101,7 @@ class ControlDaemon:
         self.peer_claims_ok = False
         self.agent_result: dict[str, Any] | None = None
         self.last_link_error: str | None = None
+        self.boundary_refused: str | None = None  # the boundary refused our attach (and exits): why
         self.egress = EgressService(cfg.policy, cfg.upstream, self.log, interception=cfg.interception)
         self.egress_up = 0
         self._egress_started = False
@@ -250,7 +251,15 @@ class ControlDaemon:
         state = status.get("state")
         if state == "idle":
             failure.step = "attach"
-            reply = await call(link, "/v1/attach", self._descriptor().to_json())
+            try:
+                reply = await call(link, "/v1/attach", self._descriptor().to_json())
+            except OpError as exc:
+                if exc.kind is not ErrorKind.UNAVAILABLE:  # a refused attach ends the boundary (issue 15)
+                    self.boundary_refused = f"{exc.kind}: {exc.reason}" + (f" ({exc.field})" if exc.field else "")
+                    self.log.emit("boundary.refused", step="attach", error=exc.to_json(),
+                                  reason="the boundary refused the attach descriptor and exits non-zero")  # fmt: skip
+                raise
+            self.boundary_refused = None
             self._backoffs.reset()  # progress: only a successful attach or resume resets the backoff
             self.boundary_ca_sha256 = self.certificates.interception_ca_sha256
             self.log.emit("lifecycle.bound", reply=reply)
@@ -390,6 +399,8 @@ class ControlDaemon:
         failing: list[str] = []
         if not self.policy.ready:
             failing.append(f"policy: {self.policy.status} (generation {self.policy.generation})")
+        if self.boundary_refused is not None:
+            failing.append(f"boundary: refused attach ({self.boundary_refused})")
         if self.ops is None or self.ops.closed or not self.peer_claims_ok:
             failing.append(f"boundary: not attached ({self.last_link_error or 'no link yet'})")
         state = self.boundary.get("state")
@@ -418,7 +429,8 @@ class ControlDaemon:
             "generation": claims.generation,
             "claims": claims.to_dict(),
             "policy": self.policy.status_json(),
-            "link": {"up": self.ops is not None and not self.ops.closed, "last_error": self.last_link_error},
+            "link": {"up": self.ops is not None and not self.ops.closed, "last_error": self.last_link_error,
+                     "boundary_refused": self.boundary_refused},
             "boundary": self.boundary,
             "agent_result": self.agent_result,
             "egress": {"links": self.egress_up, "live": self.egress.live_connections, **self.egress.counters},

@@ -151,10 +151,7 @@ async def test_lifecycle_order_is_enforced_and_second_attach_refused(boundary: B
         await expect_error(ErrorKind.INVALID, link, "/v1/confirm")
         await expect_error(ErrorKind.INVALID, link, "/v1/start")
         await expect_error(ErrorKind.INVALID, link, "/v1/wait", {"handle": "p_0123456789abcdef"})
-        await expect_error(ErrorKind.INVALID, link, "/v1/attach", {**DESCRIPTOR, "version": 2})
-        await expect_error(ErrorKind.INVALID, link, "/v1/attach", {**DESCRIPTOR, "surprise": True})
-        await expect_error(ErrorKind.DENIED, link, "/v1/attach", {**DESCRIPTOR, "sandbox": "someone-else"})
-        assert (await call(link, "/v1/status"))["state"] == "idle", "a refused attach must change nothing"
+        # (a refused descriptor ends the boundary: tests/integration/test_attach_refusal.py and below)
         assert (await call(link, "/v1/attach", DESCRIPTOR))["state"] == "bound"
         second = await expect_error(ErrorKind.DENIED, link, "/v1/attach", DESCRIPTOR)
         assert "second attach" in second.reason
@@ -179,6 +176,21 @@ async def test_lifecycle_order_is_enforced_and_second_attach_refused(boundary: B
         resumed = await call(link, "/v1/resume")
         assert resumed["state"] == "running"
         assert resumed["agent"]["handle"] == running["agent"] and resumed["agent"]["result"] is None
+
+
+@pytest.mark.parametrize(
+    ("change", "kind"),
+    [({"version": 2}, ErrorKind.INVALID), ({"surprise": True}, ErrorKind.INVALID),
+     ({"sandbox": "someone-else"}, ErrorKind.DENIED), ({"capture_mode": "proxy-env"}, ErrorKind.DENIED)],
+)  # fmt: skip
+async def test_refused_descriptor_replies_then_ends_the_boundary(
+    boundary: Boundary, change: dict[str, object], kind: ErrorKind
+) -> None:
+    async with Control(boundary) as link:
+        await expect_error(kind, link, "/v1/attach", {**DESCRIPTOR, **change})
+    event = boundary.wait_event("boundary.exit")
+    assert event["code"] == 125
+    assert not [e for e in boundary.events() if e["event"] == "lifecycle.bound"], "a refused attach prepared nothing"
 
 
 @pytest.mark.parametrize("field", CLAIM_FIELDS)
