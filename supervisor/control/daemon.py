@@ -429,8 +429,11 @@ class ControlDaemon:
             "generation": claims.generation,
             "claims": claims.to_dict(),
             "policy": self.policy.status_json(),
-            "link": {"up": self.ops is not None and not self.ops.closed, "last_error": self.last_link_error,
-                     "boundary_refused": self.boundary_refused},
+            "link": {
+                "up": self.ops is not None and not self.ops.closed,
+                "last_error": self.last_link_error,
+                "boundary_refused": self.boundary_refused,
+            },
             "boundary": self.boundary,
             "agent_result": self.agent_result,
             "egress": {"links": self.egress_up, "live": self.egress.live_connections, **self.egress.counters},
