@@ -254,7 +254,9 @@ async def world(nursery: trio.Nursery, tmp_path: Path) -> World:
 async def test_curl_get_allowed_post_denied_with_placeholder_injected(world: World) -> None:
     got = await world.run(["curl", "-sS", "-H", f"Authorization: Bearer {PLACEHOLDER}", "https://forge.test/user"])
     assert got.returncode == 0, got.stderr
-    assert json.loads(got.stdout)["authorization"] == f"Bearer {SECRET}"
+    assert world.origin.seen[0][2] == f"Bearer {SECRET}"  # the origin got the secret
+    # it echoed it, and the agent reads its placeholder back: a secret never flows back (issue 14)
+    assert json.loads(got.stdout)["authorization"] == f"Bearer {PLACEHOLDER}" and SECRET.encode() not in got.stdout
     denied = await world.run(["curl", "-sS", "-w", "\n%{http_code}", "-d", "x=1", "https://forge.test/user"])
     body, status = denied.stdout.rsplit(b"\n", 1)
     assert status == b"403" and json.loads(body)["error"] == "policy_denied"
@@ -285,7 +287,8 @@ async def test_python_requests_trusts_the_ca_from_the_environment(world: World) 
               "print(r.status_code, r.json()['authorization'])\n")  # fmt: skip
     got = await world.run([sys.executable, "-c", script])
     assert got.returncode == 0, got.stderr
-    assert got.stdout.decode().split() == ["200", "token", SECRET]
+    assert got.stdout.decode().split() == ["200", "token", PLACEHOLDER]  # the echo carries the placeholder back
+    assert world.origin.seen[-1][2] == f"token {SECRET}"  # while the origin got the secret
 
 
 async def test_git_clone_with_a_placeholder_in_basic_auth(world: World, tmp_path: Path) -> None:
