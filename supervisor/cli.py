@@ -86,6 +86,11 @@ def daemon_parser() -> argparse.ArgumentParser:
         "--shm-size", default="64m", help="R and U: size of the agent's private /dev/shm (default %(default)s)"
     )
     b.add_argument("--exit-linger", type=float, default=60.0, help="seconds to wait for control's exit ack")
+    b.add_argument(
+        "--pids-limit", type=int, default=1024, metavar="N",
+        help="at most N workload processes (a cgroup's pids.max under the boundary's own cgroup, v1 or delegated "
+        "v2; default %(default)s); where no cgroup is writable, or with 0, status reports limits.pids: unenforced",
+    )  # fmt: skip
     b.add_argument("--agent-stdio", choices=["inherit", "pipe"], default="inherit")
     b.add_argument(
         "--tls-dir",
@@ -251,7 +256,7 @@ def _run_boundary(args: argparse.Namespace, stream: Any) -> int:
             port_file=args.port_file, workdir=args.workdir, agent_stdio=args.agent_stdio, privilege_model=model,
             model_reason=reason, hide_paths=tuple(args.hide_path), exit_linger_s=args.exit_linger,
             acknowledge_external_fence=args.acknowledge_external_fence, tls_dir=args.tls_dir,
-            tmp_size=args.tmp_size, shm_size=args.shm_size,
+            tmp_size=args.tmp_size, shm_size=args.shm_size, pids_limit=args.pids_limit,
             test_landlock_off=os.environ.get("OPENSHELL_TEST_LANDLOCK_OFF") == "1", log=log,
         )  # fmt: skip
         return daemon.run(cfg, launcher)
@@ -440,6 +445,10 @@ def command_parser() -> argparse.ArgumentParser:
         help="text (default): a ready line and one line per refused connection on stderr, the JSON events in "
         "$XDG_STATE_HOME/openshell-sandbox/<sandbox>/events.jsonl; json: also stream those events to stderr",
     )
+    dev.add_argument(
+        "--pids-limit", type=int, metavar="N",
+        help="the boundary's --pids-limit: at most N workload processes (default 1024; 0: no limit, reported)",
+    )  # fmt: skip
     dev.add_argument("-q", "--quiet", action="store_true", help="print nothing of ours on stderr (errors aside)")
     dev.add_argument("argv", nargs="+", metavar="CMD", help="the agent command (after --)")
 
@@ -507,6 +516,7 @@ def run_command(argv: list[str]) -> int:
             acknowledge_external_fence=args.acknowledge_external_fence, credentials=args.credentials,
             upstream_ca=args.upstream_ca, log_format=args.log_format, quiet=args.quiet,
             ipv6_egress=args.ipv6_egress, self_addresses=tuple(args.self_address), api_listen=args.api_listen,
+            pids_limit=args.pids_limit,
         )  # fmt: skip
         if args.api_listen is not None:
             try:

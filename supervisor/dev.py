@@ -55,6 +55,7 @@ class DevOptions:
     ipv6_egress: str = "auto"  # control's --ipv6-egress
     self_addresses: tuple[str, ...] = ()  # control's --self-address
     api_listen: str | None = None  # control's --api-listen ADDR:PORT; an operator bundle is minted for it
+    pids_limit: int | None = None  # the boundary's --pids-limit (None: its default)
 
 
 def dev_claims(sandbox: str) -> Claims:
@@ -154,6 +155,7 @@ def run_dev(opts: DevOptions) -> int:
             *_entry(), "--mode=boundary", f"--bootstrap={tmp / 'bundle' / 'boundary'}", "--listen=127.0.0.1:0",
             f"--port-file={port_file}", *plan.boundary_flags,
             f"--tls-dir={tmp / 'tls'}", "--exit-linger=5", *log_flags, *fence_flags,
+            *([f"--pids-limit={opts.pids_limit}"] if opts.pids_limit is not None else []),
             "--", *opts.argv,
         ]  # fmt: skip
         procs.append(subprocess.Popen(boundary_cmd, preexec_fn=_die_with_dev))

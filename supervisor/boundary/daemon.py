@@ -40,6 +40,7 @@ from supervisor.boundary.process import (
     NamespacePlan,
     Prepared,
 )
+from supervisor.boundary.process.cgroups import DEFAULT_PIDS_LIMIT, CgroupError, PidsCgroup, create_pids_cgroup
 from supervisor.boundary.process.environment import build_process_spec, managed_env
 from supervisor.boundary.process.exec_session import pump_exec
 from supervisor.boundary.process.landlock import LandlockSpec
@@ -95,6 +96,7 @@ class BoundaryConfig:
     tls_dir: Path = Path(TRUST_PATH)  # where we write the trust files; R and U show them at TRUST_PATH
     tmp_size: str = DEFAULT_TMP_SIZE  # the agent's private /tmp (R, U)
     shm_size: str = DEFAULT_SHM_SIZE  # the agent's private /dev/shm (R, U)
+    pids_limit: int = DEFAULT_PIDS_LIMIT  # the workload's cgroup pids.max; 0: none (reported unenforced)
     test_landlock_off: bool = False  # tests only: prove the mount layer alone holds (OPENSHELL_TEST_LANDLOCK_OFF)
     log: JsonLog = field(default_factory=lambda: JsonLog("boundary"))
 
@@ -117,6 +119,8 @@ class BoundaryDaemon:
         self.egress_links = EgressLinks()
         self.trust: tuple[Path, Path] | None = None  # (CA file, bundle file) given to the workload
         self.capture: EgressCapture | None = None
+        self.pids_cgroup: PidsCgroup | None = None
+        self.limits: dict[str, Any] = {"pids": None}  # set at attach
         self.router = self._make_router()
         self._nursery: trio.Nursery | None = None
 
@@ -148,6 +152,9 @@ class BoundaryDaemon:
             nursery.start_soon(self._watch_agent, nursery)
             nursery.start_soon(trio.serve_listeners, lambda s: self._connection(s, ctx), listeners)
         code = self.exit_code if self.exit_code is not None else EXIT_SELF_FAILED
+        if self.pids_cgroup is not None:  # the launcher is its last member: stop it, then the cgroup can go
+            self.launcher.close()
+            self.pids_cgroup.remove()
         self.log.emit("boundary.exit", code=code)
         return code
 
@@ -311,6 +318,7 @@ class BoundaryDaemon:
             root=root,
             agent_ids=self._agent_ids(attach) if model == "U" and os.geteuid() == 0 else None,
         )
+        self._limit_pids()
         try:
             self.prepared = await self.launcher.prepare(plan)
         except (LauncherError, OSError) as exc:
@@ -495,6 +503,7 @@ class BoundaryDaemon:
             "agent": None if agent is None else {"handle": agent.handle, "result": agent.result},
             "processes": self.table.live(),
             "links": len(self.links),
+            "limits": {**self.limits, **({"pids_current": self.pids_cgroup.current()} if self.pids_cgroup else {})},
             # The CA the agent was given to trust: a control that resumes with another one says so.
             "interception_ca_sha256": self._interception_ca_sha256(),
         }
@@ -568,6 +577,27 @@ class BoundaryDaemon:
         if self.attach is not None:
             ports.update(self.attach.capture_ports)
         return ports
+
+    def _limit_pids(self) -> None:
+        """The launcher joins the workload's pids cgroup before it forks anything (cgroups.py rule 4); where no
+        cgroup can be made the limit is reported unenforced (inside a pod: the cluster's podPidsLimit)."""
+        limit = self.cfg.pids_limit
+        try:
+            if limit <= 0:
+                raise CgroupError("disabled by --pids-limit=0")
+            group = create_pids_cgroup(f"openshell-boundary-{self.instance}", limit)
+            try:
+                group.add(self.launcher.pid)
+            except OSError as exc:
+                group.remove()
+                raise CgroupError(f"cannot move the launcher into {group.directory}: {exc.strerror}") from None
+        except CgroupError as exc:
+            self.limits = {"pids": "unenforced", "pids_reason": str(exc)}
+            self.log.emit("limits.pids", enforced=False, limit=None, reason=str(exc))
+            return
+        self.pids_cgroup = group
+        self.limits = {"pids": limit, "pids_cgroup": group.describe()}
+        self.log.emit("limits.pids", enforced=True, limit=limit, cgroup=group.describe())
 
     # -- failure ------------------------------------------------------------------------------------------------
     def _fatal(self, reason: str) -> None:

@@ -1,0 +1,125 @@
+"""The agent attacks with processes (issue 15): a fork bomb is held by the workload's pids cgroup while the
+boundary keeps answering, and ``terminate`` ends it; an exec's setsid + double-fork child does not outlive
+``terminate``.
+
+The bomb is bounded twice so a shared machine stays safe: ``--pids-limit=64``, and every process sleeps after a
+refused fork instead of spinning. Whatever happens, the sandbox is torn down (dev killed, which ends the
+workload) and the test checks that no member of the workload's cgroup is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CLI = [sys.executable, "-m", "supervisor.cli"]
+PIDS_LIMIT = 64
+STATUS_BOUND_S = 10.0  # "a generous bound": status must answer within this while the bomb runs
+# Every process forks again as soon as it can: exponential until the cgroup refuses (EAGAIN), then each one
+# retries every 50 ms for ever. Only a limit stops it.
+BOMB = "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.05)\n"
+
+
+@dataclass
+class Sandbox:
+    env: dict[str, str]
+    dev: subprocess.Popen[str]
+
+    def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=self.env)
+
+    def status(self) -> dict[str, Any]:
+        result = self.cli("status", "--json", timeout=STATUS_BOUND_S + 20)
+        assert result.returncode == 0, result.stderr
+        return dict(json.loads(result.stdout))
+
+
+def _cgroup_members(group: Path) -> set[int]:
+    """Members of the workload's cgroup (gone with the cgroup: the boundary removes it at exit)."""
+    try:
+        return {int(p) for p in (group / "cgroup.procs").read_text().split()}
+    except OSError:
+        return set()
+
+
+def _start(argv: list[str], *flags: str) -> Iterator[Sandbox]:
+    if os.geteuid() != 0:
+        pytest.skip("dev mode runs the boundary in model R here (root)")
+    runtime = tempfile.mkdtemp(prefix="osp-", dir="/tmp")
+    env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
+    dev = subprocess.Popen([*CLI, "dev", *flags, "--", *argv], env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)  # fmt: skip
+    box = Sandbox(env, dev)
+    try:
+        deadline = time.monotonic() + 60
+        while box.cli("readyz").returncode != 0:
+            assert dev.poll() is None, dev.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the sandbox never became ready"
+            time.sleep(0.2)
+        yield box
+    finally:
+        if dev.poll() is None:
+            dev.terminate()
+            try:
+                dev.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                dev.kill()
+                dev.wait()
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+@pytest.fixture
+def bomb() -> Iterator[Sandbox]:
+    groups: list[Path] = []
+    for box in _start(["/usr/bin/python3", "-c", BOMB], f"--pids-limit={PIDS_LIMIT}"):
+        cgroup = box.status()["boundary"]["limits"]["pids_cgroup"]  # "cgroup v1 /sys/fs/cgroup/pids/…"
+        groups.append(Path(cgroup.split(" ", 2)[2]))
+        yield box
+    deadline = time.monotonic() + 30
+    while any(_cgroup_members(g) for g in groups):  # teardown ended the workload: nothing of it may survive
+        assert time.monotonic() < deadline, f"workload processes left: {[_cgroup_members(g) for g in groups]}"
+        time.sleep(0.1)
+
+
+def test_fork_bomb_is_contained_status_answers_and_terminate_ends_it(bomb: Sandbox) -> None:
+    limits: dict[str, Any] = {}
+    group = Path(bomb.status()["boundary"]["limits"]["pids_cgroup"].split(" ", 2)[2])
+    deadline = time.monotonic() + 60
+    while True:  # the bomb reaches the limit; the boundary answers each status within the bound
+        started = time.monotonic()
+        status = bomb.status()
+        assert time.monotonic() - started < STATUS_BOUND_S
+        limits = status["boundary"]["limits"]
+        assert limits["pids"] == PIDS_LIMIT, limits
+        if limits.get("pids_current", 0) >= PIDS_LIMIT:
+            break
+        assert time.monotonic() < deadline, f"the bomb never reached the limit: {limits}"
+        time.sleep(0.2)
+    for _ in range(3):  # held at the limit, and still answering
+        started = time.monotonic()
+        status = bomb.status()
+        assert time.monotonic() - started < STATUS_BOUND_S
+        assert status["boundary"]["limits"]["pids_current"] <= PIDS_LIMIT
+        assert len(_cgroup_members(group)) <= PIDS_LIMIT
+    assert status["boundary"]["state"] == "running"
+
+    ended = bomb.cli("terminate", "--grace=0.5", timeout=60)
+    assert ended.returncode == 0, ended
+    result = json.loads(ended.stdout)
+    assert result["reason"] == "terminated" and result["signal"] in ("TERM", "KILL"), result
+    bomb.dev.wait(timeout=60)  # the agent's end ends the sandbox
+    deadline = time.monotonic() + 30
+    while _cgroup_members(group):
+        assert time.monotonic() < deadline, f"bomb processes survived terminate: {_cgroup_members(group)}"
+        time.sleep(0.1)
