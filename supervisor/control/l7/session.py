@@ -26,8 +26,9 @@ endpoint but ``tls: skip``. It owns both streams from then on.
    rules and on ``protocol: websocket`` ones) turns the rest of the connection into a raw relay. The
    connection is idle only when no byte moved either way for the idle timeout (``idle``).
 5. **Between requests** the policy generation is checked: a revision re-decides the connection
-   (``current``) and closes it only if the new generation denies it (§3.15); an upstream connection that cannot be reused is dropped and a new one dialled for the
-   next request (a reused one that fails before any response byte is retried once for a bodiless request).
+   (``current``) and closes it only if the new generation denies it (§3.15); an upstream connection that
+   cannot be reused is dropped and a new one dialled for the next request (a reused one that fails before
+   any response byte is retried once for a bodiless request).
 """
 
 from __future__ import annotations
@@ -270,6 +271,13 @@ class _Session:
     async def _sniff(self) -> TunnelProtocol | None:
         first = await self._first_bytes()
         if self.origin_first is not None:  # only with raw_fallback: an early upstream is given for no other
+            if self.origin_first[:5].upper() == b"HTTP/":
+                # an HTTP server answering nothing (a 408 after its own timeout) is no server-first protocol:
+                # pass its answer on and close, never turn the tunnel raw
+                await self._send_quietly(self.origin_first)
+                self._tunnel_event("closed", reason="origin-answered-first")
+                self._end(CloseReason.UPSTREAM)
+                return None
             self.buffer += first or b""
             return TunnelProtocol.UNKNOWN
         if first is None or not first:
