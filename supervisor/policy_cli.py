@@ -3,8 +3,9 @@
 * ``policy check FILE [--json]`` — exit 0 and ``ok: N rules, M endpoints``, or exit 1 with every error as
   ``FILE:LINE: PATH: message (expected ...)``. Warnings go to stderr and never change the exit code.
 * ``policy decide --policy FILE --host H --port N [--binary PATH] [--ancestor PATH]... [--sha256 HEX]
-  [--method M --path P] [--json]`` — one readable line (or JSON with result, rule, endpoint, reason); exit 0
-  when allowed (audit included), 1 when denied, 2 for a usage error or an invalid policy.
+  [--loader-env NAME]... [--method M --path P] [--json]`` — one readable line (or JSON with result, rule,
+  endpoint, reason); exit 0 when allowed (audit included), 1 when denied, 2 for a usage error or an invalid
+  policy.
 
 Pure presentation over ``supervisor.control.policy``; no daemon, no network.
 """
@@ -55,6 +56,10 @@ def add_policy_parser(subparsers: Any) -> None:
     decide.add_argument("--ancestor", action="append", default=[], metavar="PATH",
                         help="ancestor executable, nearest parent first (repeatable)")
     decide.add_argument("--sha256", metavar="HEX", help="sha256 of the executable (informational here)")
+    decide.add_argument("--loader-env", action="append", default=[], metavar="NAME",
+                        choices=("LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH"),
+                        help="a loader variable the process started with (repeatable): only binary entries with "
+                             "allow_loader_env match it")  # fmt: skip
     decide.add_argument("--method", help="HTTP method, for an L7 decision (needs --path)")
     decide.add_argument("--path", help="HTTP request target, for an L7 decision (needs --method)")
     decide.add_argument("--json", action="store_true", help="print one JSON object")
@@ -123,7 +128,8 @@ def _decide(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     compiled = compile_policy(policy)
     identity = None
     if args.binary:
-        identity = BinaryIdentity(args.binary, args.sha256, tuple(args.ancestor))
+        identity = BinaryIdentity(args.binary, args.sha256, tuple(args.ancestor),
+                                  loader_env=tuple(sorted(set(args.loader_env))))  # fmt: skip
     decision = decide_l4(compiled, L4Request(args.host, args.port, identity))
     if args.method is not None and decision.allowed:
         decision = decide_l7(compiled, decision, args.method, args.path)

@@ -122,6 +122,9 @@ DECIDE = [
      "policy 'github'"),
     (["--host", "api.github.com", "--port", "443", "--binary", "/bin/sh", "--ancestor", "/usr/bin/git"], 0,
      "allow github (github[0]) api.github.com:443 [L7 inspected]"),
+    (["--host", "api.github.com", "--port", "443", "--binary", "/usr/bin/git", "--loader-env", "LD_PRELOAD"], 1,
+     "deny api.github.com:443: binary-not-allowed: binary '/usr/bin/git' (ancestors: [], started with "
+     "LD_PRELOAD: only binaries with allow_loader_env match) not allowed in policy 'github'"),
     (["--host", "evil.example.net", "--port", "443", "--binary", "/usr/bin/git"], 1,
      "deny evil.example.net:443: no-matching-endpoint: endpoint evil.example.net:443 is not allowed by any policy"),
     (["--host", "api.github.com", "--port", "443"], 1,
@@ -206,3 +209,10 @@ def test_docs_example_is_true(tmp_path: Path) -> None:
             assert code == (0 if out.startswith(("ok", "allow")) else 1)
             sessions += 1
     assert sessions == 4
+
+
+def test_decide_loader_env_names_only_loader_variables(good: Path) -> None:
+    with pytest.raises(SystemExit) as info:
+        run("policy", "decide", "--policy", str(good), "--host", "a.example.com", "--port", "443",
+            "--loader-env", "PATH")  # fmt: skip
+    assert info.value.code == 2
