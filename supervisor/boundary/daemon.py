@@ -30,6 +30,7 @@ import trio
 
 from supervisor.boundary.capture import IdentityResolver, connect_notify
 from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog
+from supervisor.boundary.capture.fence_watch import FenceWatch, rtnetlink_groups_socket
 from supervisor.boundary.capture.setup import open_sock_diag
 from supervisor.boundary.confinement import landlock_for, root_for
 from supervisor.boundary.egress import EgressCapture, EgressLinks, RecentPids
@@ -120,6 +121,7 @@ class BoundaryDaemon:
         self.trust: tuple[Path, Path] | None = None  # (CA file, bundle file) given to the workload
         self.capture: EgressCapture | None = None
         self.pids_cgroup: PidsCgroup | None = None
+        self.enforcement_lost: str | None = None  # the watched fence changed: why (issue 15 item 3)
         self.limits: dict[str, Any] = {"pids": None}  # set at attach
         self.router = self._make_router()
         self._nursery: trio.Nursery | None = None
@@ -407,6 +409,8 @@ class BoundaryDaemon:
         self.fence = fence
         self.lifecycle.advance(Op.CONFIRM)
         self.log.emit("lifecycle.ready", fence=fence)
+        if self.attach.capture_mode is CaptureMode.NETNS and fence.get("fingerprint"):
+            await self._watch_fence(str(fence["fingerprint"]))
         return {"state": str(self.lifecycle.state), "fence": fence}
 
     async def _verify_fence(self) -> dict[str, Any]:
@@ -428,6 +432,43 @@ class BoundaryDaemon:
             self._fatal(f"fence not in force: {problems}")
             raise OpError(ErrorKind.FAILED, f"fence not in force: {problems}", stage="confirm")
         return {"fingerprint": report.get("fingerprint"), "links": report.get("links"), "probe": "captured"}
+
+    async def _watch_fence(self, fingerprint: str) -> None:
+        """Re-read the fence on every rtnetlink notification of the agent's namespace and every 5 s
+        (capture/fence_watch.py); a changed fingerprint ends the workload."""
+        notifications = None
+        try:
+            notifications = rtnetlink_groups_socket(
+                await self.launcher.socket_in_netns(socket.AF_NETLINK, socket.SOCK_RAW)
+            )
+        except OSError as exc:
+            self.log.emit("fence.watch", notifications=False, reason=f"timer only: {exc}")
+
+        async def inspect() -> dict[str, Any]:
+            return await self.launcher.capture_call("inspect", {"expect_anyip": True})
+
+        watch = FenceWatch(
+            expected=fingerprint, inspect=inspect, on_lost=self._enforcement_lost, notifications=notifications,
+            on_error=lambda reason: self.log.emit("fence.watch-error", reason=reason),
+        )  # fmt: skip
+        assert self._nursery is not None
+        await self._nursery.start(watch.run)
+        self.log.emit("fence.watch", notifications=notifications is not None, interval_s=watch.interval_s)
+
+    async def _enforcement_lost(self, report: dict[str, Any]) -> None:
+        """The fence changed under a running workload: kill every workload process now (no grace), the agent's
+        result says ``enforcement-lost``, and the daemon ends as on the agent's exit."""
+        problems = list(report.get("problems") or [])
+        reason = "fence changed: " + ("; ".join(problems) if problems else "fingerprint differs from confirm's")
+        self.enforcement_lost = reason
+        self.log.emit(
+            "enforcement-lost", reason=reason, problems=problems, links=report.get("links"),
+            fingerprint_confirmed=(self.fence or {}).get("fingerprint"), fingerprint_now=report.get("fingerprint"),
+        )  # fmt: skip
+        started = self.table.agent is not None
+        await self.table.end_all("enforcement-lost", kill=True)
+        if not started:  # ready, never started: nothing will report an agent exit
+            self._fatal(reason)
 
     def _managed_env(self) -> dict[str, str]:
         """CA env at the fixed path in R and U (a read-only bind of our tls dir); in P where we wrote them."""
@@ -499,6 +540,7 @@ class BoundaryDaemon:
             "privilege_model": self.cfg.privilege_model,
             "capture_mode": str(self.attach.capture_mode) if self.attach else None,
             "fence": self.fence,
+            "enforcement_lost": self.enforcement_lost,
             "policy_generation": self.policy_generation_acked,
             "agent": None if agent is None else {"handle": agent.handle, "result": agent.result},
             "processes": self.table.live(),

@@ -378,6 +378,8 @@ class ControlDaemon:
         self.agent_result = result
         self.log.emit("agent.exited", handle=agent, result=result)
         self.boundary = await call(link, "/v1/status")
+        if self.boundary.get("enforcement_lost"):
+            self.log.emit("enforcement-lost", reason=self.boundary["enforcement_lost"], agent_result=result)
         try:
             await call(link, "/v1/agent/exit-ack")
         except OpError as exc:
@@ -401,6 +403,8 @@ class ControlDaemon:
             failing.append(f"policy: {self.policy.status} (generation {self.policy.generation})")
         if self.boundary_refused is not None:
             failing.append(f"boundary: refused attach ({self.boundary_refused})")
+        if self.boundary.get("enforcement_lost"):
+            failing.append(f"enforcement lost: {self.boundary['enforcement_lost']}")
         if self.ops is None or self.ops.closed or not self.peer_claims_ok:
             failing.append(f"boundary: not attached ({self.last_link_error or 'no link yet'})")
         state = self.boundary.get("state")

@@ -59,6 +59,7 @@ class EndReason(enum.StrEnum):
     TERMINATED = "terminated"
     TIMEOUT = "timeout"
     AGENT_EXIT = "agent-exit"
+    ENFORCEMENT_LOST = "enforcement-lost"  # the fence changed: every workload process was killed
 
 
 class ProcessEvent(enum.StrEnum):
@@ -482,8 +483,9 @@ class ProcessTable:
         if entry.result is None and entry._pidfd is not None and _pidfd_exited(entry._pidfd):
             self._finished_entry(entry, None)  # dead, but the launcher never reported its status
 
-    async def end_all(self, reason: str) -> None:
-        """Terminate every workload process within about a second (agent exit, shutdown)."""
+    async def end_all(self, reason: str, *, kill: bool = False) -> None:
+        """Terminate every workload process within about a second (agent exit, shutdown); ``kill``: SIGKILL
+        at once, no SIGTERM and no grace (enforcement lost)."""
         if self._ended is not None:
             return
         self._ended = reason
@@ -495,8 +497,9 @@ class ProcessTable:
             if e.result is None and e.end_reason is None:
                 e.end_reason = why
         self.log.emit(ProcessEvent.END_ALL, reason=reason, live=len(self.live()))
-        with trio.move_on_after(1.0):
-            await terminate_tree(everything(self.launcher.workload_pids), END_ALL_GRACE_S)
+        if not kill:
+            with trio.move_on_after(1.0):
+                await terminate_tree(everything(self.launcher.workload_pids), END_ALL_GRACE_S)
         try:
             await self.launcher.kill_all()  # the backstop: the workload PID namespace or every descendant
         except Exception as exc:

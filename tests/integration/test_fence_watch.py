@@ -1,0 +1,149 @@
+"""The fence is watched after confirm (issue 15 item 3), with the real daemons by hand.
+
+A veth pair (a dummy link where veth is unavailable) appears in the agent's network namespace while the agent
+runs — what an attacker with a way to CAP_NET_ADMIN there would do. Within 5 s every workload process is
+killed, the agent's result says ``{signal: KILL, reason: enforcement-lost}``, the boundary logs
+``enforcement-lost``, control's ``/readyz`` fails naming it, and nothing more can be started. A netlink event
+that leaves the fingerprint unchanged (lo set up again) ends nothing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.protocol.certs import make_ca
+from supervisor.protocol.claims import Role
+from tests.certs_fixtures import leaf_bundle
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the boundary runs in model R (root); nsenter needs root")
+
+CLI = [sys.executable, "-m", "supervisor.cli"]
+LOST_WITHIN_S = 5.0
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+
+
+@dataclass
+class Daemons:
+    boundary: subprocess.Popen[bytes]
+    control: subprocess.Popen[bytes]
+    boundary_log: Path
+    control_log: Path
+    api: Path
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLI, *args, f"--api={self.api}"], capture_output=True, text=True, timeout=60)
+
+    def launcher_pid(self) -> int:
+        """The zygote: the boundary's one child, living in the agent's network namespace after attach."""
+        children = Path(f"/proc/{self.boundary.pid}/task/{self.boundary.pid}/children").read_text().split()
+        assert len(children) == 1, children
+        return int(children[0])
+
+    def in_agent_netns(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["nsenter", "-t", str(self.launcher_pid()), "-n", *argv], capture_output=True,
+                              text=True, timeout=30)  # fmt: skip
+
+
+@pytest.fixture
+def daemons(tmp_path: Path) -> Iterator[Daemons]:
+    for tool in ("ip", "nsenter"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is needed")
+    ca = make_ca(validity=datetime.timedelta(days=1), now=datetime.datetime.now(datetime.UTC))
+    leaf_bundle(tmp_path / "boundary", ca, Role.BOUNDARY)
+    leaf_bundle(tmp_path / "control", ca, Role.CONTROL)
+    port_file, api = tmp_path / "port", tmp_path / "api.sock"
+    boundary_log, control_log = tmp_path / "boundary.log", tmp_path / "control.log"
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        with boundary_log.open("w") as out:
+            procs.append(subprocess.Popen(
+                [*CLI, "--mode=boundary", f"--bootstrap={tmp_path / 'boundary'}", "--listen=127.0.0.1:0",
+                 f"--port-file={port_file}", "--privilege-model=R", "--agent-stdio=pipe", "--workdir=/tmp",
+                 "--exit-linger=30", "--", "sleep", "1000"],
+                stdout=out, stderr=subprocess.STDOUT,
+            ))  # fmt: skip
+        deadline = time.monotonic() + 30
+        while not port_file.exists():
+            assert procs[0].poll() is None, boundary_log.read_text()
+            assert time.monotonic() < deadline, "boundary did not start listening"
+            time.sleep(0.02)
+        with control_log.open("w") as out:
+            procs.append(subprocess.Popen(
+                [*CLI, "--mode=control", f"--bootstrap={tmp_path / 'control'}",
+                 f"--boundary=127.0.0.1:{port_file.read_text()}", f"--api={api}",
+                 "--agent-user=61999:61999"],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            ))  # fmt: skip
+        box = Daemons(procs[0], procs[1], boundary_log, control_log, api)
+        deadline = time.monotonic() + 60
+        while box.cli("readyz").returncode != 0:
+            assert procs[0].poll() is None, boundary_log.read_text()
+            assert procs[1].poll() is None, control_log.read_text()
+            assert time.monotonic() < deadline, f"never ready: {box.cli('readyz')}"
+            time.sleep(0.2)
+        yield box
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+def test_a_link_added_in_the_agents_namespace_ends_the_workload(daemons: Daemons) -> None:
+    watching = [e for e in _events(daemons.boundary_log) if e["event"] == "fence.watch"]
+    assert watching and watching[0]["notifications"] is True, watching
+    # A notification that changes nothing is a re-read, not a loss.
+    assert daemons.in_agent_netns("ip", "link", "set", "lo", "up").returncode == 0
+    time.sleep(0.5)  # a loss would be logged within the debounce; give it ten times that
+    assert not [e for e in _events(daemons.boundary_log) if e["event"] == "enforcement-lost"]
+    assert daemons.cli("readyz").returncode == 0
+
+    added = daemons.in_agent_netns("ip", "link", "add", "osx0", "type", "veth", "peer", "name", "osx1")
+    if added.returncode != 0:  # no veth module: a dummy link is just as much a change of the fence
+        added = daemons.in_agent_netns("ip", "link", "add", "osx0", "type", "dummy")
+    assert added.returncode == 0, added.stderr
+    changed_at = time.monotonic()
+    while not (lost := [e for e in _events(daemons.boundary_log) if e["event"] == "enforcement-lost"]):
+        assert time.monotonic() - changed_at < LOST_WITHIN_S, "the change went unnoticed"
+        time.sleep(0.05)
+    assert "osx0" in lost[0]["reason"], lost[0]
+    exited = [e for e in _events(daemons.boundary_log) if e["event"] == "agent.exited"]
+    deadline = changed_at + LOST_WITHIN_S
+    while not exited:
+        assert time.monotonic() < deadline, "the agent was not killed within 5 s"
+        time.sleep(0.05)
+        exited = [e for e in _events(daemons.boundary_log) if e["event"] == "agent.exited"]
+    result = exited[0]["result"]
+    assert result["signal"] == "KILL" and result["reason"] == "enforcement-lost", result
+
+    deadline = time.monotonic() + 20
+    while True:
+        ready = daemons.cli("readyz")
+        if "enforcement lost" in ready.stdout + ready.stderr:
+            break
+        assert time.monotonic() < deadline, ready
+        time.sleep(0.1)
+    assert ready.returncode == 1
+    assert daemons.cli("exec", "--", "true").returncode != 0, "nothing starts after enforcement is lost"
+    assert daemons.boundary.wait(timeout=60) == 128 + 9  # the agent's rendered code
+    assert [e for e in _events(daemons.control_log) if e["event"] == "enforcement-lost"]
