@@ -109,6 +109,36 @@ def preload(port: int) -> dict[str, object]:
     return {"verdict": last_json(out.stdout)}
 
 
+def preload_scrubbed(port: int) -> dict[str, object]:
+    """Under LD_PRELOAD, erase the variable from our own environment block, then connect (and a fork of us)."""
+    env = dict(os.environ, LD_PRELOAD="/nonexistent/preload.so")
+    out = subprocess.run([sys.executable, __file__, "scrub_inner", str(port)], capture_output=True, env=env, timeout=30)
+    return dict(json.loads(out.stdout.decode().strip().splitlines()[-1]))
+
+
+def scrub_inner(port: int) -> dict[str, object]:
+    with open("/proc/self/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    start, end = int(fields[47]), int(fields[48])  # env_start, env_end (proc(5) fields 50, 51)
+    with open("/proc/self/mem", "r+b", buffering=0) as mem:
+        mem.seek(start)
+        block = mem.read(end - start)
+        mem.seek(start)
+        mem.write(block.replace(b"LD_PRELOAD=", b"XX_PRELOAD="))
+    with open("/proc/self/environ", "rb") as handle:
+        scrubbed = b"LD_PRELOAD" not in handle.read()
+    verdict = ask(dial(port))
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write_end, json.dumps(ask(dial(port))).encode())
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    child = json.loads(os.read(read_end, 65536))
+    return {"scrubbed": scrubbed, "verdict": verdict, "child": child}
+
+
 def library_path(port: int) -> dict[str, object]:
     """LD_LIBRARY_PATH naming a directory the agent can write, then one it cannot."""
     verdicts = {}
@@ -169,6 +199,8 @@ CASES = {
     "fork_before_exec": fork_before_exec,
     "preload": preload,
     "library_path": library_path,
+    "preload_scrubbed": preload_scrubbed,
+    "scrub_inner": scrub_inner,
     "fastopen": fastopen,
     "second_listener": second_listener,
     "stalled": stalled,

@@ -209,6 +209,17 @@ async def test_loader_injection_is_reported(launcher: Launcher, script_dir: Path
 
 
 @MODELS
+async def test_a_preload_that_erases_itself_is_still_reported(launcher: Launcher, script_dir: Path, model: str) -> None:
+    """The variable is read from the environment passed to execve, not (only) from the process's own memory,
+    which it can rewrite; a fork of that process inherits it."""
+    world = World(launcher)
+    report = await world.run(model, "preload_scrubbed", script_dir)
+    assert report["scrubbed"] is True  # the attack happened: /proc/PID/environ no longer shows it
+    assert report["verdict"]["binary"] == PYTHON and report["verdict"]["loader_env"] == ["LD_PRELOAD"], report
+    assert report["child"]["loader_env"] == ["LD_PRELOAD"], report
+
+
+@MODELS
 async def test_fast_open_send_is_refused(launcher: Launcher, script_dir: Path, model: str) -> None:
     world = World(launcher)
     report = await world.run(model, "fastopen", script_dir)

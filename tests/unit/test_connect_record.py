@@ -47,3 +47,15 @@ def test_the_exec_log_keeps_the_image_at_creation() -> None:
     log.note_child(8, 1, "a")
     log.note_child(9, 1, "b")
     assert log.parent_exe(7, 100) is None and len(log) == 2
+
+
+def test_loader_variables_only_accumulate() -> None:
+    log = ExecLog()
+    assert log.loader(7, 100) is None  # never exec'd under the filter
+    log.note_loader(7, 100, ())
+    assert log.loader(7, 100) == ()
+    log.note_loader(7, 100, ("LD_PRELOAD",))
+    log.note_loader(7, 100, ())  # a later (perhaps failed) exec with a clean environment clears nothing
+    assert log.loader(7, 100) == ("LD_PRELOAD",)
+    log.note_loader(7, 100, ("LD_AUDIT",))
+    assert log.loader(7, 100) == ("LD_AUDIT", "LD_PRELOAD")

@@ -12,7 +12,7 @@ Rules:
    ``connect`` on a TCP socket (``AF_INET``/``AF_INET6``, ``SOCK_STREAM``) takes the socket (``pidfd_getfd``),
    reads its inode and ``SO_COOKIE``, resolves the caller's identity and records it; anything else is answered
    at once. ``execve``/``execveat`` first note the caller's children in the exec log (the image they were
-   created under).
+   created under) and the loader variables of the environment it passes (read from its memory).
 3. An identity is recorded only if the notification is still valid after it was read
    (``SECCOMP_IOCTL_NOTIF_ID_VALID``): the task was alive throughout, so its pid named it.
 4. Notifications are answered inline, in the task that receives them, with no checkpoint; only the first
@@ -226,7 +226,10 @@ class ConnectNotifier:
         pending: _Pending | None = None
         try:
             if note.nr in (self._syscalls["execve"], self._syscalls["execveat"]):
-                self.resolver.note_exec(self.resolver.thread_group(note.pid))
+                tgid = self.resolver.thread_group(note.pid)
+                self.resolver.note_exec(tgid)
+                envp = note.args[2] if note.nr == self._syscalls["execve"] else note.args[3]
+                self.resolver.note_exec_env(note.pid, tgid, envp)
             elif note.nr == self._syscalls["connect"]:
                 pending = self._connect(listener, note)
         except Exception as exc:  # rule 5: whatever went wrong, no record (and the boundary goes on)

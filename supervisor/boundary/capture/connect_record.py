@@ -12,6 +12,8 @@ Rules:
 4. The exec log maps a process, by (pid, start time), to the executable its parent had when it was created:
    filled when the parent ``execve``s (its children at that moment were created under the old image), read
    by the ancestor walk so a parent's later ``exec`` grants nothing. The first entry for a child wins.
+5. It also keeps, per process, the loader variables of every environment it passed to ``execve`` (read from
+   its memory at the notification). They only accumulate: an ``execve`` that then fails cannot clear them.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class ConnectRecords:
 class ExecLog:
     def __init__(self, *, limit: int = MAX_EXEC_LOG) -> None:
         self._parent_exe: OrderedDict[tuple[int, int], str] = OrderedDict()
+        self._loader: OrderedDict[tuple[int, int], tuple[str, ...]] = OrderedDict()
         self.limit = limit
 
     def __len__(self) -> int:
@@ -90,3 +93,13 @@ class ExecLog:
 
     def parent_exe(self, pid: int, start_time: int) -> str | None:
         return self._parent_exe.get((pid, start_time))
+
+    def note_loader(self, pid: int, start_time: int, names: tuple[str, ...]) -> None:
+        key = (pid, start_time)
+        self._loader[key] = tuple(sorted({*self._loader.pop(key, ()), *names}))  # rule 5
+        while len(self._loader) > self.limit:
+            self._loader.popitem(last=False)
+
+    def loader(self, pid: int, start_time: int) -> tuple[str, ...] | None:
+        """The loader variables ``pid`` ever exec'd with; ``None`` if it never exec'd under the filter."""
+        return self._loader.get((pid, start_time))

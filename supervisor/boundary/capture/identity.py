@@ -42,6 +42,7 @@ import hashlib
 import os
 import select
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -53,6 +54,7 @@ from supervisor.boundary.capture._sockdiag import SockDiag
 from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog
 
 MAX_ANCESTORS = 64
+_MAX_ENV = 65_536  # entries of an execve envp array read at most
 DEFAULT_BUDGET_US = 50_000
 DEFAULT_MAX_HASH_BYTES = 512 * 1024 * 1024
 _HASH_CHUNK = 1024 * 1024
@@ -276,7 +278,7 @@ class IdentityResolver:
             workload = set(self._workload_pids())
             ancestors, ancestor_pids, orphaned = self._ancestors(pid, workload, agent)
         cmdline_paths = self._cmdline_paths([pid, *ancestor_pids], {path, *ancestors})
-        loader_env = self._loader_env(pid, uid)
+        loader_env = tuple(sorted({*self._loader_env(pid, uid), *self._inherited_loader_env(pid, workload)}))
         if recheck and self._start_time(pid) != start_time:
             raise IdentityUnresolved(IdentityStage.VANISHED, f"pid {pid} changed during resolution")
         return Identity(
@@ -313,6 +315,63 @@ class IdentityResolver:
                     self.exec_log.note_child(int(child), self._start_time(int(child)), exe)
                 except (IdentityUnresolved, ValueError):
                     continue
+
+    def note_exec_env(self, tid: int, pid: int, envp: int) -> None:
+        """Record the loader variables of the environment ``tid`` (of process ``pid``) passes to ``execve``."""
+        if self.exec_log is None:
+            return
+        names = self._envp_loader_env(tid, envp)
+        self.exec_log.note_loader(pid, self._start_time(pid), names)
+
+    def _envp_loader_env(self, tid: int, envp: int) -> tuple[str, ...]:
+        """Loader variables in the ``envp`` array of a caller blocked in ``execve``, read from its memory.
+        Unreadable memory counts as ``LD_PRELOAD`` (the exec itself would fail with EFAULT)."""
+        if envp == 0:
+            return ()
+        uid = self._uid(tid)
+        found: set[str] = set()
+        try:
+            fd = os.open(f"{self._proc}/{tid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise IdentityUnresolved(IdentityStage.VANISHED, f"reading the memory of {tid}: {exc}") from exc
+        try:
+            for index in range(_MAX_ENV):
+                raw = os.pread(fd, 8, envp + 8 * index)
+                if len(raw) < 8:
+                    return ("LD_PRELOAD",)
+                (pointer,) = struct.unpack("=Q", raw)
+                if pointer == 0:
+                    break
+                head = os.pread(fd, 16, pointer)
+                if not head.startswith(b"LD_"):
+                    continue
+                entry = _c_string(fd, pointer)
+                name, _, value = entry.partition(b"=")
+                if name in (b"LD_PRELOAD", b"LD_AUDIT") and value.strip():
+                    found.add(name.decode())
+                elif name == b"LD_LIBRARY_PATH" and self._writable_dirs(tid, uid, value.decode("utf-8", "replace")):
+                    found.add("LD_LIBRARY_PATH")
+        except OSError:
+            return ("LD_PRELOAD",)
+        finally:
+            os.close(fd)
+        return tuple(sorted(found))
+
+    def _inherited_loader_env(self, pid: int, workload: set[int]) -> tuple[str, ...]:
+        """What ``pid``'s image was exec'd with: its own exec's, else (never exec'd: a fork of its parent's
+        image) its nearest ancestor's."""
+        if self.exec_log is None:
+            return ()
+        current = pid
+        for _ in range(MAX_ANCESTORS):
+            found = self.exec_log.loader(current, self._start_time(current))
+            if found is not None:
+                return found
+            parent = self._ppid(current)
+            if parent <= 0 or parent not in workload:
+                return ()
+            current = parent
+        return ()
 
     def thread_group(self, tid: int) -> int:
         """The thread group (process) of task ``tid``; a notification names the calling thread."""
@@ -625,6 +684,20 @@ class IdentityResolver:
             return os.readlink(path)
         except OSError:
             return None
+
+
+def _c_string(fd: int, address: int, limit: int = 128 * 1024) -> bytes:
+    """The NUL-terminated string at ``address`` of an open ``/proc/<pid>/mem`` (at most ``limit`` bytes)."""
+    out = b""
+    while len(out) < limit:
+        chunk = os.pread(fd, 256, address + len(out))
+        if not chunk:
+            break
+        end = chunk.find(b"\0")
+        if end >= 0:
+            return out + chunk[:end]
+        out += chunk
+    return out
 
 
 def _exited(pidfd: int) -> bool:
