@@ -41,7 +41,6 @@ from supervisor.boundary.capture import (
     render_reply,
 )
 from supervisor.boundary.capture.dns_stub import TcpFramer, encode_tcp, servfail
-from supervisor.boundary.capture.proxy_listener import ForwardBody, render_response, render_unavailable
 from supervisor.jsonlog import JsonLog
 from supervisor.link.h2link import Link, LinkClosed, LinkStream
 from supervisor.link.relay import relay
@@ -53,6 +52,7 @@ from supervisor.protocol.egress import (
     encode_connect_headers,
     encode_dns_request_headers,
 )
+from supervisor.protocol.proxy_head import ForwardBody, render_response, render_unavailable
 
 LINK_WAIT_S = 0.25  # how long a connection may wait for an egress link before it is refused
 REPLY_TIMEOUT_S = 30.0

@@ -5,13 +5,15 @@
   ``original_destination`` recovers a redirected connection's destination. Import it explicitly: it pulls in
   pyroute2 when called.
 - :mod:`.identity` resolves the binary behind an accepted connection (the boundary, before reading a byte).
-- :mod:`.proxy_listener` parses what proxy-aware clients send to ``127.0.0.1:3128`` and renders the answers.
+- The proxy listener's head parser and answers live in :mod:`supervisor.protocol.proxy_head` (shared with
+  control's proxy-pod listener); they are re-exported here.
 - :mod:`.dns_stub` decides which DNS queries may be forwarded and frames DNS over TCP.
 """
 
 from supervisor.boundary.capture.dns_stub import StubAction, StubDecision, TcpFramer, decide
 from supervisor.boundary.capture.identity import Identity, IdentityResolver, IdentityStage, IdentityUnresolved
-from supervisor.boundary.capture.proxy_listener import (
+from supervisor.boundary.capture.setup import CaptureSetupError, inspect, original_destination, prepare, probe
+from supervisor.protocol.proxy_head import (
     CONNECT_ESTABLISHED,
     HEAD_READ_DEADLINE_S,
     MAX_HEAD_BYTES,
@@ -22,7 +24,6 @@ from supervisor.boundary.capture.proxy_listener import (
     render_denied,
     render_reply,
 )
-from supervisor.boundary.capture.setup import CaptureSetupError, inspect, original_destination, prepare, probe
 
 __all__ = [
     "CONNECT_ESTABLISHED",

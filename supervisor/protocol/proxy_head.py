@@ -1,6 +1,9 @@
-"""The agent-facing HTTP proxy listener (``127.0.0.1:3128``), sans-I/O.
+"""The agent-facing HTTP proxy's head parser and response catalogue, sans-I/O.
 
-Rules (docs/spec/policy.md §3.1, §3.17; the boundary parses only to learn the destination and to answer):
+Shared by the boundary's listener (``127.0.0.1:3128`` in the agent's namespace) and control's proxy-pod
+listener (docs/design.md, "The proxy-pod topology"); neither side imports the other.
+
+Rules (docs/spec/policy.md §3.1, §3.17; the listener parses only to learn the destination and to answer):
 
 1. Nothing is decided here. A head becomes a :class:`ProxyTarget` (CONNECT or absolute-form plain HTTP) or a
    :class:`ProxyReject`; policy, DNS, L7 and credentials stay in control.

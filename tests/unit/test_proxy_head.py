@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.boundary.capture.proxy_listener import (
+from supervisor.protocol.egress import CaptureKind, EgressReply
+from supervisor.protocol.proxy_head import (
     CONNECT_ESTABLISHED,
     HEAD_READ_DEADLINE_S,
     MAX_HEAD_BYTES,
@@ -22,7 +23,6 @@ from supervisor.boundary.capture.proxy_listener import (
     render_reply,
     render_unavailable,
 )
-from supervisor.protocol.egress import CaptureKind, EgressReply
 
 
 def parse_response(raw: bytes) -> tuple[int, dict[str, str], bytes]:
