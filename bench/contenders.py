@@ -64,6 +64,7 @@ class BenchContext:
     upstream_idle: Address | None = None
     upstream_host_reason: str = ""  # why the upstream is on loopback instead of its own host, if it is
     product: Path | None = None  # a directory holding the run's snapshot of ``supervisor/`` (else the checkout)
+    daemon_python: str | None = None  # the interpreter the sandbox's daemons run on (bench.interpreter; else ours)
 
 
 class Contender:

@@ -36,7 +36,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from bench import micro, netns, procstat, setup_peers
+from bench import interpreter, micro, netns, procstat, setup_peers
 from bench.clients import Address
 from bench.contenders import FACTORIES, BenchContext, Contender, ContenderUnavailable
 from bench.profiling import Recording, format_top
@@ -74,6 +74,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile", metavar="CONTENDER", help="py-spy profile of this contender's processes")
     parser.add_argument("--no-install", action="store_true", help="do not apt-get or pip install peers")
     parser.add_argument("--no-micro", action="store_true", help="skip bench/bench_*.py micro-benchmarks")
+    parser.add_argument("--daemon-python", metavar="PATH", default=interpreter.default_daemon_python(),
+                        help="interpreter the sandbox's daemons run on (default: the Makefile's .venv/bin/python, "
+                        "built from Debian's /usr/bin/python3 as the image ships; else the harness's own)")
     parser.add_argument("--idle-budget", type=float, metavar="SECONDS",
                         help="time allowed for opening the idle connections (default 15, quick 10)")
     args = parser.parse_args(argv)
@@ -313,6 +316,13 @@ def main(argv: list[str] | None = None) -> int:
             reason = setup_peers.ensure_venv_package(setup_peers.PROXY_PY_REQUIREMENT, "proxy")
             if reason:
                 preflight["proxy.py"] = reason
+    daemon_python: dict[str, object] = {}
+    sandboxes = [name for name in args.contender_names if name.startswith("openshell")]
+    if sandboxes:
+        try:
+            daemon_python = interpreter.describe(args.daemon_python)
+        except interpreter.InterpreterError as exc:
+            preflight.update(dict.fromkeys(sandboxes, str(exc)))
     results = Results(config.runs, list(args.contender_names), scenarios)
     workdir = Path(tempfile.mkdtemp(prefix="openshell-bench-"))
     product, product_facts = product_snapshot(workdir)
@@ -340,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
             run_notes.append(f"upstream on 127.0.0.1 ({host_reason})")
         upstream = Upstream(host)
         ctx = BenchContext(workdir, setup_peers.PEERS_VENV, nofile, copy, upstream.bulk, upstream.echo, upstream.idle,
-                           host_reason, product)  # fmt: skip
+                           host_reason, product, args.daemon_python)  # fmt: skip
         local = LocalClient(copy)
         facts["harness client"] = local.driver.facts
         for name in args.contender_names:
@@ -410,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     add_derived(results)
     rows = build_rows(results)
     table = format_text(rows)
+    if daemon_python:
+        table = f"openshell daemons on: {interpreter.label(daemon_python)}\n\n{table}"
     notes = config_notes + run_notes + [f"{k}: {v}" for k, v in micro_skipped.items()]
     micro_table = aligned(micro.micro_grid(micro_rows)) if micro_rows else ""
     command = "python3 bench/run.py " + shlex.join(argv if argv is not None else sys.argv[1:])
@@ -418,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": command.strip(),
         "machine": machine_facts(),
         "peers": setup_peers.versions(),
-        "product": product_facts,
+        "product": product_facts | {"daemon_python": daemon_python},
         "clients": facts,
         "upstream": {"bulk": upstream.bulk, "echo": upstream.echo, "idle": upstream.idle} if upstream else None,
         "config": asdict(config) | {"nofile": nofile},
@@ -443,7 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     json_path.write_text(json.dumps(document, indent=1) + "\n")
     summary_md = format_summary_markdown(rows, results.contenders)
     micro_md = f"\n\n{markdown(micro.micro_grid(micro_rows))}" if micro_rows else ""
-    (args.out / f"bench-{stamp}.md").write_text(f"{summary_md}\n\n{format_markdown(rows)}{micro_md}\n")
+    daemons_md = f"openshell daemons on: `{interpreter.label(daemon_python)}`\n\n" if daemon_python else ""
+    (args.out / f"bench-{stamp}.md").write_text(f"{daemons_md}{summary_md}\n\n{format_markdown(rows)}{micro_md}\n")
     print(table)
     print("\nsummary\n" + format_summary(rows, results.contenders))
     if micro_table:

@@ -4,7 +4,7 @@ How it is put together, and why each piece is there:
 
 * **The client is the agent.** The boundary serves only workload processes (it identifies the binary behind
   every connection), and its proxy listener lives in the agent's network namespace. So the sandbox is
-  started with ``python3 -m supervisor.cli dev --policy P --dns-server D -- /usr/bin/python3 -I -B
+  started with ``PY -m supervisor.cli dev --policy P --dns-server D -- /usr/bin/python3 -I -B
   <copy>/bench/driver.py``: the agent *is* the bench's client driver, reading requests on the stdin that dev
   mode hands it and answering on its stdout. It runs the same client code, under the same interpreter and from
   the same world-readable copy as the driver that measures direct and the peers; it speaks CONNECT to
@@ -13,6 +13,9 @@ How it is put together, and why each piece is there:
   harness puts the one upstream every contender reaches on a host in a network namespace it creates
   (``bench.netns``). The policy allows exactly that address (``allowed_ips: [ADDR/32]``, host by IP literal),
   on exactly the upstream's ports, for exactly the driver's interpreter.
+* **The product as it ships.** ``PY`` (``ctx.daemon_python``) is the Makefile's ``.venv/bin/python``, built
+  from Debian's ``/usr/bin/python3`` like the image's, unless ``--daemon-python`` names another
+  (``bench.interpreter``); dev mode starts both daemons on the interpreter it runs on.
 * **No name is resolved**, and should control ever try, ``--dns-server`` points it at :class:`RefusingDns`
   on 127.0.0.1, which refuses every query and counts them: the machine's resolver is never asked.
 * **Memory** is control's and the boundary's: ``pids()`` lists the processes of dev mode's tree that run
@@ -133,7 +136,8 @@ class OpenShell(Contender):
         policy.write_text(render_policy(ctx.upstream_echo[0], [port for _, port in listeners], binary))
         self.dns = RefusingDns()
         argv = [
-            sys.executable, "-m", "supervisor.cli", "dev", "--log-format=json", f"--policy={policy}",
+            ctx.daemon_python or sys.executable, "-m", "supervisor.cli", "dev", "--log-format=json",
+            f"--policy={policy}",
             f"--dns-server={self.dns.address[0]}:{self.dns.address[1]}",
             # the agent gets a fresh root with only granted paths and a private /tmp: the driver's copy is its
             # workdir (root's, 0755: the agent runs it and cannot change it; the harness removes it)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
 
-from bench import netns
+from bench import interpreter, netns
 from bench.harness import main, make_config, parse_args, product_snapshot
 from bench.remote import SYSTEM_PYTHON
 from bench.scenarios import idle_sizes
@@ -80,3 +82,25 @@ def test_one_small_run_writes_table_and_json(tmp_path: Path, capsys: pytest.Capt
         assert rows[(scenario, metric, "openshell")]["summary"]["median"] > 0
     assert rows[("idle 1000", "control peak", "direct")]["summary"] is None
     assert list(tmp_path.glob("bench-*.md"))
+    # the daemons ran on the interpreter the table and the JSON name (by default the venv of Debian's python3)
+    daemons = document["product"]["daemon_python"]
+    assert daemons["path"] == interpreter.default_daemon_python() and daemons["version"]
+    assert f"openshell daemons on: {interpreter.label(daemons)}" in out
+
+
+def test_daemon_python_is_described_and_a_bad_one_refused(tmp_path: Path) -> None:
+    facts = interpreter.describe(sys.executable)
+    assert facts["path"] == sys.executable and facts["real_path"] == os.path.realpath(sys.executable)
+    assert str(facts["version"]) in interpreter.label(facts)
+    with pytest.raises(interpreter.InterpreterError, match="not an executable"):
+        interpreter.describe(str(tmp_path / "python9"))
+    bare = tmp_path / "bare"
+    bare.write_text("#!/bin/sh\necho '{\"missing\": [\"trio (ModuleNotFoundError)\"]}'\n")
+    bare.chmod(0o755)
+    with pytest.raises(interpreter.InterpreterError, match="cannot import the daemons' trio"):
+        interpreter.describe(str(bare))
+
+
+def test_daemon_python_defaults_to_the_venv_and_can_be_named() -> None:
+    assert parse_args([]).daemon_python == interpreter.default_daemon_python()
+    assert parse_args(["--daemon-python", "/opt/py/bin/python3"]).daemon_python == "/opt/py/bin/python3"
