@@ -32,7 +32,7 @@ from supervisor.protocol.certs import (
     make_leaf,
     read_peer_certificate,
 )
-from supervisor.protocol.claims import LINK_ROLES, CLAIMS_OID, ClaimsError, Role, claims_json, encode_claims
+from supervisor.protocol.claims import CLAIMS_OID, LINK_ROLES, ClaimsError, Role, claims_json, encode_claims
 from supervisor.protocol.errors import ErrorKind
 from supervisor.protocol.tls import PeerRejected, verify_peer
 from tests.certs_fixtures import SAMPLE_CLAIMS, differing, issue_pair, sample_claims
