@@ -9,6 +9,7 @@ workload) and the test checks that no member of the workload's cgroup is left.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -123,3 +124,55 @@ def test_fork_bomb_is_contained_status_answers_and_terminate_ends_it(bomb: Sandb
     while _cgroup_members(group):
         assert time.monotonic() < deadline, f"bomb processes survived terminate: {_cgroup_members(group)}"
         time.sleep(0.1)
+
+
+MARK = "98765"  # sleeps of 98765N seconds are this test's, found in the host's /proc by their argv
+
+
+def _marked() -> dict[int, str]:
+    found: dict[int, str] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if len(argv) > 1 and argv[0].endswith(b"sleep") and argv[1].startswith(MARK.encode()):
+                found[int(name)] = argv[1].decode()
+    return found
+
+
+@pytest.fixture
+def quiet() -> Iterator[Sandbox]:
+    yield from _start(["sleep", "100000"])
+
+
+def test_setsid_double_fork_child_of_an_exec_is_gone_after_terminate(quiet: Sandbox) -> None:
+    script = f'setsid sh -c "sleep {MARK}1 & sleep {MARK}2 &"; sleep {MARK}0'
+    execing = subprocess.Popen([*CLI, "exec", "--", "sh", "-c", script], env=quiet.env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while sorted(_marked().values()) != [f"{MARK}0", f"{MARK}1", f"{MARK}2"]:
+            assert execing.poll() is None, execing.communicate()
+            assert time.monotonic() < deadline, _marked()
+            time.sleep(0.1)
+        handles = [p["handle"] for p in quiet.status()["boundary"]["processes"] if p["kind"] == "exec"]
+        assert len(handles) == 1, handles
+        ended = quiet.cli("terminate", handles[0], "--grace=2")
+        assert ended.returncode == 0, ended
+        result = json.loads(ended.stdout)
+        assert result["reason"] == "terminated" and result["signal"] == "TERM", result  # sh died of the TERM
+        deadline = time.monotonic() + 10
+        while _marked():
+            assert time.monotonic() < deadline, f"left behind after terminate: {_marked()}"
+            time.sleep(0.1)
+        waited = quiet.cli("wait", handles[0])
+        assert json.loads(waited.stdout)["signal"] == "TERM", waited
+        assert quiet.status()["boundary"]["agent"]["result"] is None, "the agent is untouched"
+    finally:
+        execing.kill()
+        execing.wait()
+        for pid in _marked():  # never leave a stray sleep on the shared machine
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)

@@ -81,7 +81,7 @@ class FakeLauncher:
         self.roots: set[int] = set()
         self.killed = False
 
-    async def spawn(self, spec: Any) -> FakeSpawned:
+    async def spawn(self, spec: Any, *, own_pidns: bool = False) -> FakeSpawned:
         argv = list(spec.argv)
         try:
             if spec.tty:

@@ -423,10 +423,12 @@ def _nft_ruleset() -> str | None:
     nft = shutil.which("nft")
     if nft is None:
         return None
+    # Not being able to run nft (no fork under the pids limit, a timeout) is a failed read, never a different
+    # fence: raised, so the fence watch retries instead of seeing a changed fingerprint.
     try:
         done = subprocess.run([nft, "list", "ruleset"], capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"error: {exc}"
+    except subprocess.TimeoutExpired as exc:
+        raise OSError(errno.ETIMEDOUT, f"nft list ruleset: {exc}") from None
     return done.stdout if done.returncode == 0 else f"error: {done.stderr.strip()[:200]}"
 
 

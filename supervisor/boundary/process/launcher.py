@@ -79,6 +79,7 @@ class Spawned:
     pty_master: int | None
     ns_pid: int | None = None  # pid inside the workload PID namespace, when there is one
     notes: tuple[str, ...] = ()  # best-effort degradations the child reported (Landlock)
+    nested: bool = False  # pid is the init of the process's own PID namespace (zygote.exec_init)
     _launcher: Launcher | None = field(default=None, repr=False, compare=False)
     _sid: int = field(default=0, repr=False, compare=False)
     _status: int | None = field(default=None, repr=False, compare=False)
@@ -300,7 +301,9 @@ class Launcher:
             raise LauncherError("socket: no fd received")
         return socket.socket(fileno=fds[0])
 
-    async def spawn(self, spec: SpawnSpec) -> Spawned:
+    async def spawn(self, spec: SpawnSpec, *, own_pidns: bool = False) -> Spawned:
+        """Launch ``spec``; ``own_pidns``: in a PID namespace of its own under the workload's (R, U; ignored
+        without a workload PID namespace), so ending it ends everything it started (zygote.exec_init)."""
         problem = child.validate(spec)
         if problem is not None:
             raise SpawnError(Stage.VALIDATE, _errno.EINVAL, problem)
@@ -323,7 +326,13 @@ class Launcher:
             sid = next(self._ids)
             try:
                 reply, fds = await self._request(
-                    "spawn", fds=theirs, sid=sid, spec=spec.to_wire(), stdio=layout, notify=notify
+                    "spawn",
+                    fds=theirs,
+                    sid=sid,
+                    spec=spec.to_wire(),
+                    stdio=layout,
+                    notify=notify,
+                    own_pidns=own_pidns,
                 )
             except BaseException:
                 self._forget(sid)
@@ -359,6 +368,7 @@ class Launcher:
             pidfd=pidfd,
             ns_pid=reply.get("ns_pid"),
             notes=tuple(notes),
+            nested=bool(reply.get("nested")),
             _launcher=self,
             _sid=sid,
             **ends,

@@ -88,7 +88,7 @@ class SpawnedLike(Protocol):
 
 
 class LauncherLike(Protocol):
-    async def spawn(self, spec: Any) -> Any: ...
+    async def spawn(self, spec: Any, *, own_pidns: bool = False) -> Any: ...
 
     def workload_pids(self) -> set[int]: ...
 
@@ -142,6 +142,8 @@ class ProcessEntry:
         self.handle = handle
         self.kind: Kind = kind
         self.pid = spawned.pid
+        # pid is the init of the process's own PID namespace (R, U execs): it forwards signals to the command
+        self.nested = bool(getattr(spawned, "nested", False))
         self.started_at = now_rfc3339()
         self._pidfd: int | None = spawned.pidfd
         stat = read_stat(spawned.pid)
@@ -215,6 +217,14 @@ class ProcessEntry:
 
     def _signal_group(self, sig: int) -> None:
         assert self._pidfd is not None
+        if self.nested:
+            # The command leads its own session and group under its namespace's init (our pid): that group.
+            for pid in self._table.launcher.workload_pids():
+                stat = read_stat(pid)
+                if stat is not None and stat.ppid == self.pid and stat.sid == pid and stat.pgid == pid:
+                    os.killpg(pid, sig)
+                    return
+            raise ProcessLookupError(3, "no process group")
         try:
             _signal.pidfd_send_signal(self._pidfd, sig, None, _PIDFD_SIGNAL_PROCESS_GROUP)
         except OSError as exc:
@@ -327,7 +337,8 @@ class ProcessTable:
         self._starting += 1
         self._starting_agent = self._starting_agent or kind == "agent"
         try:
-            spawned = await self.launcher.spawn(spec)
+            # An exec gets a PID namespace of its own: terminate ends all it started (setsid, double forks).
+            spawned = await self.launcher.spawn(spec, own_pidns=kind == "exec")
         except Exception as exc:
             if kind == "agent":
                 self._starting_agent = False

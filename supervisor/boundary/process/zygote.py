@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import gc
@@ -270,6 +271,9 @@ class Spawner:
         self.root = root  # the agent's own root, entered before the first child (rootfs rule 5)
         self.root_error: OSError | None = None  # entering failed: never fork a child in a half-built view
         self.live: dict[int, int] = {}  # local pid -> sid
+        # The PID namespace we are init of (its fd), so an exec can get a nested one and we get ours back.
+        self.pidns_fd: int | None = None
+        self.exit_reports: dict[int, int] = {}  # exec-init pid -> read end of its command's status report
 
     def _enter_root(self) -> None:
         if self.root_error is not None:
@@ -294,17 +298,41 @@ class Spawner:
             stdio, status_fd = _stdio_fds(request, fds)
             notify = _notify_fd(request, fds)
             parent = os.getpid()
-            pid = os.fork()
+            nested = bool(request.get("own_pidns")) and self.pidns_fd is not None
+            report_r = report_w = -1
+            if nested:  # its own PID namespace: the first child after this unshare is its init (exec_init)
+                report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+                linux.unshare(linux.CLONE_NEWPID)
+            try:
+                pid = os.fork()
+            except BaseException:
+                if nested:
+                    self._own_pidns_again()
+                    close_all([report_r, report_w])
+                raise
+            if pid and nested:
+                self._own_pidns_again()
             if pid == 0:  # pragma: no cover - the child never returns
-                child.run(child.ChildContext(spec, stdio, status_fd, parent, mount_ns=self.mount_ns, notify_fd=notify))
+                ctx = child.ChildContext(spec, stdio, status_fd, parent, mount_ns=self.mount_ns, notify_fd=notify)
+                if nested:
+                    exec_init(ctx, report_r, report_w)
+                child.run(ctx)
+            if nested:
+                os.close(report_w)
+                self.exit_reports[pid] = report_r
             self.live[pid] = sid
             pidfd = os.pidfd_open(pid)
             host_pid = pid if self.host_proc_fd is None else linux.pidfd_pid(pidfd, dir_fd=self.host_proc_fd)
-            return {"id": rid, "ok": True, "pid": host_pid, "ns_pid": pid}, [pidfd]
+            return {"id": rid, "ok": True, "pid": host_pid, "ns_pid": pid, "nested": nested}, [pidfd]
         except Exception as exc:
             return error_reply(rid, exc, stage=child.Stage.FORK.value), []
         finally:
             close_all(fds)
+
+    def _own_pidns_again(self) -> None:
+        """After an exec's nested namespace was made: our next children are in our own namespace again."""
+        assert self.pidns_fd is not None
+        linux.setns(self.pidns_fd, linux.CLONE_NEWPID)
 
     def reap(self) -> list[tuple[int, int]]:
         """Reap every exited child; return ``(sid, raw_status)`` for launched ones."""
@@ -317,9 +345,82 @@ class Spawner:
             if pid == 0:
                 break
             sid = self.live.pop(pid, None)
+            report = self.exit_reports.pop(pid, None)
+            if report is not None:
+                status = _reported_status(report, status)
             if sid is not None:
                 exits.append((sid, status))
         return exits
+
+
+def _reported_status(fd: int, own: int) -> int:
+    """An exec-init's exit: its command's raw status if it reported one (it exits 0 after), else its own
+    (SIGKILL: the namespace was killed, the command with it)."""
+    try:
+        data = os.read(fd, 32)
+    except OSError:
+        data = b""
+    finally:
+        os.close(fd)
+    try:
+        return int(data) if data else own
+    except ValueError:
+        return own
+
+
+_FORWARDED: Final = tuple(
+    s for s in signal.valid_signals()
+    if s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD) and s < signal.SIGRTMIN
+)  # fmt: skip
+
+
+def exec_init(ctx: child.ChildContext, report_r: int, report_w: int) -> NoReturn:  # pragma: no cover - own pid ns
+    """PID 1 of one exec's own PID namespace (issue 15 item 2): fork the command (``child.run``), forward every
+    catchable signal to it, reap everything, and when the command ends write its raw wait status to
+    ``report_w`` and exit — the kernel then kills whatever it left in the namespace (setsid, double forks).
+    SIGKILL to this process (terminate's last step) ends the namespace, the command included."""
+    try:
+        os.close(report_r)
+        os.setsid()  # a group of our own: a group signal to this handle never reaches the workload's init
+        target: list[int] = []
+        pending: list[int] = []
+
+        def forward(signum: int, _frame: object) -> None:
+            if target:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(target[0], signum)
+            else:
+                pending.append(signum)
+
+        signal.set_wakeup_fd(-1)  # the init's wakeup pipe is not ours
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for sig in _FORWARDED:
+            with contextlib.suppress(OSError, ValueError):
+                signal.signal(sig, forward)
+        me = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            os.close(report_w)
+            child.run(dataclasses.replace(ctx, parent_pid=me))
+        target.append(pid)
+        # Every fd but the report: the command's ends (EOF on its pipes once it and its children are done), and
+        # what we inherited from the init (its socket to the zygote, the host procfs).
+        linux.close_range(3, report_w - 1)
+        linux.close_range(report_w + 1)
+        for signum in pending:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+        while True:
+            try:
+                got, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                os._exit(1)
+            if got == pid:
+                with contextlib.suppress(OSError):
+                    os.write(report_w, str(status).encode())
+                os._exit(0)
+    finally:
+        os._exit(1)
 
 
 def run_capture_call(request: Mapping[str, Any]) -> dict[str, Any]:
@@ -395,6 +496,8 @@ def init_main(  # pragma: no cover - own pid ns
             os._exit(1)
         wake = _install_sigchld_wakeup()
         spawner = Spawner(host_proc_fd=4, root=plan)
+        with contextlib.suppress(OSError):  # exec handles get nested namespaces only when we can come back
+            spawner.pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         send(sock, {"ready": True})
         poller = select.poll()
         poller.register(sock, select.POLLIN)
