@@ -121,6 +121,8 @@ class BoundaryDaemon:
         self.trust: tuple[Path, Path] | None = None  # (CA file, bundle file) given to the workload
         self.capture: EgressCapture | None = None
         self.pids_cgroup: PidsCgroup | None = None
+        self.terminating = 0  # terminate calls in flight: their replies go out before the daemon ends
+        self.terminates_done = trio.Event()
         self.enforcement_lost: str | None = None  # the watched fence changed: why (issue 15 item 3)
         self.limits: dict[str, Any] = {"pids": None}  # set at attach
         self.router = self._make_router()
@@ -197,6 +199,9 @@ class BoundaryDaemon:
             await self.exit_acked.wait()
         if scope.cancelled_caught:
             self.log.emit("boundary.exit-linger-expired", linger_s=self.cfg.exit_linger_s)
+        with trio.move_on_after(END_WORKLOAD_S):  # a terminate racing the exit answers the agent's result
+            while self.terminating:
+                await self.terminates_done.wait()
         await trio.sleep(0.05)  # let the acknowledgement's reply reach control
         nursery.cancel_scope.cancel()
 
@@ -571,9 +576,27 @@ class BoundaryDaemon:
         return {"handle": req.handle, "signal": req.signal, "delivered": True}
 
     async def op_terminate(self, body: dict[str, Any]) -> dict[str, Any]:
-        self.lifecycle.check(Op.TERMINATE)
         req = parse_terminate_request(body)
-        return await self.table.terminate(req.handle, req.grace_s)
+        agent = self.table.agent
+        try:
+            self.lifecycle.check(Op.TERMINATE)
+        except OpError:
+            # The agent ended while this was on its way: what ended it is the answer, not "terminated".
+            if agent is not None and agent.handle == req.handle and agent.result is not None:
+                return dict(agent.result)
+            raise
+        self.terminating += 1
+        try:
+            return await self.table.terminate(req.handle, req.grace_s)
+        except OpError:
+            if agent is not None and agent.handle == req.handle and agent.result is not None:
+                return dict(agent.result)  # it exited on its own meanwhile: its result, as above
+            raise
+        finally:
+            self.terminating -= 1
+            if not self.terminating:
+                self.terminates_done.set()
+                self.terminates_done = trio.Event()
 
     async def op_policy_ack(self, body: dict[str, Any]) -> dict[str, Any]:
         generation = body.get("policy_generation")

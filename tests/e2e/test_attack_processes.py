@@ -176,3 +176,16 @@ def test_setsid_double_fork_child_of_an_exec_is_gone_after_terminate(quiet: Sand
         for pid in _marked():  # never leave a stray sleep on the shared machine
             with contextlib.suppress(OSError):
                 os.kill(pid, 9)
+
+
+@pytest.fixture
+def exiting() -> Iterator[Sandbox]:
+    yield from _start(["sh", "-c", 'trap "exit 3" TERM; while :; do sleep 0.05; done'])
+
+
+def test_terminate_racing_the_agents_exit_answers_its_result(exiting: Sandbox) -> None:
+    ended = exiting.cli("terminate", "--grace=5")  # the agent exits on the TERM: the sandbox ends meanwhile
+    assert ended.returncode == 0, ended
+    result = json.loads(ended.stdout)
+    assert (result["code"], result["reason"]) == (3, "terminated"), result
+    assert exiting.dev.wait(timeout=60) == 3
