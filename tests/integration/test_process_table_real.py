@@ -211,6 +211,17 @@ async def test_resize_on_non_pty_is_invalid(table: ProcessTable) -> None:
     with pytest.raises(OpError) as info:
         table.resize(entry.handle, 80, 24)
     assert info.value.kind is ErrorKind.INVALID
+    # and as a channel frame (issue 15): an ``invalid`` error, never silently ignored; the process lives on
+    client, server = trio.testing.memory_stream_pair()
+    out = Collected()
+    async with trio.open_nursery() as n:
+        n.start_soon(pump_exec, entry, server)
+        await client.send_all(encode_frame(Resize(80, 24)))
+        with trio.fail_after(10):
+            await collect(client, out)
+    assert out.error is not None and out.error["kind"] == "invalid" and "terminal" in out.error["reason"], out
+    assert entry.result is None
+    await table.terminate(entry.handle, 0)
 
 
 # -- signals, terminate, reaping ------------------------------------------------------------------------------

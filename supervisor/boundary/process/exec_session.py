@@ -274,7 +274,9 @@ async def _apply_input(entry: ProcessEntry, event: Event) -> None:
             else:
                 entry.close_stdin()
         case Resize(cols, rows):
-            if entry.pty is not None and entry.result is None:
+            if entry.pty is None:  # spec §2.8: invalid, not ignored; the stream ends, the process keeps running
+                raise ChannelProtocolError("resize on a handle without a terminal (no PTY)")
+            if entry.result is None:
                 entry.resize(cols, rows)
         case Signal(name):
             try:
