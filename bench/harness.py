@@ -194,6 +194,26 @@ def machine_facts() -> dict[str, object]:
     }
 
 
+def budget_notes(results: Results, config: Config) -> list[str]:
+    """Setup cells whose time budget ended a batch before every connection was made: the limit hit, named
+    (those connections were never started, so they are not failures)."""
+    notes: list[str] = []
+    for scenario in results.scenarios:
+        if scenario.kind != "setup":
+            continue
+        asked = config.sequential if scenario.name == "setup sequential" else config.concurrent
+        for contender in results.contenders:
+            done = [v for v in results.series(scenario.name, "conns", contender) if v is not None]
+            short = sorted(v for v in done if v < asked)
+            if short:
+                notes.append(
+                    f"{contender} {scenario.name}: the {config.setup_budget:g} s budget ended {len(short)} of "
+                    f"{len(done)} rounds early ({short[0]:.0f}–{short[-1]:.0f} of {asked} connections made; "
+                    f"{results.errors.get((scenario.name, contender), 0)} failed)"
+                )
+    return notes
+
+
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -336,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     upstream: Upstream | None = None
     local: LocalClient | None = None
     profile: dict[str, object] = {}
+    refusals: dict[str, dict[str, int]] = {}  # the sandbox's own account of connections it refused
     facts: dict[str, object] = {}
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -400,6 +421,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for contender, _ in started:
             contender.stop()
+            refused = getattr(contender, "refusals", None)
+            if refused:
+                refusals[contender.name] = dict(refused)
+                run_notes.append(f"{contender.name}: its events name refused connections: {dict(refused)}")
             queries = getattr(contender, "dns_queries", 0)
             if queries:
                 run_notes.append(f"{contender.name}: control sent {queries} DNS queries (refused)")
@@ -422,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     table = format_text(rows)
     if daemon_python:
         table = f"openshell daemons on: {interpreter.label(daemon_python)}\n\n{table}"
-    notes = config_notes + run_notes + [f"{k}: {v}" for k, v in micro_skipped.items()]
+    notes = config_notes + run_notes + budget_notes(results, config) + [f"{k}: {v}" for k, v in micro_skipped.items()]
     micro_table = aligned(micro.micro_grid(micro_rows)) if micro_rows else ""
     command = "python3 bench/run.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     document = {
@@ -441,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
             {"scenario": s, "metric": m, "contender": c, "values": v} for (s, m, c), v in results.values.items()
         ],
         "failures": [{"scenario": s, "contender": c, "errors": e} for (s, c), e in results.failures.items()],
+        "refusals": refusals,
         "connection_errors": [
             {"scenario": s, "contender": c, "count": n, "kinds": results.error_kinds.get((s, c), {})}
             for (s, c), n in results.errors.items()
@@ -456,7 +482,10 @@ def main(argv: list[str] | None = None) -> int:
     summary_md = format_summary_markdown(rows, results.contenders)
     micro_md = f"\n\n{markdown(micro.micro_grid(micro_rows))}" if micro_rows else ""
     daemons_md = f"openshell daemons on: `{interpreter.label(daemon_python)}`\n\n" if daemon_python else ""
-    (args.out / f"bench-{stamp}.md").write_text(f"{daemons_md}{summary_md}\n\n{format_markdown(rows)}{micro_md}\n")
+    notes_md = "\n\n" + "\n".join(f"- {note}" for note in notes) if notes else ""
+    (args.out / f"bench-{stamp}.md").write_text(
+        f"{daemons_md}{summary_md}\n\n{format_markdown(rows)}{micro_md}{notes_md}\n"
+    )
     print(table)
     print("\nsummary\n" + format_summary(rows, results.contenders))
     if micro_table:

@@ -31,6 +31,7 @@ How it is put together, and why each piece is there:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -40,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 from bench.contenders import Address, BenchContext, Contender, ContenderUnavailable
@@ -119,6 +121,7 @@ class OpenShell(Contender):
         self.dns_queries = 0  # over every start, for the run's notes
         self.runtime: Path | None = None
         self._seen: dict[int, int] = {}  # pid -> start time of every process of ours we saw
+        self.refusals: Counter[str] = Counter()  # egress.refused reasons in dev mode's events, over every start
 
     # -- the interface ---------------------------------------------------------------------------------------
     def start(self) -> Address | None:
@@ -211,6 +214,16 @@ class OpenShell(Contender):
     def pids(self) -> list[int]:
         return [pid for group in self.pid_groups().values() for pid in group]
 
+    def _count_refusals(self) -> None:
+        """Add the reasons of the ``egress.refused`` events this start logged (why a connection got a 403)."""
+        with contextlib.suppress(OSError), (self.dir / "dev.log").open(encoding="utf-8", errors="replace") as log:
+            for line in log:
+                if '"egress.refused"' not in line:
+                    continue
+                with contextlib.suppress(ValueError):
+                    event = json.loads(line)
+                    self.refusals[str(event.get("reason", "?"))] += 1
+
     def stop(self) -> None:
         if self.proc is not None:
             with contextlib.suppress(Exception):
@@ -232,6 +245,7 @@ class OpenShell(Contender):
                         os.kill(pid, signal.SIGKILL)
             if self.proc.stdout is not None:
                 self.proc.stdout.close()
+            self._count_refusals()
         self.proc = None
         self.driver = None
         self._seen = {}
