@@ -24,13 +24,18 @@ def _print_json(body: dict[str, Any]) -> None:
 def _fail(status: int, body: dict[str, Any]) -> int:
     reason = body.get("reason") or body.get("raw") or f"HTTP {status}"
     kind = body.get("kind", "error")
-    print(f"openshell-sandbox: {kind}: {reason}", file=sys.stderr)
+    field = body.get("field")
+    where = f" ({field})" if isinstance(field, str) and field not in str(reason) else ""
+    print(f"openshell-sandbox: {kind}: {reason}{where}", file=sys.stderr)
     return EXIT_SELF_FAILED
 
 
 async def _agent_handle(api: Api) -> str:
     status, body = await request_json(api, "GET", "/v1/status")
     handle = ((body.get("boundary") or {}).get("agent") or {}).get("handle")
+    if status == 200 and (body.get("topology") or {}).get("name") == "proxy-pod":
+        raise ApiError("not available in the proxy-pod topology: the workload runs no supervisor (no exec, PTY, "
+                       "forward, signal, wait or process policy)")  # fmt: skip
     if status != 200 or not handle:
         raise ApiError("the agent has no handle yet (is the sandbox running?)")
     return str(handle)
@@ -145,7 +150,9 @@ async def _exec(api: Api, args: argparse.Namespace) -> int:
 
 def _launch_failure(exc: ApiError) -> int:
     body = exc.body
-    print(f"openshell-sandbox: {body.get('kind', 'error')}: {exc}", file=sys.stderr)
+    field = body.get("field")  # e.g. env.KEY: the refused key by name (issue 15)
+    where = f" ({field})" if isinstance(field, str) and field not in str(exc) else ""
+    print(f"openshell-sandbox: {body.get('kind', 'error')}: {exc}{where}", file=sys.stderr)
     import errno
 
     if body.get("stage") and body.get("errno") == errno.ENOENT:

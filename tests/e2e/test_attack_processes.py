@@ -189,3 +189,9 @@ def test_terminate_racing_the_agents_exit_answers_its_result(exiting: Sandbox) -
     result = json.loads(ended.stdout)
     assert (result["code"], result["reason"]) == (3, "terminated"), result
     assert exiting.dev.wait(timeout=60) == 3
+
+
+def test_exec_refusal_names_the_env_key(quiet: Sandbox) -> None:
+    refused = quiet.cli("exec", "--env", "OPENSHELL_SANDBOX_X=1", "--", "true")
+    assert refused.returncode != 0
+    assert "invalid" in refused.stderr and "env.OPENSHELL_SANDBOX_X" in refused.stderr, refused.stderr
