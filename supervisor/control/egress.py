@@ -148,6 +148,8 @@ class EgressService:
             binary=identity.get("binary_path"),
             binary_sha256=identity.get("binary_sha256"),
             ancestors=identity.get("ancestors"),
+            pid=identity.get("pid"),  # with start_time: which process instance, not only which binary
+            start_time=identity.get("start_time"),
             conn_id=request.conn_id,
             **fields,
         )
