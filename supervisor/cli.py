@@ -159,6 +159,44 @@ def daemon_parser() -> argparse.ArgumentParser:
         help="whether control can reach IPv6 destinations; auto: a route covering global IPv6 exists in its network "
         "namespace (re-checked on change). Without it, AAAA queries are answered with no records (default auto)",
     )
+    t = p.add_argument_group("control: the proxy-pod topology (docs/kubernetes.md)")
+    t.add_argument(
+        "--topology",
+        choices=["boundary", "proxy-pod"],
+        default="boundary",
+        help="boundary (default): dial a boundary that owns the agent. proxy-pod: no boundary; control serves the "
+        "workload's HTTP proxy itself on --proxy-listen (needs --binary-identity=relaxed, --proxy-token-file and "
+        "--acknowledge-networkpolicy-enforcement)",
+    )
+    t.add_argument("--proxy-listen", metavar="ADDR:PORT", help="proxy-pod: where control accepts the proxy clients")
+    t.add_argument(
+        "--proxy-token-file",
+        type=Path,
+        help="proxy-pod: file holding this sandbox's proxy token; clients must send Proxy-Authorization "
+        "Basic sandbox:<token> (http://sandbox:<token>@host:port in their proxy variables), else 407",
+    )
+    t.add_argument(
+        "--proxy-clients",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="proxy-pod: only these source networks are served (repeatable; an extra check behind the NetworkPolicy)",
+    )
+    t.add_argument("--proxy-max-connections", type=int, default=1024, help="proxy-pod: concurrent connections cap")
+    t.add_argument("--proxy-per-client", type=int, default=256, help="proxy-pod: concurrent connections per source")
+    t.add_argument(
+        "--binary-identity",
+        choices=["strict", "relaxed"],
+        default="strict",
+        help="strict (default): the policy's binaries lists are decided on. relaxed: endpoint-only — identity is "
+        "logged but never decided on, binaries lists are ignored (required by --topology=proxy-pod)",
+    )
+    t.add_argument(
+        "--acknowledge-networkpolicy-enforcement",
+        action="store_true",
+        help="proxy-pod: the cluster enforces NetworkPolicy (the workload's only egress is this proxy); without "
+        "it control refuses the topology. Recorded in status and events",
+    )
     p.add_argument(
         "--acknowledge-external-fence",
         action="store_true",
@@ -325,10 +363,16 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     from supervisor.control.upstream import UpstreamConfig, parse_dns_server
     from supervisor.protocol.attach import CaptureMode
 
-    if not args.boundary:
+    proxy = _proxy_topology(args)
+    if isinstance(proxy, int):
+        return proxy
+    if proxy is not None:
+        host, port = "", 0
+    elif not args.boundary:
         _err("--mode=control needs --boundary HOST:PORT")
         return 2
-    host, port = _host_port(args.boundary, "--boundary")
+    else:
+        host, port = _host_port(args.boundary, "--boundary")
     try:
         api_listen = _host_port(args.api_listen, "--api-listen") if args.api_listen else None
     except argparse.ArgumentTypeError as exc:
@@ -385,8 +429,61 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
         capture_mode=CaptureMode(args.capture_mode), acknowledge_external_fence=args.acknowledge_external_fence,
         policy_file=watch_file, policy_watch_reason=watch_reason, agent_writable=agent_writable, log=log,
         policy_digest=_policy_digest(args.policy),
+        proxy=proxy, relaxed_identity=args.binary_identity == "relaxed",
+        networkpolicy_acknowledged=args.acknowledge_networkpolicy_enforcement,
     )  # fmt: skip
     return daemon.run(cfg)
+
+
+def _proxy_topology(args: argparse.Namespace) -> Any:
+    """The proxy listener's config for ``--topology=proxy-pod`` (None for the boundary topology), or an exit
+    code after saying which flag is wrong."""
+    from supervisor.control.proxy_listener import ProxyListenConfig, parse_clients
+
+    given = (("--proxy-listen", args.proxy_listen), ("--proxy-token-file", args.proxy_token_file),
+             ("--proxy-clients", args.proxy_clients))  # fmt: skip
+    proxy_flags = [flag for flag, value in given if value]
+    if args.topology != "proxy-pod":
+        if proxy_flags:
+            _err(f"{', '.join(proxy_flags)} only apply to --topology=proxy-pod")
+            return 2
+        return None
+    problems = []
+    if args.boundary:
+        problems.append("--boundary does not apply: the proxy-pod topology has no boundary")
+    if args.binary_identity != "relaxed":
+        problems.append("--topology=proxy-pod requires --binary-identity=relaxed (no process to identify behind a "
+                        "pod's address: only destinations are decided)")  # fmt: skip
+    if not args.acknowledge_networkpolicy_enforcement:
+        problems.append("--topology=proxy-pod requires --acknowledge-networkpolicy-enforcement: without an "
+                        "enforcing NetworkPolicy the workload could bypass the proxy")  # fmt: skip
+    if not args.proxy_listen:
+        problems.append("--topology=proxy-pod needs --proxy-listen ADDR:PORT")
+    if not args.proxy_token_file:
+        problems.append("--topology=proxy-pod needs --proxy-token-file")
+    if args.proxy_max_connections < 1 or args.proxy_per_client < 1:
+        problems.append("--proxy-max-connections and --proxy-per-client must be at least 1")
+    if problems:
+        for problem in problems:
+            _err(problem)
+        return 2
+    try:
+        listen = _host_port(args.proxy_listen, "--proxy-listen")
+        clients = parse_clients(args.proxy_clients)
+    except (argparse.ArgumentTypeError, ValueError) as exc:
+        _err(f"--proxy-listen/--proxy-clients: {exc}")
+        return 2
+    try:
+        token = args.proxy_token_file.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        _err(f"--proxy-token-file: cannot read {args.proxy_token_file}: {exc}")
+        return EXIT_SELF_FAILED
+    if len(token) < 16 or not token.isascii() or not all(c.isalnum() or c in "-_." for c in token):
+        _err(f"--proxy-token-file: {args.proxy_token_file} must hold one token of at least 16 characters "
+             "[A-Za-z0-9._-]")  # fmt: skip
+        return EXIT_SELF_FAILED
+    return ProxyListenConfig(host=listen[0], port=listen[1], token=token, clients=clients,
+                             max_connections=args.proxy_max_connections, per_client=args.proxy_per_client)  # fmt: skip
 
 
 # -- operator subcommands ----------------------------------------------------------------------------------------

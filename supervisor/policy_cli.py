@@ -3,9 +3,9 @@
 * ``policy check FILE [--json]`` — exit 0 and ``ok: N rules, M endpoints``, or exit 1 with every error as
   ``FILE:LINE: PATH: message (expected ...)``. Warnings go to stderr and never change the exit code.
 * ``policy decide --policy FILE --host H --port N [--binary PATH] [--ancestor PATH]... [--sha256 HEX]
-  [--loader-env NAME]... [--method M --path P] [--json]`` — one readable line (or JSON with result, rule,
-  endpoint, reason); exit 0 when allowed (audit included), 1 when denied, 2 for a usage error or an invalid
-  policy.
+  [--loader-env NAME]... [--binary-identity relaxed] [--method M --path P] [--json]`` — one readable line (or
+  JSON with result, rule, endpoint, reason); exit 0 when allowed (audit included), 1 when denied, 2 for a usage
+  error or an invalid policy.
 
 Pure presentation over ``supervisor.control.policy``; no daemon, no network.
 """
@@ -60,6 +60,9 @@ def add_policy_parser(subparsers: Any) -> None:
                         choices=("LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH"),
                         help="a loader variable the process started with (repeatable): only binary entries with "
                              "allow_loader_env match it")  # fmt: skip
+    decide.add_argument("--binary-identity", choices=("strict", "relaxed"), default="strict",
+                        help="relaxed: decide as the proxy-pod topology does — destination only, binaries lists "
+                             "ignored (default strict)")  # fmt: skip
     decide.add_argument("--method", help="HTTP method, for an L7 decision (needs --path)")
     decide.add_argument("--path", help="HTTP request target, for an L7 decision (needs --method)")
     decide.add_argument("--json", action="store_true", help="print one JSON object")
@@ -130,7 +133,10 @@ def _decide(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.binary:
         identity = BinaryIdentity(args.binary, args.sha256, tuple(args.ancestor),
                                   loader_env=tuple(sorted(set(args.loader_env))))  # fmt: skip
-    decision = decide_l4(compiled, L4Request(args.host, args.port, identity))
+    relaxed = args.binary_identity == "relaxed"
+    if relaxed and any(rule.binaries for rule in policy.network_policies):
+        print("policy decide: binary identity is relaxed: the policy's binaries lists are ignored", file=err)
+    decision = decide_l4(compiled, L4Request(args.host, args.port, identity, relaxed=relaxed))
     if args.method is not None and decision.allowed:
         decision = decide_l7(compiled, decision, args.method, args.path)
     if args.json:

@@ -233,6 +233,9 @@ class ApiServer:
         await http.send(h11.EndOfMessage())
 
     def _link(self) -> Any:
+        if self.daemon.topology == "proxy-pod":  # no supervisor next to the workload (docs/design.md)
+            raise OpError(ErrorKind.INVALID, "not available in the proxy-pod topology: the workload runs no "
+                          "supervisor (no exec, PTY, forward, signal, wait or process policy)")  # fmt: skip
         link = self.daemon.ops
         if link is None or link.closed:
             raise OpError(ErrorKind.UNAVAILABLE, "the boundary is not attached (no ops link)")

@@ -27,6 +27,7 @@ from supervisor.control.egress import EgressService, Interception
 from supervisor.control.events import EventBuffer
 from supervisor.control.local_net import LocalNetwork
 from supervisor.control.policy import PolicyStore
+from supervisor.control.proxy_listener import ProxyListenConfig, ProxyListener
 from supervisor.control.upstream import UpstreamConfig
 from supervisor.jsonlog import JsonLog
 from supervisor.link.h2link import Link
@@ -85,6 +86,11 @@ class ControlConfig:
     egress_links: int = EGRESS_LINKS
     # control's own addresses and IPv6 egress, watched (None: not watched; tests that drive the daemon directly)
     local_net: LocalNetwork | None = None
+    # the proxy-pod topology (docs/design.md "The proxy-pod topology"): control serves the workload's proxy
+    # itself; no boundary is dialled. ``relaxed``: endpoint-only identity (required by proxy-pod)
+    proxy: ProxyListenConfig | None = None
+    relaxed_identity: bool = False
+    networkpolicy_acknowledged: bool = False
     log: JsonLog = field(default_factory=lambda: JsonLog("control"))
 
 
@@ -102,7 +108,10 @@ class ControlDaemon:
         self.agent_result: dict[str, Any] | None = None
         self.last_link_error: str | None = None
         self.boundary_refused: str | None = None  # the boundary refused our attach (and exits): why
-        self.egress = EgressService(cfg.policy, cfg.upstream, self.log, interception=cfg.interception)
+        self.egress = EgressService(
+            cfg.policy, cfg.upstream, self.log, interception=cfg.interception, relaxed=cfg.relaxed_identity
+        )
+        self.proxy = ProxyListener(cfg.proxy, self.egress, self.log) if cfg.proxy is not None else None
         self.egress_up = 0
         self._egress_started = False
         self._nursery: trio.Nursery | None = None
@@ -111,6 +120,10 @@ class ControlDaemon:
         self.policy.subscribe(self._policy_changed)
         self.certificates = certificate_facts(cfg)
         self.boundary_ca_sha256: str | None = None  # the interception CA the boundary (the agent) trusts
+
+    @property
+    def topology(self) -> str:
+        return "proxy-pod" if self.cfg.proxy is not None else "boundary"
 
     @property
     def sandbox(self) -> str:
@@ -129,9 +142,13 @@ class ControlDaemon:
 
                 host, port = self.cfg.api_listen
                 await nursery.start(TlsApiListener(api, host, port, self.cfg.bundle, log=self.log).serve)
-            nursery.start_soon(self._acknowledge_policy)
             nursery.start_soon(self._signals, nursery)
-            nursery.start_soon(self._maintain_ops_link)
+            self._log_topology()
+            if self.proxy is not None:  # proxy-pod: no boundary to dial, the workload connects to us
+                await nursery.start(self.proxy.serve)
+            else:
+                nursery.start_soon(self._acknowledge_policy)
+                nursery.start_soon(self._maintain_ops_link)
             nursery.start_soon(self._watch_certificates)
             self.log.emit("policy.watch", watching=self.cfg.policy_file is not None,
                           reason=self.cfg.policy_watch_reason)  # fmt: skip
@@ -148,6 +165,18 @@ class ControlDaemon:
                 ))  # fmt: skip
         self.log.emit("control.exit")
         return 0
+
+    def _log_topology(self) -> None:
+        fields: dict[str, Any] = {"topology": self.topology, "identity": "relaxed" if self.cfg.relaxed_identity
+                                  else "binary"}  # fmt: skip
+        if self.proxy is not None:
+            fields["networkpolicy_enforcement"] = "acknowledged" if self.cfg.networkpolicy_acknowledged else None
+        self.log.emit("topology", **fields)
+        policy = self.policy.snapshot().last_valid.policy
+        if self.cfg.relaxed_identity and any(rule.binaries for rule in policy.network_policies):
+            self.log.emit("policy.identity-relaxed", level="warning",
+                          reason=f"binary identity is relaxed ({self.topology} topology): the policy's binaries "
+                          "lists are ignored; only destinations are decided")  # fmt: skip
 
     async def _signals(self, nursery: trio.Nursery) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -401,6 +430,10 @@ class ControlDaemon:
         failing: list[str] = []
         if not self.policy.ready:
             failing.append(f"policy: {self.policy.status} (generation {self.policy.generation})")
+        if self.proxy is not None:  # proxy-pod: no boundary, no fence of ours; the listener is the service
+            if self.proxy.bound is None:
+                failing.append("proxy: not listening yet")
+            return failing
         if self.boundary_refused is not None:
             failing.append(f"boundary: refused attach ({self.boundary_refused})")
         if self.boundary.get("enforcement_lost"):
@@ -443,8 +476,17 @@ class ControlDaemon:
             "egress": {"links": self.egress_up, "live": self.egress.live_connections, **self.egress.counters},
             "certificates": self.certificates.to_json(datetime.datetime.now(datetime.UTC)),
             "interception": self._interception_status(),
+            "topology": self._topology_status(),
             "ready": not self.readiness(),
         }
+
+    def _topology_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.topology, "identity": "relaxed" if self.cfg.relaxed_identity
+                               else "binary"}  # fmt: skip
+        if self.proxy is not None:
+            out["networkpolicy_enforcement"] = "acknowledged" if self.cfg.networkpolicy_acknowledged else None
+            out["proxy"] = self.proxy.status()
+        return out
 
 
 def certificate_facts(cfg: ControlConfig) -> CertificateFacts:

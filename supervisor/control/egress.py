@@ -110,8 +110,12 @@ class EgressService:
         log: JsonLog,
         *,
         interception: Interception | None = None,
+        relaxed: bool = False,
     ) -> None:
         self.store = store
+        # endpoint-only identity (the proxy-pod topology, or --binary-identity=relaxed): identity is logged, never
+        # decided on (docs/design.md "The proxy-pod topology")
+        self.relaxed = relaxed
         self.upstream = upstream
         self.log = log
         self.interception = interception
@@ -135,6 +139,9 @@ class EgressService:
         else:
             await self._reply(stream, EgressReply(400, reason="unknown-egress-request"))
 
+    def _l4(self, host: str, port: int, identity: BinaryIdentity | None) -> L4Request:
+        return L4Request(host, port, identity, relaxed=self.relaxed)
+
     async def _reply(self, stream: LinkStream, reply: EgressReply) -> None:
         await stream.send_headers(encode_reply_headers(reply), end_stream=reply.status != 200)
 
@@ -151,11 +158,11 @@ class EgressService:
             pid=identity.get("pid"),  # with start_time: which process instance, not only which binary
             start_time=identity.get("start_time"),
             conn_id=request.conn_id,
+            **({"identity": "relaxed"} if self.relaxed else {}),
             **fields,
         )
 
     async def _connect(self, stream: LinkStream) -> None:
-        started = trio.current_time()
         try:
             request = decode_connect_headers(stream.headers)
         except EgressHeaderError as exc:
@@ -163,10 +170,16 @@ class EgressService:
             self.log.emit("egress", decision="deny", reason="malformed-request", detail=str(exc))
             await self._reply(stream, EgressReply(400, reason="malformed-request", detail=str(exc)[:200]))
             return
+        await self.serve(stream, request)
+
+    async def serve(self, stream: LinkStream, request: EgressRequest) -> None:
+        """Decide, resolve, connect and relay one connection. ``stream`` is an egress link's CONNECT stream, or
+        control's own proxy listener's client behind the same interface (``control/proxy_listener.py``)."""
+        started = trio.current_time()
         snap = self.store.snapshot()
         identity = _identity(request.identity)
         name = self._issued_name(request)
-        decision = snap.decide_l4(L4Request(name or request.host, request.port, identity), self.pins)
+        decision = snap.decide_l4(self._l4(name or request.host, request.port, identity), self.pins)
         common = {"policy_generation": snap.generation, "rule": decision.rule, "endpoint": decision.endpoint,
                   "name": name}  # fmt: skip
         if not decision.allowed:
@@ -243,7 +256,7 @@ class EgressService:
         snap = self.store.snapshot()
         identity = _identity(request.identity)
         for name in names:
-            if snap.decide_l4(L4Request(name, request.port, identity), self.pins).allowed:
+            if snap.decide_l4(self._l4(name, request.port, identity), self.pins).allowed:
                 return name
         return names[0]
 
@@ -257,7 +270,7 @@ class EgressService:
         def choose(sni: str) -> Decision | None:
             if sni not in self._issued_names(request):
                 return None
-            decision = self.store.snapshot().decide_l4(L4Request(sni, request.port, identity), self.pins)
+            decision = self.store.snapshot().decide_l4(self._l4(sni, request.port, identity), self.pins)
             if not decision.allowed or decision.tls_skip:
                 return None
             target["name"], target["decision"] = sni, decision
@@ -322,7 +335,7 @@ class EgressService:
 
         def current(host: str, port: int) -> tuple[PolicySnapshot, Decision]:
             now = self.store.snapshot()
-            return now, now.decide_l4(L4Request(host, port, identity), self.pins)
+            return now, now.decide_l4(self._l4(host, port, identity), self.pins)
 
         started = trio.current_time()
         key = id(stream)
@@ -355,7 +368,7 @@ class EgressService:
     def _policy_changed(self, snap: PolicySnapshot) -> None:
         """Re-decide every live connection under the new generation; cut the ones it no longer allows."""
         for live in list(self._live.values()):
-            decision: Decision = snap.decide_l4(L4Request(live.host, live.request.port, live.identity))
+            decision: Decision = snap.decide_l4(self._l4(live.host, live.request.port, live.identity))
             # an inspected session re-decides each next request itself (it adopts the new generation); a raw
             # relay is cut when the new policy wants the connection inspected
             wants_inspection = decision.l7 or (self.interception is not None and not decision.tls_skip)

@@ -21,10 +21,17 @@ Rules (docs/spec/policy.md §3.1, §3.17; the listener parses only to learn the 
    ``Connection: close`` and ``Via``. One request per client connection: :class:`ForwardBody` passes exactly
    the first request's body and drops whatever follows it.
 6. Every byte of a response is rendered here, so the client-visible catalogue lives in one file.
+7. ``Proxy-Authorization`` values are kept on the target (never forwarded) so that a listener that requires a
+   proxy token (control's proxy-pod listener) can check them with :func:`proxy_token_matches`; a mismatch is
+   answered ``407`` (:func:`render_proxy_auth_required`).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import dataclasses
+import hmac
 import json
 import re
 from dataclasses import dataclass, field
@@ -46,6 +53,7 @@ _REASONS = {
     200: "OK",
     400: "Bad Request",
     403: "Forbidden",
+    407: "Proxy Authentication Required",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
     502: "Bad Gateway",
@@ -76,6 +84,7 @@ class ProxyTarget:
     leftover: bytes = b""  # bytes the client sent after its head (tunnel data or the body's start)
     chunked: bool = False  # HTTP_FORWARD body framing, for ForwardBody
     content_length: int = 0
+    proxy_authorization: tuple[bytes, ...] = ()  # every Proxy-Authorization value the head carried
 
     def describe(self) -> str:
         """``CONNECT h:p`` or ``GET h:p/path`` (query removed) for details and events."""
@@ -106,7 +115,9 @@ class ProxyReject:
         return render_response(self.status, self.text)
 
 
-def render_response(status: int, body: dict[str, Any] | str | None = None) -> bytes:
+def render_response(
+    status: int, body: dict[str, Any] | str | None = None, *, extra_headers: tuple[bytes, ...] = ()
+) -> bytes:
     """A complete ``Connection: close`` response; JSON bodies carry ``application/json``."""
     reason = _REASONS.get(status, "Error")
     if isinstance(body, dict):
@@ -120,6 +131,7 @@ def render_response(status: int, body: dict[str, Any] | str | None = None) -> by
     lines = [f"HTTP/1.1 {status} {reason}".encode()]
     if content_type:
         lines.append(b"Content-Type: " + content_type)
+    lines += list(extra_headers)
     lines += [b"Content-Length: %d" % len(payload), b"Connection: close"]
     return b"\r\n".join(lines) + b"\r\n\r\n" + payload
 
@@ -179,6 +191,37 @@ def render_unavailable(target: ProxyTarget, reason: str = "no egress link") -> b
     return render_upstream_failure(target, 503, reason=reason)
 
 
+PROXY_USER = "sandbox"
+PROXY_REALM = "openshell-sandbox"
+
+
+def proxy_token_matches(target: ProxyTarget, token: str) -> bool:
+    """Exactly one ``Proxy-Authorization: Basic`` value whose credentials are ``sandbox:<token>`` (compared in
+    constant time). Missing, repeated, another scheme, undecodable or another token: ``False``."""
+    if len(target.proxy_authorization) != 1:
+        return False
+    scheme, _, encoded = target.proxy_authorization[0].strip().partition(b" ")
+    if scheme.lower() != b"basic":
+        return False
+    try:
+        given = base64.b64decode(encoded.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return hmac.compare_digest(given, f"{PROXY_USER}:{token}".encode())
+
+
+def render_proxy_auth_required(detail: str = "a valid proxy token is required") -> bytes:
+    """The ``407`` for a client without this sandbox's proxy token."""
+    challenge = b'Proxy-Authenticate: Basic realm="' + PROXY_REALM.encode() + b'"'
+    return render_response(407, {"error": "proxy_auth_required", "detail": detail}, extra_headers=(challenge,))
+
+
+def proxy_url(host: str, port: int, token: str | None = None) -> str:
+    """``http://sandbox:<token>@host:port`` (or without userinfo) for the agent's proxy variables."""
+    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return f"http://{PROXY_USER}:{token}@{authority}" if token else f"http://{authority}"
+
+
 def proxy_environment(url: str = f"http://{PROXY_HOST}:{PROXY_PORT}") -> dict[str, str]:
     """The proxy variables set for the agent (docs/spec/boundary.md §6.5), upper and lower case."""
     env: dict[str, str] = {}
@@ -222,8 +265,13 @@ def parse_head(buffer: bytes) -> ProxyTarget | ProxyReject | None:
         return framing
     chunked, length = framing
     if event.method == b"CONNECT":
-        return _connect(event, rest, has_body=chunked or length > 0)
-    return _forward(event, headers, rest, chunked=chunked, length=length)
+        parsed = _connect(event, rest, has_body=chunked or length > 0)
+    else:
+        parsed = _forward(event, headers, rest, chunked=chunked, length=length)
+    auth = tuple(v for n, v in headers if n.lower() == b"proxy-authorization")
+    if isinstance(parsed, ProxyTarget) and auth:
+        parsed = dataclasses.replace(parsed, proxy_authorization=auth)
+    return parsed
 
 
 def _early_reject(partial: bytes) -> ProxyReject | None:

@@ -216,3 +216,18 @@ def test_decide_loader_env_names_only_loader_variables(good: Path) -> None:
         run("policy", "decide", "--policy", str(good), "--host", "a.example.com", "--port", "443",
             "--loader-env", "PATH")  # fmt: skip
     assert info.value.code == 2
+
+
+def test_decide_relaxed_identity_ignores_binaries(good: Path) -> None:
+    """Issue 19: the proxy-pod topology decides destinations only; without it, no identity is a denial."""
+    argv = ["policy", "decide", "--policy", str(good), "--host", "pypi.org", "--port", "443", "--json"]
+    code, out, _ = run(*argv)
+    assert code == 1 and json.loads(out)["reason"] == "identity-missing"
+    code, out, err = run(*argv, "--binary-identity", "relaxed")
+    assert code == 0 and json.loads(out)["rule"] == "pypi"
+    assert "relaxed" in err and "binaries" in err
+    code, out, _ = run(*argv, "--binary", "/usr/bin/git", "--binary-identity", "relaxed")
+    assert code == 0  # the binary is not decided on
+    code, out, _ = run("policy", "decide", "--policy", str(good), "--host", "evil.example.com", "--port", "443",
+                       "--binary-identity", "relaxed", "--json")  # fmt: skip
+    assert code == 1 and json.loads(out)["reason"] == "no-matching-endpoint"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 import h11
@@ -19,7 +20,10 @@ from supervisor.protocol.proxy_head import (
     ProxyTarget,
     parse_head,
     proxy_environment,
+    proxy_token_matches,
+    proxy_url,
     render_denied,
+    render_proxy_auth_required,
     render_reply,
     render_unavailable,
 )
@@ -366,3 +370,55 @@ def test_any_connect_target_parses_or_rejects(target: str) -> None:
     if isinstance(result, ProxyTarget):
         assert 1 <= result.port <= 65535
         assert "@" not in result.host
+
+
+# --- the proxy token (issue 19: control's proxy-pod listener) -------------------------------------------------
+
+TOKEN = "t0ken-abcdefghijklmnop"
+
+
+def _with_auth(*values: bytes) -> ProxyTarget:
+    head = b"CONNECT api.example.com:443 HTTP/1.1\r\nHost: api.example.com:443\r\n"
+    head += b"".join(b"Proxy-Authorization: " + v + b"\r\n" for v in values)
+    parsed = parse_head(head + b"\r\n")
+    assert isinstance(parsed, ProxyTarget)
+    return parsed
+
+
+def _basic(text: str) -> bytes:
+    return b"Basic " + base64.b64encode(text.encode())
+
+
+def test_proxy_token_matches_only_exactly_one_right_credential() -> None:
+    assert proxy_token_matches(_with_auth(_basic(f"sandbox:{TOKEN}")), TOKEN)
+    assert proxy_token_matches(_with_auth(b"basic  " + base64.b64encode(f"sandbox:{TOKEN}".encode())), TOKEN)
+    assert not proxy_token_matches(_with_auth(), TOKEN)
+    assert not proxy_token_matches(_with_auth(_basic(f"sandbox:{TOKEN}x")), TOKEN)
+    assert not proxy_token_matches(_with_auth(_basic(f"other:{TOKEN}")), TOKEN)
+    assert not proxy_token_matches(_with_auth(_basic("sandbox:another-sandbox-token")), TOKEN)
+    assert not proxy_token_matches(_with_auth(b"Bearer " + TOKEN.encode()), TOKEN)
+    assert not proxy_token_matches(_with_auth(b"Basic !!notbase64"), TOKEN)
+    # two credentials (one right, one wrong): ambiguous, refused
+    assert not proxy_token_matches(_with_auth(_basic(f"sandbox:{TOKEN}"), _basic("sandbox:x")), TOKEN)
+
+
+def test_proxy_authorization_is_never_forwarded() -> None:
+    head = b"GET http://h.example/ HTTP/1.1\r\nHost: h.example\r\nProxy-Authorization: " + _basic(
+        f"sandbox:{TOKEN}"
+    ) + b"\r\n\r\n"
+    parsed = parse_head(head)
+    assert isinstance(parsed, ProxyTarget) and parsed.request_head is not None
+    assert b"proxy-authorization" not in parsed.request_head.lower()
+    assert proxy_token_matches(parsed, TOKEN)
+
+
+def test_407_carries_the_challenge() -> None:
+    status, headers, body = parse_response(render_proxy_auth_required())
+    assert status == 407
+    assert headers["proxy-authenticate"] == 'Basic realm="openshell-sandbox"'
+    assert json.loads(body)["error"] == "proxy_auth_required"
+
+
+def test_proxy_url() -> None:
+    assert proxy_url("10.0.0.1", 3128, TOKEN) == f"http://sandbox:{TOKEN}@10.0.0.1:3128"
+    assert proxy_url("::1", 3128) == "http://[::1]:3128"

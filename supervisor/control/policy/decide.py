@@ -12,6 +12,8 @@ Rules:
    otherwise. Requests whose target cannot be canonicalised are refused whatever the enforcement.
 4. Identity failures deny: no identity, no executable path, or a digest that differs from the pinned one.
    Digest pins are the only state a decision touches (trust on first use records the first digest per path).
+   With ``relaxed`` binary identity (the proxy-pod topology, or ``--binary-identity=relaxed``) the identity is
+   not decided on: ``binaries`` lists and pins are ignored and only the destination matters.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class L4Request:
     host: str  # as the client asked: name or IP literal, any case, maybe a trailing dot
     port: int
     identity: BinaryIdentity | None
+    relaxed: bool = False  # endpoint-only identity: binaries and digest pins are not decided on
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,9 +160,11 @@ def decide_l4(policy: CompiledPolicy, req: L4Request, pins: DigestPins | None = 
     if not policy.rules:
         return _deny(DenyReason.NO_NETWORK_POLICIES, "network connections not allowed by policy", host, port)
     identity = req.identity
-    if identity is None or not identity.path:
+    if req.relaxed:
+        identity = None
+    elif identity is None or not identity.path:
         return _deny(DenyReason.IDENTITY_MISSING, "the initiating process could not be identified", host, port)
-    if pins is not None:
+    if pins is not None and identity is not None:
         violation = pins.verify(identity)
         if violation is not None:
             reason = DenyReason.BINARY_DIGEST_MISSING if violation.missing else DenyReason.BINARY_DIGEST_CHANGED
@@ -176,12 +181,13 @@ def decide_l4(policy: CompiledPolicy, req: L4Request, pins: DigestPins | None = 
         position = cep.rule.position
         ok = verdicts.get(position)
         if ok is None:
-            ok = verdicts[position] = cep.rule.binary_matches(identity)
+            ok = verdicts[position] = identity is None or cep.rule.binary_matches(identity)
             if not ok:
                 refused.append(cep.rule.key)
         if ok:
             matching.append(cep)
     if not matching:
+        assert identity is not None  # relaxed decisions match every rule naming the endpoint
         who = _identity_text(identity)
         detail = "; ".join(f"{who} not allowed in policy '{key}'" for key in refused)
         return _deny(DenyReason.BINARY_NOT_ALLOWED, detail, host, port, rule=None)

@@ -1,0 +1,241 @@
+"""Control's own proxy listener: the proxy-pod topology (docs/design.md "The proxy-pod topology").
+
+The workload runs no supervisor; its proxy variables point at this listener. Each connection is read as one
+proxy head (``supervisor.protocol.proxy_head``, the boundary's parser), checked, and handed to the same
+:meth:`EgressService.serve` that serves the boundary's egress streams — decision, SSRF guard, resolution, TLS
+termination, L7 and events are not repeated here. :class:`ProxyClientStream` makes the client look like an
+egress stream: control's reply headers become the client's answer (``render_reply``), an absolute-form
+request's origin-form head and exactly one body are what control reads.
+
+This listener faces untrusted bytes directly, so before any policy work:
+
+1. at most ``max_connections`` connections at once and ``per_client`` per source address (over: ``503``);
+2. ``--proxy-clients`` CIDRs, when given, are the only sources served (else: closed with ``403``);
+3. the head must arrive within :data:`HEAD_READ_DEADLINE_S` (else ``408``), at most ``MAX_HEAD_BYTES``;
+4. exactly one ``Proxy-Authorization: Basic sandbox:<token>`` matching this sandbox's proxy token (else
+   ``407``, logged as ``proxy.refused``).
+
+Identity is endpoint-only (``relaxed``): there is no process to identify behind a pod's address.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+import socket
+import struct
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from supervisor.control.egress import EgressService
+from supervisor.jsonlog import JsonLog
+from supervisor.protocol.egress import CaptureKind, EgressRequest, decode_reply_headers
+from supervisor.protocol.proxy_head import (
+    HEAD_READ_DEADLINE_S,
+    ForwardBody,
+    ProxyReject,
+    ProxyTarget,
+    parse_head,
+    proxy_token_matches,
+    render_proxy_auth_required,
+    render_reply,
+    render_response,
+)
+
+DEFAULT_MAX_CONNECTIONS = 1024
+DEFAULT_PER_CLIENT = 256
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class ProxyListenConfig:
+    host: str
+    port: int
+    token: str
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    per_client: int = DEFAULT_PER_CLIENT
+    clients: tuple[Network, ...] = ()  # empty: any source (the NetworkPolicy is the fence)
+    head_timeout: float = HEAD_READ_DEADLINE_S
+
+
+def _reset(stream: trio.SocketStream) -> None:
+    try:
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass
+
+
+class ProxyClientStream(trio.abc.HalfCloseableStream):
+    """One proxy client behind the egress-stream interface :meth:`EgressService.serve` uses."""
+
+    def __init__(self, client: trio.SocketStream, target: ProxyTarget) -> None:
+        self.client = client
+        self.target = target
+        self.answered = False
+        self.allowed = False
+        self._pending = target.leftover
+        self._body: ForwardBody | None = None
+        if target.kind is CaptureKind.HTTP_FORWARD:
+            assert target.request_head is not None
+            self._body = target.body()
+            self._pending = target.request_head + self._body.feed(target.leftover)
+
+    async def send_headers(self, headers: Sequence[tuple[str, str]], *, end_stream: bool = False) -> None:
+        reply = decode_reply_headers(headers)
+        self.answered = True
+        self.allowed = reply.allowed
+        payload = render_reply(self.target, reply)
+        if payload:
+            await self.client.send_all(payload)
+        if not reply.allowed:
+            await self.send_eof()
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.client.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.client.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        try:
+            await self.client.send_eof()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self._pending:
+            size = len(self._pending) if max_bytes is None else max_bytes
+            data, self._pending = self._pending[:size], self._pending[size:]
+            return data
+        if self._body is None:
+            return await self.client.receive_some(max_bytes)
+        while not self._body.done:  # absolute-form: exactly one request body, then EOF
+            data = await self.client.receive_some(max_bytes)
+            if not data:
+                return b""
+            out = self._body.feed(data)
+            if out:
+                return out
+        return b""
+
+    async def reset(self) -> None:
+        _reset(self.client)
+        await trio.aclose_forcefully(self.client)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+class ProxyListener:
+    def __init__(self, cfg: ProxyListenConfig, egress: EgressService, log: JsonLog) -> None:
+        self.cfg = cfg
+        self.egress = egress
+        self.log = log
+        self.active = 0
+        self.per_client: Counter[str] = Counter()
+        self.counters = {"accepted": 0, "refused": 0, "unauthenticated": 0, "over_limit": 0}
+        self.bound: tuple[str, int] | None = None
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(self.cfg.port, host=self.cfg.host, backlog=512)
+        sockname = listeners[0].socket.getsockname()
+        self.bound = (sockname[0], sockname[1])
+        self.log.emit("proxy.listening", address=f"{self.bound[0]}:{self.bound[1]}",
+                      max_connections=self.cfg.max_connections, per_client=self.cfg.per_client,
+                      clients=[str(n) for n in self.cfg.clients] or None, identity="relaxed")  # fmt: skip
+        task_status.started()
+        await trio.serve_listeners(self._connection, listeners)
+
+    def status(self) -> dict[str, Any]:
+        return {"listen": f"{self.bound[0]}:{self.bound[1]}" if self.bound else None, "active": self.active,
+                **self.counters}  # fmt: skip
+
+    def _refuse(self, peer: str, reason: str, **fields: Any) -> None:
+        self.counters["refused"] += 1
+        self.log.emit("proxy.refused", client=peer, reason=reason, **fields)
+
+    async def _connection(self, client: trio.SocketStream) -> None:
+        peer_addr = client.socket.getpeername()
+        peer, src_port = str(peer_addr[0]), int(peer_addr[1])
+        try:
+            if self.cfg.clients and not any(ipaddress.ip_address(peer) in net for net in self.cfg.clients):
+                self._refuse(peer, "client-not-allowed")
+                await self._answer(client, render_response(403, {"error": "client_not_allowed"}))
+                return
+            if self.active >= self.cfg.max_connections or self.per_client[peer] >= self.cfg.per_client:
+                self.counters["over_limit"] += 1
+                scope = "total" if self.active >= self.cfg.max_connections else "per-client"
+                self._refuse(peer, "too-many-connections", limit=scope)
+                body = {"error": "too_many_connections", "detail": f"{scope} connection limit reached"}
+                await self._answer(client, render_response(503, body))
+                return
+            self.active += 1
+            self.per_client[peer] += 1
+            try:
+                await self._serve_one(client, peer, src_port)
+            finally:
+                self.active -= 1
+                self.per_client[peer] -= 1
+                if self.per_client[peer] <= 0:
+                    del self.per_client[peer]
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        except Exception as exc:  # one connection's failure is that connection's alone
+            self.log.emit("proxy.error", client=peer, error=repr(exc)[:500])
+            _reset(client)
+        finally:
+            await trio.aclose_forcefully(client)
+
+    async def _serve_one(self, client: trio.SocketStream, peer: str, src_port: int) -> None:
+        self.counters["accepted"] += 1
+        buffer = b""
+        parsed: ProxyTarget | ProxyReject | None = None
+        with trio.move_on_after(self.cfg.head_timeout):
+            while parsed is None:
+                try:
+                    data = await client.receive_some(65536)
+                except trio.BrokenResourceError:
+                    data = b""
+                if not data:
+                    break
+                buffer += data
+                parsed = parse_head(buffer)
+        if parsed is None:
+            self._refuse(peer, "head-timeout" if buffer else "no-request")
+            await self._answer(client, render_response(408 if buffer else 400))
+            return
+        if isinstance(parsed, ProxyReject):
+            self._refuse(peer, "malformed-head", status=parsed.status)
+            await self._answer(client, parsed.render())
+            return
+        target = parsed
+        if not proxy_token_matches(target, self.cfg.token):
+            self.counters["unauthenticated"] += 1
+            why = "missing" if not target.proxy_authorization else "wrong"
+            self._refuse(peer, f"proxy-token-{why}", destination=target.describe())
+            await self._answer(client, render_proxy_auth_required())
+            return
+        conn_id = secrets.token_hex(8)
+        request = EgressRequest(host=target.host, port=target.port, capture=target.kind, identity={},
+                                conn_id=conn_id, src_port=src_port)  # fmt: skip
+        stream = ProxyClientStream(client, target)
+        await self.egress.serve(stream, request)  # type: ignore[arg-type]
+        if stream.allowed:
+            await stream.send_eof()
+
+    async def _answer(self, client: trio.SocketStream, payload: bytes) -> None:
+        try:
+            await client.send_all(payload)
+            await client.send_eof()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+
+def parse_clients(texts: Sequence[str]) -> tuple[Network, ...]:
+    """``--proxy-clients`` CIDRs; a host address alone is its /32 or /128."""
+    return tuple(ipaddress.ip_network(text, strict=False) for text in texts)
