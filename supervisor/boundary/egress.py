@@ -56,6 +56,7 @@ from supervisor.protocol.proxy_head import ForwardBody, render_response, render_
 
 LINK_WAIT_S = 0.25  # how long a connection may wait for an egress link before it is refused
 REPLY_TIMEOUT_S = 30.0
+HANDOFF_ATTEMPTS = 4  # links tried for one connection when a link turns out dead on use (a vanished control)
 DNS_TIMEOUT_S = 5.0
 
 
@@ -216,24 +217,33 @@ class EgressCapture:
     ) -> tuple[LinkStream | None, EgressReply]:
         if not self.accepting():
             return None, EgressReply(503, reason="sandbox-ended")
-        link = await self.links.pick()
-        if link is None:
-            self.counters["refused"] += 1
-            self.log.emit("egress.refused", reason="no-egress-link", destination=f"{host}:{port}",
-                          binary=identity.get("binary_path"))  # fmt: skip
-            return None, EgressReply(503, reason="no-egress-link", detail="control is not connected")
-        conn_id = secrets.token_hex(8)
-        headers = encode_connect_headers(
-            host, port, capture=kind, identity=identity, conn_id=conn_id, src_port=src_port
-        )
-        try:
-            stream = await link.open_stream(headers)
-            with trio.fail_after(REPLY_TIMEOUT_S):
-                await stream.response()
-            reply = decode_reply_headers(stream.headers)
-        except (LinkClosed, trio.TooSlowError, EgressHeaderError) as exc:
-            self.log.emit("egress.refused", reason="link-failed", detail=str(exc), destination=f"{host}:{port}")
-            return None, EgressReply(503, reason="link-failed")
+        for attempt in range(1, HANDOFF_ATTEMPTS + 1):
+            link = await self.links.pick()
+            if link is None:
+                self.counters["refused"] += 1
+                self.log.emit("egress.refused", reason="no-egress-link", destination=f"{host}:{port}",
+                              binary=identity.get("binary_path"))  # fmt: skip
+                return None, EgressReply(503, reason="no-egress-link", detail="control is not connected")
+            conn_id = secrets.token_hex(8)
+            headers = encode_connect_headers(
+                host, port, capture=kind, identity=identity, conn_id=conn_id, src_port=src_port
+            )
+            try:
+                stream = await link.open_stream(headers)
+                with trio.fail_after(REPLY_TIMEOUT_S):
+                    await stream.response()
+                reply = decode_reply_headers(stream.headers)
+            except LinkClosed as exc:
+                # A link whose control vanished without closing it (its pod deleted: no FIN ever came) fails
+                # only when used; nothing of the agent's was sent on it, so the next live link is asked.
+                if attempt < HANDOFF_ATTEMPTS:
+                    continue
+                self.log.emit("egress.refused", reason="link-failed", detail=str(exc), destination=f"{host}:{port}")
+                return None, EgressReply(503, reason="link-failed")
+            except (trio.TooSlowError, EgressHeaderError) as exc:
+                self.log.emit("egress.refused", reason="link-failed", detail=str(exc), destination=f"{host}:{port}")
+                return None, EgressReply(503, reason="link-failed")
+            break
         if not reply.allowed:
             await stream.aclose()
             return None, reply

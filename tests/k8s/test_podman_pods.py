@@ -248,7 +248,7 @@ class Sandbox:
                                           "{{.Names}} {{.Status}}", check=False).stdout  # fmt: skip
             for line in names.splitlines():
                 name = line.split()[0]
-                logs = self.world.podman.run("logs", "--tail", "15", name, check=False)
+                logs = self.world.podman.run("logs", "--tail", "40", name, check=False)
                 out.append(f"--- {line}\n{logs.stdout}{logs.stderr}")
         return "\n".join(out)
 
@@ -345,7 +345,8 @@ def test_r_4_control_pod_replaced_resumes_the_same_agent_with_the_same_ca(box_r:
     assert after["boundary"]["boundary_instance"] == instance
     wait_for("ready after the restart", lambda: box_r.ctl("openshell-sandbox", "readyz").returncode == 0)
     again = box_r.fetch("secure.test", "/r-after-restart")
-    assert again.returncode == 0 and json.loads(again.stdout)["path"] == "/r-after-restart", again.stderr
+    assert again.returncode == 0, f"{again.stderr}\n{box_r.diagnose()}"
+    assert json.loads(again.stdout)["path"] == "/r-after-restart"
 
 
 def test_r_5_workload_removed_control_stays_up_not_ready_logging(box_r: Sandbox) -> None:
