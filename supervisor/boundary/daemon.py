@@ -110,6 +110,9 @@ class BoundaryDaemon:
         self.lifecycle = Lifecycle()
         self.instance = str(uuid.uuid4())
         self.table = ProcessTable(launcher, log=self.log)
+        launcher.on_unowned = lambda count, pids: self.log.emit(
+            "process.unowned-reaped", count=count, pids_in_namespace=pids
+        )  # orphans the workload's init reaped (double forks, daemons), aggregated per second
         self.attach: AttachRequest | None = None
         self.prepared: Prepared | None = None
         self.fence: dict[str, Any] | None = None

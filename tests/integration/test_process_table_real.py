@@ -443,3 +443,13 @@ async def test_forward_attacks_refused(table: ProcessTable, host: str, port: int
     with pytest.raises(OpError) as info:
         await open_forward(launcher, host, port, reserved_ports={3128, 53})
     assert info.value.kind is kind
+
+
+async def test_unowned_reaps_are_reported_aggregated(table: ProcessTable) -> None:
+    # Orphans reparented to the workload's init are reaped there and reported once per second at most, as a
+    # count with the first pids (issue 15): three double-forked children of the agent, one report.
+    reports: list[tuple[int, list[int]]] = []
+    table.launcher.on_unowned = lambda count, pids: reports.append((count, pids))  # type: ignore[attr-defined]
+    await table.start(sh("(sleep 0.1 &); (sleep 0.1 &); (sleep 0.1 &); sleep 30"), kind="agent")
+    await wait_for(lambda: sum(count for count, _ in reports) >= 3)
+    assert len(reports) == 1 and len(reports[0][1]) == reports[0][0], reports

@@ -25,7 +25,7 @@ import socket
 import struct
 import termios
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -138,6 +138,7 @@ class Launcher:
         # The connect-notify hand-off socket (capture/connect_notify.py): when set, every spawned child gets a
         # copy, installs the notify filter and sends its listener over it before exec.
         self.notify_socket: socket.socket | None = None
+        self.on_unowned: Callable[[int, list[int]], None] | None = None  # (count, first pids in the namespace)
 
     @classmethod
     def fork(cls) -> Launcher:
@@ -190,6 +191,10 @@ class Launcher:
                 self._discard.discard(sid)
             else:
                 self._exits[sid] = int(message["status"])
+        elif "unowned" in message:  # orphans the workload's init reaped, one report per second at most
+            zygote.close_all(fds)
+            if self.on_unowned is not None:
+                self.on_unowned(int(message["unowned"]), [int(p) for p in message.get("pids") or ()])
         elif message.get("id") in self._abandoned:
             # The requester was cancelled: a child launched for it must not run unobserved.
             self._abandoned.discard(message["id"])

@@ -47,6 +47,7 @@ import signal
 import socket
 import stat
 import struct
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, NoReturn
@@ -63,6 +64,8 @@ HIDE_FLAGS: Final = linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV | linux.M
 PROC_FLAGS: Final = linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
 SIGKILL_STATUS: Final = signal.SIGKILL  # raw wait status of a process killed by SIGKILL
 KILL_ALL_TIMEOUT: Final = 10.0
+UNOWNED_REPORT_S: Final = 1.0
+UNOWNED_PIDS: Final = 10  # the first pids of a report; the count is all of them
 _INT_SIZE: Final = array.array("i").itemsize
 _SIOCGIFFLAGS: Final = 0x8913
 _SIOCSIFFLAGS: Final = 0x8914
@@ -274,6 +277,7 @@ class Spawner:
         # The PID namespace we are init of (its fd), so an exec can get a nested one and we get ours back.
         self.pidns_fd: int | None = None
         self.exit_reports: dict[int, int] = {}  # exec-init pid -> read end of its command's status report
+        self.unowned: list[int] = []  # reaped orphans nobody launched, not yet reported
 
     def _enter_root(self) -> None:
         if self.root_error is not None:
@@ -350,6 +354,8 @@ class Spawner:
                 status = _reported_status(report, status)
             if sid is not None:
                 exits.append((sid, status))
+            else:
+                self.unowned.append(pid)
         return exits
 
 
@@ -502,12 +508,21 @@ def init_main(  # pragma: no cover - own pid ns
         poller = select.poll()
         poller.register(sock, select.POLLIN)
         poller.register(wake, select.POLLIN)
+        report_at: float | None = None  # orphans reaped: one aggregated report per second at most
         while True:
-            for fd, _ in poller.poll():
+            timeout = None if report_at is None else max(0, int((report_at - time.monotonic()) * 1000) + 1)
+            ready = poller.poll(timeout)
+            if spawner.unowned and report_at is not None and time.monotonic() >= report_at:
+                send(sock, {"unowned": len(spawner.unowned), "pids": spawner.unowned[:UNOWNED_PIDS]})
+                spawner.unowned.clear()
+                report_at = None
+            for fd, _ in ready:
                 if fd == wake:
                     _drain(wake)
                     for sid, status in spawner.reap():
                         send(sock, {"exit": sid, "status": status})
+                    if spawner.unowned and report_at is None:
+                        report_at = time.monotonic() + UNOWNED_REPORT_S
                     continue
                 got = receive(sock)
                 if got is None:
@@ -612,6 +627,8 @@ class Zygote:
             if "exit" in message:
                 self.init_live.discard(int(message["exit"]))
                 self.reply(message)
+            elif "unowned" in message:
+                self.reply(message)
 
     def _init_gone(self) -> None:
         """The PID namespace died: kill and reap the init, relay its last words, report the rest as killed."""
@@ -631,6 +648,8 @@ class Zygote:
                     close_all(fds)
                     if "exit" in message:
                         self.init_live.discard(int(message["exit"]))
+                        self.reply(message)
+                    elif "unowned" in message:
                         self.reply(message)
             sock.close()
         for sid in sorted(self.init_live):
@@ -812,6 +831,8 @@ class Zygote:
             close_all(fds)
             if "exit" in message:
                 self.init_live.discard(int(message["exit"]))
+                self.reply(message)
+            elif "unowned" in message:
                 self.reply(message)
 
     def op_kill_all(self, request: dict[str, Any], fds: list[int]) -> None:
