@@ -546,6 +546,12 @@ def command_parser() -> argparse.ArgumentParser:
         "--pids-limit", type=int, metavar="N",
         help="the boundary's --pids-limit: at most N workload processes (default 1024; 0: no limit, reported)",
     )  # fmt: skip
+    dev.add_argument(
+        "--topology", choices=["boundary", "proxy-pod"], default="boundary",
+        help="proxy-pod (root): no boundary; the agent runs in a network namespace whose only route is control's "
+        "proxy listener, with the proxy variables (token included) and a CA bundle; no filesystem/process policy, "
+        "binary identity or exec (docs/design.md \"The proxy-pod topology\")",
+    )  # fmt: skip
     dev.add_argument("-q", "--quiet", action="store_true", help="print nothing of ours on stderr (errors aside)")
     dev.add_argument("argv", nargs="+", metavar="CMD", help="the agent command (after --)")
 
@@ -613,7 +619,7 @@ def run_command(argv: list[str]) -> int:
             acknowledge_external_fence=args.acknowledge_external_fence, credentials=args.credentials,
             upstream_ca=args.upstream_ca, log_format=args.log_format, quiet=args.quiet,
             ipv6_egress=args.ipv6_egress, self_addresses=tuple(args.self_address), api_listen=args.api_listen,
-            pids_limit=args.pids_limit,
+            pids_limit=args.pids_limit, topology=args.topology,
         )  # fmt: skip
         if args.api_listen is not None:
             try:

@@ -56,6 +56,7 @@ class DevOptions:
     self_addresses: tuple[str, ...] = ()  # control's --self-address
     api_listen: str | None = None  # control's --api-listen ADDR:PORT; an operator bundle is minted for it
     pids_limit: int | None = None  # the boundary's --pids-limit (None: its default)
+    topology: str = "boundary"  # "proxy-pod": supervisor/dev_proxy_pod.py
 
 
 def dev_claims(sandbox: str) -> Claims:
@@ -110,6 +111,10 @@ def _console(opts: DevOptions, sandbox: str) -> tuple[Callable[[], None], Callab
 
 
 def run_dev(opts: DevOptions) -> int:
+    if opts.topology == "proxy-pod":
+        from supervisor.dev_proxy_pod import run_proxy_pod
+
+        return run_proxy_pod(opts)
     sandbox = "dev-" + secrets.token_hex(4)
     try:
         # 0711 (state_dirs): the agent's uid may traverse it to a work/ below, never list it; events.jsonl is

@@ -3,8 +3,9 @@
 
 Every request is appended to LOG_FILE as one JSON line (method, path, Host, Authorization, X-Api-Key, body
 size), so a test can assert what a credential became upstream — and that nothing reached it at all. GET and
-POST answer 200 with a small JSON body; git's dumb-HTTP paths are served from the directory in
-``$RECORDER_ROOT`` when set. No name lookups (``http.server`` would do a reverse DNS lookup on bind).
+POST answer 200 with a small JSON body; git's dumb-HTTP paths (and a pip simple index, ``/simple/`` and
+``/packages/``) are served from the directory in ``$RECORDER_ROOT`` when set. No name lookups (``http.server``
+would do a reverse DNS lookup on bind).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class _Recorder(http.server.SimpleHTTPRequestHandler):
                 self.wfile.flush()
                 time.sleep(0.2)
             return
-        if os.environ.get("RECORDER_ROOT") and self.path.startswith("/repo.git"):
+        if os.environ.get("RECORDER_ROOT") and self.path.startswith(("/repo.git", "/simple/", "/packages/")):
             super().do_GET()
             return
         self._answer()

@@ -1,0 +1,265 @@
+"""``openshell-sandbox dev --topology proxy-pod -- CMD``: the proxy-pod topology on one machine (root only).
+
+What a cluster gives the workload pod, made locally (docs/design.md "The proxy-pod topology"):
+
+- control runs with ``--topology=proxy-pod`` and listens only on the host side of a veth pair;
+- the agent runs in a network namespace of its own whose only interface besides ``lo`` is the other end of that
+  pair (a /30, no default route), and an nftables output filter in it admits nothing but ``lo`` and control's
+  proxy port — the stand-in for the enforcing NetworkPolicy the topology requires, so dev passes
+  ``--acknowledge-networkpolicy-enforcement`` on its behalf;
+- the agent runs under ``--agent-user`` (default 1000:1000) with no capabilities and ``no_new_privs``, so it
+  can change neither the routes nor the filter;
+- its environment is the standard proxy variables carrying the sandbox's proxy token and a CA bundle made of the
+  system store plus control's interception CA (``SSL_CERT_FILE``, ``REQUESTS_CA_BUNDLE``, ``CURL_CA_BUNDLE``,
+  ``GIT_SSL_CAINFO``, ``PIP_CERT``; ``NODE_EXTRA_CA_CERTS`` gets the CA alone).
+
+Nothing else of the sandbox exists here: no filesystem or process policy, no binary identity, no exec.
+The exit code is the agent's (128+N for a signal; 125 when the sandbox itself failed); the namespace, the veth
+and the temporary directory are removed on the way out.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from supervisor.protocol.certs import issue_bundle
+from supervisor.protocol.proxy_head import proxy_environment, proxy_url
+from supervisor.state_dirs import StateDirError, ensure_sandbox_state_dir, events_path
+
+if TYPE_CHECKING:
+    from supervisor.dev import DevOptions
+
+EXIT_SELF_FAILED = 125
+PROXY_PORT = 3128
+START_WAIT_S = 30.0
+SYSTEM_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem")
+CA_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT")
+KEPT_VARIABLES = ("PATH", "TERM", "LANG", "LC_ALL", "TZ")
+
+
+class ProxyPodError(Exception):
+    pass
+
+
+def _addresses() -> tuple[str, str]:
+    """Control's and the agent's addresses: a random link-local /30 (never routed beyond the pair)."""
+    third, fourth = secrets.randbelow(200) + 20, secrets.randbelow(63) * 4
+    return f"169.254.{third}.{fourth + 1}", f"169.254.{third}.{fourth + 2}"
+
+
+def _make_namespace(name: str, host_if: str, control_ip: str, agent_ip: str) -> None:
+    from pyroute2 import IPRoute, NetNS, netns
+
+    netns.create(name)
+    with IPRoute() as ipr:
+        ipr.link("add", ifname=host_if, kind="veth", peer={"ifname": "eth0", "net_ns_fd": name})
+        index = ipr.link_lookup(ifname=host_if)[0]
+        ipr.addr("add", index=index, address=control_ip, prefixlen=30)
+        ipr.link("set", index=index, state="up")
+    with NetNS(name) as ns:
+        for ifname, address in (("lo", None), ("eth0", agent_ip)):
+            index = ns.link_lookup(ifname=ifname)[0]
+            if address is not None:
+                ns.addr("add", index=index, address=address, prefixlen=30)
+            ns.link("set", index=index, state="up")
+    rules = (
+        "table inet openshell_proxy_pod {\n"
+        " chain output { type filter hook output priority 0; policy drop;\n"
+        "  oifname \"lo\" accept\n"
+        f"  ip daddr {control_ip} tcp dport {PROXY_PORT} accept\n"
+        "  ct state established,related accept\n"
+        " }\n"
+        "}\n"
+    )
+    result = subprocess.run(["ip", "netns", "exec", name, "nft", "-f", "-"], input=rules, text=True,
+                            capture_output=True)  # fmt: skip
+    if result.returncode != 0:
+        raise ProxyPodError(f"nft in the agent's namespace failed: {result.stderr.strip()}")
+
+
+def _remove_namespace(name: str, host_if: str) -> None:
+    from pyroute2 import IPRoute, netns
+
+    try:
+        with IPRoute() as ipr:
+            for index in ipr.link_lookup(ifname=host_if):
+                ipr.link("del", index=index)
+    except Exception:  # best effort: removing the namespace takes the pair with it
+        pass
+    try:
+        netns.remove(name)
+    except OSError:
+        pass
+
+
+def _ca_bundle(tmp: Path, ca_pem: Path) -> tuple[Path, Path]:
+    """The system store plus the interception CA (what replaces the store), and the CA alone."""
+    system = next((Path(p) for p in SYSTEM_BUNDLES if Path(p).is_file()), None)
+    ca = ca_pem.read_text()
+    combined = tmp / "ca-bundle.pem"
+    combined.write_text((system.read_text() if system is not None else "") + "\n" + ca)
+    alone = tmp / "interception-ca.pem"
+    alone.write_text(ca)
+    for path in (combined, alone):
+        path.chmod(0o644)
+    return combined, alone
+
+
+def _agent_env(url: str, combined: Path, alone: Path, home: str) -> dict[str, str]:
+    env = {k: os.environ[k] for k in KEPT_VARIABLES if k in os.environ}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env["HOME"] = home
+    env.update(proxy_environment(url))
+    env.update({name: str(combined) for name in CA_VARIABLES})
+    env["NODE_EXTRA_CA_CERTS"] = str(alone)
+    return env
+
+
+def _enter(name: str, uid: int, gid: int) -> Callable[[], None]:
+    """The agent child's pre-exec: join the namespace, drop to the agent's ids (every capability with them),
+    set no_new_privs, and die with dev."""
+
+    def enter() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            raise OSError(ctypes.get_errno(), "setns")
+        os.close(fd)
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+        libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+    return enter
+
+
+def _wait_listening(log: Path, control: subprocess.Popen[bytes]) -> bool:
+    deadline = time.monotonic() + START_WAIT_S
+    while time.monotonic() < deadline:
+        if log.exists() and '"event":"proxy.listening"' in log.read_text():
+            return True
+        if control.poll() is not None:
+            return False
+        time.sleep(0.05)
+    return False
+
+
+def run_proxy_pod(opts: DevOptions) -> int:
+    from supervisor.dev import _console, _die_with_dev, _entry, _stop, dev_claims
+
+    if os.geteuid() != 0:
+        print("openshell-sandbox: dev --topology proxy-pod needs root: it creates the agent's network namespace, "
+              "a veth pair and its filter (the boundary topology runs without)", file=sys.stderr)  # fmt: skip
+        return EXIT_SELF_FAILED
+    for tool in ("ip", "nft"):
+        if shutil.which(tool) is None:
+            print(f"openshell-sandbox: dev --topology proxy-pod needs {tool}", file=sys.stderr)
+            return EXIT_SELF_FAILED
+    try:
+        uid_text, _, gid_text = (opts.agent_user or "1000:1000").partition(":")
+        uid, gid = int(uid_text), int(gid_text or uid_text)
+    except ValueError:
+        print(f"openshell-sandbox: --agent-user must be UID:GID, got {opts.agent_user!r}", file=sys.stderr)
+        return 2
+    if uid == 0 or gid == 0:
+        print("openshell-sandbox: --agent-user must not be root in the proxy-pod topology", file=sys.stderr)
+        return 2
+    sandbox = "dev-" + secrets.token_hex(4)
+    try:
+        ensure_sandbox_state_dir(sandbox)
+    except StateDirError as exc:
+        print(f"openshell-sandbox: {exc} (set XDG_STATE_HOME to a directory of yours)", file=sys.stderr)
+        return EXIT_SELF_FAILED
+    tick, say = _console(opts, sandbox)
+    tmp = Path(tempfile.mkdtemp(prefix="openshell-dev-pp-"))
+    os.chmod(tmp, 0o711)
+    name, host_if = f"osb-pp-{sandbox[4:]}", f"osbpp{sandbox[4:]}"
+    control_ip, agent_ip = _addresses()
+    procs: list[subprocess.Popen[bytes]] = []
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        received.append(signum)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    runtime = Path(os.environ.get("XDG_RUNTIME_DIR") or "/run") / "openshell-sandbox" / sandbox
+    try:
+        issue_bundle(tmp / "bundle", dev_claims(sandbox))
+        token = secrets.token_urlsafe(24)
+        token_file = tmp / "proxy-token"
+        token_file.write_text(token)
+        token_file.chmod(0o600)
+        try:
+            _make_namespace(name, host_if, control_ip, agent_ip)
+        except (ProxyPodError, OSError) as exc:
+            print(f"openshell-sandbox: {exc}", file=sys.stderr)
+            return EXIT_SELF_FAILED
+        runtime.mkdir(parents=True, exist_ok=True, mode=0o700)
+        log_file = events_path(sandbox)
+        control_cmd = [
+            *_entry(), "--mode=control", f"--bootstrap={tmp / 'bundle' / 'control'}", "--topology=proxy-pod",
+            f"--proxy-listen={control_ip}:{PROXY_PORT}", f"--proxy-token-file={token_file}",
+            "--binary-identity=relaxed", "--acknowledge-networkpolicy-enforcement",
+            f"--api={runtime / 'api.sock'}", f"--interception-ca={tmp / 'interception'}",
+            f"--log-stream={'stderr' if opts.log_format == 'json' and not opts.quiet else 'none'}",
+            f"--log-file={log_file}", f"--ipv6-egress={opts.ipv6_egress}",
+            *(f"--self-address={a}" for a in opts.self_addresses),
+            *(f"--dns-server={server}" for server in opts.dns_servers),
+        ]  # fmt: skip
+        if opts.policy is not None:
+            control_cmd.append(f"--policy={opts.policy}")
+        if opts.credentials is not None:
+            control_cmd.append(f"--credentials={opts.credentials}")
+        if opts.upstream_ca is not None:
+            control_cmd.append(f"--upstream-ca={opts.upstream_ca}")
+        procs.append(subprocess.Popen(control_cmd, stdin=subprocess.DEVNULL, preexec_fn=_die_with_dev))
+        if not _wait_listening(log_file, procs[0]):
+            print("openshell-sandbox: control did not start its proxy listener", file=sys.stderr)
+            return EXIT_SELF_FAILED
+        combined, alone = _ca_bundle(tmp, tmp / "interception" / "interception-ca.pem")
+        workdir = Path(opts.workdir) if opts.workdir else tmp / "work"
+        if opts.workdir is None:
+            workdir.mkdir(mode=0o700)
+            os.chown(workdir, uid, gid)
+        env = _agent_env(proxy_url(control_ip, PROXY_PORT, token), combined, alone, str(workdir))
+        say(f"openshell-sandbox: proxy-pod topology — the agent's only route is control's proxy at "
+            f"{control_ip}:{PROXY_PORT}")  # fmt: skip
+        agent = subprocess.Popen(opts.argv, env=env, cwd=workdir, preexec_fn=_enter(name, uid, gid))
+        procs.append(agent)
+        while agent.poll() is None:
+            tick()
+            if procs[0].poll() is not None and not received:
+                print(f"openshell-sandbox: control exited ({procs[0].returncode}); stopping the agent",
+                      file=sys.stderr)  # fmt: skip
+                _stop(agent)
+                return EXIT_SELF_FAILED
+            time.sleep(0.05)
+        code = agent.returncode
+        _stop(procs[0])
+        tick()
+        return 128 - code if code < 0 else code
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        _remove_namespace(name, host_if)
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(runtime, ignore_errors=True)
