@@ -32,6 +32,7 @@ from supervisor.control.upstream import UpstreamConfig
 from supervisor.jsonlog import JsonLog
 from supervisor.link.h2link import Link
 from supervisor.link.rpc import call
+from supervisor.link.socket_tls import SocketTLSStream
 from supervisor.link.tls_link import Refused, dial_link
 from supervisor.protocol.attach import AttachRequest, CaptureMode
 from supervisor.protocol.certs import Bundle, BundleError, read_policy_digest
@@ -199,7 +200,7 @@ class ControlDaemon:
         )  # fmt: skip
         return delay
 
-    async def _dial(self, alpn: str, failure: LinkFailure) -> trio.SSLStream[trio.SocketStream] | None:
+    async def _dial(self, alpn: str, failure: LinkFailure) -> SocketTLSStream | None:
         """One dial; a refusal (connect, handshake, claims: ours of the boundary's) is recorded in ``failure``."""
         failure.step = "dial"
         try:

@@ -4,6 +4,9 @@ Every connection gets a deadline for the whole handshake (a peer that sends noth
 ``verify_peer`` checks TLS 1.3, ALPN, the CA and every claim. A refusal is an exception naming the peer and the
 failing field; the caller logs it and keeps serving. When the handshake itself completed, the refused peer is
 told the field too (an HTTP/2 GOAWAY, never a value): with TLS 1.3 it would otherwise only see a closed link.
+
+The link's TLS runs on the socket (:class:`supervisor.link.socket_tls.SocketTLSStream`): OpenSSL reads and writes
+the descriptor itself, and a failed handshake's alert is on the wire before the failure reaches us.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 import trio
 
 from supervisor.link.h2link import send_refusal
+from supervisor.link.socket_tls import SocketTLSStream
 from supervisor.protocol.certs import Bundle
 from supervisor.protocol.claims import Claims
 from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS, PeerRejected, verify_peer
@@ -50,9 +54,9 @@ async def _handshake(
     server: bool,
     alpn: str | None,
     handshake_s: float,
-) -> tuple[trio.SSLStream[trio.SocketStream], Claims, str]:
+) -> tuple[SocketTLSStream, Claims, str]:
     peer = peer_name(stream)
-    tls = trio.SSLStream(stream, ctx, server_side=server, https_compatible=False)
+    tls = SocketTLSStream(stream, ctx, server_side=server)
     try:
         with trio.fail_after(handshake_s):
             await tls.do_handshake()
@@ -64,8 +68,7 @@ async def _handshake(
         await refuse(tls, server=server, field=exc.field)
         raise Refused(peer, exc.field, str(exc)) from None
     except (trio.BrokenResourceError, ssl.SSLError, OSError) as exc:
-        await _send_alert(tls)
-        await trio.aclose_forcefully(tls)
+        await trio.aclose_forcefully(tls)  # OpenSSL's alert, if it wrote one, is already on the wire
         cause = exc.__cause__ or exc
         raise Refused(peer, "tls", f"handshake failed: {cause}") from None
     return tls, claims, tls.selected_alpn_protocol() or ""
@@ -91,12 +94,12 @@ async def _send_alert(tls: trio.SSLStream[trio.SocketStream]) -> None:
             pass
 
 
-async def refuse(tls: trio.SSLStream[trio.SocketStream], *, server: bool, field: str | None) -> None:
+async def refuse(tls: SocketTLSStream, *, server: bool, field: str | None) -> None:
     """Close a link we refuse after its handshake completed, telling the peer which field failed when it speaks one
     of our link protocols (an HTTP/2 GOAWAY, ``h2link.send_refusal``); otherwise just close it."""
     try:
         alpn = tls.selected_alpn_protocol()
-    except (ssl.SSLError, trio.BrokenResourceError, trio.NeedHandshakeError):
+    except (ssl.SSLError, OSError, ValueError):
         alpn = None
     if alpn not in (ALPN_OPS, ALPN_EGRESS):
         await trio.aclose_forcefully(tls)
@@ -108,14 +111,14 @@ async def refuse(tls: trio.SSLStream[trio.SocketStream], *, server: bool, field:
 
 async def accept_link(
     stream: trio.SocketStream, ctx: ssl.SSLContext, bundle: Bundle, *, handshake_s: float = HANDSHAKE_TIMEOUT
-) -> tuple[trio.SSLStream[trio.SocketStream], Claims, str]:
+) -> tuple[SocketTLSStream, Claims, str]:
     """Server side (the boundary): handshake, verify, return (stream, peer claims, ALPN)."""
     return await _handshake(stream, ctx, bundle, server=True, alpn=None, handshake_s=handshake_s)
 
 
 async def dial_link(
     host: str, port: int, ctx: ssl.SSLContext, bundle: Bundle, alpn: str, *, handshake_s: float = HANDSHAKE_TIMEOUT
-) -> tuple[trio.SSLStream[trio.SocketStream], Claims]:
+) -> tuple[SocketTLSStream, Claims]:
     """Client side (control): connect, handshake, verify the boundary's claims and the ALPN."""
     try:
         with trio.fail_after(handshake_s):

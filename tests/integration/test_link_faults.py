@@ -36,6 +36,7 @@ import trio
 
 from supervisor.link.h2link import Link
 from supervisor.link.rpc import Router
+from supervisor.link.socket_tls import SocketTLSStream
 from supervisor.link.tls_link import Refused, accept_link
 from supervisor.protocol.certs import Bundle, CertificateAuthority, make_ca, make_leaf, write_role_dir
 from supervisor.protocol.claims import Role
@@ -103,8 +104,8 @@ class StandIn:
         """Close the TCP connection under the TLS session: no close_notify, no GOAWAY."""
         assert self.ops is not None
         tls = self.ops.transport
-        assert isinstance(tls, trio.SSLStream)
-        await trio.aclose_forcefully(tls.transport_stream)
+        assert isinstance(tls, SocketTLSStream)
+        await tls.close_transport()
 
     async def connection(self, stream: trio.SocketStream) -> None:
         ctx = server_context(self.bundle)

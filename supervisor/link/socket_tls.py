@@ -1,0 +1,205 @@
+"""TLS on the socket itself: a non-blocking ``ssl.SSLSocket`` driven by trio's ``wait_readable``/``wait_writable``.
+
+trio's ``SSLStream`` runs OpenSSL through memory BIOs: every record crosses Python twice (socket → BIO → SSL
+object, and back), which held the egress link to a fraction of what OpenSSL does on a socket. Here OpenSSL reads
+and writes the socket directly; Python is entered once per call, and a receive drains every record already
+available into one buffer.
+
+Rules:
+
+1. The trio socket is detached into a standard-library socket wrapped by the context; the caller never touches
+   the TCP stream again. ``TCP_NODELAY`` (set by trio) is a property of the descriptor and stays.
+2. Every operation is an ``SSL_*`` call retried after ``wait_readable``/``wait_writable`` on ``SSLWantRead``/
+   ``SSLWantWrite`` (either can be asked by either call: a TLS 1.3 key update or a session ticket).
+3. A failed handshake leaves the alert OpenSSL wrote already on the wire (there is no buffer in between); the
+   failure is :class:`ssl.SSLError` (the certificate checks) or :class:`trio.BrokenResourceError`.
+4. Errors follow ``trio.abc.Stream``: a reset or a TLS error is ``BrokenResourceError`` (the cause kept), use
+   after ``aclose`` is ``ClosedResourceError``; the peer's close_notify or a TCP end is ``b""``.
+5. ``send_all`` writes in chunks and retries a chunk that would block with the same bytes (OpenSSL requires it;
+   CPython sets ``SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER``). One task sends and one receives at a time (trio's
+   conflict detection), and the two may interleave freely: OpenSSL allows reads between a blocked write's retries.
+6. ``aclose`` sends close_notify when the socket takes it at once (never waits for the peer's), wakes any task
+   waiting on the socket, and closes it.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from typing import Literal
+
+import trio
+
+READ_SIZE = 256 * 1024  # a receive's default size: h2link's frames are up to 256 KiB
+SEND_CHUNK = 256 * 1024
+
+
+class _OneAtATime:
+    """``with`` it around an operation that two tasks must not run at once (``trio.BusyResourceError``)."""
+
+    def __init__(self, message: str) -> None:
+        self._message = message
+        self._busy = False
+
+    def __enter__(self) -> None:
+        if self._busy:
+            raise trio.BusyResourceError(self._message)
+        self._busy = True
+
+    def __exit__(self, *_exc: object) -> None:
+        self._busy = False
+
+
+class SocketTLSStream(trio.abc.Stream):
+    """A ``trio.abc.Stream`` of TLS over a non-blocking socket; ``do_handshake`` before anything else."""
+
+    def __init__(
+        self,
+        transport: trio.SocketStream,
+        ctx: ssl.SSLContext,
+        *,
+        server_side: bool,
+        server_hostname: str | None = None,
+    ) -> None:
+        raw = socket.socket(fileno=transport.socket.detach())
+        raw.setblocking(False)
+        self._ssl = ctx.wrap_socket(
+            raw,
+            server_side=server_side,
+            server_hostname=server_hostname,
+            do_handshake_on_connect=False,
+            suppress_ragged_eofs=False,  # a TCP end without close_notify is a broken link, as with trio's SSLStream
+        )
+        self._closed = False
+        self._send_conflict = _OneAtATime("another task is sending on this TLS stream")
+        self._receive_conflict = _OneAtATime("another task is receiving on this TLS stream")
+
+    # -- what verify_peer reads (supervisor.protocol.tls.TLSConnection) ----------------------------------------
+    def version(self) -> str | None:
+        return self._ssl.version()
+
+    def selected_alpn_protocol(self) -> str | None:
+        return self._ssl.selected_alpn_protocol()
+
+    def getpeercert(self, binary_form: Literal[True]) -> bytes | None:
+        return self._ssl.getpeercert(binary_form=binary_form)
+
+    @property
+    def socket(self) -> ssl.SSLSocket:
+        return self._ssl
+
+    # -- the stream --------------------------------------------------------------------------------------------
+    async def do_handshake(self) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            self._check_open()
+            try:
+                self._ssl.do_handshake()
+            except ssl.SSLWantReadError:
+                await self._wait(readable=True)
+            except ssl.SSLWantWriteError:
+                await self._wait(readable=False)
+            except ssl.SSLError:
+                raise  # the certificate checks and protocol failures: OpenSSL already sent its alert
+            except OSError as exc:
+                raise trio.BrokenResourceError(f"TLS handshake failed: {exc}") from exc
+            else:
+                break
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        with self._receive_conflict:
+            size = READ_SIZE if max_bytes is None else max_bytes
+            if size < 1:
+                raise ValueError("max_bytes must be at least 1")
+            await trio.lowlevel.checkpoint_if_cancelled()
+            buffer = bytearray(size)
+            view = memoryview(buffer)
+            got = 0
+            while True:
+                self._check_open()
+                try:
+                    n = self._ssl.recv_into(view[got:])
+                except ssl.SSLWantReadError:
+                    if got:
+                        break
+                    await self._wait(readable=True)
+                    continue
+                except ssl.SSLWantWriteError:
+                    if got:
+                        break
+                    await self._wait(readable=False)
+                    continue
+                except ssl.SSLZeroReturnError:
+                    break
+                except (ssl.SSLError, OSError) as exc:
+                    if got:
+                        break  # hand over what arrived; the next receive reports the failure
+                    raise trio.BrokenResourceError(f"TLS receive failed: {exc}") from exc
+                if n == 0:
+                    break  # TCP end without close_notify (suppress_ragged_eofs) or a zero-length record
+                got += n
+                if got == size:
+                    break
+            view.release()
+            if got:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            return bytes(buffer[:got]) if got < size else bytes(buffer)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        with self._send_conflict:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            with memoryview(data) as view, view.cast("B") as flat:
+                sent = 0
+                while sent < len(flat):
+                    self._check_open()
+                    chunk = flat[sent : sent + SEND_CHUNK]
+                    try:
+                        sent += self._ssl.send(chunk)
+                    except ssl.SSLWantWriteError:
+                        await self._wait(readable=False)
+                    except ssl.SSLWantReadError:
+                        await self._wait(readable=True)
+                    except (ssl.SSLError, OSError) as exc:
+                        raise trio.BrokenResourceError(f"TLS send failed: {exc}") from exc
+            await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def wait_send_all_might_not_block(self) -> None:
+        with self._send_conflict:
+            self._check_open()
+            await self._wait(readable=False)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        self._closed = True
+        try:
+            self._ssl.unwrap()  # our close_notify; the peer's is never awaited
+        except (ssl.SSLError, OSError, ValueError):
+            pass
+        trio.lowlevel.notify_closing(self._ssl)
+        self._ssl.close()
+        await trio.lowlevel.checkpoint()
+
+    async def close_transport(self) -> None:
+        """Close the TCP connection under the session, sending nothing (no close_notify): a peer's hang-up."""
+        if not self._closed:
+            self._closed = True
+            trio.lowlevel.notify_closing(self._ssl)
+            socket.socket.close(self._ssl)  # the descriptor itself; SSLSocket.close would not add an alert either
+        await trio.lowlevel.checkpoint()
+
+    # -- helpers -----------------------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("the TLS stream was closed")
+
+    async def _wait(self, *, readable: bool) -> None:
+        try:
+            if readable:
+                await trio.lowlevel.wait_readable(self._ssl)
+            else:
+                await trio.lowlevel.wait_writable(self._ssl)
+        except trio.ClosedResourceError:
+            raise trio.ClosedResourceError("the TLS stream was closed") from None

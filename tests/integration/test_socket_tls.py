@@ -1,0 +1,158 @@
+"""SocketTLSStream: TLS on a non-blocking socket driven by trio (supervisor/link/socket_tls.py), on loopback."""
+
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+import trustme
+
+from supervisor.link.socket_tls import SocketTLSStream
+
+CA = trustme.CA()
+CERT = CA.issue_cert("localhost")
+
+
+def _contexts(trusting: bool = True) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    CERT.configure_cert(server)
+    client = ssl.create_default_context()
+    if trusting:
+        CA.configure_trust(client)
+    for ctx in (server, client):
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    return server, client
+
+
+async def _tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    port = listener.socket.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+        accepted: list[trio.SocketStream] = []
+
+        async def accept() -> None:
+            accepted.append(await listener.accept())
+
+        nursery.start_soon(accept)
+        client = await trio.open_tcp_stream("127.0.0.1", port)
+    await listener.aclose()
+    return accepted[0], client
+
+
+@asynccontextmanager
+async def _tls_pair() -> AsyncIterator[tuple[SocketTLSStream, SocketTLSStream]]:
+    server_ctx, client_ctx = _contexts()
+    server_tcp, client_tcp = await _tcp_pair()
+    server = SocketTLSStream(server_tcp, server_ctx, server_side=True)
+    client = SocketTLSStream(client_tcp, client_ctx, server_side=False, server_hostname="localhost")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.do_handshake)
+        await client.do_handshake()
+    try:
+        yield server, client
+    finally:
+        await server.aclose()
+        await client.aclose()
+
+
+async def _read_exactly(stream: SocketTLSStream, size: int) -> tuple[bytes, int]:
+    got = bytearray()
+    largest = 0
+    while len(got) < size:
+        data = await stream.receive_some(1 << 20)
+        assert data, "end of data before everything arrived"
+        largest = max(largest, len(data))
+        got += data
+    return bytes(got), largest
+
+
+async def test_both_directions_at_once_and_receives_span_records() -> None:
+    up, down = os.urandom(3 << 20), os.urandom(3 << 20)
+    async with _tls_pair() as (server, client):
+        assert client.version() == "TLSv1.3" and server.getpeercert(True) is None
+        results: dict[str, tuple[bytes, int]] = {}
+
+        async def read(name: str, stream: SocketTLSStream, size: int) -> None:
+            results[name] = await _read_exactly(stream, size)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.send_all, up)
+            nursery.start_soon(server.send_all, memoryview(down))
+            nursery.start_soon(read, "server", server, len(up))
+            nursery.start_soon(read, "client", client, len(down))
+    assert results["server"][0] == up and results["client"][0] == down
+    # one receive drains every record already there (a TLS record carries at most 16 KiB)
+    assert max(results["server"][1], results["client"][1]) > 16 * 1024
+
+
+async def test_close_notify_is_end_of_data_and_a_bare_tcp_close_is_broken() -> None:
+    async with _tls_pair() as (server, client):
+        await client.send_all(b"last words")
+        await client.aclose()
+        assert await server.receive_some() == b"last words"
+        assert await server.receive_some() == b""
+    async with _tls_pair() as (server, client):
+        await client.close_transport()  # no close_notify: a truncation, never a clean end
+        with pytest.raises(trio.BrokenResourceError):
+            while await server.receive_some():
+                pass
+
+
+async def test_closed_and_busy_streams_raise_what_trio_streams_raise() -> None:
+    async with _tls_pair() as (server, client):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(server.receive_some)
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(trio.BusyResourceError):
+                await server.receive_some()
+            await client.send_all(b"x")
+        await client.aclose()
+        with pytest.raises(trio.ClosedResourceError):
+            await client.send_all(b"after close")
+        with pytest.raises(trio.ClosedResourceError):
+            await client.receive_some()
+
+
+async def test_a_waiting_receive_is_woken_by_aclose() -> None:
+    woken: list[BaseException] = []
+
+    async def receive(stream: SocketTLSStream) -> None:
+        try:
+            await stream.receive_some()
+        except trio.ClosedResourceError as exc:
+            woken.append(exc)
+
+    async with _tls_pair() as (server, _client), trio.open_nursery() as nursery:
+        nursery.start_soon(receive, server)
+        await trio.testing.wait_all_tasks_blocked()
+        await server.aclose()
+    assert len(woken) == 1
+
+
+async def test_a_failed_handshake_sends_the_alert_to_the_peer() -> None:
+    server_ctx, untrusting = _contexts(trusting=False)
+    server_tcp, client_tcp = await _tcp_pair()
+    server = SocketTLSStream(server_tcp, server_ctx, server_side=True)
+    client = SocketTLSStream(client_tcp, untrusting, server_side=False, server_hostname="localhost")
+    failures: dict[str, BaseException] = {}
+
+    async def handshake(name: str, stream: SocketTLSStream) -> None:
+        try:
+            with trio.fail_after(10):
+                await stream.do_handshake()
+                await stream.receive_some()  # a TLS 1.3 server learns of the client's verdict after its Finished
+        except (ssl.SSLError, trio.BrokenResourceError) as exc:
+            failures[name] = exc
+        finally:
+            await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(handshake, "server", server)
+        nursery.start_soon(handshake, "client", client)
+    assert "CERTIFICATE_VERIFY_FAILED" in str(failures["client"])
+    # the client's alert reached the server: it names the reason, not just a closed connection
+    assert "unknown ca" in str(failures["server"].__cause__ or failures["server"]).lower()
