@@ -19,6 +19,7 @@ The boundary never resolves a name or dials anything outside the agent's namespa
 from __future__ import annotations
 
 import math
+import os
 import secrets
 import socket
 import struct
@@ -123,6 +124,24 @@ def _reset(sock_stream: trio.SocketStream) -> None:
         sock_stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     except OSError:
         pass
+
+
+def _arrived_by_now(sock_stream: trio.SocketStream, buffer: bytes) -> tuple[bytes, ProxyTarget | ProxyReject | None]:
+    """At the head deadline, the bytes the kernel already holds for this connection, read without waiting.
+    The deadline bounds the agent's slowness, not the boundary's: in a burst of connections on a loaded
+    machine a task can first look at its socket after the deadline, and the cancelled read would have left a
+    head that arrived in time unread (a ``400`` for a well-formed CONNECT)."""
+    parsed: ProxyTarget | ProxyReject | None = None
+    while parsed is None:
+        try:
+            data = os.read(sock_stream.socket.fileno(), 65536)  # non-blocking: trio's sockets are
+        except OSError:  # BlockingIOError: nothing more has arrived; a reset: nothing will
+            break
+        if not data:
+            break
+        buffer += data
+        parsed = parse_head(buffer)
+    return buffer, parsed
 
 
 def _addr(sock: Any, peer: bool) -> tuple[str, int]:
@@ -283,6 +302,8 @@ class EgressCapture:
                     break
                 buffer += data
                 parsed = parse_head(buffer)
+        if parsed is None:
+            buffer, parsed = _arrived_by_now(agent, buffer)
         if parsed is None:
             await self._answer(agent, render_response(408 if buffer else 400))
             return
