@@ -410,3 +410,23 @@ def test_endpoints_for_name_for_the_dns_side() -> None:
         assert [c.label for c in BASIC.endpoints_for_name(name)] == labels, name
     assert [c.label for c in BASIC.endpoints_for_name("git.internal.example", transparent_only=True)] == ["lan[2]"]
     assert BASIC.endpoints_for_name("api.github.com", transparent_only=True) == []
+
+
+def test_relaxed_identity_decides_destinations_only() -> None:
+    """Issue 19 (proxy-pod): binaries and pins are not decided on; destinations, ports and L7 still are."""
+    policy = compiled({"a": rule({"host": "a.example.com", "port": 443}, binaries=(CURL,)),
+                       "b": rule({"host": "b.example.com", "port": 443, **REST_ENFORCE, "access": "read-only"},
+                                 binaries=(PY,))})  # fmt: skip
+    pins = DigestPins()
+    for identity in (None, who(PY), who("/tmp/evil", sha=SHA_A)):
+        d = decide_l4(policy, L4Request("a.example.com", 443, identity, relaxed=True), pins)
+        assert d.allowed and d.rule == "a"
+    assert decide_l4(policy, L4Request("a.example.com", 443, None)).reason is DenyReason.IDENTITY_MISSING
+    assert decide_l4(policy, L4Request("a.example.com", 8443, None, relaxed=True)).reason is (
+        DenyReason.NO_MATCHING_ENDPOINT
+    )
+    assert not decide_l4(policy, L4Request("c.example.com", 443, None, relaxed=True)).allowed
+    b = decide_l4(policy, L4Request("b.example.com", 443, None, relaxed=True))
+    assert b.allowed and b.l7
+    assert decide_l7(policy, b, "DELETE", "/x").reason is DenyReason.L7_NO_ALLOW_RULE
+    assert len(pins) == 0  # nothing was pinned
