@@ -192,8 +192,9 @@ def outcome(exc):
     return "error:" + errno.errorcode.get(getattr(exc, "errno", 0) or 0, type(exc).__name__)
 
 
-def dial(host, port, timeout=5.0):
-    """A connected socket, or the outcome string of the failed connect."""
+def dial(host, port, timeout=30.0):
+    """A connected socket, or the outcome string of the failed connect. The timeout is a budget for a loaded
+    machine, not a measurement: no probe expects a timeout, so a long one only slows a failure."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.settimeout(timeout)
@@ -241,7 +242,7 @@ def get_head(authority, version="1.1"):
     return f"GET http://{authority}/ HTTP/{version}\r\nHost: {authority}\r\n\r\n".encode()
 
 
-def proxy_raw(raw, timeout=10.0):
+def proxy_raw(raw, timeout=30.0):
     """Send raw bytes to the proxy listener; the whole answer, its status and how the connection ended."""
     sock = dial(*PROXY, timeout=timeout)
     if isinstance(sock, str):
@@ -256,7 +257,7 @@ def proxy_raw(raw, timeout=10.0):
     return {"status": status_of(data), "end": end, "body": body_of(data)}
 
 
-def tunnel(authority, timeout=10.0):
+def tunnel(authority, timeout=30.0):
     """CONNECT through the proxy: (socket, None) once established, else (None, answer)."""
     sock = dial(*PROXY, timeout=timeout)
     if isinstance(sock, str):
@@ -305,6 +306,19 @@ def wait_end(sock):
     data, end = read_to_end(sock)
     sock.close()
     return {"end": end, "data": data[:200].decode("utf-8", "replace")}
+
+
+def dial_and_wait_end(host, port):
+    """Dial, send nothing, read until the connection ends: {"connect": ..., "end": ..., "data": ...}.
+    ECONNRESET from connect() means the handshake completed (a listener accepted: an RST in SYN-SENT is
+    ECONNREFUSED) and the RST arrived before this process looked at the socket, as it does on a loaded
+    machine: the same outcome as a connection that was accepted and then reset."""
+    sock = dial(host, port)
+    if sock == "reset":
+        return {"connect": "ok", "end": "reset", "data": ""}
+    if isinstance(sock, str):
+        return {"connect": sock}
+    return {"connect": "ok", **wait_end(sock)}
 
 
 def dns_query(name, qtype=1, qid=0x4242):
