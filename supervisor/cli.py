@@ -573,6 +573,11 @@ def command_parser() -> argparse.ArgumentParser:
     ex.add_argument("--timeout", type=float, default=0, help="terminate after this many seconds (0: never)")
     ex.add_argument("argv", nargs="+", metavar="CMD")
 
+    att = with_api(sub.add_parser(
+        "attach", help="re-attach to a running exec's output (the buffered tail first, then until it exits)",
+    ))  # fmt: skip
+    att.add_argument("handle", help="the exec's process handle (status lists them)")
+
     wait = with_api(sub.add_parser("wait", help="wait for a process handle's result"))
     wait.add_argument("handle", nargs="?", help="process handle (default: the agent)")
     wait.add_argument("--timeout", type=float, help="give up after this many seconds")

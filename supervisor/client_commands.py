@@ -55,6 +55,13 @@ async def run(args: argparse.Namespace) -> int:
         return await _exec(api, args)
     if command == "forward":
         return await _forward(api, args.spec)
+    if command == "attach":
+        try:
+            stream, _reply = await open_channel(api, "/v1/attach-stream", {"handle": args.handle})
+        except ApiError as exc:
+            return _launch_failure(exc)
+        async with stream:  # output only: the PTY (if any) is shown as it comes, our terminal left alone
+            return await run_exec_client(stream, tty=False, interactive=False)
     handle = args.handle or await _agent_handle(api)
     if command == "wait":
         body_in: dict[str, Any] = {"handle": handle}

@@ -251,6 +251,7 @@ class BoundaryDaemon:
         router.unary("/v1/agent/exit-ack", self.op_exit_ack)
         router.channel("/v1/exec", self.op_exec)
         router.channel("/v1/forward", self.op_forward)
+        router.channel("/v1/attach-stream", self.op_attach_stream)
         return router
 
     def _agent_ids(self, attach: AttachRequest) -> tuple[int, int]:
@@ -625,6 +626,21 @@ class BoundaryDaemon:
             provider_env=self.attach.credential_placeholders,
         )  # fmt: skip
         entry = await self.table.start(spec, kind="exec", timeout_s=request.timeout_s, grace_s=request.grace_s)
+        await accept({"handle": entry.handle, "tty": entry.tty})
+        await pump_exec(entry, stream)
+
+    async def op_attach_stream(self, body: dict[str, Any], stream: LinkStream, accept: Accept) -> None:
+        """Re-attach to an exec's output after its client or control went away (spec §2.3): the buffered tail
+        (a ``lagged`` frame first if some was dropped), then live output, then ``exit``."""
+        self.lifecycle.check(Op.EXEC)
+        handle = body.get("handle")
+        if not isinstance(handle, str) or set(body) - {"handle"}:
+            raise OpError(ErrorKind.INVALID, "body must be {handle}", field="handle")
+        entry = self.table.entry(handle)
+        if entry.kind != "exec" or entry.output is None:
+            raise OpError(ErrorKind.INVALID, "only an exec's output can be attached", field="handle")
+        if entry.output.attached:
+            raise OpError(ErrorKind.UNAVAILABLE, "a stream is already attached to this process", field="handle")
         await accept({"handle": entry.handle, "tty": entry.tty})
         await pump_exec(entry, stream)
 

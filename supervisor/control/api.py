@@ -155,7 +155,7 @@ class ApiServer:
         """One ``api.operator`` line per request from a remote operator, naming its certificate and what it asks."""
         detail: dict[str, Any] = {}
         target = request.target.decode("ascii", "replace")
-        if target.split("?", 1)[0] in ("/v1/exec", "/v1/forward", *FORWARDED_UNARY):
+        if target.split("?", 1)[0] in ("/v1/exec", "/v1/forward", "/v1/attach-stream", *FORWARDED_UNARY):
             try:
                 parsed = json.loads(body) if body else {}
             except ValueError:
@@ -201,7 +201,10 @@ class ApiServer:
                 await http.respond_json(200, self.daemon.policy.status_json())
             elif method == "POST" and target in FORWARDED_UNARY:
                 await http.respond_json(200, await call(self._link(), target, parsed))
-            elif method == "POST" and target in ("/v1/exec", "/v1/forward"):
+            elif method == "POST" and target in ("/v1/exec", "/v1/forward", "/v1/attach-stream"):
+                if target == "/v1/attach-stream" and "handle" not in parsed:  # also ?handle=
+                    query = urllib.parse.parse_qs(urllib.parse.urlsplit(raw_target).query)
+                    parsed = {"handle": query.get("handle", [""])[-1]}
                 return await self._channel(http, request, target, parsed)
             else:
                 raise OpError(ErrorKind.INVALID, f"no endpoint {method} {target}")

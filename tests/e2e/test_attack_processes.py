@@ -195,3 +195,34 @@ def test_exec_refusal_names_the_env_key(quiet: Sandbox) -> None:
     refused = quiet.cli("exec", "--env", "OPENSHELL_SANDBOX_X=1", "--", "true")
     assert refused.returncode != 0
     assert "invalid" in refused.stderr and "env.OPENSHELL_SANDBOX_X" in refused.stderr, refused.stderr
+
+
+def _control_pid(dev: subprocess.Popen[str]) -> int:
+    for name in Path(f"/proc/{dev.pid}/task/{dev.pid}/children").read_text().split():
+        if b"--mode=control" in Path(f"/proc/{name}/cmdline").read_bytes():
+            return int(name)
+    raise AssertionError("no control process under dev")
+
+
+def test_reattach_after_a_control_restart_shows_the_tail_and_the_exit_code(quiet: Sandbox) -> None:
+    script = "echo one; sleep 4; echo two; echo err >&2; exit 5"
+    first = subprocess.Popen([*CLI, "exec", "--", "sh", "-c", script], env=quiet.env, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    try:
+        assert first.stdout is not None and first.stdout.readline() == "one\n"
+        handles = [p["handle"] for p in quiet.status()["boundary"]["processes"] if p["kind"] == "exec"]
+        assert len(handles) == 1, handles
+        os.kill(_control_pid(quiet.dev), 9)  # control dies mid-exec; dev restarts it, the process keeps running
+        first.wait(timeout=30)
+    finally:
+        first.kill()
+        first.wait()
+    deadline = time.monotonic() + 30
+    while quiet.cli("readyz").returncode != 0:
+        assert time.monotonic() < deadline, "control did not come back"
+        time.sleep(0.1)
+    again = quiet.cli("attach", handles[0])
+    assert again.returncode == 5, again
+    assert again.stdout == "two\n" and again.stderr.endswith("err\n"), again
+    refused = quiet.cli("attach", "p_0123456789abcdef")
+    assert refused.returncode != 0 and "unknown handle" in refused.stderr, refused
