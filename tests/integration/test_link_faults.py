@@ -323,14 +323,16 @@ async def test_expired_leaf_is_refused_until_replaced(tmp_path: Path) -> None:
 
 
 async def test_not_yet_valid_leaf_comes_up_once_valid(tmp_path: Path) -> None:
-    """Minted by the CLI with ``--not-before control=+3s``: refused, then accepted with nothing changed."""
+    """Minted by the CLI with ``--not-before control=+10s``: refused, then accepted with nothing changed. The
+    margin must cover issuing the bundle and starting control on a loaded machine (a first dial after it finds
+    the leaf already valid and proves nothing); control's backoff (0.05 s doubling) then redials by ~13 s."""
     claims = SAMPLE_CLAIMS
     out = tmp_path / "bundle"
     await trio.run_process(
         [*CLI, "certs", "issue", f"--out={out}", f"--namespace={claims.namespace}", f"--sandbox={claims.sandbox}",
          f"--sandbox-uid={claims.sandbox_uid}", f"--control-deployment={claims.control_deployment}",
          f"--network-policy={claims.network_policy}", f"--image={claims.image}", f"--generation={claims.generation}",
-         f"--policy-resource={claims.policy_resource}", "--not-before=control=+3s"],
+         f"--policy-resource={claims.policy_resource}", "--not-before=control=+10s"],
         check=True, capture_stdout=True, capture_stderr=True,
     )  # fmt: skip
     from supervisor.protocol.certs import load_bundle
@@ -338,7 +340,7 @@ async def test_not_yet_valid_leaf_comes_up_once_valid(tmp_path: Path) -> None:
     stand_in = StandIn(load_bundle(out / "boundary", Role.BOUNDARY))
     async with serve(stand_in) as port:
         with run_control(tmp_path, out / "control", port) as control:
-            await control.wait_for("the agent followed", lambda: stand_in.waiting)
+            await control.wait_for("the agent followed", lambda: stand_in.waiting, deadline_s=90)
             failures = control.ops_failures()
             assert failures, "a not-yet-valid leaf must be refused first"
             assert all("certificate" in e["reason"].lower() for e in failures), failures
