@@ -163,6 +163,15 @@ def run_proxy_pod(opts: DevOptions) -> int:
         print("openshell-sandbox: dev --topology proxy-pod needs root: it creates the agent's network namespace, "
               "a veth pair and its filter (the boundary topology runs without)", file=sys.stderr)  # fmt: skip
         return EXIT_SELF_FAILED
+    unsupported = [flag for flag, given in (
+        ("--api-listen", opts.api_listen is not None),
+        ("--acknowledge-external-fence", opts.acknowledge_external_fence),
+        ("--privilege-model", opts.privilege_model != "auto"), ("--pids-limit", opts.pids_limit is not None),
+    ) if given]  # fmt: skip
+    if unsupported:
+        print(f"openshell-sandbox: dev --topology proxy-pod: not for this topology: {', '.join(unsupported)} "
+              "(the agent runs without a supervisor here)", file=sys.stderr)  # fmt: skip
+        return 2
     for tool in ("ip", "nft"):
         if shutil.which(tool) is None:
             print(f"openshell-sandbox: dev --topology proxy-pod needs {tool}", file=sys.stderr)

@@ -220,3 +220,10 @@ def test_needs_root_says_why(tmp_path: Path) -> None:
     finally:
         shutil.rmtree(tree, ignore_errors=True)
     assert result.returncode == 125 and "needs root" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("flag", ["--pids-limit=5", "--privilege-model=U", "--api-listen=127.0.0.1:0"])
+def test_boundary_only_flags_are_refused(flag: str) -> None:
+    result = subprocess.run([*CLI, "dev", "--topology=proxy-pod", flag, "--", "true"], capture_output=True,
+                            text=True, timeout=60)  # fmt: skip
+    assert result.returncode in (2, 125) and (flag.split("=")[0] in result.stderr or "needs root" in result.stderr)
