@@ -161,7 +161,8 @@ class BoundaryDaemon:
         code = self.exit_code if self.exit_code is not None else EXIT_SELF_FAILED
         if self.pids_cgroup is not None:  # the launcher is its last member: stop it, then the cgroup can go
             self.launcher.close()
-            self.pids_cgroup.remove()
+            if not self.pids_cgroup.remove(wait_s=END_WORKLOAD_S):
+                self.log.emit("limits.pids-cgroup-left", cgroup=self.pids_cgroup.describe())
         self.log.emit("boundary.exit", code=code)
         return code
 

@@ -124,6 +124,7 @@ def test_fork_bomb_is_contained_status_answers_and_terminate_ends_it(bomb: Sandb
     while _cgroup_members(group):
         assert time.monotonic() < deadline, f"bomb processes survived terminate: {_cgroup_members(group)}"
         time.sleep(0.1)
+    assert not group.exists(), "the boundary removes the workload's cgroup at exit"
 
 
 MARK = "98765"  # sleeps of 98765N seconds are this test's, found in the host's /proc by their argv

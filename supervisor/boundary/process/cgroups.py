@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -120,10 +121,20 @@ class PidsCgroup:
         except (OSError, ValueError):
             return None
 
-    def remove(self) -> None:
-        """Remove the (by then empty) cgroup; a live member keeps it, which the kernel refuses with EBUSY."""
-        with contextlib.suppress(OSError):
-            self.directory.rmdir()
+    def remove(self, wait_s: float = 0.0) -> bool:
+        """Remove the cgroup once it is empty: the kernel refuses (EBUSY) while a member is still dying, so
+        retry for up to ``wait_s``. True when it is gone."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                self.directory.rmdir()
+                return True
+            except FileNotFoundError:
+                return True
+            except OSError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.02)
 
 
 def _write(path: Path, text: str) -> None:
