@@ -423,10 +423,11 @@ def _nft_ruleset() -> str | None:
     nft = shutil.which("nft")
     if nft is None:
         return None
-    # Not being able to run nft (no fork under the pids limit, a timeout) is a failed read, never a different
+    # Stateless (-s): counters and quotas change with traffic, not with the fence. Not being able to run nft
+    # (no fork under the pids limit, a timeout) is a failed read, never a different
     # fence: raised, so the fence watch retries instead of seeing a changed fingerprint.
     try:
-        done = subprocess.run([nft, "list", "ruleset"], capture_output=True, text=True, timeout=10, check=False)
+        done = subprocess.run([nft, "-s", "list", "ruleset"], capture_output=True, text=True, timeout=10, check=False)
     except subprocess.TimeoutExpired as exc:
         raise OSError(errno.ETIMEDOUT, f"nft list ruleset: {exc}") from None
     return done.stdout if done.returncode == 0 else f"error: {done.stderr.strip()[:200]}"
