@@ -53,7 +53,10 @@ def _events(log: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _wait(what: str, check: Any, timeout: float = 30) -> Any:
+def _wait(what: str, check: Any, timeout: float = 90) -> Any:
+    """Poll ``check`` until it holds. Every wait here is for something that must happen (a daemon up, an event
+    logged), so the deadline is only a budget: 90 s, as starting Python daemons on a loaded 2-core machine
+    took more than 30."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = check()
