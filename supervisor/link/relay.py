@@ -106,7 +106,7 @@ async def relay(
     b: trio.abc.HalfCloseableStream,
     *,
     idle_timeout: float,
-    chunk: int = 65536,
+    chunk: int = 256 * 1024,  # one h2 DATA frame of the link (h2link.MAX_FRAME): a quarter of the per-chunk cost
 ) -> RelayStats:
     """Relay until done; returns the byte counts, the duration and who ended it. Closes both streams."""
     r = _Relay(a, b, idle_timeout, chunk)

@@ -19,13 +19,15 @@ Rules:
    CPython sets ``SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER``). One task sends and one receives at a time (trio's
    conflict detection), and the two may interleave freely: OpenSSL allows reads between a blocked write's retries.
 6. ``aclose`` sends close_notify when the socket takes it at once (never waits for the peer's), wakes any task
-   waiting on the socket, and closes it.
+   waiting on the socket, and closes it; ``reset`` closes with a TCP reset and nothing else.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
+import struct
 from typing import Literal
 
 import trio
@@ -60,7 +62,10 @@ class SocketTLSStream(trio.abc.Stream):
         *,
         server_side: bool,
         server_hostname: str | None = None,
+        https_compatible: bool = False,
     ) -> None:
+        """``https_compatible``: a TCP end without close_notify is an end of data (HTTPS servers do that; trio's
+        flag of the same name), else it is a broken stream (our own links always send close_notify)."""
         raw = socket.socket(fileno=transport.socket.detach())
         raw.setblocking(False)
         self._ssl = ctx.wrap_socket(
@@ -68,7 +73,7 @@ class SocketTLSStream(trio.abc.Stream):
             server_side=server_side,
             server_hostname=server_hostname,
             do_handshake_on_connect=False,
-            suppress_ragged_eofs=False,  # a TCP end without close_notify is a broken link, as with trio's SSLStream
+            suppress_ragged_eofs=https_compatible,
         )
         self._closed = False
         self._send_conflict = _OneAtATime("another task is sending on this TLS stream")
@@ -181,6 +186,13 @@ class SocketTLSStream(trio.abc.Stream):
         trio.lowlevel.notify_closing(self._ssl)
         self._ssl.close()
         await trio.lowlevel.checkpoint()
+
+    async def reset(self) -> None:
+        """Abort: close the TCP connection with a reset and no close_notify (``relay.abort_stream`` calls it)."""
+        if not self._closed:
+            with contextlib.suppress(OSError):
+                self._ssl.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await self.close_transport()
 
     async def close_transport(self) -> None:
         """Close the TCP connection under the session, sending nothing (no close_notify): a peer's hang-up."""

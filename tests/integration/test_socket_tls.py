@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -156,3 +157,11 @@ async def test_a_failed_handshake_sends_the_alert_to_the_peer() -> None:
     assert "CERTIFICATE_VERIFY_FAILED" in str(failures["client"])
     # the client's alert reached the server: it names the reason, not just a closed connection
     assert "unknown ca" in str(failures["server"].__cause__ or failures["server"]).lower()
+
+
+async def test_reset_is_an_abort_the_peer_sees() -> None:
+    async with _tls_pair() as (server, client):
+        await client.reset()  # what relay.abort_stream calls: a TCP reset, no close_notify
+        await trio.lowlevel.wait_readable(server.socket)
+        with pytest.raises(ConnectionResetError):  # under TLS: the socket itself was reset
+            socket.socket.recv(server.socket, 1)

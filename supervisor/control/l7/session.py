@@ -76,6 +76,7 @@ from supervisor.control.policy.hosts import normalize_request_host
 from supervisor.control.upstream import UpstreamError
 from supervisor.jsonlog import JsonLog
 from supervisor.link.relay import relay
+from supervisor.link.socket_tls import SocketTLSStream
 from supervisor.protocol.responses import ErrorCode, ErrorResponse
 
 __all__ = ["Limits", "inspect"]
@@ -714,7 +715,13 @@ class _Session:
                 "connect-failed")  # fmt: skip
         stream: trio.abc.Stream = tcp
         if self.tls:
-            tls_stream = trio.SSLStream(tcp, self.upstream_ssl, server_hostname=self.name, https_compatible=True)
+            # on the socket where there is one (supervisor/link/socket_tls.py): OpenSSL reads and writes it itself
+            tls_stream: SocketTLSStream | trio.SSLStream[trio.abc.Stream] = (
+                SocketTLSStream(tcp, self.upstream_ssl, server_side=False, server_hostname=self.name,
+                                https_compatible=True)
+                if isinstance(tcp, trio.SocketStream)
+                else trio.SSLStream(tcp, self.upstream_ssl, server_hostname=self.name, https_compatible=True)
+            )  # fmt: skip
             try:
                 with trio.fail_after(self.limits.handshake_timeout):
                     await tls_stream.do_handshake()
