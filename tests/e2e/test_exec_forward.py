@@ -71,9 +71,12 @@ def test_exec_it_answers_an_interactive_shell(sandbox: Sandbox) -> None:
         child.sendline("stty size; id -u")
         child.expect(r"24 80\s+610\d\d")  # dev's dedicated agent uid (61000-61183), issue 13
         child.setwinsize(40, 132)  # SIGWINCH → RESIZE frame → TIOCSWINSZ on the workload's terminal
-        time.sleep(0.5)
-        child.sendline("stty size")
-        child.expect("40 132")
+        deadline = time.monotonic() + 60  # the frame is asynchronous: ask until the new size shows
+        while True:
+            child.sendline("stty size")
+            if child.expect([r"40 132", r"\d+ \d+\s"]) == 0:
+                break
+            assert time.monotonic() < deadline, f"the terminal kept its old size: {child.after!r}"
         child.sendline("exit 7")
         child.expect(pexpect.EOF)
         child.close()
@@ -142,14 +145,18 @@ def test_signal_wait_terminate_by_handle(sandbox: Sandbox) -> None:
     status = json.loads(sandbox.cli("status", "--json").stdout)
     agent = status["boundary"]["agent"]["handle"]
     assert agent.startswith("p_")
+    # only this test's exec: an earlier test's may still be running in the shared sandbox (an interactive
+    # shell, which ignores SIGTERM, made `wait` hang when picked)
+    earlier = {p["handle"] for p in status["boundary"]["processes"]}
     proc = subprocess.Popen([*CLI, "exec", "--", "sleep", "300"], env=sandbox.env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         handle = None
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while handle is None and time.monotonic() < deadline:
             live = json.loads(sandbox.cli("status", "--json").stdout)["boundary"]["processes"]
-            handles = [p["handle"] for p in live if p["kind"] == "exec" and p["state"] == "running"]
+            handles = [p["handle"] for p in live
+                       if p["kind"] == "exec" and p["state"] == "running" and p["handle"] not in earlier]  # fmt: skip
             handle = handles[0] if handles else None
             time.sleep(0.1)
         assert handle is not None
