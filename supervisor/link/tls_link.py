@@ -11,6 +11,7 @@ the descriptor itself, and a failed handshake's alert is on the wire before the 
 
 from __future__ import annotations
 
+import socket
 import ssl
 from dataclasses import dataclass
 
@@ -23,6 +24,29 @@ from supervisor.protocol.claims import Claims
 from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS, PeerRejected, verify_peer
 
 HANDSHAKE_TIMEOUT = 10.0
+# A peer that vanishes without a FIN (its pod deleted, its node lost; found with real pods, tests/k8s) is
+# noticed after about 30 s of silence, and data it never acknowledges fails the link after 30 s: neither side
+# keeps a dead link (control would stay ready for a boundary that is gone).
+KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 15, 5, 3
+USER_TIMEOUT_MS = 30_000
+
+
+def set_keepalive(stream: trio.SocketStream) -> None:
+    """TCP keepalive and a user timeout on a link's socket; a socket that is not TCP is left as it is."""
+    options = (
+        (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+        (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_S),
+        (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S),
+        (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_COUNT),
+        (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, USER_TIMEOUT_MS),
+    )
+    try:
+        if stream.socket.type != socket.SOCK_STREAM or stream.socket.family not in (socket.AF_INET, socket.AF_INET6):
+            return
+        for level, name, value in options:
+            stream.socket.setsockopt(level, name, value)
+    except OSError:
+        pass
 
 
 @dataclass
@@ -113,6 +137,7 @@ async def accept_link(
     stream: trio.SocketStream, ctx: ssl.SSLContext, bundle: Bundle, *, handshake_s: float = HANDSHAKE_TIMEOUT
 ) -> tuple[SocketTLSStream, Claims, str]:
     """Server side (the boundary): handshake, verify, return (stream, peer claims, ALPN)."""
+    set_keepalive(stream)
     return await _handshake(stream, ctx, bundle, server=True, alpn=None, handshake_s=handshake_s)
 
 
@@ -125,6 +150,7 @@ async def dial_link(
             tcp = await trio.open_tcp_stream(host, port)
     except (OSError, trio.TooSlowError) as exc:
         raise Refused(f"{host}:{port}", None, f"connect failed: {exc or 'timeout'}") from None
+    set_keepalive(tcp)
     tls, claims, _ = await _handshake(tcp, ctx, bundle, server=False, alpn=alpn, handshake_s=handshake_s)
     return tls, claims
 
