@@ -22,6 +22,8 @@ daemons:
   openshell-sandbox --mode=boundary --bootstrap DIR [--listen ADDR:PORT] -- AGENT ARGV...
   openshell-sandbox --mode=control --bootstrap DIR --boundary HOST:PORT [--policy FILE] [--api PATH]
                     [--api-listen ADDR:PORT]
+  openshell-sandbox --mode=control --bootstrap DIR --topology=proxy-pod --proxy-listen ADDR:PORT
+                    --proxy-token-file FILE --binary-identity=relaxed --acknowledge-networkpolicy-enforcement
 
 operator commands (find the running sandbox's API socket by themselves; --api to choose, or
 --api https://HOST:PORT --cert DIR for control's --api-listen from outside the pod):
