@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.safe_dirs import safe_dir
+from tests.host_proxy_port import model_p_proxy_port
 
 AGENT_PYTHON = "/usr/bin/python3"
 VENV_PYTHON = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "python"
@@ -329,7 +330,7 @@ def _attack_and_check(
 
 def test_model_p_says_secrets_are_not_protected_and_never_watches(scratch: Path) -> None:
     """Model P locally is one uid and no mount namespace: dev says so plainly and control loads the policy once."""
-    with safe_dir("attack-policy-") as directory:
+    with safe_dir("attack-policy-") as directory, model_p_proxy_port():
         policy = directory / "policy.yaml"
         policy.write_text(DENY_ALL)
         env = {**os.environ, "XDG_STATE_HOME": str(scratch / "state"), "XDG_RUNTIME_DIR": str(scratch / "run")}

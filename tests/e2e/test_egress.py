@@ -6,6 +6,7 @@ Nothing leaves the machine: the only upstream is the test host, the only resolve
 from __future__ import annotations
 
 from tests.e2e.egress_world import OTHER_PORT, PORT, World, allowed_events, denied_events, world
+from tests.host_proxy_port import model_p_proxy_port
 
 __all__ = ["world"]  # the module-scoped fixture
 
@@ -96,7 +97,8 @@ def test_model_p_proxy_env_mediates_proxy_aware_clients(world: World) -> None:
     same identity + decision path applies; a client ignoring the proxy is NOT fenced here (that is the external
     fence's job, documented), so only the mediated path is asserted."""
     script = f"curl -sS -f http://api.test:{PORT}/hello.txt && curl -s -o /dev/null -w '%{{http_code}}\\n' http://other.test:{PORT}/"
-    result, events = world.dev(script, options=("--privilege-model=P", "--acknowledge-external-fence"))
+    with model_p_proxy_port():
+        result, events = world.dev(script, options=("--privilege-model=P", "--acknowledge-external-fence"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == ["hello from the test host", "403"]
     assert [e["capture"] for e in allowed_events(events)] == ["http-forward"]
