@@ -7,7 +7,9 @@ prints, on stderr, a few human lines instead of the JSON:
   generation, the fence and privilege model, the command for a shell, where the log is;
 * one **refusal line** per refused connection (and per refused request inside an inspected tunnel): the
   binary, the destination, the reason, and the ``policy decide`` command that explains the decision;
-* one line per name the DNS stub refused, once per name.
+* one line per name the DNS stub refused, once per name;
+* one line when the boundary refused the sandbox's set-up (it then exits) or lost enforcement (the fence
+  changed under a running workload: every workload process was killed).
 
 Rules:
 
@@ -66,6 +68,13 @@ class Console:
             return [self._ready_line()]
         elif kind in ("egress", "egress.refused", "http") and (kind == "egress.refused" or _refused(event)):
             return [self._refusal_line(event)]
+        elif kind == "boundary.refused" and event.get("component") == "control":
+            error = event.get("error")
+            why = error.get("reason") if isinstance(error, Mapping) else None
+            return [f"{PREFIX}the boundary refused the sandbox's set-up and exited: {clean(why or 'no reason given')}"]
+        elif kind == "enforcement-lost" and event.get("component") == "boundary":
+            reason = clean(event.get("reason") or "the fence changed")
+            return [f"{PREFIX}enforcement lost, every workload process was killed: {reason}"]
         elif kind == "dns" and event.get("decision") == "refused":
             name = str(event.get("name", ""))
             if name not in self._dns_refused:

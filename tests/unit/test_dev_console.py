@@ -47,6 +47,20 @@ def test_a_refusal_line_names_binary_destination_reason_and_the_command_that_exp
     ]  # fmt: skip
 
 
+def test_a_refused_set_up_and_lost_enforcement_say_why() -> None:
+    [refused] = console().lines_for({
+        "event": "boundary.refused", "component": "control", "step": "attach",
+        "error": {"kind": "failed", "reason": "cannot listen on 127.0.0.1:3128: Address already in use"},
+    })  # fmt: skip
+    assert refused == ("openshell-sandbox: the boundary refused the sandbox's set-up and exited: "
+                       "cannot listen on 127.0.0.1:3128: Address already in use")  # fmt: skip
+    [lost] = console().lines_for({"event": "enforcement-lost", "component": "boundary",
+                                  "reason": "fence changed: new link veth0\x1b[2J"})  # fmt: skip
+    assert lost.startswith("openshell-sandbox: enforcement lost, every workload process was killed: fence changed")
+    assert "\x1b" not in lost
+    assert console().lines_for({"event": "boundary.refused", "component": "boundary"}) == []
+
+
 def test_allowed_connections_and_other_events_print_nothing() -> None:
     c = console()
     assert c.lines_for(deny(decision="allow")) == []
