@@ -8,7 +8,10 @@ mode therefore picks, from :data:`AGENT_ID_RANGE`, the first id that is
 2. not inside a subordinate-id range of ``/etc/subuid`` or ``/etc/subgid`` (rootless containers' ids),
 3. not the real, effective, saved or filesystem uid or gid of any running process (``/proc/*/status``),
 4. not the owner of anything directly inside the places users keep files: ``/home/*``, ``/tmp``,
-   ``/var/tmp``, ``/dev/shm``, ``/run/user`` (a full filesystem scan is too slow to run at every start).
+   ``/var/tmp``, ``/dev/shm``, ``/run/user`` (a full filesystem scan is too slow to run at every start),
+5. not reserved by another dev mode on this machine: the chosen id's lock file under :data:`RESERVATIONS` is
+   held (``flock``) for this process's life, so two sandboxes started at the same moment — before either
+   agent runs — never share an agent uid.
 
 The range 61000-61183 sits in Debian's block for globally allocated system ids (60000-64999), which nothing
 allocates on these machines, and just below systemd's ``DynamicUser=`` range (61184-65519). The same number is
@@ -18,6 +21,7 @@ user (1000:1000).
 
 from __future__ import annotations
 
+import fcntl
 import grp
 import os
 import pwd
@@ -27,6 +31,21 @@ from typing import Final
 
 AGENT_ID_RANGE: Final = range(61000, 61184)
 FILE_PLACES: Final = ("/home", "/tmp", "/var/tmp", "/dev/shm", "/run/user")
+RESERVATIONS: Final = "/run/lock/openshell-sandbox-agent-ids"
+_held: list[int] = []  # lock fds of the ids this process reserved, open until it exits
+
+
+def _reserve(ident: int, directory: str = RESERVATIONS) -> bool:
+    """Take ``ident``'s lock for this process's life; False when another process holds it."""
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    fd = os.open(os.path.join(directory, f"{ident}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    _held.append(fd)
+    return True
 
 
 class NoFreeAgentId(Exception):
@@ -95,12 +114,15 @@ def pick_agent_id(
     process_ids: Callable[[], set[int]] = _process_ids,
     file_owners: Callable[[], set[int]] = _file_owners,
     candidates: range = AGENT_ID_RANGE,
+    reserve: Callable[[int], bool] = _reserve,
 ) -> int:
-    """The first unused id of ``candidates`` (rules 1-4 of this module); the checks are injectable for tests."""
+    """The first unused id of ``candidates`` (rules 1-5 of this module); the checks are injectable for tests."""
     busy = process_ids() | file_owners()
     ranges = subordinate()
     for ident in candidates:
         if ident in busy or any(ident in r for r in ranges) or in_database(ident):
+            continue
+        if not reserve(ident):
             continue
         return ident
     raise NoFreeAgentId(

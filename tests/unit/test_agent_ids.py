@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 import pwd
+from pathlib import Path
 
 import pytest
 
-from supervisor.agent_ids import AGENT_ID_RANGE, NoFreeAgentId, pick_agent_id
+from supervisor.agent_ids import AGENT_ID_RANGE, NoFreeAgentId, _reserve, pick_agent_id
 
 
 def pick(**checks: object) -> int:
@@ -18,6 +19,7 @@ def pick(**checks: object) -> int:
         "process_ids": lambda: set(),
         "file_owners": lambda: set(),
         "candidates": range(100, 110),
+        "reserve": lambda ident: True,
     }
     return pick_agent_id(**{**defaults, **checks})  # type: ignore[arg-type]
 
@@ -30,6 +32,7 @@ def pick(**checks: object) -> int:
         ({"subordinate": lambda: [range(95, 104)]}, 104),
         ({"process_ids": lambda: {100}}, 101),
         ({"file_owners": lambda: {100, 101, 102}}, 103),
+        ({"reserve": lambda ident: ident != 100}, 101),  # another dev mode reserved 100 a moment ago
     ],
 )
 def test_first_unused(checks: dict[str, object], expected: int) -> None:
@@ -47,3 +50,11 @@ def test_real_pick_is_unused_here() -> None:
     with pytest.raises(KeyError):
         pwd.getpwuid(ident)
     assert ident not in (os.getuid(), os.getgid())
+
+
+def test_a_reservation_is_exclusive_while_held(tmp_path: Path) -> None:
+    """Two dev modes starting together: the second cannot take the id the first holds (flock on another open
+    file description conflicts even inside one process, so this stands in for the second process)."""
+    assert _reserve(7, str(tmp_path))
+    assert not _reserve(7, str(tmp_path))
+    assert _reserve(8, str(tmp_path))
