@@ -17,6 +17,7 @@ demo: venv
 
 lint: test-venv
 	$(PY) -m ruff check supervisor tests bench
+	$(PY) -m ruff format --check supervisor tests bench
 	$(PY) -m mypy
 
 # as root, a missing python3-venv is installed (CI); otherwise the message says how
@@ -25,6 +26,7 @@ test:
 	@sh scripts/venv.sh $(VENV) test --install-missing
 	$(PY) -m pytest -q -p no:cacheprovider
 	$(PY) -m ruff check supervisor tests bench
+	$(PY) -m ruff format --check supervisor tests bench
 	$(PY) -m mypy
 
 # the benchmarks (docs/performance.md); extra arguments with BENCH_ARGS="--quick"

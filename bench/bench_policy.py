@@ -39,9 +39,16 @@ def build_policy(rules: int) -> str:
         elif kind == 2:
             endpoints = [{"host": f"**.cdn{i}.example.org", "port": 443}]
         else:
-            endpoints = [{"host": f"rest{i}.example.io", "port": 443, "protocol": "rest",
-                          "enforcement": "enforce", "access": "read-only",
-                          "deny_rules": [{"method": "*", "path": "/admin/**"}]}]
+            endpoints = [
+                {
+                    "host": f"rest{i}.example.io",
+                    "port": 443,
+                    "protocol": "rest",
+                    "enforcement": "enforce",
+                    "access": "read-only",
+                    "deny_rules": [{"method": "*", "path": "/admin/**"}],
+                }
+            ]
         binaries = [{"path": f"/usr/bin/tool{i % 50}"}]
         if i % 3 == 0:
             binaries.append({"path": f"/opt/app{i % 20}/bin/*"})
@@ -54,8 +61,12 @@ def build_requests(rules: int, count: int, rng: random.Random) -> list[L4Request
     for _ in range(count):
         i = rng.randrange(rules)
         kind = i % 4
-        host = (f"svc{i}.example{i % 97}.com", f"x.api{i}.example.net", f"a.b.cdn{i}.example.org",
-                f"rest{i}.example.io")[kind]
+        host = (
+            f"svc{i}.example{i % 97}.com",
+            f"x.api{i}.example.net",
+            f"a.b.cdn{i}.example.org",
+            f"rest{i}.example.io",
+        )[kind]
         roll = rng.random()
         if roll < 0.15:
             host = f"miss{i}.nowhere.example"  # no endpoint
@@ -124,15 +135,27 @@ def main() -> None:
         for size in (int(s) for s in args.sizes.split(",")):
             r = measure(size, decisions)
             for kind in ("l4", "l7"):
-                print(json.dumps({"name": f"policy {kind.upper()} decision at {size} rules", "unit": "µs",
-                                  "value": round(r[f"{kind}_us"], 2), "target": 20.0 if size == 10_000 else None}))
+                print(
+                    json.dumps(
+                        {
+                            "name": f"policy {kind.upper()} decision at {size} rules",
+                            "unit": "µs",
+                            "value": round(r[f"{kind}_us"], 2),
+                            "target": 20.0 if size == 10_000 else None,
+                        }
+                    )
+                )
         return
-    print(f"{'rules':>6} {'load s':>7} {'compile s':>9} {'L4 µs':>7} {'L4 /s':>10} {'L7 µs':>7} {'L7 /s':>10} "
-          f"{'allowed':>7}")
+    print(
+        f"{'rules':>6} {'load s':>7} {'compile s':>9} {'L4 µs':>7} {'L4 /s':>10} {'L7 µs':>7} {'L7 /s':>10} "
+        f"{'allowed':>7}"
+    )
     for size in (int(s) for s in args.sizes.split(",")):
         r = measure(size, decisions)
-        print(f"{r['rules']:>6} {r['load_s']:>7.2f} {r['compile_s']:>9.2f} {r['l4_us']:>7.2f} "
-              f"{r['l4_per_s']:>10,.0f} {r['l7_us']:>7.2f} {r['l7_per_s']:>10,.0f} {r['allowed_share']:>7.0%}")
+        print(
+            f"{r['rules']:>6} {r['load_s']:>7.2f} {r['compile_s']:>9.2f} {r['l4_us']:>7.2f} "
+            f"{r['l4_per_s']:>10,.0f} {r['l7_us']:>7.2f} {r['l7_per_s']:>10,.0f} {r['allowed_share']:>7.0%}"
+        )
 
 
 if __name__ == "__main__":

@@ -168,9 +168,7 @@ class SetupResult:
         return len(self.latencies) / self.seconds if self.seconds else 0.0
 
 
-def setup_sequential(
-    proxy: Address | None, target: Address, count: int, timeout: float, budget: float
-) -> SetupResult:
+def setup_sequential(proxy: Address | None, target: Address, count: int, timeout: float, budget: float) -> SetupResult:
     """Up to ``count`` exchanges one after another, stopping early once ``budget`` seconds have passed."""
     latencies: list[float] = []
     kinds: Counter[str] = Counter()

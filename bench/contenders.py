@@ -130,7 +130,11 @@ class ProcessContender(Contender):
         log = (self.dir / "output.log").open("wb")
         with log:
             self.proc = subprocess.Popen(
-                argv, cwd=self.dir, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                argv,
+                cwd=self.dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         self._wait_listening()
@@ -246,8 +250,19 @@ class ProxyPy(ProcessContender):
         if not binary.exists():
             raise ContenderUnavailable(f"proxy.py is not installed in {self.ctx.peers_venv}")
         return [
-            str(binary), "--hostname", HOST, "--port", str(self.port), "--backlog", "4096",
-            "--timeout", "600", "--open-file-limit", str(self.ctx.nofile), "--log-level", "WARNING",
+            str(binary),
+            "--hostname",
+            HOST,
+            "--port",
+            str(self.port),
+            "--backlog",
+            "4096",
+            "--timeout",
+            "600",
+            "--open-file-limit",
+            str(self.ctx.nofile),
+            "--log-level",
+            "WARNING",
         ]
 
 

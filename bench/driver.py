@@ -57,15 +57,23 @@ class Driver:
             else:
                 batch = clients.setup_concurrent(proxy, target, int(args["count"]), int(args["concurrency"]),
                                                  float(args["timeout"]), float(args["budget"]))  # fmt: skip
-            return {"latencies": batch.latencies, "errors": batch.errors, "seconds": batch.seconds,
-                    "error_kinds": batch.error_kinds}
+            return {
+                "latencies": batch.latencies,
+                "errors": batch.errors,
+                "seconds": batch.seconds,
+                "error_kinds": batch.error_kinds,
+            }
         if op == "idle_open":
             assert target is not None
             self.close_idle()
             self.idle = clients.open_idle(proxy, target, int(args["count"]), int(args["concurrency"]),
                                           float(args["timeout"]), float(args["budget"]))  # fmt: skip
-            return {"opened": len(self.idle.sockets), "errors": self.idle.errors, "seconds": self.idle.seconds,
-                    "error_kinds": self.idle.error_kinds}
+            return {
+                "opened": len(self.idle.sockets),
+                "errors": self.idle.errors,
+                "seconds": self.idle.seconds,
+                "error_kinds": self.idle.error_kinds,
+            }
         if op == "idle_close":
             return {"closed": self.close_idle()}
         raise ValueError(f"unknown op {op!r}")

@@ -69,16 +69,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smaller transfers and counts (~2 minutes)")
     parser.add_argument("--runs", type=int, default=5, help="rounds per cell (default 5, at least 1)")
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results", help="directory for results")
-    parser.add_argument("--contenders", default=",".join(DEFAULT_ORDER),
-                        help="comma-separated subset of: " + ", ".join(DEFAULT_ORDER))
+    parser.add_argument(
+        "--contenders", default=",".join(DEFAULT_ORDER), help="comma-separated subset of: " + ", ".join(DEFAULT_ORDER)
+    )
     parser.add_argument("--profile", metavar="CONTENDER", help="py-spy profile of this contender's processes")
     parser.add_argument("--no-install", action="store_true", help="do not apt-get or pip install peers")
     parser.add_argument("--no-micro", action="store_true", help="skip bench/bench_*.py micro-benchmarks")
-    parser.add_argument("--daemon-python", metavar="PATH", default=interpreter.default_daemon_python(),
-                        help="interpreter the sandbox's daemons run on (default: the Makefile's .venv/bin/python, "
-                        "built from Debian's /usr/bin/python3 as the image ships; else the harness's own)")
-    parser.add_argument("--idle-budget", type=float, metavar="SECONDS",
-                        help="time allowed for opening the idle connections (default 15, quick 10)")
+    parser.add_argument(
+        "--daemon-python",
+        metavar="PATH",
+        default=interpreter.default_daemon_python(),
+        help="interpreter the sandbox's daemons run on (default: the Makefile's .venv/bin/python, "
+        "built from Debian's /usr/bin/python3 as the image ships; else the harness's own)",
+    )
+    parser.add_argument(
+        "--idle-budget",
+        type=float,
+        metavar="SECONDS",
+        help="time allowed for opening the idle connections (default 15, quick 10)",
+    )
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.contenders.split(",") if n.strip()]
     unknown = [n for n in names if n not in FACTORIES]
@@ -100,8 +109,7 @@ def make_config(quick: bool, runs: int, nofile: int) -> tuple[Config, list[str]]
     if quick:
         sizes, notes = idle_sizes((1000,), nofile)
         notes.append("quick: the 10,000-connection idle scenario is left out")
-        return Config(runs, 128 * MIB, 300, 1280, 64, sizes, setup_budget=3.0, idle_budget=10.0,
-                      idle_hold=0.5), notes
+        return Config(runs, 128 * MIB, 300, 1280, 64, sizes, setup_budget=3.0, idle_budget=10.0, idle_hold=0.5), notes
     sizes, notes = idle_sizes((1000, 10000), nofile)
     return Config(runs, 1024 * MIB, 1000, 4000, 64, sizes, setup_budget=8.0, idle_budget=15.0), notes
 
@@ -189,8 +197,12 @@ def machine_facts() -> dict[str, object]:
     with contextlib.suppress(OSError):
         os_name = platform.freedesktop_os_release().get("PRETTY_NAME", "")
     return {
-        "cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem_kib / 1024 / 1024, 1),
-        "kernel": platform.release(), "os": os_name, "python": platform.python_version(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_kib / 1024 / 1024, 1),
+        "kernel": platform.release(),
+        "os": os_name,
+        "python": platform.python_version(),
     }
 
 
@@ -313,7 +325,9 @@ def profile_pass(
                 _log(text)
             entry[group] = {
                 "files": [str(recording.output(p)) for p in recording.pids if recording.output(p).exists()],
-                "samples": top.samples, "top_self": top.self_cost, "top_total": top.total_cost,
+                "samples": top.samples,
+                "top_self": top.self_cost,
+                "top_total": top.total_cost,
                 "errors": {str(pid): err for pid, err in errors.items()},
             }
         report[scenario.name] = entry
@@ -407,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
                     started = restart_all(started, results, run)
                     fresh = {c.name: fresh_rss(c, probe(c, p)) for c, p in started}
                     _log(f"  contenders restarted for the idle scenarios ({time.monotonic() - restarting:.1f} s)")
-                order = started[run % len(started):] + started[: run % len(started)]
+                order = started[run % len(started) :] + started[: run % len(started)]
                 for contender, proxy in order:
                     cell = replace(probe(contender, proxy), fresh_rss_kib=fresh.get(contender.name))
                     measure_cell(results, scenario, cell, run)

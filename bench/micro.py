@@ -39,8 +39,14 @@ class MicroRow:
     note: str = ""
 
     def as_dict(self) -> dict[str, object]:
-        return {"script": self.script, "name": self.name, "unit": self.unit, "value": self.value,
-                **self.extra, "note": self.note}
+        return {
+            "script": self.script,
+            "name": self.name,
+            "unit": self.unit,
+            "value": self.value,
+            **self.extra,
+            "note": self.note,
+        }
 
 
 def _number(value: object) -> float | None:
@@ -145,7 +151,15 @@ def micro_grid(rows: list[MicroRow]) -> list[list[str]]:
         return "" if value is None else f"{value:.4g}"
 
     return [MICRO_HEADER] + [
-        [r.script, r.name, f"{r.value:.4g}", r.unit, number(r, "p50"), number(r, "p99"), number(r, "target"),
-         number(r, "runs")]
+        [
+            r.script,
+            r.name,
+            f"{r.value:.4g}",
+            r.unit,
+            number(r, "p50"),
+            number(r, "p99"),
+            number(r, "target"),
+            number(r, "runs"),
+        ]
         for r in rows
     ]

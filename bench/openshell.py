@@ -149,8 +149,12 @@ class OpenShell(Contender):
         # The API socket's path must stay short (a Unix socket path has 107 bytes): a runtime dir of our own.
         self.runtime = Path(tempfile.mkdtemp(prefix="osbr-", dir="/tmp"))
         root = ctx.product or REPO
-        env = {**os.environ, **self.extra_env, "XDG_RUNTIME_DIR": str(self.runtime),
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+        env = {
+            **os.environ,
+            **self.extra_env,
+            "XDG_RUNTIME_DIR": str(self.runtime),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+        }
         self._seen = {}
         with (self.dir / "dev.log").open("wb") as log:
             self.proc = subprocess.Popen(argv, cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

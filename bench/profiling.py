@@ -98,8 +98,16 @@ class Recording:
     def start(self) -> None:
         for pid in self.pids:
             argv = [
-                str(self.py_spy), "record", "--pid", str(pid), "--format", "raw", "--rate", str(SAMPLE_RATE),
-                "--output", str(self.output(pid)),
+                str(self.py_spy),
+                "record",
+                "--pid",
+                str(pid),
+                "--format",
+                "raw",
+                "--rate",
+                str(SAMPLE_RATE),
+                "--output",
+                str(self.output(pid)),
             ]
             proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             self.procs.append((pid, proc))
@@ -126,7 +134,5 @@ class Recording:
         return errors
 
     def summary(self) -> TopCosts:
-        text = "\n".join(
-            self.output(pid).read_text(errors="replace") for pid in self.pids if self.output(pid).exists()
-        )
+        text = "\n".join(self.output(pid).read_text(errors="replace") for pid in self.pids if self.output(pid).exists())
         return parse_collapsed(text)

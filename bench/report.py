@@ -81,9 +81,15 @@ def build_rows(results: Results) -> list[Row]:
                     ratios[ref] = summarize(per_run_ratios(series, reference)) if usable else None
                 summary = summarize(series)
                 rows.append(
-                    Row(scenario.name, metric, contender, summary, ratios,
+                    Row(
+                        scenario.name,
+                        metric,
+                        contender,
+                        summary,
+                        ratios,
                         results.errors.get((scenario.name, contender), 0),
-                        "" if summary else _why_missing(results, scenario.name, contender))
+                        "" if summary else _why_missing(results, scenario.name, contender),
+                    )
                 )
     return rows
 
@@ -110,8 +116,7 @@ def fmt(value: float) -> str:
     return f"{value:.3f}"
 
 
-HEADER = ["scenario", "metric", "contender", "median", "spread (min–max)", "runs", "× direct", "× tinyproxy",
-          "failed"]
+HEADER = ["scenario", "metric", "contender", "median", "spread (min–max)", "runs", "× direct", "× tinyproxy", "failed"]
 
 
 def _cells(row: Row) -> list[str]:
@@ -120,12 +125,18 @@ def _cells(row: Row) -> list[str]:
         return [row.scenario, label(row.metric), row.contender, row.note, "", "", "", "", errors]
     s = row.summary
     ratio_cells = [
-        f"{fmt(r.median)}× ({fmt(r.low)}–{fmt(r.high)})" if (r := row.ratios.get(ref)) else "—"
-        for ref in REFERENCES
+        f"{fmt(r.median)}× ({fmt(r.low)}–{fmt(r.high)})" if (r := row.ratios.get(ref)) else "—" for ref in REFERENCES
     ]
-    return [row.scenario, label(row.metric), row.contender, fmt(s.median), f"{fmt(s.low)}–{fmt(s.high)}", str(s.n),
-            *ratio_cells,
-            errors]
+    return [
+        row.scenario,
+        label(row.metric),
+        row.contender,
+        fmt(s.median),
+        f"{fmt(s.low)}–{fmt(s.high)}",
+        str(s.n),
+        *ratio_cells,
+        errors,
+    ]
 
 
 def format_text(rows: Sequence[Row]) -> str:
@@ -157,8 +168,11 @@ def summary_grid(rows: Sequence[Row], contenders: Sequence[str]) -> list[list[st
         if row.summary is None:
             line[row.contender] = "n/a" if row.note == "n/a" else "failed"
             continue
-        ratios = [f"{fmt(r.median)}×{tag}" for ref, tag in zip(REFERENCES, ("d", "t"), strict=True)
-                  if (r := row.ratios.get(ref))]
+        ratios = [
+            f"{fmt(r.median)}×{tag}"
+            for ref, tag in zip(REFERENCES, ("d", "t"), strict=True)
+            if (r := row.ratios.get(ref))
+        ]
         line[row.contender] = fmt(row.summary.median) + (f" ({', '.join(ratios)})" if ratios else "")
     for (scenario, metric), by_contender in cells.items():
         grid.append([scenario, metric, *(by_contender.get(c) or skipped.get((scenario, c), "") for c in contenders)])

@@ -23,9 +23,7 @@ APT_TIMEOUT = 600
 
 
 def _run(argv: list[str], timeout: float = APT_TIMEOUT, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env}, check=False
-    )
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env}, check=False)
 
 
 def _have(binary: str) -> bool:

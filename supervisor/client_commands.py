@@ -224,4 +224,3 @@ async def _forward(api: Api, spec: str) -> int:
 
     await trio.serve_listeners(one, listeners)
     return 0
-

@@ -76,7 +76,7 @@ def _make_namespace(name: str, host_if: str, control_ip: str, agent_ip: str) -> 
     rules = (
         "table inet openshell_proxy_pod {\n"
         " chain output { type filter hook output priority 0; policy drop;\n"
-        "  oifname \"lo\" accept\n"
+        '  oifname "lo" accept\n'
         f"  ip daddr {control_ip} tcp dport {PROXY_PORT} accept\n"
         "  ct state established,related accept\n"
         " }\n"

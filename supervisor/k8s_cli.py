@@ -216,9 +216,7 @@ def _render(args: argparse.Namespace) -> int:
                                       operator=args.operator_cert_out is not None)  # fmt: skip
         rendered = render(spec, material)
         text = to_yaml(rendered.objects)
-        same = args.reuse_secrets is not None and (
-            args.reuse_secrets.resolve() == args.secrets_dir.resolve()
-        )
+        same = args.reuse_secrets is not None and (args.reuse_secrets.resolve() == args.secrets_dir.resolve())
         path = write_secrets_file(args.secrets_dir, to_yaml(rendered.secrets), replace=same)
         print(f"k8s render: wrote {len(rendered.secrets)} Secrets to {path} (0600)", file=sys.stderr)
         if args.operator_cert_out is not None and material.operator is not None:

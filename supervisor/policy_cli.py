@@ -36,25 +36,39 @@ EXIT_USAGE = 2
 
 def add_policy_parser(subparsers: Any) -> None:
     """Add ``policy`` with its ``check`` and ``decide`` subcommands to an argparse subparsers object."""
-    policy = subparsers.add_parser("policy", help="check a policy file or ask it for a decision",
-                                   description="Validate a policy file or test a decision against it.")
+    policy = subparsers.add_parser(
+        "policy",
+        help="check a policy file or ask it for a decision",
+        description="Validate a policy file or test a decision against it.",
+    )
     policy.set_defaults(handler=run_policy)
     sub = policy.add_subparsers(dest="policy_command", metavar="{check,decide,get,apply}")
     sub.required = True
 
-    check = sub.add_parser("check", help="validate a policy file and list every error",
-                           description="Validate FILE; exit 0 when valid, 1 with every error otherwise.")
+    check = sub.add_parser(
+        "check",
+        help="validate a policy file and list every error",
+        description="Validate FILE; exit 0 when valid, 1 with every error otherwise.",
+    )
     check.add_argument("file", type=Path, metavar="FILE")
     check.add_argument("--json", action="store_true", help="print one JSON object")
 
-    decide = sub.add_parser("decide", help="decide one connection (and optionally one request)",
-                            description="Decide a connection against a policy; exit 0 allow, 1 deny, 2 usage.")
+    decide = sub.add_parser(
+        "decide",
+        help="decide one connection (and optionally one request)",
+        description="Decide a connection against a policy; exit 0 allow, 1 deny, 2 usage.",
+    )
     decide.add_argument("--policy", type=Path, required=True, metavar="FILE")
     decide.add_argument("--host", required=True, help="destination host name or IP address")
     decide.add_argument("--port", type=int, required=True)
     decide.add_argument("--binary", metavar="PATH", help="executable of the calling process")
-    decide.add_argument("--ancestor", action="append", default=[], metavar="PATH",
-                        help="ancestor executable, nearest parent first (repeatable)")
+    decide.add_argument(
+        "--ancestor",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="ancestor executable, nearest parent first (repeatable)",
+    )
     decide.add_argument("--sha256", metavar="HEX", help="sha256 of the executable (informational here)")
     decide.add_argument("--loader-env", action="append", default=[], metavar="NAME",
                         choices=("LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH"),
@@ -67,12 +81,18 @@ def add_policy_parser(subparsers: Any) -> None:
     decide.add_argument("--path", help="HTTP request target, for an L7 decision (needs --method)")
     decide.add_argument("--json", action="store_true", help="print one JSON object")
 
-    get = sub.add_parser("get", help="show the running sandbox's policy generation and status",
-                         description="Ask the running sandbox's control which policy generation is in force.")
+    get = sub.add_parser(
+        "get",
+        help="show the running sandbox's policy generation and status",
+        description="Ask the running sandbox's control which policy generation is in force.",
+    )
     add_api_arguments(get)
-    apply = sub.add_parser("apply", help="install FILE as the running sandbox's next policy generation",
-                           description="Validate FILE in control and make it generation N+1; an invalid file is "
-                                       "refused with every error and nothing changes.")
+    apply = sub.add_parser(
+        "apply",
+        help="install FILE as the running sandbox's next policy generation",
+        description="Validate FILE in control and make it generation N+1; an invalid file is "
+        "refused with every error and nothing changes.",
+    )
     apply.add_argument("file", type=Path, metavar="FILE")
     add_api_arguments(apply)
 
@@ -105,8 +125,17 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             print(f"{path}: {count} error{'s' if count != 1 else ''}", file=err)
         return 1
     if args.json:
-        _dump(out, {"ok": True, "file": str(path), "rules": policy.rule_count, "endpoints": policy.endpoint_count,
-                    "hash": policy.digest, "warnings": [w.to_json() for w in policy.warnings]})
+        _dump(
+            out,
+            {
+                "ok": True,
+                "file": str(path),
+                "rules": policy.rule_count,
+                "endpoints": policy.endpoint_count,
+                "hash": policy.digest,
+                "warnings": [w.to_json() for w in policy.warnings],
+            },
+        )
     else:
         for warning in policy.warnings:
             print(warning, file=err)

@@ -21,8 +21,12 @@ def test_direct_is_always_measured_and_order_kept() -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [["--contenders", "nginx"], ["--runs", "0"], ["--contenders", "direct", "--profile", "squid"],
-     ["--idle-budget", "0"]],
+    [
+        ["--contenders", "nginx"],
+        ["--runs", "0"],
+        ["--contenders", "direct", "--profile", "squid"],
+        ["--idle-budget", "0"],
+    ],
 )
 def test_bad_arguments_are_refused(argv: list[str]) -> None:
     with pytest.raises(SystemExit):
@@ -59,8 +63,19 @@ def test_product_snapshot_is_a_copy_with_its_commit(tmp_path: Path) -> None:
 
 
 def test_one_small_run_writes_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["--quick", "--runs", "1", "--contenders", "direct,openshell", "--no-micro", "--no-install",
-                 "--out", str(tmp_path)])
+    code = main(
+        [
+            "--quick",
+            "--runs",
+            "1",
+            "--contenders",
+            "direct,openshell",
+            "--no-micro",
+            "--no-install",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "summary" in out
@@ -95,7 +110,7 @@ def test_daemon_python_is_described_and_a_bad_one_refused(tmp_path: Path) -> Non
     with pytest.raises(interpreter.InterpreterError, match="not an executable"):
         interpreter.describe(str(tmp_path / "python9"))
     bare = tmp_path / "bare"
-    bare.write_text("#!/bin/sh\necho '{\"missing\": [\"trio (ModuleNotFoundError)\"]}'\n")
+    bare.write_text('#!/bin/sh\necho \'{"missing": ["trio (ModuleNotFoundError)"]}\'\n')
     bare.chmod(0o755)
     with pytest.raises(interpreter.InterpreterError, match="cannot import the daemons' trio"):
         interpreter.describe(str(bare))

@@ -14,8 +14,11 @@ from bench.micro import MicroRow, parse_rows, run_all, run_script
     ("line", "value", "extra"),
     [
         ('{"name": "decision, 10 rules", "unit": "us", "value": 1.5}', 1.5, {}),
-        ('{"name": "exec true", "unit": "ms", "p50": 4, "p99": 9, "runs": 200, "target": 5}', 4.0,
-         {"p50": 4.0, "p99": 9.0, "runs": 200.0, "target": 5.0}),
+        (
+            '{"name": "exec true", "unit": "ms", "p50": 4, "p99": 9, "runs": 200, "target": 5}',
+            4.0,
+            {"p50": 4.0, "p99": 9.0, "runs": 200.0, "target": 5.0},
+        ),
         ('{"name": "x", "unit": "ms", "median": 2.5, "min": 1}', 2.5, {"min": 1.0}),
     ],
 )
@@ -26,8 +29,10 @@ def test_valid_rows(line: str, value: float, extra: dict[str, float]) -> None:
 
 
 def test_flat_shape_gives_one_row_per_measurement() -> None:
-    line = ('{"bench": "exec_e2e", "api_p50_ms": 10.3, "api_p99_ms": 13.5, "cli_p50_ms": 285.0, '
-            '"cli_p99_ms": 328.6, "runs": 300, "cli_runs": 20}')
+    line = (
+        '{"bench": "exec_e2e", "api_p50_ms": 10.3, "api_p99_ms": 13.5, "cli_p50_ms": 285.0, '
+        '"cli_p99_ms": 328.6, "runs": 300, "cli_runs": 20}'
+    )
     rows, problems = parse_rows("bench_exec_e2e.py", line)
     assert problems == []
     assert rows == [
@@ -61,18 +66,21 @@ def _script(tmp_path: Path, body: str) -> Path:
 
 
 def test_run_script_passes_quick_only_when_offered(tmp_path: Path) -> None:
-    path = _script(tmp_path, (
-        "import argparse, json\n"
-        "p = argparse.ArgumentParser(); p.add_argument('--json', action='store_true')\n"
-        "p.add_argument('--quick', action='store_true'); a = p.parse_args()\n"
-        "print(json.dumps({'name': 'quick' if a.quick else 'full', 'unit': 'us', 'value': 1}))\n"
-    ))
+    path = _script(
+        tmp_path,
+        (
+            "import argparse, json\n"
+            "p = argparse.ArgumentParser(); p.add_argument('--json', action='store_true')\n"
+            "p.add_argument('--quick', action='store_true'); a = p.parse_args()\n"
+            "print(json.dumps({'name': 'quick' if a.quick else 'full', 'unit': 'us', 'value': 1}))\n"
+        ),
+    )
     rows, reason = run_script(path, quick=True, timeout=60)
     assert reason is None and [r.name for r in rows] == ["quick"]
 
 
 def test_run_script_reports_failure(tmp_path: Path) -> None:
-    path = _script(tmp_path, "import sys\nprint('{\"name\": \"a\", \"unit\": \"us\", \"value\": 1}')\nsys.exit(3)\n")
+    path = _script(tmp_path, 'import sys\nprint(\'{"name": "a", "unit": "us", "value": 1}\')\nsys.exit(3)\n')
     rows, reason = run_script(path, quick=False, timeout=60)
     assert reason is not None and reason.startswith("exited 3")
     assert len(rows) == 1
@@ -82,6 +90,11 @@ def test_run_all_names_missing_scripts(tmp_path: Path) -> None:
     _script(tmp_path, "print('no json here')\n")
     rows, skipped = run_all(tmp_path / "bench", quick=False, timeout=60)
     assert rows == []
-    assert skipped == {"bench_policy.py": "printed no row", "bench_exec.py": "not written yet",
-                       "bench_exec_e2e.py": "not written yet", "bench_handshake.py": "not written yet",
-                       "bench_l7.py": "not written yet", "bench_connect_identity.py": "not written yet"}
+    assert skipped == {
+        "bench_policy.py": "printed no row",
+        "bench_exec.py": "not written yet",
+        "bench_exec_e2e.py": "not written yet",
+        "bench_handshake.py": "not written yet",
+        "bench_l7.py": "not written yet",
+        "bench_connect_identity.py": "not written yet",
+    }

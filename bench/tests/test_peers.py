@@ -65,9 +65,7 @@ class WildcardListener(ProcessContender):
 
     def command(self) -> list[str]:
         code = (
-            "import socket, time\n"
-            f"s = socket.socket(); s.bind(('0.0.0.0', {self.port})); s.listen()\n"
-            "time.sleep(60)\n"
+            f"import socket, time\ns = socket.socket(); s.bind(('0.0.0.0', {self.port})); s.listen()\ntime.sleep(60)\n"
         )
         return [sys.executable, "-c", code]
 

@@ -19,8 +19,16 @@ def _never(probe: Probe) -> Outcome:
     raise AssertionError("not measured in these tests")
 
 
-CONFIG = Config(runs=2, bulk_bytes=1, sequential=1, concurrent=1, concurrency=64, idle_sizes=(1000,),
-                setup_budget=1.0, idle_budget=1.0)
+CONFIG = Config(
+    runs=2,
+    bulk_bytes=1,
+    sequential=1,
+    concurrent=1,
+    concurrency=64,
+    idle_sizes=(1000,),
+    setup_budget=1.0,
+    idle_budget=1.0,
+)
 SCENARIOS = [Scenario(s.name, s.kind, s.metrics, _never) for s in build(CONFIG)]
 CONTENDERS = ["direct", "openshell", "tinyproxy", "squid"]
 

@@ -51,4 +51,3 @@ async def open_forward(
         raise
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return trio.SocketStream(sock)
-

@@ -203,8 +203,9 @@ def _credential(name: Any, raw: Any, where: str, environ: Mapping[str, str], war
         secret = environ.get(var)
         if secret is None:
             warnings.append(f"{where}: {var} is not set in control's environment; the credential is unavailable")
-    if secret is not None and (not _SECRET.fullmatch(secret) or MARKER in secret.lower()
-                               or ALIAS_MARKER.lower() in secret.lower()):
+    if secret is not None and (
+        not _SECRET.fullmatch(secret) or MARKER in secret.lower() or ALIAS_MARKER.lower() in secret.lower()
+    ):
         raise CredentialsError(f"{where}: the secret must be printable ASCII without surrounding whitespace "
                                "or placeholder markers")  # fmt: skip
     placeholder = raw.get("placeholder", f"{MARKER}{name}")

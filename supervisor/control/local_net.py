@@ -186,4 +186,3 @@ def _drain(sock: socket.socket) -> None:
             return
         except OSError:  # ENOBUFS after an overflow: we re-read everything anyway
             return
-

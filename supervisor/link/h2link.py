@@ -606,4 +606,3 @@ class Link:
         finally:
             if stream.stream_id in self._streams:
                 await stream.finish()
-

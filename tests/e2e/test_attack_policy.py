@@ -58,7 +58,7 @@ network_policies:
 """
 CREDENTIALS = f"API_TOKEN:\n  secret: {SECRET}\n  hosts: [api.example.com]\n"
 
-AGENT = r'''
+AGENT = r"""
 import errno, json, os, sys, time
 
 def wait_for(name, seconds=60):
@@ -119,7 +119,7 @@ with open("mine", "w") as f:
     f.write("the agent's file\n")
 print(json.dumps(out), flush=True)
 wait_for("exit")
-'''
+"""
 
 
 @dataclass

@@ -76,7 +76,7 @@ network_policies:
 
 # The agent's side: one probe per line of output, {"probe": name, ...}. ``SSL_CERT_FILE`` (the sandbox CA) is
 # what the agent's clients trust; ORIGIN_CA is the origin's own CA, for the tls: skip probe only.
-PROBES = r'''
+PROBES = r"""
 import json, os, socket, ssl, sys, time
 
 TLS, PLAIN = int(sys.argv[1]), int(sys.argv[2])
@@ -204,12 +204,12 @@ try:
     report("skip", status=status_of(data), issuer=issuer.get("organizationName"), end=end)
 except (ssl.SSLError, OSError) as exc:
     report("skip", status=None, error=type(exc).__name__)
-'''
+"""
 
 
 # A streamed response while the policy changes underneath (an unrelated rule is added), then one more request
 # on the same kept-alive connection: both must go through (the new generation still allows the connection).
-RELOAD = r'''
+RELOAD = r"""
 import http.client, json, os, sys, time
 
 host, port = sys.argv[1], int(sys.argv[2])
@@ -226,7 +226,7 @@ conn.request("GET", f"/after-reload-{host}")
 second = conn.getresponse()
 second.read()
 print(json.dumps({"body": len(first) + len(rest), "second": second.status}), flush=True)
-'''
+"""
 
 UNRELATED_RULE = """
   unrelated:
@@ -362,8 +362,12 @@ def test_fronting_is_refused_everywhere_and_nothing_reaches_an_origin(run: Run) 
             assert p[f"{host} {name}"]["status"] is None, (name, p[f"{host} {name}"], explain)
     assert not [path for path in paths if "front-" in path], f"fronted requests reached an origin: {paths}"
     assert not [r for r in seen if (r["host"] or "").startswith("other.test") and not r["path"].startswith("/cdn-")]
-    mismatches = [e for e in events if e.get("event") in ("http", "http.tunnel")
-                  and ("request_authority_mismatch" in json.dumps(e) or "request-authority-mismatch" in json.dumps(e))]
+    mismatches = [
+        e
+        for e in events
+        if e.get("event") in ("http", "http.tunnel")
+        and ("request_authority_mismatch" in json.dumps(e) or "request-authority-mismatch" in json.dumps(e))
+    ]
     assert mismatches, "each refusal is an event"
 
 

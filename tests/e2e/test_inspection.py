@@ -227,7 +227,7 @@ def test_credentials_are_injected_on_an_endpoint_without_l7_rules(origin: Origin
     placeholder must not leave unresolved (and the secret still only goes to its bound host)."""
     before = len(origin.requests())
     result, _events = origin.dev(
-        f"curl -sS -f -H \"X-Api-Key: $PLAIN_TOKEN\" https://plain.test:{PORT}/plain-bound && echo"
+        f'curl -sS -f -H "X-Api-Key: $PLAIN_TOKEN" https://plain.test:{PORT}/plain-bound && echo'
     )
     assert result.returncode == 0, result.stderr[-3000:]
     seen = [r for r in origin.requests()[before:] if r["path"] == "/plain-bound"]

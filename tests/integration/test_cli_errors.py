@@ -61,8 +61,15 @@ def test_the_other_roles_directory_is_refused(tmp_path: Path) -> None:
     assert "control" in result.stderr
 
 
-@pytest.mark.parametrize(("flag", "word"), [(None, "required"), ("--workdir=/", "root directory"),
-                                           ("--workdir=//proc/1", "/proc"), ("--workdir=work", "absolute")])
+@pytest.mark.parametrize(
+    ("flag", "word"),
+    [
+        (None, "required"),
+        ("--workdir=/", "root directory"),
+        ("--workdir=//proc/1", "/proc"),
+        ("--workdir=work", "absolute"),
+    ],
+)
 def test_boundary_workdir_is_required_and_never_root_or_proc(tmp_path: Path, flag: str | None, word: str) -> None:
     issue_pair(tmp_path / "bundle")
     flags = [flag] if flag else []

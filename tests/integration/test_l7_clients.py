@@ -304,4 +304,3 @@ async def test_git_clone_with_a_placeholder_in_basic_auth(world: World, tmp_path
     pushes = await world.run(["git", "-C", str(tmp_path / "clone"), "push", "-q", url, "HEAD:refs/heads/x"])
     assert pushes.returncode != 0  # receive-pack is not in the allow rules
     assert not any("receive-pack" in s[1] and s[0] == "POST" for s in world.origin.seen)
-

@@ -162,8 +162,15 @@ class Origin:
             return
         if seen.target.startswith("/big/"):
             size = int(seen.target.split("/")[2])
-            await stream.send_all(conn.send(h11.Response(status_code=200, headers=[
-                ("content-length", str(size)), ("content-type", "application/octet-stream")])) or b"")
+            await stream.send_all(
+                conn.send(
+                    h11.Response(
+                        status_code=200,
+                        headers=[("content-length", str(size)), ("content-type", "application/octet-stream")],
+                    )
+                )
+                or b""
+            )
             chunk = b"x" * 65536
             left = size
             while left:
@@ -175,8 +182,15 @@ class Origin:
         payload = json.dumps({"method": seen.method, "target": seen.target, "headers": seen.headers,
                               "body_sha256": hashlib.sha256(seen.body).hexdigest(),
                               "body_len": len(seen.body)}).encode()  # fmt: skip
-        await stream.send_all(conn.send(h11.Response(status_code=200, headers=[
-            ("content-type", "application/json"), ("content-length", str(len(payload)))])) or b"")
+        await stream.send_all(
+            conn.send(
+                h11.Response(
+                    status_code=200,
+                    headers=[("content-type", "application/json"), ("content-length", str(len(payload)))],
+                )
+            )
+            or b""
+        )
         await stream.send_all(conn.send(h11.Data(data=payload)) or b"")
         await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
 
@@ -534,9 +548,9 @@ async def test_http10_without_host_gets_no_credentials(env: Env) -> None:
 
 SMUGGLING = {
     "cl-and-te": b"POST /upload HTTP/1.1\r\nHost: plain.test\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
-                 b"0\r\n\r\nGET /admin HTTP/1.1\r\nHost: plain.test\r\n\r\n",
+    b"0\r\n\r\nGET /admin HTTP/1.1\r\nHost: plain.test\r\n\r\n",
     "te-cl-order": b"POST /upload HTTP/1.1\r\nHost: plain.test\r\nTransfer-Encoding: chunked\r\n"
-                   b"Content-Length: 3\r\n\r\n0\r\n\r\n",
+    b"Content-Length: 3\r\n\r\n0\r\n\r\n",
     "conflicting-cl": b"POST /upload HTTP/1.1\r\nHost: plain.test\r\nContent-Length: 0\r\nContent-Length: 30\r\n\r\n",
     "te-not-chunked": b"POST /upload HTTP/1.1\r\nHost: plain.test\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
     "te-obfuscated": b"POST /upload HTTP/1.1\r\nHost: plain.test\r\nTransfer-Encoding : chunked\r\n\r\n0\r\n\r\n",
@@ -555,8 +569,9 @@ SMUGGLING = {
 
 @pytest.mark.parametrize("name", sorted(SMUGGLING))
 async def test_smuggling_shapes_close_without_response_and_reach_nothing(env: Env, name: str) -> None:
-    reply, stats = await env.run(lambda port: raw_exchange(agent_socket(port, None), SMUGGLING[name]),
-                                 host="plain.test", port=80)  # plaintext keeps the attack bytes exact
+    reply, stats = await env.run(
+        lambda port: raw_exchange(agent_socket(port, None), SMUGGLING[name]), host="plain.test", port=80
+    )  # plaintext keeps the attack bytes exact
     assert reply == b"" and env.plain_origin.requests == []
     if name == "bad-chunk-size":  # the head is fine; the body framing breaks after the head went upstream
         assert stats.closed_by == "agent" and env.events()[0]["error"].startswith("agent: malformed request body")
@@ -603,8 +618,10 @@ async def test_h2c_upgrade_is_refused(env: Env) -> None:
 
 
 def ws_upgrade(host: str) -> bytes:
-    return (f"GET /upgrade HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
-            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n").encode()
+    return (
+        f"GET /upgrade HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    ).encode()
 
 
 def ws_frame(opcode: int, payload: bytes) -> bytes:
@@ -711,8 +728,12 @@ async def test_upstream_name_mismatch_is_a_502(env: Env) -> None:
         "version: 1\nnetwork_policies:\n  ip:\n    endpoints: [{host: 127.0.0.1, port: 443, protocol: rest, "
         "access: full}]\n    binaries: [{path: /usr/bin/curl}]\n", "ip.yaml")), source="ip.yaml")  # fmt: skip
     env.store = store
-    replies, _ = await env.run(lambda port: http_requests(agent_socket(port, env.ca.cert_pem, "127.0.0.1"),
-                                                          "127.0.0.1", [("GET", "/", {}, None)]), host="127.0.0.1")
+    replies, _ = await env.run(
+        lambda port: http_requests(
+            agent_socket(port, env.ca.cert_pem, "127.0.0.1"), "127.0.0.1", [("GET", "/", {}, None)]
+        ),
+        host="127.0.0.1",
+    )
     assert replies[0].status == 502 and replies[0].json()["error"] == "upstream_tls_failed"
 
 

@@ -34,8 +34,11 @@ INVALID = "version: 1\nnetwork_policies:\n  r:\n    endpoints: [{host: '*', port
 def setup(tmp_path: Path, mode: str = "fail-closed") -> tuple[Path, PolicyStore, PolicyFileWatcher]:
     path = tmp_path / "policy.yaml"
     path.write_text(policy_text("a.example.com"))
-    store = PolicyStore(compile_policy(load_policy_file(path)), failure_mode=mode,  # type: ignore[arg-type]
-                        source=str(path))
+    store = PolicyStore(
+        compile_policy(load_policy_file(path)),
+        failure_mode=mode,  # type: ignore[arg-type]
+        source=str(path),
+    )
     return path, store, PolicyFileWatcher(path, store, rehash_every=5)
 
 

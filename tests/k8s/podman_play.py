@@ -228,7 +228,7 @@ class Translation:
     def _boundary_arg(self, arg: str, address: str) -> str:
         prefix = f"--boundary={self.boundary_name()}:"
         if arg.startswith(prefix):
-            return f"--boundary={address}:{arg[len(prefix):]}"
+            return f"--boundary={address}:{arg[len(prefix) :]}"
         return arg
 
     def close(self) -> None:

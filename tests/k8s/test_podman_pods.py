@@ -362,7 +362,8 @@ def test_r_5_workload_removed_control_stays_up_not_ready_logging(box_r: Sandbox)
     wait_for("control to log the lost link, repeatedly", lambda: failures() >= seen + 3, timeout=120)
     info = podman.inspect(box_r.control_container)
     assert info["State"]["Status"] == "running" and info["RestartCount"] == 0, (
-        f"{info['State']['Status']}, restarted {info['RestartCount']} times\n{_unusual(box_r)}")
+        f"{info['State']['Status']}, restarted {info['RestartCount']} times\n{_unusual(box_r)}"
+    )
     ready = box_r.ctl("openshell-sandbox", "readyz")
     assert ready.returncode != 0 and "boundary" in ready.stdout + ready.stderr, ready.stdout + ready.stderr
 

@@ -121,8 +121,13 @@ INVALID = [
     ({"K": {"secret": SECRET, "hosts": ["https://a.test/"]}}, "hosts[0]"),
     ({"K": {"secret": SECRET, "hosts": [{"host": "a.test", "port": 1, "ports": [2]}]}}, "mutually exclusive"),
     ({"K": {"secret": SECRET, "hosts": [{"hostname": "a.test"}]}}, "unknown keys"),
-    ({"A": {"secret": SECRET, "placeholder": "same-placeholder-1"},
-      "B": {"secret": "other-secret-1", "placeholder": "same-placeholder-1"}}, "overlap"),
+    (
+        {
+            "A": {"secret": SECRET, "placeholder": "same-placeholder-1"},
+            "B": {"secret": "other-secret-1", "placeholder": "same-placeholder-1"},
+        },
+        "overlap",
+    ),
 ]
 
 

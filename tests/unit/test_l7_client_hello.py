@@ -43,8 +43,9 @@ def test_fragmented_over_two_records() -> None:
     assert server_name(two) == "split.test"
 
 
-@pytest.mark.parametrize("data", [b"\x16\x03\x01\x00\x04\x02\x00\x00\x00", b"\x16\x03\x05\x00\x00",
-                                  b"\x16\x03\x01\x00\x01\x01\x17\x03\x03"])
+@pytest.mark.parametrize(
+    "data", [b"\x16\x03\x01\x00\x04\x02\x00\x00\x00", b"\x16\x03\x05\x00\x00", b"\x16\x03\x01\x00\x01\x01\x17\x03\x03"]
+)
 def test_garbage_is_refused(data: bytes) -> None:
     with pytest.raises(ClientHelloError):
         server_name(data)

@@ -23,8 +23,11 @@ def test_render_is_a_complete_parseable_response() -> None:
     assert headers[b"x-openshell-policy"] == b"api"
     body = client.next_event()
     assert isinstance(body, h11.Data) and int(headers[b"content-length"]) == len(body.data)
-    assert json.loads(body.data) == {"error": "request_authority_mismatch",
-                                     "detail": "HTTP request authority does not match", "host": "a.test"}
+    assert json.loads(body.data) == {
+        "error": "request_authority_mismatch",
+        "detail": "HTTP request authority does not match",
+        "host": "a.test",
+    }
     assert isinstance(client.next_event(), h11.EndOfMessage)
 
 

@@ -33,8 +33,11 @@ def test_without_secrets_nothing_is_held_back() -> None:
     assert not scrubber and scrubber.feed(b"abc") == b"abc" and scrubber.flush() == b""
 
 
-@given(st.binary(max_size=200), st.lists(st.integers(min_value=0, max_value=260), max_size=8),
-       st.integers(min_value=0, max_value=4))
+@given(
+    st.binary(max_size=200),
+    st.lists(st.integers(min_value=0, max_value=260), max_size=8),
+    st.integers(min_value=0, max_value=4),
+)
 def test_any_chunking_gives_the_same_scrubbed_body(noise: bytes, cuts: list[int], copies: int) -> None:
     body = noise[: len(noise) // 2] + (SECRET.encode() + b"-") * copies + noise[len(noise) // 2 :]
     points = sorted({min(c, len(body)) for c in cuts})

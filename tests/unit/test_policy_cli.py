@@ -98,13 +98,16 @@ def test_check_json(tmp_path: Path, good: Path) -> None:
     assert [(e["path"], e["line"]) for e in body["errors"]] == [
         ("network_policies.github.endpoints[0].ports[1]", 6),
         ("network_policies.github.endpoints[0].protocl", 7),
-        ("network_policies.github.binaries[0].path", 9)]
+        ("network_policies.github.binaries[0].path", 9),
+    ]
 
 
 def test_check_warnings_go_to_stderr(tmp_path: Path) -> None:
     path = tmp_path / "audit.yaml"
-    path.write_text("version: 1\nnetwork_policies:\n  a:\n    endpoints: [{host: a.example.com, port: 443, "
-                    "protocol: rest, access: full}]\n    binaries: [{path: /x}]\n")
+    path.write_text(
+        "version: 1\nnetwork_policies:\n  a:\n    endpoints: [{host: a.example.com, port: 443, "
+        "protocol: rest, access: full}]\n    binaries: [{path: /x}]\n"
+    )
     code, out, err = run("policy", "check", str(path))
     assert code == 0 and out == "ok: 1 rules, 1 endpoints\n" and "audit mode" in err and ":4:" in err
 
@@ -115,25 +118,70 @@ def test_check_missing_file(tmp_path: Path) -> None:
 
 
 DECIDE = [
-    (["--host", "api.github.com", "--port", "443", "--binary", "/usr/bin/git"], 0,
-     "allow github (github[0]) api.github.com:443 [L7 inspected]"),
-    (["--host", "api.github.com", "--port", "443", "--binary", "/usr/bin/curl"], 1,
-     "deny api.github.com:443: binary-not-allowed: binary '/usr/bin/curl' (ancestors: []) not allowed in "
-     "policy 'github'"),
-    (["--host", "api.github.com", "--port", "443", "--binary", "/bin/sh", "--ancestor", "/usr/bin/git"], 0,
-     "allow github (github[0]) api.github.com:443 [L7 inspected]"),
-    (["--host", "api.github.com", "--port", "443", "--binary", "/usr/bin/git", "--loader-env", "LD_PRELOAD"], 1,
-     "deny api.github.com:443: binary-not-allowed: binary '/usr/bin/git' (ancestors: [], started with "
-     "LD_PRELOAD: only binaries with allow_loader_env match) not allowed in policy 'github'"),
-    (["--host", "evil.example.net", "--port", "443", "--binary", "/usr/bin/git"], 1,
-     "deny evil.example.net:443: no-matching-endpoint: endpoint evil.example.net:443 is not allowed by any policy"),
-    (["--host", "api.github.com", "--port", "443"], 1,
-     "deny api.github.com:443: identity-missing: the initiating process could not be identified"),
-    (["--host", "api.github.com", "--port", "443", "--binary", "/usr/bin/git", "--method", "GET", "--path",
-      "/repos/a/b"], 0, "allow github (github[0]) api.github.com:443 GET /repos/a/b by access:read-only"),
-    (["--host", "api.github.com", "--port", "443", "--binary", "/usr/bin/git", "--method", "POST", "--path",
-      "/repos/a/b"], 1, "deny api.github.com:443 POST /repos/a/b: l7-no-allow-rule: POST /repos/a/b not "
-     "permitted by policy"),
+    (
+        ["--host", "api.github.com", "--port", "443", "--binary", "/usr/bin/git"],
+        0,
+        "allow github (github[0]) api.github.com:443 [L7 inspected]",
+    ),
+    (
+        ["--host", "api.github.com", "--port", "443", "--binary", "/usr/bin/curl"],
+        1,
+        "deny api.github.com:443: binary-not-allowed: binary '/usr/bin/curl' (ancestors: []) not allowed in "
+        "policy 'github'",
+    ),
+    (
+        ["--host", "api.github.com", "--port", "443", "--binary", "/bin/sh", "--ancestor", "/usr/bin/git"],
+        0,
+        "allow github (github[0]) api.github.com:443 [L7 inspected]",
+    ),
+    (
+        ["--host", "api.github.com", "--port", "443", "--binary", "/usr/bin/git", "--loader-env", "LD_PRELOAD"],
+        1,
+        "deny api.github.com:443: binary-not-allowed: binary '/usr/bin/git' (ancestors: [], started with "
+        "LD_PRELOAD: only binaries with allow_loader_env match) not allowed in policy 'github'",
+    ),
+    (
+        ["--host", "evil.example.net", "--port", "443", "--binary", "/usr/bin/git"],
+        1,
+        "deny evil.example.net:443: no-matching-endpoint: endpoint evil.example.net:443 is not allowed by any policy",
+    ),
+    (
+        ["--host", "api.github.com", "--port", "443"],
+        1,
+        "deny api.github.com:443: identity-missing: the initiating process could not be identified",
+    ),
+    (
+        [
+            "--host",
+            "api.github.com",
+            "--port",
+            "443",
+            "--binary",
+            "/usr/bin/git",
+            "--method",
+            "GET",
+            "--path",
+            "/repos/a/b",
+        ],
+        0,
+        "allow github (github[0]) api.github.com:443 GET /repos/a/b by access:read-only",
+    ),
+    (
+        [
+            "--host",
+            "api.github.com",
+            "--port",
+            "443",
+            "--binary",
+            "/usr/bin/git",
+            "--method",
+            "POST",
+            "--path",
+            "/repos/a/b",
+        ],
+        1,
+        "deny api.github.com:443 POST /repos/a/b: l7-no-allow-rule: POST /repos/a/b not permitted by policy",
+    ),
 ]
 
 
@@ -143,14 +191,42 @@ def test_decide(good: Path, argv: list[str], code: int, line: str) -> None:
 
 
 def test_decide_json(good: Path) -> None:
-    code, out, _ = run("policy", "decide", "--policy", str(good), "--host", "pypi.org", "--port", "443",
-                       "--binary", "/usr/bin/python3.11", "--sha256", "ab" * 32, "--json")
+    code, out, _ = run(
+        "policy",
+        "decide",
+        "--policy",
+        str(good),
+        "--host",
+        "pypi.org",
+        "--port",
+        "443",
+        "--binary",
+        "/usr/bin/python3.11",
+        "--sha256",
+        "ab" * 32,
+        "--json",
+    )
     body = json.loads(out)
     assert code == 0
     assert {k: body[k] for k in ("result", "rule", "endpoint", "reason")} == {
-        "result": "allow", "rule": "pypi", "endpoint": "pypi[0]", "reason": None}
-    code, out, _ = run("policy", "decide", "--policy", str(good), "--host", "pypi.org", "--port", "443",
-                       "--binary", "/usr/bin/git", "--json")
+        "result": "allow",
+        "rule": "pypi",
+        "endpoint": "pypi[0]",
+        "reason": None,
+    }
+    code, out, _ = run(
+        "policy",
+        "decide",
+        "--policy",
+        str(good),
+        "--host",
+        "pypi.org",
+        "--port",
+        "443",
+        "--binary",
+        "/usr/bin/git",
+        "--json",
+    )
     body = json.loads(out)
     assert code == 1 and (body["result"], body["reason"]) == ("deny", "binary-not-allowed")
 
@@ -178,11 +254,18 @@ def test_argparse_usage_exit_code() -> None:
 def test_subprocess_check(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(THREE_ERRORS)
-    script = ("import argparse,sys\nfrom supervisor.policy_cli import add_policy_parser, run_policy\n"
-              "p = argparse.ArgumentParser(); add_policy_parser(p.add_subparsers())\n"
-              "sys.exit(run_policy(p.parse_args(sys.argv[1:])))\n")
-    proc = subprocess.run([sys.executable, "-c", script, "policy", "check", str(bad)], capture_output=True,
-                          text=True, timeout=60, check=False)
+    script = (
+        "import argparse,sys\nfrom supervisor.policy_cli import add_policy_parser, run_policy\n"
+        "p = argparse.ArgumentParser(); add_policy_parser(p.add_subparsers())\n"
+        "sys.exit(run_policy(p.parse_args(sys.argv[1:])))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, "policy", "check", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 1
     assert len(proc.stdout.splitlines()) == 3 and proc.stderr.strip() == f"{bad}: 3 errors"
 

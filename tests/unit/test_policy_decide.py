@@ -23,57 +23,140 @@ from .policy_helpers import CURL, GIT, PY, compiled, l4, load, rule, who
 SHA_A, SHA_B = "a" * 64, "b" * 64
 REST_ENFORCE = {"protocol": "rest", "enforcement": "enforce"}
 
-BASIC = compiled({
-    "github": rule({"host": "api.github.com", "port": 443, **REST_ENFORCE, "access": "read-only"},
-                   {"host": "*.githubusercontent.com", "ports": [443]},
-                   binaries=(GIT, "/usr/lib/git-core/*")),
-    "pypi": rule({"host": "pypi.org", "port": 443}, {"host": "files.pythonhosted.org", "port": 443},
-                 binaries=("/usr/bin/python3*",)),
-    "lan": rule({"port": 8443, "allowed_ips": ["10.0.0.0/24"]}, {"host": "[2001:db8::5]", "port": 443},
-                {"host": "git.internal.example", "port": 22, "protocol": "tcp"}, binaries=("/usr/bin/ssh",)),
-    "raw": rule({"host": "stream.example.com", "port": 9000, "tls": "skip"}, binaries=(CURL,)),
-})
+BASIC = compiled(
+    {
+        "github": rule(
+            {"host": "api.github.com", "port": 443, **REST_ENFORCE, "access": "read-only"},
+            {"host": "*.githubusercontent.com", "ports": [443]},
+            binaries=(GIT, "/usr/lib/git-core/*"),
+        ),
+        "pypi": rule(
+            {"host": "pypi.org", "port": 443},
+            {"host": "files.pythonhosted.org", "port": 443},
+            binaries=("/usr/bin/python3*",),
+        ),
+        "lan": rule(
+            {"port": 8443, "allowed_ips": ["10.0.0.0/24"]},
+            {"host": "[2001:db8::5]", "port": 443},
+            {"host": "git.internal.example", "port": 22, "protocol": "tcp"},
+            binaries=("/usr/bin/ssh",),
+        ),
+        "raw": rule({"host": "stream.example.com", "port": 9000, "tls": "skip"}, binaries=(CURL,)),
+    }
+)
 
 # (case, host, port, identity, verdict, rule, endpoint, reason)
 L4_CASES: list[tuple[str, str, int, BinaryIdentity | None, Verdict, str | None, str | None, DenyReason | None]] = [
     ("exact", "api.github.com", 443, who(GIT), Verdict.ALLOW, "github", "github[0]", None),
     ("case-and-trailing-dot", "API.GitHub.com.", 443, who(GIT), Verdict.ALLOW, "github", "github[0]", None),
     ("glob", "raw.githubusercontent.com", 443, who(GIT), Verdict.ALLOW, "github", "github[1]", None),
-    ("glob-too-deep", "a.raw.githubusercontent.com", 443, who(GIT), Verdict.DENY, None,
-     "a.raw.githubusercontent.com:443", DenyReason.NO_MATCHING_ENDPOINT),
-    ("binary-glob", "api.github.com", 443, who("/usr/lib/git-core/git-remote-https"), Verdict.ALLOW, "github",
-     "github[0]", None),
-    ("ancestor-grants", "api.github.com", 443, who("/usr/bin/ssh-helper", "/bin/sh", GIT), Verdict.ALLOW,
-     "github", "github[0]", None),
-    ("ancestor-glob-grants", "pypi.org", 443, who("/bin/sh", "/usr/bin/python3.11"), Verdict.ALLOW, "pypi",
-     "pypi[0]", None),
-    ("wrong-port", "api.github.com", 80, who(GIT), Verdict.DENY, None, "api.github.com:80",
-     DenyReason.NO_MATCHING_ENDPOINT),
-    ("unknown-host", "evil.example.net", 443, who(GIT), Verdict.DENY, None, "evil.example.net:443",
-     DenyReason.NO_MATCHING_ENDPOINT),
+    (
+        "glob-too-deep",
+        "a.raw.githubusercontent.com",
+        443,
+        who(GIT),
+        Verdict.DENY,
+        None,
+        "a.raw.githubusercontent.com:443",
+        DenyReason.NO_MATCHING_ENDPOINT,
+    ),
+    (
+        "binary-glob",
+        "api.github.com",
+        443,
+        who("/usr/lib/git-core/git-remote-https"),
+        Verdict.ALLOW,
+        "github",
+        "github[0]",
+        None,
+    ),
+    (
+        "ancestor-grants",
+        "api.github.com",
+        443,
+        who("/usr/bin/ssh-helper", "/bin/sh", GIT),
+        Verdict.ALLOW,
+        "github",
+        "github[0]",
+        None,
+    ),
+    (
+        "ancestor-glob-grants",
+        "pypi.org",
+        443,
+        who("/bin/sh", "/usr/bin/python3.11"),
+        Verdict.ALLOW,
+        "pypi",
+        "pypi[0]",
+        None,
+    ),
+    (
+        "wrong-port",
+        "api.github.com",
+        80,
+        who(GIT),
+        Verdict.DENY,
+        None,
+        "api.github.com:80",
+        DenyReason.NO_MATCHING_ENDPOINT,
+    ),
+    (
+        "unknown-host",
+        "evil.example.net",
+        443,
+        who(GIT),
+        Verdict.DENY,
+        None,
+        "evil.example.net:443",
+        DenyReason.NO_MATCHING_ENDPOINT,
+    ),
     ("wrong-binary", "pypi.org", 443, who(GIT), Verdict.DENY, None, "pypi.org:443", DenyReason.BINARY_NOT_ALLOWED),
-    ("argv-never-grants", "api.github.com", 443, who(CURL, cmdline=(GIT,)), Verdict.DENY, None,
-     "api.github.com:443", DenyReason.BINARY_NOT_ALLOWED),
-    ("no-identity", "api.github.com", 443, None, Verdict.DENY, None, "api.github.com:443",
-     DenyReason.IDENTITY_MISSING),
-    ("empty-exe", "api.github.com", 443, who(""), Verdict.DENY, None, "api.github.com:443",
-     DenyReason.IDENTITY_MISSING),
+    (
+        "argv-never-grants",
+        "api.github.com",
+        443,
+        who(CURL, cmdline=(GIT,)),
+        Verdict.DENY,
+        None,
+        "api.github.com:443",
+        DenyReason.BINARY_NOT_ALLOWED,
+    ),
+    ("no-identity", "api.github.com", 443, None, Verdict.DENY, None, "api.github.com:443", DenyReason.IDENTITY_MISSING),
+    (
+        "empty-exe",
+        "api.github.com",
+        443,
+        who(""),
+        Verdict.DENY,
+        None,
+        "api.github.com:443",
+        DenyReason.IDENTITY_MISSING,
+    ),
     ("hostless", "anything.example.org", 8443, who("/usr/bin/ssh"), Verdict.ALLOW, "lan", "lan[0]", None),
     ("ipv6-spelling", "[2001:DB8:0::5]", 443, who("/usr/bin/ssh"), Verdict.ALLOW, "lan", "lan[1]", None),
     ("invalid-host", "a..b", 443, who(GIT), Verdict.DENY, None, None, DenyReason.INVALID_HOST),
     ("nul-host", "api.github.com\x00.evil", 443, who(GIT), Verdict.DENY, None, None, DenyReason.INVALID_HOST),
     ("port-zero", "api.github.com", 0, who(GIT), Verdict.DENY, None, None, DenyReason.INVALID_PORT),
     ("port-high", "api.github.com", 65536, who(GIT), Verdict.DENY, None, None, DenyReason.INVALID_PORT),
-    ("encoded-dot-is-a-label", "api%2egithub.com", 443, who(GIT), Verdict.DENY, None, None,
-     DenyReason.INVALID_HOST),
+    ("encoded-dot-is-a-label", "api%2egithub.com", 443, who(GIT), Verdict.DENY, None, None, DenyReason.INVALID_HOST),
 ]
 
 
 @pytest.mark.parametrize(
-    ("case", "host", "port", "identity", "verdict", "rule_key", "endpoint", "reason"), L4_CASES,
-    ids=[c[0] for c in L4_CASES])
-def test_l4(case: str, host: str, port: int, identity: BinaryIdentity | None, verdict: Verdict,
-            rule_key: str | None, endpoint: str | None, reason: DenyReason | None) -> None:
+    ("case", "host", "port", "identity", "verdict", "rule_key", "endpoint", "reason"),
+    L4_CASES,
+    ids=[c[0] for c in L4_CASES],
+)
+def test_l4(
+    case: str,
+    host: str,
+    port: int,
+    identity: BinaryIdentity | None,
+    verdict: Verdict,
+    rule_key: str | None,
+    endpoint: str | None,
+    reason: DenyReason | None,
+) -> None:
     d = decide_l4(BASIC, L4Request(host, port, identity))
     assert (d.verdict, d.rule, d.endpoint, d.reason) == (verdict, rule_key, endpoint, reason), d
 
@@ -85,8 +168,9 @@ def test_empty_policy_denies_everything() -> None:
 
 def test_binary_denial_names_each_rule_and_the_identity() -> None:
     d = l4(BASIC, "pypi.org", identity=who(GIT, "/bin/bash", cmdline=("/tmp/x",)))
-    assert d.detail == ("binary '/usr/bin/git' (ancestors: [/bin/bash], cmdline: [/tmp/x]) not allowed in "
-                        "policy 'pypi'")
+    assert d.detail == (
+        "binary '/usr/bin/git' (ancestors: [/bin/bash], cmdline: [/tmp/x]) not allowed in policy 'pypi'"
+    )
 
 
 def test_metadata_of_an_allowed_connection() -> None:
@@ -104,8 +188,12 @@ def test_metadata_of_an_allowed_connection() -> None:
 
 def test_never_union_binaries_and_endpoints_across_rules() -> None:
     """§5 bug 33: curl may reach a, python may reach b; python may not reach a."""
-    policy = compiled({"a": rule({"host": "a.example.com", "port": 443}, binaries=(CURL,)),
-                       "b": rule({"host": "b.example.com", "port": 443}, binaries=(PY,))})
+    policy = compiled(
+        {
+            "a": rule({"host": "a.example.com", "port": 443}, binaries=(CURL,)),
+            "b": rule({"host": "b.example.com", "port": 443}, binaries=(PY,)),
+        }
+    )
     assert l4(policy, "a.example.com", identity=who(CURL)).allowed
     assert l4(policy, "b.example.com", identity=who(PY)).allowed
     denied = l4(policy, "a.example.com", identity=who(PY))
@@ -113,15 +201,20 @@ def test_never_union_binaries_and_endpoints_across_rules() -> None:
 
 
 def test_smallest_key_wins_and_every_matching_rule_is_listed() -> None:
-    policy = compiled({"zeta": rule({"host": "a.example.com", "port": 443}),
-                       "alpha": rule({"host": "*.example.com", "port": 443})})
+    policy = compiled(
+        {"zeta": rule({"host": "a.example.com", "port": 443}), "alpha": rule({"host": "*.example.com", "port": 443})}
+    )
     d = l4(policy, "a.example.com")
     assert (d.rule, d.endpoint, d.rules) == ("alpha", "alpha[0]", ("alpha", "zeta"))
 
 
 def test_l7_endpoint_governs_over_plain_l4() -> None:
-    policy = compiled({"a": rule({"host": "api.example.com", "port": 443}),
-                       "b": rule({"host": "api.example.com", "port": 443, **REST_ENFORCE, "access": "read-only"})})
+    policy = compiled(
+        {
+            "a": rule({"host": "api.example.com", "port": 443}),
+            "b": rule({"host": "api.example.com", "port": 443, **REST_ENFORCE, "access": "read-only"}),
+        }
+    )
     d = l4(policy, "api.example.com")
     assert (d.rule, d.endpoint, d.l7) == ("b", "b[0]", True)
     assert decide_l7(policy, d, "POST", "/x").verdict is Verdict.DENY
@@ -189,8 +282,9 @@ def test_pin_store_is_bounded() -> None:
 # --- L7 -------------------------------------------------------------------------------------------------
 
 
-def l7(policy: Any, host: str, method: str, target: str, identity: BinaryIdentity | None = None,
-       port: int = 443) -> Decision:
+def l7(
+    policy: Any, host: str, method: str, target: str, identity: BinaryIdentity | None = None, port: int = 443
+) -> Decision:
     conn = l4(policy, host, port, identity)
     assert conn.allowed, conn
     return decide_l7(policy, conn, method, target)
@@ -219,8 +313,10 @@ def test_read_only_preset(method: str, target: str, verdict: Verdict, reason: De
 
 
 def test_presets() -> None:
-    for preset, allowed, denied in (("read-write", ["GET", "PATCH", "POST", "PUT"], ["DELETE"]),
-                                    ("full", ["DELETE", "PROPFIND"], [])):
+    for preset, allowed, denied in (
+        ("read-write", ["GET", "PATCH", "POST", "PUT"], ["DELETE"]),
+        ("full", ["DELETE", "PROPFIND"], []),
+    ):
         policy = compiled({"r": rule({"host": "a.example.com", "port": 443, **REST_ENFORCE, "access": preset})})
         for method in allowed:
             assert l7(policy, "a.example.com", method, "/x").allowed, (preset, method)
@@ -229,23 +325,51 @@ def test_presets() -> None:
 
 
 def test_head_implied_by_get_but_not_options() -> None:
-    policy = compiled({"r": rule({"host": "a.example.com", "port": 443, **REST_ENFORCE,
-                                  "rules": [{"allow": {"method": "GET", "path": "/x/**"}}],
-                                  "deny_rules": [{"method": "GET", "path": "/x/secret"}]})})
+    policy = compiled(
+        {
+            "r": rule(
+                {
+                    "host": "a.example.com",
+                    "port": 443,
+                    **REST_ENFORCE,
+                    "rules": [{"allow": {"method": "GET", "path": "/x/**"}}],
+                    "deny_rules": [{"method": "GET", "path": "/x/secret"}],
+                }
+            )
+        }
+    )
     assert l7(policy, "a.example.com", "HEAD", "/x/a").allowed
     assert not l7(policy, "a.example.com", "OPTIONS", "/x/a").allowed
     # ... and in deny rules too: a GET deny blocks HEAD
     assert l7(policy, "a.example.com", "HEAD", "/x/secret").reason is DenyReason.L7_DENIED
 
 
-DENY_OVER_ALLOW = compiled({"r": rule({
-    "host": "api.example.com", "port": 443, **REST_ENFORCE,
-    "rules": [{"allow": {"method": "*", "path": "/repos/**"}},
-              {"allow": {"method": "GET", "path": "/search", "query": {"q": "*", "sort": {"any": ["asc", "desc"]}}}}],
-    "deny_rules": [{"method": "*", "path": "/repos/*/admin/**"},
-                   {"method": "GET", "path": "/repos/**", "query": {"ref": "refs/heads/prod*"}},
-                   {"method": "HEAD", "path": "/repos/*/secret"}],
-})})
+DENY_OVER_ALLOW = compiled(
+    {
+        "r": rule(
+            {
+                "host": "api.example.com",
+                "port": 443,
+                **REST_ENFORCE,
+                "rules": [
+                    {"allow": {"method": "*", "path": "/repos/**"}},
+                    {
+                        "allow": {
+                            "method": "GET",
+                            "path": "/search",
+                            "query": {"q": "*", "sort": {"any": ["asc", "desc"]}},
+                        }
+                    },
+                ],
+                "deny_rules": [
+                    {"method": "*", "path": "/repos/*/admin/**"},
+                    {"method": "GET", "path": "/repos/**", "query": {"ref": "refs/heads/prod*"}},
+                    {"method": "HEAD", "path": "/repos/*/secret"},
+                ],
+            }
+        )
+    }
+)
 
 L7_CASES = [
     ("allowed", "GET", "/repos/a/b", Verdict.ALLOW, None, "rules[0]"),
@@ -254,33 +378,64 @@ L7_CASES = [
     ("encoded-dots", "GET", "/repos/a/x/%2e%2e/admin/y", Verdict.DENY, DenyReason.L7_DENIED, "deny_rules[0]"),
     ("params-stripped", "GET", "/repos/a;x=1/admin;y/z", Verdict.DENY, DenyReason.L7_DENIED, "deny_rules[0]"),
     ("escape-allowed-root", "GET", "/repos/../admin", Verdict.DENY, DenyReason.L7_NO_ALLOW_RULE, None),
-    ("deny-query-any-value", "GET", "/repos/a?ref=main&ref=refs/heads/prod-1", Verdict.DENY,
-     DenyReason.L7_DENIED, "deny_rules[1]"),
+    (
+        "deny-query-any-value",
+        "GET",
+        "/repos/a?ref=main&ref=refs/heads/prod-1",
+        Verdict.DENY,
+        DenyReason.L7_DENIED,
+        "deny_rules[1]",
+    ),
     ("deny-query-absent", "GET", "/repos/a?branch=refs/heads/prod", Verdict.ALLOW, None, "rules[0]"),
     ("allow-query", "GET", "/search?q=x&sort=asc", Verdict.ALLOW, None, "rules[1]"),
     ("allow-query-missing-key", "GET", "/search?q=x", Verdict.DENY, DenyReason.L7_NO_ALLOW_RULE, None),
-    ("allow-query-every-value", "GET", "/search?q=x&sort=asc&sort=random", Verdict.DENY,
-     DenyReason.L7_NO_ALLOW_RULE, None),
+    (
+        "allow-query-every-value",
+        "GET",
+        "/search?q=x&sort=asc&sort=random",
+        Verdict.DENY,
+        DenyReason.L7_NO_ALLOW_RULE,
+        None,
+    ),
     ("allow-query-empty-value", "GET", "/search?q=&sort=desc", Verdict.ALLOW, None, "rules[1]"),
     ("deny-head-rule", "HEAD", "/repos/a/secret", Verdict.DENY, DenyReason.L7_DENIED, "deny_rules[2]"),
     ("get-not-denied-by-head-rule", "GET", "/repos/a/secret", Verdict.ALLOW, None, "rules[0]"),
-    ("absolute-form", "GET", "https://api.example.com/repos/a/../a/admin/", Verdict.DENY, DenyReason.L7_DENIED,
-     "deny_rules[0]"),
+    (
+        "absolute-form",
+        "GET",
+        "https://api.example.com/repos/a/../a/admin/",
+        Verdict.DENY,
+        DenyReason.L7_DENIED,
+        "deny_rules[0]",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("case", "method", "target", "verdict", "reason", "l7_rule"), L7_CASES,
-                         ids=[c[0] for c in L7_CASES])
-def test_l7_rules(case: str, method: str, target: str, verdict: Verdict, reason: DenyReason | None,
-                  l7_rule: str | None) -> None:
+@pytest.mark.parametrize(
+    ("case", "method", "target", "verdict", "reason", "l7_rule"), L7_CASES, ids=[c[0] for c in L7_CASES]
+)
+def test_l7_rules(
+    case: str, method: str, target: str, verdict: Verdict, reason: DenyReason | None, l7_rule: str | None
+) -> None:
     d = l7(DENY_OVER_ALLOW, "api.example.com", method, target)
     assert (d.verdict, d.reason, d.l7_rule) == (verdict, reason, l7_rule), d
 
 
 def test_plus_decodes_to_space_in_query() -> None:
     """§5 bug 23: 'a+b' is 'a b' for matching (a deny on 'a b' must fire on 'a+b' and 'a%20b')."""
-    policy = compiled({"r": rule({"host": "a.example.com", "port": 443, **REST_ENFORCE, "access": "full",
-                                  "deny_rules": [{"method": "*", "path": "**", "query": {"q": "drop table*"}}]})})
+    policy = compiled(
+        {
+            "r": rule(
+                {
+                    "host": "a.example.com",
+                    "port": 443,
+                    **REST_ENFORCE,
+                    "access": "full",
+                    "deny_rules": [{"method": "*", "path": "**", "query": {"q": "drop table*"}}],
+                }
+            )
+        }
+    )
     for target in ("/x?q=drop+table+users", "/x?q=drop%20table%20users", "/x?q=drop+table"):
         assert l7(policy, "a.example.com", "GET", target).reason is DenyReason.L7_DENIED, target
     assert l7(policy, "a.example.com", "GET", "/x?q=drop_table").allowed
@@ -293,8 +448,19 @@ def test_canonical_path_is_returned_for_forwarding() -> None:
 
 
 def test_audit_mode_allows_but_flags() -> None:
-    policy = compiled({"r": rule({"host": "a.example.com", "port": 443, "protocol": "rest",
-                                  "access": "read-only", "deny_rules": [{"method": "GET", "path": "/admin/**"}]})})
+    policy = compiled(
+        {
+            "r": rule(
+                {
+                    "host": "a.example.com",
+                    "port": 443,
+                    "protocol": "rest",
+                    "access": "read-only",
+                    "deny_rules": [{"method": "GET", "path": "/admin/**"}],
+                }
+            )
+        }
+    )
     post = l7(policy, "a.example.com", "POST", "/x")
     assert (post.verdict, post.audit, post.reason) == (Verdict.ALLOW, True, DenyReason.L7_NO_ALLOW_RULE)
     admin = l7(policy, "a.example.com", "GET", "/admin/x")
@@ -305,12 +471,14 @@ def test_audit_mode_allows_but_flags() -> None:
 
 
 def test_allow_rules_union_over_matching_rules_per_binary() -> None:
-    policy = compiled({
-        "curl-ro": rule({"host": "api.example.com", "port": 443, **REST_ENFORCE, "access": "read-only"},
-                        binaries=(CURL,)),
-        "py-full": rule({"host": "api.example.com", "port": 443, **REST_ENFORCE, "access": "full"},
-                        binaries=(PY,)),
-    })
+    policy = compiled(
+        {
+            "curl-ro": rule(
+                {"host": "api.example.com", "port": 443, **REST_ENFORCE, "access": "read-only"}, binaries=(CURL,)
+            ),
+            "py-full": rule({"host": "api.example.com", "port": 443, **REST_ENFORCE, "access": "full"}, binaries=(PY,)),
+        }
+    )
     assert not l7(policy, "api.example.com", "DELETE", "/x", who(CURL)).allowed
     full = l7(policy, "api.example.com", "DELETE", "/x", who(PY))
     assert full.allowed and full.rule == "py-full"
@@ -319,23 +487,42 @@ def test_allow_rules_union_over_matching_rules_per_binary() -> None:
 
 
 def test_deny_rule_in_any_matching_rule_blocks() -> None:
-    policy = compiled({
-        "a": rule({"host": "api.example.com", "port": 443, **REST_ENFORCE, "access": "full"}),
-        "b": rule({"host": "api.example.com", "port": 443, **REST_ENFORCE, "access": "full",
-                   "deny_rules": [{"method": "*", "path": "/secret/**"}]}),
-    })
+    policy = compiled(
+        {
+            "a": rule({"host": "api.example.com", "port": 443, **REST_ENFORCE, "access": "full"}),
+            "b": rule(
+                {
+                    "host": "api.example.com",
+                    "port": 443,
+                    **REST_ENFORCE,
+                    "access": "full",
+                    "deny_rules": [{"method": "*", "path": "/secret/**"}],
+                }
+            ),
+        }
+    )
     d = l7(policy, "api.example.com", "GET", "/secret/x")
     assert (d.reason, d.rule) == (DenyReason.L7_DENIED, "b")
 
 
 def test_encoded_slash_scope_does_not_leak_between_endpoints() -> None:
     """§5 bug 22: one endpoint's allow_encoded_slash must not open another's."""
-    policy = compiled({"r": rule(
-        {"host": "api.example.com", "port": 443, **REST_ENFORCE, "access": "full", "path": "/files/**",
-         "allow_encoded_slash": True},
-        {"host": "api.example.com", "port": 443, **REST_ENFORCE, "access": "full", "path": "/api/**"},
-        {"host": "other.example.com", "port": 443, **REST_ENFORCE, "access": "full"},
-    )})
+    policy = compiled(
+        {
+            "r": rule(
+                {
+                    "host": "api.example.com",
+                    "port": 443,
+                    **REST_ENFORCE,
+                    "access": "full",
+                    "path": "/files/**",
+                    "allow_encoded_slash": True,
+                },
+                {"host": "api.example.com", "port": 443, **REST_ENFORCE, "access": "full", "path": "/api/**"},
+                {"host": "other.example.com", "port": 443, **REST_ENFORCE, "access": "full"},
+            )
+        }
+    )
     ok = l7(policy, "api.example.com", "GET", "/files/a%2Fb")
     assert ok.allowed and ok.path == "/files/a%2Fb"
     assert l7(policy, "api.example.com", "GET", "/api/a%2Fb").reason is DenyReason.ENCODED_SLASH
@@ -344,29 +531,56 @@ def test_encoded_slash_scope_does_not_leak_between_endpoints() -> None:
 
 
 def test_most_specific_endpoint_path_selects_enforcement() -> None:
-    policy = compiled({"r": rule(
-        {"host": "api.example.com", "port": 443, "protocol": "rest", "access": "read-only"},
-        {"host": "api.example.com", "port": 443, **REST_ENFORCE, "access": "read-only", "path": "/strict/**"},
-    )})
+    policy = compiled(
+        {
+            "r": rule(
+                {"host": "api.example.com", "port": 443, "protocol": "rest", "access": "read-only"},
+                {"host": "api.example.com", "port": 443, **REST_ENFORCE, "access": "read-only", "path": "/strict/**"},
+            )
+        }
+    )
     assert l7(policy, "api.example.com", "POST", "/loose").audit
     strict = l7(policy, "api.example.com", "POST", "/strict/x")
     assert (strict.verdict, strict.endpoint) == (Verdict.DENY, "r[1]")
 
 
 def test_no_endpoint_path_matched() -> None:
-    policy = compiled({"r": rule({"host": "api.example.com", "port": 443, **REST_ENFORCE, "access": "full",
-                                  "path": "/v1/**"})})
+    policy = compiled(
+        {"r": rule({"host": "api.example.com", "port": 443, **REST_ENFORCE, "access": "full", "path": "/v1/**"})}
+    )
     assert l7(policy, "api.example.com", "GET", "/v2/x").reason is DenyReason.L7_NO_ENDPOINT_PATH
     assert l7(policy, "api.example.com", "GET", "/v1/x").allowed
 
 
 def test_websocket_text_frames() -> None:
-    policy = compiled({"r": rule({"host": "ws.example.com", "port": 443, "protocol": "websocket",
-                                  "enforcement": "enforce", "access": "read-only"})})
+    policy = compiled(
+        {
+            "r": rule(
+                {
+                    "host": "ws.example.com",
+                    "port": 443,
+                    "protocol": "websocket",
+                    "enforcement": "enforce",
+                    "access": "read-only",
+                }
+            )
+        }
+    )
     assert l7(policy, "ws.example.com", "GET", "/socket").allowed
     assert l7(policy, "ws.example.com", "WEBSOCKET_TEXT", "/socket").reason is DenyReason.L7_NO_ALLOW_RULE
-    rw = compiled({"r": rule({"host": "ws.example.com", "port": 443, "protocol": "websocket",
-                              "enforcement": "enforce", "access": "read-write"})})
+    rw = compiled(
+        {
+            "r": rule(
+                {
+                    "host": "ws.example.com",
+                    "port": 443,
+                    "protocol": "websocket",
+                    "enforcement": "enforce",
+                    "access": "read-write",
+                }
+            )
+        }
+    )
     assert l7(rw, "ws.example.com", "WEBSOCKET_TEXT", "/socket").allowed
 
 
@@ -382,19 +596,36 @@ def test_not_inspected_endpoint_passes_requests() -> None:
 
 def test_decision_json_shape() -> None:
     body = l4(BASIC, "evil.example.net").to_json()
-    assert body == {"result": "deny", "rule": None, "endpoint": "evil.example.net:443",
-                    "reason": "no-matching-endpoint", "audit": False, "l7": False,
-                    "detail": "endpoint evil.example.net:443 is not allowed by any policy",
-                    "destination": "evil.example.net:443"}
+    assert body == {
+        "result": "deny",
+        "rule": None,
+        "endpoint": "evil.example.net:443",
+        "reason": "no-matching-endpoint",
+        "audit": False,
+        "l7": False,
+        "detail": "endpoint evil.example.net:443 is not allowed by any policy",
+        "destination": "evil.example.net:443",
+    }
     allowed = l4(BASIC, "api.github.com").to_json()
     assert (allowed["result"], allowed["rule"], allowed["endpoint"], allowed["l7"]) == (
-        "allow", "github", "github[0]", True)
+        "allow",
+        "github",
+        "github[0]",
+        True,
+    )
 
 
 def test_reasons_are_the_logged_strings() -> None:
-    assert {r.value for r in DenyReason} >= {"no-matching-endpoint", "binary-not-allowed", "binary-digest-changed",
-                                             "identity-missing", "l7-denied", "l7-no-allow-rule",
-                                             "path-not-canonical", "policy-quarantined"}
+    assert {r.value for r in DenyReason} >= {
+        "no-matching-endpoint",
+        "binary-not-allowed",
+        "binary-digest-changed",
+        "identity-missing",
+        "l7-denied",
+        "l7-no-allow-rule",
+        "path-not-canonical",
+        "policy-quarantined",
+    }
     assert all(r.value == str(r) for r in DenyReason)
 
 

@@ -125,8 +125,11 @@ BINARIES = [
     ("/usr/bin/*", "/usr/bin/node", True),
     ("/usr/bin/*", "/usr/bin/sub/node", False),
     ("/home/*/.local/bin/copilot", "/home/alice/.local/bin/copilot", True),
-    ("/usr/lib/node_modules/@github/copilot/node_modules/@github/**/copilot",
-     "/usr/lib/node_modules/@github/copilot/node_modules/@github/a/b/c/copilot", True),
+    (
+        "/usr/lib/node_modules/@github/copilot/node_modules/@github/**/copilot",
+        "/usr/lib/node_modules/@github/copilot/node_modules/@github/a/b/c/copilot",
+        True,
+    ),
     ("/**", "/any/absolute/path", True),
     ("/usr/bin/python3*", "/usr/bin/python3.11", True),
 ]

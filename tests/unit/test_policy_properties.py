@@ -30,12 +30,27 @@ from supervisor.control.policy import (
 from supervisor.control.policy.globs import compile_host_glob
 from supervisor.control.policy.hosts import validate_policy_host
 
-HOSTS = ["a.example.com", "b.example.com", "*.example.com", "**.example.com", "api.test.org", "10.0.0.1",
-         "*-v1.svc.example.com"]
+HOSTS = [
+    "a.example.com",
+    "b.example.com",
+    "*.example.com",
+    "**.example.com",
+    "api.test.org",
+    "10.0.0.1",
+    "*-v1.svc.example.com",
+]
 PORTS = [80, 443, 8080]
 BINARIES = ["/usr/bin/git", "/usr/bin/curl", "/usr/bin/*", "/opt/**/node", "/usr/bin/python3"]
-TARGET_HOSTS = ["a.example.com", "B.example.com.", "x.y.example.com", "api.test.org", "10.0.0.1", "evil.com",
-                "eu-v1.svc.example.com", "x.example.com"]
+TARGET_HOSTS = [
+    "a.example.com",
+    "B.example.com.",
+    "x.y.example.com",
+    "api.test.org",
+    "10.0.0.1",
+    "evil.com",
+    "eu-v1.svc.example.com",
+    "x.example.com",
+]
 EXES = ["/usr/bin/git", "/usr/bin/curl", "/usr/bin/python3", "/opt/x/y/node", "/bin/sh", "/usr/local/bin/git"]
 METHODS = ["GET", "HEAD", "POST", "DELETE", "OPTIONS"]
 TARGETS = ["/", "/repos/a", "/admin/x", "/repos/../admin/x", "/a%2Fb", "/x?ref=prod"]
@@ -47,12 +62,15 @@ endpoint_st = st.fixed_dictionaries(
         "deny": st.sampled_from(["/admin/**", "/repos/*"]),
     },
 )
-rule_st = st.fixed_dictionaries({
-    "endpoints": st.lists(endpoint_st, min_size=1, max_size=3),
-    "binaries": st.lists(st.sampled_from(BINARIES), min_size=1, max_size=3, unique=True),
-})
-rules_st = st.dictionaries(st.sampled_from(["alpha", "beta", "gamma", "delta", "eps", "zeta"]), rule_st,
-                           min_size=0, max_size=5)
+rule_st = st.fixed_dictionaries(
+    {
+        "endpoints": st.lists(endpoint_st, min_size=1, max_size=3),
+        "binaries": st.lists(st.sampled_from(BINARIES), min_size=1, max_size=3, unique=True),
+    }
+)
+rules_st = st.dictionaries(
+    st.sampled_from(["alpha", "beta", "gamma", "delta", "eps", "zeta"]), rule_st, min_size=0, max_size=5
+)
 request_st = st.tuples(
     st.sampled_from(TARGET_HOSTS),
     st.sampled_from([*PORTS, 22]),
@@ -99,8 +117,9 @@ def essence(d: Decision) -> tuple[Any, ...]:
 
 @settings(max_examples=150, deadline=None)
 @given(rules=rules_st, requests=st.lists(request_st, min_size=1, max_size=6), data=st.data())
-def test_reordering_rules_never_changes_a_decision(rules: dict[str, Any], requests: list[Any],
-                                                   data: st.DataObject) -> None:
+def test_reordering_rules_never_changes_a_decision(
+    rules: dict[str, Any], requests: list[Any], data: st.DataObject
+) -> None:
     keys = list(rules)
     shuffled = data.draw(st.permutations(keys))
     a, b = render(rules, keys), render(rules, list(shuffled))
@@ -130,13 +149,18 @@ def test_decision_is_a_pure_function(rules: dict[str, Any], requests: list[Any])
 
 
 label = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=8)
-glob_label = st.one_of(label, st.just("*"), st.builds(lambda a, b: a + "*" + b, st.text("abc-", max_size=3),
-                                                       st.text("xyz-", max_size=3)))
+glob_label = st.one_of(
+    label, st.just("*"), st.builds(lambda a, b: a + "*" + b, st.text("abc-", max_size=3), st.text("xyz-", max_size=3))
+)
 
 
 @settings(max_examples=300, deadline=None)
-@given(first=st.one_of(glob_label, st.just("**")), middle=st.lists(st.one_of(label, st.just("*")), max_size=3),
-       tail=st.lists(label, min_size=0, max_size=2), fill=label)
+@given(
+    first=st.one_of(glob_label, st.just("**")),
+    middle=st.lists(st.one_of(label, st.just("*")), max_size=3),
+    tail=st.lists(label, min_size=0, max_size=2),
+    fill=label,
+)
 def test_validator_and_matcher_agree(first: str, middle: list[str], tail: list[str], fill: str) -> None:
     raw = ".".join([first, *middle, *tail])
     host, problem = validate_policy_host(raw, tcp=False)
@@ -171,13 +195,40 @@ def test_canonicalisation_is_idempotent(raw: str, allow: bool) -> None:
 
 
 yaml_value = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(-5, 70000), st.text(max_size=12),
-              st.sampled_from(["rest", "tcp", "*.example.com", "/usr/bin/git", "read-only", "enforce", "skip"])),
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-5, 70000),
+        st.text(max_size=12),
+        st.sampled_from(["rest", "tcp", "*.example.com", "/usr/bin/git", "read-only", "enforce", "skip"]),
+    ),
     lambda children: st.one_of(
         st.lists(children, max_size=3),
-        st.dictionaries(st.sampled_from(["version", "network_policies", "endpoints", "binaries", "host", "port",
-                                         "ports", "protocol", "access", "rules", "allow", "method", "path",
-                                         "query", "tls", "allowed_ips", "x"]), children, max_size=4),
+        st.dictionaries(
+            st.sampled_from(
+                [
+                    "version",
+                    "network_policies",
+                    "endpoints",
+                    "binaries",
+                    "host",
+                    "port",
+                    "ports",
+                    "protocol",
+                    "access",
+                    "rules",
+                    "allow",
+                    "method",
+                    "path",
+                    "query",
+                    "tls",
+                    "allowed_ips",
+                    "x",
+                ]
+            ),
+            children,
+            max_size=4,
+        ),
     ),
     max_leaves=20,
 )

@@ -26,8 +26,11 @@ INVALID = doc({"a": rule({"host": "*", "port": 443})})
 
 
 def make(failure_mode: str = "fail-closed") -> PolicyStore:
-    return PolicyStore(compile_policy(load({"a": rule({"host": "a.example.com", "port": 443})})),
-                       failure_mode=failure_mode, source="initial")  # type: ignore[arg-type]
+    return PolicyStore(
+        compile_policy(load({"a": rule({"host": "a.example.com", "port": 443})})),
+        failure_mode=failure_mode,
+        source="initial",
+    )  # type: ignore[arg-type]
 
 
 def allowed(store: PolicyStore, host: str) -> bool:
@@ -108,15 +111,15 @@ def test_first_tcp_endpoint_cannot_be_added_by_reload() -> None:
     with pytest.raises(PolicyInvalid, match="protocol: tcp"):
         store.apply_text(tcp, "api")
     assert store.generation == 0
-    started_with_tcp = PolicyStore(compile_policy(load({"a": rule({"host": "g.example.com", "port": 22,
-                                                                   "protocol": "tcp"})})), source="x")
+    started_with_tcp = PolicyStore(
+        compile_policy(load({"a": rule({"host": "g.example.com", "port": 22, "protocol": "tcp"})})), source="x"
+    )
     assert started_with_tcp.apply_text(tcp, "api") == 1
 
 
 def test_static_sections_change_warns() -> None:
     store = make()
-    store.apply_text(doc({"a": rule({"host": "a.example.com", "port": 443})}, process={"run_as_user": 1000}),
-                     "api")
+    store.apply_text(doc({"a": rule({"host": "a.example.com", "port": 443})}, process={"run_as_user": 1000}), "api")
     assert any("static sections" in w["message"] for w in store.status_json()["warnings"])
 
 

@@ -403,9 +403,11 @@ def test_proxy_token_matches_only_exactly_one_right_credential() -> None:
 
 
 def test_proxy_authorization_is_never_forwarded() -> None:
-    head = b"GET http://h.example/ HTTP/1.1\r\nHost: h.example\r\nProxy-Authorization: " + _basic(
-        f"sandbox:{TOKEN}"
-    ) + b"\r\n\r\n"
+    head = (
+        b"GET http://h.example/ HTTP/1.1\r\nHost: h.example\r\nProxy-Authorization: "
+        + _basic(f"sandbox:{TOKEN}")
+        + b"\r\n\r\n"
+    )
     parsed = parse_head(head)
     assert isinstance(parsed, ProxyTarget) and parsed.request_head is not None
     assert b"proxy-authorization" not in parsed.request_head.lower()

@@ -114,9 +114,17 @@ class InterceptionCA:
             .not_valid_after(now + validity)
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(
-                x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
-                              data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-                              encipher_only=False, decipher_only=False),
+                x509.KeyUsage(
+                    digital_signature=False,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
                 critical=True,
             )
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
@@ -180,9 +188,17 @@ class InterceptionCA:
             .add_extension(x509.SubjectAlternativeName([san]), critical=not subject)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(
-                x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
-                              data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
-                              encipher_only=False, decipher_only=False),
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=False,
+                    crl_sign=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
                 critical=True,
             )
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)

@@ -34,9 +34,7 @@ __all__ = ["REDACTED", "CredentialRefusal", "Rewritten", "redact_path", "redact_
 
 REDACTED = "[CREDENTIAL]"
 _BASIC = re.compile(r"([Bb][Aa][Ss][Ii][Cc])([ \t]+)([A-Za-z0-9+/=]+)")
-_PATH_LITERAL = frozenset(
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,;=:@"
-)
+_PATH_LITERAL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,;=:@")
 _QUERY_LITERAL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 _HEX = frozenset("0123456789abcdefABCDEF")
 
@@ -239,9 +237,7 @@ def rewrite_request(
         )
     if resolver.unavailable:
         names = list(resolver.unavailable)
-        raise CredentialRefusal(
-            Resolution.UNAVAILABLE, f"placeholder could not be resolved: {', '.join(names)}", names
-        )
+        raise CredentialRefusal(Resolution.UNAVAILABLE, f"placeholder could not be resolved: {', '.join(names)}", names)
 
     new_path = resolver.substitute(path, _path_secret)
     new_query = None if query is None else _map_query_values(query, resolver.substitute)

@@ -292,8 +292,11 @@ class _Session:
                 return proto
             more = await self._agent_recv(deadline - trio.current_time())
             if more is None:  # still ambiguous at the head timeout: neither relayed nor parsed
-                self._tunnel_event("closed", reason="sniff-timeout",
-                                   detail="the first bytes were neither TLS nor HTTP nor anything else in time")
+                self._tunnel_event(
+                    "closed",
+                    reason="sniff-timeout",
+                    detail="the first bytes were neither TLS nor HTTP nor anything else in time",
+                )
                 self._end(CloseReason.MALFORMED, "sniff-timeout", clean=False)
                 return None
             if not more:
@@ -315,8 +318,11 @@ class _Session:
                 break
             more = await self._agent_recv(deadline - trio.current_time())
             if not more:
-                self._tunnel_event("closed", reason="client-hello-incomplete",
-                                   detail="the TLS ClientHello did not arrive whole in time")
+                self._tunnel_event(
+                    "closed",
+                    reason="client-hello-incomplete",
+                    detail="the TLS ClientHello did not arrive whole in time",
+                )
                 self._end(CloseReason.AGENT_TLS, "client-hello-incomplete", clean=False)
                 return False
             self.buffer += more
@@ -607,8 +613,13 @@ class _Session:
                                       reason=why)  # fmt: skip
         if decision.allowed and _endpoint_protocol(self.snapshot, decision) is Protocol.WEBSOCKET \
                 and not websocket_upgrade(head):  # fmt: skip
-            decision = replace(decision, verdict=Verdict.DENY, audit=False, reason=DenyReason.L7_DENIED,
-                               detail="websocket endpoint requires a valid WebSocket upgrade request")
+            decision = replace(
+                decision,
+                verdict=Verdict.DENY,
+                audit=False,
+                reason=DenyReason.L7_DENIED,
+                detail="websocket endpoint requires a valid WebSocket upgrade request",
+            )
         if not decision.allowed:
             return await self._refuse(conn, rec, self._l7_denied(decision, rec),
                                       reason=str(decision.reason) if decision.reason else "l7-denied",
@@ -618,9 +629,12 @@ class _Session:
             # after a 101 nothing more is judged: on an endpoint with L7 rules that would switch them off, so the
             # upgrade needs an endpoint that says protocol: websocket (docs/design.md "Upgrades")
             where = f" (endpoint {decision.endpoint})" if decision.endpoint else ""
-            refusal = ErrorResponse(403, ErrorCode.UNSUPPORTED_L7_PROTOCOL,
-                                    f"Upgrade: websocket is not allowed on {self.name}:{self.port}{where}: its L7 "
-                                    "rules would no longer apply; an endpoint with protocol: websocket allows it")
+            refusal = ErrorResponse(
+                403,
+                ErrorCode.UNSUPPORTED_L7_PROTOCOL,
+                f"Upgrade: websocket is not allowed on {self.name}:{self.port}{where}: its L7 "
+                "rules would no longer apply; an endpoint with protocol: websocket allows it",
+            )
             return await self._refuse(conn, rec, refusal, reason="websocket-upgrade-not-allowed")  # fmt: skip
         rec.decision = "audit" if decision.audit else "allow"
         if rec.upgrade == "websocket" and _endpoint_protocol(self.snapshot, decision) is Protocol.WEBSOCKET:

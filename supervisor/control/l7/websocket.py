@@ -18,8 +18,14 @@ import struct
 
 from supervisor.control.l7.head import RequestHead
 
-__all__ = ["ClientFrameFilter", "CloseCode", "FilterStop", "client_close_frame", "server_close_frame",
-           "websocket_upgrade"]
+__all__ = [
+    "ClientFrameFilter",
+    "CloseCode",
+    "FilterStop",
+    "client_close_frame",
+    "server_close_frame",
+    "websocket_upgrade",
+]
 
 _TEXT, _BINARY, _CONTINUATION = 0x1, 0x2, 0x0
 _CONTROL = frozenset({0x8, 0x9, 0xA})

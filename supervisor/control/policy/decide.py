@@ -128,8 +128,9 @@ class Decision:
 
 def _deny(reason: DenyReason, detail: str, host: str, port: int, **extra: Any) -> Decision:
     endpoint = extra.pop("endpoint", f"{host}:{port}" if host else None)
-    return Decision(Verdict.DENY, extra.pop("rule", None), endpoint, reason, detail=detail, host=host, port=port,
-                    **extra)
+    return Decision(
+        Verdict.DENY, extra.pop("rule", None), endpoint, reason, detail=detail, host=host, port=port, **extra
+    )
 
 
 def quarantine_decision(req: L4Request, why: str = "") -> Decision:
@@ -172,8 +173,9 @@ def decide_l4(policy: CompiledPolicy, req: L4Request, pins: DigestPins | None = 
 
     candidates = policy.endpoints_for(host, port)
     if not candidates:
-        return _deny(DenyReason.NO_MATCHING_ENDPOINT, f"endpoint {host}:{port} is not allowed by any policy",
-                     host, port)
+        return _deny(
+            DenyReason.NO_MATCHING_ENDPOINT, f"endpoint {host}:{port} is not allowed by any policy", host, port
+        )
     matching: list[CompiledEndpoint] = []
     refused: list[str] = []
     verdicts: dict[int, bool] = {}
@@ -228,8 +230,7 @@ def _first(
 def decide_l7(policy: CompiledPolicy, l4: Decision, method: str, raw_target: str) -> Decision:
     """Decide one HTTP request inside a connection that ``l4`` admitted (same policy generation)."""
     if not l4.allowed:
-        return l4 if l4.reason is not None else _deny(DenyReason.L4_DENIED, "connection not allowed", l4.host,
-                                                      l4.port)
+        return l4 if l4.reason is not None else _deny(DenyReason.L4_DENIED, "connection not allowed", l4.host, l4.port)
     admitted = set(l4.rules)
     configs = [
         cep
@@ -237,32 +238,80 @@ def decide_l7(policy: CompiledPolicy, l4: Decision, method: str, raw_target: str
         if cep.rule.key in admitted and cep.endpoint.protocol.inspected
     ]
     if not _METHOD.fullmatch(method or ""):
-        return _deny(DenyReason.METHOD_INVALID, f"invalid HTTP method {method!r}", l4.host, l4.port,
-                     rule=l4.rule, endpoint=l4.endpoint, rules=l4.rules, l7=bool(configs))
+        return _deny(
+            DenyReason.METHOD_INVALID,
+            f"invalid HTTP method {method!r}",
+            l4.host,
+            l4.port,
+            rule=l4.rule,
+            endpoint=l4.endpoint,
+            rules=l4.rules,
+            l7=bool(configs),
+        )
     method = method.upper()
     if not configs:
         # not an inspected endpoint: nothing to decide per request
-        return Decision(Verdict.ALLOW, l4.rule, l4.endpoint, None, detail="endpoint is not L7-inspected",
-                        host=l4.host, port=l4.port, rules=l4.rules, method=method)
+        return Decision(
+            Verdict.ALLOW,
+            l4.rule,
+            l4.endpoint,
+            None,
+            detail="endpoint is not L7-inspected",
+            host=l4.host,
+            port=l4.port,
+            rules=l4.rules,
+            method=method,
+        )
 
     try:
-        target = canonicalize_target(raw_target, allow_encoded_slash=any(
-            c.endpoint.allow_encoded_slash for c in configs))
+        target = canonicalize_target(
+            raw_target, allow_encoded_slash=any(c.endpoint.allow_encoded_slash for c in configs)
+        )
     except TargetError as exc:
-        return _deny(DenyReason.PATH_NOT_CANONICAL, str(exc), l4.host, l4.port, rule=l4.rule, endpoint=l4.endpoint,
-                     rules=l4.rules, l7=True, method=method)
+        return _deny(
+            DenyReason.PATH_NOT_CANONICAL,
+            str(exc),
+            l4.host,
+            l4.port,
+            rule=l4.rule,
+            endpoint=l4.endpoint,
+            rules=l4.rules,
+            l7=True,
+            method=method,
+        )
     path = target.path
     routed = [c for c in configs if c.path_glob is None or c.path_glob.matches(path)]
     if not routed:
-        return _deny(DenyReason.L7_NO_ENDPOINT_PATH, "no L7 endpoint path matched request", l4.host, l4.port,
-                     rule=l4.rule, endpoint=l4.endpoint, rules=l4.rules, l7=True, method=method, path=path)
+        return _deny(
+            DenyReason.L7_NO_ENDPOINT_PATH,
+            "no L7 endpoint path matched request",
+            l4.host,
+            l4.port,
+            rule=l4.rule,
+            endpoint=l4.endpoint,
+            rules=l4.rules,
+            l7=True,
+            method=method,
+            path=path,
+        )
     selected = max(routed, key=lambda c: (c.rank, -c.rule.position, -c.index))
-    where = {"rule": selected.rule.key, "endpoint": selected.label, "rules": l4.rules, "l7": True,
-             "method": method, "path": path, "query": target.query}
+    where = {
+        "rule": selected.rule.key,
+        "endpoint": selected.label,
+        "rules": l4.rules,
+        "l7": True,
+        "method": method,
+        "path": path,
+        "query": target.query,
+    }
     if "%2F" in path and not selected.endpoint.allow_encoded_slash:
-        return _deny(DenyReason.ENCODED_SLASH,
-                     f"encoded slash (%2F) in path; endpoint {selected.label} does not set allow_encoded_slash",
-                     l4.host, l4.port, **where)
+        return _deny(
+            DenyReason.ENCODED_SLASH,
+            f"encoded slash (%2F) in path; endpoint {selected.label} does not set allow_encoded_slash",
+            l4.host,
+            l4.port,
+            **where,
+        )
     try:
         params = parse_query(target.query)
     except TargetError as exc:
@@ -272,19 +321,52 @@ def decide_l7(policy: CompiledPolicy, l4: Decision, method: str, raw_target: str
     allowed = None if denied else _first(routed, method, path, params, deny=False)
     if allowed is not None:
         cep, rule = allowed
-        return Decision(Verdict.ALLOW, cep.rule.key, cep.label, None, l7=True,
-                        detail=f"{method} {path} allowed by policy '{cep.rule.key}' {rule.label}",
-                        host=l4.host, port=l4.port, rules=l4.rules, method=method, path=path, query=target.query,
-                        l7_rule=rule.label)
+        return Decision(
+            Verdict.ALLOW,
+            cep.rule.key,
+            cep.label,
+            None,
+            l7=True,
+            detail=f"{method} {path} allowed by policy '{cep.rule.key}' {rule.label}",
+            host=l4.host,
+            port=l4.port,
+            rules=l4.rules,
+            method=method,
+            path=path,
+            query=target.query,
+            l7_rule=rule.label,
+        )
     if denied is not None:
         cep, rule = denied
-        reason, detail, rule_key, label, l7_rule = (DenyReason.L7_DENIED, f"{method} {path} blocked by deny rule",
-                                                    cep.rule.key, cep.label, rule.label)
+        reason, detail, rule_key, label, l7_rule = (
+            DenyReason.L7_DENIED,
+            f"{method} {path} blocked by deny rule",
+            cep.rule.key,
+            cep.label,
+            rule.label,
+        )
     else:
-        reason, detail, rule_key, label, l7_rule = (DenyReason.L7_NO_ALLOW_RULE,
-                                                    f"{method} {path} not permitted by policy",
-                                                    selected.rule.key, selected.label, None)
+        reason, detail, rule_key, label, l7_rule = (
+            DenyReason.L7_NO_ALLOW_RULE,
+            f"{method} {path} not permitted by policy",
+            selected.rule.key,
+            selected.label,
+            None,
+        )
     audit = selected.endpoint.enforcement is not Enforcement.ENFORCE
-    return Decision(Verdict.ALLOW if audit else Verdict.DENY, rule_key, label, reason, audit=audit, l7=True,
-                    detail=detail, host=l4.host, port=l4.port, rules=l4.rules, method=method, path=path,
-                    query=target.query, l7_rule=l7_rule)
+    return Decision(
+        Verdict.ALLOW if audit else Verdict.DENY,
+        rule_key,
+        label,
+        reason,
+        audit=audit,
+        l7=True,
+        detail=detail,
+        host=l4.host,
+        port=l4.port,
+        rules=l4.rules,
+        method=method,
+        path=path,
+        query=target.query,
+        l7_rule=l7_rule,
+    )

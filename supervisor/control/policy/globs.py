@@ -95,8 +95,6 @@ Run = tuple[Tok, ...]
 Piece = tuple[Run, ...]  # alternatives
 
 
-
-
 def has_glob_chars(pattern: str) -> bool:
     return any(c in GLOB_CHARS for c in pattern)
 

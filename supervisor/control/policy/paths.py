@@ -24,9 +24,7 @@ from dataclasses import dataclass
 
 MAX_PATH = 4096
 _ABSOLUTE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
-_LITERAL = frozenset(
-    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~" b"!$&'()*+,;=" b":@"
-)
+_LITERAL = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,;=:@")
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 
 

@@ -207,8 +207,12 @@ class _Schema:
             r.error(base, key_node, "rule keys starting with '_provider_' are reserved for provider rules")
             ok = False
         elif _RULE_KEY.fullmatch(key) is None:
-            r.error(base, key_node, f"invalid rule key {key!r}",
-                    "letters, digits and _.:@- (starting with a letter or digit), at most 128 characters")
+            r.error(
+                base,
+                key_node,
+                f"invalid rule key {key!r}",
+                "letters, digits and _.:@- (starting with a letter or digit), at most 128 characters",
+            )
             ok = False
         items = r.mapping(node, base)
         if items is None:
@@ -263,8 +267,12 @@ class _Schema:
         if path is None:
             return None
         if not path.startswith("/") and not path.startswith("**"):
-            r.error(f"{base}.path", path_node, f"binary path {path!r} is not absolute",
-                    "an absolute path such as /usr/bin/git")
+            r.error(
+                f"{base}.path",
+                path_node,
+                f"binary path {path!r} is not absolute",
+                "an absolute path such as /usr/bin/git",
+            )
             return None
         if "*" in path:
             try:
@@ -295,14 +303,21 @@ class _Schema:
             if raw is not None:
                 lowered = raw.strip().lower()
                 if lowered in PROTOCOL_NOT_YET:
-                    r.error(where("protocol"), p_node, f"protocol {lowered!r} ({PROTOCOL_NOT_YET[lowered]}) "
-                            "is not supported yet")
+                    r.error(
+                        where("protocol"),
+                        p_node,
+                        f"protocol {lowered!r} ({PROTOCOL_NOT_YET[lowered]}) is not supported yet",
+                    )
                 else:
                     try:
                         protocol = Protocol(lowered)
                     except ValueError:
-                        r.error(where("protocol"), p_node, f"unknown protocol {raw!r}",
-                                "tcp, rest or websocket (or no protocol for plain L4)")
+                        r.error(
+                            where("protocol"),
+                            p_node,
+                            f"unknown protocol {raw!r}",
+                            "tcp, rest or websocket (or no protocol for plain L4)",
+                        )
         tcp = protocol is Protocol.TCP
 
         # allowed_ips (V34)
@@ -331,9 +346,12 @@ class _Schema:
             if tcp:
                 r.error(where("host"), at, "protocol tcp requires a DNS hostname")
             elif not allowed_ips and ips_node is None:
-                r.error(where("host"), at,
-                        "endpoint host must not be empty unless allowed_ips constrains a non-TCP proxy endpoint",
-                        "a host name, IP address or host glob")
+                r.error(
+                    where("host"),
+                    at,
+                    "endpoint host must not be empty unless allowed_ips constrains a non-TCP proxy endpoint",
+                    "a host name, IP address or host glob",
+                )
 
         # ports (V5-V7, D15)
         ports: list[int] = []
@@ -398,15 +416,20 @@ class _Schema:
                 try:
                     access = AccessPreset(raw_a)
                 except ValueError:
-                    r.error(where("access"), a_node, f"unknown access preset {raw_a!r}",
-                            "read-only, read-write or full")
+                    r.error(
+                        where("access"), a_node, f"unknown access preset {raw_a!r}", "read-only, read-write or full"
+                    )
 
         rules = read_l7_rules(self.r, base, items, protocol, allow=True)
         deny_rules = read_l7_rules(self.r, base, items, protocol, allow=False)
 
         flags: dict[str, bool] = {}
-        for flag in ("allow_encoded_slash", "websocket_credential_rewrite", "request_body_credential_rewrite",
-                     "allow_uninspected_credentials"):
+        for flag in (
+            "allow_encoded_slash",
+            "websocket_credential_rewrite",
+            "request_body_credential_rewrite",
+            "allow_uninspected_credentials",
+        ):
             flags[flag] = bool(r.boolean(items[flag][1], where(flag))) if flag in items else False
 
         binding: str | None = None
@@ -415,8 +438,9 @@ class _Schema:
             if b_items is not None:
                 r.check_keys(b_items, where("credential_binding"), ("provider",))
                 if "provider" in b_items:
-                    binding = r.string(b_items["provider"][1], f"{where('credential_binding')}.provider",
-                                       allow_empty=False)
+                    binding = r.string(
+                        b_items["provider"][1], f"{where('credential_binding')}.provider", allow_empty=False
+                    )
                 else:
                     r.error(f"{where('credential_binding')}.provider", b_node, "missing required key 'provider'")
 
@@ -425,40 +449,65 @@ class _Schema:
         if tcp:
             bad = [key for key in TCP_FORBIDDEN if key in items]
             if bad:
-                r.error(where("protocol"), field("protocol"),
-                        "protocol tcp does not support L7-only fields: " + ", ".join(bad))
+                r.error(
+                    where("protocol"),
+                    field("protocol"),
+                    "protocol tcp does not support L7-only fields: " + ", ".join(bad),
+                )
         else:
             if access is not None and rules is not None:
                 r.error(where("rules"), field("rules"), "rules and access are mutually exclusive", "one of them")
             if protocol is Protocol.L4 and (access is not None or rules is not None):
                 key = "access" if access is not None else "rules"
-                r.error(where(key), field(key),
-                        f"{key} without an L7 protocol would never be enforced",
-                        "protocol: rest or protocol: websocket")
+                r.error(
+                    where(key),
+                    field(key),
+                    f"{key} without an L7 protocol would never be enforced",
+                    "protocol: rest or protocol: websocket",
+                )
             if deny_rules is not None and protocol is Protocol.L4:
-                r.error(where("deny_rules"), field("deny_rules"), "deny_rules require protocol",
-                        "protocol: rest or protocol: websocket")
+                r.error(
+                    where("deny_rules"),
+                    field("deny_rules"),
+                    "deny_rules require protocol",
+                    "protocol: rest or protocol: websocket",
+                )
             elif deny_rules is not None and access is None and rules is None:
-                r.error(where("deny_rules"), field("deny_rules"),
-                        "deny_rules require rules or access to define the base allow set")
+                r.error(
+                    where("deny_rules"),
+                    field("deny_rules"),
+                    "deny_rules require rules or access to define the base allow set",
+                )
             if inspected and access is None and rules is None and "rules" not in items:
-                r.error(where("protocol"), field("protocol"),
-                        f"protocol {protocol} requires rules or access to define allowed traffic")
+                r.error(
+                    where("protocol"),
+                    field("protocol"),
+                    f"protocol {protocol} requires rules or access to define allowed traffic",
+                )
             if inspected and tls is TlsMode.SKIP:
-                r.error(where("tls"), field("tls"),
-                        f"protocol {protocol} with tls: skip would never inspect traffic, so its rules would not "
-                        "be enforced", "no tls (auto), or no protocol for a raw tunnel")
+                r.error(
+                    where("tls"),
+                    field("tls"),
+                    f"protocol {protocol} with tls: skip would never inspect traffic, so its rules would not "
+                    "be enforced",
+                    "no tls (auto), or no protocol for a raw tunnel",
+                )
             if inspected and not enforcement_explicit:
-                r.warn(where("enforcement"), node,
-                       "L7 endpoint without 'enforcement: enforce' runs in audit mode: violations are logged "
-                       "but allowed")
+                r.warn(
+                    where("enforcement"),
+                    node,
+                    "L7 endpoint without 'enforcement: enforce' runs in audit mode: violations are logged but allowed",
+                )
             if not inspected:
                 for flag in ("allow_encoded_slash", "websocket_credential_rewrite"):
                     if flags[flag]:
                         r.warn(where(flag), field(flag), f"{flag} has no effect without protocol rest/websocket")
             if flags["request_body_credential_rewrite"] and protocol is not Protocol.REST:
-                r.warn(where("request_body_credential_rewrite"), field("request_body_credential_rewrite"),
-                       "request_body_credential_rewrite has no effect without protocol rest")
+                r.warn(
+                    where("request_body_credential_rewrite"),
+                    field("request_body_credential_rewrite"),
+                    "request_body_credential_rewrite has no effect without protocol rest",
+                )
 
         if len(r.errors) > errors_before:
             return None
@@ -506,8 +555,12 @@ class _Schema:
             return None
         for blocked in ALWAYS_BLOCKED_NETS:
             if net.version == blocked.version and net.overlaps(blocked):
-                r.error(where, node, f"allowed_ips entry {raw!r} overlaps always-blocked range {blocked}",
-                        "a network outside loopback, link-local and unspecified addresses")
+                r.error(
+                    where,
+                    node,
+                    f"allowed_ips entry {raw!r} overlaps always-blocked range {blocked}",
+                    "a network outside loopback, link-local and unspecified addresses",
+                )
                 return None
         if (net.version == 4 and net.prefixlen < 16) or (net.version == 6 and net.prefixlen < 32):
             r.warn(where, node, f"allowed_ips entry {raw!r} is very broad (/{net.prefixlen})")

@@ -73,8 +73,12 @@ def read_landlock(r: Reader, node: Node) -> LandlockPolicy | None:
     try:
         return LandlockPolicy(Compatibility(value))
     except ValueError:
-        r.error(f"{base}.compatibility", items["compatibility"][1], f"unknown compatibility {value!r}",
-                    "best_effort or hard_requirement")
+        r.error(
+            f"{base}.compatibility",
+            items["compatibility"][1],
+            f"unknown compatibility {value!r}",
+            "best_effort or hard_requirement",
+        )
         return None
 
 
@@ -94,6 +98,10 @@ def read_process(r: Reader, node: Node) -> ProcessPolicy | None:
         if text == "sandbox" or (text is not None and text.isdigit() and 1 <= int(text) <= MAX_ID):
             ids[key] = text if text == "sandbox" else str(int(text))
         else:
-            r.error(f"{base}.{key}", value_node, f"invalid id {value!r}",
-                    f"'sandbox' or a numeric id in 1..{MAX_ID} (0/root is refused)")
+            r.error(
+                f"{base}.{key}",
+                value_node,
+                f"invalid id {value!r}",
+                f"'sandbox' or a numeric id in 1..{MAX_ID} (0/root is refused)",
+            )
     return ProcessPolicy(ids["run_as_user"], ids["run_as_group"])

@@ -88,8 +88,7 @@ class PolicyStore:
         self._aliases = binary_aliases
         self._static = initial.policy.static_json()
         self._started_with_tcp = initial.has_tcp
-        self._snapshot = PolicySnapshot(0, "loaded", initial, initial, source,
-                                        warnings=initial.policy.warnings)
+        self._snapshot = PolicySnapshot(0, "loaded", initial, initial, source, warnings=initial.policy.warnings)
         self._subscribers: list[Subscriber] = []
         self._changed = trio.Event()
 
@@ -166,9 +165,18 @@ class PolicyStore:
         """Parse, validate and compile a candidate without touching the store (safe in a worker thread)."""
         policy = load_policy_text(text, source)
         if policy.has_tcp_endpoints() and not self._started_with_tcp:
-            raise PolicyInvalid([PolicyError(
-                "network_policies", "cannot add the first protocol: tcp endpoint by reload; transparent capture "
-                "is set up only when the sandbox starts", "a new sandbox for protocol: tcp", None, source)])
+            raise PolicyInvalid(
+                [
+                    PolicyError(
+                        "network_policies",
+                        "cannot add the first protocol: tcp endpoint by reload; transparent capture "
+                        "is set up only when the sandbox starts",
+                        "a new sandbox for protocol: tcp",
+                        None,
+                        source,
+                    )
+                ]
+            )
         return compile_policy(policy, binary_aliases=self._aliases)
 
     def apply_text(self, text: str, source: str) -> int:
@@ -183,35 +191,52 @@ class PolicyStore:
     def activate(self, compiled: CompiledPolicy, source: str) -> int:
         """Make a valid, compiled candidate current (unless it equals the active policy)."""
         if compiled.has_tcp and not self._started_with_tcp:
-            raise PolicyInvalid([PolicyError("network_policies", "cannot add the first protocol: tcp endpoint "
-                                             "by reload", None, None, source)])
+            raise PolicyInvalid(
+                [
+                    PolicyError(
+                        "network_policies", "cannot add the first protocol: tcp endpoint by reload", None, None, source
+                    )
+                ]
+            )
         snap = self._snapshot
         warnings = list(compiled.policy.warnings)
         if compiled.policy.static_json() != self._static:
-            warnings.append(PolicyWarning("", "static sections (filesystem_policy, landlock, process) changed; "
-                                          "they take effect only in a new sandbox", None, source))
+            warnings.append(
+                PolicyWarning(
+                    "",
+                    "static sections (filesystem_policy, landlock, process) changed; "
+                    "they take effect only in a new sandbox",
+                    None,
+                    source,
+                )
+            )
         active = snap.policy
         if active is not None and active.digest == compiled.digest:
             if snap.status != "loaded":  # a retained sandbox got its valid file back: same policy, healthy again
-                self._publish(PolicySnapshot(snap.generation, "loaded", active, active, source,
-                                             warnings=tuple(warnings)))
+                self._publish(
+                    PolicySnapshot(snap.generation, "loaded", active, active, source, warnings=tuple(warnings))
+                )
             return snap.generation
-        self._publish(PolicySnapshot(snap.generation + 1, "loaded", compiled, compiled, source,
-                                     warnings=tuple(warnings)))
+        self._publish(
+            PolicySnapshot(snap.generation + 1, "loaded", compiled, compiled, source, warnings=tuple(warnings))
+        )
         return self._snapshot.generation
 
     def reject_disk(self, errors: list[PolicyError], source: str) -> int:
         """An invalid revision on disk: apply the failure mode."""
         snap = self._snapshot
         if self.failure_mode == "retain-last-valid":
-            self._publish(PolicySnapshot(snap.generation, "retained", snap.last_valid, snap.last_valid, source,
-                                         tuple(errors), snap.warnings))
+            self._publish(
+                PolicySnapshot(
+                    snap.generation, "retained", snap.last_valid, snap.last_valid, source, tuple(errors), snap.warnings
+                )
+            )
         elif snap.status == "quarantined":
-            self._publish(PolicySnapshot(snap.generation, "quarantined", None, snap.last_valid, source,
-                                         tuple(errors)))
+            self._publish(PolicySnapshot(snap.generation, "quarantined", None, snap.last_valid, source, tuple(errors)))
         else:
-            self._publish(PolicySnapshot(snap.generation + 1, "quarantined", None, snap.last_valid, source,
-                                         tuple(errors)))
+            self._publish(
+                PolicySnapshot(snap.generation + 1, "quarantined", None, snap.last_valid, source, tuple(errors))
+            )
         return self._snapshot.generation
 
     def disk_revision(self, text: str, source: str) -> int:
@@ -226,8 +251,9 @@ class PolicyStore:
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            return self.reject_disk([PolicyError("", f"cannot read policy file: {exc}", None, None, str(path))],
-                                    str(path))
+            return self.reject_disk(
+                [PolicyError("", f"cannot read policy file: {exc}", None, None, str(path))], str(path)
+            )
         return self.disk_revision(text, str(path))
 
     def _publish(self, snapshot: PolicySnapshot) -> None:
@@ -262,8 +288,11 @@ def _read(path: Path) -> tuple[str | None, str, list[PolicyError]]:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        return None, f"unreadable:{exc.errno}", [PolicyError("", f"cannot read policy file: {exc}", None, None,
-                                                             str(path))]
+        return (
+            None,
+            f"unreadable:{exc.errno}",
+            [PolicyError("", f"cannot read policy file: {exc}", None, None, str(path))],
+        )
     digest = hashlib.sha256(data).hexdigest()
     try:
         return data.decode("utf-8"), digest, []
@@ -271,8 +300,9 @@ def _read(path: Path) -> tuple[str | None, str, list[PolicyError]]:
         return None, digest, [PolicyError("", f"policy file is not UTF-8: {exc}", None, None, str(path))]
 
 
-def _evaluate(store: PolicyStore, text: str | None, errors: list[PolicyError], source: str
-              ) -> CompiledPolicy | list[PolicyError]:
+def _evaluate(
+    store: PolicyStore, text: str | None, errors: list[PolicyError], source: str
+) -> CompiledPolicy | list[PolicyError]:
     if text is None:
         return errors
     try:

@@ -60,8 +60,9 @@ class Reader:
             mark = exc.problem_mark or exc.context_mark
             problem = exc.problem or exc.context or "syntax error"
             self.errors.append(
-                PolicyError("", f"YAML syntax error: {problem}", None, None if mark is None else mark.line + 1,
-                            self.source)
+                PolicyError(
+                    "", f"YAML syntax error: {problem}", None, None if mark is None else mark.line + 1, self.source
+                )
             )
             return None
         except yaml.YAMLError as exc:
@@ -86,8 +87,9 @@ class Reader:
 
     def mapping(self, node: yaml.Node, path: str) -> dict[str, tuple[yaml.Node, yaml.Node]] | None:
         if not isinstance(node, yaml.MappingNode):
-            self.error(path, node, f"expected a mapping, got {type_name(node, self._scalar_or_none(node))}",
-                       "a mapping")
+            self.error(
+                path, node, f"expected a mapping, got {type_name(node, self._scalar_or_none(node))}", "a mapping"
+            )
             return None
         out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
         for key_node, value_node in node.value:
