@@ -27,7 +27,7 @@ import trio
 
 from bench.bench_exec import read_exit
 from bench.stats import percentile
-from supervisor.api_client import find_api, open_channel, request_json
+from supervisor.cli.api_client import find_api, open_channel, request_json
 
 CLI = [sys.executable, "-m", "supervisor.cli"]
 

@@ -34,7 +34,7 @@ else:
 from supervisor.boundary.process.environment import build_process_spec, managed_env
 from supervisor.boundary.process.exec_session import pump_exec
 from supervisor.boundary.process.table import ProcessTable
-from supervisor.exec_client import run_exec_client
+from supervisor.cli.exec_client import run_exec_client
 from supervisor.jsonlog import JsonLog
 from supervisor.protocol.errors import OpError
 from supervisor.protocol.process_ops import parse_exec_request

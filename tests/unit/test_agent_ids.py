@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.agent_ids import AGENT_ID_RANGE, NoFreeAgentId, _reserve, pick_agent_id
+from supervisor.cli.agent_ids import AGENT_ID_RANGE, NoFreeAgentId, _reserve, pick_agent_id
 
 
 def pick(**checks: object) -> int:

@@ -1,4 +1,4 @@
-"""Bootstrap bundles (supervisor/protocol/certs.py) and ``certs issue`` (supervisor/certs_cli.py). No sockets."""
+"""Bootstrap bundles (supervisor/protocol/certs.py) and ``certs issue`` (supervisor/cli/certs.py). No sockets."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from supervisor import certs_cli
+from supervisor.cli import certs as certs_cli
 from supervisor.protocol import certs, tls
 from supervisor.protocol.certs import (
     BUNDLE_FILES,
@@ -471,7 +471,7 @@ def cli_parser() -> argparse.ArgumentParser:
 
 
 def run_cli(argv: list[str]) -> int:
-    """What supervisor/cli.py does: parse, then dispatch; argparse usage errors exit 2."""
+    """What supervisor/cli/main.py does: parse, then dispatch; argparse usage errors exit 2."""
     try:
         args = cli_parser().parse_args(argv)
     except SystemExit as exc:

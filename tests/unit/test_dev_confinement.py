@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.dev_confinement import PRIVATE_DIR, DevConfinement, DevSetupError, parse_agent_user, prepare
+from supervisor.cli.dev_confinement import PRIVATE_DIR, DevConfinement, DevSetupError, parse_agent_user, prepare
 
 POLICY = "version: 1\nnetwork_policies: {}\n"
 

@@ -7,8 +7,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from supervisor.dev_console import Console, EventsTail
-from supervisor.human import clean, summary
+from supervisor.cli.dev_console import Console, EventsTail
+from supervisor.cli.human import clean, summary
 
 EVENTS = Path("/state/openshell-sandbox/dev-1/events.jsonl")
 

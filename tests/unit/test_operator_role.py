@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from supervisor.api_client import ApiError, TlsApi, find_api, parse_api_url
+from supervisor.cli.api_client import ApiError, TlsApi, find_api, parse_api_url
 from supervisor.control.api_tls import HandshakeLimiter, operator_identity
 from supervisor.protocol.certs import BUNDLE_FILES, BundleError, issue_bundle, issue_operator, load_bundle
 from supervisor.protocol.claims import Role, decode_claims, encode_claims

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.policy_cli import add_policy_parser, run_policy
+from supervisor.cli.policy import add_policy_parser, run_policy
 
 GOOD = """version: 1
 network_policies:
@@ -255,7 +255,7 @@ def test_subprocess_check(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(THREE_ERRORS)
     script = (
-        "import argparse,sys\nfrom supervisor.policy_cli import add_policy_parser, run_policy\n"
+        "import argparse,sys\nfrom supervisor.cli.policy import add_policy_parser, run_policy\n"
         "p = argparse.ArgumentParser(); add_policy_parser(p.add_subparsers())\n"
         "sys.exit(run_policy(p.parse_args(sys.argv[1:])))\n"
     )

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.cli.state_dirs import StateDirError, ensure_sandbox_state_dir, events_path, sandbox_state_dir
 from supervisor.jsonlog import JsonLog, open_log_file
-from supervisor.state_dirs import StateDirError, ensure_sandbox_state_dir, events_path, sandbox_state_dir
 
 
 def test_xdg_state_home_when_absolute_else_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

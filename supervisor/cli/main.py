@@ -492,10 +492,10 @@ def _proxy_topology(args: argparse.Namespace) -> Any:
 
 
 def command_parser() -> argparse.ArgumentParser:
-    from supervisor.certs_cli import add_certs_parser
-    from supervisor.k8s_cli import add_k8s_parser
-    from supervisor.logs_cli import add_logs_parser
-    from supervisor.policy_cli import add_policy_parser
+    from supervisor.cli.certs import add_certs_parser
+    from supervisor.cli.k8s import add_k8s_parser
+    from supervisor.cli.logs import add_logs_parser
+    from supervisor.cli.policy import add_policy_parser
 
     p = argparse.ArgumentParser(
         prog="openshell-sandbox",
@@ -558,7 +558,7 @@ def command_parser() -> argparse.ArgumentParser:
     dev.add_argument("argv", nargs="+", metavar="CMD", help="the agent command (after --)")
 
     def with_api(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        from supervisor.api_client import add_api_arguments
+        from supervisor.cli.api_client import add_api_arguments
 
         add_api_arguments(parser)
         return parser
@@ -609,7 +609,7 @@ def run_command(argv: list[str]) -> int:
         command_parser().print_help(sys.stderr)
         return 2
     if args.command == "dev":
-        from supervisor.dev import DevOptions, run_dev
+        from supervisor.cli.dev import DevOptions, run_dev
 
         if args.privilege_model == "P" and not args.acknowledge_external_fence:
             _err(
@@ -636,22 +636,22 @@ def run_command(argv: list[str]) -> int:
                 return 2
         return run_dev(opts)
     if args.command == "policy":
-        from supervisor.policy_cli import run_policy
+        from supervisor.cli.policy import run_policy
 
         return run_policy(args)
     if args.command == "certs":
-        from supervisor.certs_cli import run_certs
+        from supervisor.cli.certs import run_certs
 
         return run_certs(args)
     if args.command == "k8s":
-        from supervisor.k8s_cli import run_k8s
+        from supervisor.cli.k8s import run_k8s
 
         return run_k8s(args)
-    from supervisor import client_commands
-    from supervisor.api_client import ApiError
+    from supervisor.cli import client_commands
+    from supervisor.cli.api_client import ApiError
 
     if args.command == "logs":
-        from supervisor.logs_cli import run_logs
+        from supervisor.cli.logs import run_logs
 
         try:
             return trio.run(run_logs, args)

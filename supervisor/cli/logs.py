@@ -3,7 +3,7 @@
 Reads ``GET /v1/events`` on the operator API (found like every client command: ``--api``, else
 ``$OPENSHELL_SANDBOX_API``, else the only live socket), so it works the same against dev mode and a pod's
 control. Prints the last N events (default 100), then with ``-f`` every new one until control goes away or
-the user interrupts. One human line per event by default (``supervisor.human.summary``, terminal-safe), the
+the user interrupts. One human line per event by default (``supervisor.cli.human.summary``, terminal-safe), the
 events' own JSON lines with ``--json``. Exit 0, 125 when the API cannot be reached or refuses.
 """
 
@@ -15,8 +15,8 @@ import sys
 import urllib.parse
 from typing import Any
 
-from supervisor.api_client import ApiError, add_api_arguments, find_api, stream_lines
-from supervisor.human import summary
+from supervisor.cli.api_client import ApiError, add_api_arguments, find_api, stream_lines
+from supervisor.cli.human import summary
 
 DEFAULT_TAIL = 100
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import trio
 
-from supervisor.api_client import Api, ApiError, find_api, open_channel, request_json
-from supervisor.exec_client import run_exec_client
+from supervisor.cli.api_client import Api, ApiError, find_api, open_channel, request_json
+from supervisor.cli.exec_client import run_exec_client
 from supervisor.link.relay import relay
 
 EXIT_SELF_FAILED = 125

@@ -12,8 +12,8 @@ import re
 import sys
 from pathlib import Path
 
-from .protocol.certs import DEFAULT_VALIDITY, VALIDITY_SUBJECTS, BundleError, issue_bundle, issue_operator
-from .protocol.claims import CLAIM_FIELDS, Claims, ClaimsError, Role
+from ..protocol.certs import DEFAULT_VALIDITY, VALIDITY_SUBJECTS, BundleError, issue_bundle, issue_operator
+from ..protocol.claims import CLAIM_FIELDS, Claims, ClaimsError, Role
 
 __all__ = ["add_certs_parser", "parse_bound", "parse_validity", "resolve_bounds", "run_certs"]
 

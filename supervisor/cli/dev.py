@@ -5,9 +5,9 @@ the boundary (which holds the agent until ``start``) on an ephemeral loopback po
 it. The agent inherits this terminal's stdin, stdout and stderr; stdout carries only the agent's output.
 
 Talking to a person (docs/design.md "Events"): both daemons append their JSON events to
-``$XDG_STATE_HOME/openshell-sandbox/<sandbox>/events.jsonl`` (kept after exit; ``supervisor/state_dirs.py``),
+``$XDG_STATE_HOME/openshell-sandbox/<sandbox>/events.jsonl`` (kept after exit; ``supervisor/cli/state_dirs.py``),
 and dev mode tails that file to print a ready line and one human line per refusal on stderr
-(``supervisor/dev_console.py``). ``--log-format json`` streams the JSON to stderr instead of those lines;
+(``supervisor/cli/dev_console.py``). ``--log-format json`` streams the JSON to stderr instead of those lines;
 ``-q`` prints nothing of ours (fatal errors aside). The file is opened by each daemon close-on-exec, so no
 workload process inherits it. The exit code is the agent's (128+N for a signal; 125 when the
 sandbox itself failed). On Ctrl-C or SIGTERM the agent is terminated and both daemons stop. Nothing is left:
@@ -28,11 +28,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor.dev_confinement import DevSetupError, prepare, resolve_model
-from supervisor.dev_console import Console, EventsTail
+from supervisor.cli.dev_confinement import DevSetupError, prepare, resolve_model
+from supervisor.cli.dev_console import Console, EventsTail
+from supervisor.cli.state_dirs import StateDirError, ensure_sandbox_state_dir, events_path
 from supervisor.protocol.certs import issue_bundle
 from supervisor.protocol.claims import Claims
-from supervisor.state_dirs import StateDirError, ensure_sandbox_state_dir, events_path
 
 EXIT_SELF_FAILED = 125
 PORT_WAIT_S = 30.0
@@ -45,7 +45,7 @@ class DevOptions:
     policy: Path | None = None
     dns_servers: tuple[str, ...] = ()
     privilege_model: str = "auto"
-    workdir: str | None = None  # None: <state dir>/work (supervisor/dev_confinement.py)
+    workdir: str | None = None  # None: <state dir>/work (supervisor/cli/dev_confinement.py)
     agent_user: str | None = None
     acknowledge_external_fence: bool = False
     credentials: Path | None = None
@@ -56,7 +56,7 @@ class DevOptions:
     self_addresses: tuple[str, ...] = ()  # control's --self-address
     api_listen: str | None = None  # control's --api-listen ADDR:PORT; an operator bundle is minted for it
     pids_limit: int | None = None  # the boundary's --pids-limit (None: its default)
-    topology: str = "boundary"  # "proxy-pod": supervisor/dev_proxy_pod.py
+    topology: str = "boundary"  # "proxy-pod": supervisor/cli/dev_proxy_pod.py
 
 
 def dev_claims(sandbox: str) -> Claims:
@@ -112,7 +112,7 @@ def _console(opts: DevOptions, sandbox: str) -> tuple[Callable[[], None], Callab
 
 def run_dev(opts: DevOptions) -> int:
     if opts.topology == "proxy-pod":
-        from supervisor.dev_proxy_pod import run_proxy_pod
+        from supervisor.cli.dev_proxy_pod import run_proxy_pod
 
         return run_proxy_pod(opts)
     sandbox = "dev-" + secrets.token_hex(4)

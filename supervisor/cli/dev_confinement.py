@@ -16,9 +16,9 @@ Rules:
 3. Model P here is one uid and no mount namespace: the agent can read everything dev and control can. Dev
    mode runs it (it needs ``--acknowledge-external-fence`` anyway) but says plainly that the policy and the
    secrets are not protected, and control never hot-reloads the policy file.
-4. As root (models R and U) the agent runs as a dedicated unused uid/gid (``supervisor/agent_ids.py``) unless
+4. As root (models R and U) the agent runs as a dedicated unused uid/gid (``supervisor/cli/agent_ids.py``) unless
    ``--agent-user`` names one; otherwise U and P can only run it as our own uid. Either way it is printed.
-5. The default workdir is ``$XDG_STATE_HOME/openshell-sandbox/<sandbox>/work`` (``supervisor/state_dirs.py``),
+5. The default workdir is ``$XDG_STATE_HOME/openshell-sandbox/<sandbox>/work`` (``supervisor/cli/state_dirs.py``),
    owned by the agent's uid, mode 0700, kept after exit and printed.
 """
 
@@ -29,8 +29,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from supervisor.agent_ids import NoFreeAgentId, pick_agent_id
-from supervisor.state_dirs import StateDirError, ensure_sandbox_state_dir, events_path
+from supervisor.cli.agent_ids import NoFreeAgentId, pick_agent_id
+from supervisor.cli.state_dirs import StateDirError, ensure_sandbox_state_dir, events_path
 
 PRIVATE_DIR = "private"
 

@@ -12,9 +12,9 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from .certs_cli import parse_validity
-from .k8s.spec import Model, RenderError, RenderSpec, Topology, parse_owner
-from .protocol.certs import DEFAULT_VALIDITY, BundleError
+from ..k8s.spec import Model, RenderError, RenderSpec, Topology, parse_owner
+from ..protocol.certs import DEFAULT_VALIDITY, BundleError
+from .certs import parse_validity
 
 SECRETS_FILE = "secrets.yaml"  # supervisor.k8s.secrets.SECRETS_FILE, without importing it for --help
 
@@ -137,7 +137,7 @@ def _read_text(path: Path, flag: str) -> str:
 
 
 def _spec(args: argparse.Namespace) -> tuple[RenderSpec, bytes | None]:
-    from .k8s.render import check_policy
+    from ..k8s.render import check_policy
 
     owner = parse_owner(args.owner) if args.owner else None
     uid = args.sandbox_uid or (owner.uid if owner else None)
@@ -174,9 +174,9 @@ def _spec(args: argparse.Namespace) -> tuple[RenderSpec, bytes | None]:
 
 
 def _render(args: argparse.Namespace) -> int:
-    from .k8s.names import SandboxNames
-    from .k8s.render import claims_for, render, to_yaml
-    from .k8s.secrets import (
+    from ..k8s.names import SandboxNames
+    from ..k8s.render import claims_for, render, to_yaml
+    from ..k8s.secrets import (
         check_material,
         check_operator_dir,
         issue_material,

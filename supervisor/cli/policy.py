@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from supervisor.api_client import add_api_arguments
+from supervisor.cli.api_client import add_api_arguments
 from supervisor.control.policy import (
     BinaryIdentity,
     L4Request,
@@ -186,7 +186,7 @@ def _remote(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``policy get`` / ``policy apply``: the running sandbox's control, through its operator API."""
     import trio
 
-    from supervisor.api_client import ApiError, find_api, request_json
+    from supervisor.cli.api_client import ApiError, find_api, request_json
 
     try:
         api = find_api(args.api, args.cert)

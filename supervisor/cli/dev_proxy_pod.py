@@ -33,12 +33,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from supervisor.cli.state_dirs import StateDirError, ensure_sandbox_state_dir, events_path
 from supervisor.protocol.certs import issue_bundle
 from supervisor.protocol.proxy_head import proxy_environment, proxy_url
-from supervisor.state_dirs import StateDirError, ensure_sandbox_state_dir, events_path
 
 if TYPE_CHECKING:
-    from supervisor.dev import DevOptions
+    from supervisor.cli.dev import DevOptions
 
 EXIT_SELF_FAILED = 125
 PROXY_PORT = 3128
@@ -157,7 +157,7 @@ def _wait_listening(log: Path, control: subprocess.Popen[bytes]) -> bool:
 
 
 def run_proxy_pod(opts: DevOptions) -> int:
-    from supervisor.dev import _console, _die_with_dev, _entry, _stop, dev_claims
+    from supervisor.cli.dev import _console, _die_with_dev, _entry, _stop, dev_claims
 
     if os.geteuid() != 0:
         print("openshell-sandbox: dev --topology proxy-pod needs root: it creates the agent's network namespace, "

@@ -15,7 +15,7 @@ Rules:
 
 1. Everything printed that came from the workload's side — a binary path, a host name, a reason — is
    sanitised first: the agent chooses its executables' names, and a name holding escape sequences must not
-   be able to rewrite the operator's terminal (``supervisor.human.clean``).
+   be able to rewrite the operator's terminal (``supervisor.cli.human.clean``).
 2. The tail reads complete lines only (a line still being written is left for the next read), from where the
    last read stopped; a line that is not a JSON object is skipped, never fatal.
 3. Pure apart from :class:`EventsTail`'s reads: :meth:`Console.lines_for` maps one event to the lines to print.
@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from supervisor.human import clean
+from supervisor.cli.human import clean
 
 PREFIX = "openshell-sandbox: "
 REFUSED = {"deny", "denied", "refused"}
