@@ -89,19 +89,6 @@ def _stats_json(stats: Any) -> dict[str, Any]:
     return {"summary": str(stats)}
 
 
-def _identity(raw: dict[str, Any]) -> BinaryIdentity | None:
-    path = raw.get("binary_path")
-    if not isinstance(path, str) or not path:
-        return None
-    return BinaryIdentity(
-        path=path,
-        sha256=raw.get("binary_sha256") if isinstance(raw.get("binary_sha256"), str) else None,
-        ancestors=tuple(a for a in raw.get("ancestors", ()) if isinstance(a, str)),
-        cmdline_paths=tuple(a for a in raw.get("cmdline_paths", ()) if isinstance(a, str)),
-        loader_env=tuple(a for a in raw.get("loader_env", ()) if isinstance(a, str)),
-    )
-
-
 class EgressService:
     def __init__(
         self,
@@ -152,11 +139,11 @@ class EgressService:
             decision=decision,
             destination=request.authority,
             capture=str(request.capture),
-            binary=identity.get("binary_path"),
-            binary_sha256=identity.get("binary_sha256"),
-            ancestors=identity.get("ancestors"),
-            pid=identity.get("pid"),  # with start_time: which process instance, not only which binary
-            start_time=identity.get("start_time"),
+            binary=identity.binary_path if identity else None,
+            binary_sha256=identity.binary_sha256 if identity else None,
+            ancestors=list(identity.ancestors) if identity else None,
+            pid=identity.pid if identity else None,  # with start_time: which process instance, not only which binary
+            start_time=identity.start_time if identity else None,
             conn_id=request.conn_id,
             **({"identity": "relaxed"} if self.relaxed else {}),
             **fields,
@@ -177,7 +164,7 @@ class EgressService:
         control's own proxy listener's client behind the same interface (``control/proxy_listener.py``)."""
         started = trio.current_time()
         snap = self.store.snapshot()
-        identity = _identity(request.identity)
+        identity = BinaryIdentity.of(request.identity)
         name = self._issued_name(request)
         decision = snap.decide_l4(self._l4(name or request.host, request.port, identity), self.pins)
         common = {"policy_generation": snap.generation, "rule": decision.rule, "endpoint": decision.endpoint,
@@ -254,7 +241,7 @@ class EgressService:
         if len(names) <= 1:
             return names[0] if names else None
         snap = self.store.snapshot()
-        identity = _identity(request.identity)
+        identity = BinaryIdentity.of(request.identity)
         for name in names:
             if snap.decide_l4(self._l4(name, request.port, identity), self.pins).allowed:
                 return name
@@ -265,7 +252,7 @@ class EgressService:
         issued that name for the address within its TTL and the policy allows it (``None`` refuses)."""
         if str(request.capture) != "transparent":
             return None
-        identity = _identity(request.identity)
+        identity = BinaryIdentity.of(request.identity)
 
         def choose(sni: str) -> Decision | None:
             if sni not in self._issued_names(request):
@@ -331,7 +318,7 @@ class EgressService:
             resolved.append(str(address))
             return upstream
 
-        identity = _identity(request.identity)
+        identity = BinaryIdentity.of(request.identity)
 
         def current(host: str, port: int) -> tuple[PolicySnapshot, Decision]:
             now = self.store.snapshot()
@@ -339,7 +326,7 @@ class EgressService:
 
         started = trio.current_time()
         key = id(stream)
-        fields = {"conn_id": request.conn_id, "binary": request.identity.get("binary_path")}
+        fields = {"conn_id": request.conn_id, "binary": request.identity.binary_path if request.identity else None}
         with trio.CancelScope() as scope:
             self._live[key] = _Live(request, name or request.host, identity, snap.generation, scope, inspected=True)
             try:

@@ -221,7 +221,7 @@ class ProxyListener:
             await self._answer(client, render_proxy_auth_required())
             return
         conn_id = secrets.token_hex(8)
-        request = EgressRequest(host=target.host, port=target.port, capture=target.kind, identity={},
+        request = EgressRequest(host=target.host, port=target.port, capture=target.kind, identity=None,
                                 conn_id=conn_id, src_port=src_port)  # fmt: skip
         stream = ProxyClientStream(client, target)
         await self.egress.serve(stream, request)  # type: ignore[arg-type]

@@ -8,7 +8,8 @@ Rules this module enforces (everything that crosses the boundary→control hand-
    1..65535 in plain decimal, no userinfo, the host is at most 255 characters of ``[a-z0-9._~-]`` (lower-cased)
    or a bracketed IPv6 address without a zone.
 3. ``openshell-identity`` is the compact JSON of the boundary's resolved identity (docs/spec/boundary.md §4.2),
-   validated field by field; unknown fields are refused so that both sides agree on what was decided.
+   validated field by field by :meth:`ConnectionIdentity.from_wire` (``protocol/identity.py``); unknown fields
+   are refused so that both sides agree on what was decided.
 4. Control answers ``:status`` 200 (allow, then bytes flow with END_STREAM as half-close) or an error status with
    ``openshell-reason`` (required) and optionally ``openshell-rule`` / ``openshell-detail``.
 5. Decoding is strict: anything malformed, unknown or duplicated raises :class:`EgressHeaderError`. Encoding
@@ -24,9 +25,10 @@ import enum
 import ipaddress
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+
+from supervisor.protocol.identity import ConnectionIdentity, IdentityError
 
 ALPN_EGRESS = "openshell-egress/1"
 
@@ -61,12 +63,14 @@ class EgressHeaderError(ValueError):
     """The headers of an egress stream are malformed; the stream must be refused (RST or 400)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EgressRequest:
     host: str
     port: int
     capture: CaptureKind
-    identity: dict[str, Any]
+    # None only for control's own proxy listener (the proxy-pod topology): no process to identify behind it; a
+    # hand-off on a link always carries one
+    identity: ConnectionIdentity | None
     conn_id: str
     src_port: int
 
@@ -84,7 +88,7 @@ SSRF_REASONS = frozenset(
 )  # fmt: skip
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EgressReply:
     status: int
     reason: str | None = None
@@ -166,56 +170,6 @@ def format_authority(host: str, port: int) -> str:
     return f"[{parsed_host}]:{parsed_port}" if ":" in parsed_host else f"{parsed_host}:{parsed_port}"
 
 
-# --- identity -------------------------------------------------------------------------------------------
-
-# field → (accepted JSON types, required); the schema of docs/spec/boundary.md §4.2
-_IDENTITY_SCHEMA: Mapping[str, tuple[tuple[type, ...], bool]] = {
-    "binary_path": ((str,), True),
-    "binary_sha256": ((str, type(None)), True),
-    "ancestors": ((list,), True),
-    "cmdline_paths": ((list,), True),
-    "pid": ((int,), True),
-    "start_time": ((int,), True),
-    "uid": ((int,), True),
-    "owners": ((int,), True),
-    "resolved_in_us": ((int,), True),
-    "orphaned": ((bool,), False),
-    # loader variables in the process's initial environment that void a binary-scoped match unless the binary
-    # entry opts in (docs/design.md "Identity"; docs/spec/policy.md binaries ``allow_loader_env``)
-    "loader_env": ((list,), False),
-}
-_SHA256_RE = re.compile(r"[0-9a-f]{64}")
-
-
-def validate_identity(obj: Any) -> dict[str, Any]:
-    """Check a decoded identity object against the §4.2 schema; returns it unchanged."""
-    if not isinstance(obj, dict):
-        raise EgressHeaderError("identity must be a JSON object")
-    unknown = set(obj) - set(_IDENTITY_SCHEMA)
-    if unknown:
-        raise EgressHeaderError(f"unknown identity fields: {sorted(unknown)}")
-    for name, (types, required) in _IDENTITY_SCHEMA.items():
-        if name not in obj:
-            if required:
-                raise EgressHeaderError(f"identity lacks {name}")
-            continue
-        value = obj[name]
-        # bool is an int in Python; an int field must not accept true/false
-        if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
-            raise EgressHeaderError(f"identity field {name} has the wrong type")
-        if isinstance(value, list) and not all(isinstance(item, str) for item in value):
-            raise EgressHeaderError(f"identity field {name} must be a list of strings")
-        if isinstance(value, int) and not isinstance(value, bool) and value < 0:
-            raise EgressHeaderError(f"identity field {name} must not be negative")
-    if obj["binary_sha256"] is not None and not _SHA256_RE.fullmatch(obj["binary_sha256"]):
-        raise EgressHeaderError("binary_sha256 must be 64 lower-case hex digits or null")
-    if not obj["binary_path"].startswith("/"):
-        raise EgressHeaderError("binary_path must be absolute")
-    if obj["owners"] < 1:
-        raise EgressHeaderError("identity must have at least one owner")
-    return obj
-
-
 # --- request headers -------------------------------------------------------------------------------------
 
 _CONN_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -226,19 +180,21 @@ def encode_connect_headers(
     port: int,
     *,
     capture: CaptureKind | str,
-    identity: Mapping[str, Any],
+    identity: ConnectionIdentity,
     conn_id: str,
     src_port: int,
 ) -> list[tuple[str, str]]:
+    if not isinstance(identity, ConnectionIdentity):
+        raise EgressHeaderError("a hand-off carries the connection's identity")
     request = EgressRequest(
         host=host,
         port=port,
         capture=_capture_kind(str(capture)),
-        identity=validate_identity(dict(identity)),
+        identity=_identity(identity.to_wire()),  # the receiver's checks, here, so a bad one fails where it is made
         conn_id=_check_conn_id(conn_id),
         src_port=_check_src_port(src_port),
     )
-    identity_json = json.dumps(request.identity, separators=(",", ":"), sort_keys=True, ensure_ascii=True)
+    identity_json = json.dumps(identity.to_wire(), separators=(",", ":"), sort_keys=True, ensure_ascii=True)
     if len(identity_json) > MAX_IDENTITY_LEN:
         raise EgressHeaderError("identity too large")
     return [
@@ -271,7 +227,7 @@ def decode_connect_headers(headers: Iterable[tuple[str | bytes, str | bytes]]) -
         host=host,
         port=port,
         capture=_capture_kind(fields[H_CAPTURE]),
-        identity=validate_identity(identity),
+        identity=_identity(identity),
         conn_id=_check_conn_id(fields[H_CONN_ID]),
         src_port=_check_src_port(src_port),
     )
@@ -382,6 +338,13 @@ def _text(value: str | bytes) -> str:
     if not value.isascii():
         raise EgressHeaderError("header text must be ASCII")
     return value
+
+
+def _identity(obj: object) -> ConnectionIdentity:
+    try:
+        return ConnectionIdentity.from_wire(obj)
+    except IdentityError as exc:
+        raise EgressHeaderError(str(exc)) from exc
 
 
 def _capture_kind(text: str) -> CaptureKind:

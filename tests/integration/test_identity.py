@@ -33,7 +33,7 @@ from supervisor.boundary.capture.identity import (
     IdentityStage,
     IdentityUnresolved,
 )
-from supervisor.protocol.egress import validate_identity
+from supervisor.protocol.identity import ConnectionIdentity
 
 PY = os.path.realpath(sys.executable)
 SH = os.path.realpath("/bin/sh")
@@ -159,7 +159,7 @@ def test_python_client_is_identified_with_its_digest(scene: Scene) -> None:
     assert identity.pid == agent.pid and identity.owners == 1 and not identity.orphaned
     assert identity.uid == os.getuid()
     assert identity.resolved_in_us > 0
-    assert validate_identity(json.loads(json.dumps(identity.to_json())))
+    assert ConnectionIdentity.from_wire(json.loads(json.dumps(identity.to_wire()))) == identity
 
 
 def test_ancestors_nearest_first_up_to_the_agent(scene: Scene) -> None:

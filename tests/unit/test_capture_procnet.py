@@ -9,7 +9,7 @@ import pytest
 
 from supervisor.boundary.capture import _procnet
 from supervisor.boundary.capture.identity import Identity, IdentityStage, IdentityUnresolved
-from supervisor.protocol.egress import validate_identity
+from supervisor.protocol.identity import ConnectionIdentity
 
 pytestmark = pytest.mark.skipif(sys.byteorder != "little", reason="fixtures are little-endian /proc dumps")
 
@@ -77,8 +77,8 @@ def test_identity_json_is_the_wire_schema() -> None:
         resolved_in_us=90,
         orphaned=True,
     )
-    body = identity.to_json()
-    assert validate_identity(body) == body
+    body = identity.to_wire()
+    assert ConnectionIdentity.from_wire(body) == identity
     assert body["ancestors"] == ["/bin/sh"] and body["orphaned"] is True
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import socket
-from typing import Any
 
 import pytest
 import trio
@@ -22,20 +21,15 @@ from supervisor.boundary.egress import EgressCapture, EgressLinks
 from supervisor.jsonlog import JsonLog
 from supervisor.link.h2link import Link, LinkStream
 from supervisor.protocol.egress import EgressReply, encode_reply_headers
+from supervisor.protocol.identity import ConnectionIdentity
 
-IDENTITY: dict[str, Any] = {"binary_path": "/usr/bin/curl", "binary_sha256": None, "ancestors": [],
-                            "cmdline_paths": [], "pid": 7, "start_time": 1, "uid": 1000, "owners": 1,
-                            "resolved_in_us": 5}  # fmt: skip
-
-
-class _Identity:
-    def to_json(self) -> dict[str, Any]:
-        return dict(IDENTITY)
+IDENTITY = ConnectionIdentity(binary_path="/usr/bin/curl", binary_sha256=None, ancestors=(), cmdline_paths=(),
+                              pid=7, start_time=1, uid=1000, owners=1, resolved_in_us=5)  # fmt: skip
 
 
 class _Resolver:
-    def resolve(self, local: object, remote: object) -> _Identity:
-        return _Identity()
+    def resolve(self, local: object, remote: object) -> ConnectionIdentity:
+        return IDENTITY
 
 
 async def _proxy_answer(head: bytes, nursery: trio.Nursery) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -25,10 +26,11 @@ from supervisor.protocol.egress import (
     encode_reply_headers,
     format_authority,
     parse_authority,
-    validate_identity,
 )
+from supervisor.protocol.identity import ConnectionIdentity, IdentityError
 
-IDENTITY: dict[str, Any] = {
+# as an older boundary sent it: without the optional ``orphaned`` and ``loader_env``
+IDENTITY_WIRE: dict[str, Any] = {
     "binary_path": "/usr/bin/curl",
     "binary_sha256": "ab" * 32,
     "ancestors": ["/usr/bin/bash", "/usr/local/bin/agent"],
@@ -39,6 +41,7 @@ IDENTITY: dict[str, Any] = {
     "owners": 1,
     "resolved_in_us": 180,
 }
+IDENTITY = ConnectionIdentity.from_wire(IDENTITY_WIRE)
 
 
 def good_headers(**overrides: str) -> list[tuple[str, str]]:
@@ -128,7 +131,7 @@ def test_decode_accepts_bytes_as_h2_delivers_them() -> None:
 
 
 def _bad_identity(**changes: Any) -> str:
-    identity = {**IDENTITY, **changes}
+    identity = {**IDENTITY_WIRE, **changes}
     identity = {k: v for k, v in identity.items() if v is not _DROP}
     return json.dumps(identity)
 
@@ -185,14 +188,36 @@ def test_encode_refuses_what_decode_would_refuse() -> None:
     with pytest.raises(EgressHeaderError):
         encode_connect_headers("h", 1, capture="bogus", identity=IDENTITY, conn_id="c", src_port=1)
     with pytest.raises(EgressHeaderError):
-        encode_connect_headers("h", 1, capture="connect", identity={}, conn_id="c", src_port=1)
+        encode_connect_headers("h", 1, capture="connect", identity={}, conn_id="c", src_port=1)  # type: ignore[arg-type]
+    with pytest.raises(EgressHeaderError, match="binary_path must be absolute"):
+        relative = dataclasses.replace(IDENTITY, binary_path="curl")
+        encode_connect_headers("h", 1, capture="connect", identity=relative, conn_id="c", src_port=1)
     with pytest.raises(EgressHeaderError):
         encode_connect_headers("h", 1, capture="connect", identity=IDENTITY, conn_id="c", src_port=0)
 
 
 def test_identity_may_be_orphaned_and_unhashed() -> None:
-    identity = {**IDENTITY, "binary_sha256": None, "orphaned": True}
-    assert validate_identity(identity) is identity
+    identity = ConnectionIdentity.from_wire({**IDENTITY_WIRE, "binary_sha256": None, "orphaned": True})
+    assert (identity.binary_sha256, identity.orphaned, identity.loader_env) == (None, True, ())
+
+
+def test_identity_wire_json_is_unchanged() -> None:
+    """The JSON is the contract with older and newer peers: every field, sorted, compact."""
+    headers = dict(good_headers())
+    assert json.loads(headers["openshell-identity"]) == {**IDENTITY_WIRE, "orphaned": False, "loader_env": []}
+    assert headers["openshell-identity"] == json.dumps(
+        {**IDENTITY_WIRE, "orphaned": False, "loader_env": []}, separators=(",", ":"), sort_keys=True
+    )
+    assert ConnectionIdentity.from_wire(IDENTITY.to_wire()) == IDENTITY
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [({"pid": "1"}, "pid"), ({"uid": -1}, "uid"), ({"loader_env": [1]}, "loader_env"), ({"extra": 1}, "extra")],
+)
+def test_identity_errors_name_the_field(changes: dict[str, Any], field: str) -> None:
+    with pytest.raises(IdentityError, match=field):
+        ConnectionIdentity.from_wire({**IDENTITY_WIRE, **changes})
 
 
 REPLIES_OK = [

@@ -20,9 +20,10 @@ from supervisor.boundary.egress import HANDOFF_ATTEMPTS, EgressCapture, EgressLi
 from supervisor.jsonlog import JsonLog
 from supervisor.link.h2link import Link, LinkStream
 from supervisor.protocol.egress import CaptureKind, EgressReply, encode_reply_headers
+from supervisor.protocol.identity import ConnectionIdentity
 
-IDENTITY = {"binary_path": "/usr/bin/curl", "binary_sha256": None, "ancestors": [], "cmdline_paths": [], "pid": 7,
-            "start_time": 1, "uid": 1000, "owners": 1, "resolved_in_us": 5}  # fmt: skip
+IDENTITY = ConnectionIdentity(binary_path="/usr/bin/curl", binary_sha256=None, ancestors=(), cmdline_paths=(),
+                              pid=7, start_time=1, uid=1000, owners=1, resolved_in_us=5)  # fmt: skip
 
 
 class OrderedLinks(EgressLinks):

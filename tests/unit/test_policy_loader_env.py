@@ -21,7 +21,7 @@ def with_binaries(*entries: dict[str, Any]) -> dict[str, Any]:
 
 
 def preloaded(path: str = CURL, *ancestors: str, env: tuple[str, ...] = ("LD_PRELOAD",)) -> BinaryIdentity:
-    return BinaryIdentity(path, None, tuple(ancestors), (), (), env)
+    return BinaryIdentity(path, None, tuple(ancestors), (), env)
 
 
 def test_loader_env_voids_a_binary_match_unless_the_entry_opts_in() -> None:

@@ -37,6 +37,7 @@ rules 2-7 run at ``connect`` instead, on the process that called it (:meth:`Iden
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import os
@@ -47,11 +48,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from supervisor.boundary.capture import _procnet
 from supervisor.boundary.capture._sockdiag import SockDiag
 from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog
+from supervisor.protocol.identity import ConnectionIdentity
 
 MAX_ANCESTORS = 64
 _MAX_ENV = 65_536  # entries of an execve envp array read at most
@@ -88,35 +89,8 @@ class IdentityUnresolved(Exception):
         return f"identity-unresolved: {self.stage}"
 
 
-@dataclass(frozen=True)
-class Identity:
-    binary_path: str
-    binary_sha256: str | None
-    ancestors: tuple[str, ...]
-    cmdline_paths: tuple[str, ...]
-    pid: int
-    start_time: int
-    uid: int
-    owners: int
-    resolved_in_us: int
-    orphaned: bool = False
-    loader_env: tuple[str, ...] = ()  # LD_PRELOAD / LD_AUDIT / LD_LIBRARY_PATH (workload-writable) when set
-
-    def to_json(self) -> dict[str, Any]:
-        """The §4.2 object carried in ``openshell-identity`` (validated by protocol.egress)."""
-        return {
-            "binary_path": self.binary_path,
-            "binary_sha256": self.binary_sha256,
-            "ancestors": list(self.ancestors),
-            "cmdline_paths": list(self.cmdline_paths),
-            "pid": self.pid,
-            "start_time": self.start_time,
-            "uid": self.uid,
-            "owners": self.owners,
-            "resolved_in_us": self.resolved_in_us,
-            "orphaned": self.orphaned,
-            "loader_env": list(self.loader_env),
-        }
+# The resolved identity is the protocol's one shape (docs/spec/boundary.md §4.2); the boundary's name for it.
+Identity = ConnectionIdentity
 
 
 @dataclass(frozen=True)
@@ -241,7 +215,7 @@ class IdentityResolver:
                 IdentityStage.NO_RECORD, f"socket {agent_end} → {listener_end} was not recorded at connect"
             )
         elapsed_us = (time.perf_counter_ns() - started) // 1000
-        return Identity(**{**identity.__dict__, "resolved_in_us": identity.resolved_in_us + elapsed_us})
+        return dataclasses.replace(identity, resolved_in_us=identity.resolved_in_us + elapsed_us)
 
     # -- connect time (capture/connect_notify.py) -------------------------------------------------------------
 

@@ -5,8 +5,9 @@ path, the sha256 of the live image, the ancestor chain and (diagnostic only) abs
 
 1. ``path`` and ``ancestors`` may grant access; ``cmdline_paths`` never do (argv is spoofable, §5 bug 4).
 2. Pins are per executable path, for the life of the control process: the first digest seen for a path is
-   recorded; a different digest later is a denial (``binary-digest-changed``), for ancestors too. No policy
-   field pins digests. Once pins are in use, an identity without a digest is denied.
+   recorded; a different digest later is a denial (``binary-digest-changed``). Ancestors are matched by path
+   only: the boundary does not hash them (the §4.2 identity carries no ancestor digests). No policy field pins
+   digests. Once pins are in use, an identity without a digest is denied.
 3. Pins only ever grow; the store is bounded so a hostile workload cannot make control grow without limit
    (beyond the bound new paths are refused rather than silently trusted).
 """
@@ -16,6 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from supervisor.protocol.identity import ConnectionIdentity
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 MAX_PINS = 65536
@@ -34,10 +37,23 @@ class BinaryIdentity:
     sha256: str | None
     ancestors: tuple[str, ...] = ()  # nearest parent first
     cmdline_paths: tuple[str, ...] = ()  # diagnostics only; never grants
-    ancestor_sha256: tuple[str | None, ...] = ()  # parallel to ``ancestors`` when the boundary hashed them
     # loader variables set in the process's initial environment (LD_PRELOAD, LD_AUDIT, LD_LIBRARY_PATH naming
     # a workload-writable directory): only binary entries with ``allow_loader_env`` match such a process
     loader_env: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, connection: ConnectionIdentity | None) -> BinaryIdentity | None:
+        """The part of a connection's identity that policy decides on; ``None`` when there is no process behind
+        the connection (control's own proxy listener)."""
+        if connection is None:
+            return None
+        return cls(
+            path=connection.binary_path,
+            sha256=connection.binary_sha256,
+            ancestors=connection.ancestors,
+            cmdline_paths=connection.cmdline_paths,
+            loader_env=connection.loader_env,
+        )
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"path": self.path, "sha256": self.sha256, "ancestors": list(self.ancestors)}
@@ -53,21 +69,18 @@ class PinViolation:
     path: str
     pinned: str | None
     seen: str | None
-    ancestor: bool
 
     @property
     def missing(self) -> bool:
         return self.seen is None
 
     def describe(self) -> str:
-        who = "ancestor " if self.ancestor else ""
         if self.seen is None:
-            return f"{who}binary '{self.path}' has no sha256 digest; digest pinning requires one"
+            return f"binary '{self.path}' has no sha256 digest; digest pinning requires one"
         if self.pinned is None:
-            return f"{who}binary '{self.path}' cannot be pinned: the pin store is full"
+            return f"binary '{self.path}' cannot be pinned: the pin store is full"
         return (
-            f"{who}binary integrity check failed: '{self.path}' hash changed "
-            f"(pinned: {self.pinned}, current: {self.seen})"
+            f"binary integrity check failed: '{self.path}' hash changed (pinned: {self.pinned}, current: {self.seen})"
         )
 
 
@@ -85,26 +98,18 @@ class DigestPins:
         return self._pins.get(path)
 
     def verify(self, identity: BinaryIdentity) -> PinViolation | None:
-        """Check ``identity`` against the pins, recording first sightings; the first violation, if any."""
-        pairs: list[tuple[str, str | None, bool]] = [(identity.path, identity.sha256, False)]
-        for i, ancestor in enumerate(identity.ancestors):
-            digest = identity.ancestor_sha256[i] if i < len(identity.ancestor_sha256) else None
-            if digest is not None:
-                pairs.append((ancestor, digest, True))
-        new: dict[str, str] = {}
-        for path, raw, is_ancestor in pairs:
-            digest = normalize_digest(raw)
-            if digest is None:
-                return PinViolation(path, self._pins.get(path), None, is_ancestor)
-            pinned = self._pins.get(path, new.get(path))
-            if pinned is None:
-                new[path] = digest
-            elif pinned != digest:
-                return PinViolation(path, pinned, digest, is_ancestor)
-        for path, digest in new.items():
+        """Check ``identity`` against the pins, recording a first sighting; the violation, if any."""
+        path = identity.path
+        digest = normalize_digest(identity.sha256)
+        if digest is None:
+            return PinViolation(path, self._pins.get(path), None)
+        pinned = self._pins.get(path)
+        if pinned is None:
             if len(self._pins) >= self._limit:
-                return PinViolation(path, None, digest, path != identity.path)
-            self._pins.setdefault(path, digest)
+                return PinViolation(path, None, digest)
+            self._pins[path] = digest
+        elif pinned != digest:
+            return PinViolation(path, pinned, digest)
         return None
 
     def to_json(self) -> dict[str, str]:
