@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 import pwd
@@ -67,7 +68,6 @@ from supervisor.protocol.process_ops import (
 )
 from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS, server_context
 
-EXIT_SELF_FAILED = 125
 PROXY_PORT = 3128
 # Identity must resolve within this much of the resolving thread's CPU time (spec §4.2: 50 ms), first-time
 # hashing of a binary excluded; typically 0.2-3 ms. CPU, not wall time: waiting for the GIL under load is not
@@ -77,6 +77,8 @@ CONNECT_NOTIFY_OFF_ENV = "OPENSHELL_BENCH_NO_CONNECT_NOTIFY"  # "1": accept-time
 DNS_STUB_PORT = 15053
 PROBE_ADDRESS = "192.0.2.1"  # TEST-NET-1: inside the agent's namespace it can only land on our own listener
 END_WORKLOAD_S = 5.0
+REPLY_FLUSH_S = 2.0  # how long an ending daemon waits for its last replies to be written to control
+EGRESS_LINK_WAIT_S = 1.0  # confirm waits this long for control's first egress link (its dial just completed)
 
 
 @dataclass
@@ -157,8 +159,8 @@ class BoundaryDaemon:
             await nursery.start(self.table.run)
             nursery.start_soon(self._signals, nursery)
             nursery.start_soon(self._watch_agent, nursery)
-            nursery.start_soon(trio.serve_listeners, lambda s: self._connection(s, ctx), listeners)
-        code = self.exit_code if self.exit_code is not None else EXIT_SELF_FAILED
+            nursery.start_soon(trio.serve_listeners, functools.partial(self._connection, ctx=ctx), listeners)
+        code = self.exit_code if self.exit_code is not None else ExitCode.SELF_FAILED
         if self.pids_cgroup is not None:  # the launcher is its last member: stop it, then the cgroup can go
             self.launcher.close()
             if not self.pids_cgroup.remove(wait_s=END_WORKLOAD_S):
@@ -176,7 +178,7 @@ class BoundaryDaemon:
                     # _watch_agent records the agent's result and ends the daemon; no ack will come now.
                     self.exit_acked.set()
                     return
-                self.exit_code = 128 + signum
+                self.exit_code = for_signal(signum)
                 nursery.cancel_scope.cancel()
                 return
 
@@ -196,7 +198,7 @@ class BoundaryDaemon:
         assert agent is not None
         result = await agent.wait_result()
         self.lifecycle.end()
-        self.exit_code = int(result.get("rendered", EXIT_SELF_FAILED))
+        self.exit_code = int(result.get("rendered", ExitCode.SELF_FAILED))
         self.log.emit("agent.exited", handle=agent.handle, result=result)
         await self._end_workload("agent-exit")
         with trio.move_on_after(self.cfg.exit_linger_s) as scope:
@@ -206,7 +208,8 @@ class BoundaryDaemon:
         with trio.move_on_after(END_WORKLOAD_S):  # a terminate racing the exit answers the agent's result
             while self.terminating:
                 await self.terminates_done.wait()
-        await trio.sleep(0.05)  # let the acknowledgement's reply reach control
+        with trio.move_on_after(REPLY_FLUSH_S):  # the acknowledgement's (or a terminate's) reply goes out first
+            await self.router.replies_flushed()
         nursery.cancel_scope.cancel()
 
     async def _connection(self, stream: trio.SocketStream, ctx: Any) -> None:
@@ -404,6 +407,8 @@ class BoundaryDaemon:
     async def op_confirm(self, body: dict[str, Any]) -> dict[str, Any]:
         self.lifecycle.check(Op.CONFIRM)
         assert self.attach is not None and self.prepared is not None
+        with trio.move_on_after(EGRESS_LINK_WAIT_S):  # control asks once its dial completed: ours is moments away
+            await self.egress_links.wait_live()
         if len(self.egress_links) == 0:
             raise OpError(ErrorKind.UNAVAILABLE, "no egress link from control yet: mediation is not connected")
         fence: dict[str, Any] = {"mode": str(self.attach.capture_mode), "privilege_model": self.cfg.privilege_model}
@@ -526,7 +531,7 @@ class BoundaryDaemon:
             entry = await self.table.start(spec, kind="agent")
         except OpError as exc:
             self.lifecycle.end()
-            self.exit_code = _launch_exit_code(exc)
+            self.exit_code = for_launch_errno(exc.errno)
             self.log.emit("agent.launch-failed", error=exc.to_json(), exit_code=self.exit_code)
             self._end_soon()
             raise
@@ -689,12 +694,13 @@ class BoundaryDaemon:
         """An authenticated lifecycle step failed: reply, then exit non-zero (spec §1.1)."""
         self.log.emit("lifecycle.failed", reason=reason)
         self.lifecycle.end()
-        self.exit_code = EXIT_SELF_FAILED
+        self.exit_code = ExitCode.SELF_FAILED
         self._end_soon()
 
     def _end_soon(self) -> None:
         async def later() -> None:
-            await trio.sleep(0.5)  # let the error reply reach control
+            with trio.move_on_after(REPLY_FLUSH_S):  # the failed operation's error reply goes out first
+                await self.router.replies_flushed()
             if self._nursery is not None:
                 self._nursery.cancel_scope.cancel()
 
@@ -730,16 +736,6 @@ def _drain(fd: int | None) -> None:
         pass
     finally:
         sock.close()
-
-
-def _launch_exit_code(error: OpError) -> int:
-    import errno as _errno
-
-    if error.errno == _errno.ENOENT:
-        return 127
-    if error.errno in (_errno.EACCES, _errno.ENOEXEC, _errno.EPERM):
-        return 126
-    return EXIT_SELF_FAILED
 
 
 def run(cfg: BoundaryConfig, launcher: Launcher) -> int:

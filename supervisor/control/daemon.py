@@ -114,6 +114,7 @@ class ControlDaemon:
         )
         self.proxy = ProxyListener(cfg.proxy, self.egress, self.log) if cfg.proxy is not None else None
         self.egress_up = 0
+        self._egress_came_up = trio.Event()  # set (and replaced) whenever one of our egress links comes up
         self._egress_started = False
         self._nursery: trio.Nursery | None = None
         self._acks, self._ack_queue = trio.open_memory_channel[int](16)
@@ -342,15 +343,18 @@ class ControlDaemon:
             await trio.sleep(3600)
 
     async def _confirm(self, link: Link) -> dict[str, Any]:
-        """``confirm`` needs our egress links up (mediation connected): retry while it says unavailable."""
+        """``confirm`` needs an egress link of ours up (mediation connected): ask once one is up (the boundary
+        gives it a moment to register), and again each time one comes up while the boundary says unavailable."""
         with trio.fail_after(CONFIRM_RETRY_S):
             while True:
+                if not self.egress_up:
+                    await self._egress_came_up.wait()
                 try:
                     return await call(link, "/v1/confirm")
                 except OpError as exc:
                     if exc.kind is not ErrorKind.UNAVAILABLE or link.closed:
                         raise
-                await trio.sleep(0.02)
+                await self._egress_came_up.wait()
 
     # -- egress links ---------------------------------------------------------------------------------------
     def _start_egress_links(self) -> None:
@@ -371,6 +375,8 @@ class ControlDaemon:
                     failure.step = "serving"
                     link = Link(tls, client=False, handler=self.egress.handle, name=f"egress{index}:{self._peer}")
                     self.egress_up += 1
+                    self._egress_came_up.set()
+                    self._egress_came_up = trio.Event()
                     self.log.emit("link.up", peer=self._peer, alpn=ALPN_EGRESS, index=index)
                     try:
                         await link.run()
@@ -522,4 +528,4 @@ def run(cfg: ControlConfig) -> int:
     except OSError as exc:
         cfg.log.emit("control.failed", reason=str(exc))
         print(f"openshell-sandbox: control: {exc}", file=sys.stderr)
-        return 125
+        return ExitCode.SELF_FAILED

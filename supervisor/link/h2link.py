@@ -210,6 +210,10 @@ class LinkStream(trio.abc.HalfCloseableStream):
         self._link._forget(self.stream_id)
         await trio.lowlevel.checkpoint()
 
+    async def flush(self) -> None:
+        """Wait until what this stream (and the link) queued so far has been handed to the transport."""
+        await self._link.flush()
+
     async def finish(self, grace: float = FINISH_GRACE_S) -> None:
         """A server handler is done: END_STREAM, then give the peer ``grace`` seconds to end its side (what it
         still sends is read and dropped) before closing. Closing at once would reset a stream whose peer is
@@ -394,6 +398,11 @@ class Link:
         self._h2 = h2.connection.H2Connection(config=config)
         self._streams: dict[int, LinkStream] = {}
         self._kicked = trio.Event()
+        # :meth:`flush` bookkeeping: every kick is numbered; the writer records the last number whose frames it
+        # has handed to the transport.
+        self._kicks = 0
+        self._flushed_kicks = 0
+        self._flushed = trio.Event()
         self._window_event = trio.Event()
         self._closed = False
         self._closed_event = trio.Event()
@@ -470,6 +479,13 @@ class Link:
         await trio.lowlevel.checkpoint()
         return stream
 
+    async def flush(self) -> None:
+        """Wait until every frame queued before this call has been handed to the transport (``send_all``
+        returned), or the link is closed: what a caller waits on before ending the link right after a reply."""
+        target = self._kicks
+        while self._flushed_kicks < target and not self._closed:
+            await self._flushed.wait()
+
     async def aclose(self, reason: str = "closed locally") -> None:
         if not self._closed:
             try:
@@ -485,6 +501,7 @@ class Link:
 
     # -- internals ---------------------------------------------------------------------------------------------
     def _kick(self) -> None:
+        self._kicks += 1
         self._kicked.set()
 
     def _window(self, stream_id: int) -> int:
@@ -517,11 +534,13 @@ class Link:
         for stream in list(self._streams.values()):
             stream._wake()
         self._window_changed()
+        self._flushed.set()
 
     async def _writer(self) -> None:
         while True:
             await self._kicked.wait()
             self._kicked = trio.Event()
+            upto = self._kicks
             data = self._h2.data_to_send()
             if data:
                 try:
@@ -529,6 +548,9 @@ class Link:
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                     self._mark_closed(f"send failed: {_cause(exc)}")
                     return
+            self._flushed_kicks = upto
+            self._flushed.set()
+            self._flushed = trio.Event()
 
     async def _reader(self) -> None:
         while True:

@@ -113,6 +113,9 @@ class Router:
     def __init__(self) -> None:
         self._unary: dict[tuple[str, str], UnaryHandler] = {}
         self._channel: dict[str, ChannelHandler] = {}
+        # unary calls whose handler has finished and whose reply is not yet handed to the transport
+        self._replying = 0
+        self._replies_flushed = trio.Event()
 
     def unary(self, path: str, handler: UnaryHandler, method: str = "POST") -> None:
         self._unary[(method, path)] = handler
@@ -123,10 +126,17 @@ class Router:
     async def handle(self, stream: LinkStream) -> None:
         method = stream.header(":method") or ""
         path = (stream.header(":path") or "").split("?", 1)[0]
+        replying = False
         try:
             if (method, path) in self._unary:
                 body = _decode_object(await stream.read_all(JSON_LIMIT), f"{path} request")
-                reply = await self._unary[(method, path)](body)
+                try:
+                    reply = await self._unary[(method, path)](body)
+                finally:
+                    # counted from the moment the handler ends (no checkpoint in between), so whatever the handler
+                    # woke up sees this reply as pending in :meth:`replies_flushed`
+                    replying = True
+                    self._replying += 1
                 await _send_json(stream, 200, reply)
             elif method == "POST" and path in self._channel:
                 await self._serve_channel(stream, path)
@@ -136,6 +146,22 @@ class Router:
             await _send_error(stream, exc)
         except LinkClosed:
             return
+        finally:
+            if replying:
+                try:
+                    await stream.flush()
+                finally:
+                    self._replying -= 1
+                    if not self._replying:
+                        self._replies_flushed.set()
+                        self._replies_flushed = trio.Event()
+
+    async def replies_flushed(self) -> None:
+        """Wait until every unary call whose handler has already finished has its reply handed to the transport
+        (or its link closed). A daemon that ends right after an operation (an acknowledged exit, a refused attach)
+        waits on this instead of sleeping, so the peer gets the reply before the connection goes."""
+        while self._replying:
+            await self._replies_flushed.wait()
 
     async def _serve_channel(self, stream: LinkStream, path: str) -> None:
         head = await _read_exactly(stream, 4)
