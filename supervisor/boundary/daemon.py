@@ -57,6 +57,7 @@ from supervisor.link.tls_link import Refused, accept_link, refuse
 from supervisor.protocol.attach import AttachRequest, CaptureMode, parse_attach
 from supervisor.protocol.certs import Bundle
 from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.exit_codes import ExitCode, for_launch_errno, for_signal
 from supervisor.protocol.fingerprint import pem_fingerprint
 from supervisor.protocol.lifecycle import Lifecycle, Op, State
 from supervisor.protocol.process_ops import (

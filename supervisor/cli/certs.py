@@ -14,10 +14,11 @@ from pathlib import Path
 
 from ..protocol.certs import DEFAULT_VALIDITY, VALIDITY_SUBJECTS, BundleError, issue_bundle, issue_operator
 from ..protocol.claims import CLAIM_FIELDS, Claims, ClaimsError, Role
+from ..protocol.exit_codes import ExitCode
 
 __all__ = ["add_certs_parser", "parse_bound", "parse_validity", "resolve_bounds", "run_certs"]
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_FAILED = 1
 
 _UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 _VALIDITY = re.compile(r"([0-9]{1,9})([dhms])")
@@ -237,20 +238,20 @@ def run_certs(args: argparse.Namespace) -> int:
         return _run_operator(args)
     if getattr(args, "certs_command", None) != "issue":
         print(f"certs: unknown command {getattr(args, 'certs_command', None)!r}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     try:
         claims = _claims_from_args(args)
     except ClaimsError as exc:
         flag = _flag(exc.field) if exc.field else "claims"
         print(f"certs issue: {flag}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     validity: datetime.timedelta = args.validity
     now = datetime.datetime.now(datetime.UTC)
     named = [subjects for subjects, _ in (args.not_before or []) + (args.not_after or []) if len(subjects) == 1]
     if not args.operator and ("operator",) in named:
         print("certs issue: --not-before/--not-after: operator=...: no operator certificate without --operator",
               file=sys.stderr)  # fmt: skip
-        return EXIT_USAGE
+        return ExitCode.USAGE
     not_before = resolve_bounds(args.not_before, now)
     not_after = resolve_bounds(args.not_after, now)
     if not args.operator:
@@ -263,7 +264,7 @@ def run_certs(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except ValueError as exc:  # an empty validity window: nothing was written
         print(f"certs issue: --not-before/--not-after: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     except BundleError as exc:
         print(f"certs issue: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -282,7 +283,7 @@ def run_certs(args: argparse.Namespace) -> int:
         f"{claims.namespace}/{claims.sandbox} generation {claims.generation}, valid until {until}, {ca_key}",
         file=sys.stderr,
     )
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _run_operator(args: argparse.Namespace) -> int:
@@ -300,9 +301,9 @@ def _run_operator(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except ValueError as exc:
         print(f"certs operator: --not-before/--not-after: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     except BundleError as exc:
         print(f"certs operator: {exc}", file=sys.stderr)
         return EXIT_FAILED
     print(f"certs operator: wrote {args.out} ({Role.OPERATOR} certificate for control's TCP API)", file=sys.stderr)
-    return EXIT_OK
+    return ExitCode.OK

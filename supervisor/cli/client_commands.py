@@ -13,8 +13,7 @@ import trio
 from supervisor.cli.api_client import Api, ApiError, find_api, open_channel, request_json
 from supervisor.cli.exec_client import run_exec_client
 from supervisor.link.relay import relay
-
-EXIT_SELF_FAILED = 125
+from supervisor.protocol.exit_codes import ExitCode, for_launch_errno
 
 
 def _print_json(body: dict[str, Any]) -> None:
@@ -27,7 +26,7 @@ def _fail(status: int, body: dict[str, Any]) -> int:
     field = body.get("field")
     where = f" ({field})" if isinstance(field, str) and field not in str(reason) else ""
     print(f"openshell-sandbox: {kind}: {reason}{where}", file=sys.stderr)
-    return EXIT_SELF_FAILED
+    return ExitCode.SELF_FAILED
 
 
 async def _agent_handle(api: Api) -> str:
@@ -72,7 +71,7 @@ async def run(args: argparse.Namespace) -> int:
             return _fail(status, body)
         _print_json(body)
         rendered = body.get("rendered")
-        return rendered if isinstance(rendered, int) else EXIT_SELF_FAILED
+        return rendered if isinstance(rendered, int) else ExitCode.SELF_FAILED
     if command == "signal":
         scope = "group" if args.group else "process"
         request = {"handle": handle, "signal": args.signal.upper().removeprefix("SIG"), "scope": scope}
@@ -160,13 +159,10 @@ def _launch_failure(exc: ApiError) -> int:
     field = body.get("field")  # e.g. env.KEY: the refused key by name (issue 15)
     where = f" ({field})" if isinstance(field, str) and field not in str(exc) else ""
     print(f"openshell-sandbox: {body.get('kind', 'error')}: {exc}{where}", file=sys.stderr)
-    import errno
-
-    if body.get("stage") and body.get("errno") == errno.ENOENT:
-        return 127
-    if body.get("stage") and body.get("errno") in (errno.EACCES, errno.ENOEXEC, errno.EPERM):
-        return 126
-    return EXIT_SELF_FAILED
+    err = body.get("errno")
+    if body.get("stage") and isinstance(err, int):
+        return for_launch_errno(err)
+    return ExitCode.SELF_FAILED
 
 
 def parse_forward_spec(spec: str) -> tuple[str, int, str, int]:

@@ -33,8 +33,8 @@ from supervisor.cli.dev_console import Console, EventsTail
 from supervisor.cli.state_dirs import StateDirError, ensure_sandbox_state_dir, events_path
 from supervisor.protocol.certs import issue_bundle
 from supervisor.protocol.claims import Claims
+from supervisor.protocol.exit_codes import ExitCode
 
-EXIT_SELF_FAILED = 125
 PORT_WAIT_S = 30.0
 CONTROL_RESTARTS = 5
 
@@ -122,7 +122,7 @@ def run_dev(opts: DevOptions) -> int:
         ensure_sandbox_state_dir(sandbox)
     except StateDirError as exc:
         print(f"openshell-sandbox: {exc} (set XDG_STATE_HOME to a directory of yours)", file=sys.stderr)
-        return EXIT_SELF_FAILED
+        return ExitCode.SELF_FAILED
     tick, say = _console(opts, sandbox)
     tmp = Path(tempfile.mkdtemp(prefix="openshell-dev-"))
     os.chmod(tmp, 0o711)  # traversable for the agent's CA files in tls/; the bundle itself is 0700 below
@@ -150,7 +150,7 @@ def run_dev(opts: DevOptions) -> int:
             )  # fmt: skip
         except DevSetupError as exc:
             print(f"openshell-sandbox: {exc}", file=sys.stderr)
-            return EXIT_SELF_FAILED
+            return ExitCode.SELF_FAILED
         for note in plan.notes:
             say(f"openshell-sandbox: {note}")
         log_flags = [f"--log-stream={'stderr' if opts.log_format == 'json' and not opts.quiet else 'none'}",
@@ -166,7 +166,7 @@ def run_dev(opts: DevOptions) -> int:
         procs.append(subprocess.Popen(boundary_cmd, preexec_fn=_die_with_dev))
         port = _wait_for_port(port_file, procs[0])
         if port is None:
-            return _finish(procs, received, default=EXIT_SELF_FAILED, tick=tick, say=say)
+            return _finish(procs, received, default=ExitCode.SELF_FAILED, tick=tick, say=say)
         control_cmd = [
             *_entry(), "--mode=control", f"--bootstrap={tmp / 'bundle' / 'control'}", f"--boundary=127.0.0.1:{port}",
             f"--api={runtime / 'api.sock'}", f"--interception-ca={tmp / 'interception'}", *log_flags, *fence_flags,
@@ -184,7 +184,7 @@ def run_dev(opts: DevOptions) -> int:
             say(f"openshell-sandbox: operator API on https://{host}:{api_port} --cert {tmp / 'bundle' / 'operator'}"
                 " (removed when dev exits)")  # fmt: skip
         procs.append(subprocess.Popen(control_cmd, stdin=subprocess.DEVNULL, preexec_fn=_die_with_dev))
-        return _finish(procs, received, default=EXIT_SELF_FAILED, restart_control=control_cmd, tick=tick, say=say)
+        return _finish(procs, received, default=ExitCode.SELF_FAILED, restart_control=control_cmd, tick=tick, say=say)
     finally:
         for proc in procs:
             if proc.poll() is None:

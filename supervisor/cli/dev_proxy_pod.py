@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING
 
 from supervisor.cli.state_dirs import StateDirError, ensure_sandbox_state_dir, events_path
 from supervisor.protocol.certs import issue_bundle
+from supervisor.protocol.exit_codes import ExitCode
 from supervisor.protocol.proxy_head import proxy_environment, proxy_url
 
 if TYPE_CHECKING:
     from supervisor.cli.dev import DevOptions
 
-EXIT_SELF_FAILED = 125
 PROXY_PORT = 3128
 START_WAIT_S = 30.0
 SYSTEM_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem")
@@ -162,7 +162,7 @@ def run_proxy_pod(opts: DevOptions) -> int:
     if os.geteuid() != 0:
         print("openshell-sandbox: dev --topology proxy-pod needs root: it creates the agent's network namespace, "
               "a veth pair and its filter (the boundary topology runs without)", file=sys.stderr)  # fmt: skip
-        return EXIT_SELF_FAILED
+        return ExitCode.SELF_FAILED
     unsupported = [flag for flag, given in (
         ("--api-listen", opts.api_listen is not None),
         ("--acknowledge-external-fence", opts.acknowledge_external_fence),
@@ -171,26 +171,26 @@ def run_proxy_pod(opts: DevOptions) -> int:
     if unsupported:
         print(f"openshell-sandbox: dev --topology proxy-pod: not for this topology: {', '.join(unsupported)} "
               "(the agent runs without a supervisor here)", file=sys.stderr)  # fmt: skip
-        return 2
+        return ExitCode.USAGE
     for tool in ("ip", "nft"):
         if shutil.which(tool) is None:
             print(f"openshell-sandbox: dev --topology proxy-pod needs {tool}", file=sys.stderr)
-            return EXIT_SELF_FAILED
+            return ExitCode.SELF_FAILED
     try:
         uid_text, _, gid_text = (opts.agent_user or "1000:1000").partition(":")
         uid, gid = int(uid_text), int(gid_text or uid_text)
     except ValueError:
         print(f"openshell-sandbox: --agent-user must be UID:GID, got {opts.agent_user!r}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     if uid == 0 or gid == 0:
         print("openshell-sandbox: --agent-user must not be root in the proxy-pod topology", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     sandbox = "dev-" + secrets.token_hex(4)
     try:
         ensure_sandbox_state_dir(sandbox)
     except StateDirError as exc:
         print(f"openshell-sandbox: {exc} (set XDG_STATE_HOME to a directory of yours)", file=sys.stderr)
-        return EXIT_SELF_FAILED
+        return ExitCode.SELF_FAILED
     tick, say = _console(opts, sandbox)
     tmp = Path(tempfile.mkdtemp(prefix="openshell-dev-pp-"))
     os.chmod(tmp, 0o711)
@@ -217,7 +217,7 @@ def run_proxy_pod(opts: DevOptions) -> int:
             _make_namespace(name, host_if, control_ip, agent_ip)
         except (ProxyPodError, OSError) as exc:
             print(f"openshell-sandbox: {exc}", file=sys.stderr)
-            return EXIT_SELF_FAILED
+            return ExitCode.SELF_FAILED
         runtime.mkdir(parents=True, exist_ok=True, mode=0o700)
         log_file = events_path(sandbox)
         control_cmd = [
@@ -239,7 +239,7 @@ def run_proxy_pod(opts: DevOptions) -> int:
         procs.append(subprocess.Popen(control_cmd, stdin=subprocess.DEVNULL, preexec_fn=_die_with_dev))
         if not _wait_listening(log_file, procs[0]):
             print("openshell-sandbox: control did not start its proxy listener", file=sys.stderr)
-            return EXIT_SELF_FAILED
+            return ExitCode.SELF_FAILED
         combined, alone = _ca_bundle(tmp, tmp / "interception" / "interception-ca.pem")
         workdir = Path(opts.workdir) if opts.workdir else tmp / "work"
         if opts.workdir is None:
@@ -256,7 +256,7 @@ def run_proxy_pod(opts: DevOptions) -> int:
                 print(f"openshell-sandbox: control exited ({procs[0].returncode}); stopping the agent",
                       file=sys.stderr)  # fmt: skip
                 _stop(agent)
-                return EXIT_SELF_FAILED
+                return ExitCode.SELF_FAILED
             time.sleep(0.05)
         code = agent.returncode
         _stop(procs[0])

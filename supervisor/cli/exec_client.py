@@ -47,12 +47,10 @@ from supervisor.protocol.channel import (
     Stdout,
     encode_frame,
 )
+from supervisor.protocol.exit_codes import ExitCode, for_launch_errno, for_signal
 
-__all__ = ["EXIT_INTERNAL", "render_error", "render_exit", "run_exec_client"]
+__all__ = ["render_error", "render_exit", "run_exec_client"]
 
-EXIT_INTERNAL: Final = 125
-EXIT_NOT_EXECUTABLE: Final = 126
-EXIT_NOT_FOUND: Final = 127
 _CHUNK: Final = 64 * 1024
 
 
@@ -66,19 +64,16 @@ def render_exit(result: dict[str, Any]) -> int:
         return code & 0xFF
     number = result.get("signal_number")
     if isinstance(number, int) and not isinstance(number, bool) and 0 < number < 128:
-        return 128 + number
-    return EXIT_INTERNAL
+        return for_signal(number)
+    return ExitCode.SELF_FAILED
 
 
 def render_error(body: dict[str, Any]) -> int:
     """Exit code for an ERROR frame: 127/126 when the launch failed for want of a program, else 125."""
     err = body.get("errno")
     if body.get("stage") is not None and isinstance(err, int):
-        if err == errno.ENOENT:
-            return EXIT_NOT_FOUND
-        if err in (errno.EACCES, errno.ENOEXEC, errno.EISDIR, errno.EPERM):
-            return EXIT_NOT_EXECUTABLE
-    return EXIT_INTERNAL
+        return for_launch_errno(err)
+    return ExitCode.SELF_FAILED
 
 
 def _write(fd: int, data: bytes) -> None:
@@ -163,7 +158,7 @@ async def _pump_resize(sender: _Sender, fd: int) -> None:
 async def _watch_termination(cancel: trio.CancelScope, box: list[int]) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP, signal.SIGINT) as signals:
         async for signum in signals:
-            box.append(128 + signum)
+            box.append(for_signal(signum))
             cancel.cancel()
             return
 
@@ -177,7 +172,7 @@ async def _read_frames(stream: trio.abc.ReceiveStream) -> int:
             continue
         if event is CLOSED:
             _message("the exec stream closed before the process exit was reported")
-            return EXIT_INTERNAL
+            return ExitCode.SELF_FAILED
         match event:
             case Stdout(data):
                 _write(1, data)
@@ -202,7 +197,7 @@ async def run_exec_client(stream: trio.abc.HalfCloseableStream, *, tty: bool, in
     raw = local_tty and interactive
     sender = _Sender(stream)
     killed: list[int] = []
-    code = EXIT_INTERNAL
+    code: int = ExitCode.SELF_FAILED
     with _raw_terminal(stdin_fd, raw):
         try:
             async with trio.open_nursery() as nursery:
@@ -219,12 +214,12 @@ async def run_exec_client(stream: trio.abc.HalfCloseableStream, *, tty: bool, in
                 nursery.cancel_scope.cancel()
         except* ChannelProtocolError as group:
             _message(f"bad frame from the sandbox: {group.exceptions[0]}")
-            code = EXIT_INTERNAL
+            code = ExitCode.SELF_FAILED
         except* (trio.BrokenResourceError, trio.ClosedResourceError) as group:
             _message(f"exec stream broke: {group.exceptions[0]}")
-            code = EXIT_INTERNAL
+            code = ExitCode.SELF_FAILED
         except* BrokenPipeError:
-            code = 128 + signal.SIGPIPE  # our own stdout went away, as a shell pipeline reports it
+            code = for_signal(signal.SIGPIPE)  # our own stdout went away, as a shell pipeline reports it
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 try:

@@ -14,13 +14,14 @@ from pathlib import Path
 
 from ..k8s.spec import Model, RenderError, RenderSpec, Topology, parse_owner
 from ..protocol.certs import DEFAULT_VALIDITY, BundleError
+from ..protocol.exit_codes import ExitCode
 from .certs import parse_validity
 
 SECRETS_FILE = "secrets.yaml"  # supervisor.k8s.secrets.SECRETS_FILE, without importing it for --help
 
 __all__ = ["add_k8s_parser", "run_k8s"]
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_FAILED = 1
 
 _DESCRIPTION = """\
 Render one sandbox's companion set: the policy ConfigMap, the two NetworkPolicies, the boundary Service, the
@@ -232,18 +233,18 @@ def _render(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"k8s render: --out: cannot write {target}: {exc.strerror or exc}", file=sys.stderr)
             return EXIT_FAILED
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def run_k8s(args: argparse.Namespace) -> int:
     if getattr(args, "k8s_command", None) != "render":
         print(f"k8s: unknown command {getattr(args, 'k8s_command', None)!r}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     try:
         return _render(args)
     except RenderError as exc:
         print(f"k8s render: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     except BundleError as exc:
         print(f"k8s render: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -15,7 +15,7 @@ from typing import Any
 
 import trio
 
-EXIT_SELF_FAILED = 125
+from supervisor.protocol.exit_codes import ExitCode
 
 DAEMON_HELP = """\
 daemons:
@@ -231,10 +231,10 @@ def run_daemon(argv: list[str]) -> int:
         bundle = load_bundle(args.bootstrap, role)
     except BundleError as exc:
         _err(f"--bootstrap: {exc}")
-        return EXIT_SELF_FAILED
+        return ExitCode.SELF_FAILED
     log = _daemon_log(args, "control", bundle.claims.sandbox, stream)
     if log is None:
-        return EXIT_SELF_FAILED
+        return ExitCode.SELF_FAILED
     return _run_control(args, bundle, log)
 
 
@@ -262,35 +262,35 @@ def _run_boundary(args: argparse.Namespace, stream: Any) -> int:
 
     if not args.agent_argv:
         _err("--mode=boundary needs the agent's argv after --")
-        return 2
+        return ExitCode.USAGE
     host, port = _host_port(args.listen, "--listen")
     try:
         model, reason = detect_privilege_model(args.privilege_model)
     except LauncherError as exc:
         _err(f"--privilege-model={args.privilege_model}: {exc}")
-        return EXIT_SELF_FAILED
+        return ExitCode.SELF_FAILED
     if (problem := _boundary_dirs_problem(args)) is not None:
         _err(problem)
-        return EXIT_SELF_FAILED
+        return ExitCode.SELF_FAILED
     launcher = Launcher.fork()
     try:
         try:
             bundle = load_bundle(args.bootstrap, Role.BOUNDARY)
         except BundleError as exc:
             _err(f"--bootstrap: {exc}")
-            return EXIT_SELF_FAILED
+            return ExitCode.SELF_FAILED
         if (problem := _workdir_problem(args.workdir)) is not None:
             _err(f"--workdir: {problem}")
-            return 2
+            return ExitCode.USAGE
         # The agent's own root holds the workdir at its real path (R, U): its cwd, HOME and Landlock use that.
         real_workdir = os.path.realpath(args.workdir)
         if (problem := _workdir_problem(real_workdir)) is not None:
             _err(f"--workdir: {args.workdir} resolves to {real_workdir}: {problem}")
-            return 2
+            return ExitCode.USAGE
         args.workdir = real_workdir
         log = _daemon_log(args, "boundary", bundle.claims.sandbox, stream)  # after the fork: not the launcher's
         if log is None:
-            return EXIT_SELF_FAILED
+            return ExitCode.SELF_FAILED
         cfg = daemon.BoundaryConfig(
             bundle=bundle, agent_argv=tuple(args.agent_argv), listen_host=host, listen_port=port,
             port_file=args.port_file, workdir=args.workdir, agent_stdio=args.agent_stdio, privilege_model=model,
@@ -372,23 +372,23 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
         host, port = "", 0
     elif not args.boundary:
         _err("--mode=control needs --boundary HOST:PORT")
-        return 2
+        return ExitCode.USAGE
     else:
         host, port = _host_port(args.boundary, "--boundary")
     try:
         api_listen = _host_port(args.api_listen, "--api-listen") if args.api_listen else None
     except argparse.ArgumentTypeError as exc:
         _err(str(exc))
-        return 2
+        return ExitCode.USAGE
     try:
         policy = load_policy_file(args.policy) if args.policy else load_default_policy()
     except PolicyInvalid as exc:
         for error in exc.errors:
             _err(str(error))
-        return EXIT_SELF_FAILED
+        return ExitCode.SELF_FAILED
     except OSError as exc:
         _err(f"--policy: cannot read {args.policy}: {exc.strerror}")
-        return EXIT_SELF_FAILED
+        return ExitCode.SELF_FAILED
     source = str(args.policy) if args.policy else "embedded default (deny all)"
     store = PolicyStore(compile_policy(policy), failure_mode=args.policy_failure_mode, source=source)
     read_write = policy.filesystem_policy.read_write if policy.filesystem_policy is not None else ()
@@ -399,12 +399,12 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
         agent_uid, agent_gid = int(uid_text), int(gid_text or uid_text)
     except ValueError:
         _err(f"--agent-user must be UID:GID, got {args.agent_user!r}")
-        return 2
+        return ExitCode.USAGE
     try:
         dns_servers = [parse_dns_server(text) for text in args.dns_server]
     except ValueError as exc:
         _err(f"--dns-server: {exc}")
-        return 2
+        return ExitCode.USAGE
     try:
         interception = Interception(
             ca=load_or_create(args.interception_ca, bundle.claims.sandbox),
@@ -413,12 +413,12 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
         )
     except (CredentialsError, OSError, ssl.SSLError, ValueError) as exc:
         _err(f"--credentials/--upstream-ca: {exc}")
-        return EXIT_SELF_FAILED
+        return ExitCode.SELF_FAILED
     try:
         self_addresses = [ipaddress.ip_address(text) for text in args.self_address]
     except ValueError as exc:
         _err(f"--self-address: {exc}")
-        return 2
+        return ExitCode.USAGE
     local_net = LocalNetwork(self_addresses, ipv6_egress=Ipv6Egress(args.ipv6_egress), log=log)
     upstream = UpstreamConfig(
         dns_servers=dns_servers, is_local=local_net.is_local, ipv6_egress=lambda: local_net.ipv6_egress
@@ -448,7 +448,7 @@ def _proxy_topology(args: argparse.Namespace) -> Any:
     if args.topology != "proxy-pod":
         if proxy_flags:
             _err(f"{', '.join(proxy_flags)} only apply to --topology=proxy-pod")
-            return 2
+            return ExitCode.USAGE
         return None
     problems = []
     if args.boundary:
@@ -468,22 +468,22 @@ def _proxy_topology(args: argparse.Namespace) -> Any:
     if problems:
         for problem in problems:
             _err(problem)
-        return 2
+        return ExitCode.USAGE
     try:
         listen = _host_port(args.proxy_listen, "--proxy-listen")
         clients = parse_clients(args.proxy_clients)
     except (argparse.ArgumentTypeError, ValueError) as exc:
         _err(f"--proxy-listen/--proxy-clients: {exc}")
-        return 2
+        return ExitCode.USAGE
     try:
         token = args.proxy_token_file.read_text().strip()
     except (OSError, UnicodeDecodeError) as exc:
         _err(f"--proxy-token-file: cannot read {args.proxy_token_file}: {exc}")
-        return EXIT_SELF_FAILED
+        return ExitCode.SELF_FAILED
     if len(token) < 16 or not token.isascii() or not all(c.isalnum() or c in "-_." for c in token):
         _err(f"--proxy-token-file: {args.proxy_token_file} must hold one token of at least 16 characters "
              "[A-Za-z0-9._-]")  # fmt: skip
-        return EXIT_SELF_FAILED
+        return ExitCode.SELF_FAILED
     return ProxyListenConfig(host=listen[0], port=listen[1], token=token, clients=clients,
                              max_connections=args.proxy_max_connections, per_client=args.proxy_per_client)  # fmt: skip
 
@@ -607,7 +607,7 @@ def run_command(argv: list[str]) -> int:
     args = command_parser().parse_args(argv)
     if args.command is None:
         command_parser().print_help(sys.stderr)
-        return 2
+        return ExitCode.USAGE
     if args.command == "dev":
         from supervisor.cli.dev import DevOptions, run_dev
 
@@ -616,10 +616,10 @@ def run_command(argv: list[str]) -> int:
                 "dev --privilege-model=P: model P captures nothing itself (proxy-env) and dev mode has no external "
                 "fence; pass --acknowledge-external-fence to run it anyway"
             )
-            return 2
+            return ExitCode.USAGE
         if args.workdir is not None and (problem := _workdir_problem(args.workdir)) is not None:
             _err(f"dev --workdir: {problem}")
-            return 2
+            return ExitCode.USAGE
         opts = DevOptions(
             argv=args.argv, policy=args.policy, dns_servers=tuple(args.dns_server),
             privilege_model=args.privilege_model, workdir=args.workdir, agent_user=args.agent_user,
@@ -633,7 +633,7 @@ def run_command(argv: list[str]) -> int:
                 _host_port(args.api_listen, "dev --api-listen")
             except argparse.ArgumentTypeError as exc:
                 _err(str(exc))
-                return 2
+                return ExitCode.USAGE
         return run_dev(opts)
     if args.command == "policy":
         from supervisor.cli.policy import run_policy
@@ -657,7 +657,7 @@ def run_command(argv: list[str]) -> int:
             return trio.run(run_logs, args)
         except ApiError as exc:
             _err(str(exc))
-            return EXIT_SELF_FAILED
+            return ExitCode.SELF_FAILED
         except KeyboardInterrupt:
             return 130
 
@@ -666,7 +666,7 @@ def run_command(argv: list[str]) -> int:
     except ApiError as exc:
         kind = exc.body.get("kind")
         _err(f"{kind}: {exc}" if kind else str(exc))
-        return EXIT_SELF_FAILED
+        return ExitCode.SELF_FAILED
 
 
 def main(argv: list[str] | None = None) -> int:

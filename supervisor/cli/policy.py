@@ -28,10 +28,10 @@ from supervisor.control.policy import (
     decide_l7,
     load_policy_file,
 )
+from supervisor.protocol.exit_codes import ExitCode
 
 EXIT_ALLOW = 0
 EXIT_DENY = 1
-EXIT_USAGE = 2
 
 
 def add_policy_parser(subparsers: Any) -> None:
@@ -108,7 +108,7 @@ def run_policy(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr
     if command in ("get", "apply"):
         return _remote(args, out, err)
     print("policy: expected a subcommand: check, decide, get or apply", file=err)
-    return EXIT_USAGE
+    return ExitCode.USAGE
 
 
 def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -146,17 +146,17 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def _decide(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if (args.method is None) != (args.path is None):
         print("policy decide: --method and --path go together", file=err)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     if not 1 <= args.port <= 65535:
         print(f"policy decide: --port {args.port} is outside 1..65535", file=err)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     try:
         policy = load_policy_file(args.policy)
     except PolicyInvalid as exc:
         for error in exc.errors:
             print(error, file=err)
         print(f"policy decide: {args.policy} is not a valid policy (run: policy check {args.policy})", file=err)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     compiled = compile_policy(policy)
     identity = None
     if args.binary:
@@ -197,11 +197,11 @@ def _remote(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 text = args.file.read_bytes()
             except OSError as exc:
                 print(f"{args.file}: cannot read: {exc.strerror}", file=err)
-                return EXIT_USAGE
+                return ExitCode.USAGE
             status, body = trio.run(request_json, api, "PUT", "/v1/policy", text)
     except ApiError as exc:
         print(f"policy: {exc}", file=err)
-        return 125
+        return ExitCode.SELF_FAILED
     if status != 200:
         for error in body.get("errors", []):
             where = f"{args.file}:{error.get('line')}: " if error.get("line") else ""

@@ -37,6 +37,7 @@ from supervisor.link.tls_link import Refused, dial_link
 from supervisor.protocol.attach import AttachRequest, CaptureMode
 from supervisor.protocol.certs import Bundle, BundleError, read_policy_digest
 from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.exit_codes import ExitCode
 from supervisor.protocol.fingerprint import certificate_fingerprint
 from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS, client_context
 

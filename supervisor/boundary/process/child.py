@@ -29,6 +29,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, NoReturn
 
+from supervisor.protocol.exit_codes import ExitCode
+
 from . import landlock, linux, privilege, seccomp
 from .landlock import LandlockSpec
 
@@ -330,4 +332,4 @@ def run(ctx: ChildContext) -> NoReturn:
     except BaseException as exc:  # a bug must still end in a report, never in the parent's code
         _write_status(ctx, {"stage": stage.value, "errno": errno.EINVAL, "detail": repr(exc)})
     finally:
-        os._exit(127)
+        os._exit(ExitCode.NOT_FOUND)  # the parent reads the status pipe, not this code

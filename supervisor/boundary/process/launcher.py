@@ -31,6 +31,8 @@ from typing import Any, Literal
 
 import trio
 
+from supervisor.protocol.exit_codes import ExitCode, for_launch_errno
+
 from . import child, privilege, zygote
 from .child import SpawnSpec, Stage
 from .zygote import NamespacePlan
@@ -54,11 +56,9 @@ class SpawnError(Exception):
     @property
     def exit_code(self) -> int:
         """The code a CLI reports for this failure (docs/design.md "Streams are for payload")."""
-        if self.stage == Stage.EXECVE and self.errno == _errno.ENOENT:
-            return 127
-        if self.stage == Stage.EXECVE and self.errno in (_errno.EACCES, _errno.ENOEXEC, _errno.EISDIR):
-            return 126
-        return 125
+        if self.stage == Stage.EXECVE:
+            return for_launch_errno(self.errno)
+        return ExitCode.SELF_FAILED
 
 
 @dataclass

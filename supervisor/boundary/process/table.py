@@ -42,6 +42,7 @@ from supervisor.boundary.process.terminate import (
 from supervisor.jsonlog import JsonLog, now_rfc3339
 from supervisor.protocol.channel import Stderr, Stdout
 from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.exit_codes import ExitCode, for_signal
 from supervisor.protocol.process_ops import SignalScope, signal_number
 
 __all__ = ["EndReason", "ProcessEntry", "ProcessEvent", "ProcessTable", "render_result"]
@@ -113,9 +114,9 @@ def render_result(handle: str, status: int | None, reason: EndReason) -> dict[st
             name = _signal.Signals(number).name.removeprefix("SIG")
         except ValueError:
             name = str(number)
-    rendered = code if code is not None else 128 + (number or 0)
+    rendered = code if code is not None else for_signal(number or 0)
     if reason is EndReason.TIMEOUT:
-        rendered = 124  # as timeout(1) reports it; the signal fields still say what ended the process
+        rendered = ExitCode.TIMEOUT  # as timeout(1) reports it; the signal fields still say what ended the process
     return {
         "handle": handle,
         "exited": True,
