@@ -12,7 +12,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from ..k8s.spec import Model, RenderError, RenderSpec, Topology, parse_owner
+from ..k8s.spec import Affinity, Model, RenderError, RenderSpec, Topology, parse_dns_peer, parse_owner
 from ..protocol.certs import DEFAULT_VALIDITY, BundleError
 from ..protocol.exit_codes import ExitCode
 from .certs import parse_validity
@@ -34,6 +34,12 @@ writes them to DIR/secrets.yaml (0600). Apply them first:
   openshell-sandbox k8s render ... --secrets-dir DIR --out FILE -- AGENT...
   kubectl apply -f DIR/secrets.yaml && kubectl apply -f FILE
 Render again with the same keys (immutable Secrets re-apply unchanged) with --reuse-secrets DIR.
+
+--topology proxy-pod: no boundary. The workload Pod runs the agent's own image and argv directly (--proxy-uid,
+no capabilities, Pod Security restricted) with the proxy variables pointing at control's headless proxy Service
+(http://sandbox:<token>@<service>:<port>, the token from a Secret) and a CA bundle an init container builds from
+the image's own system bundle plus the interception CA. Its NetworkPolicy allows egress only to control's proxy
+port and the cluster DNS (--dns-peer). The cluster must enforce NetworkPolicy: that is the only fence.
 """
 
 
@@ -70,10 +76,16 @@ def add_k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     what.add_argument("--image", required=True, metavar="IMG", help="workload image (by digest): the `image` claim")
     what.add_argument("--control-image", required=True, metavar="IMG", help="the openshell-sandbox image for control")
     what.add_argument(
-        "--privilege-model", choices=[str(m) for m in Model], default="R", help="the workload's model (default R)"
+        "--privilege-model",
+        choices=[str(m) for m in Model],
+        help="the boundary's privilege model (default R; the proxy-pod topology has none)",
     )
     what.add_argument(
-        "--topology", choices=[str(t) for t in Topology], default="boundary", help="only boundary in this release"
+        "--topology",
+        choices=[str(t) for t in Topology],
+        default="boundary",
+        help="boundary (default): the boundary is the workload's PID 1. proxy-pod: the agent's image runs alone and "
+        "control serves its proxy; needs a cluster that enforces NetworkPolicy (docs/kubernetes.md)",
     )
     what.add_argument("--policy", type=Path, metavar="FILE", help="policy YAML (default: the embedded deny-all)")
     what.add_argument("--credentials", type=Path, metavar="FILE", help="credentials file: a Secret for control only")
@@ -99,6 +111,34 @@ def add_k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
         "operator certificate is what admits a client)",
     )
     what.add_argument("--api-port", type=int, default=7444, metavar="PORT", help="control's TCP API port")
+    what.add_argument(
+        "--runtime-class", metavar="NAME", help="the workload pod's RuntimeClass (e.g. a sandboxed runtime)"
+    )
+    what.add_argument(
+        "--affinity",
+        choices=[str(a) for a in Affinity],
+        default="disabled",
+        help="schedule the workload pod on control's node: preferred or required (default disabled)",
+    )
+    proxy = r.add_argument_group("the proxy-pod topology (--topology proxy-pod)")
+    proxy.add_argument("--proxy-port", type=int, metavar="PORT", help="control's proxy port (default 3128)")
+    proxy.add_argument(
+        "--proxy-uid",
+        metavar="UID[:GID]",
+        help="the agent's uid (and gid; default the uid) in its own image, non-zero (default 1000)",
+    )
+    proxy.add_argument(
+        "--read-only-root",
+        action="store_true",
+        help="the agent's root filesystem is read-only (where the image allows it; /tmp and --workdir are emptyDirs)",
+    )
+    proxy.add_argument(
+        "--dns-peer",
+        action="append",
+        metavar="NS/KEY=VALUE[,KEY=VALUE]",
+        help="pods the workload may send DNS to, by namespace and labels (repeatable; default "
+        "kube-system/k8s-app=kube-dns): the proxy Service's name must resolve",
+    )
     what.add_argument(
         "--validity",
         type=parse_validity,
@@ -165,12 +205,17 @@ def _spec(args: argparse.Namespace) -> tuple[RenderSpec, bytes | None]:
     spec = RenderSpec(
         namespace=args.namespace, sandbox=args.sandbox, sandbox_uid=uid, image=args.image,
         control_image=args.control_image, agent_argv=tuple(args.agent_argv), policy_text=policy_text,
-        model=Model(args.privilege_model), topology=Topology(args.topology), generation=args.generation,
+        model=Model(args.privilege_model or "R"), topology=Topology(args.topology), generation=args.generation,
         owner=owner, owner_namespace=args.owner_namespace, operator_namespace=args.operator_namespace,
         api_port=args.api_port, api_listen=args.api_listen, boundary_port=args.boundary_port,
         agent_user=args.agent_user,
         workdir=args.workdir, has_credentials=credentials is not None, seccomp_localhost=args.seccomp_localhost,
+        runtime_class=args.runtime_class, affinity=Affinity(args.affinity), proxy_port=args.proxy_port,
+        proxy_user=args.proxy_uid, read_only_root=args.read_only_root,
+        dns_peers=tuple(parse_dns_peer(p) for p in args.dns_peer) if args.dns_peer is not None else None,
     )  # fmt: skip
+    if spec.topology is Topology.PROXY_POD and args.privilege_model is not None:
+        raise RenderError("--privilege-model", "the proxy-pod workload runs no boundary, hence no privilege model")
     return spec, credentials
 
 
@@ -198,13 +243,14 @@ def _render(args: argparse.Namespace) -> int:
         check_operator_dir(args.operator_cert_out)
     spec, credentials = _spec(args)
     names = SandboxNames.of(spec.sandbox, spec.sandbox_uid)
+    proxy_pod = spec.topology is Topology.PROXY_POD
     if args.redact_secrets:
         rendered = render(spec, None)
         text = to_yaml([*rendered.objects, *rendered.secrets])
     else:
         claims = claims_for(spec, names)
         if args.reuse_secrets is not None:
-            material = load_material(args.reuse_secrets, names)
+            material = load_material(args.reuse_secrets, names, proxy_pod=proxy_pod)
             check_material(material, claims, spec.policy_digest, args.reuse_secrets / SECRETS_FILE)
             if credentials is not None and material.credentials not in (None, credentials):
                 raise RenderError("--credentials", "differs from the reused credentials Secret (immutable)")
@@ -214,7 +260,7 @@ def _render(args: argparse.Namespace) -> int:
                 raise RenderError("--credentials", "the reused Secrets hold no credentials Secret")
         else:
             material = issue_material(claims, spec.policy_digest, validity=args.validity, credentials=credentials,
-                                      operator=args.operator_cert_out is not None)  # fmt: skip
+                                      operator=args.operator_cert_out is not None, proxy_pod=proxy_pod)  # fmt: skip
         rendered = render(spec, material)
         text = to_yaml(rendered.objects)
         same = args.reuse_secrets is not None and (args.reuse_secrets.resolve() == args.secrets_dir.resolve())

@@ -142,7 +142,9 @@ class ProxyListener:
         self.bound: tuple[str, int] | None = None
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(self.cfg.port, host=self.cfg.host, backlog=512)
+        # "*": every address of the pod, IPv4 and IPv6 (what `k8s render --topology proxy-pod` passes)
+        host = None if self.cfg.host == "*" else self.cfg.host
+        listeners = await trio.open_tcp_listeners(self.cfg.port, host=host, backlog=512)
         sockname = listeners[0].socket.getsockname()
         self.bound = (sockname[0], sockname[1])
         self.log.emit("proxy.listening", address=f"{self.bound[0]}:{self.bound[1]}",

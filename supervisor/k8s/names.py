@@ -80,6 +80,10 @@ class SandboxNames:
     control_bootstrap_secret: str
     interception_ca_secret: str
     credentials_secret: str
+    # the proxy-pod topology: control's proxy Service, the proxy token, the interception CA's certificate alone
+    proxy_service: str
+    proxy_token_secret: str
+    proxy_ca_secret: str
 
     @property
     def policy_resource(self) -> str:
@@ -100,11 +104,15 @@ class SandboxNames:
             control_bootstrap_secret=_name("os-boot", sandbox, digest, "control"),
             interception_ca_secret=_name("os-ca", sandbox, digest),
             credentials_secret=_name("os-cred", sandbox, digest),
+            proxy_service=_name("os-prx", sandbox, digest),
+            proxy_token_secret=_name("os-ptok", sandbox, digest),
+            proxy_ca_secret=_name("os-trust", sandbox, digest),
         )
 
     def all(self) -> tuple[str, ...]:
         return (
             self.workload_pod, self.control_deployment, self.boundary_service, self.policy_configmap,
             self.workload_network_policy, self.control_network_policy, self.boundary_bootstrap_secret,
-            self.control_bootstrap_secret, self.interception_ca_secret, self.credentials_secret,
+            self.control_bootstrap_secret, self.interception_ca_secret, self.credentials_secret, self.proxy_service,
+            self.proxy_token_secret, self.proxy_ca_secret,
         )  # fmt: skip

@@ -14,14 +14,27 @@ for containment are repeated here next to the code:
   (docs/design.md "Settled details": trust files); model P names it with ``--tls-dir``.
 - Control's interception CA and credentials come from Secrets, so a restarted control keeps the CA the agent
   already trusts.
+
+The proxy-pod topology (docs/kubernetes.md "Choosing a topology"; docs/design.md "The proxy-pod topology"):
+
+- The workload pod runs the agent's own image and argv directly, Pod Security *restricted*: non-root
+  (``--proxy-uid``), no capabilities, no privilege escalation, RuntimeDefault seccomp, no token.
+- Its only path out is control's proxy: the NetworkPolicy allows egress to control's proxy port and to the
+  cluster DNS peers (the Service name must resolve) and nothing else, and admits no ingress.
+- The proxy token reaches the agent's proxy variables only through ``secretKeyRef`` and ``$(VAR)`` expansion, so
+  it is never in the Pod spec; control reads the same Secret as ``--proxy-token-file``.
+- The init container runs the agent's image (its own system bundle) with the interception CA's certificate
+  only (never its key, which stays in control's Secret) and writes the combined bundle to an emptyDir.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from supervisor.protocol.proxy_head import proxy_environment, proxy_url
+
 from .names import LABEL_NAME, LABEL_ROLE, LABEL_SANDBOX_ID, SandboxNames
-from .spec import Model, RenderSpec
+from .spec import DEFAULT_DNS_PEERS, DEFAULT_PROXY_PORT, Affinity, Model, RenderSpec, Topology
 
 __all__ = [
     "BOOTSTRAP_DIR",
@@ -31,11 +44,17 @@ __all__ = [
     "MODEL_R_CAPABILITIES",
     "POLICY_DIR",
     "POLICY_FILE",
+    "PROXY_CA_FILE",
+    "PROXY_TOKEN_ENV",
+    "PROXY_TOKEN_KEY",
     "ROLE_CONTROL",
     "ROLE_WORKLOAD",
     "SECRETS_MOUNT",
     "STATE_DIR",
     "TLS_DIR",
+    "TRUST_BUNDLE",
+    "TRUST_CA",
+    "TRUST_DIR",
     "FileMode",
     "boundary_service",
     "control_deployment",
@@ -43,6 +62,7 @@ __all__ = [
     "metadata",
     "network_policies",
     "policy_configmap",
+    "proxy_service",
     "workload_pod",
 ]
 
@@ -61,6 +81,21 @@ STATE_DIR = "/run/openshell-boundary"
 TLS_DIR = f"{STATE_DIR}/tls"
 API_DIR = "/run/openshell-sandbox"
 NON_ROOT_UID = 10001
+PROXY_TOKEN_KEY = "token"  # the proxy token Secret's key (no newline: it goes into a URL)
+PROXY_TOKEN_ENV = "OPENSHELL_PROXY_TOKEN"
+PROXY_TOKEN_DIR = f"{COPY_DIR}/proxy-token"
+PROXY_CA_FILE = "ca.pem"  # the CA certificate Secret's key: the interception CA's certificate, no key
+TRUST_DIR = "/etc/openshell/trust"  # the workload's emptyDir holding the bundles the init container built
+TRUST_BUNDLE = f"{TRUST_DIR}/ca-bundle.pem"  # the image's system bundle plus the interception CA
+TRUST_CA = f"{TRUST_DIR}/proxy-ca.pem"  # the interception CA alone
+# Where images keep their system bundle: Debian/Ubuntu/Alpine, Fedora/RHEL, openSUSE, Alpine/macOS-style.
+SYSTEM_BUNDLES = (
+    "/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+)  # fmt: skip
+# Replace the system store (so they get the combined bundle); the last two add to it (the CA alone).
+CA_REPLACING = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT")
+CA_ADDING = ("NODE_EXTRA_CA_CERTS", "DENO_CERT")
 
 # Each needed by the root boundary of model R (docs/kubernetes.md "Model R" says what fails without which).
 MODEL_R_CAPABILITIES = (
@@ -158,13 +193,35 @@ def boundary_args(spec: RenderSpec) -> list[str]:
     ]
     if spec.model is Model.P:
         # No mount namespace in P: the trust files live where the agent reads them, on a writable emptyDir.
-        args += ["--acknowledge-external-fence", f"--tls-dir={TLS_DIR}"]
+        # The acknowledgement says "no probe" (status: acknowledged-unprobed): a canary needs control's own
+        # NetworkPolicy to admit the pod on the canary port, which this release does not render.
+        args += ["--acknowledge-external-fence", "--acknowledge-unprobed-fence", f"--tls-dir={TLS_DIR}"]
     args += [f"--workdir={spec.workdir}", "--", *spec.agent_argv]
     return args
 
 
+def _scheduling(spec: RenderSpec, pod: Doc) -> None:
+    """``--runtime-class`` and ``--affinity``: the workload pod on control's node (preferred or required)."""
+    if spec.runtime_class is not None:
+        pod["runtimeClassName"] = spec.runtime_class
+    if spec.affinity is Affinity.DISABLED:
+        return
+    term: Doc = {
+        "labelSelector": {"matchLabels": selector(spec, ROLE_CONTROL)},
+        "topologyKey": "kubernetes.io/hostname",
+    }
+    if spec.affinity is Affinity.REQUIRED:
+        pod["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    else:
+        weighted = {"weight": 100, "podAffinityTerm": term}
+        pod["affinity"] = {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [weighted]}}
+
+
 def workload_pod(spec: RenderSpec, names: SandboxNames) -> Doc:
-    """The workload Pod: the boundary is the container's entrypoint and PID 1, the agent its child."""
+    """The workload Pod: the boundary is the container's entrypoint and PID 1, the agent its child (in the
+    proxy-pod topology: the agent's own image, nothing of ours)."""
+    if spec.topology is Topology.PROXY_POD:
+        return _proxy_workload_pod(spec, names)
     model = spec.model
     container: Doc = {
         "name": "agent",
@@ -226,6 +283,105 @@ def workload_pod(spec: RenderSpec, names: SandboxNames) -> Doc:
     container["volumeMounts"] = mounts
     pod["containers"] = [container]
     pod["volumes"] = volumes
+    _scheduling(spec, pod)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata(spec, names.workload_pod, ROLE_WORKLOAD),
+        "spec": pod,
+    }
+
+
+def _trust_script() -> str:
+    """Build ``TRUST_BUNDLE`` (the image's own system bundle, then the interception CA) and ``TRUST_CA``. An image
+    without a system bundle gets the CA alone, and says so: it could verify nothing before either."""
+    looked = " ".join(SYSTEM_BUNDLES)
+    return (
+        "set -eu; umask 022; system=\n"
+        f"for f in {looked}; do\n"
+        '  if [ -s "$f" ]; then system="$f"; break; fi\n'
+        "done\n"
+        f'cat "{SECRETS_MOUNT}/proxy-ca/{PROXY_CA_FILE}" > "{TRUST_CA}"\n'
+        'if [ -n "$system" ]; then\n'
+        f'  cat "$system" > "{TRUST_BUNDLE}"; echo >> "{TRUST_BUNDLE}"\n'
+        "else\n"
+        f'  echo "openshell: no system CA bundle in this image ({looked}): {TRUST_BUNDLE} holds the proxy CA '
+        'alone" >&2\n'
+        f'  : > "{TRUST_BUNDLE}"\n'
+        "fi\n"
+        f'cat "{TRUST_CA}" >> "{TRUST_BUNDLE}"\n'
+        f'grep -q "BEGIN CERTIFICATE" "{TRUST_CA}"\n'
+    )
+
+
+def proxy_port(spec: RenderSpec) -> int:
+    return spec.proxy_port if spec.proxy_port is not None else DEFAULT_PROXY_PORT
+
+
+def workload_environment(spec: RenderSpec, names: SandboxNames) -> list[Doc]:
+    """The proxy-pod agent's environment: the token from its Secret first, then the proxy variables that expand
+    it (``$(VAR)``), upper and lower case, then the CA variables."""
+    url = proxy_url(names.proxy_service, proxy_port(spec), f"$({PROXY_TOKEN_ENV})")
+    token = {"secretKeyRef": {"name": names.proxy_token_secret, "key": PROXY_TOKEN_KEY}}
+    env: list[Doc] = [{"name": PROXY_TOKEN_ENV, "valueFrom": token}]
+    env += [{"name": k, "value": v} for k, v in proxy_environment(url).items()]
+    env += [{"name": k, "value": TRUST_BUNDLE} for k in CA_REPLACING]
+    env += [{"name": k, "value": TRUST_CA} for k in CA_ADDING]
+    return env
+
+
+def _proxy_workload_pod(spec: RenderSpec, names: SandboxNames) -> Doc:
+    uid, gid = spec.proxy_ids
+    container: Doc = {
+        "name": "agent",
+        "image": spec.image,
+        "command": list(spec.agent_argv),  # the agent's argv exactly: the image's entrypoint is not ours to wrap
+        "workingDir": spec.workdir,
+        "env": workload_environment(spec, names),
+        "securityContext": _restricted_container_context(read_only_root=spec.read_only_root),
+        "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        "volumeMounts": [
+            {"name": "trust", "mountPath": TRUST_DIR, "readOnly": True},
+            {"name": "workspace", "mountPath": spec.workdir},
+        ],
+    }
+    volumes: list[Doc] = [
+        # 0444: a certificate, nothing secret; no fsGroup needed to read it
+        _secret_volume("proxy-ca-secret", names.proxy_ca_secret, 0o444),
+        _memory_dir("trust", "1Mi"),
+        {"name": "workspace", "emptyDir": {}},
+    ]
+    if spec.read_only_root:
+        container["volumeMounts"].append({"name": "tmp", "mountPath": "/tmp"})
+        volumes.append({"name": "tmp", "emptyDir": {}})
+    init: Doc = {
+        "name": "ca-bundle",
+        "image": spec.image,  # the agent's own image: its own system bundle
+        "command": ["/bin/sh", "-c"],
+        "args": [_trust_script()],
+        "securityContext": _restricted_container_context(read_only_root=True),
+        "volumeMounts": [
+            {"name": "proxy-ca-secret", "mountPath": f"{SECRETS_MOUNT}/proxy-ca", "readOnly": True},
+            {"name": "trust", "mountPath": TRUST_DIR},
+        ],
+    }
+    pod: Doc = {
+        "restartPolicy": "Never",  # the agent's exit is the sandbox's end
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "shareProcessNamespace": False,
+        "terminationGracePeriodSeconds": 30,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": uid,
+            "runAsGroup": gid,
+            "seccompProfile": dict(_RUNTIME_DEFAULT),
+        },
+        "initContainers": [init],
+        "containers": [container],
+        "volumes": volumes,
+    }
+    _scheduling(spec, pod)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -235,19 +391,25 @@ def workload_pod(spec: RenderSpec, names: SandboxNames) -> Doc:
 
 
 def control_args(spec: RenderSpec, names: SandboxNames) -> list[str]:
-    args = [
-        "--mode=control",
-        f"--bootstrap={BOOTSTRAP_DIR}",
-        f"--boundary={names.boundary_service}:{spec.boundary_port}",
-        f"--policy={POLICY_DIR}/{POLICY_FILE}",
-        f"--interception-ca={INTERCEPTION_CA_DIR}",
-    ]
+    args = ["--mode=control", f"--bootstrap={BOOTSTRAP_DIR}"]
+    if spec.topology is Topology.PROXY_POD:
+        args += [
+            "--topology=proxy-pod",
+            f"--proxy-listen=*:{proxy_port(spec)}",  # every address of the pod, IPv4 and IPv6
+            f"--proxy-token-file={PROXY_TOKEN_DIR}/{PROXY_TOKEN_KEY}",
+            "--binary-identity=relaxed",
+            # render writes the NetworkPolicies; that the cluster enforces them is the operator's to know
+            "--acknowledge-networkpolicy-enforcement",
+        ]
+    else:
+        args.append(f"--boundary={names.boundary_service}:{spec.boundary_port}")
+    args += [f"--policy={POLICY_DIR}/{POLICY_FILE}", f"--interception-ca={INTERCEPTION_CA_DIR}"]
     if spec.has_credentials:
         args.append(f"--credentials={CREDENTIALS_DIR}/{CREDENTIALS_FILE}")
     if spec.model is Model.R and spec.agent_user != "1000:1000":
         args.append(f"--agent-user={spec.agent_user}")
     if spec.model is Model.P:
-        args += ["--capture-mode=proxy-env", "--acknowledge-external-fence"]
+        args += ["--capture-mode=proxy-env", "--acknowledge-external-fence", "--acknowledge-unprobed-fence"]
     if spec.api_listen:
         args.append(f"--api-listen=*:{spec.api_port}")  # every address of the pod, IPv4 and IPv6
     return args
@@ -266,6 +428,9 @@ def control_deployment(spec: RenderSpec, names: SandboxNames) -> Doc:
     if spec.has_credentials:
         secrets.append(("credentials-secret", "credentials"))
         volumes.append(_secret_volume("credentials-secret", names.credentials_secret, 0o440))
+    if spec.topology is Topology.PROXY_POD:
+        secrets.append(("proxy-token-secret", "proxy-token"))
+        volumes.append(_secret_volume("proxy-token-secret", names.proxy_token_secret, 0o440))
     volumes += [
         _memory_dir("openshell-run", "1Mi"),
         _memory_dir("api", "1Mi"),
@@ -299,8 +464,13 @@ def control_deployment(spec: RenderSpec, names: SandboxNames) -> Doc:
             {"name": "policy", "mountPath": POLICY_DIR, "readOnly": True},
         ],
     }
+    ports: list[Doc] = []
+    if spec.topology is Topology.PROXY_POD:
+        ports.append({"name": "proxy", "containerPort": proxy_port(spec), "protocol": "TCP"})
     if spec.api_listen:
-        container["ports"] = [{"name": "operator-api", "containerPort": spec.api_port, "protocol": "TCP"}]
+        ports.append({"name": "operator-api", "containerPort": spec.api_port, "protocol": "TCP"})
+    if ports:
+        container["ports"] = ports
     pod: Doc = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -341,6 +511,23 @@ def boundary_service(spec: RenderSpec, names: SandboxNames) -> Doc:
     }
 
 
+def proxy_service(spec: RenderSpec, names: SandboxNames) -> Doc:
+    """The proxy-pod workload's proxy host: headless, so the name resolves to control's pod address, which is what
+    the NetworkPolicies select (no Service VIP in between); only a ready control is published."""
+    port = proxy_port(spec)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(spec, names.proxy_service, ROLE_CONTROL),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": False,
+            "selector": selector(spec, ROLE_CONTROL),
+            "ports": [{"name": "proxy", "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }
+
+
 def policy_configmap(spec: RenderSpec, names: SandboxNames) -> Doc:
     return {
         "apiVersion": "v1",
@@ -353,10 +540,33 @@ def policy_configmap(spec: RenderSpec, names: SandboxNames) -> Doc:
 
 
 def network_policies(spec: RenderSpec, names: SandboxNames) -> list[Doc]:
-    """The workload's fence (ingress only from its control on the boundary port, no egress, not even DNS) and
-    control's (egress open: the sandbox policy decides; ingress only to the operator API port and only with
-    --api-listen, from the operator namespace if named, else from anywhere: mutual TLS with an operator
-    certificate guards it)."""
+    """The workload's fence (boundary topology: ingress only from its control on the boundary port, no egress,
+    not even DNS; proxy-pod: no ingress, egress only to its control's proxy port and the cluster DNS peers) and
+    control's (egress open: the sandbox policy decides; ingress to the operator API port only with --api-listen,
+    from the operator namespace if named, else from anywhere: mutual TLS with an operator certificate guards it;
+    proxy-pod: also the proxy port, from its workload only)."""
+    from_control = [{"podSelector": {"matchLabels": selector(spec, ROLE_CONTROL)}}]
+    from_workload = [{"podSelector": {"matchLabels": selector(spec, ROLE_WORKLOAD)}}]
+    ingress: list[Doc] = []
+    if spec.topology is Topology.PROXY_POD:
+        # proxy-pod: no ingress to the agent at all; egress only to its control's proxy port and cluster DNS
+        workload_ingress: list[Doc] = []
+        dns_ports = [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+        dns = [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": peer.namespace}},
+                "podSelector": {"matchLabels": dict(peer.labels)},
+            }
+            for peer in (spec.dns_peers if spec.dns_peers is not None else DEFAULT_DNS_PEERS)
+        ]
+        workload_egress: list[Doc] = [
+            {"to": from_control, "ports": [{"protocol": "TCP", "port": proxy_port(spec)}]},
+            {"to": dns, "ports": dns_ports},
+        ]
+        ingress.append({"from": from_workload, "ports": [{"protocol": "TCP", "port": proxy_port(spec)}]})
+    else:
+        workload_ingress = [{"from": from_control, "ports": [{"protocol": "TCP", "port": spec.boundary_port}]}]
+        workload_egress = []
     workload = {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -364,16 +574,10 @@ def network_policies(spec: RenderSpec, names: SandboxNames) -> list[Doc]:
         "spec": {
             "podSelector": {"matchLabels": selector(spec, ROLE_WORKLOAD)},
             "policyTypes": ["Ingress", "Egress"],
-            "ingress": [
-                {
-                    "from": [{"podSelector": {"matchLabels": selector(spec, ROLE_CONTROL)}}],
-                    "ports": [{"protocol": "TCP", "port": spec.boundary_port}],
-                }
-            ],
-            "egress": [],
+            "ingress": workload_ingress,
+            "egress": workload_egress,
         },
     }
-    ingress: list[Doc] = []
     if spec.api_listen:
         rule: Doc = {"ports": [{"protocol": "TCP", "port": spec.api_port}]}
         if spec.operator_namespace is not None:

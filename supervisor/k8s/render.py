@@ -14,10 +14,20 @@ import yaml
 
 from supervisor.protocol.claims import Claims
 
-from .names import SandboxNames
-from .objects import FileMode, boundary_service, control_deployment, network_policies, policy_configmap, workload_pod
+from .names import LABEL_ROLE, SandboxNames
+from .objects import (
+    PROXY_TOKEN_ENV,
+    ROLE_CONTROL,
+    FileMode,
+    boundary_service,
+    control_deployment,
+    network_policies,
+    policy_configmap,
+    proxy_service,
+    workload_pod,
+)
 from .secrets import SecretMaterial, redacted_secrets, secret_objects
-from .spec import RenderError, RenderSpec
+from .spec import RenderError, RenderSpec, Topology
 
 __all__ = ["Rendered", "check_policy", "claims_for", "render", "to_yaml"]
 
@@ -31,13 +41,35 @@ _COMMENTS = {
     "Pod": "The workload: the boundary is PID 1 and starts the agent once control has attached.",
     "Secret": "Immutable; renewal is new Secrets and new pods.",
 }
+_PROXY_POD_COMMENTS = {
+    "Service": "The workload's proxy host: headless, resolving to control's pod address (the fences select it).",
+    "Deployment": "Control: policy, DNS, credentials, the only path out; it serves the workload's proxy itself.",
+    "Pod": "The workload: the agent's own image, non-root, no capabilities; its only way out is control's proxy.",
+}
+
+
+def _is_proxy_pod(doc: Doc) -> bool:
+    """Whether ``doc`` is one of the objects that differ in the proxy-pod topology (for its comment)."""
+    kind = doc.get("kind")
+    if kind == "Service":
+        return bool(doc["metadata"]["labels"].get(LABEL_ROLE) == ROLE_CONTROL)
+    if kind == "Deployment":
+        return "--topology=proxy-pod" in doc["spec"]["template"]["spec"]["containers"][0].get("args", [])
+    if kind == "Pod":
+        return any(e.get("name") == PROXY_TOKEN_ENV for e in doc["spec"]["containers"][0].get("env", []))
+    return False
+
+
+def _comment(doc: Doc) -> str:
+    kind = str(doc.get("kind"))
+    return _PROXY_POD_COMMENTS[kind] if _is_proxy_pod(doc) else _COMMENTS.get(kind, "")
 
 
 @dataclass(frozen=True)
 class Rendered:
     names: SandboxNames
     claims: Claims
-    objects: list[Doc]  # apply order: policy, fences, Service, control, workload
+    objects: list[Doc]  # apply order: policy, fences, Service (the boundary's or the proxy's), control, workload
     secrets: list[Doc]  # real (for --secrets-dir) or redacted
 
 
@@ -71,10 +103,11 @@ def render(spec: RenderSpec, material: SecretMaterial | None) -> Rendered:
     claims = claims_for(spec, names)
     if material is not None and (material.credentials is not None) != spec.has_credentials:
         raise RenderError("--credentials", "the Secret material and the spec disagree on credentials")
+    service = proxy_service if spec.topology is Topology.PROXY_POD else boundary_service
     objects = [
         policy_configmap(spec, names),
         *network_policies(spec, names),  # the fence exists before the pod it fences
-        boundary_service(spec, names),
+        service(spec, names),
         control_deployment(spec, names),
         workload_pod(spec, names),
     ]
@@ -104,6 +137,6 @@ def to_yaml(docs: list[Doc], header: str = "") -> str:
     parts = []
     for doc in docs:
         body = yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
-        comment = _COMMENTS.get(str(doc.get("kind")), "")
+        comment = _comment(doc)
         parts.append((f"# {comment}\n" if comment else "") + body)
     return header + "---\n".join(parts)

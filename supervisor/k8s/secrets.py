@@ -11,6 +11,9 @@ Rules this module enforces:
 3. Secret material is only ever written to a 0600 file in a 0700 directory, atomically, and never over an
    existing file unless it is the very file being reused. Redacted Secrets keep the non-secret keys
    (``claims.json``, ``policy.sha256``) readable and replace every other value with a description.
+4. The proxy-pod topology has no boundary, hence no boundary bundle; it has a proxy token (read by control as
+   ``--proxy-token-file`` and by the workload through ``secretKeyRef``) and a Secret holding the interception CA's
+   certificate alone, the only part of the CA the workload ever mounts.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import base64
 import binascii
 import datetime
 import os
+import re
+import secrets
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -41,8 +46,8 @@ from supervisor.protocol.certs import (
 from supervisor.protocol.claims import CLAIM_FIELDS, Claims, ClaimsError, Role, claims_json, parse_claims_json
 
 from .names import SandboxNames
-from .objects import CREDENTIALS_FILE, ROLE_CONTROL, ROLE_WORKLOAD, metadata
-from .spec import RenderError, RenderSpec
+from .objects import CREDENTIALS_FILE, PROXY_CA_FILE, PROXY_TOKEN_KEY, ROLE_CONTROL, ROLE_WORKLOAD, metadata
+from .spec import RenderError, RenderSpec, Topology
 
 __all__ = [
     "SECRETS_FILE",
@@ -68,12 +73,15 @@ _DESCRIPTIONS = {
     CA_CERT_FILE: "the TLS-interception CA certificate",
     CA_KEY_FILE: "the TLS-interception CA private key",
     CREDENTIALS_FILE: "the credentials file (--credentials)",
+    PROXY_TOKEN_KEY: "the per-sandbox proxy token (the workload's proxy userinfo, control's --proxy-token-file)",
 }
+_TOKEN = re.compile(rb"[A-Za-z0-9._-]{16,}")
 
 
 @dataclass(frozen=True)
 class SecretMaterial:
-    """File name → content for each Secret. ``credentials`` is ``None`` when the sandbox has none."""
+    """File name → content for each Secret. ``credentials`` is ``None`` when the sandbox has none; ``boundary``
+    is empty and ``proxy_token`` set in the proxy-pod topology."""
 
     boundary: dict[str, bytes]
     control: dict[str, bytes]
@@ -81,6 +89,7 @@ class SecretMaterial:
     credentials: bytes | None = None
     # The operator bundle (``k8s render --operator-cert-out``): written to a directory, never a Secret.
     operator: dict[str, bytes] | None = None
+    proxy_token: bytes | None = None
 
 
 def issue_material(
@@ -91,9 +100,10 @@ def issue_material(
     credentials: bytes | None = None,
     now: datetime.datetime | None = None,
     operator: bool = False,
+    proxy_pod: bool = False,
 ) -> SecretMaterial:
     """Mint both bundles (``issue_bundle``; with ``operator`` the operator's too) and a fresh interception CA;
-    nothing is left on disk."""
+    nothing is left on disk. ``proxy_pod``: no boundary bundle is kept, a fresh proxy token is minted."""
     staging = Path(tempfile.mkdtemp(prefix="openshell-render-"))
     wanted = (Role.BOUNDARY, Role.CONTROL, Role.OPERATOR) if operator else (Role.BOUNDARY, Role.CONTROL)
     try:
@@ -106,11 +116,13 @@ def issue_material(
     digest = policy_digest.encode("ascii") + b"\n"
     ca = InterceptionCA.generate(claims.sandbox)
     return SecretMaterial(
-        boundary={**roles[Role.BOUNDARY], POLICY_DIGEST_FILE: digest},
+        boundary={} if proxy_pod else {**roles[Role.BOUNDARY], POLICY_DIGEST_FILE: digest},
         control={**roles[Role.CONTROL], POLICY_DIGEST_FILE: digest},
         interception_ca={CA_CERT_FILE: ca.cert_pem.encode("ascii"), CA_KEY_FILE: ca.private_key_pem()},
         credentials=credentials,
         operator=roles.get(Role.OPERATOR),
+        # 256 bits, URL-safe: it is the userinfo of the workload's proxy URL
+        proxy_token=secrets.token_urlsafe(32).encode("ascii") if proxy_pod else None,
     )
 
 
@@ -126,13 +138,20 @@ def _secret(spec: RenderSpec, name: str, role: str, data: dict[str, bytes]) -> D
 
 
 def secret_objects(spec: RenderSpec, names: SandboxNames, material: SecretMaterial) -> list[Doc]:
-    docs = [
-        _secret(spec, names.boundary_bootstrap_secret, ROLE_WORKLOAD, material.boundary),
+    proxy_pod = spec.topology is Topology.PROXY_POD
+    if proxy_pod != (material.proxy_token is not None) or proxy_pod == bool(material.boundary):
+        raise RenderError("--topology", f"the Secret material is not that of the {spec.topology} topology")
+    docs = [] if proxy_pod else [_secret(spec, names.boundary_bootstrap_secret, ROLE_WORKLOAD, material.boundary)]
+    docs += [
         _secret(spec, names.control_bootstrap_secret, ROLE_CONTROL, material.control),
         _secret(spec, names.interception_ca_secret, ROLE_CONTROL, material.interception_ca),
     ]
     if material.credentials is not None:
         docs.append(_secret(spec, names.credentials_secret, ROLE_CONTROL, {CREDENTIALS_FILE: material.credentials}))
+    if material.proxy_token is not None:
+        docs.append(_secret(spec, names.proxy_token_secret, ROLE_WORKLOAD, {PROXY_TOKEN_KEY: material.proxy_token}))
+        certificate = {PROXY_CA_FILE: material.interception_ca[CA_CERT_FILE]}
+        docs.append(_secret(spec, names.proxy_ca_secret, ROLE_WORKLOAD, certificate))
     return docs
 
 
@@ -150,13 +169,19 @@ def redacted_secrets(spec: RenderSpec, names: SandboxNames, claims: Claims) -> l
         return doc
 
     bundle_keys = tuple(k for k in BUNDLE_FILES if k != "claims.json")
-    docs = [
-        shown(names.boundary_bootstrap_secret, ROLE_WORKLOAD, bundle_keys, True),
+    proxy_pod = spec.topology is Topology.PROXY_POD
+    docs = [] if proxy_pod else [shown(names.boundary_bootstrap_secret, ROLE_WORKLOAD, bundle_keys, True)]
+    docs += [
         shown(names.control_bootstrap_secret, ROLE_CONTROL, bundle_keys, True),
         shown(names.interception_ca_secret, ROLE_CONTROL, (CA_CERT_FILE, CA_KEY_FILE), False),
     ]
     if spec.has_credentials:
         docs.append(shown(names.credentials_secret, ROLE_CONTROL, (CREDENTIALS_FILE,), False))
+    if proxy_pod:
+        docs.append(shown(names.proxy_token_secret, ROLE_WORKLOAD, (PROXY_TOKEN_KEY,), False))
+        ca = shown(names.proxy_ca_secret, ROLE_WORKLOAD, (), False)
+        ca["stringData"] = {PROXY_CA_FILE: f"<redacted: {_DESCRIPTIONS[CA_CERT_FILE]} (of {CA_CERT_FILE}), no key>"}
+        docs.append(ca)
     return docs
 
 
@@ -177,8 +202,9 @@ def _decode(path: Path, doc: Doc) -> dict[str, bytes]:
     return out
 
 
-def load_material(directory: Path, names: SandboxNames) -> SecretMaterial:
-    """Read ``DIR/secrets.yaml`` as written by an earlier render of the same sandbox (same UID → same names)."""
+def load_material(directory: Path, names: SandboxNames, *, proxy_pod: bool = False) -> SecretMaterial:
+    """Read ``DIR/secrets.yaml`` as written by an earlier render of the same sandbox (same UID → same names) and
+    the same topology."""
     path = Path(directory) / SECRETS_FILE
     try:
         text = path.read_text(encoding="utf-8")
@@ -205,11 +231,17 @@ def load_material(directory: Path, names: SandboxNames) -> SecretMaterial:
         credentials = need(names.credentials_secret).get(CREDENTIALS_FILE)
         if credentials is None:
             raise RenderError(_REUSE, f"{path}: Secret {names.credentials_secret} has no {CREDENTIALS_FILE}")
+    proxy_token = None
+    if proxy_pod:
+        proxy_token = need(names.proxy_token_secret).get(PROXY_TOKEN_KEY)
+        if proxy_token is None or not _TOKEN.fullmatch(proxy_token):
+            raise RenderError(_REUSE, f"{path}: Secret {names.proxy_token_secret}: {PROXY_TOKEN_KEY} is not a token")
     return SecretMaterial(
-        boundary=need(names.boundary_bootstrap_secret),
+        boundary={} if proxy_pod else need(names.boundary_bootstrap_secret),
         control=need(names.control_bootstrap_secret),
         interception_ca=need(names.interception_ca_secret),
         credentials=credentials,
+        proxy_token=proxy_token,
     )
 
 
@@ -219,6 +251,8 @@ def check_material(material: SecretMaterial, claims: Claims, policy_digest: str,
     try:
         cas = set()
         for role, files in ((Role.BOUNDARY, material.boundary), (Role.CONTROL, material.control)):
+            if role is Role.BOUNDARY and not files and material.proxy_token is not None:
+                continue  # the proxy-pod topology: no boundary
             directory = staging / str(role)
             directory.mkdir(mode=0o700)
             for name, content in files.items():

@@ -16,22 +16,31 @@ from .names import MAX_NAME, is_dns_label, is_label_value
 __all__ = [
     "DEFAULT_API_PORT",
     "DEFAULT_BOUNDARY_PORT",
+    "DEFAULT_DNS_PEERS",
+    "DEFAULT_PROXY_PORT",
+    "Affinity",
+    "DnsPeer",
     "Model",
     "Owner",
     "RenderError",
     "RenderSpec",
     "Topology",
+    "parse_dns_peer",
     "parse_owner",
 ]
 
 DEFAULT_BOUNDARY_PORT = 7443
 DEFAULT_API_PORT = 7444
+DEFAULT_PROXY_PORT = 3128
 _API_VERSION = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?v[0-9]+((alpha|beta)[0-9]+)?")
 _KIND = re.compile(r"[A-Z][A-Za-z0-9]{0,62}")
 _UID = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?")
 _IMAGE = re.compile(r"[^\s\x00-\x1f\x7f]+")
 _AGENT_USER = re.compile(r"([0-9]{1,10}):([0-9]{1,10})")
 _WORKDIR = re.compile(r"/[^\x00-\x1f\x7f]*")
+_PROXY_USER = re.compile(r"([0-9]{1,10})(:([0-9]{1,10}))?")
+# a label key: optional DNS-subdomain prefix and "/", then a name of at most 63 characters
+_LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 
 
 class RenderError(ValueError):
@@ -53,6 +62,43 @@ class Model(enum.StrEnum):
 class Topology(enum.StrEnum):
     BOUNDARY = "boundary"
     PROXY_POD = "proxy-pod"
+
+
+class Affinity(enum.StrEnum):
+    """Where the workload pod is scheduled relative to its control (``--affinity``)."""
+
+    DISABLED = "disabled"
+    PREFERRED = "preferred"
+    REQUIRED = "required"
+
+
+@dataclass(frozen=True)
+class DnsPeer:
+    """Pods the proxy-pod workload may send DNS to: a namespace and a label selector (``--dns-peer``)."""
+
+    namespace: str
+    labels: tuple[tuple[str, str], ...]
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/" + ",".join(f"{k}={v}" for k, v in self.labels)
+
+
+DEFAULT_DNS_PEERS = (DnsPeer("kube-system", (("k8s-app", "kube-dns"),)),)
+
+
+def parse_dns_peer(text: str) -> DnsPeer:
+    """``NAMESPACE/KEY=VALUE[,KEY=VALUE…]``, e.g. ``kube-system/k8s-app=kube-dns``."""
+    namespace, sep, selector = text.partition("/")
+    if not sep or not is_dns_label(namespace):
+        raise RenderError("--dns-peer", f"{text!r} is not NAMESPACE/KEY=VALUE[,KEY=VALUE...]")
+    labels = []
+    for item in selector.split(","):
+        key, eq, value = item.partition("=")
+        # the key may hold a "/" of its own (example.com/app=dns), so split the selector after the namespace
+        if not eq or not _LABEL_KEY.fullmatch(key) or not is_label_value(value):
+            raise RenderError("--dns-peer", f"{text!r}: {item!r} is not KEY=VALUE (a label key and a label value)")
+        labels.append((key, value))
+    return DnsPeer(namespace, tuple(labels))
 
 
 @dataclass(frozen=True)
@@ -118,6 +164,14 @@ class RenderSpec:
     # Model U on containerd: a Localhost seccomp profile (relative to the kubelet's seccomp root) permitting
     # unshare/setns/mount, since containerd's RuntimeDefault denies unshare(CLONE_NEWUSER) without SYS_ADMIN.
     seccomp_localhost: str | None = None
+    # Both topologies: the workload pod's RuntimeClass, and its scheduling beside control.
+    runtime_class: str | None = None
+    affinity: Affinity = Affinity.DISABLED
+    # The proxy-pod topology only (docs/kubernetes.md "Choosing a topology"); None: the default.
+    proxy_port: int | None = None  # control's proxy listener and headless Service port
+    proxy_user: str | None = None  # UID[:GID] the agent's image runs as (--proxy-uid)
+    read_only_root: bool = False  # the agent's image works on a read-only root filesystem
+    dns_peers: tuple[DnsPeer, ...] | None = None  # where the workload may send DNS (the Service name resolves)
 
     def __post_init__(self) -> None:
         for flag, value in (("--namespace", self.namespace), ("--sandbox", self.sandbox)):
@@ -132,9 +186,10 @@ class RenderSpec:
             raise RenderError("AGENT", "the agent's argv (after --) is empty")
         if any("\x00" in a for a in self.agent_argv):
             raise RenderError("AGENT", "an argument holds a NUL byte")
-        Model(self.model)
-        if Topology(self.topology) is not Topology.BOUNDARY:
-            raise RenderError("--topology", f"{self.topology} is not rendered by this release (only boundary)")
+        object.__setattr__(self, "model", Model(self.model))
+        object.__setattr__(self, "topology", Topology(self.topology))
+        object.__setattr__(self, "affinity", Affinity(self.affinity))
+        self._check_topology()
         if isinstance(self.generation, bool) or not 0 <= self.generation < 2**63:
             raise RenderError("--generation", f"{self.generation!r} must be an integer in [0, 2**63)")
         if self.owner_namespace is not None:
@@ -164,6 +219,53 @@ class RenderSpec:
             raise RenderError("--agent-user", f"{self.agent_user!r} is not UID:GID")
         if not _WORKDIR.fullmatch(self.workdir) or self.workdir.rstrip("/") == "" or ".." in self.workdir.split("/"):
             raise RenderError("--workdir", f"{self.workdir!r} must be an absolute path other than /")
+
+    def _check_topology(self) -> None:
+        if self.runtime_class is not None and not (
+            len(self.runtime_class) <= 253 and re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", self.runtime_class)
+        ):
+            raise RenderError("--runtime-class", f"{self.runtime_class!r} is not a RuntimeClass name")
+        proxy_only = (
+            ("--proxy-port", self.proxy_port is not None), ("--proxy-uid", self.proxy_user is not None),
+            ("--read-only-root", self.read_only_root), ("--dns-peer", self.dns_peers is not None),
+        )  # fmt: skip
+        if self.topology is Topology.BOUNDARY:
+            for flag, given in proxy_only:
+                if given:
+                    raise RenderError(flag, "only applies to --topology proxy-pod")
+            return
+        if self.model is not Model.R:
+            raise RenderError("--privilege-model", "the proxy-pod workload runs no boundary, hence no privilege model")
+        if self.seccomp_localhost is not None:
+            raise RenderError("--seccomp-localhost", "only for the boundary topology's model U")
+        if self.agent_user != "1000:1000":
+            raise RenderError("--agent-user", "the proxy-pod workload runs as --proxy-uid")
+        port = self.proxy_port
+        if port is not None and (isinstance(port, bool) or not 1 <= port <= 65535):
+            raise RenderError("--proxy-port", f"{port!r} is not a TCP port")
+        if port is not None and self.api_listen and port == self.api_port:
+            raise RenderError("--proxy-port", f"{port} is also --api-port")
+        user = self.proxy_user
+        if user is not None:
+            match = _PROXY_USER.fullmatch(user)
+            if match is None:
+                raise RenderError("--proxy-uid", f"{user!r} is not UID or UID:GID")
+            if int(match.group(1)) == 0 or int(match.group(1)) >= 2**31 or int(match.group(3) or 1) >= 2**31:
+                raise RenderError("--proxy-uid", f"{user!r}: the uid must be non-zero (Pod Security restricted)")
+        if self.dns_peers is not None and not self.dns_peers:
+            raise RenderError(
+                "--dns-peer",
+                "an empty list: the workload must resolve control's Service name through the cluster DNS "
+                f"(default {DEFAULT_DNS_PEERS[0]})",
+            )
+
+    @property
+    def proxy_ids(self) -> tuple[int, int]:
+        """The proxy-pod agent's uid and gid (``--proxy-uid``, default 1000:1000; a bare UID is also the GID)."""
+        match = _PROXY_USER.fullmatch(self.proxy_user or "1000")
+        assert match is not None
+        uid = int(match.group(1))
+        return uid, int(match.group(3) or uid)
 
     @property
     def policy_digest(self) -> str:

@@ -562,7 +562,7 @@ def test_the_schema_check_can_fail() -> None:
         ({"operator_namespace": "ops"}, "--operator-namespace"),  # needs --api-listen
         ({"owner": Owner("v1", "Sandbox", "x", UID), "owner_namespace": "elsewhere"}, "--owner"),
         ({"owner_namespace": "agents-team-a"}, "--owner-namespace"),
-        ({"topology": "proxy-pod"}, "--topology"),
+        ({"proxy_port": 3128}, "--proxy-port"),  # proxy-pod only (tests/unit/test_k8s_render_proxy_pod.py)
     ],
 )
 def test_bad_input_is_refused_naming_the_flag(changes: dict[str, Any], field: str) -> None:
