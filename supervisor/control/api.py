@@ -20,19 +20,36 @@ import os
 import stat
 import urllib.parse
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import h11
 import trio
 
-from supervisor.control.policy import PolicyInvalid
+from supervisor.control.events import EventBuffer
+from supervisor.control.policy import PolicyInvalid, PolicyStore
 from supervisor.jsonlog import JsonLog
+from supervisor.link.h2link import Link
 from supervisor.link.relay import relay
 from supervisor.link.rpc import call, open_channel
 from supervisor.protocol.errors import ErrorKind, OpError
 
-if TYPE_CHECKING:
-    from supervisor.control.daemon import ControlDaemon
+
+class ControlState(Protocol):
+    """What the API serves from control (``daemon.ControlDaemon`` is the one implementation; declared here so
+    that this module does not import the daemon that imports it)."""
+
+    @property
+    def events(self) -> EventBuffer: ...
+    @property
+    def ops(self) -> Link | None: ...  # the ops link to the boundary, while it is up
+    @property
+    def policy(self) -> PolicyStore: ...
+    @property
+    def topology(self) -> str: ...
+    def readiness(self) -> list[str]: ...
+    def status(self) -> dict[str, Any]: ...
+    async def refresh_status(self) -> dict[str, Any]: ...
+
 
 UPGRADE_TOKEN = "openshell-channel"
 MAX_BODY = 4 * 1024 * 1024
@@ -90,7 +107,7 @@ class _Http:
 
 
 class ApiServer:
-    def __init__(self, daemon: ControlDaemon, path: Path, *, log: JsonLog) -> None:
+    def __init__(self, daemon: ControlState, path: Path, *, log: JsonLog) -> None:
         self.daemon = daemon
         self.path = path
         self.log = log

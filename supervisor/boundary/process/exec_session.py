@@ -24,7 +24,7 @@ import math
 import os
 import struct
 import termios
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import trio
 
@@ -51,8 +51,6 @@ from supervisor.protocol.process_ops import signal_number
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-    from supervisor.boundary.process.table import ProcessEntry
 
 __all__ = ["CHUNK", "DRAIN_S", "RING", "ExecOutput", "OutputStream", "OwnedFd", "pump_exec", "write_all"]
 
@@ -259,7 +257,26 @@ async def _forward_output(out: OutputStream, sender: _Sender) -> None:
         await sender.send(out.frame(data))
 
 
-async def _apply_input(entry: ProcessEntry, event: Event) -> None:
+class ExecTarget(Protocol):
+    """The process a stream is attached to, as this module uses it (``table.ProcessEntry`` is the one
+    implementation; declared here so that this module does not import the table that imports it)."""
+
+    @property
+    def pty(self) -> OwnedFd | None: ...
+    @property
+    def stdin_fd(self) -> OwnedFd | None: ...
+    @property
+    def output(self) -> ExecOutput | None: ...
+    @property
+    def result(self) -> object: ...  # None while the process runs
+    async def wait_result(self) -> dict[str, Any]: ...
+    def close_stdin(self) -> None: ...
+    def resize(self, cols: int, rows: int) -> None: ...
+    def send_signal(self, sig: int) -> None: ...
+    def log_event(self, event: str, **fields: Any) -> None: ...
+
+
+async def _apply_input(entry: ExecTarget, event: Event) -> None:
     match event:
         case Stdin(data):
             if data and (fd := entry.stdin_fd) is not None and not fd.closed:
@@ -285,7 +302,7 @@ async def _apply_input(entry: ProcessEntry, event: Event) -> None:
                 pass  # an unknown name or an exited process: the client learns the outcome from EXIT
 
 
-async def _read_input(entry: ProcessEntry, stream: trio.abc.ReceiveStream) -> None:
+async def _read_input(entry: ExecTarget, stream: trio.abc.ReceiveStream) -> None:
     decoder = ChannelDecoder(Direction.TO_BOUNDARY)
     while True:
         event = decoder.next_frame()
@@ -301,7 +318,7 @@ async def _read_input(entry: ProcessEntry, stream: trio.abc.ReceiveStream) -> No
             await _apply_input(entry, event)
 
 
-async def pump_exec(entry: ProcessEntry, stream: trio.abc.HalfCloseableStream) -> None:
+async def pump_exec(entry: ExecTarget, stream: trio.abc.HalfCloseableStream) -> None:
     """Serve one attached stream for ``entry`` until ``EXIT`` is sent or the stream breaks.
 
     A broken stream detaches (the process keeps running, its output turns lossy) and is not an error; a

@@ -39,7 +39,6 @@ import dataclasses
 import errno
 import fcntl
 import gc
-import importlib
 import json
 import os
 import select
@@ -52,13 +51,20 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, NoReturn
 
+from supervisor.boundary.capture import setup as capture_setup
+
 from . import child, linux, privilege, rootfs, seccomp
 
 MAX_MESSAGE: Final = 1 << 20
 MAX_SPEC: Final = 256 * 1024  # argv + env + the rest, encoded; below any default socket send buffer
 MAX_FDS: Final = 32
 SOCKET_BUFFER: Final = 1 << 20
-CAPTURE_CALLS: Final = frozenset({"inspect", "probe"})
+# the capture functions the boundary may call in the agent's namespace, by the name it sends
+_CAPTURE_FUNCTIONS: Final[Mapping[str, Callable[..., dict[str, Any]]]] = {
+    "inspect": capture_setup.inspect,
+    "probe": capture_setup.probe,
+}
+CAPTURE_CALLS: Final = frozenset(_CAPTURE_FUNCTIONS)
 HIDE_OPTIONS: Final = "mode=0555,size=4k"
 HIDE_FLAGS: Final = linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
 PROC_FLAGS: Final = linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
@@ -431,18 +437,16 @@ def exec_init(ctx: child.ChildContext, report_r: int, report_w: int) -> NoReturn
 
 def run_capture_call(request: Mapping[str, Any]) -> dict[str, Any]:
     """Call an allowed ``capture.setup`` function in this process (which lives in the agent's netns)."""
-    fn = str(request.get("fn"))
-    if fn not in CAPTURE_CALLS:
-        raise OSError(errno.EPERM, f"capture call {fn!r} is not allowed")
-    setup = importlib.import_module("supervisor.boundary.capture.setup")
-    result = getattr(setup, fn)(**dict(request.get("args") or {}))
+    fn = _CAPTURE_FUNCTIONS.get(str(request.get("fn")))
+    if fn is None:
+        raise OSError(errno.EPERM, f"capture call {request.get('fn')!r} is not allowed")
+    result = fn(**dict(request.get("args") or {}))
     return {"id": request.get("id"), "ok": True, "result": result}
 
 
 def run_capture_prepare(request: Mapping[str, Any]) -> tuple[dict[str, Any], list[int]]:
     """``capture.setup.prepare(**capture)`` here: the reply (names, report) and the listener fds, in order."""
-    setup = importlib.import_module("supervisor.boundary.capture.setup")
-    got, report = setup.prepare(**dict(request["capture"]))
+    got, report = capture_setup.prepare(**dict(request["capture"]))
     names = list(got)
     return {"id": request.get("id"), "ok": True, "fd_names": names, "report": report}, [int(got[n]) for n in names]
 
