@@ -146,10 +146,12 @@ class SocketTLSStream(trio.abc.Stream):
                 got += n
                 if got == size:
                     break
+            # One copy, through the view: slicing the bytearray itself would copy twice (and allocate twice).
+            data = bytes(view[:got]) if got < size else bytes(buffer)
             view.release()
             if got:
                 await trio.lowlevel.cancel_shielded_checkpoint()
-            return bytes(buffer[:got]) if got < size else bytes(buffer)
+            return data
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         with self._send_conflict:

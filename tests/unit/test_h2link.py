@@ -175,3 +175,47 @@ async def test_link_stream_is_a_half_closeable_stream() -> None:
     async with trio.open_nursery() as nursery:
         await check_half_closeable_stream(make_pair, None)
         nursery.cancel_scope.cancel()
+
+
+async def test_reads_smaller_than_a_frame_and_spanning_frames_keep_order() -> None:
+    """Received DATA payloads are handed out as they are, split or joined to fit a read (h2link's ``_take``)."""
+    big = os.urandom(300 * 1024)  # larger than one DATA frame: h2link splits it
+    small = [os.urandom(n) for n in (1, 7, 100, 5000)]
+    got: list[bytes] = []
+
+    async def sink(stream: LinkStream) -> None:
+        await stream.send_headers([(":status", "200")])
+        for size in (3, 10, 70_000, 1):
+            got.append(await stream.receive_some(size))
+        while data := await stream.receive_some(4096):
+            assert len(data) <= 4096
+            got.append(data)
+        await stream.send_eof()
+
+    async with link_pair(sink) as (client, _server):
+        stream = await client.open_stream(REQ)
+        await stream.response()
+        await stream.send_all(big)
+        for chunk in small:
+            await stream.send_all(chunk)
+        await stream.send_eof()
+        with trio.fail_after(10):
+            assert await stream.receive_some() == b""
+    assert [len(g) for g in got[:4]] == [3, 10, 70_000, 1]
+    assert b"".join(got) == big + b"".join(small)
+
+
+async def test_a_sent_bytearray_may_be_reused_at_once() -> None:
+    """send_all returns before the writer has sent the frame: a caller's mutable buffer is copied, bytes are not."""
+    async with link_pair() as (client, _server):
+        stream = await client.open_stream(REQ)
+        await stream.response()
+        buffer = bytearray(b"a" * 100_000)
+        await stream.send_all(buffer)
+        buffer[:] = b"b" * 100_000  # reused before the writer ran
+        await stream.send_all(b"c" * 100_000)
+        await stream.send_eof()
+        got = bytearray()
+        while data := await stream.receive_some():
+            got += data
+        assert got == b"a" * 100_000 + b"c" * 100_000
