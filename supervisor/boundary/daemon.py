@@ -30,6 +30,7 @@ from typing import Any
 import trio
 
 from supervisor.boundary.capture import IdentityResolver, connect_notify
+from supervisor.boundary.capture.canary import ProbeResult, probe_canary
 from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog
 from supervisor.boundary.capture.fence_watch import FenceWatch, rtnetlink_groups_socket
 from supervisor.boundary.capture.setup import open_sock_diag
@@ -58,6 +59,7 @@ from supervisor.protocol.attach import AttachRequest, CaptureMode, parse_attach
 from supervisor.protocol.certs import Bundle
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.exit_codes import ExitCode, for_launch_errno, for_signal
+from supervisor.protocol.fence_canary import CanaryReport, parse_canary
 from supervisor.protocol.fingerprint import pem_fingerprint
 from supervisor.protocol.lifecycle import Lifecycle, Op, State
 from supervisor.protocol.process_ops import (
@@ -75,7 +77,6 @@ PROXY_PORT = 3128
 # the workload's doing.
 IDENTITY_BUDGET_US = 50_000
 CONNECT_NOTIFY_OFF_ENV = "OPENSHELL_BENCH_NO_CONNECT_NOTIFY"  # "1": accept-time identity only (bench baseline)
-DNS_STUB_PORT = 15053
 PROBE_ADDRESS = "192.0.2.1"  # TEST-NET-1: inside the agent's namespace it can only land on our own listener
 END_WORKLOAD_S = 5.0
 REPLY_FLUSH_S = 2.0  # how long an ending daemon waits for its last replies to be written to control
@@ -97,6 +98,7 @@ class BoundaryConfig:
     hide_paths: tuple[str, ...] = ()
     exit_linger_s: float = 60.0
     acknowledge_external_fence: bool = False
+    acknowledge_unprobed_fence: bool = False  # proxy-env without a canary (--acknowledge-unprobed-fence)
     tls_dir: Path = Path(TRUST_PATH)  # where we write the trust files; R and U show them at TRUST_PATH
     tmp_size: str = DEFAULT_TMP_SIZE  # the agent's private /tmp (R, U)
     shm_size: str = DEFAULT_SHM_SIZE  # the agent's private /dev/shm (R, U)
@@ -131,6 +133,7 @@ class BoundaryDaemon:
         self.terminates_done = trio.Event()
         self.enforcement_lost: str | None = None  # the watched fence changed: why (issue 15 item 3)
         self.limits: dict[str, Any] = {"pids": None}  # set at attach
+        self.canary_probe: ProbeResult | None = None  # the last probe of control's canary (proxy-env)
         self.router = self._make_router()
         self._nursery: trio.Nursery | None = None
 
@@ -199,8 +202,8 @@ class BoundaryDaemon:
         assert agent is not None
         result = await agent.wait_result()
         self.lifecycle.end()
-        self.exit_code = int(result.get("rendered", ExitCode.SELF_FAILED))
-        self.log.emit("agent.exited", handle=agent.handle, result=result)
+        self.exit_code = result.exit_code
+        self.log.emit("agent.exited", handle=agent.handle, result=result.to_wire())
         await self._end_workload("agent-exit")
         with trio.move_on_after(self.cfg.exit_linger_s) as scope:
             await self.exit_acked.wait()
@@ -254,6 +257,8 @@ class BoundaryDaemon:
         router.unary("/v1/terminate", self.op_terminate)
         router.unary("/v1/policy-ack", self.op_policy_ack)
         router.unary("/v1/agent/exit-ack", self.op_exit_ack)
+        router.unary("/v1/fence-probe", self.op_fence_probe)
+        router.unary("/v1/fence-observed", self.op_fence_observed)
         router.channel("/v1/exec", self.op_exec)
         router.channel("/v1/forward", self.op_forward)
         router.channel("/v1/attach-stream", self.op_attach_stream)
@@ -299,6 +304,17 @@ class BoundaryDaemon:
                 "descriptor",
                 field="capture_mode",
             )
+        if (
+            attach.capture_mode is CaptureMode.PROXY_ENV
+            and attach.fence_canary is None
+            and not (attach.acknowledge_unprobed_fence and self.cfg.acknowledge_unprobed_fence)
+        ):
+            raise OpError(
+                ErrorKind.DENIED,
+                'proxy-env without a fence canary needs the acknowledgement to say "no probe" '
+                "(--acknowledge-unprobed-fence) in both the boundary's configuration and the descriptor",
+                field="fence_canary",
+            )
         model = self.cfg.privilege_model
         netns = attach.capture_mode is CaptureMode.NETNS and model != "P"
         if attach.capture_mode is CaptureMode.NETNS and model == "P":
@@ -323,8 +339,7 @@ class BoundaryDaemon:
             )  # fmt: skip
         capture: dict[str, Any] | None = None
         if netns:
-            capture = {"capture_ports": list(attach.capture_ports), "proxy_port": PROXY_PORT,
-                       "dns_port": DNS_STUB_PORT, "mode": "anyip"}  # fmt: skip
+            capture = {"capture_ports": list(attach.capture_ports), "proxy_port": PROXY_PORT}
         plan = NamespacePlan(
             model,  # type: ignore[arg-type]
             netns=netns,
@@ -415,10 +430,12 @@ class BoundaryDaemon:
         fence: dict[str, Any] = {"mode": str(self.attach.capture_mode), "privilege_model": self.cfg.privilege_model}
         if self.attach.capture_mode is CaptureMode.NETNS:
             fence.update(await self._verify_fence())
+        elif self.attach.fence_canary is not None:
+            fence.update(self._canary_observed(body.get("canary")))
         else:
-            # No probe leaves the machine (docs/design.md): the external fence is the pod's NetworkPolicy, acknowledged
-            # by the operator in both places; it is reported as such, never claimed as verified.
-            fence.update(fingerprint=None, probe="external-fence-acknowledged")
+            # Acknowledged "no probe" by the operator in both places (docs/design.md: no probe leaves the machine
+            # unless the deployment configured its target): reported as such, never claimed as verified.
+            fence.update(fingerprint=None, probe="acknowledged-unprobed")
         if self.capture is not None:
             assert self._nursery is not None
             await self._nursery.start(self.capture.run)
@@ -428,6 +445,70 @@ class BoundaryDaemon:
         if self.attach.capture_mode is CaptureMode.NETNS and fence.get("fingerprint"):
             await self._watch_fence(str(fence["fingerprint"]))
         return {"state": str(self.lifecycle.state), "fence": fence}
+
+    def _canary_observed(self, raw: Any) -> dict[str, Any]:
+        """Model P's fence counts as observed only if our last probe's connect failed and control's report of
+        that probe says its canary answered its own self-check and saw nothing else (protocol/fence_canary.py)."""
+        assert self.attach is not None and self.attach.fence_canary is not None
+        probe = self.canary_probe
+        problem = None
+        if raw is None:
+            problem = "no canary report from control (confirm needs /v1/fence-probe first)"
+        else:
+            try:
+                report = CanaryReport.from_wire(raw)
+            except OpError as exc:
+                problem = f"canary report: {exc.reason}"
+            else:
+                if probe is None or report.probe != probe.probe:
+                    problem = f"the canary report is for probe {report.probe}, not the last probe"
+                elif report.self_check != "ok":
+                    problem = f"control could not reach its own canary: {report.self_check}"
+                elif report.seen:
+                    problem = f"control's canary saw {report.seen} connection(s) during the probe: {list(report.peers)}"
+        if problem is not None:
+            self._fatal(f"fence not observed: {problem}")
+            raise OpError(ErrorKind.FAILED, f"fence not observed: {problem}", stage="confirm", field="canary")
+        assert probe is not None
+        return {"fingerprint": None, "probe": "canary", "canary": probe.target, "probe_error": probe.error}
+
+    async def op_fence_probe(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Connect to control's canary from the pod's namespace (proxy-env); a connect that succeeds is a path
+        out: before Ready the boundary exits, after it enforcement is lost."""
+        self.lifecycle.check(Op.FENCE_PROBE)
+        if self.attach is None or self.attach.fence_canary is None:
+            raise OpError(ErrorKind.INVALID, "no fence canary in the attach descriptor", field="fence_canary")
+        address, port = parse_canary(self.attach.fence_canary)
+        number = (self.canary_probe.probe + 1) if self.canary_probe is not None else 1
+        result = await probe_canary(number, address, port)
+        self.canary_probe = result
+        self.log.emit("fence.canary-probe", **result.to_json())
+        if result.connected:
+            reason = f"connected to the fence canary {result.target} from the pod: a path out exists"
+            if self.lifecycle.state is State.BOUND:
+                self._fatal(f"fence not in force: {reason}")
+            else:
+                await self._enforcement_lost({"problems": [reason]})
+            raise OpError(ErrorKind.FAILED, f"fence not in force: {reason}", stage="fence-probe")
+        return result.to_json()
+
+    async def op_fence_observed(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Control's report of a repeated probe (every 30 s after Ready): a connection it saw is enforcement
+        lost; a canary it could not reach itself is said, and the fence stays as it was confirmed."""
+        self.lifecycle.check(Op.FENCE_PROBE)
+        if self.lifecycle.state is State.BOUND or self.fence is None:
+            raise OpError(ErrorKind.INVALID, "fence-observed: confirm first")
+        report = CanaryReport.from_wire(body.get("canary"))
+        if self.canary_probe is None or report.probe != self.canary_probe.probe:
+            raise OpError(ErrorKind.INVALID, f"no probe {report.probe} to report on", field="canary.probe")
+        if report.seen:
+            reason = f"control's fence canary saw {report.seen} connection(s) from outside it: {list(report.peers)}"
+            await self._enforcement_lost({"problems": [reason]})
+            raise OpError(ErrorKind.FAILED, f"fence not in force: {reason}", stage="fence-observed")
+        if report.self_check != "ok":
+            self.log.emit("fence.canary-unverified", reason=report.self_check, probe=report.probe)
+        self.fence["canary_self_check"] = report.self_check
+        return {"probe": report.probe, "observed": report.observed}
 
     async def _verify_fence(self) -> dict[str, Any]:
         """Read the fence back and probe it from inside the agent's namespace (spec §1.2 confirm)."""
@@ -558,7 +639,7 @@ class BoundaryDaemon:
             "fence": self.fence,
             "enforcement_lost": self.enforcement_lost,
             "policy_generation": self.policy_generation_acked,
-            "agent": None if agent is None else {"handle": agent.handle, "result": agent.result},
+            "agent": None if agent is None else {"handle": agent.handle, "result": agent.result and agent.result.to_wire()},
             "processes": self.table.live(),
             "links": len(self.links),
             "limits": {**self.limits, **({"pids_current": self.pids_cgroup.current()} if self.pids_cgroup else {})},
@@ -578,7 +659,7 @@ class BoundaryDaemon:
     async def op_wait(self, body: dict[str, Any]) -> dict[str, Any]:
         self.lifecycle.check(Op.WAIT)
         req = parse_wait_request(body)
-        return await self.table.wait(req.handle, req.timeout_s)
+        return (await self.table.wait(req.handle, req.timeout_s)).to_wire()
 
     async def op_signal(self, body: dict[str, Any]) -> dict[str, Any]:
         self.lifecycle.check(Op.SIGNAL)
@@ -594,14 +675,14 @@ class BoundaryDaemon:
         except OpError:
             # The agent ended while this was on its way: what ended it is the answer, not "terminated".
             if agent is not None and agent.handle == req.handle and agent.result is not None:
-                return dict(agent.result)
+                return agent.result.to_wire()
             raise
         self.terminating += 1
         try:
-            return await self.table.terminate(req.handle, req.grace_s)
+            return (await self.table.terminate(req.handle, req.grace_s)).to_wire()
         except OpError:
             if agent is not None and agent.handle == req.handle and agent.result is not None:
-                return dict(agent.result)  # it exited on its own meanwhile: its result, as above
+                return agent.result.to_wire()  # it exited on its own meanwhile: its result, as above
             raise
         finally:
             self.terminating -= 1
@@ -664,7 +745,7 @@ class BoundaryDaemon:
 
     def _reserved_ports(self) -> set[int]:
         """Ports a forward may never reach: our own listeners inside the agent's namespace (spec §3 rule 4)."""
-        ports = {self.cfg.listen_port, PROXY_PORT, DNS_STUB_PORT, 53}
+        ports = {self.cfg.listen_port, PROXY_PORT, 53}
         if self.attach is not None:
             ports.update(self.attach.capture_ports)
         return ports

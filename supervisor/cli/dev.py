@@ -155,7 +155,10 @@ def run_dev(opts: DevOptions) -> int:
             say(f"openshell-sandbox: {note}")
         log_flags = [f"--log-stream={'stderr' if opts.log_format == 'json' and not opts.quiet else 'none'}",
                      f"--log-file={events_path(sandbox)}"]  # fmt: skip
-        fence_flags = ["--acknowledge-external-fence"] if opts.acknowledge_external_fence else []
+        # Dev mode never probes (docs/design.md: no probe leaves the machine): the fence is acknowledged-unprobed.
+        fence_flags = (
+            ["--acknowledge-external-fence", "--acknowledge-unprobed-fence"] if opts.acknowledge_external_fence else []
+        )
         boundary_cmd = [
             *_entry(), "--mode=boundary", f"--bootstrap={tmp / 'bundle' / 'boundary'}", "--listen=127.0.0.1:0",
             f"--port-file={port_file}", *plan.boundary_flags,

@@ -170,7 +170,11 @@ def daemon_parser() -> argparse.ArgumentParser:
         "workload's HTTP proxy itself on --proxy-listen (needs --binary-identity=relaxed, --proxy-token-file and "
         "--acknowledge-networkpolicy-enforcement)",
     )
-    t.add_argument("--proxy-listen", metavar="ADDR:PORT", help="proxy-pod: where control accepts the proxy clients")
+    t.add_argument(
+        "--proxy-listen",
+        metavar="ADDR:PORT",
+        help="proxy-pod: where control accepts the proxy clients ('*:PORT': every address, IPv4 and IPv6)",
+    )
     t.add_argument(
         "--proxy-token-file",
         type=Path,
@@ -203,6 +207,26 @@ def daemon_parser() -> argparse.ArgumentParser:
         "--acknowledge-external-fence",
         action="store_true",
         help="the pod's NetworkPolicy is an enforcing fence (required for proxy-env)",
+    )
+    p.add_argument(
+        "--acknowledge-unprobed-fence",
+        action="store_true",
+        help='proxy-env without --fence-canary: the acknowledgement also says "no probe" (needed by both '
+        "daemons; status then shows the fence as acknowledged-unprobed)",
+    )
+    c.add_argument(
+        "--fence-canary",
+        metavar="ADDR:PORT",
+        help="proxy-env: control listens here (a literal IP of its own) and the boundary must fail to connect to "
+        "it from the pod before confirm, and every 30 s after; a connect that succeeds or a connection control "
+        "sees refuses confirm (later: enforcement lost). Use an address the pod would reach without its fence",
+    )
+    c.add_argument(
+        "--fence-canary-interval",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how often the canary round repeats after confirm (default %(default)g)",
     )
     p.add_argument("agent_argv", nargs="*", help="boundary: the agent's argv (after --)")
     return p
@@ -296,6 +320,7 @@ def _run_boundary(args: argparse.Namespace, stream: Any) -> int:
             port_file=args.port_file, workdir=args.workdir, agent_stdio=args.agent_stdio, privilege_model=model,
             model_reason=reason, hide_paths=tuple(args.hide_path), exit_linger_s=args.exit_linger,
             acknowledge_external_fence=args.acknowledge_external_fence, tls_dir=args.tls_dir,
+            acknowledge_unprobed_fence=args.acknowledge_unprobed_fence,
             tmp_size=args.tmp_size, shm_size=args.shm_size, pids_limit=args.pids_limit,
             test_landlock_off=os.environ.get("OPENSHELL_TEST_LANDLOCK_OFF") == "1", log=log,
         )  # fmt: skip
@@ -364,6 +389,7 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     from supervisor.control.policy.watch_safety import agent_writable_paths, decide_watch
     from supervisor.control.upstream import UpstreamConfig, parse_dns_server
     from supervisor.protocol.attach import CaptureMode
+    from supervisor.protocol.fence_canary import parse_canary
 
     proxy = _proxy_topology(args)
     if isinstance(proxy, int):
@@ -415,6 +441,14 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
         _err(f"--credentials/--upstream-ca: {exc}")
         return ExitCode.SELF_FAILED
     try:
+        fence_canary = parse_canary(args.fence_canary) if args.fence_canary else None
+    except ValueError as exc:
+        _err(f"--fence-canary: {exc}")
+        return 2
+    if not 1.0 <= args.fence_canary_interval <= 3600.0:
+        _err(f"--fence-canary-interval: {args.fence_canary_interval:g} is not 1..3600 seconds")
+        return 2
+    try:
         self_addresses = [ipaddress.ip_address(text) for text in args.self_address]
     except ValueError as exc:
         _err(f"--self-address: {exc}")
@@ -429,6 +463,8 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
         api_path=args.api or runtime_socket_path(bundle.claims.sandbox), api_listen=api_listen,
         agent_uid=agent_uid, agent_gid=agent_gid,
         capture_mode=CaptureMode(args.capture_mode), acknowledge_external_fence=args.acknowledge_external_fence,
+        fence_canary=fence_canary, acknowledge_unprobed_fence=args.acknowledge_unprobed_fence,
+        canary_interval_s=args.fence_canary_interval,
         policy_file=watch_file, policy_watch_reason=watch_reason, agent_writable=agent_writable, log=log,
         policy_digest=_policy_digest(args.policy),
         proxy=proxy, relaxed_identity=args.binary_identity == "relaxed",

@@ -21,6 +21,7 @@ from typing import Any
 import trio
 
 from supervisor.control.api import ApiServer
+from supervisor.control.canary import FenceCanary
 from supervisor.control.certificates import CertificateFacts, expiring
 from supervisor.control.dialer import Backoff, BackoffGroup
 from supervisor.control.egress import EgressService, Interception
@@ -38,6 +39,7 @@ from supervisor.protocol.attach import AttachRequest, CaptureMode
 from supervisor.protocol.certs import Bundle, BundleError, read_policy_digest
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.exit_codes import ExitCode
+from supervisor.protocol.fence_canary import REPEAT_S
 from supervisor.protocol.fingerprint import certificate_fingerprint
 from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS, client_context
 
@@ -79,6 +81,11 @@ class ControlConfig:
     agent_gid: int = 1000
     capture_mode: CaptureMode = CaptureMode.NETNS
     acknowledge_external_fence: bool = False
+    # proxy-env: control's fence canary (--fence-canary; protocol/fence_canary.py), or the acknowledgement that
+    # there is none (--acknowledge-unprobed-fence); the canary round repeats every canary_interval_s
+    fence_canary: tuple[str, int] | None = None
+    acknowledge_unprobed_fence: bool = False
+    canary_interval_s: float = REPEAT_S
     policy_file: Path | None = None  # watched for revisions (None: the policy is loaded once)
     policy_watch_reason: str = ""  # why it is watched or not, for the policy.watch event
     agent_writable: tuple[str, ...] = ()  # resolved paths the agent can write (the watch re-checks against them)
@@ -123,6 +130,7 @@ class ControlDaemon:
         self.policy.subscribe(self._policy_changed)
         self.certificates = certificate_facts(cfg)
         self.boundary_ca_sha256: str | None = None  # the interception CA the boundary (the agent) trusts
+        self.canary = FenceCanary(*cfg.fence_canary, log=self.log) if cfg.fence_canary is not None else None
 
     @property
     def topology(self) -> str:
@@ -150,6 +158,8 @@ class ControlDaemon:
             if self.proxy is not None:  # proxy-pod: no boundary to dial, the workload connects to us
                 await nursery.start(self.proxy.serve)
             else:
+                if self.canary is not None:  # listening before any descriptor names it
+                    await nursery.start(self.canary.serve)
                 nursery.start_soon(self._acknowledge_policy)
                 nursery.start_soon(self._maintain_ops_link)
             nursery.start_soon(self._watch_certificates)
@@ -272,6 +282,8 @@ class ControlDaemon:
             policy_generation=snap.generation,
             static_policy=static,
             acknowledge_external_fence=self.cfg.acknowledge_external_fence,
+            fence_canary=self.canary.target if self.canary is not None else None,
+            acknowledge_unprobed_fence=self.cfg.acknowledge_unprobed_fence,
             capture_ports=capture_ports(snap.last_valid.policy),
             interception_ca_pem=self.cfg.interception.ca.cert_pem if self.cfg.interception else None,
             credential_placeholders=self.cfg.interception.credentials.placeholders() if self.cfg.interception else {},
@@ -297,7 +309,7 @@ class ControlDaemon:
             self.log.emit("lifecycle.bound", reply=reply)
             self._start_egress_links()
             failure.step = "confirm"
-            reply = await self._confirm(link)
+            reply = await self._confirm_observed(link)
             self.log.emit("lifecycle.ready", fence=reply.get("fence"))
             failure.step = "start"
             reply = await call(link, "/v1/start")
@@ -313,7 +325,7 @@ class ControlDaemon:
                 self._start_egress_links()
             if reply.get("state") == "bound":
                 failure.step = "confirm"
-                await self._confirm(link)
+                await self._confirm_observed(link)
             if reply.get("state") in ("bound", "ready"):  # a link lost between confirm and start lands here
                 failure.step = "start"
                 reply = await call(link, "/v1/start")
@@ -321,7 +333,11 @@ class ControlDaemon:
         failure.step = "status"
         self.boundary = await call(link, "/v1/status")
         failure.step = "running"
-        await self._follow_agent(link)
+        async with trio.open_nursery() as nursery:
+            if self._canary_in_use:
+                nursery.start_soon(self._watch_canary, link)
+            await self._follow_agent(link)
+            nursery.cancel_scope.cancel()
 
     def _compare_interception_ca(self, theirs: object) -> None:
         """After a restart: does the agent trust the CA we mint with? (control/certificates.py)"""
@@ -343,7 +359,41 @@ class ControlDaemon:
                     self.log.emit("certificate.expiring", certificate=name, when=when)
             await trio.sleep(3600)
 
-    async def _confirm(self, link: Link) -> dict[str, Any]:
+    @property
+    def _canary_in_use(self) -> bool:
+        return self.canary is not None and self.cfg.capture_mode is CaptureMode.PROXY_ENV
+
+    async def _confirm_observed(self, link: Link) -> dict[str, Any]:
+        """``confirm``; in proxy-env with a canary, one canary round first and its report goes with ``confirm``.
+        A fence found not in force ends the boundary: said in our events and /readyz."""
+        try:
+            body = None
+            if self._canary_in_use:
+                assert self.canary is not None
+                body = {"canary": (await self.canary.round(link)).to_wire()}
+            return await self._confirm(link, body)
+        except OpError as exc:
+            if exc.kind is ErrorKind.FAILED:  # the boundary found the fence not in force and exits
+                self.boundary_refused = f"{exc.kind}: {exc.reason}"
+                self.log.emit("boundary.refused", step="confirm", error=exc.to_json(),
+                              reason="the fence is not in force; the boundary exits non-zero")  # fmt: skip
+            raise
+
+    async def _watch_canary(self, link: Link) -> None:
+        """Every ``canary_interval_s`` after Ready: one canary round, its report to ``/v1/fence-observed``. A
+        probe that connects or a connection seen makes the boundary end the workload (enforcement lost)."""
+        assert self.canary is not None
+        while not link.closed:
+            await trio.sleep(self.cfg.canary_interval_s)
+            try:
+                report = await self.canary.round(link)
+                await call(link, "/v1/fence-observed", {"canary": report.to_wire()})
+            except OpError as exc:
+                self.log.emit("fence.canary-round-failed", error=exc.to_json())
+                if exc.kind in (ErrorKind.FAILED, ErrorKind.TERMINATED):
+                    return  # enforcement lost: _follow_agent's wait returns the agent's result
+
+    async def _confirm(self, link: Link, body: dict[str, Any] | None = None) -> dict[str, Any]:
         """``confirm`` needs an egress link of ours up (mediation connected): ask once one is up (the boundary
         gives it a moment to register), and again each time one comes up while the boundary says unavailable."""
         with trio.fail_after(CONFIRM_RETRY_S):
@@ -351,7 +401,7 @@ class ControlDaemon:
                 if not self.egress_up:
                     await self._egress_came_up.wait()
                 try:
-                    return await call(link, "/v1/confirm")
+                    return await call(link, "/v1/confirm", body)
                 except OpError as exc:
                     if exc.kind is not ErrorKind.UNAVAILABLE or link.closed:
                         raise
@@ -485,6 +535,7 @@ class ControlDaemon:
             "certificates": self.certificates.to_json(datetime.datetime.now(datetime.UTC)),
             "interception": self._interception_status(),
             "topology": self._topology_status(),
+            "fence_canary": self.canary.status() if self.canary is not None else None,
             "ready": not self.readiness(),
         }
 

@@ -14,9 +14,10 @@ from typing import Any
 
 from supervisor.protocol.claims import Claims
 from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.fence_canary import parse_canary
 
 BACKEND_NAME = "openshell.boundary"
-CONTRACT_VERSION = 1
+CONTRACT_VERSION = 2  # 2: fence_canary and acknowledge_unprobed_fence (issue 15 item 4)
 
 
 class CaptureMode(enum.StrEnum):
@@ -36,6 +37,10 @@ class AttachRequest:
     interception_ca_pem: str | None = None
     credential_placeholders: dict[str, str] = field(default_factory=dict)
     acknowledge_external_fence: bool = False
+    # proxy-env: where control's canary listens ("ADDR:PORT", from control's own flags; protocol/fence_canary.py),
+    # or None, allowed only when the acknowledgement also says "no probe"
+    fence_canary: str | None = None
+    acknowledge_unprobed_fence: bool = False
     capture_ports: tuple[int, ...] = (80, 443)
     backend_name: str = BACKEND_NAME
     version: int = CONTRACT_VERSION
@@ -58,6 +63,8 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "interception_ca_pem": (str, type(None)),
     "credential_placeholders": dict,
     "acknowledge_external_fence": bool,
+    "fence_canary": (str, type(None)),
+    "acknowledge_unprobed_fence": bool,
     "capture_ports": list,
     "backend_name": str,
     "version": int,
@@ -104,6 +111,12 @@ def parse_attach(body: Any, claims: Claims) -> AttachRequest:
     placeholders = body.get("credential_placeholders", {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in placeholders.items()):
         raise _invalid("credential_placeholders must map names to strings", "credential_placeholders")
+    canary = body.get("fence_canary")
+    if canary is not None:
+        try:
+            parse_canary(canary)
+        except ValueError as exc:
+            raise _invalid(f"fence_canary: {exc}", "fence_canary") from None
     if body["sandbox"] != claims.sandbox:
         raise OpError(ErrorKind.DENIED, "descriptor names another sandbox than the claims", field="sandbox")
     if body["network_policy"] != claims.network_policy:
@@ -119,5 +132,7 @@ def parse_attach(body: Any, claims: Claims) -> AttachRequest:
         interception_ca_pem=body.get("interception_ca_pem"),
         credential_placeholders=dict(placeholders),
         acknowledge_external_fence=body.get("acknowledge_external_fence", False),
+        fence_canary=canary,
+        acknowledge_unprobed_fence=body.get("acknowledge_unprobed_fence", False),
         capture_ports=tuple(sorted(set(ports))),
     )

@@ -37,6 +37,7 @@ class Op(enum.StrEnum):
     STATUS = "status"
     EGRESS = "egress"
     EXIT_ACK = "exit-ack"
+    FENCE_PROBE = "fence-probe"  # proxy-env's canary probe and control's report of it (protocol/fence_canary.py)
 
 
 OK = None
@@ -58,6 +59,7 @@ _TABLE: dict[Op, tuple[ErrorKind | None, ...]] = {
     Op.STATUS: (OK, OK, OK, OK, OK),
     Op.EGRESS: (_D, OK, OK, OK, _T),
     Op.EXIT_ACK: (_I, _I, _I, _I, OK),
+    Op.FENCE_PROBE: (_I, OK, OK, OK, _T),
 }
 
 _NEXT = {Op.ATTACH: State.BOUND, Op.CONFIRM: State.READY, Op.START: State.RUNNING}

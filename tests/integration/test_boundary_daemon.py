@@ -123,7 +123,7 @@ class Control:
 
 DESCRIPTOR = {
     "backend_name": "openshell.boundary",
-    "version": 1,
+    "version": 2,
     "sandbox": SAMPLE_CLAIMS.sandbox,
     "network_policy": SAMPLE_CLAIMS.network_policy,
     "capture_mode": "netns",
@@ -180,7 +180,7 @@ async def test_lifecycle_order_is_enforced_and_second_attach_refused(boundary: B
 
 @pytest.mark.parametrize(
     ("change", "kind"),
-    [({"version": 2}, ErrorKind.INVALID), ({"surprise": True}, ErrorKind.INVALID),
+    [({"version": 3}, ErrorKind.INVALID), ({"surprise": True}, ErrorKind.INVALID),
      ({"sandbox": "someone-else"}, ErrorKind.DENIED), ({"capture_mode": "proxy-env"}, ErrorKind.DENIED)],
 )  # fmt: skip
 async def test_refused_descriptor_replies_then_ends_the_boundary(
