@@ -87,6 +87,39 @@ def test_reuse_secrets_renders_the_same_keys_and_objects_again(tmp_path: Path) -
     assert not (tmp_path / "sec2").exists()
 
 
+def test_proxy_pod_render_keeps_the_token_in_the_secrets_file_and_reuses_it(tmp_path: Path) -> None:
+    proxy = ["--topology", "proxy-pod", "--proxy-uid", "1000:1000", "--affinity", "preferred"]
+    first = run(*BASE, "--sandbox-uid", UID, *proxy, "--secrets-dir", "sec", *AGENT, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    docs = [d for d in yaml.safe_load_all(first.stdout) if d]
+    assert [d["kind"] for d in docs] == ["ConfigMap", "NetworkPolicy", "NetworkPolicy", "Service", "Deployment", "Pod"]
+    pod = docs[-1]
+    assert pod["spec"]["containers"][0]["command"] == ["python3", "/opt/review-bot/main.py"]
+    assert "--topology=proxy-pod" in docs[-2]["spec"]["template"]["spec"]["containers"][0]["args"]
+    secrets_file = tmp_path / "sec" / "secrets.yaml"
+    assert stat.S_IMODE(secrets_file.stat().st_mode) == 0o600
+    secrets = [d for d in yaml.safe_load_all(secrets_file.read_text()) if d]
+    names = sorted(d["metadata"]["name"].split("-")[1] for d in secrets)
+    assert names == ["boot", "ca", "ptok", "trust"], "no boundary bundle: there is no boundary"
+    token = next(base64.b64decode(d["data"]["token"]).decode() for d in secrets if "token" in d["data"])
+    assert token not in first.stdout + first.stderr
+    for value in secret_values(secrets_file):
+        assert value not in first.stdout + first.stderr
+    before = secrets_file.read_bytes()
+    second = run(*BASE, "--sandbox-uid", UID, *proxy, "--secrets-dir", "sec", "--reuse-secrets", "sec", *AGENT,
+                 cwd=tmp_path)  # fmt: skip
+    assert second.returncode == 0, second.stderr
+    assert secrets_file.read_bytes() == before and second.stdout == first.stdout
+    # A boundary render's Secrets hold no proxy token; this topology's hold no boundary bundle: both refused.
+    boundary = run(*BASE, "--sandbox-uid", UID, "--secrets-dir", "bsec", *AGENT, cwd=tmp_path)
+    assert boundary.returncode == 0, boundary.stderr
+    for reused, args in (("bsec", proxy), ("sec", [])):
+        result = run(*BASE, "--sandbox-uid", UID, *args, "--secrets-dir", "out", "--reuse-secrets", reused, *AGENT,
+                     cwd=tmp_path)  # fmt: skip
+        assert result.returncode == 2 and result.stderr.startswith("k8s render: --reuse-secrets: "), result.stderr
+        assert not (tmp_path / "out").exists()
+
+
 def test_owner_uid_is_the_default_sandbox_uid_and_out_dir_names_the_file(tmp_path: Path) -> None:
     result = run(
         *BASE, "--owner", f"agents.example/v1alpha1/Sandbox/review-bot/{UID}", "--redact-secrets",
@@ -111,6 +144,18 @@ def test_owner_uid_is_the_default_sandbox_uid_and_out_dir_names_the_file(tmp_pat
         (["--sandbox-uid", UID, "--redact-secrets", "--policy", "missing.yaml"], "--policy"),
         (["--sandbox-uid", UID, "--redact-secrets", "--credentials", "bad-creds.yaml"], "--credentials"),
         (["--sandbox-uid", UID, "--redact-secrets", "--secrets-dir", "s"], "--redact-secrets"),
+        (["--sandbox-uid", UID, "--redact-secrets", "--read-only-root"], "--read-only-root"),
+        (
+            ["--sandbox-uid", UID, "--redact-secrets", "--topology", "proxy-pod", "--privilege-model", "P"],
+            "--privilege-model",
+        ),
+        (["--sandbox-uid", UID, "--redact-secrets", "--topology", "proxy-pod", "--proxy-uid", "0"], "--proxy-uid"),
+        (["--sandbox-uid", UID, "--redact-secrets", "--topology", "proxy-pod", "--dns-peer", ""], "--dns-peer"),
+        (
+            ["--sandbox-uid", UID, "--redact-secrets", "--topology", "proxy-pod", "--dns-peer", "kube-system"],
+            "--dns-peer",
+        ),
+        (["--sandbox-uid", UID, "--redact-secrets", "--runtime-class", "Bad_Name"], "--runtime-class"),
     ],
 )
 def test_bad_input_exits_2_naming_the_flag_and_writes_nothing(tmp_path: Path, args: list[str], flag: str) -> None:

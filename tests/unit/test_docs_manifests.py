@@ -29,37 +29,43 @@ MANIFESTS = ROOT / "docs" / "manifests"
 SCRIPT = ROOT / "scripts" / "render-doc-manifests.sh"
 DOCS_WITH_COMMANDS = (ROOT / "docs" / "quickstart.md", ROOT / "docs" / "kubernetes.md")
 MODELS = ("r", "u", "p")
+FILES = (*(f"model-{m}.yaml" for m in MODELS), "proxy-pod.yaml")
 
 
 def test_docs_manifests_are_a_fresh_render(tmp_path: Path) -> None:
     env = {**os.environ, "OPENSHELL_SANDBOX": f"{sys.executable} -m supervisor.cli", "PYTHONPATH": str(ROOT)}
     subprocess.run(["bash", str(SCRIPT), str(tmp_path)], cwd=ROOT, env=env, check=True, timeout=120)
     rendered = sorted(p.name for p in tmp_path.iterdir())
-    assert rendered == sorted(f"model-{m}.yaml" for m in MODELS)
+    assert rendered == sorted(FILES)
     for name in rendered:
         want = (tmp_path / name).read_text()
         assert (MANIFESTS / name).read_text() == want, f"docs/manifests/{name} is stale: run {SCRIPT.name}"
     assert sorted(p.name for p in MANIFESTS.iterdir()) == sorted([*rendered, "policy.yaml"])
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_every_daemon_command_line_in_the_manifests_parses_with_the_real_flags(model: str) -> None:
-    docs = [d for d in yaml.safe_load_all((MANIFESTS / f"model-{model}.yaml").read_text()) if d]
+@pytest.mark.parametrize("name", FILES)
+def test_every_daemon_command_line_in_the_manifests_parses_with_the_real_flags(name: str) -> None:
+    docs = [d for d in yaml.safe_load_all((MANIFESTS / name).read_text()) if d]
+    model = name.removeprefix("model-").removesuffix(".yaml")
     seen = 0
     for doc in docs:
         if doc["kind"] not in ("Pod", "Deployment"):
             continue
         spec = doc["spec"]["template"]["spec"] if doc["kind"] == "Deployment" else doc["spec"]
         for container in spec["containers"]:
+            if "command" in container:  # the proxy-pod workload: the agent's own argv, nothing of ours
+                assert name == "proxy-pod.yaml" and "args" not in container
+                continue
             err = io.StringIO()
             with contextlib.redirect_stderr(err):
                 try:
                     args = daemon_parser().parse_args(container["args"])
                 except SystemExit:
-                    pytest.fail(f"model-{model}.yaml {container['name']}: {container['args']}: {err.getvalue()}")
+                    pytest.fail(f"{name} {container['name']}: {container['args']}: {err.getvalue()}")
             assert args.privilege_model == model.upper() or args.mode == "control"
+            assert (args.topology == "proxy-pod") == (name == "proxy-pod.yaml") or args.mode == "boundary"
             seen += 1
-    assert seen == 2
+    assert seen == (1 if name == "proxy-pod.yaml" else 2)
 
 
 # -- commands shown in the docs -----------------------------------------------------------------------------------
