@@ -1,9 +1,8 @@
 """Egress capture inside the agent's network namespace (docs/spec/boundary.md §4, §5.4).
 
-- :mod:`.setup` runs in the launcher inside the agent's namespace: ``prepare`` (lo, any-IP routes, optional
-  nft redirect, listeners as fds), ``inspect`` (fence read-back + fingerprint), ``probe``, ``open_sock_diag``;
-  ``original_destination`` recovers a redirected connection's destination. Import it explicitly: it pulls in
-  pyroute2 when called.
+- :mod:`.setup` runs in the launcher inside the agent's namespace: ``prepare`` (lo, any-IP routes, listeners
+  as fds), ``inspect`` (fence read-back + fingerprint), ``probe``, ``open_sock_diag``; it pulls in pyroute2
+  when called.
 - :mod:`.identity` resolves the binary behind an accepted connection (the boundary, before reading a byte).
 - The proxy listener's head parser and answers live in :mod:`supervisor.protocol.proxy_head` (shared with
   control's proxy-pod listener); they are re-exported here.
@@ -12,7 +11,7 @@
 
 from supervisor.boundary.capture.dns_stub import StubAction, StubDecision, TcpFramer, decide
 from supervisor.boundary.capture.identity import Identity, IdentityResolver, IdentityStage, IdentityUnresolved
-from supervisor.boundary.capture.setup import CaptureSetupError, inspect, original_destination, prepare, probe
+from supervisor.boundary.capture.setup import CaptureSetupError, inspect, prepare, probe
 from supervisor.protocol.proxy_head import (
     CONNECT_ESTABLISHED,
     HEAD_READ_DEADLINE_S,
@@ -42,7 +41,6 @@ __all__ = [
     "TcpFramer",
     "decide",
     "inspect",
-    "original_destination",
     "parse_head",
     "prepare",
     "probe",

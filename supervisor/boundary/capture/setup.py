@@ -7,15 +7,12 @@ Rules:
 2. The fence is "only ``lo``": no link, no route and no rule may lead anywhere else. :func:`inspect` reads it
    all back, names every deviation and fingerprints the whole dump, so ``confirm`` and the periodic re-check
    compare one hash.
-3. Both modes start from any-IP routing (docs/spec/boundary.md §5.4 B): ``local 0.0.0.0/0`` and ``local ::/0`` in
-   table ``local`` make every destination an address of this namespace, so nothing is ever routed anywhere.
-   Mode ``anyip`` (the default) stops there: a wildcard listener on port P accepts a connection to *any*
-   address on P and the accepted socket's local address is the original destination; a port without a
-   listener is refused by the kernel — a functional limit, never a leak. Mode ``nft`` (§5.4 A) adds an
-   nftables redirect of every non-loopback TCP connection to one capture port (original destination via
-   ``SO_ORIGINAL_DST``, see :func:`original_destination`) and of port 53 to the DNS stub; it is used only
-   when ``nft`` is installed and accepts the ruleset, otherwise setup fails (fail closed) and the caller
-   picks ``anyip``.
+3. Capture is any-IP routing (docs/spec/boundary.md §5.4 B): ``local 0.0.0.0/0`` and ``local ::/0`` in table
+   ``local`` make every destination an address of this namespace, so nothing is ever routed anywhere. A
+   wildcard listener on port P accepts a connection to *any* address on P and the accepted socket's local
+   address is the original destination; a port without a listener is refused by the kernel — a functional
+   limit, never a leak. (The nftables redirect of §5.4 A is not implemented: nothing selected it, and the
+   boundary reads the destination from the accepted socket's local address, which a redirect rewrites.)
 4. Listeners are returned as raw fds: bound, ``listen()`` done, non-blocking, never ``SO_REUSEPORT``. On any
    failure everything created so far is closed before the error propagates.
 5. :func:`probe` sends packets only to TEST-NET addresses and only after checking that the namespace has no
@@ -43,12 +40,9 @@ from supervisor.boundary.capture.dns_stub import enable_pktinfo
 if TYPE_CHECKING:
     from pyroute2 import IPRoute
 
-MODES = ("anyip", "nft")
 BACKLOG = 1024
 DNS_PORT = 53
-NFT_TABLE = "openshell_capture"
 IP_TRANSPARENT = 19  # <linux/in.h>
-SO_ORIGINAL_DST = 80  # <linux/netfilter_ipv4.h>; IP6T_SO_ORIGINAL_DST has the same value
 IPV6_TRANSPARENT = 75  # <linux/in6.h>
 
 # route types (<linux/rtnetlink.h>) and tables
@@ -97,20 +91,14 @@ def prepare(
     *,
     capture_ports: list[int],
     proxy_port: int = 3128,
-    dns_port: int = 15053,
-    mode: str = "anyip",
 ) -> tuple[dict[str, int], dict[str, Any]]:
     """Configure ``lo``, install the capture and bind the listeners; returns (name → fd, JSON report).
 
     Listener names: ``tcp4:<port>``/``tcp6:<port>`` (capture), ``proxy``, ``dns-udp4``/``dns-udp6``,
-    ``dns-tcp4``/``dns-tcp6``. In mode ``nft`` there is exactly one capture port (the redirect target) and
-    the DNS listeners sit on ``127.0.0.1:dns_port``/``[::1]:dns_port``; in mode ``anyip`` DNS listens on port
-    53 of every address.
+    ``dns-tcp4``/``dns-tcp6``; DNS listens on port 53 of every address.
     """
-    if mode not in MODES:
-        raise ValueError(f"unknown capture mode {mode!r}")
-    ports = _check_ports(capture_ports, proxy_port, dns_port, mode)
-    report: dict[str, Any] = {"mode": mode, "capture_ports": ports, "proxy_port": proxy_port}
+    ports = _check_ports(capture_ports, proxy_port)
+    report: dict[str, Any] = {"mode": "anyip", "capture_ports": ports, "proxy_port": proxy_port}
     from pyroute2 import IPRoute  # imported here: ~0.2 s, and only the launcher needs it
 
     with IPRoute() as ipr:
@@ -119,8 +107,6 @@ def prepare(
         ipv6 = _add_address(ipr, lo, "::1", 128)
         report["ipv6"] = ipv6
         report["routes_installed"] = _install_anyip(ipr, lo, ipv6=ipv6)
-    if mode == "nft":
-        report["nft"] = _install_nft(ports[0], dns_port)
     fds: dict[str, int] = {}
     try:
         for port in ports:
@@ -128,14 +114,11 @@ def prepare(
             if ipv6:
                 fds[f"tcp6:{port}"] = _tcp_listener(socket.AF_INET6, "::", port)
         fds["proxy"] = _tcp_listener(socket.AF_INET, "127.0.0.1", proxy_port)
-        dns_v4, dns_v6, dns_listen_port = (
-            ("0.0.0.0", "::", DNS_PORT) if mode == "anyip" else ("127.0.0.1", "::1", dns_port)
-        )
-        fds["dns-udp4"] = _udp_listener(socket.AF_INET, dns_v4, dns_listen_port)
-        fds["dns-tcp4"] = _tcp_listener(socket.AF_INET, dns_v4, dns_listen_port)
+        fds["dns-udp4"] = _udp_listener(socket.AF_INET, "0.0.0.0", DNS_PORT)
+        fds["dns-tcp4"] = _tcp_listener(socket.AF_INET, "0.0.0.0", DNS_PORT)
         if ipv6:
-            fds["dns-udp6"] = _udp_listener(socket.AF_INET6, dns_v6, dns_listen_port)
-            fds["dns-tcp6"] = _tcp_listener(socket.AF_INET6, dns_v6, dns_listen_port)
+            fds["dns-udp6"] = _udp_listener(socket.AF_INET6, "::", DNS_PORT)
+            fds["dns-tcp6"] = _tcp_listener(socket.AF_INET6, "::", DNS_PORT)
     except OSError as exc:
         close_all(fds)
         raise CaptureSetupError(f"binding capture listeners failed: {exc}") from exc
@@ -160,16 +143,14 @@ def close_all(fds: dict[str, int]) -> None:
             pass
 
 
-def _check_ports(capture_ports: Iterable[int], proxy_port: int, dns_port: int, mode: str) -> list[int]:
+def _check_ports(capture_ports: Iterable[int], proxy_port: int) -> list[int]:
     ports = sorted(set(capture_ports))
     if not ports:
         raise ValueError("at least one capture port is required")
-    for port in [*ports, proxy_port, dns_port]:
+    for port in [*ports, proxy_port]:
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
             raise ValueError(f"invalid port {port!r}")
-    if mode == "nft" and len(ports) != 1:
-        raise ValueError("mode nft redirects to exactly one capture port")
-    reserved = {proxy_port, DNS_PORT if mode == "anyip" else dns_port}
+    reserved = {proxy_port, DNS_PORT}
     clash = reserved & set(ports)
     if clash:
         raise ValueError(f"capture ports {sorted(clash)} collide with the proxy or DNS listener")
@@ -221,63 +202,6 @@ def _install_anyip(ipr: IPRoute, lo: int, *, ipv6: bool) -> list[str]:
                 raise CaptureSetupError(f"installing local {dst} failed: {exc}") from exc
         installed.append(f"local {dst} dev lo table local")
     return installed
-
-
-def _install_nft(capture_port: int, dns_port: int) -> str:
-    """docs/spec/boundary.md §5.4 A on top of any-IP routing. Only with a working ``nft``; any failure is fatal.
-
-    NAT output (before filter): port 53 of any address → the DNS stub; loopback destinations stay as they are
-    (the agent's own services and the proxy listener); every other TCP connection → the capture port.
-    Filter output: a connection to the capture or DNS port that was not redirected (a direct dial) is
-    rejected, so it can never pass for a captured one."""
-    nft = shutil.which("nft")
-    if nft is None:
-        raise CaptureSetupError("mode nft: the nft binary is not installed")
-    ports = f"{{ {capture_port}, {dns_port} }}"
-    ruleset = f"""
-table inet {NFT_TABLE} {{
-  chain nat_output {{
-    type nat hook output priority -100; policy accept;
-    meta l4proto {{ tcp, udp }} th dport 53 redirect to :{dns_port}
-    ip daddr 127.0.0.0/8 accept
-    ip6 daddr ::1 accept
-    meta l4proto tcp redirect to :{capture_port}
-  }}
-  chain filter_output {{
-    type filter hook output priority 0; policy drop;
-    meta l4proto {{ tcp, udp }} th dport {ports} ct status dnat accept
-    meta l4proto tcp th dport {ports} reject with tcp reset
-    meta l4proto udp th dport {ports} reject
-    oifname "lo" accept
-    meta l4proto tcp reject with tcp reset
-    reject
-  }}
-}}
-"""
-    try:
-        done = subprocess.run([nft, "-f", "-"], input=ruleset, text=True, capture_output=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise CaptureSetupError(f"mode nft: running nft failed: {exc}") from exc
-    if done.returncode != 0:
-        raise CaptureSetupError(f"mode nft: ruleset refused: {done.stderr.strip()[:500]}")
-    return f"table inet {NFT_TABLE}: tcp → :{capture_port}, port 53 → :{dns_port}, direct dials rejected"
-
-
-def original_destination(sock: socket.socket) -> tuple[str, int]:
-    """Where the agent meant to connect: ``SO_ORIGINAL_DST`` for a redirected connection (mode ``nft``), the
-    accepted socket's own address otherwise (any-IP). Works on the passed-out fd, in any namespace."""
-    level = socket.SOL_IP if sock.family == socket.AF_INET else socket.IPPROTO_IPV6
-    try:
-        raw = sock.getsockopt(level, SO_ORIGINAL_DST, 28 if sock.family == socket.AF_INET6 else 16)
-    except OSError as exc:
-        if exc.errno != errno.ENOENT:
-            raise
-        host, port = sock.getsockname()[:2]
-        return str(host), int(port)
-    port = int.from_bytes(raw[2:4], "big")
-    if sock.family == socket.AF_INET6:
-        return str(ipaddress.IPv6Address(raw[8:24])), port
-    return str(ipaddress.IPv4Address(raw[4:8])), port
 
 
 def _tcp_listener(family: int, host: str, port: int) -> int:
