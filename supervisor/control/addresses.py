@@ -42,10 +42,13 @@ IPAddress = IPv4Address | IPv6Address
 __all__ = [
     "ALWAYS_BLOCKED_CLASSES",
     "AddressClass",
+    "BlockedInNetwork",
     "Classification",
     "IPAddress",
+    "IPNetwork",
     "Refused",
     "RefusedReason",
+    "blocked_in_network",
     "classify",
     "inet_aton_lenient",
     "overlaps_always_blocked",
@@ -219,28 +222,83 @@ def classify(addr: str | IPAddress) -> Classification:
     return _result(addr, _v6_class(addr), None)
 
 
-# The always-blocked ranges, in IPv4 and in every IPv6 prefix that carries an IPv4 address in fixed bits (rule
-# 2; Teredo's inverted embedding is no prefix). Metadata addresses inside otherwise usable ranges (CGNAT, ULA)
-# are left out here so that ``allowed_ips: [100.64.0.0/10]`` stays valid: the per-address check still refuses
-# them.
+# --- networks (``allowed_ips`` entries) ------------------------------------------------------------------------
+#
+# Validation (``policy check``, control/policy/schema.py) and the dial (control/upstream.py) both ask
+# ``blocked_in_network``: one answer, so an entry the policy accepts is never refused on every connection. It is
+# exact, not an approximation: an entry is refused iff some address in it is one ``classify`` calls loopback,
+# link-local or unspecified, in any spelling rule 2 reads (Teredo's inverted embedding included), and the answer
+# names that address. Metadata addresses inside otherwise usable ranges (CGNAT, ULA) refuse only an entry that is
+# nothing but that address, so that ``allowed_ips: [100.64.0.0/10]`` stays valid: the per-address check at the
+# dial still refuses them.
+
+IPNetwork = IPv4Network | IPv6Network
+
 _BLOCKED_V4 = (IPv4Network("0.0.0.0/8"), IPv4Network("127.0.0.0/8"), IPv4Network("169.254.0.0/16"))
-_BLOCKED_V6 = (
-    IPv6Network("::/128"),
-    IPv6Network("::1/128"),
-    IPv6Network("fe80::/10"),
-    *(
-        IPv6Network((int(prefix.network_address) | (int(v4.network_address) << shift), 128 - 32 - shift + v4.prefixlen))
-        for prefix, shift in ((_MAPPED, 0), (_TRANSLATED, 0), (_COMPATIBLE, 0), (_NAT64, 0), (_SIX_TO_FOUR, 80))
-        for v4 in _BLOCKED_V4
-    ),
+_BLOCKED_V6 = (IPv6Network("::/128"), IPv6Network("::1/128"), IPv6Network("fe80::/10"))
+# Where IPv4 sits in an IPv6 address (rule 2): the prefix, the bit offset of the 32 embedded bits, inverted or not.
+_EMBEDDINGS: tuple[tuple[IPv6Network, int, bool], ...] = (
+    (_MAPPED, 0, False),
+    (_TRANSLATED, 0, False),
+    (_COMPATIBLE, 0, False),
+    (_NAT64, 0, False),
+    (_SIX_TO_FOUR, 80, False),
+    (_TEREDO, 0, True),
 )
 
 
-def overlaps_always_blocked(net: IPv4Network | IPv6Network) -> bool:
+@dataclass(frozen=True)
+class BlockedInNetwork:
+    """An always-blocked address inside a network, as the network spells it, and how ``classify`` sees it."""
+
+    address: IPAddress
+    classification: Classification
+
+    def describe(self) -> str:
+        c = self.classification
+        if c.embedded is None:
+            return f"{c.cls} address {self.address}"
+        return f"{c.cls} address {self.address} ({c.address} in {c.embedded} form)"
+
+
+def _blocked_v4_in(net: IPv4Network) -> IPv4Address | None:
+    for blocked in _BLOCKED_V4:
+        if net.overlaps(blocked):  # two prefixes overlap only by nesting: the later start is in both
+            return max(net.network_address, blocked.network_address)
+    return None
+
+
+def _blocked_v6_in(net: IPv6Network) -> IPv6Address | None:
+    for blocked in _BLOCKED_V6:
+        if net.overlaps(blocked):
+            return max(net.network_address, blocked.network_address)
+    for prefix, shift, inverted in _EMBEDDINGS:
+        if not net.overlaps(prefix):
+            continue
+        inner = net if net.prefixlen >= prefix.prefixlen else prefix  # the part of ``net`` in this embedding
+        fixed = min(32, max(0, inner.prefixlen - (96 - shift)))  # leading bits of the IPv4 that ``inner`` fixes
+        field = (int(inner.network_address) >> shift) & _LOW32
+        top = (_LOW32 << (32 - fixed)) & _LOW32
+        v4 = _blocked_v4_in(IPv4Network((((~field if inverted else field) & top), fixed)))
+        if v4 is None:
+            continue
+        bits = (~int(v4) if inverted else int(v4)) & _LOW32
+        return IPv6Address((int(inner.network_address) & ~(_LOW32 << shift)) | (bits << shift))
+    return None
+
+
+def blocked_in_network(net: IPNetwork) -> BlockedInNetwork | None:
+    """An always-blocked address of ``net`` that makes it unusable as an ``allowed_ips`` entry, or None."""
+    if net.num_addresses == 1:
+        whole = classify(net.network_address)
+        return BlockedInNetwork(net.network_address, whole) if whole.always_blocked else None
+    found = _blocked_v4_in(net) if isinstance(net, IPv4Network) else _blocked_v6_in(net)
+    return BlockedInNetwork(found, classify(found)) if found is not None else None
+
+
+def overlaps_always_blocked(net: IPNetwork) -> bool:
     """Whether an ``allowed_ips`` entry reaches into always-blocked space (spec §3.5: such entries are invalid)."""
-    if isinstance(net, IPv4Network):
-        return any(net.overlaps(b) for b in _BLOCKED_V4)
-    return any(net.overlaps(b) for b in _BLOCKED_V6)
+    return blocked_in_network(net) is not None
 
 
 # --- host literals ---------------------------------------------------------------------------------------------

@@ -57,8 +57,8 @@ import trio
 from supervisor.control.addresses import (
     IPAddress,
     Refused,
+    blocked_in_network,
     classify,
-    overlaps_always_blocked,
     parse_host_literal,
 )
 
@@ -370,10 +370,10 @@ def check_allowed_ips(entries: Iterable[str | IPNetwork]) -> list[IPNetwork]:
             net = entry if isinstance(entry, IPv4Network | IPv6Network) else ipaddress.ip_network(entry, strict=False)
         except ValueError as exc:
             raise UpstreamError(UpstreamReason.INVALID_ALLOWED_IPS, f"allowed_ips entry {entry!r}: {exc}") from exc
-        if overlaps_always_blocked(net):
+        if (blocked := blocked_in_network(net)) is not None:  # the same answer as policy validation's
             raise UpstreamError(
                 UpstreamReason.INVALID_ALLOWED_IPS,
-                f"allowed_ips entry {net} covers always-blocked addresses (loopback, link-local, unspecified)",
+                f"allowed_ips entry {net} covers always-blocked {blocked.describe()}",
             )
         nets.append(net)
     return nets

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import yaml
 
+from supervisor.control.addresses import blocked_in_network
+
 from .ambiguity import Located, check_ambiguity
 from .errors import PolicyError, PolicyInvalid
 from .globs import GlobSyntaxError, compile_path_glob
@@ -89,21 +91,6 @@ TCP_FORBIDDEN = (
     "credential_binding",
 )
 _RULE_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}")
-ALWAYS_BLOCKED_NETS = tuple(
-    ipaddress.ip_network(n)
-    for n in (
-        "127.0.0.0/8",
-        "169.254.0.0/16",
-        "0.0.0.0/32",
-        "::1/128",
-        "::/128",
-        "fe80::/10",
-        "::ffff:127.0.0.0/104",
-        "::ffff:169.254.0.0/112",
-        "::ffff:0.0.0.0/128",
-    )
-)
-
 Node = yaml.Node
 
 
@@ -553,15 +540,14 @@ class _Schema:
         except ValueError:
             r.error(where, node, f"invalid allowed_ips entry {raw!r}", "a CIDR (10.0.0.0/8) or an IP address")
             return None
-        for blocked in ALWAYS_BLOCKED_NETS:
-            if net.version == blocked.version and net.overlaps(blocked):
-                r.error(
-                    where,
-                    node,
-                    f"allowed_ips entry {raw!r} overlaps always-blocked range {blocked}",
-                    "a network outside loopback, link-local and unspecified addresses",
-                )
-                return None
+        if (blocked := blocked_in_network(net)) is not None:  # the dial asks the same function (docs/design.md)
+            r.error(
+                where,
+                node,
+                f"allowed_ips entry {raw!r} covers always-blocked {blocked.describe()}",
+                "a network outside loopback, link-local, unspecified and metadata addresses, in any IPv6 form",
+            )
+            return None
         if (net.version == 4 and net.prefixlen < 16) or (net.version == 6 and net.prefixlen < 32):
             r.warn(where, node, f"allowed_ips entry {raw!r} is very broad (/{net.prefixlen})")
         return str(net)
