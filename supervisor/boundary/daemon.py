@@ -631,6 +631,7 @@ class BoundaryDaemon:
 
     def _status(self) -> dict[str, Any]:
         agent = self.table.agent
+        result = agent.result.to_wire() if agent is not None and agent.result is not None else None
         return {
             "state": str(self.lifecycle.state),
             "boundary_instance": self.instance,
@@ -639,7 +640,7 @@ class BoundaryDaemon:
             "fence": self.fence,
             "enforcement_lost": self.enforcement_lost,
             "policy_generation": self.policy_generation_acked,
-            "agent": None if agent is None else {"handle": agent.handle, "result": agent.result and agent.result.to_wire()},
+            "agent": None if agent is None else {"handle": agent.handle, "result": result},
             "processes": self.table.live(),
             "links": len(self.links),
             "limits": {**self.limits, **({"pids_current": self.pids_cgroup.current()} if self.pids_cgroup else {})},

@@ -33,6 +33,7 @@ import trio
 from supervisor.boundary.capture import (
     CONNECT_ESTABLISHED,
     HEAD_READ_DEADLINE_S,
+    Identity,
     IdentityResolver,
     IdentityStage,
     IdentityUnresolved,
@@ -212,7 +213,7 @@ class EgressCapture:
                 await trio.aclose_forcefully(stream)
 
     # -- identity + hand-off ----------------------------------------------------------------------------------
-    async def _identify(self, stream: trio.SocketStream) -> dict[str, Any] | None:
+    async def _identify(self, stream: trio.SocketStream) -> Identity | None:
         local, remote = _addr(stream.socket, False), _addr(stream.socket, True)
         # Resolved inline: it is ~0.2-3 ms of /proc and netlink reads, and handing it to a worker thread cost
         # more than that (thread hand-off and GIL contention were the top of the profile under load).
@@ -234,10 +235,10 @@ class EgressCapture:
             self.counters["refused"] += 1
             self.log.emit("egress.refused", reason="identity-unresolved: error", detail=str(exc))
             return None
-        return identity.to_json()
+        return identity
 
     async def _hand_off(
-        self, host: str, port: int, kind: CaptureKind, identity: dict[str, Any], src_port: int
+        self, host: str, port: int, kind: CaptureKind, identity: Identity, src_port: int
     ) -> tuple[LinkStream | None, EgressReply]:
         if not self.accepting():
             return None, EgressReply(503, reason="sandbox-ended")
@@ -246,7 +247,7 @@ class EgressCapture:
             if link is None:
                 self.counters["refused"] += 1
                 self.log.emit("egress.refused", reason="no-egress-link", destination=f"{host}:{port}",
-                              binary=identity.get("binary_path"))  # fmt: skip
+                              binary=identity.binary_path)  # fmt: skip
                 return None, EgressReply(503, reason="no-egress-link", detail="control is not connected")
             conn_id = secrets.token_hex(8)
             headers = encode_connect_headers(

@@ -47,32 +47,24 @@ from supervisor.protocol.channel import (
     Stdout,
     encode_frame,
 )
+from supervisor.protocol.errors import OpError
 from supervisor.protocol.exit_codes import ExitCode, for_launch_errno, for_signal
+from supervisor.protocol.exit_result import ExitResult
 
 __all__ = ["render_error", "render_exit", "run_exec_client"]
 
 _CHUNK: Final = 64 * 1024
 
 
-def render_exit(result: dict[str, Any]) -> int:
+def render_exit(result: ExitResult) -> int:
     """Exit code for a §2.5 wait result."""
-    rendered = result.get("rendered")
-    if isinstance(rendered, int) and not isinstance(rendered, bool) and 0 <= rendered <= 255:
-        return rendered
-    code = result.get("code")
-    if isinstance(code, int) and not isinstance(code, bool):
-        return code & 0xFF
-    number = result.get("signal_number")
-    if isinstance(number, int) and not isinstance(number, bool) and 0 < number < 128:
-        return for_signal(number)
-    return ExitCode.SELF_FAILED
+    return result.exit_code
 
 
-def render_error(body: dict[str, Any]) -> int:
+def render_error(error: OpError) -> int:
     """Exit code for an ERROR frame: 127/126 when the launch failed for want of a program, else 125."""
-    err = body.get("errno")
-    if body.get("stage") is not None and isinstance(err, int):
-        return for_launch_errno(err)
+    if error.stage is not None and error.errno is not None:
+        return for_launch_errno(error.errno)
     return ExitCode.SELF_FAILED
 
 
@@ -182,11 +174,11 @@ async def _read_frames(stream: trio.abc.ReceiveStream) -> int:
                 _message(f"{skipped} bytes of output were dropped while no client was attached")
             case Exit(result):
                 return render_exit(result)
-            case Error(body):
-                reason = body.get("reason") or body.get("kind") or "unknown error"
-                stage = f" (stage {body['stage']})" if body.get("stage") else ""
+            case Error(error):
+                reason = error.reason or str(error.kind)
+                stage = f" (stage {error.stage})" if error.stage else ""
                 _message(f"exec failed: {reason}{stage}")
-                return render_error(body)
+                return render_error(error)
 
 
 async def run_exec_client(stream: trio.abc.HalfCloseableStream, *, tty: bool, interactive: bool) -> int:

@@ -24,7 +24,10 @@ import enum
 import json
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
+
+from supervisor.protocol.errors import OpError
+from supervisor.protocol.exit_result import ExitResult, ExitResultError
 
 __all__ = [
     "CLOSED",
@@ -131,16 +134,17 @@ class Stderr:
 
 @dataclass(frozen=True)
 class Exit:
-    """The wait result of spec §2.5, as a JSON object."""
+    """The wait result of spec §2.5 (a JSON object on the wire)."""
 
-    result: dict[str, Any] = field(hash=False)
+    result: ExitResult
 
 
 @dataclass(frozen=True)
 class Error:
-    """An OpError body (``{"kind", "reason", ...}``), sent instead of ``Exit`` when the operation failed."""
+    """Why the operation failed (an OpError body ``{"kind", "reason", ...}`` on the wire), sent instead of
+    ``Exit``."""
 
-    body: dict[str, Any] = field(hash=False)
+    error: OpError = field(hash=False)  # an exception, so not hashable
 
 
 @dataclass(frozen=True)
@@ -162,7 +166,7 @@ def _frame(kind: FrameType, payload: bytes) -> bytes:
     return _HEADER.pack(kind, len(payload)) + payload
 
 
-def _json_bytes(obj: dict[str, Any]) -> bytes:
+def _json_bytes(obj: object) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -186,9 +190,9 @@ def encode_frame(event: Event) -> bytes:
         case Stderr(data):
             return _frame(FrameType.STDERR, bytes(data))
         case Exit(result):
-            return _frame(FrameType.EXIT, _json_bytes(result))
-        case Error(body):
-            return _frame(FrameType.ERROR, _json_bytes(body))
+            return _frame(FrameType.EXIT, _json_bytes(result.to_wire()))
+        case Error(error):
+            return _frame(FrameType.ERROR, _json_bytes(error.to_json()))
         case Lagged(skipped):
             if not 0 <= skipped < 1 << 64:
                 raise ValueError(f"lagged count out of range: {skipped}")
@@ -204,7 +208,7 @@ def _check_signal_name(raw: bytes) -> None:
         raise ValueError("signal name must be 1..32 ASCII letters or digits")
 
 
-def _json_object(payload: bytes) -> dict[str, Any]:
+def _json_object(payload: bytes) -> dict[str, object]:
     try:
         obj = json.loads(payload.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -250,11 +254,14 @@ def _decode_stderr(p: bytes) -> Event:
 
 
 def _decode_exit(p: bytes) -> Event:
-    return Exit(_json_object(p))
+    try:
+        return Exit(ExitResult.from_wire(_json_object(p)))
+    except ExitResultError as exc:
+        raise ChannelProtocolError(f"EXIT: {exc}") from None
 
 
 def _decode_error(p: bytes) -> Event:
-    return Error(_json_object(p))
+    return Error(OpError.from_json(_json_object(p)))
 
 
 def _decode_lagged(p: bytes) -> Event:

@@ -54,7 +54,7 @@ async def main():
             entry = await table.start(spec, kind="exec")
         except OpError as exc:
             from supervisor.protocol.channel import Error, encode_frame
-            await server.send_all(encode_frame(Error(exc.to_json())))
+            await server.send_all(encode_frame(Error(exc)))
             await server.aclose()
         else:
             n.start_soon(pump_exec, entry, server)

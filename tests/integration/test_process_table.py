@@ -41,6 +41,7 @@ from supervisor.protocol.channel import (
     encode_frame,
 )
 from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.exit_result import ExitResult
 
 
 @dataclass(frozen=True)
@@ -173,9 +174,9 @@ async def collect(stream: trio.abc.ReceiveStream, out: Collected) -> None:
             case Stderr(data):
                 out.stderr += data
             case Exit(result):
-                out.exit = result
-            case Error(body):
-                out.error = body
+                out.exit = result.to_wire()
+            case Error(error):
+                out.error = error.to_json()
             case Lagged(n):
                 out.lagged += n
 
@@ -242,7 +243,11 @@ async def test_exit_codes_and_separate_streams(fake_table: ProcessTable) -> None
     assert (bytes(out.stdout), bytes(out.stderr)) == (b"out\n", b"err\n")
     assert out.exit is not None
     assert (out.exit["code"], out.exit["signal"], out.exit["rendered"], out.exit["reason"]) == (7, None, 7, "exited")
-    assert out.exit == await fake_table.wait(entry.handle, None) == await fake_table.wait(entry.handle, 0)
+    assert (
+        out.exit
+        == (await fake_table.wait(entry.handle, None)).to_wire()
+        == (await fake_table.wait(entry.handle, 0)).to_wire()
+    )
     assert out.exit["handle"] == entry.handle and entry.handle.startswith("p_") and len(entry.handle) == 18
 
 
@@ -329,7 +334,7 @@ async def test_resize_without_pty_is_invalid(fake_table: ProcessTable) -> None:
 async def test_signal_and_exited_handle(fake_table: ProcessTable) -> None:
     entry = await fake_table.start(Spec(["sleep", "30"]), kind="exec")
     fake_table.signal(entry.handle, "TERM")
-    result = await fake_table.wait(entry.handle, 5)
+    result = (await fake_table.wait(entry.handle, 5)).to_wire()
     assert (result["signal"], result["rendered"], result["reason"]) == ("TERM", 143, "exited")
     for name in ("TERM", "KILL"):
         with pytest.raises(OpError) as info:
@@ -349,7 +354,7 @@ async def test_unknown_handle_and_wait_timeout(fake_table: ProcessTable) -> None
         await fake_table.wait(entry.handle, 0.05)
     assert (info.value.kind, info.value.reason) == (ErrorKind.UNAVAILABLE, "timeout")
     assert entry.result is None  # unaffected
-    result = await fake_table.terminate(entry.handle, 1)
+    result = (await fake_table.terminate(entry.handle, 1)).to_wire()
     assert (result["signal"], result["reason"]) == ("TERM", "terminated")
 
 
@@ -359,7 +364,7 @@ async def test_terminate_kills_descendants_and_ignorers(fake_table: ProcessTable
     await trio.sleep(0.2)
     tree = entry.scan()().live
     assert len(tree) >= 4
-    result = await fake_table.terminate(entry.handle, 0.2)
+    result = (await fake_table.terminate(entry.handle, 0.2)).to_wire()
     assert (result["signal"], result["reason"]) == ("KILL", "terminated")
     assert all(read_stat(p.pid) is None or read_stat(p.pid).state == "Z" for p in tree)  # type: ignore[union-attr]
 
@@ -438,7 +443,7 @@ async def test_bad_frame_from_client(fake_table: ProcessTable) -> None:
     out = Collected()
     async with trio.open_nursery() as n:
         n.start_soon(pump_exec, entry, server)
-        await client.send_all(encode_frame(Exit({"code": 0})))  # a client forging an exit
+        await client.send_all(encode_frame(Exit(ExitResult.from_wire({"code": 0}))))  # a client forging an exit
         await collect(client, out)
     assert out.exit is None and out.error is not None and out.error["kind"] == "invalid"
     assert entry.result is None  # the process is untouched
@@ -470,13 +475,13 @@ async def test_retention(fake_table: ProcessTable) -> None:
         e = await fake_table.start(Spec(["true"]), kind="exec")
         await fake_table.wait(e.handle, 5)
         handles.append(e.handle)
-    assert (await fake_table.wait(handles[0], 0))["code"] == 0  # within retention_s, all kept
+    assert (await fake_table.wait(handles[0], 0)).code == 0  # within retention_s, all kept
     await trio.sleep(0.6)
     with pytest.raises(OpError) as info:
         await fake_table.wait(handles[0], 0)
     assert (info.value.kind, info.value.reason) == (ErrorKind.TERMINATED, "not-retained")
     for h in handles[2:]:  # the newest retention_count stay
-        assert (await fake_table.wait(h, 0))["code"] == 0
+        assert (await fake_table.wait(h, 0)).code == 0
 
 
 async def test_agent_exit_ends_everything(fake_table: ProcessTable) -> None:
@@ -491,9 +496,9 @@ async def test_agent_exit_ends_everything(fake_table: ProcessTable) -> None:
     t0 = trio.current_time()
     os.write(agent.stdin_fd.fileno(), b"\n")
     await fake_table.agent_exited.wait()
-    assert (await fake_table.wait(agent.handle, 0))["code"] == 3
-    r1 = await fake_table.wait(e1.handle, 2)
-    r2 = await fake_table.wait(e2.handle, 2)
+    assert (await fake_table.wait(agent.handle, 0)).code == 3
+    r1 = (await fake_table.wait(e1.handle, 2)).to_wire()
+    r2 = (await fake_table.wait(e2.handle, 2)).to_wire()
     assert trio.current_time() - t0 < 3  # target 1 s; margin for a loaded CI machine
     assert r1["reason"] == r2["reason"] == "agent-exit"
     assert all(read_stat(p.pid) is None or read_stat(p.pid).state == "Z" for p in members)  # type: ignore[union-attr]

@@ -29,6 +29,17 @@ from supervisor.protocol.channel import (
     Stdout,
     encode_frame,
 )
+from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.exit_result import EndReason, ExitResult
+
+# the §2.5 object exactly as a boundary writes it
+RESULT_WIRE = (
+    b'{"handle":"p_0123456789abcdef","exited":true,"code":null,"signal":"TERM","signal_number":15,'
+    b'"rendered":143,"core_dumped":false,"reason":"terminated","ended_at":"2026-12-01T00:00:00.000Z"}'
+)
+RESULT = ExitResult(
+    "p_0123456789abcdef", None, "TERM", 15, 143, False, EndReason.TERMINATED, "2026-12-01T00:00:00.000Z"
+)
 
 
 def frame(kind: int, payload: bytes) -> bytes:
@@ -55,8 +66,12 @@ VALID = [
     (frame(4, b"TERM"), Signal("TERM")),
     (frame(10, b"\x00\xff"), Stdout(b"\x00\xff")),
     (frame(11, b"err"), Stderr(b"err")),
-    (frame(12, b'{"code":0}'), Exit({"code": 0})),
-    (frame(13, b'{"kind":"failed","reason":"x"}'), Error({"kind": "failed", "reason": "x"})),
+    (frame(12, RESULT_WIRE), Exit(RESULT)),
+    (frame(13, b'{"kind":"failed","reason":"x"}'), Error(OpError(ErrorKind.FAILED, "x"))),
+    (
+        frame(13, b'{"kind":"failed","reason":"exec","stage":"execve","errno":2}'),
+        Error(OpError(ErrorKind.FAILED, "exec", stage="execve", errno=2)),
+    ),
     (frame(14, (5).to_bytes(8, "big")), Lagged(5)),
 ]
 
@@ -84,6 +99,10 @@ INVALID = [
     (frame(12, b"{"), "not JSON"),
     (frame(12, b"[" * 100000), "not JSON"),
     (frame(13, b"null"), "JSON object"),
+    (frame(12, b'{"code":"0"}'), "EXIT: exit result field code must be int"),
+    (frame(12, b'{"code":true}'), "EXIT: exit result field code must be int"),
+    (frame(12, b'{"reason":"bored"}'), "EXIT: exit result field reason"),
+    (frame(12, b'{"signal":15}'), "EXIT: exit result field signal must be str"),
     (frame(14, b"\x00" * 7), "8 bytes"),
     (struct.pack(">BI", 1, MAX_PAYLOAD + 1), "exceeds"),
     (struct.pack(">BI", 1, 0xFFFFFFFF), "exceeds"),
@@ -166,11 +185,6 @@ def test_frame_type_values_are_the_wire_codes() -> None:
     }  # fmt: skip
 
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3),
-    max_leaves=8,
-)
 events = st.one_of(
     st.builds(Stdin, st.binary(max_size=300)),
     st.just(StdinEof()),
@@ -178,8 +192,32 @@ events = st.one_of(
     st.builds(Signal, st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", min_size=1, max_size=32)),
     st.builds(Stdout, st.binary(max_size=300)),
     st.builds(Stderr, st.binary(max_size=300)),
-    st.builds(Exit, st.dictionaries(st.text(max_size=8), json_values, max_size=4)),
-    st.builds(Error, st.dictionaries(st.text(max_size=8), json_values, max_size=4)),
+    st.builds(
+        Exit,
+        st.builds(
+            ExitResult,
+            st.none() | st.text(max_size=20),
+            st.none() | st.integers(),
+            st.none() | st.text(max_size=8),
+            st.none() | st.integers(),
+            st.none() | st.integers(),
+            st.booleans(),
+            st.sampled_from(EndReason),
+            st.none() | st.text(max_size=30),
+            st.booleans(),
+        ),
+    ),
+    st.builds(
+        Error,
+        st.builds(
+            OpError,
+            st.sampled_from(ErrorKind),
+            st.text(max_size=20),
+            st.none() | st.text(max_size=8),
+            st.none() | st.text(max_size=8),
+            st.none() | st.integers(),
+        ),
+    ),
     st.builds(Lagged, st.integers(0, (1 << 64) - 1)),
 )
 

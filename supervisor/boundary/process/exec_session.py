@@ -47,6 +47,7 @@ from supervisor.protocol.channel import (
     encode_frame,
 )
 from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.exit_result import ExitResult
 from supervisor.protocol.process_ops import signal_number
 
 if TYPE_CHECKING:
@@ -269,7 +270,7 @@ class ExecTarget(Protocol):
     def output(self) -> ExecOutput | None: ...
     @property
     def result(self) -> object: ...  # None while the process runs
-    async def wait_result(self) -> dict[str, Any]: ...
+    async def wait_result(self) -> ExitResult: ...
     def close_stdin(self) -> None: ...
     def resize(self, cols: int, rows: int) -> None: ...
     def send_signal(self, sig: int) -> None: ...
@@ -347,7 +348,7 @@ async def pump_exec(entry: ExecTarget, stream: trio.abc.HalfCloseableStream) -> 
         entry.log_event("exec.stream-error", reason=reason)
         with trio.move_on_after(1):
             try:
-                await sender.send(Error(OpError(ErrorKind.INVALID, f"bad channel frame: {reason}").to_json()))
+                await sender.send(Error(OpError(ErrorKind.INVALID, f"bad channel frame: {reason}")))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
     except* (trio.BrokenResourceError, trio.ClosedResourceError):

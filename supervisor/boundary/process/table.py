@@ -43,6 +43,7 @@ from supervisor.jsonlog import JsonLog, now_rfc3339
 from supervisor.protocol.channel import Stderr, Stdout
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.exit_codes import ExitCode, for_signal
+from supervisor.protocol.exit_result import EndReason, ExitResult
 from supervisor.protocol.process_ops import SignalScope, signal_number
 
 __all__ = ["EndReason", "ProcessEntry", "ProcessEvent", "ProcessTable", "render_result"]
@@ -51,16 +52,6 @@ Kind = Literal["agent", "exec"]
 END_ALL_GRACE_S: Final = 0.3
 _EXIT_REPORT_S: Final = 2.0
 _PIDFD_SIGNAL_PROCESS_GROUP: Final = 1 << 2  # Linux 6.9+
-
-
-class EndReason(enum.StrEnum):
-    """``reason`` of a wait result (spec §2.5)."""
-
-    EXITED = "exited"
-    TERMINATED = "terminated"
-    TIMEOUT = "timeout"
-    AGENT_EXIT = "agent-exit"
-    ENFORCEMENT_LOST = "enforcement-lost"  # the fence changed: every workload process was killed
 
 
 class ProcessEvent(enum.StrEnum):
@@ -96,7 +87,7 @@ class LauncherLike(Protocol):
     async def kill_all(self) -> None: ...
 
 
-def render_result(handle: str, status: int | None, reason: EndReason) -> dict[str, Any]:
+def render_result(handle: str, status: int | None, reason: EndReason) -> ExitResult:
     """The §2.5 wait object from a raw wait status (``None``: the status was lost; reported as KILL)."""
     code: int | None = None
     number: int | None = None
@@ -117,17 +108,16 @@ def render_result(handle: str, status: int | None, reason: EndReason) -> dict[st
     rendered = code if code is not None else for_signal(number or 0)
     if reason is EndReason.TIMEOUT:
         rendered = ExitCode.TIMEOUT  # as timeout(1) reports it; the signal fields still say what ended the process
-    return {
-        "handle": handle,
-        "exited": True,
-        "code": code,
-        "signal": name,
-        "signal_number": number,
-        "rendered": rendered,
-        "core_dumped": core,
-        "reason": str(reason),
-        "ended_at": now_rfc3339(),
-    }
+    return ExitResult(
+        handle=handle,
+        code=code,
+        signal=name,
+        signal_number=number,
+        rendered=rendered,
+        core_dumped=core,
+        reason=reason,
+        ended_at=now_rfc3339(),
+    )
 
 
 def _pidfd_exited(pidfd: int) -> bool:
@@ -164,7 +154,7 @@ class ProcessEntry:
             if spawned.stderr is not None:
                 streams.append(OutputStream(OwnedFd(spawned.stderr), Stderr))
         self.output = ExecOutput(streams) if streams else None
-        self.result: dict[str, Any] | None = None
+        self.result: ExitResult | None = None
         self.exited = trio.Event()
         self.ended_at = math.inf  # trio clock
         self.end_reason: EndReason | None = None  # why we are ending it, once we are
@@ -183,10 +173,10 @@ class ProcessEntry:
         if self.result is not None:
             raise OpError(ErrorKind.TERMINATED, "process has exited", field="handle")
 
-    async def wait_result(self) -> dict[str, Any]:
+    async def wait_result(self) -> ExitResult:
         await self.exited.wait()
         assert self.result is not None
-        return dict(self.result)
+        return self.result
 
     def log_event(self, event: str, **fields: Any) -> None:
         self._table.log.emit(event, handle=self.handle, kind=self.kind, **fields)
@@ -408,7 +398,7 @@ class ProcessTable:
             status = None
         self._finished_entry(entry, status)
         result = await entry.wait_result()
-        entry.log_event(ProcessEvent.EXITED, **{k: result[k] for k in ("code", "signal", "reason")})
+        entry.log_event(ProcessEvent.EXITED, code=result.code, signal=result.signal, reason=str(result.reason))
         if entry.kind == "agent":
             self.agent_exited.set()
             await self.end_all(EndReason.AGENT_EXIT)
@@ -454,11 +444,11 @@ class ProcessTable:
 
     # -- operations -----------------------------------------------------------------------------------------
 
-    async def wait(self, handle: str, timeout_s: float | None) -> dict[str, Any]:
+    async def wait(self, handle: str, timeout_s: float | None) -> ExitResult:
         entry = self.entry(handle)
         if entry.result is not None:
             await trio.lowlevel.checkpoint()
-            return dict(entry.result)
+            return entry.result
         with trio.move_on_after(math.inf if timeout_s is None else timeout_s):
             return await entry.wait_result()
         raise OpError(ErrorKind.UNAVAILABLE, "timeout", field="timeout_s")
@@ -474,7 +464,7 @@ class ProcessTable:
     def resize(self, handle: str, cols: int, rows: int) -> None:
         self.entry(handle).resize(cols, rows)
 
-    async def terminate(self, handle: str, grace_s: float = 5) -> dict[str, Any]:
+    async def terminate(self, handle: str, grace_s: float = 5) -> ExitResult:
         entry = self.entry(handle)
         if entry.result is not None:
             # Already ended: still sweep what it left in its session, but the answer is "terminated".
