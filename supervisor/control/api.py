@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import select
 import stat
 import urllib.parse
 from pathlib import Path
@@ -292,10 +293,54 @@ class ApiServer:
             leftover, _closed = http.conn.trailing_data
             if leftover:
                 await channel.send_all(leftover)
-            await relay(http.stream, channel, idle_timeout=math.inf)
+            await relay(_HangupAware(http.stream), channel, idle_timeout=math.inf)
         finally:
             await channel.aclose()
         return True
+
+
+class _HangupAware(trio.abc.HalfCloseableStream):
+    """The API client's side of a channel relay, telling a client that went away from one that half-closed.
+
+    A half-close is meaningful on a channel (an exec's stdin EOF; spec §2.3), but a client that died (the CLI
+    killed mid-exec) must not look like one: the relay would go on taking the process's output from the
+    boundary and lose it in a dead socket, and ``attach HANDLE`` would find nothing buffered. On a Unix socket
+    the kernel says which it was: a peer that closed (or died) leaves POLLHUP, a half-close does not. Then the
+    EOF is a failure, the relay aborts both sides, the boundary's stream is reset, and the boundary keeps the
+    process running with its output buffered for a re-attach. (On TCP a FIN is the same either way; there the
+    first write to the dead client fails and aborts the relay instead.)
+    """
+
+    def __init__(self, stream: trio.abc.HalfCloseableStream) -> None:
+        self._stream = stream
+        self.transport_stream = stream  # what relay.abort_stream unwraps to reach the socket
+        sock = getattr(stream, "socket", None)
+        self._fd = sock.fileno() if sock is not None and sock.family == trio.socket.AF_UNIX else None
+
+    def _hung_up(self) -> bool:
+        if self._fd is None:
+            return False
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN | select.POLLHUP)
+        return any(mask & select.POLLHUP for _fd, mask in poller.poll(0))
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        data = await self._stream.receive_some(max_bytes)
+        if not data and self._hung_up():
+            raise trio.BrokenResourceError("the API client closed its connection")
+        return data
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self._stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._stream.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        await self._stream.send_eof()
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
 
 
 def _json_lines(events: list[dict[str, Any]]) -> bytes:

@@ -227,3 +227,51 @@ def test_reattach_after_a_control_restart_shows_the_tail_and_the_exit_code(quiet
     assert again.stdout == "two\n" and again.stderr.endswith("err\n"), again
     refused = quiet.cli("attach", "p_0123456789abcdef")
     assert refused.returncode != 0 and "unknown handle" in refused.stderr, refused
+
+
+def _attach_when_detached(box: Sandbox, handle: str) -> subprocess.CompletedProcess[str]:
+    """``attach`` once the killed client's stream is gone (until then the boundary answers 'already attached')."""
+    deadline = time.monotonic() + 30
+    while True:
+        result = box.cli("attach", handle)
+        if "already attached" not in result.stderr:
+            return result
+        assert time.monotonic() < deadline, result
+        time.sleep(0.1)
+
+
+def _exec_until_first_line(box: Sandbox, script: str) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([*CLI, "exec", "--", "sh", "-c", script], env=box.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline() == "one\n"
+    handles = [p["handle"] for p in box.status()["boundary"]["processes"] if p["kind"] == "exec"]
+    assert len(handles) == 1, handles
+    return proc, handles[0]
+
+
+def test_reattach_after_the_cli_is_killed_shows_the_tail_and_the_exit_code(quiet: Sandbox) -> None:
+    """The CLI dies mid-exec (SIGKILL): control resets the boundary's stream at once, so the output that comes
+    after is buffered for ``attach`` instead of being sent into a dead client (issue 15)."""
+    first, handle = _exec_until_first_line(quiet, "echo one; sleep 2; echo two; echo err >&2; exit 5")
+    first.kill()
+    first.wait()
+    again = _attach_when_detached(quiet, handle)
+    assert again.returncode == 5, again
+    assert again.stdout == "two\n" and again.stderr.endswith("err\n"), again
+
+
+def test_reattach_after_the_cli_is_killed_says_lagged_past_the_buffer(quiet: Sandbox) -> None:
+    """More than the 1 MiB buffer comes out while no client is attached: ``attach`` shows the newest MiB and
+    says how much was dropped; the exit code still arrives."""
+    script = "echo one; sleep 2; head -c 3000000 /dev/zero | tr '\\0' x; echo; echo end; exit 3"
+    first, handle = _exec_until_first_line(quiet, script)
+    first.kill()
+    first.wait()
+    deadline = time.monotonic() + 30
+    while any(p["handle"] == handle for p in quiet.status()["boundary"]["processes"]):  # all of it came out
+        assert time.monotonic() < deadline, "the exec never finished"
+        time.sleep(0.2)
+    again = _attach_when_detached(quiet, handle)
+    assert again.returncode == 3, again.stderr
+    assert "bytes of output were dropped" in again.stderr, again.stderr
+    assert again.stdout.endswith("x\nend\n") and 1_000_000 <= len(again.stdout) <= 1 << 20, len(again.stdout)
