@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import time
 from collections import Counter
@@ -31,12 +32,19 @@ from bench.wire import (
     connect_request,
     encode_bulk_header,
     parse_connect_reply,
+    proxy_authorizations,
 )
 
 Address = tuple[str, int]
 CHUNK = 1024 * 1024
 EOF_WAIT = 5.0
 REQUEST = bytes(range(256)) * (ECHO_SIZE // 256)
+# Proxies this client's environment names with userinfo (the proxy-pod sandbox's agent): they get the header.
+PROXY_AUTHORIZATION = proxy_authorizations(os.environ)
+
+
+def _connect_request(proxy: Address, target: Address) -> bytes:
+    return connect_request(*target, authorization=PROXY_AUTHORIZATION.get((proxy[0], proxy[1])))
 
 
 class TunnelRefused(WireError):
@@ -71,7 +79,7 @@ def open_tunnel(proxy: Address | None, target: Address, timeout: float) -> socke
     try:
         sock.connect(proxy or target)
         if proxy is not None:
-            sock.sendall(connect_request(*target))
+            sock.sendall(_connect_request(proxy, target))
             buffer = b""
             while not _check_reply(buffer):
                 chunk = sock.recv(4096)
@@ -190,7 +198,7 @@ async def _async_tunnel(proxy: Address | None, target: Address) -> socket.socket
     try:
         await loop.sock_connect(sock, proxy or target)
         if proxy is not None:
-            await loop.sock_sendall(sock, connect_request(*target))
+            await loop.sock_sendall(sock, _connect_request(proxy, target))
             buffer = b""
             while not _check_reply(buffer):
                 chunk = await loop.sock_recv(sock, 4096)

@@ -272,6 +272,12 @@ def _openshell(ctx: BenchContext) -> Contender:
     return OpenShell(ctx)
 
 
+def _openshell_proxy_pod(ctx: BenchContext) -> Contender:
+    from bench.openshell import OpenShellProxyPod
+
+    return OpenShellProxyPod(ctx)
+
+
 def _openshell_accept_identity(ctx: BenchContext) -> Contender:
     from bench.openshell import OpenShellAcceptIdentity
 
@@ -281,6 +287,7 @@ def _openshell_accept_identity(ctx: BenchContext) -> Contender:
 FACTORIES: dict[str, Callable[[BenchContext], Contender]] = {
     "direct": Direct,
     "openshell": _openshell,
+    "openshell-proxy-pod": _openshell_proxy_pod,  # the proxy-pod topology: control serves the agent's proxy
     "openshell-accept-identity": _openshell_accept_identity,  # opt-in: --contenders ...,openshell-accept-identity
     "tinyproxy": Tinyproxy,
     "squid": Squid,

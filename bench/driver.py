@@ -27,7 +27,7 @@ if __name__ == "__main__":  # run as a script (``python3 -I``: no script directo
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import clients
-from bench.wire import Direction
+from bench.wire import Direction, proxy_address
 
 Address = tuple[str, int]
 
@@ -94,6 +94,8 @@ def facts() -> dict[str, Any]:
     return {
         "ready": True, "uid": os.getuid(), "python": sys.version.split()[0], "executable": sys.executable,
         "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+        # the proxy its environment names (host and port, never the userinfo), and whether it sends credentials
+        "proxy_env": proxy_address(os.environ), "proxy_authorization": bool(clients.PROXY_AUTHORIZATION),
     }  # fmt: skip
 
 

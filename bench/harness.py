@@ -59,7 +59,7 @@ from bench.wire import Direction
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
-DEFAULT_ORDER = ("direct", "openshell", "tinyproxy", "squid", "proxy.py")
+DEFAULT_ORDER = ("direct", "openshell", "openshell-proxy-pod", "tinyproxy", "squid", "proxy.py")
 PROFILED_KINDS = ("bulk", "setup")
 UNPROFILED_GROUPS = ("launcher",)  # the sandbox's launcher forks sit idle during egress
 

@@ -111,6 +111,7 @@ def _cmdline(pid: int) -> list[str]:
 class OpenShell(Contender):
     name = "openshell"
     extra_env: dict[str, str] = {}
+    dev_args: tuple[str, ...] = ()  # dev mode's flags that make this contender (e.g. the topology)
 
     def __init__(self, ctx: BenchContext) -> None:
         super().__init__(ctx)
@@ -122,6 +123,7 @@ class OpenShell(Contender):
         self.runtime: Path | None = None
         self._seen: dict[int, int] = {}  # pid -> start time of every process of ours we saw
         self.refusals: Counter[str] = Counter()  # egress.refused reasons in dev mode's events, over every start
+        self.proxy: Address = PROXY  # what the agent dials: its proxy variables' address
 
     # -- the interface ---------------------------------------------------------------------------------------
     def start(self) -> Address | None:
@@ -139,7 +141,7 @@ class OpenShell(Contender):
         policy.write_text(render_policy(ctx.upstream_echo[0], [port for _, port in listeners], binary))
         self.dns = RefusingDns()
         argv = [
-            ctx.daemon_python or sys.executable, "-m", "supervisor.cli", "dev", "--log-format=json",
+            ctx.daemon_python or sys.executable, "-m", "supervisor.cli", "dev", *self.dev_args, "--log-format=json",
             f"--policy={policy}",
             f"--dns-server={self.dns.address[0]}:{self.dns.address[1]}",
             # the agent gets a fresh root with only granted paths and a private /tmp: the driver's copy is its
@@ -165,11 +167,15 @@ class OpenShell(Contender):
             self.pids()
             if self.driver.facts.get("uid") == os.geteuid() and os.geteuid() == 0:
                 raise ContenderUnavailable("the agent runs as root: not the sandbox the bench means to measure")
+            self.proxy = self._proxy_address()
             self._ping()
         except (DriverError, ContenderUnavailable) as exc:
             reason = str(exc) if isinstance(exc, ContenderUnavailable) else f"dev mode did not come up: {exc}"
             self.stop()
             raise ContenderUnavailable(f"{reason}; dev mode said: {self._log_tail()}") from None
+        return self.proxy
+
+    def _proxy_address(self) -> Address:
         return PROXY
 
     def _ping(self) -> None:
@@ -177,7 +183,7 @@ class OpenShell(Contender):
         assert self.driver is not None and self.ctx.upstream_echo is not None
         deadline = time.monotonic() + PING_TIMEOUT
         while True:
-            done = self.driver.setup_sequential(PROXY, self.ctx.upstream_echo, 1, timeout=5.0, budget=5.0)
+            done = self.driver.setup_sequential(self.proxy, self.ctx.upstream_echo, 1, timeout=5.0, budget=5.0)
             if done.latencies:
                 return
             if time.monotonic() > deadline:
@@ -276,3 +282,21 @@ class OpenShellAcceptIdentity(OpenShell):
 
     name = "openshell-accept-identity"
     extra_env = {"OPENSHELL_BENCH_NO_CONNECT_NOTIFY": "1"}
+
+
+class OpenShellProxyPod(OpenShell):
+    """The proxy-pod topology (docs/kubernetes.md "Choosing a topology"): control serves the agent's proxy itself,
+    no boundary and no link. ``dev --topology proxy-pod`` puts the driver (the agent) in a network namespace whose
+    only route is control's listener on a link-local address, with ``http://sandbox:<token>@ADDR:3128`` in its
+    proxy variables: the driver dials that address and sends the token as ``Proxy-Authorization``, as curl
+    would. Binary identity is relaxed there, so the policy's ``binaries`` list is not decided on."""
+
+    name = "openshell-proxy-pod"
+    dev_args = ("--topology=proxy-pod",)
+
+    def _proxy_address(self) -> Address:
+        assert self.driver is not None
+        address = self.driver.facts.get("proxy_env")
+        if not address or not self.driver.facts.get("proxy_authorization"):
+            raise ContenderUnavailable(f"the agent was given no proxy with a token (facts: {self.driver.facts})")
+        return str(address[0]), int(address[1])

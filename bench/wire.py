@@ -1,7 +1,10 @@
 """The harness's own tiny wire formats, shared by the clients and the upstream (pure, no sockets).
 
 Rules:
-1. Every contender sees the same bytes: an HTTP/1.1 CONNECT to an address literal, then the payload.
+1. Every contender sees the same bytes: an HTTP/1.1 CONNECT to an address literal, then the payload. The one
+   exception is asked for by the client's environment: a proxy named with userinfo in the standard variables
+   (the proxy-pod sandbox's ``http://sandbox:<token>@host:port``) also gets ``Proxy-Authorization: Basic``,
+   as curl or pip would send it.
 2. The bulk header is fixed-size so the upstream never has to parse a stream: one direction byte
    (``U`` = client sends, ``D`` = client receives) and the byte count, big-endian.
 3. After an upload the sink answers :data:`UPLOAD_ACK`, so the client's clock stops only when every
@@ -10,8 +13,11 @@ Rules:
 
 from __future__ import annotations
 
+import base64
 import enum
 import struct
+import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 BULK_HEADER = struct.Struct("!cQ")
@@ -47,10 +53,37 @@ def decode_bulk_header(data: bytes) -> tuple[Direction, int]:
         raise WireError(f"unknown bulk direction {tag!r}") from None
 
 
-def connect_request(host: str, port: int) -> bytes:
-    """The CONNECT request every proxy contender receives (RFC 9110 §9.3.6)."""
+def connect_request(host: str, port: int, authorization: str | None = None) -> bytes:
+    """The CONNECT request every proxy contender receives (RFC 9110 §9.3.6); ``authorization`` adds a
+    ``Proxy-Authorization`` header (only for a proxy that asks for one: :func:`proxy_authorizations`)."""
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode("ascii")
+    extra = f"Proxy-Authorization: {authorization}\r\n" if authorization else ""
+    return f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n{extra}\r\n".encode("ascii")
+
+
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def proxy_address(environ: Mapping[str, str]) -> tuple[str, int] | None:
+    """The host and port of the first ``http://`` proxy in the standard variables (never its userinfo)."""
+    for name in PROXY_VARIABLES:
+        url = urllib.parse.urlsplit(environ.get(name, ""))
+        if url.scheme == "http" and url.hostname and url.port:
+            return url.hostname, url.port
+    return None
+
+
+def proxy_authorizations(environ: Mapping[str, str]) -> dict[tuple[str, int], str]:
+    """``Proxy-Authorization`` values for the proxies the standard variables name with userinfo
+    (``http://user:password@host:port``, which curl, requests and pip turn into ``Basic``); none for the others."""
+    out: dict[tuple[str, int], str] = {}
+    for name in PROXY_VARIABLES:
+        url = urllib.parse.urlsplit(environ.get(name, ""))
+        if url.scheme != "http" or not url.hostname or not url.port or url.username is None:
+            continue
+        credentials = f"{urllib.parse.unquote(url.username)}:{urllib.parse.unquote(url.password or '')}"
+        out.setdefault((url.hostname, url.port), "Basic " + base64.b64encode(credentials.encode()).decode("ascii"))
+    return out
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import pytest
 from bench import netns
 from bench.contenders import BenchContext, ContenderUnavailable
 from bench.harness import Upstream
-from bench.openshell import PROXY, OpenShell, RefusingDns, render_policy
+from bench.openshell import PROXY, OpenShell, OpenShellProxyPod, RefusingDns, render_policy
 from bench.procstat import start_time
 from bench.remote import SYSTEM_PYTHON, client_copy
 from bench.setup_peers import PEERS_VENV
@@ -137,3 +137,46 @@ def test_full_path_moves_bytes_and_stop_leaves_nothing(host: netns.UpstreamHost,
     assert {e["destination"].rsplit(":", 1)[0] for e in egress} == {host.address}
     assert contender.dns_queries == 0
     contender.stop()  # a second stop is harmless
+
+
+def test_proxy_pod_full_path_authenticates_moves_bytes_and_stop_leaves_nothing(
+    host: netns.UpstreamHost, tmp_path: Path
+) -> None:
+    """The proxy-pod row: the driver is the agent in its own namespace, dials control's listener with the token
+    its proxy variables carry; there is no boundary. A CONNECT without the token is refused (407)."""
+    if os.geteuid() != 0 or not SYSTEM_PYTHON.exists() or not shutil.which("nft"):
+        pytest.skip("dev --topology proxy-pod needs root, nft and /usr/bin/python3")
+    upstream = Upstream(host)
+    copy = client_copy()
+    contender = OpenShellProxyPod(
+        BenchContext(tmp_path, PEERS_VENV, 4096, copy, upstream.bulk, upstream.echo, upstream.idle)
+    )
+    try:
+        proxy = contender.start()
+        assert proxy is not None and proxy != PROXY and proxy[0].startswith("169.254.")
+        driver = contender.client()
+        assert driver is not None and driver.facts["uid"] != 0 and driver.facts["proxy_authorization"] is True
+        size = 1024 * 1024 + 1
+        for direction in Direction:
+            assert driver.bulk(proxy, upstream.bulk, direction, size, timeout=30).size == size
+        assert len(driver.setup_sequential(proxy, upstream.echo, 5, timeout=10, budget=30).latencies) == 5
+        # A client without the token (this test's own process, whose environment names no proxy) is refused.
+        from bench.clients import TunnelRefused, open_tunnel
+
+        with pytest.raises(TunnelRefused, match="407"):
+            open_tunnel(proxy, upstream.echo, timeout=10).close()
+        groups = contender.pid_groups()
+        assert len(groups["control"]) == 1 and groups["boundary"] == [] and groups["launcher"] == []
+        seen = {pid: start_time(pid) for pid in contender.pids()}
+    finally:
+        contender.stop()
+        upstream.stop()
+        shutil.rmtree(copy)
+    assert all(start_time(pid) != when for pid, when in seen.items()), "a sandbox process outlived stop()"
+    events = [json.loads(line) for line in (tmp_path / "openshell-proxy-pod" / "dev.log").read_text().splitlines()
+              if line.startswith("{")]  # fmt: skip
+    egress = [e for e in events if e.get("event") == "egress"]
+    assert egress and all(e["decision"] == "allow" for e in egress)
+    refused = [e for e in events if e.get("event") == "proxy.refused"]
+    assert len(refused) == 1 and "token" in refused[0]["reason"], refused  # only the test's own, tokenless one
+    assert contender.dns_queries == 0

@@ -13,6 +13,8 @@ from bench.wire import (
     decode_bulk_header,
     encode_bulk_header,
     parse_connect_reply,
+    proxy_address,
+    proxy_authorizations,
 )
 
 
@@ -26,6 +28,24 @@ from bench.wire import (
 )
 def test_connect_request(host: str, port: int, expected: bytes) -> None:
     assert connect_request(host, port) == expected
+
+
+def test_a_proxy_named_with_userinfo_gets_basic_credentials_and_the_others_nothing() -> None:
+    """The proxy-pod sandbox's agent: ``http://sandbox:<token>@ADDR:PORT`` in its variables, as curl reads them."""
+    from supervisor.protocol.proxy_head import ProxyTarget, parse_head, proxy_token_matches, proxy_url
+
+    token = "tok-0123456789abcdef"
+    environ = {"HTTPS_PROXY": proxy_url("169.254.20.1", 3128, token), "NO_PROXY": "localhost"}
+    auth = proxy_authorizations(environ)
+    assert list(auth) == [("169.254.20.1", 3128)] and proxy_address(environ) == ("169.254.20.1", 3128)
+    request = connect_request("198.51.100.2", 9000, auth[("169.254.20.1", 3128)])
+    target = parse_head(request)
+    assert isinstance(target, ProxyTarget) and proxy_token_matches(target, token)
+    assert not proxy_token_matches(target, token + "x")
+    plain = {"HTTP_PROXY": "http://127.0.0.1:3128"}  # the boundary topology's agent: no userinfo, no header
+    assert proxy_authorizations(plain) == {} and proxy_address(plain) == ("127.0.0.1", 3128)
+    assert proxy_authorizations({}) == {} and proxy_address({}) is None
+    assert b"Proxy-Authorization" not in connect_request("198.51.100.2", 9000, None)
 
 
 @pytest.mark.parametrize(
