@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Literal
 
 from supervisor.boundary.process import LandlockSpec
 from supervisor.boundary.process.rootfs import SYSTEM_READ_ONLY, TRUST_PATH, RootPlan, plan_root
+from supervisor.protocol.attach import FilesystemSection, StaticPolicy
 from supervisor.protocol.writable_paths import writable_problem
 
 DEVICES_READ_WRITE = (
@@ -45,15 +46,15 @@ def resolver_files(resolv_conf: str = "/etc/resolv.conf") -> tuple[str, ...]:
     return ()
 
 
-def _filesystem(static_policy: dict[str, Any]) -> dict[str, Any] | None:
-    fs = static_policy.get("filesystem_policy") or {}
-    if not fs.get("read_only") and not fs.get("read_write"):
+def _filesystem(static_policy: StaticPolicy) -> FilesystemSection | None:
+    fs = static_policy.filesystem
+    if fs is None or (not fs.read_only and not fs.read_write):
         return None
-    return dict(fs)
+    return fs
 
 
 def landlock_for(
-    static_policy: dict[str, Any],
+    static_policy: StaticPolicy,
     workdir: str,
     *,
     model: str = "R",
@@ -62,7 +63,7 @@ def landlock_for(
 ) -> LandlockSpec:
     """The Landlock rules of one launch. ``trust_dir``: where the trust files are in the agent's view when it
     is not ``TRUST_PATH`` (model P reads them where the boundary writes them)."""
-    compatibility = (static_policy.get("landlock") or {}).get("compatibility", "best_effort")
+    compatibility = static_policy.landlock_compatibility or "best_effort"
     mode: Literal["best_effort", "hard_requirement"] = (
         "hard_requirement" if compatibility == "hard_requirement" else "best_effort"
     )
@@ -75,10 +76,10 @@ def landlock_for(
         read_only: list[str] = [*view, *SYSTEM_READ_ONLY, "/proc", *trust, *resolver_files()]
         read_write: list[str] = [workdir, "/tmp", *DEVICES_READ_WRITE, *private_run]
     else:  # rule 3
-        read_write = [*fs.get("read_write", ()), *DEVICES_READ_WRITE]
-        if fs.get("include_workdir"):
+        read_write = [*fs.read_write, *DEVICES_READ_WRITE]
+        if fs.include_workdir:
             read_write.append(workdir)
-        read_only = [*fs.get("read_only", ()), *BASELINE_READ_ONLY, *trust[1:], *resolver_files()]
+        read_only = [*fs.read_only, *BASELINE_READ_ONLY, *trust[1:], *resolver_files()]
     safe_write, demoted = _split_writable(read_write)
     read_only += demoted
     return LandlockSpec(read_only=tuple(dict.fromkeys(read_only)), read_write=tuple(dict.fromkeys(safe_write)),
@@ -95,7 +96,7 @@ def _split_writable(paths: Iterable[str]) -> tuple[list[str], list[str]]:
 
 
 def root_for(
-    static_policy: dict[str, Any],
+    static_policy: StaticPolicy,
     workdir: str,
     *,
     trust_dir: str,
@@ -107,11 +108,11 @@ def root_for(
 ) -> RootPlan:
     """The agent's mount layout in models R and U (rule 1); raises ``rootfs.RootError`` naming the path."""
     fs = _filesystem(static_policy)
-    read_only = [] if fs is None else list(fs.get("read_only", ()))
-    read_write = [] if fs is None else list(fs.get("read_write", ()))
+    read_only = [] if fs is None else list(fs.read_only)
+    read_write = [] if fs is None else list(fs.read_write)
     safe_write, demoted = _split_writable(read_write)
     return plan_root(
         workdir=workdir, read_only=[*read_only, *demoted], read_write=safe_write, trust_dir=trust_dir,
         agent_uid=agent_uid, agent_gid=agent_gid, hide=hide, tmp_size=tmp_size, shm_size=shm_size,
-        workdir_writable=fs is None or bool(fs.get("include_workdir")),
+        workdir_writable=fs is None or fs.include_workdir,
     )  # fmt: skip

@@ -585,8 +585,8 @@ class BoundaryDaemon:
         except KeyError:
             return None  # no account: the environment falls back to the workdir already
         assert self.attach is not None
-        fs = self.attach.static_policy.get("filesystem_policy") or {}
-        writable = [self.cfg.workdir, *(fs.get("read_write") or ())]
+        fs = self.attach.static_policy.filesystem
+        writable = [self.cfg.workdir, *(fs.read_write if fs is not None else ())]
         return None if any(under(home, path) for path in writable) else self.cfg.workdir
 
     def _landlock(self, uid: int) -> LandlockSpec:

@@ -35,7 +35,7 @@ from supervisor.link.h2link import Link
 from supervisor.link.rpc import call
 from supervisor.link.socket_tls import SocketTLSStream
 from supervisor.link.tls_link import Refused, dial_link
-from supervisor.protocol.attach import AttachRequest, CaptureMode
+from supervisor.protocol.attach import AttachRequest, CaptureMode, StaticPolicy
 from supervisor.protocol.certs import Bundle, BundleError, read_policy_digest
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.exit_codes import ExitCode
@@ -272,7 +272,7 @@ class ControlDaemon:
     def _descriptor(self) -> AttachRequest:
         claims = self.cfg.bundle.claims
         snap = self.policy.snapshot()
-        static = snap.last_valid.policy.static_json()
+        static = StaticPolicy.from_wire(snap.last_valid.policy.static_json())
         return AttachRequest(
             sandbox=claims.sandbox,
             network_policy=claims.network_policy,
@@ -296,7 +296,7 @@ class ControlDaemon:
         if state == "idle":
             failure.step = "attach"
             try:
-                reply = await call(link, "/v1/attach", self._descriptor().to_json())
+                reply = await call(link, "/v1/attach", self._descriptor().to_wire())
             except OpError as exc:
                 if exc.kind is not ErrorKind.UNAVAILABLE:  # a refused attach ends the boundary (issue 15)
                     self.boundary_refused = f"{exc.kind}: {exc.reason}" + (f" ({exc.field})" if exc.field else "")

@@ -4,12 +4,16 @@ attach"; docs/spec/boundary.md §1.2).
 Rule 1: the agent's argv, cwd and tty are NOT here — they come from the boundary's own command line.
 Rule 2: strict: unknown keys, wrong types and a version other than exactly ours are ``invalid``; a descriptor
 that contradicts the certificate claims (sandbox, NetworkPolicy) is ``denied``.
+Rule 3: ``static_policy`` is the policy's static sections (docs/spec/policy.md §1: ``filesystem_policy``,
+``landlock``, ``process``) as control's policy model writes them; the boundary holds them as a
+:class:`StaticPolicy`, checked as strictly as the rest (``invalid`` naming ``static_policy.<section>.<key>``).
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor.protocol.claims import Claims
@@ -25,6 +29,98 @@ class CaptureMode(enum.StrEnum):
     PROXY_ENV = "proxy-env"
 
 
+@dataclass(frozen=True, slots=True)
+class FilesystemSection:
+    include_workdir: bool = False
+    read_only: tuple[str, ...] = ()
+    read_write: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSection:
+    run_as_user: str | None = None  # "sandbox" or a decimal id
+    run_as_group: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StaticPolicy:
+    """The static sections of the policy, as the boundary applies them (rule 3); ``None``: the section is absent."""
+
+    filesystem: FilesystemSection | None = None
+    landlock_compatibility: str | None = None  # "best_effort" | "hard_requirement"
+    process: ProcessSection | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        body: dict[str, Any] = {}
+        if self.filesystem is not None:
+            body["filesystem_policy"] = {
+                "include_workdir": self.filesystem.include_workdir,
+                "read_only": list(self.filesystem.read_only),
+                "read_write": list(self.filesystem.read_write),
+            }
+        if self.landlock_compatibility is not None:
+            body["landlock"] = {"compatibility": self.landlock_compatibility}
+        if self.process is not None:
+            fields = (("run_as_user", self.process.run_as_user), ("run_as_group", self.process.run_as_group))
+            body["process"] = {name: value for name, value in fields if value is not None}
+        return body
+
+    @classmethod
+    def from_wire(cls, obj: object) -> StaticPolicy:
+        """Raises :class:`OpError` ``invalid`` naming the field at fault."""
+        top = _section(obj, "static_policy", {"filesystem_policy", "landlock", "process"})
+        filesystem = None
+        if "filesystem_policy" in top:
+            fs = _section(top["filesystem_policy"], "static_policy.filesystem_policy",
+                          {"include_workdir", "read_only", "read_write"})  # fmt: skip
+            include = fs.get("include_workdir", False)
+            if not isinstance(include, bool):
+                raise _invalid("must be a boolean", "static_policy.filesystem_policy.include_workdir")
+            filesystem = FilesystemSection(
+                include_workdir=include,
+                read_only=_paths(fs, "read_only"),
+                read_write=_paths(fs, "read_write"),
+            )
+        compatibility = None
+        if "landlock" in top:
+            landlock = _section(top["landlock"], "static_policy.landlock", {"compatibility"})
+            raw = landlock.get("compatibility", "best_effort")
+            if raw not in ("best_effort", "hard_requirement"):
+                raise _invalid("must be best_effort or hard_requirement", "static_policy.landlock.compatibility")
+            compatibility = str(raw)
+        process = None
+        if "process" in top:
+            section = _section(top["process"], "static_policy.process", {"run_as_user", "run_as_group"})
+            for name, value in section.items():
+                if not isinstance(value, str):
+                    raise _invalid("must be a string", f"static_policy.process.{name}")
+            process = ProcessSection(
+                run_as_user=_text_or_none(section, "run_as_user"), run_as_group=_text_or_none(section, "run_as_group")
+            )
+        return cls(filesystem=filesystem, landlock_compatibility=compatibility, process=process)
+
+
+def _section(obj: object, where: str, known: set[str]) -> Mapping[str, object]:
+    if not isinstance(obj, Mapping):
+        raise _invalid("must be a JSON object", where)
+    for name in obj:
+        if name not in known:
+            raise _invalid(f"unknown field {name!r}", f"{where}.{name}")
+    return obj
+
+
+def _text_or_none(section: Mapping[str, object], name: str) -> str | None:
+    value = section.get(name)
+    return value if isinstance(value, str) else None
+
+
+def _paths(section: Mapping[str, object], name: str) -> tuple[str, ...]:
+    value = section.get(name, [])
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise _invalid("must be a list of paths", f"static_policy.filesystem_policy.{name}")
+    return tuple(value)
+
+
 @dataclass(frozen=True)
 class AttachRequest:
     sandbox: str
@@ -33,7 +129,7 @@ class AttachRequest:
     agent_uid: int = 1000
     agent_gid: int = 1000
     policy_generation: int = 0
-    static_policy: dict[str, Any] = field(default_factory=dict)
+    static_policy: StaticPolicy = StaticPolicy()
     interception_ca_pem: str | None = None
     credential_placeholders: dict[str, str] = field(default_factory=dict)
     acknowledge_external_fence: bool = False
@@ -45,11 +141,25 @@ class AttachRequest:
     backend_name: str = BACKEND_NAME
     version: int = CONTRACT_VERSION
 
-    def to_json(self) -> dict[str, Any]:
-        body = asdict(self)
-        body["capture_mode"] = str(self.capture_mode)
-        body["capture_ports"] = list(self.capture_ports)
-        return body
+    def to_wire(self) -> dict[str, Any]:
+        """The descriptor as control sends it (``parse_attach`` reads it back against the claims)."""
+        return {
+            "sandbox": self.sandbox,
+            "network_policy": self.network_policy,
+            "capture_mode": str(self.capture_mode),
+            "agent_uid": self.agent_uid,
+            "agent_gid": self.agent_gid,
+            "policy_generation": self.policy_generation,
+            "static_policy": self.static_policy.to_wire(),
+            "interception_ca_pem": self.interception_ca_pem,
+            "credential_placeholders": dict(self.credential_placeholders),
+            "acknowledge_external_fence": self.acknowledge_external_fence,
+            "fence_canary": self.fence_canary,
+            "acknowledge_unprobed_fence": self.acknowledge_unprobed_fence,
+            "capture_ports": list(self.capture_ports),
+            "backend_name": self.backend_name,
+            "version": self.version,
+        }
 
 
 _TYPES: dict[str, type | tuple[type, ...]] = {
@@ -128,7 +238,7 @@ def parse_attach(body: Any, claims: Claims) -> AttachRequest:
         agent_uid=body.get("agent_uid", 1000),
         agent_gid=body.get("agent_gid", 1000),
         policy_generation=body.get("policy_generation", 0),
-        static_policy=body.get("static_policy", {}),
+        static_policy=StaticPolicy.from_wire(body.get("static_policy", {})),
         interception_ca_pem=body.get("interception_ca_pem"),
         credential_placeholders=dict(placeholders),
         acknowledge_external_fence=body.get("acknowledge_external_fence", False),

@@ -59,7 +59,7 @@ def _descriptor(**fields: Any) -> dict[str, Any]:
     return AttachRequest(
         sandbox=SAMPLE_CLAIMS.sandbox, network_policy=SAMPLE_CLAIMS.network_policy,
         capture_mode=CaptureMode.PROXY_ENV, acknowledge_external_fence=True, **fields,
-    ).to_json()  # fmt: skip
+    ).to_wire()  # fmt: skip
 
 
 def test_descriptor_carries_the_canary_and_the_unprobed_acknowledgement() -> None:

@@ -47,7 +47,6 @@ _WIRE_EDGE: dict[str, str] = {
 # that passes must leave this set.
 _PENDING = {
     "supervisor.link.rpc",
-    "supervisor.protocol.attach",
     "supervisor.protocol.proxy_head",
     "supervisor.protocol.responses",
 }

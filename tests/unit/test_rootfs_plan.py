@@ -10,6 +10,7 @@ import pytest
 
 from supervisor.boundary.confinement import landlock_for, root_for
 from supervisor.boundary.process.rootfs import TRUST_PATH, Bind, RootError, RootPlan, check_size, plan_root
+from supervisor.protocol.attach import StaticPolicy
 
 
 @pytest.fixture
@@ -130,29 +131,34 @@ def test_wire_round_trip_and_size_checks(host: Path) -> None:
 
 def test_landlock_default_is_the_safe_set_never_root_writable() -> None:
     for model in ("R", "U", "P"):
-        spec = landlock_for({}, "/work", model=model, agent_uid=61000)
+        spec = landlock_for(StaticPolicy(), "/work", model=model, agent_uid=61000)
         assert "/" not in spec.read_write and "/work" in spec.read_write and "/tmp" in spec.read_write
         assert not any(p == "/proc" or p.startswith("/proc/") for p in spec.read_write)
         assert {"/usr", "/etc", "/proc", TRUST_PATH} <= set(spec.read_only)
         assert {"/dev/null", "/dev/pts", "/dev/shm"} <= set(spec.read_write) and "/dev" not in spec.read_write
-    assert "/" not in landlock_for({}, "/work", model="P").read_only  # P has no private root to list
-    assert "/run/user/61000" not in landlock_for({}, "/work", model="P", agent_uid=61000).read_write
+    assert "/" not in landlock_for(StaticPolicy(), "/work", model="P").read_only  # P has no private root to list
+    assert "/run/user/61000" not in landlock_for(StaticPolicy(), "/work", model="P", agent_uid=61000).read_write
 
 
 def test_landlock_never_grants_write_under_proc_even_if_a_policy_asks() -> None:
-    policy = {"filesystem_policy": {"read_write": ["/proc", "/proc/1/mem", "/", "/data"], "read_only": ["/usr"]}}
+    policy = StaticPolicy.from_wire(
+        {"filesystem_policy": {"read_write": ["/proc", "/proc/1/mem", "/", "/data"], "read_only": ["/usr"]}}
+    )
     spec = landlock_for(policy, "/work")
     assert spec.read_write[:1] == ("/data",) and "/work" not in spec.read_write
     assert {"/proc", "/proc/1/mem", "/"} <= set(spec.read_only)
 
 
 def test_p_reads_the_trust_files_where_the_boundary_wrote_them() -> None:
-    spec = landlock_for({"filesystem_policy": {"read_only": ["/usr"]}}, "/w", model="P", trust_dir="/var/tls")
+    policy = StaticPolicy.from_wire({"filesystem_policy": {"read_only": ["/usr"]}})
+    spec = landlock_for(policy, "/w", model="P", trust_dir="/var/tls")
     assert "/var/tls" in spec.read_only
 
 
 def test_workdir_left_out_by_the_policy_is_mounted_read_only(host: Path) -> None:
-    policy = {"filesystem_policy": {"include_workdir": False, "read_only": ["/usr"], "read_write": ["/proc"]}}
+    policy = StaticPolicy.from_wire(
+        {"filesystem_policy": {"include_workdir": False, "read_only": ["/usr"], "read_write": ["/proc"]}}
+    )
     p = root_for(policy, str(host / "work"), trust_dir=str(host / "state/tls"), agent_uid=1, agent_gid=1,
                  hide=(), tmp_size="1m", shm_size="1m")  # fmt: skip
     assert targets(p)[str((host / "work").resolve())] is False
