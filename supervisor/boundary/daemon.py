@@ -43,7 +43,13 @@ from supervisor.boundary.process import (
     NamespacePlan,
     Prepared,
 )
-from supervisor.boundary.process.cgroups import DEFAULT_PIDS_LIMIT, CgroupError, PidsCgroup, create_pids_cgroup
+from supervisor.boundary.process.cgroups import (
+    DEFAULT_PIDS_LIMIT,
+    CgroupError,
+    PidsCgroup,
+    create_pids_cgroup,
+    workload_cgroup_name,
+)
 from supervisor.boundary.process.environment import build_process_spec, managed_env
 from supervisor.boundary.process.exec_session import pump_exec
 from supervisor.boundary.process.landlock import LandlockSpec
@@ -758,7 +764,7 @@ class BoundaryDaemon:
         try:
             if limit <= 0:
                 raise CgroupError("disabled by --pids-limit=0")
-            group = create_pids_cgroup(f"openshell-boundary-{self.instance}", limit)
+            group = create_pids_cgroup(workload_cgroup_name(os.getpid(), self.instance), limit)
             try:
                 group.add(self.launcher.pid)
             except OSError as exc:
@@ -769,6 +775,8 @@ class BoundaryDaemon:
             self.log.emit("limits.pids", enforced=False, limit=None, reason=str(exc))
             return
         self.pids_cgroup = group
+        if group.stale_removed:  # a SIGKILLed boundary's leftovers (cgroups.py rule 5)
+            self.log.emit("limits.pids-cgroup-stale-removed", cgroups=list(group.stale_removed))
         self.limits = {"pids": limit, "pids_cgroup": group.describe()}
         self.log.emit("limits.pids", enforced=True, limit=limit, cgroup=group.describe())
 

@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.boundary.process.cgroups import CgroupError, create_pids_cgroup, locate
+from supervisor.boundary.process.cgroups import (
+    CgroupError,
+    create_pids_cgroup,
+    locate,
+    remove_stale_children,
+    workload_cgroup_name,
+)
 
 V1_CGROUP = "12:pids:/kubepods/pod1\n4:memory:/kubepods/pod1\n0::/\n"
 V2_CGROUP = "0::/user.slice/boundary\n"
@@ -102,3 +108,41 @@ def test_escaped_mountpoint(tmp_path: Path) -> None:
     (spaced / "kubepods" / "pod1").mkdir(parents=True)
     line = v1_mount(spaced).replace(str(spaced), str(spaced).replace(" ", "\\040"))
     assert locate(V1_CGROUP, mountinfo(line)).directory == spaced / "kubepods" / "pod1"
+
+
+def test_stale_children_of_dead_boundaries_are_removed_only_those(tmp_path: Path) -> None:
+    """A SIGKILLed boundary leaves its empty child behind (rule 5): the next boundary removes it — and only
+    children of our shape whose owner pid is gone and that are empty (a real cgroupfs refuses rmdir while a
+    cgroup has members; here a file stands for them)."""
+    ours = tmp_path / "pids" / "kubepods" / "pod1"
+    dead, live = 4_194_305, os.getpid()  # above any pid_max: never alive
+    stale = ours / workload_cgroup_name(dead, "0123abcd-ffff")
+    stale_leaf = ours / f"{workload_cgroup_name(dead, '89abcdef')}-supervisor"
+    alive_owner = ours / workload_cgroup_name(live, "0123abcd")
+    busy = ours / workload_cgroup_name(dead, "feedf00d")
+    foreign = [ours / "openshell-boundary-0123abcd-0000", ours / "system.slice", ours / f"other-{dead}-0123abcd"]
+    for directory in (stale, stale_leaf, alive_owner, busy, *foreign):
+        directory.mkdir(parents=True)
+    (busy / "cgroup.procs").write_text("4242\n")
+    assert stale.name == f"openshell-boundary-{dead}-0123abcd"
+
+    info = mountinfo(v1_mount(tmp_path / "pids"))
+    group = create_pids_cgroup(workload_cgroup_name(live, "aaaabbbb"), 64, self_cgroup=V1_CGROUP, mountinfo=info)
+    assert sorted(group.stale_removed) == sorted([stale.name, stale_leaf.name])
+    assert not stale.exists() and not stale_leaf.exists()
+    assert alive_owner.is_dir() and busy.is_dir() and all(d.is_dir() for d in foreign)
+    assert group.directory.is_dir()
+
+
+def test_remove_stale_children_asks_about_each_owner(tmp_path: Path) -> None:
+    (tmp_path / workload_cgroup_name(7, "deadbeef")).mkdir()
+    (tmp_path / workload_cgroup_name(8, "deadbeef")).mkdir()
+    asked: list[int] = []
+
+    def alive(pid: int) -> bool:
+        asked.append(pid)
+        return pid == 8
+
+    assert remove_stale_children(tmp_path, alive=alive) == [workload_cgroup_name(7, "deadbeef")]
+    assert sorted(asked) == [7, 8]
+    assert remove_stale_children(tmp_path / "missing") == []

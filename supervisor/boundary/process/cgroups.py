@@ -13,6 +13,10 @@ Rules:
    limit as unenforced with the reason (inside a pod the cluster's ``podPidsLimit`` is the limit).
 4. The launcher (zygote) joins the child before ``prepare``: everything it forks after that — the PID
    namespace's init and every workload process — is counted; the boundary itself is not, so it keeps answering.
+5. A boundary that was SIGKILLed never removed its child. The child's name says whose it is
+   (``openshell-boundary-<pid>-<id>``, :func:`workload_cgroup_name`), so each boundary, before making its own,
+   removes the empty children of that shape whose owner pid is gone. Only those: any other name, an owner that
+   is alive, or a cgroup with members (rmdir refuses) is left alone.
 
 Where the cgroup is comes from ``/proc/self/cgroup`` and ``/proc/self/mountinfo`` (a mount's root field is the
 part of our path the mount hides, e.g. inside a cgroup namespace).
@@ -23,14 +27,61 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-__all__ = ["DEFAULT_PIDS_LIMIT", "CgroupError", "PidsCgroup", "create_pids_cgroup", "locate"]
+__all__ = [
+    "DEFAULT_PIDS_LIMIT",
+    "CgroupError",
+    "PidsCgroup",
+    "create_pids_cgroup",
+    "locate",
+    "remove_stale_children",
+    "workload_cgroup_name",
+]
 
 DEFAULT_PIDS_LIMIT: Final = 1024
+NAME_PREFIX: Final = "openshell-boundary-"
+# ours: the prefix, the owner's pid, 8 hex digits of its instance id; v2's leaf for the boundary itself too
+_OURS = re.compile(rf"^{NAME_PREFIX}(\d+)-[0-9a-f]{{8}}(-supervisor)?$")
+
+
+def workload_cgroup_name(pid: int, instance: str) -> str:
+    """The workload cgroup's name for the boundary ``pid`` (rule 5): it names its owner."""
+    return f"{NAME_PREFIX}{pid}-{instance.replace('-', '')[:8]}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_children(directory: Path, *, alive: Callable[[int], bool] = _pid_alive) -> list[str]:
+    """Rule 5: remove the empty children of ``directory`` a dead boundary left; returns their names."""
+    removed: list[str] = []
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _OURS.match(entry.name)
+        if match is None or not entry.is_dir() or alive(int(match.group(1))):
+            continue
+        try:
+            entry.rmdir()  # a cgroup with members or children is refused (EBUSY/ENOTEMPTY): left alone
+        except OSError:
+            continue
+        removed.append(entry.name)
+    return removed
 
 
 class CgroupError(Exception):
@@ -107,6 +158,7 @@ class PidsCgroup:
     version: int
     directory: Path
     limit: int
+    stale_removed: tuple[str, ...] = ()  # empty children of dead boundaries removed first (rule 5)
 
     def describe(self) -> str:
         return f"cgroup v{self.version} {self.directory}"
@@ -190,6 +242,7 @@ def create_pids_cgroup(
             raise CgroupError(f"pids is not delegated to {where.directory} (cgroup v2)")
     if not os.access(where.directory, os.W_OK):
         raise CgroupError(f"{where.directory} is not writable (cgroup v{where.version})")
+    stale = tuple(remove_stale_children(where.directory))
     if where.version == 2:
         _v2_enable_pids(where.directory, name)
     child = where.directory / name
@@ -205,4 +258,4 @@ def create_pids_cgroup(
         with contextlib.suppress(OSError):
             child.rmdir()
         raise CgroupError(f"cannot set {child}/pids.max: {exc.strerror or exc}") from None
-    return PidsCgroup(where.version, child, limit)
+    return PidsCgroup(where.version, child, limit, stale)
