@@ -16,6 +16,12 @@ volumes, Services or NetworkPolicies. So, for each of the two pods of one sandbo
   as a supplemental group, which is what kubelet does for the processes), so nothing depends on how podman reads
   the pod-level context;
 - init containers are kept after they ran (podman's ``always`` type; its ``once`` removal races their exit);
+- ``restartPolicy: Always`` (a Deployment's pod) becomes ``OnFailure`` when the pod has init containers: podman
+  4.3 applies the pod's policy to init containers too, so an init container that exited 0 was started again,
+  in a loop, for the pod's whole life; control's ``secrets-copy`` then rewrote the bootstrap key under control,
+  which now and then read half a file at start (``key.pem: not an unencrypted PEM private key``), exited and was
+  restarted. Kubernetes runs an init container once; a daemon exiting non-zero is still restarted, one exiting
+  0 is not (neither daemon exits 0 while it should run);
 - probes are dropped (podman runs them through systemd timers, which these hosts lack); the run calls
   ``readyz``/``status`` through ``podman exec`` instead. ``hostUsers: false`` becomes ``podman kube play
   --userns=auto:uidmapping=0:BASE:65536,…`` with a BASE of the run's choosing, and every hostPath file of that
@@ -57,6 +63,7 @@ class PlayPod:
     userns: str | None = None  # --userns for kube play (hostUsers: false)
     unmask: bool = False  # the pod asks for procMount: Unmasked
     containers: list[str] = field(default_factory=list)  # podman's names: <pod>-<container>
+    init_containers: list[str] = field(default_factory=list)
 
     def play_args(self, network: str, address: str) -> list[str]:
         args = ["kube", "play", "--network", network, "--ip", address]
@@ -202,6 +209,8 @@ class Translation:
                         context[key] = pod_context[key]
         if fs_group is not None:
             spec["securityContext"] = {"supplementalGroups": [gid]}
+        if spec.get("initContainers") and spec.get("restartPolicy", "Always") == "Always":
+            spec["restartPolicy"] = "OnFailure"  # podman restarts init containers by the pod's policy (above)
 
         main = spec["containers"][0]
         if role == "control":
@@ -222,8 +231,9 @@ class Translation:
         yaml_path = root / "pod.yaml"
         yaml_path.write_text(yaml.safe_dump(doc, sort_keys=False), "utf-8")
         containers = [f"{name}-{c['name']}" for c in spec["containers"]]
+        inits = [f"{name}-{c['name']}" for c in spec.get("initContainers", [])]
         return PlayPod(name=name, role=role, doc=doc, yaml_path=yaml_path, userns=userns, unmask=unmask,
-                       containers=containers)  # fmt: skip
+                       containers=containers, init_containers=inits)  # fmt: skip
 
     def _boundary_arg(self, arg: str, address: str) -> str:
         prefix = f"--boundary={self.boundary_name()}:"
