@@ -7,7 +7,7 @@
 
 It starts its own dev sandbox (as root: model R) with a private runtime directory and stops it afterwards.
 
-    python3 -m bench.bench_exec_e2e [--runs N] [--cli-runs N] [--json]
+    python3 -m bench.bench_exec_e2e [--runs N] [--cli-runs N] [--json] [--quick]
 """
 
 from __future__ import annotations
@@ -20,27 +20,26 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import trio
 
 from bench.bench_exec import read_exit
 from bench.stats import percentile
-from supervisor.cli.api_client import find_api, open_channel, request_json
+from supervisor.cli.api_client import Api, find_api, open_channel, request_json
 
 CLI = [sys.executable, "-m", "supervisor.cli"]
 
 
-async def _exec_true(api: Path) -> None:
+async def _exec_true(api: Api) -> None:
     stream, _ = await open_channel(api, "/v1/exec", {"argv": ["true"], "stdin": "null"})
     async with stream:
         result = await read_exit(stream)
-    if result.get("rendered") != 0:
+    if result.rendered != 0:
         raise RuntimeError(f"exec true failed: {result}")
 
 
-async def _api_latencies(api: Path, runs: int) -> list[float]:
+async def _api_latencies(api: Api, runs: int) -> list[float]:
     for _ in range(5):  # warm up (first exec pays imports and caches)
         await _exec_true(api)
     samples = []
@@ -51,7 +50,7 @@ async def _api_latencies(api: Path, runs: int) -> list[float]:
     return samples
 
 
-def _wait_ready(env: dict[str, str], timeout: float = 30) -> Path:
+def _wait_ready(env: dict[str, str], timeout: float = 30) -> Api:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -71,7 +70,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--cli-runs", type=int, default=20)
     parser.add_argument("--json", action="store_true", help="print one JSON line")
+    parser.add_argument("--quick", action="store_true", help="at most 50 API runs and 5 CLI runs")
     args = parser.parse_args()
+    if args.quick:
+        args.runs, args.cli_runs = min(args.runs, 50), min(args.cli_runs, 5)
     runtime = tempfile.mkdtemp(prefix="osr-bench-", dir="/tmp")
     env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
     dev = subprocess.Popen([*CLI, "dev", "--", "sleep", "100000"], env=env,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SCRIPTS = ("bench_policy.py", "bench_exec.py", "bench_exec_e2e.py", "bench_handshake.py", "bench_l7.py",
-           "bench_connect_identity.py")  # fmt: skip
+           "bench_connect_identity.py", "bench_link.py")  # fmt: skip
 NUMBER_FIELDS = ("p50", "p99", "min", "max", "target")
 
 
