@@ -39,6 +39,7 @@ from supervisor.protocol.proxy_head import (
     ForwardBody,
     ProxyReject,
     ProxyTarget,
+    Refusal,
     parse_head,
     proxy_token_matches,
     render_proxy_auth_required,
@@ -167,13 +168,13 @@ class ProxyListener:
         try:
             if self.cfg.clients and not any(ipaddress.ip_address(peer) in net for net in self.cfg.clients):
                 self._refuse(peer, "client-not-allowed")
-                await self._answer(client, render_response(403, {"error": "client_not_allowed"}))
+                await self._answer(client, render_response(403, Refusal("client_not_allowed")))
                 return
             if self.active >= self.cfg.max_connections or self.per_client[peer] >= self.cfg.per_client:
                 self.counters["over_limit"] += 1
                 scope = "total" if self.active >= self.cfg.max_connections else "per-client"
                 self._refuse(peer, "too-many-connections", limit=scope)
-                body = {"error": "too_many_connections", "detail": f"{scope} connection limit reached"}
+                body = Refusal("too_many_connections", f"{scope} connection limit reached")
                 await self._answer(client, render_response(503, body))
                 return
             self.active += 1

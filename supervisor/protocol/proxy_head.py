@@ -108,20 +108,32 @@ class ProxyReject:
 
     def render(self) -> bytes:
         if self.error_code is not None:
-            body: dict[str, Any] = {"error": self.error_code}
-            if self.detail is not None:
-                body["detail"] = self.detail
-            return render_response(self.status, body)
+            return render_response(self.status, Refusal(self.error_code, self.detail))
         return render_response(self.status, self.text)
 
 
-def render_response(
-    status: int, body: dict[str, Any] | str | None = None, *, extra_headers: tuple[bytes, ...] = ()
-) -> bytes:
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """The JSON body of a refusal a proxy-aware client reads (docs/spec/policy.md §3.17); absent fields are left
+    out."""
+
+    error: str  # the machine code
+    detail: str | None = None
+    host: str | None = None
+    port: int | None = None
+    reason: str | None = None
+    rule: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        fields = dataclasses.asdict(self)
+        return {name: value for name, value in fields.items() if value is not None}
+
+
+def render_response(status: int, body: Refusal | str | None = None, *, extra_headers: tuple[bytes, ...] = ()) -> bytes:
     """A complete ``Connection: close`` response; JSON bodies carry ``application/json``."""
     reason = _REASONS.get(status, "Error")
-    if isinstance(body, dict):
-        payload = json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+    if isinstance(body, Refusal):
+        payload = json.dumps(body.to_wire(), separators=(",", ":"), sort_keys=True).encode()
         content_type = b"application/json"
     elif body is not None:
         payload = body.encode()
@@ -145,28 +157,27 @@ def render_denied(
     error: str = "policy_denied",
 ) -> bytes:
     """The ``403`` for a proxy-aware client (docs/spec/policy.md §3.17)."""
-    body: dict[str, Any] = {
-        "error": error,
-        "detail": detail or f"{target.describe()} not permitted by policy",
-        "host": target.host,
-        "port": target.port,
-        "reason": reason,
-    }
-    if rule is not None:
-        body["rule"] = rule
+    body = Refusal(
+        error=error,
+        detail=detail or f"{target.describe()} not permitted by policy",
+        host=target.host,
+        port=target.port,
+        reason=reason,
+        rule=rule,
+    )
     return render_response(403, body)
 
 
 def render_upstream_failure(target: ProxyTarget, status: int, *, reason: str, detail: str | None = None) -> bytes:
     if status not in _UPSTREAM_ERRORS:
         raise ValueError(f"not an upstream failure status: {status}")
-    body = {
-        "error": _UPSTREAM_ERRORS[status],
-        "detail": detail or f"{target.describe()} failed: {reason}",
-        "host": target.host,
-        "port": target.port,
-        "reason": reason,
-    }
+    body = Refusal(
+        error=_UPSTREAM_ERRORS[status],
+        detail=detail or f"{target.describe()} failed: {reason}",
+        host=target.host,
+        port=target.port,
+        reason=reason,
+    )
     return render_response(status, body)
 
 
@@ -183,7 +194,7 @@ def render_reply(target: ProxyTarget, reply: EgressReply) -> bytes:
         return render_upstream_failure(target, reply.status, reason=reason, detail=reply.detail)
     if reply.status == 400:
         return ProxyReject(400, "invalid_request", reply.detail or reason).render()
-    return render_response(500, {"error": "internal_error", "detail": reason})
+    return render_response(500, Refusal("internal_error", reason))
 
 
 def render_unavailable(target: ProxyTarget, reason: str = "no egress link") -> bytes:
@@ -213,7 +224,7 @@ def proxy_token_matches(target: ProxyTarget, token: str) -> bool:
 def render_proxy_auth_required(detail: str = "a valid proxy token is required") -> bytes:
     """The ``407`` for a client without this sandbox's proxy token."""
     challenge = b'Proxy-Authenticate: Basic realm="' + PROXY_REALM.encode() + b'"'
-    return render_response(407, {"error": "proxy_auth_required", "detail": detail}, extra_headers=(challenge,))
+    return render_response(407, Refusal("proxy_auth_required", detail), extra_headers=(challenge,))
 
 
 def proxy_url(host: str, port: int, token: str | None = None) -> str:

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["REASON_PHRASES", "ErrorCode", "ErrorResponse"]
+__all__ = ["REASON_PHRASES", "ErrorCode", "ErrorResponse", "L7Denial"]
 
 REASON_PHRASES = {
     400: "Bad Request",
@@ -56,19 +55,54 @@ class ErrorCode(enum.StrEnum):
     UPSTREAM_TIMEOUT = "upstream_timeout"  # 504
 
 
+@dataclass(frozen=True, slots=True)
+class L7Denial:
+    """What the tunnel L7 deny says beside ``error`` and ``detail`` (docs/spec/policy.md §3.10.4): what was refused,
+    by which policy, and what to ask for."""
+
+    policy: str | None  # the network policy that matched the endpoint
+    reason: str | None
+    method: str
+    path: str
+    host: str
+    port: int
+    binary: str | None = None
+    next_steps: tuple[str, ...] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "policy": self.policy,
+            "rule": f"{self.method} {self.path}",
+            "reason": self.reason,
+            "layer": "l7",
+            "protocol": "rest",
+            "method": self.method,
+            "path": self.path,
+            "host": self.host,
+            "port": self.port,
+        }
+        if self.binary:
+            body["binary"] = self.binary
+        body["rule_missing"] = {"type": "rest_allow", "layer": "l7", "method": self.method, "path": self.path,
+                                "host": self.host, "port": self.port}  # fmt: skip
+        body["next_steps"] = list(self.next_steps)
+        return body
+
+
 @dataclass(frozen=True)
 class ErrorResponse:
-    """One refusal: ``status``, ``{"error": code, "detail": detail, **fields}`` and extra ``headers``."""
+    """One refusal: ``status``, ``{"error": code, "detail": detail, **denial}`` and extra ``headers``."""
 
     status: int
     code: ErrorCode
     detail: str
-    fields: Mapping[str, Any] = field(default_factory=dict)
+    denial: L7Denial | None = None
     headers: tuple[tuple[str, str], ...] = ()
 
     def body(self) -> bytes:
         payload: dict[str, Any] = {"error": str(self.code), "detail": self.detail}
-        payload.update({k: v for k, v in self.fields.items() if k not in payload})
+        if self.denial is not None:
+            payload.update(self.denial.to_wire())
         return json.dumps(payload, separators=(",", ":"), ensure_ascii=True).encode() + b"\n"
 
     def header_list(self) -> list[tuple[bytes, bytes]]:

@@ -47,8 +47,6 @@ _WIRE_EDGE: dict[str, str] = {
 # that passes must leave this set.
 _PENDING = {
     "supervisor.link.rpc",
-    "supervisor.protocol.proxy_head",
-    "supervisor.protocol.responses",
 }
 
 

@@ -6,12 +6,12 @@ import json
 
 import h11
 
-from supervisor.protocol.responses import ErrorCode, ErrorResponse
+from supervisor.protocol.responses import ErrorCode, ErrorResponse, L7Denial
 
 
 def test_render_is_a_complete_parseable_response() -> None:
     response = ErrorResponse(403, ErrorCode.REQUEST_AUTHORITY_MISMATCH, "HTTP request authority does not match",
-                             {"host": "a.test"}, (("X-OpenShell-Policy", "api"),))  # fmt: skip
+                             headers=(("X-OpenShell-Policy", "api"),))  # fmt: skip
     client = h11.Connection(h11.CLIENT)
     client.send(h11.Request(method="GET", target="/", headers=[("Host", "a.test")]))
     client.send(h11.EndOfMessage())
@@ -26,7 +26,6 @@ def test_render_is_a_complete_parseable_response() -> None:
     assert json.loads(body.data) == {
         "error": "request_authority_mismatch",
         "detail": "HTTP request authority does not match",
-        "host": "a.test",
     }
     assert isinstance(client.next_event(), h11.EndOfMessage)
 
@@ -38,6 +37,17 @@ def test_codes_are_the_spec_strings() -> None:
     assert ErrorCode.POLICY_DENIED == "policy_denied"
 
 
-def test_fields_never_override_error_and_detail() -> None:
-    body = json.loads(ErrorResponse(500, ErrorCode.CREDENTIAL_UNAVAILABLE, "d", {"error": "x", "detail": "y"}).body())
-    assert body == {"error": "credential_unavailable", "detail": "d"}
+def test_the_l7_denial_body_is_unchanged() -> None:
+    """The §3.10.4 deny an agent reads: the same JSON, key for key and in order, as before it was typed."""
+    denial = L7Denial(policy="github", reason="no-matching-l7-rule", method="POST", path="/repos", host="api.test",
+                      port=443, binary="/usr/bin/curl", next_steps=("ask the sandbox operator",))  # fmt: skip
+    body = ErrorResponse(403, ErrorCode.POLICY_DENIED, "denied", denial).body()
+    assert body == (
+        b'{"error":"policy_denied","detail":"denied","policy":"github","rule":"POST /repos",'
+        b'"reason":"no-matching-l7-rule","layer":"l7","protocol":"rest","method":"POST","path":"/repos",'
+        b'"host":"api.test","port":443,"binary":"/usr/bin/curl","rule_missing":{"type":"rest_allow","layer":"l7",'
+        b'"method":"POST","path":"/repos","host":"api.test","port":443},"next_steps":["ask the sandbox operator"]}\n'
+    )
+    without_binary = json.loads(ErrorResponse(403, ErrorCode.POLICY_DENIED, "d", L7Denial(None, None, "GET", "/",
+                                                                                         "h", 80)).body())  # fmt: skip
+    assert "binary" not in without_binary and without_binary["policy"] is None

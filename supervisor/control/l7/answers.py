@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from supervisor.control.policy import Decision
 from supervisor.control.upstream import UpstreamError
-from supervisor.protocol.responses import ErrorCode, ErrorResponse
+from supervisor.protocol.responses import ErrorCode, ErrorResponse, L7Denial
 
 __all__ = ["authority_mismatch", "dial_failure", "policy_denied", "unsupported"]
 
@@ -16,27 +16,21 @@ __all__ = ["authority_mismatch", "dial_failure", "policy_denied", "unsupported"]
 def policy_denied(decision: Decision, *, method: str, path: str, host: str, port: int, detail: str,
                   binary: str | None = None) -> ErrorResponse:  # fmt: skip
     """The tunnel L7 deny of §3.10.4: what was refused, by which policy, and what to ask for."""
-    fields: dict[str, object] = {
-        "policy": decision.rule,
-        "rule": f"{method} {path}",
-        "reason": str(decision.reason) if decision.reason else None,
-        "layer": "l7",
-        "protocol": "rest",
-        "method": method,
-        "path": path,
-        "host": host,
-        "port": port,
-    }
-    if binary:
-        fields["binary"] = binary
-    fields["rule_missing"] = {"type": "rest_allow", "layer": "l7", "method": method, "path": path, "host": host,
-                              "port": port}  # fmt: skip
     where = f" in policy '{decision.rule}'" if decision.rule else ""
-    fields["next_steps"] = [f"ask the sandbox operator to allow {method} {path} on {host}:{port}{where}"]
+    denial = L7Denial(
+        policy=decision.rule,
+        reason=str(decision.reason) if decision.reason else None,
+        method=method,
+        path=path,
+        host=host,
+        port=port,
+        binary=binary,
+        next_steps=(f"ask the sandbox operator to allow {method} {path} on {host}:{port}{where}",),
+    )
     headers: tuple[tuple[str, str], ...] = ()
     if decision.rule and decision.rule.isascii() and decision.rule.isprintable():
         headers = (("X-OpenShell-Policy", decision.rule),)
-    return ErrorResponse(403, ErrorCode.POLICY_DENIED, detail or "request denied by policy", fields, headers)
+    return ErrorResponse(403, ErrorCode.POLICY_DENIED, detail or "request denied by policy", denial, headers)
 
 
 def authority_mismatch(request_host: str, request_port: int, host: str, port: int) -> ErrorResponse:
