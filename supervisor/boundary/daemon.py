@@ -32,7 +32,12 @@ import trio
 from supervisor.boundary.capture import IdentityResolver, connect_notify
 from supervisor.boundary.capture.canary import ProbeResult, probe_canary
 from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog
-from supervisor.boundary.capture.fence_watch import FenceWatch, rtnetlink_groups_socket
+from supervisor.boundary.capture.fence_watch import (
+    NETLINK_NETFILTER,
+    FenceWatch,
+    nftables_groups_socket,
+    rtnetlink_groups_socket,
+)
 from supervisor.boundary.capture.setup import open_sock_diag
 from supervisor.boundary.confinement import landlock_for, root_for
 from supervisor.boundary.egress import EgressCapture, EgressLinks, RecentPids
@@ -537,15 +542,22 @@ class BoundaryDaemon:
         return {"fingerprint": report.get("fingerprint"), "links": report.get("links"), "probe": "captured"}
 
     async def _watch_fence(self, fingerprint: str) -> None:
-        """Re-read the fence on every rtnetlink notification of the agent's namespace and every 5 s
+        """Re-read the fence on every rtnetlink and nftables notification of the agent's namespace and every 5 s
         (capture/fence_watch.py); a changed fingerprint ends the workload."""
-        notifications = None
+        notifications: list[socket.socket] = []
         try:
-            notifications = rtnetlink_groups_socket(
+            notifications.append(rtnetlink_groups_socket(
                 await self.launcher.socket_in_netns(socket.AF_NETLINK, socket.SOCK_RAW)
-            )
+            ))  # fmt: skip
         except OSError as exc:
             self.log.emit("fence.watch", notifications=False, reason=f"timer only: {exc}")
+        nftables: dict[str, Any] = {"nftables_notifications": True}
+        try:
+            notifications.append(nftables_groups_socket(
+                await self.launcher.socket_in_netns(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+            ))  # fmt: skip
+        except OSError as exc:  # the timer still sees nftables changes, within 5 s
+            nftables = {"nftables_notifications": False, "nftables_reason": str(exc)}
 
         async def inspect() -> dict[str, Any]:
             return await self.launcher.capture_call("inspect", {"expect_anyip": True})
@@ -556,7 +568,7 @@ class BoundaryDaemon:
         )  # fmt: skip
         assert self._nursery is not None
         await self._nursery.start(watch.run)
-        self.log.emit("fence.watch", notifications=notifications is not None, interval_s=watch.interval_s)
+        self.log.emit("fence.watch", notifications=bool(notifications), interval_s=watch.interval_s, **nftables)
 
     async def _enforcement_lost(self, report: dict[str, Any]) -> None:
         """The fence changed under a running workload: kill every workload process now (no grace), the agent's
@@ -567,6 +579,7 @@ class BoundaryDaemon:
         self.log.emit(
             "enforcement-lost", reason=reason, problems=problems, links=report.get("links"),
             fingerprint_confirmed=(self.fence or {}).get("fingerprint"), fingerprint_now=report.get("fingerprint"),
+            trigger=report.get("trigger"),
         )  # fmt: skip
         started = self.table.agent is not None
         await self.table.end_all("enforcement-lost", kill=True)

@@ -147,3 +147,34 @@ def test_a_link_added_in_the_agents_namespace_ends_the_workload(daemons: Daemons
     assert daemons.cli("exec", "--", "true").returncode != 0, "nothing starts after enforcement is lost"
     assert daemons.boundary.wait(timeout=60) == 128 + 9  # the agent's rendered code
     assert [e for e in _events(daemons.control_log) if e["event"] == "enforcement-lost"]
+
+
+NFT_ACCEPT_ALL_OUT = (
+    "add table inet osx\nadd chain inet osx out { type filter hook output priority -1; }\n"
+    "add rule inet osx out accept\n"
+)
+
+
+def test_an_nft_rule_added_in_the_agents_namespace_ends_the_workload_at_once(daemons: Daemons) -> None:
+    """nftables changes are not on rtnetlink: the watch subscribes to nfnetlink's nftables group in the agent's
+    namespace, so the re-read follows the change at once, not the 5 s timer (which stays as the backstop)."""
+    if shutil.which("nft") is None:
+        pytest.skip("needs nft")
+    watching = [e for e in _events(daemons.boundary_log) if e["event"] == "fence.watch" and "interval_s" in e]
+    assert watching and watching[0]["nftables_notifications"] is True, watching
+    added = subprocess.run(["nsenter", "-t", str(daemons.launcher_pid()), "-n", "nft", "-f", "-"],
+                           input=NFT_ACCEPT_ALL_OUT, capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    changed_at = time.monotonic()
+    while not (lost := [e for e in _events(daemons.boundary_log) if e["event"] == "enforcement-lost"]):
+        assert time.monotonic() - changed_at < LOST_WITHIN_S, "the change went unnoticed"
+        time.sleep(0.05)
+    assert lost[0]["trigger"] == "notification", lost[0]  # not the timer
+    assert time.monotonic() - changed_at < 2.0, "the nftables change was noticed late"
+    exited = [e for e in _events(daemons.boundary_log) if e["event"] == "agent.exited"]
+    deadline = changed_at + LOST_WITHIN_S
+    while not exited:
+        assert time.monotonic() < deadline, "the agent was not killed within 5 s"
+        time.sleep(0.05)
+        exited = [e for e in _events(daemons.boundary_log) if e["event"] == "agent.exited"]
+    assert exited[0]["result"]["reason"] == "enforcement-lost", exited

@@ -298,8 +298,8 @@ class Launcher:
         result = reply.get("result")
         return result if isinstance(result, dict) else {"result": result}
 
-    async def socket_in_netns(self, family: int, type: int) -> socket.socket:
-        reply, fds = await self._request("socket", family=int(family), type=int(type))
+    async def socket_in_netns(self, family: int, type: int, proto: int = 0) -> socket.socket:
+        reply, fds = await self._request("socket", family=int(family), type=int(type), proto=int(proto))
         if not reply.get("ok") or len(fds) != 1:
             zygote.close_all(fds)
             self._raise(reply, "socket")

@@ -780,7 +780,7 @@ class Zygote:
         close_all(fds)
         if self.plan is None:
             raise OSError(errno.EAGAIN, "launcher not prepared")
-        sock = socket.socket(int(request["family"]), int(request["type"]))
+        sock = socket.socket(int(request["family"]), int(request["type"]), int(request.get("proto", 0)))
         try:
             self.reply({"id": request.get("id"), "ok": True}, [sock.fileno()])
         finally:
