@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from supervisor.protocol.event_names import EventName
+
 
 class JsonLog:
     def __init__(
@@ -43,7 +45,7 @@ class JsonLog:
     def stream(self) -> TextIO:
         return self._stream if self._stream is not None else sys.stdout
 
-    def emit(self, event: str, **fields: Any) -> None:
+    def emit(self, event: EventName, **fields: Any) -> None:
         record: dict[str, Any] = {"time": now_rfc3339(), "event": event, "component": self.component}
         if self.sandbox is not None:
             record["sandbox"] = self.sandbox

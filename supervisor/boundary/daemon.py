@@ -69,6 +69,7 @@ from supervisor.link.tls_link import Refused, accept_link, refuse
 from supervisor.protocol.attach import AttachRequest, CaptureMode, parse_attach
 from supervisor.protocol.certs import Bundle
 from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_codes import ExitCode, for_launch_errno, for_signal
 from supervisor.protocol.fence_canary import CanaryReport, parse_canary
 from supervisor.protocol.fingerprint import pem_fingerprint
@@ -127,7 +128,7 @@ class BoundaryDaemon:
         self.instance = str(uuid.uuid4())
         self.table = ProcessTable(launcher, log=self.log)
         launcher.on_unowned = lambda count, pids: self.log.emit(
-            "process.unowned-reaped", count=count, pids_in_namespace=pids
+            EventName.PROCESS_UNOWNED_REAPED, count=count, pids_in_namespace=pids
         )  # orphans the workload's init reaped (double forks, daemons), aggregated per second
         self.attach: AttachRequest | None = None
         self.prepared: Prepared | None = None
@@ -161,14 +162,14 @@ class BoundaryDaemon:
             tmp.write_text(str(port))
             tmp.rename(self.cfg.port_file)
         self.log.emit(
-            "boundary.listening",
+            EventName.BOUNDARY_LISTENING,
             address=f"{self.cfg.listen_host}:{port}",
             privilege_model=self.cfg.privilege_model,
             model_reason=self.cfg.model_reason,
             instance=self.instance,
         )
         if self.cfg.test_landlock_off:
-            self.log.emit("boundary.test-knob", knob="landlock-off", warning="Landlock is off for every launch")
+            self.log.emit(EventName.BOUNDARY_TEST_KNOB, knob="landlock-off", warning="Landlock is off for every launch")
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await nursery.start(self.table.run)
@@ -179,14 +180,14 @@ class BoundaryDaemon:
         if self.pids_cgroup is not None:  # the launcher is its last member: stop it, then the cgroup can go
             self.launcher.close()
             if not self.pids_cgroup.remove(wait_s=END_WORKLOAD_S):
-                self.log.emit("limits.pids-cgroup-left", cgroup=self.pids_cgroup.describe())
-        self.log.emit("boundary.exit", code=code)
+                self.log.emit(EventName.LIMITS_PIDS_CGROUP_LEFT, cgroup=self.pids_cgroup.describe())
+        self.log.emit(EventName.BOUNDARY_EXIT, code=code)
         return code
 
     async def _signals(self, nursery: trio.Nursery) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
-                self.log.emit("boundary.signal", signal=signal.Signals(signum).name)
+                self.log.emit(EventName.BOUNDARY_SIGNAL, signal=signal.Signals(signum).name)
                 agent_running = self.table.agent is not None and self.table.agent.result is None
                 await self._end_workload("shutdown")
                 if agent_running:
@@ -203,9 +204,9 @@ class BoundaryDaemon:
             try:
                 await self.table.end_all(reason)
             except LauncherError as exc:
-                self.log.emit("boundary.end-all-failed", reason=str(exc))
+                self.log.emit(EventName.BOUNDARY_END_ALL_FAILED, reason=str(exc))
         if scope.cancelled_caught:
-            self.log.emit("boundary.end-all-timeout", seconds=END_WORKLOAD_S)
+            self.log.emit(EventName.BOUNDARY_END_ALL_TIMEOUT, seconds=END_WORKLOAD_S)
 
     async def _watch_agent(self, nursery: trio.Nursery) -> None:
         await self.table.agent_exited.wait()
@@ -214,12 +215,12 @@ class BoundaryDaemon:
         result = await agent.wait_result()
         self.lifecycle.end()
         self.exit_code = result.exit_code
-        self.log.emit("agent.exited", handle=agent.handle, result=result.to_wire())
+        self.log.emit(EventName.AGENT_EXITED, handle=agent.handle, result=result.to_wire())
         await self._end_workload("agent-exit")
         with trio.move_on_after(self.cfg.exit_linger_s) as scope:
             await self.exit_acked.wait()
         if scope.cancelled_caught:
-            self.log.emit("boundary.exit-linger-expired", linger_s=self.cfg.exit_linger_s)
+            self.log.emit(EventName.BOUNDARY_EXIT_LINGER_EXPIRED, linger_s=self.cfg.exit_linger_s)
         with trio.move_on_after(END_WORKLOAD_S):  # a terminate racing the exit answers the agent's result
             while self.terminating:
                 await self.terminates_done.wait()
@@ -231,7 +232,7 @@ class BoundaryDaemon:
         try:
             tls, claims, alpn = await accept_link(stream, ctx, self.cfg.bundle)
         except Refused as exc:
-            self.log.emit("link.refused", peer=exc.peer, field=exc.field, reason=exc.reason)
+            self.log.emit(EventName.LINK_REFUSED, peer=exc.peer, field=exc.field, reason=exc.reason)
             return
         peer = f"{claims.control_deployment}"
         if alpn == ALPN_OPS:
@@ -240,20 +241,20 @@ class BoundaryDaemon:
             try:
                 self.lifecycle.check(Op.EGRESS)
             except OpError as exc:
-                self.log.emit("link.refused", peer=peer, field="state", reason=f"egress link: {exc.reason}")
+                self.log.emit(EventName.LINK_REFUSED, peer=peer, field="state", reason=f"egress link: {exc.reason}")
                 await refuse(tls, server=True, field="state")  # control is told why (a GOAWAY)
                 return
             # On egress links the boundary is the HTTP/2 client (HTTP/2 roles do not follow TCP's).
             link = Link(tls, client=True, name=f"egress:{peer}")
             self.egress_links.add(link)
         self.links.add(link)
-        self.log.emit("link.up", peer=peer, alpn=alpn, links=len(self.links))
+        self.log.emit(EventName.LINK_UP, peer=peer, alpn=alpn, links=len(self.links))
         try:
             await link.run()
         finally:
             self.links.discard(link)
             self.egress_links.discard(link)
-            self.log.emit("link.down", peer=peer, alpn=alpn, reason=link.close_reason, links=len(self.links))
+            self.log.emit(EventName.LINK_DOWN, peer=peer, alpn=alpn, reason=link.close_reason, links=len(self.links))
 
     # -- operations ---------------------------------------------------------------------------------------------
     def _make_router(self) -> Router:
@@ -299,7 +300,7 @@ class BoundaryDaemon:
             # A refused descriptor or acknowledgement will not be different next time: reply, then exit
             # non-zero (spec §1.1) instead of idling for a control that keeps sending the same thing.
             if self.lifecycle.state is State.IDLE:
-                self.log.emit("lifecycle.refused", op="attach", error=exc.to_json())
+                self.log.emit(EventName.LIFECYCLE_REFUSED, op="attach", error=exc.to_json())
                 self._fatal(f"attach refused: {exc.kind}: {exc.reason}" + (f" ({exc.field})" if exc.field else ""))
             raise
 
@@ -344,7 +345,7 @@ class BoundaryDaemon:
                 raise OpError(ErrorKind.INVALID, f"agent filesystem: {exc}", field="filesystem_policy") from None
             root = layout.to_wire()
             self.log.emit(
-                "agent.filesystem", read_only=[b.target for b in layout.binds if not b.writable],
+                EventName.AGENT_FILESYSTEM, read_only=[b.target for b in layout.binds if not b.writable],
                 read_write=[b.target for b in layout.binds if b.writable], hidden=list(layout.hide),
                 tmp_size=layout.tmp_size, shm_size=layout.shm_size,
             )  # fmt: skip
@@ -421,7 +422,7 @@ class BoundaryDaemon:
         )  # fmt: skip
         self.lifecycle.advance(Op.ATTACH)
         self.log.emit(
-            "lifecycle.bound", capture_mode=str(attach.capture_mode), privilege_model=model,
+            EventName.LIFECYCLE_BOUND, capture_mode=str(attach.capture_mode), privilege_model=model,
             policy_generation=attach.policy_generation, identity_at="connect" if at_connect else "accept",
         )  # fmt: skip
         return {
@@ -452,7 +453,7 @@ class BoundaryDaemon:
             await self._nursery.start(self.capture.run)
         self.fence = fence
         self.lifecycle.advance(Op.CONFIRM)
-        self.log.emit("lifecycle.ready", fence=fence)
+        self.log.emit(EventName.LIFECYCLE_READY, fence=fence)
         if self.attach.capture_mode is CaptureMode.NETNS and fence.get("fingerprint"):
             await self._watch_fence(str(fence["fingerprint"]))
         return {"state": str(self.lifecycle.state), "fence": fence}
@@ -493,7 +494,7 @@ class BoundaryDaemon:
         number = (self.canary_probe.probe + 1) if self.canary_probe is not None else 1
         result = await probe_canary(number, address, port)
         self.canary_probe = result
-        self.log.emit("fence.canary-probe", **result.to_json())
+        self.log.emit(EventName.FENCE_CANARY_PROBE, **result.to_json())
         if result.connected:
             reason = f"connected to the fence canary {result.target} from the pod: a path out exists"
             if self.lifecycle.state is State.BOUND:
@@ -517,7 +518,7 @@ class BoundaryDaemon:
             await self._enforcement_lost({"problems": [reason]})
             raise OpError(ErrorKind.FAILED, f"fence not in force: {reason}", stage="fence-observed")
         if report.self_check != "ok":
-            self.log.emit("fence.canary-unverified", reason=report.self_check, probe=report.probe)
+            self.log.emit(EventName.FENCE_CANARY_UNVERIFIED, reason=report.self_check, probe=report.probe)
         self.fence["canary_self_check"] = report.self_check
         return {"probe": report.probe, "observed": report.observed}
 
@@ -550,7 +551,7 @@ class BoundaryDaemon:
                 await self.launcher.socket_in_netns(socket.AF_NETLINK, socket.SOCK_RAW)
             ))  # fmt: skip
         except OSError as exc:
-            self.log.emit("fence.watch", notifications=False, reason=f"timer only: {exc}")
+            self.log.emit(EventName.FENCE_WATCH, notifications=False, reason=f"timer only: {exc}")
         nftables: dict[str, Any] = {"nftables_notifications": True}
         try:
             notifications.append(nftables_groups_socket(
@@ -564,11 +565,11 @@ class BoundaryDaemon:
 
         watch = FenceWatch(
             expected=fingerprint, inspect=inspect, on_lost=self._enforcement_lost, notifications=notifications,
-            on_error=lambda reason: self.log.emit("fence.watch-error", reason=reason),
+            on_error=lambda reason: self.log.emit(EventName.FENCE_WATCH_ERROR, reason=reason),
         )  # fmt: skip
         assert self._nursery is not None
         await self._nursery.start(watch.run)
-        self.log.emit("fence.watch", notifications=bool(notifications), interval_s=watch.interval_s, **nftables)
+        self.log.emit(EventName.FENCE_WATCH, notifications=bool(notifications), interval_s=watch.interval_s, **nftables)
 
     async def _enforcement_lost(self, report: dict[str, Any]) -> None:
         """The fence changed under a running workload: kill every workload process now (no grace), the agent's
@@ -577,12 +578,12 @@ class BoundaryDaemon:
         reason = "fence changed: " + ("; ".join(problems) if problems else "fingerprint differs from confirm's")
         self.enforcement_lost = reason
         self.log.emit(
-            "enforcement-lost", reason=reason, problems=problems, links=report.get("links"),
+            EventName.ENFORCEMENT_LOST, reason=reason, problems=problems, links=report.get("links"),
             fingerprint_confirmed=(self.fence or {}).get("fingerprint"), fingerprint_now=report.get("fingerprint"),
             trigger=report.get("trigger"),
         )  # fmt: skip
         started = self.table.agent is not None
-        await self.table.end_all("enforcement-lost", kill=True)
+        await self.table.end_all(EventName.ENFORCEMENT_LOST, kill=True)
         if not started:  # ready, never started: nothing will report an agent exit
             self._fatal(reason)
 
@@ -633,11 +634,11 @@ class BoundaryDaemon:
         except OpError as exc:
             self.lifecycle.end()
             self.exit_code = for_launch_errno(exc.errno)
-            self.log.emit("agent.launch-failed", error=exc.to_json(), exit_code=self.exit_code)
+            self.log.emit(EventName.AGENT_LAUNCH_FAILED, error=exc.to_json(), exit_code=self.exit_code)
             self._end_soon()
             raise
         self.lifecycle.advance(Op.START)
-        self.log.emit("lifecycle.running", agent=entry.handle, argv=list(self.cfg.agent_argv))
+        self.log.emit(EventName.LIFECYCLE_RUNNING, agent=entry.handle, argv=list(self.cfg.agent_argv))
         return {"state": str(self.lifecycle.state), "agent": entry.handle}
 
     async def op_resume(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -715,7 +716,7 @@ class BoundaryDaemon:
         if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
             raise OpError(ErrorKind.INVALID, "policy_generation must be a non-negative integer", "policy_generation")
         self.policy_generation_acked = generation
-        self.log.emit("policy.acknowledged", policy_generation=generation)
+        self.log.emit(EventName.POLICY_ACKNOWLEDGED, policy_generation=generation)
         return {"policy_generation": generation}
 
     async def op_exit_ack(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -759,7 +760,7 @@ class BoundaryDaemon:
         await accept({"host": target.host, "port": target.port})
         stats = await relay(stream, local, idle_timeout=math.inf)
         self.log.emit(
-            "forward.closed", host=target.host, port=target.port, bytes_in=stats.bytes_a_to_b,
+            EventName.FORWARD_CLOSED, host=target.host, port=target.port, bytes_in=stats.bytes_a_to_b,
             bytes_out=stats.bytes_b_to_a, closed_by=str(stats.closed_by),
         )  # fmt: skip
 
@@ -785,18 +786,18 @@ class BoundaryDaemon:
                 raise CgroupError(f"cannot move the launcher into {group.directory}: {exc.strerror}") from None
         except CgroupError as exc:
             self.limits = {"pids": "unenforced", "pids_reason": str(exc)}
-            self.log.emit("limits.pids", enforced=False, limit=None, reason=str(exc))
+            self.log.emit(EventName.LIMITS_PIDS, enforced=False, limit=None, reason=str(exc))
             return
         self.pids_cgroup = group
         if group.stale_removed:  # a SIGKILLed boundary's leftovers (cgroups.py rule 5)
-            self.log.emit("limits.pids-cgroup-stale-removed", cgroups=list(group.stale_removed))
+            self.log.emit(EventName.LIMITS_PIDS_CGROUP_STALE_REMOVED, cgroups=list(group.stale_removed))
         self.limits = {"pids": limit, "pids_cgroup": group.describe()}
-        self.log.emit("limits.pids", enforced=True, limit=limit, cgroup=group.describe())
+        self.log.emit(EventName.LIMITS_PIDS, enforced=True, limit=limit, cgroup=group.describe())
 
     # -- failure ------------------------------------------------------------------------------------------------
     def _fatal(self, reason: str) -> None:
         """An authenticated lifecycle step failed: reply, then exit non-zero (spec §1.1)."""
-        self.log.emit("lifecycle.failed", reason=reason)
+        self.log.emit(EventName.LIFECYCLE_FAILED, reason=reason)
         self.lifecycle.end()
         self.exit_code = ExitCode.SELF_FAILED
         self._end_soon()

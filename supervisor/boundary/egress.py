@@ -54,6 +54,7 @@ from supervisor.protocol.egress import (
     encode_connect_headers,
     encode_dns_request_headers,
 )
+from supervisor.protocol.event_names import EventName
 from supervisor.protocol.proxy_head import ForwardBody, render_response, render_unavailable
 
 LINK_WAIT_S = 0.25  # how long a connection may wait for an egress link before it is refused
@@ -205,7 +206,7 @@ class EgressCapture:
         except (trio.BrokenResourceError, trio.ClosedResourceError, LinkClosed):
             pass
         except Exception as exc:
-            self.log.emit("egress.error", error=repr(exc)[:500])
+            self.log.emit(EventName.EGRESS_ERROR, error=repr(exc)[:500])
             if stream is not None:
                 _reset(stream)
         finally:
@@ -228,12 +229,12 @@ class EgressCapture:
                 identity = self.resolver.resolve(local, remote)
         except IdentityUnresolved as exc:
             self.counters["refused"] += 1
-            self.log.emit("egress.refused", reason=f"identity-unresolved: {exc.stage}", detail=str(exc),
+            self.log.emit(EventName.EGRESS_REFUSED, reason=f"identity-unresolved: {exc.stage}", detail=str(exc),
                           destination=f"{local[0]}:{local[1]}", src_port=remote[1])  # fmt: skip
             return None
         except OSError as exc:
             self.counters["refused"] += 1
-            self.log.emit("egress.refused", reason="identity-unresolved: error", detail=str(exc))
+            self.log.emit(EventName.EGRESS_REFUSED, reason="identity-unresolved: error", detail=str(exc))
             return None
         return identity
 
@@ -246,7 +247,7 @@ class EgressCapture:
             link = await self.links.pick()
             if link is None:
                 self.counters["refused"] += 1
-                self.log.emit("egress.refused", reason="no-egress-link", destination=f"{host}:{port}",
+                self.log.emit(EventName.EGRESS_REFUSED, reason="no-egress-link", destination=f"{host}:{port}",
                               binary=identity.binary_path)  # fmt: skip
                 return None, EgressReply(503, reason="no-egress-link", detail="control is not connected")
             conn_id = secrets.token_hex(8)
@@ -263,10 +264,14 @@ class EgressCapture:
                 # only when used; nothing of the agent's was sent on it, so the next live link is asked.
                 if attempt < HANDOFF_ATTEMPTS:
                     continue
-                self.log.emit("egress.refused", reason="link-failed", detail=str(exc), destination=f"{host}:{port}")
+                self.log.emit(
+                    EventName.EGRESS_REFUSED, reason="link-failed", detail=str(exc), destination=f"{host}:{port}"
+                )
                 return None, EgressReply(503, reason="link-failed")
             except (trio.TooSlowError, EgressHeaderError) as exc:
-                self.log.emit("egress.refused", reason="link-failed", detail=str(exc), destination=f"{host}:{port}")
+                self.log.emit(
+                    EventName.EGRESS_REFUSED, reason="link-failed", detail=str(exc), destination=f"{host}:{port}"
+                )
                 return None, EgressReply(503, reason="link-failed")
             break
         if not reply.allowed:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.cli.human import clean
+from supervisor.protocol.event_names import EventName
 
 PREFIX = "openshell-sandbox: "
 REFUSED = {"deny", "denied", "refused"}
@@ -57,25 +58,27 @@ class Console:
 
     def lines_for(self, event: Mapping[str, Any]) -> list[str]:
         kind = event.get("event")
-        if kind == "lifecycle.bound" and event.get("component") == "boundary":
+        if kind == EventName.LIFECYCLE_BOUND and event.get("component") == "boundary":
             self._policy_generation = event.get("policy_generation")
-        elif kind == "policy.applied":
+        elif kind == EventName.POLICY_APPLIED:
             self._policy_generation = event.get("generation")
-        elif kind == "lifecycle.ready" and isinstance(event.get("fence"), Mapping):
+        elif kind == EventName.LIFECYCLE_READY and isinstance(event.get("fence"), Mapping):
             self._fence = event["fence"]
-        elif kind == "lifecycle.running" and event.get("component") == "control" and not self.ready_printed:
+        elif kind == EventName.LIFECYCLE_RUNNING and event.get("component") == "control" and not self.ready_printed:
             self.ready_printed = True
             return [self._ready_line()]
-        elif kind in ("egress", "egress.refused", "http") and (kind == "egress.refused" or _refused(event)):
+        elif kind in (EventName.EGRESS, EventName.EGRESS_REFUSED, EventName.HTTP) and (
+            kind == EventName.EGRESS_REFUSED or _refused(event)
+        ):
             return [self._refusal_line(event)]
-        elif kind == "boundary.refused" and event.get("component") == "control":
+        elif kind == EventName.BOUNDARY_REFUSED and event.get("component") == "control":
             error = event.get("error")
             why = error.get("reason") if isinstance(error, Mapping) else None
             return [f"{PREFIX}the boundary refused the sandbox's set-up and exited: {clean(why or 'no reason given')}"]
-        elif kind == "enforcement-lost" and event.get("component") == "boundary":
+        elif kind == EventName.ENFORCEMENT_LOST and event.get("component") == "boundary":
             reason = clean(event.get("reason") or "the fence changed")
             return [f"{PREFIX}enforcement lost, every workload process was killed: {reason}"]
-        elif kind == "dns" and event.get("decision") == "refused":
+        elif kind == EventName.DNS and event.get("decision") == "refused":
             name = str(event.get("name", ""))
             if name not in self._dns_refused:
                 self._dns_refused.add(name)
@@ -96,7 +99,7 @@ class Console:
         binary = event.get("binary")
         who = clean(binary) if binary else "a process"
         what = clean(destination)
-        if event.get("event") == "http" and event.get("method"):
+        if event.get("event") == EventName.HTTP and event.get("method"):
             what = f"{clean(event['method'])} {clean(destination)}{clean(event.get('path') or '')}"
         reason = clean(event.get("reason") or event.get("detail") or "refused")
         line = f"{PREFIX}refused {who} → {what}: {reason}"
@@ -106,7 +109,7 @@ class Console:
     def explain_command(self, event: Mapping[str, Any]) -> str | None:
         """The ``policy decide`` command that reproduces this decision, or ``None`` when it is no decision."""
         reason = str(event.get("reason") or "")
-        if event.get("event") == "egress.refused" or reason.startswith("identity-unresolved"):
+        if event.get("event") == EventName.EGRESS_REFUSED or reason.startswith("identity-unresolved"):
             return None  # refused before any policy decision: nothing for `policy decide` to explain
         host, port = _split_destination(str(event.get("destination") or ""))
         if not host or not port.isdigit():
@@ -118,7 +121,7 @@ class Console:
         if isinstance(ancestors, list):
             for ancestor in ancestors:
                 argv += ["--ancestor", str(ancestor)]
-        if event.get("event") == "http" and event.get("method") and event.get("path"):
+        if event.get("event") == EventName.HTTP and event.get("method") and event.get("path"):
             argv += ["--method", str(event["method"]), "--path", str(event["path"])]
         return clean(shlex.join(argv))
 

@@ -11,7 +11,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-DECISION_EVENTS = ("egress", "egress.refused", "http", "dns")
+from supervisor.protocol.event_names import EventName
+
+DECISION_EVENTS = (EventName.EGRESS, EventName.EGRESS_REFUSED, EventName.HTTP, EventName.DNS)
 _QUIET_FIELDS = ("time", "event", "component", "sandbox")
 MAX_FIELDS_TEXT = 240
 
@@ -39,8 +41,8 @@ def summary(event: Mapping[str, Any]) -> str:
 
 
 def _decision(event: Mapping[str, Any]) -> str:
-    decision = event.get("decision") or ("refused" if event.get("event") == "egress.refused" else "?")
-    if event.get("event") == "dns":
+    decision = event.get("decision") or ("refused" if event.get("event") == EventName.EGRESS_REFUSED else "?")
+    if event.get("event") == EventName.DNS:
         target = f"DNS {event.get('name', '?')} {event.get('qtype', '')}".rstrip()
         who = ""
     else:

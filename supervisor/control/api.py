@@ -33,6 +33,7 @@ from supervisor.link.h2link import Link
 from supervisor.link.relay import relay
 from supervisor.link.rpc import call, open_channel
 from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.event_names import EventName
 
 
 class ControlState(Protocol):
@@ -123,7 +124,7 @@ class ApiServer:
             os.umask(old)
         sock.listen(64)
         listener = trio.SocketListener(sock)
-        self.log.emit("api.listening", path=str(self.path))
+        self.log.emit(EventName.API_LISTENING, path=str(self.path))
         task_status.started()
         try:
             await trio.serve_listeners(self._connection, [listener])
@@ -186,7 +187,7 @@ class ApiServer:
 
             detail = {"policy_sha256": hashlib.sha256(body).hexdigest(), "bytes": len(body)}
         # The action first: `logs` shows the fields in this order and cuts long lines.
-        self.log.emit("api.operator", action=f"{request.method.decode()} {target}", request=detail or None,
+        self.log.emit(EventName.API_OPERATOR, action=f"{request.method.decode()} {target}", request=detail or None,
                       peer=peer, operator=operator)  # fmt: skip
 
     async def _dispatch(self, http: _Http, request: h11.Request, body: bytes) -> bool:
@@ -269,7 +270,7 @@ class ApiServer:
             errors = [err.to_json() for err in exc.errors]
             await http.respond_json(400, {"kind": "invalid", "reason": "policy rejected", "errors": errors})
             return
-        self.log.emit("policy.applied", generation=generation, source="api")
+        self.log.emit(EventName.POLICY_APPLIED, generation=generation, source="api")
         await http.respond_json(200, self.daemon.policy.status_json())
 
     async def _channel(self, http: _Http, request: h11.Request, target: str, body: dict[str, Any]) -> bool:

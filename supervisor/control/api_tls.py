@@ -40,6 +40,7 @@ from supervisor.link.tls_link import (
 )
 from supervisor.protocol.certs import Bundle
 from supervisor.protocol.claims import Role, spiffe_uri
+from supervisor.protocol.event_names import EventName
 from supervisor.protocol.fingerprint import certificate_fingerprint
 from supervisor.protocol.tls import ALPN_API, PeerRejected, server_context, verify_peer
 
@@ -154,15 +155,15 @@ class TlsApiListener:
         # "*": every address of the pod, IPv4 and IPv6 (what `k8s render --api-listen` passes).
         listeners = await trio.open_tcp_listeners(self.port, host=None if self.host == "*" else self.host)
         bound = listeners[0].socket.getsockname()
-        self.log.emit("api.listening", address=f"{self.host}:{bound[1]}", tls=True, role=str(Role.OPERATOR),
+        self.log.emit(EventName.API_LISTENING, address=f"{self.host}:{bound[1]}", tls=True, role=str(Role.OPERATOR),
                       uri=spiffe_uri(self.bundle.claims, Role.OPERATOR))  # fmt: skip
         task_status.started(bound[1])
         await trio.serve_listeners(self._connection, listeners)
 
     def _refused(self, address: str, peer: str, field: str | None, reason: str) -> None:
-        self.log.emit("api.refused", peer=peer, field=field, reason=reason)
+        self.log.emit(EventName.API_REFUSED, peer=peer, field=field, reason=reason)
         if self.limiter.failed(address, self.clock()):
-            self.log.emit("api.rate-limited", peer=peer, address=address, failures=self.limiter.limit,
+            self.log.emit(EventName.API_RATE_LIMITED, peer=peer, address=address, failures=self.limiter.limit,
                           window_s=self.limiter.window_s)  # fmt: skip
 
     async def _connection(self, stream: trio.SocketStream) -> None:
@@ -177,7 +178,9 @@ class TlsApiListener:
         try:
             self._handshakes.acquire_nowait()
         except trio.WouldBlock:
-            self.log.emit("api.refused", peer=peer, field="tls", reason=f"{MAX_HANDSHAKES} handshakes already running")
+            self.log.emit(
+                EventName.API_REFUSED, peer=peer, field="tls", reason=f"{MAX_HANDSHAKES} handshakes already running"
+            )
             await trio.aclose_forcefully(stream)
             return
         tls = trio.SSLStream(stream, self.ctx, server_side=True, https_compatible=True)
@@ -187,7 +190,7 @@ class TlsApiListener:
             self._handshakes.release()
         if identity is None:
             return
-        self.log.emit("api.operator", action="connected", peer=peer, operator=identity)
+        self.log.emit(EventName.API_OPERATOR, action="connected", peer=peer, operator=identity)
         await self.api.handle(_TlsChannelEnd(tls), operator=identity, peer=peer)
 
     async def _handshake(self, tls: trio.SSLStream[trio.SocketStream], address: str, peer: str) -> Any:

@@ -24,6 +24,7 @@ import trio
 from supervisor.jsonlog import JsonLog
 from supervisor.link.h2link import Link
 from supervisor.link.rpc import call
+from supervisor.protocol.event_names import EventName
 from supervisor.protocol.fence_canary import PROBE_TIMEOUT_S, SELF_CHECK_OK, CanaryReport, format_canary
 
 __all__ = ["FenceCanary"]
@@ -56,7 +57,7 @@ class FenceCanary:
         except OSError as exc:
             sock.close()
             raise OSError(exc.errno, f"--fence-canary {self.target}: cannot listen: {exc.strerror}") from None
-        self.log.emit("fence.canary-listening", address=self.target)
+        self.log.emit(EventName.FENCE_CANARY_LISTENING, address=self.target)
         task_status.started()
         with sock:
             while True:
@@ -68,7 +69,7 @@ class FenceCanary:
                     continue
                 text = format_canary(str(peer[0]), int(peer[1]))
                 self.seen.append((trio.current_time(), text))
-                self.log.emit("fence.canary-connection", peer=text, level="warning")
+                self.log.emit(EventName.FENCE_CANARY_CONNECTION, peer=text, level="warning")
 
     async def self_check(self) -> str:
         """Reach our own canary from our side; ``SELF_CHECK_OK`` or why not. The connection is recognised by
@@ -105,7 +106,7 @@ class FenceCanary:
         report = CanaryReport(probe=int(reply.get("probe", 0)), seen=len(peers), self_check=check,
                               peers=tuple(peers[:MAX_PEERS]))  # fmt: skip
         self.last = {**report.to_wire(), "probe_error": reply.get("error"), "observed": report.observed}
-        self.log.emit("fence.canary-round", **self.last)
+        self.log.emit(EventName.FENCE_CANARY_ROUND, **self.last)
         return report
 
     def status(self) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from supervisor.link.tls_link import Refused, dial_link
 from supervisor.protocol.attach import AttachRequest, CaptureMode, StaticPolicy
 from supervisor.protocol.certs import Bundle, BundleError, read_policy_digest
 from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_codes import ExitCode
 from supervisor.protocol.fence_canary import REPEAT_S
 from supervisor.protocol.fingerprint import certificate_fingerprint
@@ -163,20 +164,20 @@ class ControlDaemon:
                 nursery.start_soon(self._acknowledge_policy)
                 nursery.start_soon(self._maintain_ops_link)
             nursery.start_soon(self._watch_certificates)
-            self.log.emit("policy.watch", watching=self.cfg.policy_file is not None,
+            self.log.emit(EventName.POLICY_WATCH, watching=self.cfg.policy_file is not None,
                           reason=self.cfg.policy_watch_reason)  # fmt: skip
             if self.cfg.policy_file is not None:
                 from supervisor.control.policy import watch_policy_file
                 from supervisor.control.policy.watch_safety import watch_guard
 
                 def unsafe(reason: str) -> None:
-                    self.log.emit("policy.watch", watching=False, reason=f"stopped: {reason}")
+                    self.log.emit(EventName.POLICY_WATCH, watching=False, reason=f"stopped: {reason}")
 
                 nursery.start_soon(functools.partial(
                     watch_policy_file, self.cfg.policy_file, self.policy,
                     guard=watch_guard(self.cfg.policy_file, self.cfg.agent_writable), on_unsafe=unsafe,
                 ))  # fmt: skip
-        self.log.emit("control.exit")
+        self.log.emit(EventName.CONTROL_EXIT)
         return 0
 
     def _log_topology(self) -> None:
@@ -184,17 +185,17 @@ class ControlDaemon:
                                   else "binary"}  # fmt: skip
         if self.proxy is not None:
             fields["networkpolicy_enforcement"] = "acknowledged" if self.cfg.networkpolicy_acknowledged else None
-        self.log.emit("topology", **fields)
+        self.log.emit(EventName.TOPOLOGY, **fields)
         policy = self.policy.snapshot().last_valid.policy
         if self.cfg.relaxed_identity and any(rule.binaries for rule in policy.network_policies):
-            self.log.emit("policy.identity-relaxed", level="warning",
+            self.log.emit(EventName.POLICY_IDENTITY_RELAXED, level="warning",
                           reason=f"binary identity is relaxed ({self.topology} topology): the policy's binaries "
                           "lists are ignored; only destinations are decided")  # fmt: skip
 
     async def _signals(self, nursery: trio.Nursery) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
-                self.log.emit("control.signal", signal=signal.Signals(signum).name)
+                self.log.emit(EventName.CONTROL_SIGNAL, signal=signal.Signals(signum).name)
                 nursery.cancel_scope.cancel()
                 return
 
@@ -207,7 +208,7 @@ class ControlDaemon:
         """The one log line of one failed link (docs/quickstart.md "When the link fails"); returns the delay to wait."""
         delay = backoff.advance()
         self.log.emit(
-            "link.failed", peer=self._peer, alpn=alpn, step=failure.step, field=failure.field,
+            EventName.LINK_FAILED, peer=self._peer, alpn=alpn, step=failure.step, field=failure.field,
             reason=failure.reason, retry_in_s=round(delay, 3), **extra,
         )  # fmt: skip
         return delay
@@ -254,7 +255,7 @@ class ControlDaemon:
             self.ops = link
             self.peer_claims_ok = True
             self.ops_ready.set()
-            self.log.emit("link.up", peer=self._peer, alpn=ALPN_OPS)
+            self.log.emit(EventName.LINK_UP, peer=self._peer, alpn=ALPN_OPS)
             try:
                 await self._drive(link, failure)
                 failure.step = "running" if self.agent_result is None else "agent-exited"
@@ -300,26 +301,26 @@ class ControlDaemon:
             except OpError as exc:
                 if exc.kind is not ErrorKind.UNAVAILABLE:  # a refused attach ends the boundary (issue 15)
                     self.boundary_refused = f"{exc.kind}: {exc.reason}" + (f" ({exc.field})" if exc.field else "")
-                    self.log.emit("boundary.refused", step="attach", error=exc.to_json(),
+                    self.log.emit(EventName.BOUNDARY_REFUSED, step="attach", error=exc.to_json(),
                                   reason="the boundary refused the attach descriptor and exits non-zero")  # fmt: skip
                 raise
             self.boundary_refused = None
             self._backoffs.reset()  # progress: only a successful attach or resume resets the backoff
             self.boundary_ca_sha256 = self.certificates.interception_ca_sha256
-            self.log.emit("lifecycle.bound", reply=reply)
+            self.log.emit(EventName.LIFECYCLE_BOUND, reply=reply)
             self._start_egress_links()
             failure.step = "confirm"
             reply = await self._confirm_observed(link)
-            self.log.emit("lifecycle.ready", fence=reply.get("fence"))
+            self.log.emit(EventName.LIFECYCLE_READY, fence=reply.get("fence"))
             failure.step = "start"
             reply = await call(link, "/v1/start")
-            self.log.emit("lifecycle.running", agent=reply.get("agent"))
+            self.log.emit(EventName.LIFECYCLE_RUNNING, agent=reply.get("agent"))
         else:
             failure.step = "resume"
             ours = self.certificates.interception_ca_sha256
             reply = await call(link, "/v1/resume", {"interception_ca_sha256": ours})
             self._backoffs.reset()
-            self.log.emit("lifecycle.resumed", state=reply.get("state"))
+            self.log.emit(EventName.LIFECYCLE_RESUMED, state=reply.get("state"))
             self._compare_interception_ca(reply.get("interception_ca_sha256"))
             if reply.get("state") in ("bound", "ready", "running"):
                 self._start_egress_links()
@@ -329,7 +330,7 @@ class ControlDaemon:
             if reply.get("state") in ("bound", "ready"):  # a link lost between confirm and start lands here
                 failure.step = "start"
                 reply = await call(link, "/v1/start")
-                self.log.emit("lifecycle.running", agent=reply.get("agent"))
+                self.log.emit(EventName.LIFECYCLE_RUNNING, agent=reply.get("agent"))
         failure.step = "status"
         self.boundary = await call(link, "/v1/status")
         failure.step = "running"
@@ -344,7 +345,7 @@ class ControlDaemon:
         self.boundary_ca_sha256 = theirs if isinstance(theirs, str) else None
         ours = self.certificates.interception_ca_sha256
         if self.boundary_ca_sha256 is not None and self.boundary_ca_sha256 != ours:
-            self.log.emit("interception.ca-mismatch", ours=ours, boundary=self.boundary_ca_sha256,
+            self.log.emit(EventName.INTERCEPTION_CA_MISMATCH, ours=ours, boundary=self.boundary_ca_sha256,
                           reason="control's interception CA is not the one the agent was given at attach: "
                           "inspected connections will fail verification in the agent (was --interception-ca "
                           "or its Secret replaced?)")  # fmt: skip
@@ -356,7 +357,7 @@ class ControlDaemon:
             for name, when in expiring(self.certificates, datetime.datetime.now(datetime.UTC)):
                 if name not in told:
                     told.add(name)
-                    self.log.emit("certificate.expiring", certificate=name, when=when)
+                    self.log.emit(EventName.CERTIFICATE_EXPIRING, certificate=name, when=when)
             await trio.sleep(3600)
 
     @property
@@ -375,7 +376,7 @@ class ControlDaemon:
         except OpError as exc:
             if exc.kind is ErrorKind.FAILED:  # the boundary found the fence not in force and exits
                 self.boundary_refused = f"{exc.kind}: {exc.reason}"
-                self.log.emit("boundary.refused", step="confirm", error=exc.to_json(),
+                self.log.emit(EventName.BOUNDARY_REFUSED, step="confirm", error=exc.to_json(),
                               reason="the fence is not in force; the boundary exits non-zero")  # fmt: skip
             raise
 
@@ -389,7 +390,7 @@ class ControlDaemon:
                 report = await self.canary.round(link)
                 await call(link, "/v1/fence-observed", {"canary": report.to_wire()})
             except OpError as exc:
-                self.log.emit("fence.canary-round-failed", error=exc.to_json())
+                self.log.emit(EventName.FENCE_CANARY_ROUND_FAILED, error=exc.to_json())
                 if exc.kind in (ErrorKind.FAILED, ErrorKind.TERMINATED):
                     return  # enforcement lost: _follow_agent's wait returns the agent's result
 
@@ -428,7 +429,7 @@ class ControlDaemon:
                     self.egress_up += 1
                     self._egress_came_up.set()
                     self._egress_came_up = trio.Event()
-                    self.log.emit("link.up", peer=self._peer, alpn=ALPN_EGRESS, index=index)
+                    self.log.emit(EventName.LINK_UP, peer=self._peer, alpn=ALPN_EGRESS, index=index)
                     try:
                         await link.run()
                     finally:
@@ -440,7 +441,7 @@ class ControlDaemon:
 
     # -- policy generations -----------------------------------------------------------------------------------
     def _policy_changed(self, snap: Any) -> None:
-        self.log.emit("policy.generation", generation=snap.generation, status=snap.status, source=snap.source)
+        self.log.emit(EventName.POLICY_GENERATION, generation=snap.generation, status=snap.status, source=snap.source)
         try:
             self._acks.send_nowait(snap.generation)
         except trio.WouldBlock:
@@ -455,7 +456,7 @@ class ControlDaemon:
             try:
                 await call(link, "/v1/policy-ack", {"policy_generation": generation})
             except OpError as exc:
-                self.log.emit("policy.ack-failed", generation=generation, error=exc.to_json())
+                self.log.emit(EventName.POLICY_ACK_FAILED, generation=generation, error=exc.to_json())
 
     async def _follow_agent(self, link: Link) -> None:
         agent = (self.boundary.get("agent") or {}).get("handle")
@@ -463,14 +464,14 @@ class ControlDaemon:
             return
         result = await call(link, "/v1/wait", {"handle": agent})
         self.agent_result = result
-        self.log.emit("agent.exited", handle=agent, result=result)
+        self.log.emit(EventName.AGENT_EXITED, handle=agent, result=result)
         self.boundary = await call(link, "/v1/status")
         if self.boundary.get("enforcement_lost"):
-            self.log.emit("enforcement-lost", reason=self.boundary["enforcement_lost"], agent_result=result)
+            self.log.emit(EventName.ENFORCEMENT_LOST, reason=self.boundary["enforcement_lost"], agent_result=result)
         try:
             await call(link, "/v1/agent/exit-ack")
         except OpError as exc:
-            self.log.emit("agent.exit-ack-failed", error=exc.to_json())
+            self.log.emit(EventName.AGENT_EXIT_ACK_FAILED, error=exc.to_json())
 
     async def refresh_status(self) -> dict[str, Any]:
         link = self.ops
@@ -553,7 +554,7 @@ def certificate_facts(cfg: ControlConfig) -> CertificateFacts:
     try:
         rendered = read_policy_digest(cfg.bundle.directory)
     except BundleError as exc:
-        cfg.log.emit("bootstrap.policy-digest-unreadable", reason=str(exc))
+        cfg.log.emit(EventName.BOOTSTRAP_POLICY_DIGEST_UNREADABLE, reason=str(exc))
         rendered = None
     return CertificateFacts(
         bootstrap_not_after=cfg.bundle.not_after,
@@ -578,6 +579,6 @@ def run(cfg: ControlConfig) -> int:
     try:
         return trio.run(ControlDaemon(cfg).serve)
     except OSError as exc:
-        cfg.log.emit("control.failed", reason=str(exc))
+        cfg.log.emit(EventName.CONTROL_FAILED, reason=str(exc))
         print(f"openshell-sandbox: control: {exc}", file=sys.stderr)
         return ExitCode.SELF_FAILED

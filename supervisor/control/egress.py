@@ -59,6 +59,7 @@ from supervisor.protocol.egress import (
     encode_dns_reply_headers,
     encode_reply_headers,
 )
+from supervisor.protocol.event_names import EventName
 
 DNS_MAX = 65535
 DNS_TTL = 30
@@ -135,7 +136,7 @@ class EgressService:
     def _event(self, request: EgressRequest, decision: str, **fields: Any) -> None:
         identity = request.identity
         self.log.emit(
-            "egress",
+            EventName.EGRESS,
             decision=decision,
             destination=request.authority,
             capture=str(request.capture),
@@ -154,7 +155,7 @@ class EgressService:
             request = decode_connect_headers(stream.headers)
         except EgressHeaderError as exc:
             self.counters["denied"] += 1
-            self.log.emit("egress", decision="deny", reason="malformed-request", detail=str(exc))
+            self.log.emit(EventName.EGRESS, decision="deny", reason="malformed-request", detail=str(exc))
             await self._reply(stream, EgressReply(400, reason="malformed-request", detail=str(exc)[:200]))
             return
         await self.serve(stream, request)
@@ -367,7 +368,7 @@ class EgressService:
             else:
                 reason = str(decision.reason) if decision.reason else "denied"
             self.log.emit(
-                "egress.revoked", destination=live.request.authority, conn_id=live.request.conn_id,
+                EventName.EGRESS_REVOKED, destination=live.request.authority, conn_id=live.request.conn_id,
                 admitted_generation=live.generation, policy_generation=snap.generation, reason=reason,
             )  # fmt: skip
             live.scope.cancel()
@@ -408,7 +409,9 @@ class EgressService:
         )  # fmt: skip
         response = dns_reply(query, plan.rcode)
         if plan.action is not DnsAction.RESOLVE:
-            self.log.emit("dns", name=plan.name, qtype=plan.qtype, decision=str(plan.action), reason=plan.reason)
+            self.log.emit(
+                EventName.DNS, name=plan.name, qtype=plan.qtype, decision=str(plan.action), reason=plan.reason
+            )
             return response
         question = query.question[0]
         name = plan.name
@@ -427,7 +430,7 @@ class EgressService:
             )
         except UpstreamError as exc:
             response.set_rcode(dns.rcode.NXDOMAIN if str(exc.reason) == "nxdomain" else dns.rcode.SERVFAIL)
-            self.log.emit("dns", name=name, decision="failed", reason=str(exc.reason))
+            self.log.emit(EventName.DNS, name=name, decision="failed", reason=str(exc.reason))
             return response
         version = 4 if question.rdtype == dns.rdatatype.A else 6
         texts = [str(a) for a in addresses if a.version == version]
@@ -436,6 +439,6 @@ class EgressService:
             self._issued.setdefault(text, {})[name] = expiry
         if texts:
             response.answer.append(dns.rrset.from_text_list(question.name, DNS_TTL, "IN", question.rdtype, texts))
-        self.log.emit("dns", name=name, qtype=dns.rdatatype.to_text(question.rdtype), decision="answered",
+        self.log.emit(EventName.DNS, name=name, qtype=dns.rdatatype.to_text(question.rdtype), decision="answered",
                       addresses=texts)  # fmt: skip
         return response

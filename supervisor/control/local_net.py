@@ -30,6 +30,7 @@ import trio
 
 from supervisor.control.addresses import IPAddress, classify
 from supervisor.jsonlog import JsonLog
+from supervisor.protocol.event_names import EventName
 
 __all__ = ["REREAD_S", "Ipv6Egress", "LocalNetwork", "NetState", "covers_global_v6", "read_netstate"]
 
@@ -133,11 +134,11 @@ class LocalNetwork:
             state = self._reader()
         except Exception as exc:  # netlink refused or pyroute2 failed: keep what we knew (rule 3)
             if self._log is not None:
-                self._log.emit("control.netstate-failed", reason=f"{type(exc).__name__}: {exc}")
+                self._log.emit(EventName.CONTROL_NETSTATE_FAILED, reason=f"{type(exc).__name__}: {exc}")
             return
         if state != self._state and self._log is not None:
             self._log.emit(
-                "control.netstate", addresses=sorted(str(a) for a in state.addresses),
+                EventName.CONTROL_NETSTATE, addresses=sorted(str(a) for a in state.addresses),
                 ipv6_egress=self.ipv6_egress if self.mode is not Ipv6Egress.AUTO else state.ipv6_route,
                 ipv6_mode=str(self.mode),
             )  # fmt: skip

@@ -34,6 +34,7 @@ import trio
 from supervisor.control.egress import EgressService
 from supervisor.jsonlog import JsonLog
 from supervisor.protocol.egress import CaptureKind, EgressRequest, decode_reply_headers
+from supervisor.protocol.event_names import EventName
 from supervisor.protocol.proxy_head import (
     HEAD_READ_DEADLINE_S,
     ForwardBody,
@@ -148,7 +149,7 @@ class ProxyListener:
         listeners = await trio.open_tcp_listeners(self.cfg.port, host=host, backlog=512)
         sockname = listeners[0].socket.getsockname()
         self.bound = (sockname[0], sockname[1])
-        self.log.emit("proxy.listening", address=f"{self.bound[0]}:{self.bound[1]}",
+        self.log.emit(EventName.PROXY_LISTENING, address=f"{self.bound[0]}:{self.bound[1]}",
                       max_connections=self.cfg.max_connections, per_client=self.cfg.per_client,
                       clients=[str(n) for n in self.cfg.clients] or None, identity="relaxed")  # fmt: skip
         task_status.started()
@@ -160,7 +161,7 @@ class ProxyListener:
 
     def _refuse(self, peer: str, reason: str, **fields: Any) -> None:
         self.counters["refused"] += 1
-        self.log.emit("proxy.refused", client=peer, reason=reason, **fields)
+        self.log.emit(EventName.PROXY_REFUSED, client=peer, reason=reason, **fields)
 
     async def _connection(self, client: trio.SocketStream) -> None:
         peer_addr = client.socket.getpeername()
@@ -189,7 +190,7 @@ class ProxyListener:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         except Exception as exc:  # one connection's failure is that connection's alone
-            self.log.emit("proxy.error", client=peer, error=repr(exc)[:500])
+            self.log.emit(EventName.PROXY_ERROR, client=peer, error=repr(exc)[:500])
             _reset(client)
         finally:
             await trio.aclose_forcefully(client)

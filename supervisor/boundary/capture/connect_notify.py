@@ -45,6 +45,7 @@ import trio
 
 from supervisor.boundary.capture.identity import IdentityResolver
 from supervisor.boundary.process import linux, seccomp
+from supervisor.protocol.event_names import EventName
 
 # struct seccomp_notif { u64 id; u32 pid; u32 flags; struct seccomp_data { int nr; u32 arch; u64 ip; u64 args[6] } }
 _NOTIF: Final = struct.Struct("=QIIiIQ6Q")
@@ -144,7 +145,7 @@ class ConnectNotifier:
         resolver: IdentityResolver,
         *,
         bound: float = DEFAULT_BOUND,
-        on_event: Callable[[str, dict[str, object]], None] | None = None,
+        on_event: Callable[[EventName, dict[str, object]], None] | None = None,
     ) -> None:
         if resolver.records is None:
             raise ValueError("the resolver needs a connect record store")
@@ -235,7 +236,7 @@ class ConnectNotifier:
         except Exception as exc:  # rule 5: whatever went wrong, no record (and the boundary goes on)
             if note.nr == self._syscalls["connect"]:
                 self.counters["unrecorded"] += 1
-                self._event("identity.connect-unrecorded", pid=note.pid, detail=str(exc)[:300])
+                self._event(EventName.IDENTITY_CONNECT_UNRECORDED, pid=note.pid, detail=str(exc)[:300])
         finally:
             if pending is None:
                 self._release(listener, note)
@@ -311,16 +312,16 @@ class ConnectNotifier:
             if scope.cancelled_caught:
                 self.counters["timed_out"] += 1
                 self.counters["unrecorded"] += 1
-                self._event("identity.connect-timeout", pid=note.pid, bound_s=self.bound)
+                self._event(EventName.IDENTITY_CONNECT_TIMEOUT, pid=note.pid, bound_s=self.bound)
         except Exception as exc:  # rule 5
             self.counters["unrecorded"] += 1
-            self._event("identity.connect-unrecorded", pid=note.pid, detail=str(exc)[:300])
+            self._event(EventName.IDENTITY_CONNECT_UNRECORDED, pid=note.pid, detail=str(exc)[:300])
         finally:
             os.close(pending.pidfd)
             os.close(pending.exe_fd)
             self._release(listener, note)
 
-    def _event(self, name: str, **fields: object) -> None:
+    def _event(self, name: EventName, **fields: object) -> None:
         if self._on_event is not None:
             self._on_event(name, fields)
 

@@ -47,6 +47,7 @@ from supervisor.protocol.channel import (
     encode_frame,
 )
 from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_result import ExitResult
 from supervisor.protocol.process_ops import signal_number
 
@@ -274,7 +275,7 @@ class ExecTarget(Protocol):
     def close_stdin(self) -> None: ...
     def resize(self, cols: int, rows: int) -> None: ...
     def send_signal(self, sig: int) -> None: ...
-    def log_event(self, event: str, **fields: Any) -> None: ...
+    def log_event(self, event: EventName, **fields: Any) -> None: ...
 
 
 async def _apply_input(entry: ExecTarget, event: Event) -> None:
@@ -345,14 +346,14 @@ async def pump_exec(entry: ExecTarget, stream: trio.abc.HalfCloseableStream) -> 
             nursery.cancel_scope.cancel()
     except* ChannelProtocolError as group:
         reason = str(group.exceptions[0])
-        entry.log_event("exec.stream-error", reason=reason)
+        entry.log_event(EventName.EXEC_STREAM_ERROR, reason=reason)
         with trio.move_on_after(1):
             try:
                 await sender.send(Error(OpError(ErrorKind.INVALID, f"bad channel frame: {reason}")))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
     except* (trio.BrokenResourceError, trio.ClosedResourceError):
-        entry.log_event("exec.stream-broken")
+        entry.log_event(EventName.EXEC_STREAM_BROKEN)
     finally:
         if output is not None:
             output.attached = False

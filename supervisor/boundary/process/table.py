@@ -18,7 +18,6 @@ Rules:
 from __future__ import annotations
 
 import collections
-import enum
 import math
 import os
 import secrets
@@ -42,27 +41,17 @@ from supervisor.boundary.process.terminate import (
 from supervisor.jsonlog import JsonLog, now_rfc3339
 from supervisor.protocol.channel import Stderr, Stdout
 from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_codes import ExitCode, for_signal
 from supervisor.protocol.exit_result import EndReason, ExitResult
 from supervisor.protocol.process_ops import SignalScope, signal_number
 
-__all__ = ["EndReason", "ProcessEntry", "ProcessEvent", "ProcessTable", "render_result"]
+__all__ = ["EndReason", "ProcessEntry", "ProcessTable", "render_result"]
 
 Kind = Literal["agent", "exec"]
 END_ALL_GRACE_S: Final = 0.3
 _EXIT_REPORT_S: Final = 2.0
 _PIDFD_SIGNAL_PROCESS_GROUP: Final = 1 << 2  # Linux 6.9+
-
-
-class ProcessEvent(enum.StrEnum):
-    STARTED = "process.started"
-    START_FAILED = "process.start-failed"
-    EXITED = "process.exited"
-    SIGNALLED = "process.signalled"
-    TERMINATE = "process.terminate"
-    END_ALL = "process.end-all"
-    OUTPUT = "process.output"
-    LEFTOVER = "process.leftover"
 
 
 # -- what the table needs from the launcher (supervisor.boundary.process.launcher) ---------------------------
@@ -178,7 +167,7 @@ class ProcessEntry:
         assert self.result is not None
         return self.result
 
-    def log_event(self, event: str, **fields: Any) -> None:
+    def log_event(self, event: EventName, **fields: Any) -> None:
         self._table.log.emit(event, handle=self.handle, kind=self.kind, **fields)
 
     def describe(self) -> dict[str, Any]:
@@ -204,7 +193,7 @@ class ProcessEntry:
                 self._signal_group(sig)
         except ProcessLookupError:
             raise OpError(ErrorKind.TERMINATED, "process has exited", field="handle") from None
-        self.log_event(ProcessEvent.SIGNALLED, signal=_signal.Signals(sig).name, scope=str(scope))
+        self.log_event(EventName.PROCESS_SIGNALLED, signal=_signal.Signals(sig).name, scope=str(scope))
 
     def _signal_group(self, sig: int) -> None:
         assert self._pidfd is not None
@@ -349,7 +338,7 @@ class ProcessTable:
         nursery.start_soon(self._watch, entry, spawned)
         if timeout_s > 0:
             nursery.start_soon(self._timeout, entry, timeout_s, grace_s)
-        entry.log_event(ProcessEvent.STARTED, tty=entry.tty)
+        entry.log_event(EventName.PROCESS_STARTED, tty=entry.tty)
         if self._ended is not None:  # the table ended while we were spawning: this one goes too
             nursery.start_soon(self._terminate_entry, entry, 0.0, EndReason.AGENT_EXIT)
             raise OpError(ErrorKind.TERMINATED, "the agent has exited; no process can be started")
@@ -363,7 +352,7 @@ class ProcessTable:
         reason = f"launch failed: {exc}"
         if isinstance(err, int) and err > 0:
             reason = f"launch failed at {stage or 'spawn'}: {os.strerror(err)}"
-        self.log.emit(ProcessEvent.START_FAILED, stage=stage, errno=err, reason=str(exc))
+        self.log.emit(EventName.PROCESS_START_FAILED, stage=stage, errno=err, reason=str(exc))
         return OpError(
             ErrorKind.FAILED,
             reason,
@@ -373,7 +362,7 @@ class ProcessTable:
 
     def _agent_output_logger(self, entry: ProcessEntry, stream: str) -> Callable[[bytes], None]:
         def log_chunk(data: bytes) -> None:
-            entry.log_event(ProcessEvent.OUTPUT, stream=stream, text=data.decode("utf-8", "replace"))
+            entry.log_event(EventName.PROCESS_OUTPUT, stream=stream, text=data.decode("utf-8", "replace"))
 
         return log_chunk
 
@@ -394,11 +383,11 @@ class ProcessTable:
         except trio.Cancelled:
             raise
         except Exception as exc:  # the launcher is gone; the process is too (its init or zygote died)
-            self.log.emit(ProcessEvent.EXITED, handle=entry.handle, error=f"status lost: {exc}")
+            self.log.emit(EventName.PROCESS_EXITED, handle=entry.handle, error=f"status lost: {exc}")
             status = None
         self._finished_entry(entry, status)
         result = await entry.wait_result()
-        entry.log_event(ProcessEvent.EXITED, code=result.code, signal=result.signal, reason=str(result.reason))
+        entry.log_event(EventName.PROCESS_EXITED, code=result.code, signal=result.signal, reason=str(result.reason))
         if entry.kind == "agent":
             self.agent_exited.set()
             await self.end_all(EndReason.AGENT_EXIT)
@@ -476,10 +465,10 @@ class ProcessTable:
     async def _terminate_entry(self, entry: ProcessEntry, grace_s: float, reason: EndReason) -> None:
         if entry.result is None and entry.end_reason is None:
             entry.end_reason = reason
-        entry.log_event(ProcessEvent.TERMINATE, grace_s=grace_s, reason=str(reason))
+        entry.log_event(EventName.PROCESS_TERMINATE, grace_s=grace_s, reason=str(reason))
         gone = await terminate_tree(entry.scan(), grace_s)
         if not gone:
-            entry.log_event(ProcessEvent.LEFTOVER, reason="members survived freeze-and-kill")
+            entry.log_event(EventName.PROCESS_LEFTOVER, reason="members survived freeze-and-kill")
         with trio.move_on_after(_EXIT_REPORT_S):
             await entry.exited.wait()
         if entry.result is None and entry._pidfd is not None and _pidfd_exited(entry._pidfd):
@@ -498,14 +487,14 @@ class ProcessTable:
         for e in self._entries.values():
             if e.result is None and e.end_reason is None:
                 e.end_reason = why
-        self.log.emit(ProcessEvent.END_ALL, reason=reason, live=len(self.live()))
+        self.log.emit(EventName.PROCESS_END_ALL, reason=reason, live=len(self.live()))
         if not kill:
             with trio.move_on_after(1.0):
                 await terminate_tree(everything(self.launcher.workload_pids), END_ALL_GRACE_S)
         try:
             await self.launcher.kill_all()  # the backstop: the workload PID namespace or every descendant
         except Exception as exc:
-            self.log.emit(ProcessEvent.END_ALL, reason=reason, error=f"launcher kill_all failed: {exc}")
+            self.log.emit(EventName.PROCESS_END_ALL, reason=reason, error=f"launcher kill_all failed: {exc}")
         with trio.move_on_after(_EXIT_REPORT_S):
             for e in list(self._entries.values()):
                 await e.exited.wait()

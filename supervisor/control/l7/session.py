@@ -77,6 +77,7 @@ from supervisor.control.upstream import UpstreamError
 from supervisor.jsonlog import JsonLog
 from supervisor.link.relay import relay
 from supervisor.link.socket_tls import SocketTLSStream
+from supervisor.protocol.event_names import EventName
 from supervisor.protocol.responses import ErrorCode, ErrorResponse
 
 __all__ = ["Limits", "inspect"]
@@ -497,12 +498,12 @@ class _Session:
 
     # --- events ------------------------------------------------------------------------------------------------
     def _tunnel_event(self, what: str, **fields: Any) -> None:
-        self.log.emit("http.tunnel", **{**self.fields, "destination": f"{self.name}:{self.port}", "stage": what,
+        self.log.emit(EventName.HTTP_TUNNEL, **{**self.fields, "destination": f"{self.name}:{self.port}", "stage": what,
                                         **fields})  # fmt: skip
 
     def _request_event(self, rec: RequestRecord) -> None:
         self.stats.count(rec)
-        self.log.emit("http", **{**self.fields, "destination": f"{self.name}:{self.port}", "tls": self.tls,
+        self.log.emit(EventName.HTTP, **{**self.fields, "destination": f"{self.name}:{self.port}", "tls": self.tls,
                                  "policy_generation": self.snapshot.generation,
                                  **rec.event_fields(trio.current_time())})  # fmt: skip
 
