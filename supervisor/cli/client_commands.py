@@ -104,6 +104,7 @@ async def _status(api: Api, raw: bool) -> int:
         f"  acknowledged {boundary.get('policy_generation')}",
         f"agent       {agent.get('handle', '-')}  {json.dumps(agent.get('result')) if agent.get('result') else ''}",
         f"processes   {len(boundary.get('processes') or [])} running",
+        _fence_line(boundary.get("fence")),
     ]
     interception = body.get("interception") or {}
     if interception.get("ca_sha256"):
@@ -118,6 +119,14 @@ async def _status(api: Api, raw: bool) -> int:
         lines.append(f"certificate {item}")
     print("\n".join(lines))
     return 0
+
+
+def _fence_line(fence: Any) -> str:
+    """How the fence was confirmed: captured (netns probe), canary (model P observed) or acknowledged-unprobed."""
+    if not isinstance(fence, dict):
+        return "fence       not confirmed"
+    where = f" {fence['canary']}" if fence.get("canary") else ""
+    return f"fence       {fence.get('mode', '?')}  probe {fence.get('probe', '?')}{where}"
 
 
 def _parse_env(pairs: list[str]) -> dict[str, str]:

@@ -90,9 +90,16 @@ class Console:
         generation = "?" if self._policy_generation is None else clean(self._policy_generation)
         return (
             f"{PREFIX}sandbox {self.sandbox} is ready · policy {self.policy_label} (generation {generation})"
-            f" · fence {clean(fence.get('mode', '?'))}, model {clean(fence.get('privilege_model', '?'))}"
+            f" · fence {clean(fence.get('mode', '?'))}{self._probe_note(fence)}, model"
+            f" {clean(fence.get('privilege_model', '?'))}"
             f" · shell: openshell-sandbox exec -it -- sh · log: {self.events_path}"
         )
+
+    @staticmethod
+    def _probe_note(fence: Mapping[str, Any]) -> str:
+        """Only a fence that was not probed says so (model P in dev mode: acknowledged-unprobed)."""
+        probe = fence.get("probe")
+        return f" ({clean(probe)})" if probe not in (None, "captured", "canary") else ""
 
     def _refusal_line(self, event: Mapping[str, Any]) -> str:
         destination = str(event.get("destination") or "?")

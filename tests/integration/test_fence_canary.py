@@ -157,6 +157,8 @@ def test_model_p_with_the_fence_in_place_passes_and_a_fence_removed_later_is_los
         rounds = [e for e in _events(sb.control_log) if e["event"] == "fence.canary-round"]
         assert rounds[0]["self_check"] == "ok" and rounds[0]["seen"] == 0, rounds
         assert not any(e["event"] == "fence.canary-connection" for e in _events(sb.control_log))
+        human = sb.cli("status")
+        assert f"probe canary {sb.canary}" in human.stdout, human
         assert sb.boundary.poll() is None
 
         # The fence goes away under a running agent: the next round's probe connects -> enforcement lost.

@@ -77,3 +77,25 @@ def test_descriptor_refuses_a_canary_name_and_an_old_version() -> None:
     with pytest.raises(OpError) as info:
         parse_attach({**_descriptor(), "version": 1}, SAMPLE_CLAIMS)
     assert info.value.field == "version"
+
+
+def test_status_and_dev_say_how_the_fence_was_confirmed() -> None:
+    from pathlib import Path
+
+    from supervisor.cli.client_commands import _fence_line
+    from supervisor.cli.dev_console import Console
+
+    assert _fence_line(None) == "fence       not confirmed"
+    unprobed = {"mode": "proxy-env", "privilege_model": "P", "probe": "acknowledged-unprobed"}
+    assert _fence_line(unprobed) == "fence       proxy-env  probe acknowledged-unprobed"
+    canary = {"mode": "proxy-env", "probe": "canary", "canary": "198.51.100.1:7444"}
+    assert _fence_line(canary) == "fence       proxy-env  probe canary 198.51.100.1:7444"
+    netns = {"mode": "netns", "privilege_model": "R", "probe": "captured"}
+    for fence, note in (
+        (unprobed, "fence proxy-env (acknowledged-unprobed), model P"),
+        (netns, "fence netns, model R"),
+    ):
+        c = Console(sandbox="dev-1", policy=Path("/p.yaml"), policy_label="p.yaml", events_path=Path("/e.jsonl"))
+        c.lines_for({"event": "lifecycle.ready", "component": "control", "fence": fence})
+        [line] = c.lines_for({"event": "lifecycle.running", "component": "control"})
+        assert note in line, line
