@@ -109,3 +109,36 @@ async def test_malformed_head_and_token_checked_before_any_decision(nursery: tri
     assert answer.startswith(b"HTTP/1.1 407 ") and b"Proxy-Authenticate: Basic" in answer
     assert _refusals(log) == ["malformed-head", "proxy-token-missing"]
     assert not [e for e in log.events if e["event"] == "egress"]
+
+
+def _port_free_on_both_families() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        probe.bind(("::", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+async def test_star_listens_on_every_address_ipv4_and_ipv6(nursery: trio.Nursery) -> None:
+    """``--proxy-listen *:PORT`` (what ``k8s render --topology proxy-pod`` passes): both families answer, and
+    each still wants the token."""
+    import socket
+
+    if not socket.has_ipv6:
+        import pytest
+
+        pytest.skip("no IPv6 in this kernel")
+    log = _Log()
+    store = PolicyStore(compile_policy(load_policy_text("version: 1\nnetwork_policies: {}\n", "t.yaml")),
+                        source="t.yaml")  # fmt: skip
+    egress = EgressService(store, UpstreamConfig(dns_servers=[("127.0.0.1", 9)]), log, relaxed=True)
+    port = _port_free_on_both_families()
+    listener = ProxyListener(ProxyListenConfig(host="*", port=port, token=TOKEN), egress, log)
+    await nursery.start(listener.serve)
+    for address in ("127.0.0.1", "::1"):
+        stream = await trio.open_tcp_stream(address, port)
+        await stream.send_all(b"CONNECT api.test:443 HTTP/1.1\r\nHost: api.test:443\r\n\r\n")
+        assert (await _read_all(stream)).startswith(b"HTTP/1.1 407 "), address
+    assert _refusals(log) == ["proxy-token-missing"] * 2
