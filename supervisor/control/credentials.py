@@ -35,6 +35,7 @@ import yaml
 from supervisor.control.policy.globs import HostGlob, compile_host_glob
 from supervisor.control.policy.hosts import normalize_request_host, validate_policy_host
 from supervisor.protocol.process_ops import is_managed_env_key
+from supervisor.protocol.responses import ErrorCode
 
 __all__ = [
     "ALIAS_MARKER",
@@ -63,8 +64,8 @@ class CredentialsError(ValueError):
 
 class Resolution(enum.StrEnum):
     RESOLVED = "resolved"
-    ENDPOINT_MISMATCH = "credential_endpoint_mismatch"
-    UNAVAILABLE = "credential_unavailable"
+    ENDPOINT_MISMATCH = ErrorCode.CREDENTIAL_ENDPOINT_MISMATCH.value  # what the agent reads (one catalogue)
+    UNAVAILABLE = ErrorCode.CREDENTIAL_UNAVAILABLE.value
 
 
 def _path_regex(pattern: str) -> re.Pattern[str]:

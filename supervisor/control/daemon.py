@@ -42,6 +42,7 @@ from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_codes import ExitCode
 from supervisor.protocol.fence_canary import REPEAT_S
 from supervisor.protocol.fingerprint import certificate_fingerprint
+from supervisor.protocol.lifecycle import State
 from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS, client_context
 
 EGRESS_LINKS = 2  # a few long-lived links; HTTP/2 multiplexes every captured connection over them
@@ -293,8 +294,7 @@ class ControlDaemon:
     async def _drive(self, link: Link, failure: LinkFailure) -> None:
         failure.step = "status"
         status = await call(link, "/v1/status")
-        state = status.get("state")
-        if state == "idle":
+        if _peer_state(status) is State.IDLE:
             failure.step = "attach"
             try:
                 reply = await call(link, "/v1/attach", self._descriptor().to_wire())
@@ -321,13 +321,14 @@ class ControlDaemon:
             reply = await call(link, "/v1/resume", {"interception_ca_sha256": ours})
             self._backoffs.reset()
             self.log.emit(EventName.LIFECYCLE_RESUMED, state=reply.get("state"))
+            state = _peer_state(reply)
             self._compare_interception_ca(reply.get("interception_ca_sha256"))
-            if reply.get("state") in ("bound", "ready", "running"):
+            if state in (State.BOUND, State.READY, State.RUNNING):
                 self._start_egress_links()
-            if reply.get("state") == "bound":
+            if state is State.BOUND:
                 failure.step = "confirm"
                 await self._confirm_observed(link)
-            if reply.get("state") in ("bound", "ready"):  # a link lost between confirm and start lands here
+            if state in (State.BOUND, State.READY):  # a link lost between confirm and start lands here
                 failure.step = "start"
                 reply = await call(link, "/v1/start")
                 self.log.emit(EventName.LIFECYCLE_RUNNING, agent=reply.get("agent"))
@@ -500,7 +501,7 @@ class ControlDaemon:
         if self.ops is None or self.ops.closed or not self.peer_claims_ok:
             failing.append(f"boundary: not attached ({self.last_link_error or 'no link yet'})")
         state = self.boundary.get("state")
-        if state not in ("ready", "running"):
+        if state not in (State.READY, State.RUNNING):
             failing.append(f"boundary: state {state or 'unknown'}, need ready or running")
         if not self.boundary.get("fence"):
             failing.append("fence: not confirmed")
@@ -573,6 +574,14 @@ def capture_ports(policy: Any) -> tuple[int, ...]:
         for endpoint in rule.endpoints:
             ports.update(endpoint.ports)
     return tuple(sorted(ports)[:MAX_CAPTURE_PORTS])
+
+
+def _peer_state(reply: dict[str, Any]) -> State:
+    """The boundary's lifecycle state in a status or resume reply; any other value is the peer's error."""
+    try:
+        return State(str(reply.get("state")))
+    except ValueError:
+        raise OpError(ErrorKind.INVALID, f"the boundary reported state {reply.get('state')!r}", field="state") from None
 
 
 def run(cfg: ControlConfig) -> int:

@@ -47,6 +47,7 @@ from supervisor.protocol.proxy_head import (
     render_reply,
     render_response,
 )
+from supervisor.protocol.responses import ErrorCode
 
 DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_PER_CLIENT = 256
@@ -169,13 +170,13 @@ class ProxyListener:
         try:
             if self.cfg.clients and not any(ipaddress.ip_address(peer) in net for net in self.cfg.clients):
                 self._refuse(peer, "client-not-allowed")
-                await self._answer(client, render_response(403, Refusal("client_not_allowed")))
+                await self._answer(client, render_response(403, Refusal(ErrorCode.CLIENT_NOT_ALLOWED)))
                 return
             if self.active >= self.cfg.max_connections or self.per_client[peer] >= self.cfg.per_client:
                 self.counters["over_limit"] += 1
                 scope = "total" if self.active >= self.cfg.max_connections else "per-client"
                 self._refuse(peer, "too-many-connections", limit=scope)
-                body = Refusal("too_many_connections", f"{scope} connection limit reached")
+                body = Refusal(ErrorCode.TOO_MANY_CONNECTIONS, f"{scope} connection limit reached")
                 await self._answer(client, render_response(503, body))
                 return
             self.active += 1

@@ -40,6 +40,7 @@ from typing import Any
 import h11
 
 from supervisor.protocol.egress import CaptureKind, EgressHeaderError, EgressReply, parse_authority
+from supervisor.protocol.responses import REASON_PHRASES, ErrorCode
 
 MAX_HEAD_BYTES = 8192
 HEAD_READ_DEADLINE_S = 10.0
@@ -49,18 +50,11 @@ VIA = "1.1 openshell-sandbox"
 
 CONNECT_ESTABLISHED = b"HTTP/1.1 200 Connection Established\r\n\r\n"
 
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    403: "Forbidden",
-    407: "Proxy Authentication Required",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    502: "Bad Gateway",
-    503: "Service Unavailable",
-    504: "Gateway Timeout",
+_UPSTREAM_ERRORS = {
+    502: ErrorCode.UPSTREAM_UNREACHABLE,
+    503: ErrorCode.EGRESS_UNAVAILABLE,
+    504: ErrorCode.UPSTREAM_TIMEOUT,
 }
-_UPSTREAM_ERRORS = {502: "upstream_failed", 503: "egress_unavailable", 504: "upstream_timeout"}
 
 # headers that describe the hop between the agent and us, never forwarded (docs/spec/policy.md §3.1.2)
 _HOP_HEADERS = frozenset(
@@ -102,7 +96,7 @@ class ProxyReject:
     """A head refused before any policy work; ``render()`` is the complete response."""
 
     status: int
-    error_code: str | None = None  # JSON body {"error": code, "detail"?: ...}; None → no JSON
+    error_code: ErrorCode | None = None  # JSON body {"error": code, "detail"?: ...}; None → no JSON
     detail: str | None = None
     text: str | None = None  # plain-text body instead of JSON (``Use CONNECT for HTTPS URLs``)
 
@@ -117,7 +111,7 @@ class Refusal:
     """The JSON body of a refusal a proxy-aware client reads (docs/spec/policy.md §3.17); absent fields are left
     out."""
 
-    error: str  # the machine code
+    error: ErrorCode  # the machine code (protocol/responses.py, the one catalogue)
     detail: str | None = None
     host: str | None = None
     port: int | None = None
@@ -131,7 +125,7 @@ class Refusal:
 
 def render_response(status: int, body: Refusal | str | None = None, *, extra_headers: tuple[bytes, ...] = ()) -> bytes:
     """A complete ``Connection: close`` response; JSON bodies carry ``application/json``."""
-    reason = _REASONS.get(status, "Error")
+    reason = REASON_PHRASES.get(status, "Error")
     if isinstance(body, Refusal):
         payload = json.dumps(body.to_wire(), separators=(",", ":"), sort_keys=True).encode()
         content_type = b"application/json"
@@ -154,7 +148,7 @@ def render_denied(
     reason: str,
     rule: str | None = None,
     detail: str | None = None,
-    error: str = "policy_denied",
+    error: ErrorCode = ErrorCode.POLICY_DENIED,
 ) -> bytes:
     """The ``403`` for a proxy-aware client (docs/spec/policy.md §3.17)."""
     body = Refusal(
@@ -188,13 +182,13 @@ def render_reply(target: ProxyTarget, reply: EgressReply) -> bytes:
         return CONNECT_ESTABLISHED if target.kind is CaptureKind.CONNECT else b""
     reason = reply.reason or "denied"
     if reply.status == 403:
-        error = "ssrf_denied" if reply.ssrf else "policy_denied"
+        error = ErrorCode.SSRF_DENIED if reply.ssrf else ErrorCode.POLICY_DENIED
         return render_denied(target, reason=reason, rule=reply.rule, detail=reply.detail, error=error)
     if reply.status in _UPSTREAM_ERRORS:
         return render_upstream_failure(target, reply.status, reason=reason, detail=reply.detail)
     if reply.status == 400:
-        return ProxyReject(400, "invalid_request", reply.detail or reason).render()
-    return render_response(500, Refusal("internal_error", reason))
+        return ProxyReject(400, ErrorCode.INVALID_REQUEST, reply.detail or reason).render()
+    return render_response(500, Refusal(ErrorCode.INTERNAL_ERROR, reason))
 
 
 def render_unavailable(target: ProxyTarget, reason: str = "no egress link") -> bytes:
@@ -224,7 +218,7 @@ def proxy_token_matches(target: ProxyTarget, token: str) -> bool:
 def render_proxy_auth_required(detail: str = "a valid proxy token is required") -> bytes:
     """The ``407`` for a client without this sandbox's proxy token."""
     challenge = b'Proxy-Authenticate: Basic realm="' + PROXY_REALM.encode() + b'"'
-    return render_response(407, Refusal("proxy_auth_required", detail), extra_headers=(challenge,))
+    return render_response(407, Refusal(ErrorCode.PROXY_AUTH_REQUIRED, detail), extra_headers=(challenge,))
 
 
 def proxy_url(host: str, port: int, token: str | None = None) -> str:
@@ -332,9 +326,9 @@ def _connect(event: h11.Request, rest: bytes, *, has_body: bool) -> ProxyTarget 
     try:
         host, port = parse_authority(target)
     except EgressHeaderError as exc:
-        return ProxyReject(400, "invalid_connect_target", str(exc))
+        return ProxyReject(400, ErrorCode.INVALID_CONNECT_TARGET, str(exc))
     if has_body:
-        return ProxyReject(400, "invalid_connect_target", "CONNECT must not carry a body")
+        return ProxyReject(400, ErrorCode.INVALID_CONNECT_TARGET, "CONNECT must not carry a body")
     return ProxyTarget(host=host, port=port, kind=CaptureKind.CONNECT, request_head=None, leftover=rest)
 
 
@@ -349,9 +343,9 @@ def _forward(
     if scheme == "https":
         return ProxyReject(400, text="Use CONNECT for HTTPS URLs")
     if scheme != "http":
-        return ProxyReject(400, "unsupported_proxy_scheme", f"scheme {scheme!r} is not supported")
+        return ProxyReject(400, ErrorCode.UNSUPPORTED_PROXY_SCHEME, f"scheme {scheme!r} is not supported")
     if "#" in after:
-        return ProxyReject(400, "invalid_request_target", "fragments are not allowed")
+        return ProxyReject(400, ErrorCode.INVALID_REQUEST_TARGET, "fragments are not allowed")
     split = min((i for i in (after.find("/"), after.find("?")) if i >= 0), default=len(after))
     authority, path = after[:split], after[split:]
     if not authority or authority.startswith(":"):
@@ -359,7 +353,7 @@ def _forward(
     try:
         host, port = parse_authority(authority, default_port=80)
     except EgressHeaderError as exc:
-        return ProxyReject(400, "invalid_request_target", str(exc))
+        return ProxyReject(400, ErrorCode.INVALID_REQUEST_TARGET, str(exc))
     if not path.startswith("/"):
         path = "/" + path
     method = event.method.decode("ascii")

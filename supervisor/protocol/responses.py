@@ -20,11 +20,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["REASON_PHRASES", "ErrorCode", "ErrorResponse", "L7Denial"]
+__all__ = ["REASON_PHRASES", "STATUS", "ErrorCode", "ErrorResponse", "L7Denial"]
 
 REASON_PHRASES = {
+    200: "OK",
     400: "Bad Request",
     403: "Forbidden",
+    407: "Proxy Authentication Required",
+    408: "Request Timeout",
     421: "Misdirected Request",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
@@ -35,7 +38,10 @@ REASON_PHRASES = {
 
 
 class ErrorCode(enum.StrEnum):
-    """The ``error`` field; the spec's catalogue plus the few upstream failures L7 adds."""
+    """The ``error`` field of every refusal an agent reads, in a tunnel or from a proxy listener (the boundary's
+    and control's proxy-pod one): the spec's catalogue plus the few failures we add. The one catalogue of
+    agent-visible codes: docs/policy.md "Refusal codes" lists exactly these, and no module spells one itself
+    (tests/unit/test_catalogues.py)."""
 
     POLICY_DENIED = "policy_denied"  # 403: L4 or L7 policy refused the request
     SSRF_DENIED = "ssrf_denied"  # 403: the destination resolves to an address policy refuses
@@ -53,6 +59,44 @@ class ErrorCode(enum.StrEnum):
     UPSTREAM_TLS_FAILED = "upstream_tls_failed"  # 502: the upstream certificate did not verify (never downgraded)
     UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"  # 502: the upstream answered with malformed HTTP
     UPSTREAM_TIMEOUT = "upstream_timeout"  # 504
+    # the proxy listeners' own
+    INVALID_REQUEST = "invalid_request"  # 400: control found the request malformed
+    PROXY_AUTH_REQUIRED = "proxy_auth_required"  # 407: no valid proxy token (control's proxy-pod listener)
+    CLIENT_NOT_ALLOWED = "client_not_allowed"  # 403: a client outside --proxy-clients
+    TOO_MANY_CONNECTIONS = "too_many_connections"  # 503: a connection limit of control's proxy listener
+    EGRESS_UNAVAILABLE = "egress_unavailable"  # 503: no egress link to control: refused, never a direct path
+    INTERNAL_ERROR = "internal_error"  # 500
+
+    @property
+    def status(self) -> int:
+        """The HTTP status this code is answered with."""
+        return STATUS[self]
+
+
+STATUS: dict[ErrorCode, int] = {
+    ErrorCode.POLICY_DENIED: 403,
+    ErrorCode.SSRF_DENIED: 403,
+    ErrorCode.REQUEST_AUTHORITY_MISMATCH: 403,
+    ErrorCode.UNSUPPORTED_L7_PROTOCOL: 403,
+    ErrorCode.CREDENTIAL_ENDPOINT_MISMATCH: 403,
+    ErrorCode.CREDENTIAL_UNAVAILABLE: 500,
+    ErrorCode.UNINSPECTED_CREDENTIALS: 403,
+    ErrorCode.TLS_TERMINATION_UNAVAILABLE: 503,
+    ErrorCode.INVALID_CONNECT_TARGET: 400,
+    ErrorCode.INVALID_REQUEST_TARGET: 400,
+    ErrorCode.INVALID_CREDENTIAL_PLACEHOLDER: 400,
+    ErrorCode.UNSUPPORTED_PROXY_SCHEME: 400,
+    ErrorCode.UPSTREAM_UNREACHABLE: 502,
+    ErrorCode.UPSTREAM_TLS_FAILED: 502,
+    ErrorCode.UPSTREAM_PROTOCOL_ERROR: 502,
+    ErrorCode.UPSTREAM_TIMEOUT: 504,
+    ErrorCode.INVALID_REQUEST: 400,
+    ErrorCode.PROXY_AUTH_REQUIRED: 407,
+    ErrorCode.CLIENT_NOT_ALLOWED: 403,
+    ErrorCode.TOO_MANY_CONNECTIONS: 503,
+    ErrorCode.EGRESS_UNAVAILABLE: 503,
+    ErrorCode.INTERNAL_ERROR: 500,
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,7 @@
-"""Names the outside world reads are defined once: event names in supervisor/protocol/event_names.py. No module
-spells one as a string literal (docstrings and other enums' member values aside); the daemons' emitters, the
-CLI's human rendering and dev mode's console all use the catalogue's members."""
+"""Names the outside world reads are defined once: event names in supervisor/protocol/event_names.py, the
+``error`` codes an agent reads in supervisor/protocol/responses.py. No module spells one as a string literal
+(docstrings, ``__all__`` and other enums' member values aside); the daemons' emitters, the CLI's human rendering,
+dev mode's console and every refusal use the catalogues' members; docs/policy.md lists exactly the codes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.responses import STATUS, ErrorCode
 
 REPO = Path(__file__).resolve().parents[2]
 SUPERVISOR = REPO / "supervisor"
@@ -32,11 +34,14 @@ def _docstrings(tree: ast.AST) -> set[int]:
 
 
 def _enum_member_values(tree: ast.AST) -> set[int]:
-    """Values of members of enums: another catalogue's definitions (EndReason's ``enforcement-lost``)."""
+    """Values of members of enums (another catalogue's definitions: EndReason's ``enforcement-lost``) and the
+    names in ``__all__`` (``answers.policy_denied`` is a function)."""
     found: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and any("Enum" in ast.unparse(base) for base in node.bases):
             found |= {id(s.value) for s in node.body if isinstance(s, ast.Assign)}
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            found |= {id(c) for c in ast.walk(node.value)}
     return found
 
 
@@ -70,8 +75,9 @@ def _name_positions(tree: ast.AST, subject: re.Pattern[str], call_names: set[str
 
 
 def spelled_out(values: set[str], catalogue: Path, subject: str, call_names: set[str], holder: str) -> list[str]:
-    """Every literal spelling of one of ``values`` outside ``catalogue``: anywhere for a name with a dot or a dash
-    (nothing else looks like one), in a name's position for a bare word (``dns`` is also a socket's name)."""
+    """Every literal spelling of one of ``values`` outside ``catalogue``: anywhere for a name with a dot, a dash
+    or an underscore (nothing else looks like one), in a name's position for a bare word (``dns`` is also a
+    socket's name)."""
     pattern = re.compile(subject)
     offenders = []
     for path, tree in _modules():
@@ -84,7 +90,7 @@ def spelled_out(values: set[str], catalogue: Path, subject: str, call_names: set
                 continue
             if id(node) in skip:
                 continue
-            if re.search(r"[.-]", node.value) or id(node) in positions:
+            if re.search(r"[._-]", node.value) or id(node) in positions:
                 offenders.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}")
     return offenders
 
@@ -112,3 +118,25 @@ def test_event_names_follow_the_naming_rule() -> None:
     for name in EventName:
         assert re.fullmatch(r"[a-z]+(-[a-z]+)*(\.[a-z]+(-[a-z]+)*)?", name.value), name
         assert name.name == name.value.upper().replace(".", "_").replace("-", "_")
+
+
+def test_no_agent_visible_code_is_spelled_outside_its_catalogue() -> None:
+    catalogue = SUPERVISOR / "protocol" / "responses.py"
+    offenders = spelled_out({str(c) for c in ErrorCode}, catalogue, r"error|code", set(), "ERROR")
+    assert offenders == [], "use supervisor.protocol.responses.ErrorCode:\n" + "\n".join(offenders)
+
+
+def test_every_code_has_its_status() -> None:
+    assert set(STATUS) == set(ErrorCode)
+    for code in ErrorCode:
+        assert code.status in (400, 403, 407, 500, 502, 503, 504), code
+        assert re.fullmatch(r"[a-z]+(_[a-z0-9]+)+", code.value), code
+
+
+def test_docs_list_exactly_the_codes_with_their_status() -> None:
+    """docs/policy.md "Refusal codes" is the catalogue, row for row."""
+    text = (REPO / "docs" / "policy.md").read_text()
+    section = text.split("### Refusal codes", 1)[1].split("\n#", 1)[0]
+    rows = re.findall(r"^\| `([a-z0-9_]+)` \| (\d{3}) \|", section, re.M)
+    assert len(rows) == len(set(rows))
+    assert {code: int(status) for code, status in rows} == {str(c): c.status for c in ErrorCode}

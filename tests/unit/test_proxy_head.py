@@ -318,7 +318,7 @@ def test_forward_denied_detail_has_no_query() -> None:
 
 REPLIES = [
     (EgressReply(403, reason="binary not allowed", rule="gh"), 403, "policy_denied"),
-    (EgressReply(502, reason="upstream-refused"), 502, "upstream_failed"),
+    (EgressReply(502, reason="upstream-refused"), 502, "upstream_unreachable"),
     (EgressReply(503, reason="dns-failure"), 503, "egress_unavailable"),
     (EgressReply(504, reason="connect-timeout"), 504, "upstream_timeout"),
     (EgressReply(400, reason="bad"), 400, "invalid_request"),

@@ -50,7 +50,7 @@ class CredentialRefusal(Exception):
 
     @property
     def status(self) -> int:
-        return 403 if self.resolution is Resolution.ENDPOINT_MISMATCH else 500
+        return self.code.status
 
     @property
     def code(self) -> ErrorCode:

@@ -103,7 +103,11 @@ class _AgentFailed(Exception):
 
 
 class _UpstreamFailed(Exception):
-    pass
+    """The upstream side failed; ``timed_out`` when nothing moved for the idle timeout (answered 504, not 502)."""
+
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 def _authority_text(host: str, port: int, tls: bool) -> str:
@@ -480,7 +484,7 @@ class _Session:
                 raise _UpstreamFailed(f"upstream: {type(cause).__name__}: {cause}"[:200].rstrip(": ")) from None
             self.idle.touch()
             return data
-        raise _UpstreamFailed("upstream: idle timeout")
+        raise _UpstreamFailed("upstream: idle timeout", timed_out=True)
 
     async def _up_send(self, data: bytes | None) -> None:
         assert self.upstream is not None
@@ -493,7 +497,7 @@ class _Session:
                 # the bytes may hold a secret: report the exception type only, never its text
                 raise _UpstreamFailed(f"upstream: {type(exc).__name__}") from None
         if scope.cancelled_caught:
-            raise _UpstreamFailed("upstream: not reading (idle timeout)")
+            raise _UpstreamFailed("upstream: not reading (idle timeout)", timed_out=True)
         self.idle.touch()
 
     # --- events ------------------------------------------------------------------------------------------------
@@ -656,7 +660,7 @@ class _Session:
             )  # fmt: skip
         except CredentialRefusal as exc:
             rec.decision = "deny"
-            if exc.resolution.value == "credential_endpoint_mismatch":
+            if exc.code is ErrorCode.CREDENTIAL_ENDPOINT_MISMATCH:
                 rec.extra["finding"] = "openshell.http.credential_endpoint_mismatch"
             return await self._refuse(conn, rec, ErrorResponse(exc.status, exc.code, exc.detail),
                                       reason=str(exc.code), detail=exc.detail)  # fmt: skip
@@ -798,7 +802,7 @@ class _Session:
                 continue
             rec.error = str(failure)
             if isinstance(failure, _UpstreamFailed) and not rec.response_started:
-                late = "idle timeout" in str(failure)
+                late = failure.timed_out
                 what = "did not answer in time" if late else "failed to answer"
                 answer = ErrorResponse(504 if late else 502,
                                        ErrorCode.UPSTREAM_TIMEOUT if late else ErrorCode.UPSTREAM_PROTOCOL_ERROR,
