@@ -3,8 +3,10 @@
 Each policy mixes exact hosts, one-label host globs (``*.``), recursive globs (``**.``), REST endpoints, exact
 binaries and binary globs. The request mix has hits on each kind, endpoint misses and binary misses. Prints
 microseconds per decision and decisions per second for L4 (``decide_l4``) and for L7 (``decide_l7`` on an
-admitted connection), plus load and compile times. Target: a decision costs about the same at 10 and 10,000
-rules, at most ~20 µs at 10,000.
+admitted connection), plus load and compile times. L4 is measured twice: over a repeating mix of 4,096 requests
+(what traffic looks like: decide_l4 remembers decisions per policy generation) and with that memo emptied before
+every decision ("first time": the host/port index walk and the binary match). Target: a decision costs about the
+same at 10 and 10,000 rules, L4 at most 10 µs and L7 about 20 µs at 10,000.
 
     python3 bench/bench_policy.py [--decisions N] [--sizes 10,1000,10000]
 """
@@ -98,6 +100,17 @@ def measure(rules: int, decisions: int) -> dict[str, float]:
             allowed += decide_l4(compiled, req).allowed
         n += len(requests)
     l4_elapsed = time.perf_counter() - t0
+    # The same requests decided for the first time each: decide_l4's memo (per policy generation) emptied
+    # before every decision, so each one walks the host/port index and matches binaries.
+    memo = compiled.l4_memo
+    cold = 0
+    t_cold = time.perf_counter()
+    while cold < decisions:
+        for req in requests:
+            memo.clear()
+            decide_l4(compiled, req)
+        cold += len(requests)
+    l4_cold_elapsed = time.perf_counter() - t_cold
 
     rest = [d for d in (decide_l4(compiled, r) for r in requests) if d.l7]
     targets = [("GET", "/repos/a/b"), ("POST", "/repos/a"), ("GET", "/admin/x"), ("GET", "/a/../b?x=1")]
@@ -115,6 +128,7 @@ def measure(rules: int, decisions: int) -> dict[str, float]:
         "compile_s": built - loaded,
         "l4_us": l4_elapsed / n * 1e6,
         "l4_per_s": n / l4_elapsed,
+        "l4_cold_us": l4_cold_elapsed / cold * 1e6,
         "l7_us": (l7_elapsed / m * 1e6) if m else float("nan"),
         "l7_per_s": (m / l7_elapsed) if m else float("nan"),
         "allowed_share": allowed / n,
@@ -134,27 +148,21 @@ def main() -> None:
 
         for size in (int(s) for s in args.sizes.split(",")):
             r = measure(size, decisions)
-            for kind in ("l4", "l7"):
-                print(
-                    json.dumps(
-                        {
-                            "name": f"policy {kind.upper()} decision at {size} rules",
-                            "unit": "µs",
-                            "value": round(r[f"{kind}_us"], 2),
-                            "target": 20.0 if size == 10_000 else None,
-                        }
-                    )
-                )
+            for kind, what in (("l4", "L4 decision"), ("l4_cold", "L4 decision, first time"), ("l7", "L7 decision")):
+                target = {"l4": 10.0, "l4_cold": 10.0, "l7": 20.0}[kind] if size == 10_000 else None
+                row = {"name": f"policy {what} at {size} rules", "unit": "µs", "value": round(r[f"{kind}_us"], 2)}
+                print(json.dumps({**row, "target": target}))
         return
     print(
-        f"{'rules':>6} {'load s':>7} {'compile s':>9} {'L4 µs':>7} {'L4 /s':>10} {'L7 µs':>7} {'L7 /s':>10} "
-        f"{'allowed':>7}"
+        f"{'rules':>6} {'load s':>7} {'compile s':>9} {'L4 µs':>7} {'L4 /s':>10} {'L4 1st µs':>9} {'L7 µs':>7} "
+        f"{'L7 /s':>10} {'allowed':>7}"
     )
     for size in (int(s) for s in args.sizes.split(",")):
         r = measure(size, decisions)
         print(
             f"{r['rules']:>6} {r['load_s']:>7.2f} {r['compile_s']:>9.2f} {r['l4_us']:>7.2f} "
-            f"{r['l4_per_s']:>10,.0f} {r['l7_us']:>7.2f} {r['l7_per_s']:>10,.0f} {r['allowed_share']:>7.0%}"
+            f"{r['l4_per_s']:>10,.0f} {r['l4_cold_us']:>9.2f} {r['l7_us']:>7.2f} {r['l7_per_s']:>10,.0f} "
+            f"{r['allowed_share']:>7.0%}"
         )
 
 

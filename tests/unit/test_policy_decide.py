@@ -657,3 +657,33 @@ def test_relaxed_identity_decides_destinations_only() -> None:
     assert b.allowed and b.l7
     assert decide_l7(policy, b, "DELETE", "/x").reason is DenyReason.L7_NO_ALLOW_RULE
     assert len(pins) == 0  # nothing was pinned
+
+
+def test_a_remembered_allow_still_answers_to_the_digest_pins() -> None:
+    """decide_l4 remembers decisions per policy generation, but the pins are state and are checked every time: a
+    binary swapped after its first allowed connection is denied on the very same request (the attacker replaces
+    the pinned executable and reconnects to a destination it was allowed before)."""
+    request = L4Request("api.github.com", 443, who(GIT, sha=SHA_A))
+    pins = DigestPins()
+    assert decide_l4(BASIC, request, pins).allowed
+    assert decide_l4(BASIC, request, pins).allowed  # remembered
+    other = DigestPins()
+    assert other.verify(who(GIT, sha=SHA_B)) is None  # another pin store knows GIT by another digest
+    denied = decide_l4(BASIC, request, other)
+    assert denied.reason is DenyReason.BINARY_DIGEST_CHANGED and not denied.allowed
+    assert decide_l4(BASIC, request, pins).allowed and other.pinned(GIT) == SHA_B  # nothing changed either store
+
+
+def test_remembered_decisions_are_per_policy_generation_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("supervisor.control.policy.decide.L4_MEMO_LIMIT", 3)
+    allowing = compiled({"github": rule({"host": "api.github.com", "port": 443})})
+    denying = compiled({"github": rule({"host": "api.github.com", "port": 443}, binaries=(CURL,))})
+    request = L4Request("API.GitHub.com.", 443, who(GIT))
+    assert decide_l4(allowing, request).allowed
+    assert decide_l4(denying, request).reason is DenyReason.BINARY_NOT_ALLOWED
+    for port in range(1, 10):
+        first = decide_l4(allowing, L4Request("api.github.com", port, who(GIT)))
+        assert decide_l4(allowing, L4Request("api.github.com", port, who(GIT))) == first
+        assert len(allowing.l4_memo) <= 3
+    assert decide_l4(allowing, request).allowed
+    assert decide_l4(denying, request) == decide_l4(compile_policy(denying.policy), request)

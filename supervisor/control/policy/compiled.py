@@ -20,10 +20,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .globs import Glob, HostGlob, compile_host_glob, compile_path_glob, compile_value_glob
 from .identity import BinaryIdentity
 from .model import AccessPreset, Endpoint, L7Rule, NetworkRule, Policy, Protocol
+
+if TYPE_CHECKING:
+    from .decide import Decision
 
 _PRESETS: dict[tuple[Protocol, AccessPreset], tuple[str, ...]] = {
     (Protocol.REST, AccessPreset.READ_ONLY): ("GET", "HEAD", "OPTIONS"),
@@ -188,6 +192,9 @@ class CompiledPolicy:
         self._hostless = {k: tuple(v) for k, v in hostless.items()}
         self._suffix_lengths = tuple(sorted(suffix_lengths))
         self.has_tcp = policy.has_tcp_endpoints()
+        #: decide.decide_l4's memo of this generation's L4 decisions (pure functions of the request, the digest
+        #: pins aside); bounded there. The only thing that changes after compilation, and only by decide.py.
+        self.l4_memo: dict[tuple[str, int, BinaryIdentity | None, bool], tuple[Decision | None, Decision]] = {}
 
     @staticmethod
     def _compile_rule(position: int, rule: NetworkRule, aliases: Mapping[str, tuple[str, ...]]) -> CompiledRule:
