@@ -44,7 +44,14 @@ from supervisor.control.dns_answers import DnsAction, plan_answer
 from supervisor.control.dns_answers import reply as dns_reply
 from supervisor.control.l7 import InterceptionCA, inspect
 from supervisor.control.policy import BinaryIdentity, Decision, DigestPins, L4Request, PolicySnapshot, PolicyStore
-from supervisor.control.upstream import UpstreamConfig, UpstreamError, connect_to, resolve, vet_addresses
+from supervisor.control.upstream import (
+    UpstreamConfig,
+    UpstreamError,
+    UpstreamReason,
+    connect_to,
+    resolve,
+    vet_addresses,
+)
 from supervisor.control.upstream import dial as dial_upstream
 from supervisor.jsonlog import JsonLog
 from supervisor.link.h2link import LinkStream
@@ -429,7 +436,7 @@ class EgressService:
                 is_local=self.upstream.is_local,
             )
         except UpstreamError as exc:
-            response.set_rcode(dns.rcode.NXDOMAIN if str(exc.reason) == "nxdomain" else dns.rcode.SERVFAIL)
+            response.set_rcode(dns.rcode.NXDOMAIN if exc.reason is UpstreamReason.NXDOMAIN else dns.rcode.SERVFAIL)
             self.log.emit(EventName.DNS, name=name, decision="failed", reason=str(exc.reason))
             return response
         version = 4 if question.rdtype == dns.rdatatype.A else 6
