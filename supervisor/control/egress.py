@@ -58,6 +58,7 @@ from supervisor.link.h2link import LinkStream
 from supervisor.link.relay import relay
 from supervisor.protocol.egress import (
     DNS_PATH,
+    CaptureKind,
     EgressHeaderError,
     EgressReply,
     EgressRequest,
@@ -333,13 +334,17 @@ class EgressService:
             return now, now.decide_l4(self._l4(host, port, identity), self.pins)
 
         started = trio.current_time()
+        # An absolute-form request is HTTP by construction (the boundary parsed its head): decided as HTTP, never
+        # by which of the agent's and the origin's first bytes arrive first (that race would make a non-HTTP
+        # origin's bytes sometimes a raw answer, sometimes a 502).
+        tls = False if request.capture is CaptureKind.HTTP_FORWARD else None
         key = id(stream)
         fields = {"conn_id": request.conn_id, "binary": request.identity.binary_path if request.identity else None}
         with trio.CancelScope() as scope:
             self._live[key] = _Live(request, name or request.host, identity, snap.generation, scope, inspected=True)
             try:
                 stats = await inspect(
-                    stream, host=name or request.host, port=request.port, tls=None, snapshot=snap, l4=decision,
+                    stream, host=name or request.host, port=request.port, tls=tls, snapshot=snap, l4=decision,
                     connect_upstream=connect_upstream, ca=self.interception.ca,
                     credentials=self.interception.credentials, upstream_ssl=self.interception.upstream_ssl,
                     log=self.log, event_fields=fields,

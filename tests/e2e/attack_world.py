@@ -3,7 +3,8 @@
 One module-scoped :class:`AttackWorld` per test module:
 
 * a **test host** (its own network namespace) running :data:`HOST_SERVER`, a small asyncio TCP server whose
-  behaviour depends on the port (echo, reply-after-EOF, server-closes-first, reset mid-transfer, endless drip),
+  behaviour depends on the port (echo, reply-after-EOF, server-closes-first, reset mid-transfer, endless drip
+  raw or as an HTTP answer),
   plus UDP sinks that must never receive a datagram; every accepted connection is logged with its time;
 * **traps** on ``127.0.0.1`` in the root namespace (where control runs) on two ephemeral ports the policy
   names: if control could be talked into dialling loopback, a connection would wait in a trap's backlog;
@@ -52,9 +53,10 @@ ECHO_PORT = 9001  # echo until EOF, then close
 AFTER_EOF_PORT = 9002  # read until EOF, then answer "got <n> <sha256>"
 SERVER_FIRST_PORT = 9003  # greet, half-close, read until EOF, log what arrived
 RESET_PORT = 9004  # HTTP/1.0 close-delimited response, part of a body, then RST
-DRIP_PORT = 9005  # 1 KiB every 20 ms until the peer goes away
+DRIP_PORT = 9005  # 1 KiB every 20 ms until the peer goes away, from the moment it connects (server-first)
 UDP_PORT = 9006  # UDP sink (also one on 53): nothing may ever arrive
-HOST_TCP_PORTS = (ECHO_PORT, AFTER_EOF_PORT, SERVER_FIRST_PORT, RESET_PORT, DRIP_PORT)
+HTTP_DRIP_PORT = 9007  # the drip as an HTTP answer: read a request head, a close-delimited 200, then the drip
+HOST_TCP_PORTS = (ECHO_PORT, AFTER_EOF_PORT, SERVER_FIRST_PORT, RESET_PORT, DRIP_PORT, HTTP_DRIP_PORT)
 
 POLICY = """\
 version: 1
@@ -86,12 +88,12 @@ network_policies:
 """
 
 HOST_SERVER = r'''
-"""Test-host server: python3 server.py ADDRESS LOGDIR ECHO AFTER_EOF SERVER_FIRST RESET DRIP EXTRA_ECHO..."""
+"""Test-host server: python3 server.py ADDRESS LOGDIR ECHO AFTER_EOF SERVER_FIRST RESET DRIP HTTP_DRIP EXTRA_ECHO..."""
 import asyncio, hashlib, socket, struct, sys, time
 
 ADDRESS, LOGDIR = sys.argv[1], sys.argv[2]
-ECHO, AFTER_EOF, SERVER_FIRST, RESET, DRIP = (int(p) for p in sys.argv[3:8])
-EXTRA_ECHO = [int(p) for p in sys.argv[8:]]
+ECHO, AFTER_EOF, SERVER_FIRST, RESET, DRIP, HTTP_DRIP = (int(p) for p in sys.argv[3:9])
+EXTRA_ECHO = [int(p) for p in sys.argv[9:]]
 
 
 def log(name, line):
@@ -144,6 +146,15 @@ async def drip(reader, writer):
         await asyncio.sleep(0.02)
 
 
+async def http_drip(reader, writer):
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n")
+    while True:
+        writer.write(b"d" * 1024)
+        await writer.drain()
+        await asyncio.sleep(0.02)
+
+
 def handler(port, work):
     async def handle(reader, writer):
         peer = writer.get_extra_info("peername")
@@ -158,7 +169,8 @@ def handler(port, work):
 
 
 async def main():
-    table = {ECHO: echo, AFTER_EOF: after_eof, SERVER_FIRST: server_first, RESET: reset, DRIP: drip}
+    table = {ECHO: echo, AFTER_EOF: after_eof, SERVER_FIRST: server_first, RESET: reset, DRIP: drip,
+             HTTP_DRIP: http_drip}
     table.update({port: echo for port in EXTRA_ECHO})
     servers = [await asyncio.start_server(handler(p, w), ADDRESS, p, backlog=4096) for p, w in table.items()]
     log("ready", "ready")
@@ -678,7 +690,7 @@ def open_attack_world() -> Iterator[AttackWorld]:
                 (agent_dir / "config.json").write_text(json.dumps({
                     "host": host.address, "p1": traps[0].port, "p2": traps[1].port, "echo": ECHO_PORT,
                     "after_eof": AFTER_EOF_PORT, "server_first": SERVER_FIRST_PORT, "reset": RESET_PORT,
-                    "drip": DRIP_PORT, "udp": UDP_PORT,
+                    "drip": DRIP_PORT, "http_drip": HTTP_DRIP_PORT, "udp": UDP_PORT,
                 }))  # fmt: skip
                 (agent_dir / "config.json").chmod(0o644)
                 deadline = time.monotonic() + 15

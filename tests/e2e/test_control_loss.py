@@ -3,7 +3,8 @@ direct, new connections are refused while control is down, and once dev mode has
 resumes the boundary) new connections work again — all within one agent process that never restarts.
 
 The agent is one long-running script: it starts two endless downloads (the test host drips 1 KiB every
-20 ms), one through a CONNECT tunnel and one as an absolute-form request, reports when bytes flow on both, then
+20 ms), one through a CONNECT tunnel (the origin speaks first: a raw relay) and one as an absolute-form request
+(an HTTP answer whose body never ends), reports when bytes flow on both, then
 loops, one attempt per line, each attempt both through the proxy (CONNECT) and transparently (fresh DNS
 through the stub, then a direct dial). The test drives the outage: it freezes the dev process (SIGSTOP, so
 that it cannot restart control before the agent has seen the outage), SIGKILLs control, waits for the agent
@@ -17,7 +18,7 @@ import signal
 import time
 from typing import Any
 
-from tests.e2e.attack_world import AGENT_PYTHON, DRIP_PORT, ECHO_PORT, AttackWorld, DevRun, attack_world
+from tests.e2e.attack_world import AGENT_PYTHON, DRIP_PORT, ECHO_PORT, HTTP_DRIP_PORT, AttackWorld, DevRun, attack_world
 
 __all__ = ["attack_world"]  # the module-scoped fixture
 
@@ -36,12 +37,15 @@ def attempt(i):
     return result
 
 downloads = {"connect": tunnel(f"api.test:{CONFIG['drip']}")[0], "forward": dial(*PROXY)}
-downloads["forward"].sendall(get_head(f"api.test:{CONFIG['drip']}"))
+downloads["forward"].sendall(get_head(f"api.test:{CONFIG['http_drip']}"))
 got = {}
 for kind, sock in downloads.items():
     got[kind] = 0
     while got[kind] < 32 * 1024:
-        got[kind] += len(sock.recv(65536))
+        chunk = sock.recv(65536)
+        if not chunk:  # fail now, with what came, rather than spin on EOF until the test's deadline
+            sys.exit(f"the {kind} download ended after {got[kind]} bytes")
+        got[kind] += len(chunk)
 report("drip-flowing", bytes=got)
 ends = {}
 for kind, sock in downloads.items():
@@ -76,7 +80,10 @@ def _wait_for(run: DevRun, name: str, timeout: float) -> dict[str, Any]:
             break
         if probe["probe"] == name:
             return probe
-    raise AssertionError(f"the agent never reported {name!r}; its output: {''.join(run.stdout)[-3000:]}")
+    raise AssertionError(
+        f"the agent never reported {name!r}; its output: {''.join(run.stdout)[-3000:]}\n"
+        f"the sandbox's stderr: {run.stderr_text()[-6000:]}"
+    )
 
 
 def test_control_killed_mid_transfer(attack_world: AttackWorld) -> None:
@@ -127,7 +134,9 @@ def test_control_killed_mid_transfer(attack_world: AttackWorld) -> None:
     assert all(a["connect"] == "status 503" for a in down), down  # the proxy says "no egress link"
     assert all(a["transparent"].startswith("dns:") for a in down), down  # the stub has no one to ask
     # ... and nothing reached the test host meanwhile: no direct path
-    reached = [(t, p) for t, p in w.accepts() if killed_at < t < resumed_at and p in (ECHO_PORT, DRIP_PORT)]
+    reached = [
+        (t, p) for t, p in w.accepts() if killed_at < t < resumed_at and p in (ECHO_PORT, DRIP_PORT, HTTP_DRIP_PORT)
+    ]
     assert reached == [], f"the test host was reached while control was down: {reached}"
     # dev restarted control (a new process) and the same agent works again
     assert new_control != old_control
