@@ -85,7 +85,7 @@ def _entry() -> list[str]:
 
 
 def _default_policy_file() -> Path:
-    return Path(__file__).resolve().parent / "control" / "default_policy.yaml"
+    return Path(__file__).resolve().parent.parent / "control" / "default_policy.yaml"
 
 
 def _console(opts: DevOptions, sandbox: str) -> tuple[Callable[[], None], Callable[[str], None]]:
