@@ -71,6 +71,7 @@ from supervisor.protocol.certs import Bundle
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_codes import ExitCode, for_launch_errno, for_signal
+from supervisor.protocol.exit_result import EndReason
 from supervisor.protocol.fence_canary import CanaryReport, parse_canary
 from supervisor.protocol.fingerprint import pem_fingerprint
 from supervisor.protocol.lifecycle import Lifecycle, Op, State
@@ -583,7 +584,7 @@ class BoundaryDaemon:
             trigger=report.get("trigger"),
         )  # fmt: skip
         started = self.table.agent is not None
-        await self.table.end_all(EventName.ENFORCEMENT_LOST, kill=True)
+        await self.table.end_all(EndReason.ENFORCEMENT_LOST, kill=True)
         if not started:  # ready, never started: nothing will report an agent exit
             self._fatal(reason)
 
