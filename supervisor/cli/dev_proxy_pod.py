@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from supervisor.cli.state_dirs import StateDirError, ensure_sandbox_state_dir, events_path
 from supervisor.protocol.certs import issue_bundle
+from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_codes import ExitCode
 from supervisor.protocol.proxy_head import proxy_environment, proxy_url
 
@@ -148,7 +149,7 @@ def _enter(name: str, uid: int, gid: int) -> Callable[[], None]:
 def _wait_listening(log: Path, control: subprocess.Popen[bytes]) -> bool:
     deadline = time.monotonic() + START_WAIT_S
     while time.monotonic() < deadline:
-        if log.exists() and '"event":"proxy.listening"' in log.read_text():
+        if log.exists() and f'"event":"{EventName.PROXY_LISTENING}"' in log.read_text():
             return True
         if control.poll() is not None:
             return False

@@ -140,3 +140,29 @@ def test_docs_list_exactly_the_codes_with_their_status() -> None:
     rows = re.findall(r"^\| `([a-z0-9_]+)` \| (\d{3}) \|", section, re.M)
     assert len(rows) == len(set(rows))
     assert {code: int(status) for code, status in rows} == {str(c): c.status for c in ErrorCode}
+
+
+def _emitted_by() -> dict[str, set[str]]:
+    """Which daemon's package names each event (``EventName.X`` in supervisor/boundary or supervisor/control)."""
+    found: dict[str, set[str]] = {}
+    for path, tree in _modules():
+        side = path.relative_to(SUPERVISOR).parts[0]
+        if side not in ("boundary", "control"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "EventName":
+                found.setdefault(str(EventName[node.attr]), set()).add(side)
+    return found
+
+
+def test_docs_list_exactly_the_event_names_and_who_writes_them() -> None:
+    """docs/design.md "Event names" is the catalogue, row for row, each with the daemon that writes it."""
+    text = (REPO / "docs" / "design.md").read_text()
+    section = text.split("### Event names", 1)[1].split("\n#", 1)[0]
+    rows = re.findall(r"^\| `([a-z.-]+)` \| (boundary|control|both) \|", section, re.M)
+    assert len(rows) == len(set(rows))
+    assert {name for name, _ in rows} == {str(e) for e in EventName}
+    emitted = _emitted_by()
+    for name, side in rows:
+        sides = emitted.get(name, set())
+        assert sides == ({"boundary", "control"} if side == "both" else {side}), f"{name}: written by {sides}"
