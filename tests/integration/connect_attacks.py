@@ -64,6 +64,9 @@ def scm_rights_then_exec(port: int) -> dict[str, object]:
     )
     theirs.close()
     sock = dial(port)
+    # dial()'s timeout left O_NONBLOCK on the open file, which the helper's sh and cat share: cat would read
+    # EAGAIN (and print nothing) whenever the answer is not there yet, as on a loaded machine
+    sock.setblocking(True)
     socket.send_fds(ours, [b"s"], [sock.fileno()])
     sock.close()
     ours.close()
