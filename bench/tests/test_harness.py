@@ -55,7 +55,7 @@ def test_default_and_quick_configs() -> None:
 def test_product_snapshot_is_a_copy_with_its_commit(tmp_path: Path) -> None:
     root, facts = product_snapshot(tmp_path)
     checkout = Path(__file__).parents[2] / "supervisor"
-    assert (root / "supervisor" / "cli.py").read_bytes() == (checkout / "cli.py").read_bytes()
+    assert (root / "supervisor" / "cli" / "main.py").read_bytes() == (checkout / "cli" / "main.py").read_bytes()
     assert facts["commit"]
     assert not list(root.rglob("__pycache__"))
     assert isinstance(facts["uncommitted"], list)
