@@ -189,7 +189,12 @@ def daemon_parser() -> argparse.ArgumentParser:
         help="proxy-pod: only these source networks are served (repeatable; an extra check behind the NetworkPolicy)",
     )
     t.add_argument("--proxy-max-connections", type=int, default=1024, help="proxy-pod: concurrent connections cap")
-    t.add_argument("--proxy-per-client", type=int, default=256, help="proxy-pod: concurrent connections per source")
+    t.add_argument(
+        "--proxy-per-client",
+        type=int,
+        default=1024,
+        help="proxy-pod: concurrent connections per source address (default: the total cap; the paired workload is one source)",
+    )
     t.add_argument(
         "--binary-identity",
         choices=["strict", "relaxed"],

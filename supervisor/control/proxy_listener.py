@@ -50,7 +50,7 @@ from supervisor.protocol.proxy_head import (
 from supervisor.protocol.responses import ErrorCode
 
 DEFAULT_MAX_CONNECTIONS = 1024
-DEFAULT_PER_CLIENT = 256
+DEFAULT_PER_CLIENT = DEFAULT_MAX_CONNECTIONS  # one paired workload is the only client by design
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
