@@ -9,7 +9,9 @@ Rules:
 3. Signals go through the pidfd only (``pidfd_send_signal``), from the closed allow-list; a process whose
    result is known answers ``terminated``.
 4. The agent's exit (any code, any signal) ends the table: every other workload process is terminated within
-   1 s (``end_all``) and further ``start`` calls answer ``terminated``; ``wait`` keeps answering.
+   1 s (``end_all``) and further ``start`` calls answer ``terminated``; ``wait`` keeps answering. A result that
+   says we ended a process (``agent-exit``, ``terminated``, ``timeout``) is published only once the sweep that
+   ends its tree is over: never while one of its members still runs.
 5. Results are retained for ``retention_s`` after exit or for the newest ``retention_count`` exits, whichever
    keeps more (the agent's forever); a pruned handle answers ``terminated`` with reason ``not-retained``.
 6. Live exec processes are capped at ``max_execs``; beyond it ``start`` answers ``unavailable``.
@@ -147,6 +149,9 @@ class ProcessEntry:
         self.exited = trio.Event()
         self.ended_at = math.inf  # trio clock
         self.end_reason: EndReason | None = None  # why we are ending it, once we are
+        # set once the sweep that ends it (terminate, timeout, end_all) is over: a result that says we ended the
+        # process is published only then, never while a member of its tree still runs (rule 4)
+        self.swept = trio.Event()
 
     # -- state ----------------------------------------------------------------------------------------------
 
@@ -385,6 +390,8 @@ class ProcessTable:
         except Exception as exc:  # the launcher is gone; the process is too (its init or zygote died)
             self.log.emit(EventName.PROCESS_EXITED, handle=entry.handle, error=f"status lost: {exc}")
             status = None
+        if entry.end_reason is not None:  # we are ending it: its members may still be going
+            await entry.swept.wait()
         self._finished_entry(entry, status)
         result = await entry.wait_result()
         entry.log_event(EventName.PROCESS_EXITED, code=result.code, signal=result.signal, reason=str(result.reason))
@@ -466,7 +473,10 @@ class ProcessTable:
         if entry.result is None and entry.end_reason is None:
             entry.end_reason = reason
         entry.log_event(EventName.PROCESS_TERMINATE, grace_s=grace_s, reason=str(reason))
-        gone = await terminate_tree(entry.scan(), grace_s)
+        try:
+            gone = await terminate_tree(entry.scan(), grace_s)
+        finally:
+            entry.swept.set()
         if not gone:
             entry.log_event(EventName.PROCESS_LEFTOVER, reason="members survived freeze-and-kill")
         with trio.move_on_after(_EXIT_REPORT_S):
@@ -488,13 +498,19 @@ class ProcessTable:
             if e.result is None and e.end_reason is None:
                 e.end_reason = why
         self.log.emit(EventName.PROCESS_END_ALL, reason=reason, live=len(self.live()))
-        if not kill:
-            with trio.move_on_after(1.0):
-                await terminate_tree(everything(self.launcher.workload_pids), END_ALL_GRACE_S)
         try:
-            await self.launcher.kill_all()  # the backstop: the workload PID namespace or every descendant
-        except Exception as exc:
-            self.log.emit(EventName.PROCESS_END_ALL, reason=reason, error=f"launcher kill_all failed: {exc}")
+            if not kill:
+                with trio.move_on_after(1.0):
+                    await terminate_tree(everything(self.launcher.workload_pids), END_ALL_GRACE_S)
+            try:
+                await self.launcher.kill_all()  # the backstop: the workload PID namespace or every descendant
+            except Exception as exc:
+                self.log.emit(EventName.PROCESS_END_ALL, reason=reason, error=f"launcher kill_all failed: {exc}")
+            with trio.move_on_after(_EXIT_REPORT_S):
+                await kill_tree(everything(self.launcher.workload_pids))  # until the last one is dead
+        finally:
+            for e in self._entries.values():
+                e.swept.set()
         with trio.move_on_after(_EXIT_REPORT_S):
             for e in list(self._entries.values()):
                 await e.exited.wait()
