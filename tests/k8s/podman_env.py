@@ -13,8 +13,10 @@ where crun fails, and podman's default nofile exceeds the session's hard limit).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
+import hashlib
 import ipaddress
 import json
 import os
@@ -23,12 +25,14 @@ import secrets
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+import zipfile
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 REPO = Path(__file__).resolve().parents[2]
-IMAGE = os.environ.get("OPENSHELL_K8S_IMAGE", "localhost/openshell-sandbox:test-k8s")
+BASE_IMAGE = "localhost/debian-python:bookworm"  # images/build-local.sh's cached debootstrap base
+AGENT_IMAGE = "localhost/debian-agent:bookworm"  # images/build-local.sh --agent-image: Debian, curl, python3, pip
 POOLS = (ipaddress.IPv4Network("198.51.100.0/24"), ipaddress.IPv4Network("203.0.113.0/24"))
 SLOTS = [net for pool in POOLS for net in pool.subnets(new_prefix=27)]
 LOCK_PATH = "/run/lock/openshell-sandbox-test-hosts.lock"  # shared with tests/netns_hosts.py and bench/netns.py
@@ -107,6 +111,10 @@ class Podman:
         return found
 
 
+class RuntimeUnavailable(Exception):
+    """The machine's container runtime cannot run this run's containers: the run skips, naming why."""
+
+
 class Network:
     """An internal podman network on a free /27 of TEST-NET-2/3, chosen and created under the lock; ``first``
     starts its first container (so that the bridge exists) before the lock is released."""
@@ -124,8 +132,12 @@ class Network:
                     raise AssertionError(f"no free /27 in {POOLS}: in use {sorted(map(str, taken))}")
                 self.subnet = free[-1]
                 self.hosts = list(self.subnet.hosts())  # [0] is the bridge's
-                podman.run("network", "create", "--internal", "--disable-dns", "--label", f"{LABEL}={run_id}",
-                           "--subnet", str(self.subnet), self.name)  # fmt: skip
+                created = podman.run("network", "create", "--internal", "--disable-dns", "--label",
+                                     f"{LABEL}={run_id}", "--subnet", str(self.subnet), self.name,
+                                     check=False)  # fmt: skip
+                if created.returncode != 0:
+                    raise RuntimeUnavailable(f"podman network create --internal exited {created.returncode}: "
+                                             f"{created.stderr.strip()}")  # fmt: skip
                 first(self)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
@@ -159,26 +171,121 @@ class Network:
         self.podman.run("network", "rm", "-f", self.name, check=False)
 
 
-def new_run_id() -> str:
-    return secrets.token_hex(3)
+def new_run(parent: Path = Path("/var/tmp")) -> tuple[str, Path]:
+    """A run id and the run's 0700 work directory ``ostk-<id>``: creating the directory reserves the id (under
+    the test hosts' lock, and never one whose name podman still knows), so two runs never share one."""
+    os.makedirs(os.path.dirname(LOCK_PATH), exist_ok=True)
+    with open(LOCK_PATH, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        while True:
+            run_id = secrets.token_hex(3)
+            work = parent / f"ostk-{run_id}"
+            try:
+                work.mkdir(mode=0o700)
+            except FileExistsError:
+                continue
+            return run_id, work
 
 
-def build_image(log: Path) -> None:
-    """images/build-local.sh: the debootstrap base is cached, so only the first run is slow."""
+def run_image(run_id: str) -> str:
+    """The image this run builds and removes (two runs side by side never rebuild each other's image)."""
+    return os.environ.get("OPENSHELL_K8S_IMAGE") or f"localhost/openshell-sandbox:test-k8s-{run_id}"
+
+
+def _build(log: Path, *args: str) -> int:
     env = {**os.environ}
     env.pop("CONTAINERS_CONF", None)  # the script writes its own next to its cache
     with log.open("a") as out:
-        result = subprocess.run(["sh", str(REPO / "images" / "build-local.sh"), IMAGE], stdout=out,
+        result = subprocess.run(["sh", str(REPO / "images" / "build-local.sh"), *args], stdout=out,
                                 stderr=subprocess.STDOUT, env=env, timeout=900)  # fmt: skip
-    if result.returncode != 0:
-        raise AssertionError(f"images/build-local.sh failed (exit {result.returncode}); see {log}")
+    return result.returncode
 
 
-def run_detached(podman: Podman, name: str, network: Network, address: str, mounts: Sequence[tuple[Path, str, str]],
-                 argv: Sequence[str]) -> None:  # fmt: skip
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        return " | ".join(line.strip() for line in path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def build_base(log: Path) -> str | None:
+    """The debootstrap base (cached): None, or why this machine cannot make it (its log's last lines)."""
+    code = _build(log, "--base-only")
+    if code == 0:
+        return None
+    return f"images/build-local.sh --base-only exited {code}: {_tail(log)}"
+
+
+def build_image(log: Path, image: str) -> None:
+    """images/build-local.sh: the base is cached, so only the first run is slow; a failure is a real failure."""
+    code = _build(log, image)
+    if code != 0:
+        raise AssertionError(f"images/build-local.sh failed (exit {code}): {_tail(log)}; see {log}")
+
+
+def build_agent_image(log: Path) -> str:
+    """images/build-local.sh --agent-image: plain Debian bookworm with curl, python3 and pip (cached)."""
+    code = _build(log, "--agent-image")
+    if code != 0:
+        raise AssertionError(f"images/build-local.sh --agent-image failed (exit {code}): {_tail(log)}; see {log}")
+    return AGENT_IMAGE
+
+
+WHEEL = "tinypkg-1.0-py3-none-any.whl"
+
+
+def simple_index(root: Path) -> str:
+    """A PEP 503 index of one minimal wheel under ``root`` (``simple/``, ``packages/``); the wheel's sha256."""
+    (root / "simple" / "tinypkg").mkdir(parents=True)
+    (root / "packages").mkdir()
+    files = {
+        "tinypkg.py": "VALUE = 1\n",
+        "tinypkg-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n",
+        "tinypkg-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    record = ""
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record += f"{name},sha256={digest},{len(text.encode())}\n"
+    files["tinypkg-1.0.dist-info/RECORD"] = record + "tinypkg-1.0.dist-info/RECORD,,\n"
+    wheel = root / "packages" / WHEEL
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name, text in files.items():
+            zf.writestr(name, text)
+    sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    (root / "simple" / "tinypkg" / "index.html").write_text(
+        f'<html><body><a href="/packages/{WHEEL}#sha256={sha}">{WHEEL}</a></body></html>\n'
+    )
+    for path in [root, *root.rglob("*")]:
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    return sha
+
+
+def runtime_unavailable(podman: Podman, network: str | None = None, address: str | None = None) -> str | None:
+    """Whether this machine's container runtime can run a container at all (on ``network``, at ``address``):
+    None, or podman's own account of why not (a nested container without cgroup access, no netavark, …). The
+    probe runs the bare debootstrap base, nothing of ours, so a failure here says nothing about our pods."""
+    args = ["run", "--rm", "--label", f"{LABEL}=probe"]
+    args += ["--network", network, "--ip", address] if network and address else ["--network", "none"]
+    try:
+        result = podman.run(*args, BASE_IMAGE, "/bin/true", check=False, timeout=120)
+    except subprocess.TimeoutExpired:
+        return f"podman {' '.join(args)} {BASE_IMAGE} /bin/true did not finish within 120 s"
+    if result.returncode == 0:
+        return None
+    detail = " | ".join(result.stderr.strip().splitlines()[-3:])
+    return f"podman {' '.join(args)} {BASE_IMAGE} /bin/true exited {result.returncode}: {detail}"
+
+
+def run_detached(podman: Podman, image: str, name: str, network: Network, address: str,
+                 mounts: Sequence[tuple[Path, str, str]], argv: Sequence[str],
+                 env: Mapping[str, str] | None = None) -> None:  # fmt: skip
     """A helper container (DNS, origin) on the network: the image's python as root, nothing else."""
     args = ["run", "-d", "--name", name, "--label", f"{LABEL}=1", "--network", network.name, "--ip", address,
             "--user", "0", "--entrypoint", argv[0]]  # fmt: skip
     for host, target, mode in mounts:
         args += ["-v", f"{host}:{target}:{mode}"]
-    podman.run(*args, IMAGE, *argv[1:])
+    for key, value in (env or {}).items():
+        args += ["--env", f"{key}={value}"]
+    podman.run(*args, image, *argv[1:])

@@ -10,8 +10,12 @@ volumes, Services or NetworkPolicies. So, for each of the two pods of one sandbo
 - a **ConfigMap volume** becomes a hostPath directory of 0644 files (mounted read-only, as in the manifests);
 - an **emptyDir** becomes a fresh, empty 0777 hostPath directory (on disk, not memory: ``medium: Memory`` and
   ``sizeLimit`` are not reproduced);
-- the boundary **Service** becomes the workload pod's address on the podman network: control's
-  ``--boundary=os-bnd-…:PORT`` is rewritten to ``--boundary=ADDRESS:PORT`` (no name lookup, no aardvark);
+- the one **Service** becomes the address of the pod it selects on the podman network (no name lookup, no
+  aardvark): in the boundary topology the workload pod's, control's ``--boundary=os-bnd-…:PORT`` becoming
+  ``--boundary=ADDRESS:PORT``; in the proxy-pod topology control's, the workload's proxy variables
+  (``http://sandbox:…@os-prx-…:PORT``) naming ``ADDRESS:PORT`` instead;
+- an env **secretKeyRef** becomes the Secret's value (podman 4.3 reads it only from ``podman secret``s), and
+  ``$(VAR)`` in a later value is expanded as kubelet does (the proxy token in the proxy variables);
 - the pod-level ``runAsUser``/``runAsGroup``/``fsGroup`` are written into each container's own context (``fsGroup``
   as a supplemental group, which is what kubelet does for the processes), so nothing depends on how podman reads
   the pod-level context;
@@ -22,6 +26,9 @@ volumes, Services or NetworkPolicies. So, for each of the two pods of one sandbo
   which now and then read half a file at start (``key.pem: not an unencrypted PEM private key``), exited and was
   restarted. Kubernetes runs an init container once; a daemon exiting non-zero is still restarted, one exiting
   0 is not (neither daemon exits 0 while it should run);
+- ``ports`` are dropped: podman 4.3's ``kube play`` publishes every ``containerPort`` on the host (the
+  boundary's 7443, control's proxy 3128: reachable from the host, and two runs side by side, or a dev sandbox
+  holding 3128, collide); the pods reach each other by address on the network, as in a cluster;
 - probes are dropped (podman runs them through systemd timers, which these hosts lack); the run calls
   ``readyz``/``status`` through ``podman exec`` instead. ``hostUsers: false`` becomes ``podman kube play
   --userns=auto:uidmapping=0:BASE:65536,…`` with a BASE of the run's choosing, and every hostPath file of that
@@ -37,6 +44,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -114,7 +122,7 @@ class Translation:
         self.configmaps = {o["metadata"]["name"]: o for o in objects if o.get("kind") == "ConfigMap"}
         services = [o for o in objects if o.get("kind") == "Service"]
         if len(services) != 1:
-            raise TranslationError(f"expected one Service (the boundary's), found {len(services)}")
+            raise TranslationError(f"expected one Service (the boundary's or the proxy's), found {len(services)}")
         self.service = services[0]
         self.plays = 0
         work.mkdir(mode=0o700, exist_ok=True)
@@ -137,18 +145,21 @@ class Translation:
                 }
         raise TranslationError(f"no Pod or Deployment with role {role!r} in the rendered set")
 
-    def boundary_name(self) -> str:
+    def service_name(self) -> str:
         return str(self.service["metadata"]["name"])
 
     def translate(
         self,
         role: str,
         *,
-        boundary_address: str,
+        service_address: str,
         extra_args: Sequence[str] = (),
         extra_mounts: Mapping[str, Path] = {},
     ) -> PlayPod:
         """A fresh play of the ``role`` pod (fresh emptyDirs each time, as a new pod gets).
+
+        ``service_address`` is the address of the pod the rendered Service selects (the workload pod in the
+        boundary topology, control's in proxy-pod): the Service's name becomes it.
 
         ``extra_args`` are appended to the main container's args (control: ``--dns-server``, ``--upstream-ca``);
         ``extra_mounts`` maps a container path to a host directory, mounted read-only into the main container.
@@ -197,6 +208,7 @@ class Translation:
         unmask = False
         for kind in ("initContainers", "containers"):
             for container in spec.get(kind, []):
+                container.pop("ports", None)  # podman 4.3 would publish each containerPort on the host (above)
                 container.pop("readinessProbe", None)
                 container.pop("livenessProbe", None)
                 container.pop("startupProbe", None)
@@ -212,9 +224,13 @@ class Translation:
         if spec.get("initContainers") and spec.get("restartPolicy", "Always") == "Always":
             spec["restartPolicy"] = "OnFailure"  # podman restarts init containers by the pod's policy (above)
 
+        for kind in ("initContainers", "containers"):
+            for container in spec.get(kind, []):
+                if "env" in container:
+                    container["env"] = self._env(container["env"], service_address)
         main = spec["containers"][0]
         if role == "control":
-            main["args"] = [self._boundary_arg(a, boundary_address) for a in main.get("args", [])]
+            main["args"] = [self._boundary_arg(a, service_address) for a in main.get("args", [])]
         main["args"] = [*main.get("args", []), *extra_args]
         for index, (mount_path, host) in enumerate(sorted(extra_mounts.items())):
             vol_name = f"extra-{index}"
@@ -235,8 +251,32 @@ class Translation:
         return PlayPod(name=name, role=role, doc=doc, yaml_path=yaml_path, userns=userns, unmask=unmask,
                        containers=containers, init_containers=inits)  # fmt: skip
 
+    def _env(self, env: Sequence[Doc], address: str) -> list[Doc]:
+        """secretKeyRef → the value; ``$(VAR)`` of an earlier variable expanded; the Service's name → ``address``."""
+        out: list[Doc] = []
+        known: dict[str, str] = {}
+        for var in env:
+            name = str(var["name"])
+            ref = (var.get("valueFrom") or {}).get("secretKeyRef")
+            if ref is not None:
+                secret = self.secrets.get(ref["name"])
+                files = _secret_files(secret) if secret is not None else {}
+                if ref["key"] not in files:
+                    raise TranslationError(f"env {name}: Secret {ref['name']} has no key {ref['key']!r}")
+                value = files[ref["key"]].decode()
+            elif "valueFrom" in var:
+                raise TranslationError(f"env {name}: only secretKeyRef is rendered, not {var['valueFrom']}")
+            else:
+                value = str(var.get("value", ""))
+                value = re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: known.get(m.group(1), m.group(0)), value)
+                value = value.replace(f"@{self.service_name()}:", f"@{address}:")
+                value = value.replace(f"//{self.service_name()}:", f"//{address}:")
+            known[name] = value
+            out.append({"name": name, "value": value})
+        return out
+
     def _boundary_arg(self, arg: str, address: str) -> str:
-        prefix = f"--boundary={self.boundary_name()}:"
+        prefix = f"--boundary={self.service_name()}:"
         if arg.startswith(prefix):
             return f"--boundary={address}:{arg[len(prefix) :]}"
         return arg

@@ -27,22 +27,32 @@ import pytest
 import trustme
 
 from tests.k8s.podman_env import (
-    IMAGE,
     REPO,
+    WHEEL,
     Network,
     Podman,
+    RuntimeUnavailable,
+    build_agent_image,
+    build_base,
     build_image,
     containers_conf,
     missing_tools,
-    new_run_id,
+    new_run,
     run_detached,
+    run_image,
+    runtime_unavailable,
+    simple_index,
     wait_for,
 )
 from tests.k8s.podman_play import PlayPod, Translation, load_documents
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="rootful podman: the run needs root"),
-    pytest.mark.skipif(bool(missing_tools()), reason=f"missing {missing_tools()} (make test-k8s installs them)"),
+    pytest.mark.skipif(
+        bool(missing_tools()),
+        reason=f"missing {missing_tools()}: scripts/install-k8s-test-deps.sh could not install them "
+        "(its message is above)",
+    ),
 ]
 
 CLI = [sys.executable, "-m", "supervisor.cli"]
@@ -61,6 +71,19 @@ network_policies:
 {extra}    binaries:
       - path: /usr/bin/python3*
 """
+PROXY_POD_POLICY = """\
+version: 1
+network_policies:
+  origin:
+    name: the test origin and its package index, inspected
+    endpoints:
+      - host: secure.test
+        port: {port}
+        allowed_ips: ["{address}/32"]
+      - host: pypi.test
+        port: {port}
+        allowed_ips: ["{address}/32"]
+{extra}"""
 SECOND_ENDPOINT = """\
       - host: denied.test
         port: {port}
@@ -86,6 +109,9 @@ class World:
     origin: str
     origin_ca: Path  # directory holding ca.pem, mounted into control
     requests: Path  # the origin's request log
+    image: str  # built by this run from the tree (both daemons, the DNS and origin containers)
+    agent_image: str  # plain Debian with curl, python3 and pip: the proxy-pod workload (nothing of ours)
+    wheel_sha256: str  # of the one wheel of the origin's package index (pypi.test)
 
     def origin_paths(self) -> list[str]:
         if not self.requests.exists():
@@ -95,29 +121,41 @@ class World:
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    run_id = new_run_id()
-    work = Path(f"/var/tmp/ostk-{run_id}")
-    work.mkdir(mode=0o700)
+    run_id, work = new_run()
+    image = run_image(run_id)
     podman = Podman(containers_conf(work / "containers.conf"), work / "podman.log")
     network: Network | None = None
     forwarding = Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()  # netavark turns it on
     try:
-        build_image(work / "build.log")
+        # Skipped, with the measured reason, only where the machine cannot run a container at all (before anything
+        # of ours runs); from the image build on, every failure is a failure.
+        unavailable = build_base(work / "build.log") or runtime_unavailable(podman)
+        if unavailable:
+            pytest.skip(f"this machine's container runtime cannot run pods: {unavailable}")
+        build_image(work / "build.log", image)
+        agent_image = build_agent_image(work / "build.log")
         files = work / "origin"
         files.mkdir(mode=0o755)
+        wheel_sha256 = simple_index(files / "www")
         shutil.copy(REPO / "tests" / "https_recorder.py", files / "https_recorder.py")
         shutil.copy(REPO / "tests" / "k8s" / "dns_server.py", files / "dns_server.py")
 
         def start_dns(net: Network) -> None:  # under the address lock: the bridge exists once it runs
             dns, origin = net.address(1), net.address(2)
-            run_detached(podman, f"ostk-{run_id}-dns", net, dns, [(files, "/o", "ro")],
+            why = runtime_unavailable(podman, net.name, dns)  # the bare base on the network first
+            if why:
+                raise RuntimeUnavailable(why)
+            run_detached(podman, image, f"ostk-{run_id}-dns", net, dns, [(files, "/o", "ro")],
                          ["/opt/openshell-sandbox/bin/python", "/o/dns_server.py", dns,
-                          f"secure.test={origin}", f"denied.test={origin}"])  # fmt: skip
+                          f"secure.test={origin}", f"denied.test={origin}", f"pypi.test={origin}"])  # fmt: skip
 
-        network = Network(podman, run_id, start_dns)
+        try:
+            network = Network(podman, run_id, start_dns)
+        except RuntimeUnavailable as exc:
+            pytest.skip(f"this machine's container runtime cannot run pods on an internal network: {exc}")
         dns, origin = network.address(1), network.address(2)
         ca = trustme.CA()
-        leaf = ca.issue_cert("secure.test", "denied.test")
+        leaf = ca.issue_cert("secure.test", "denied.test", "pypi.test")
         leaf.private_key_pem.write_to_path(str(files / "key.pem"))
         for blob in leaf.cert_chain_pems:
             blob.write_to_path(str(files / "cert.pem"), append=True)
@@ -127,16 +165,20 @@ def world() -> Iterator[World]:
         os.chmod(origin_ca / "ca.pem", 0o644)
         logs = work / "origin-log"
         logs.mkdir(mode=0o755)
-        run_detached(podman, f"ostk-{run_id}-origin", network, origin, [(files, "/o", "ro"), (logs, "/log", "rw")],
+        run_detached(podman, image, f"ostk-{run_id}-origin", network, origin,
+                     [(files, "/o", "ro"), (logs, "/log", "rw")],
                      ["/usr/bin/python3", "/o/https_recorder.py", origin, str(PORT), "/o/cert.pem", "/o/key.pem",
-                      "/log/requests.jsonl"])  # fmt: skip
+                      "/log/requests.jsonl"], env={"RECORDER_ROOT": "/o/www"})  # fmt: skip
         probe = f"import socket; socket.create_connection(('{origin}', {PORT}), 2).close()"
         wait_for("the origin to listen", lambda: podman.run(
             "exec", f"ostk-{run_id}-origin", "/usr/bin/python3", "-c", probe, check=False).returncode == 0)  # fmt: skip
         wait_for("the DNS server", lambda: "serving" in podman.run("logs", f"ostk-{run_id}-dns").stdout)
-        yield World(run_id, work, podman, network, dns, origin, origin_ca, logs / "requests.jsonl")
+        yield World(run_id, work, podman, network, dns, origin, origin_ca, logs / "requests.jsonl", image,
+                    agent_image, wheel_sha256)  # fmt: skip
     finally:
         _teardown(podman, run_id)
+        if image != os.environ.get("OPENSHELL_K8S_IMAGE"):
+            podman.run("rmi", "-f", image, check=False)
         if forwarding == "0" and not podman.run("ps", "-q", check=False).stdout.strip():
             Path("/proc/sys/net/ipv4/ip_forward").write_text("0\n")
         if os.environ.get("OPENSHELL_K8S_KEEP") != "1":
@@ -159,20 +201,23 @@ def _teardown(podman: Podman, run_id: str) -> None:
 class Sandbox:
     """One rendered sandbox on the run's network: its render, its translation, its two pods."""
 
-    def __init__(self, world: World, model: str, first_address: int) -> None:
+    def __init__(self, world: World, model: str, first_address: int, topology: str = "boundary") -> None:
         self.world = world
         self.model = model
-        self.name = f"{model.lower()}-{world.run_id}"
+        self.topology = topology
+        proxy_pod = topology == "proxy-pod"
+        self.name = f"{'pp' if proxy_pod else model.lower()}-{world.run_id}"
         self.root = world.work / self.name
         self.root.mkdir(mode=0o700)
         self.control_ip = world.network.address(first_address)
         self.workload_ip = world.network.address(first_address + 1)
-        self.policy = POLICY.format(port=PORT, address=world.origin, extra="")
+        self.policy = (PROXY_POD_POLICY if proxy_pod else POLICY).format(port=PORT, address=world.origin, extra="")
         (self.root / "policy.yaml").write_text(self.policy)
         rendered = subprocess.run(
             [*CLI, "k8s", "render", "--namespace", NAMESPACE, "--sandbox", self.name,
-             "--sandbox-uid", str(uuid.uuid4()), "--image", IMAGE, "--control-image", IMAGE,
-             "--privilege-model", model, "--policy", str(self.root / "policy.yaml"),
+             "--sandbox-uid", str(uuid.uuid4()), "--image", world.agent_image if proxy_pod else world.image,
+             "--control-image", world.image, "--topology", topology,
+             *([] if proxy_pod else ["--privilege-model", model]), "--policy", str(self.root / "policy.yaml"),
              "--secrets-dir", str(self.root / "secrets"), "--out", str(self.root / "objects.yaml"),
              "--", "/usr/bin/sleep", "100000"],
             capture_output=True, text=True, timeout=120,
@@ -189,14 +234,16 @@ class Sandbox:
 
     # -- pods -------------------------------------------------------------------------------------------------
     def play_workload(self) -> PlayPod:
-        pod = self.translation.translate("workload", boundary_address=self.workload_ip)
+        # the Service selects the workload pod (the boundary's) or control's (the proxy's)
+        service = self.control_ip if self.topology == "proxy-pod" else self.workload_ip
+        pod = self.translation.translate("workload", service_address=service)
         self.world.podman.run(*pod.play_args(self.world.network.name, self.workload_ip))
         self.workload = pod
         return pod
 
     def play_control(self) -> PlayPod:
         pod = self.translation.translate(
-            "control", boundary_address=self.workload_ip,
+            "control", service_address=self.workload_ip,
             extra_args=[f"--dns-server={self.world.dns}:53", f"--upstream-ca={ORIGIN_CA_DIR}/ca.pem"],
             extra_mounts={ORIGIN_CA_DIR: self.world.origin_ca},
         )  # fmt: skip
@@ -465,6 +512,90 @@ def test_u_1_pods_up_allowed_and_denied_or_skipped_with_the_reason(world: World)
             if pod is not None:
                 world.podman.run("kube", "down", str(pod.yaml_path), check=False, timeout=120)
     assert not world.podman.leftovers(box.name)
+
+
+# ---- the proxy-pod topology: the workload is plain Debian (curl, python3, pip), control serves its proxy ----------
+@pytest.fixture(scope="module")
+def box_pp(world: World) -> Iterator[Sandbox]:
+    box = Sandbox(world, "R", 9, topology="proxy-pod")
+    yield box
+    for pod in (box.workload, box.control):
+        if pod is not None:
+            world.podman.run("kube", "down", str(pod.yaml_path), check=False, timeout=120)
+
+
+def _agent(box: Sandbox, script: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``sh -c script`` in the workload's container, with the environment the rendered pod gives the agent."""
+    return box.world.podman.run("exec", box.workload_container, "/bin/sh", "-c", script, check=False,
+                                timeout=timeout)  # fmt: skip
+
+
+def test_x_1_proxy_pod_control_serves_and_the_workload_runs_nothing_of_ours(box_pp: Sandbox) -> None:
+    box_pp.play_control()  # first: the workload's proxy variables name control's address (the Service's)
+    try:
+        wait_for("control ready", lambda: box_pp.ctl("openshell-sandbox", "readyz").returncode == 0, timeout=120)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{box_pp.diagnose()}") from None
+    box_pp.play_workload()
+    wait_for("the workload's agent to run", lambda: box_pp.world.podman.inspect(box_pp.workload_container)[
+        "State"]["Status"] == "running")  # fmt: skip
+    _never_restarted(box_pp)
+    topology = box_pp.status()["topology"]
+    assert topology["name"] == "proxy-pod" and topology["identity"] == "relaxed", topology
+    assert topology["networkpolicy_enforcement"] == "acknowledged", topology
+    ours = _agent(
+        box_pp, "id -u; command -v openshell-sandbox; ls /opt/openshell-sandbox; command -v curl; command -v python3"
+    )
+    lines = ours.stdout.split()
+    assert lines[0] == "1000" and "/usr/bin/curl" in lines and "/usr/bin/python3" in lines, ours.stdout + ours.stderr
+    assert not [line for line in lines if "openshell" in line], f"the workload image holds ours: {ours.stdout}"
+    _entrypoint_runs(box_pp.world, box_pp.control_container, "control")
+
+
+def test_x_2_curl_https_and_pip_download_through_control(box_pp: Sandbox) -> None:
+    world = box_pp.world
+    curl = _agent(box_pp, f"curl -sS --fail https://secure.test:{PORT}/x-allowed")
+    assert curl.returncode == 0 and json.loads(curl.stdout)["path"] == "/x-allowed", curl.stdout + curl.stderr
+    pip = _agent(box_pp, f"cd /sandbox && python3 -m pip download --no-cache-dir --disable-pip-version-check "
+                 f"--no-deps --only-binary=:all: --index-url https://pypi.test:{PORT}/simple/ -d dl tinypkg==1.0 "
+                 f"&& sha256sum dl/{WHEEL}")  # fmt: skip
+    assert pip.returncode == 0 and world.wheel_sha256 in pip.stdout, pip.stdout + pip.stderr
+    assert "/simple/tinypkg/" in world.origin_paths() and f"/packages/{WHEEL}" in world.origin_paths()
+    allowed = [e for e in box_pp.control_events() if e.get("event") == "egress" and e.get("decision") == "allow"]
+    assert {f"secure.test:{PORT}", f"pypi.test:{PORT}"} <= {e.get("destination") for e in allowed}, allowed[-3:]
+    assert all(e.get("identity") == "relaxed" for e in allowed), allowed[-3:]
+
+
+def test_x_3_a_denied_host_is_refused_and_never_reached(box_pp: Sandbox) -> None:
+    denied = _agent(box_pp, f"curl -sS -o /dev/null -w '%{{http_connect}}' https://denied.test:{PORT}/x-denied")
+    assert denied.returncode != 0 and denied.stdout.strip() == "403", denied.stdout + denied.stderr
+    assert "/x-denied" not in box_pp.world.origin_paths(), "a denied request reached the origin"
+    wait_for("the refusal in control's log", lambda: [
+        e for e in box_pp.control_events() if e.get("event") == "egress" and e.get("decision") == "deny"
+        and "denied.test" in json.dumps(e)])  # fmt: skip
+
+
+def test_x_4_a_client_without_the_token_gets_407(box_pp: Sandbox) -> None:
+    proxy = f"{box_pp.control_ip}:3128"
+    for label, url in (("none", f"http://{proxy}"), ("wrong", f"http://sandbox:not-the-token@{proxy}")):
+        tunnel = _agent(box_pp, f"curl -sS -o /dev/null -w '%{{http_connect}}' --proxy {url} "
+                        f"https://secure.test:{PORT}/x-{label}-token")  # fmt: skip
+        assert tunnel.returncode != 0 and tunnel.stdout.strip() == "407", (label, tunnel.stdout + tunnel.stderr)
+        plain = _agent(box_pp, f"curl -sS -o /dev/null -w '%{{http_code}}' --proxy {url} "
+                       f"http://secure.test:{PORT}/x-{label}-token-plain")  # fmt: skip
+        assert plain.stdout.strip() == "407", (label, plain.stdout + plain.stderr)
+    paths = box_pp.world.origin_paths()
+    assert not [p for p in paths if "-token" in p], f"a request without the token reached the origin: {paths}"
+    wait_for("four proxy.refused lines in control's log", lambda: len([
+        e for e in box_pp.control_events() if e.get("event") == "proxy.refused"]) >= 4)  # fmt: skip
+    _never_restarted(box_pp)
+
+
+def test_x_5_kube_down_leaves_nothing_of_the_sandbox(box_pp: Sandbox) -> None:
+    box_pp.down(box_pp.workload)
+    box_pp.down(box_pp.control)
+    box_pp.control = box_pp.workload = None
+    assert not box_pp.world.podman.leftovers(box_pp.name)
 
 
 # ---- the end of the run ------------------------------------------------------------------------------------------

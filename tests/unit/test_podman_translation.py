@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -34,13 +35,14 @@ network_policies:
 """
 
 
-def _translation(tmp_path: Path) -> Translation:
-    spec = RenderSpec(
-        namespace="ostk", sandbox="r-unit", sandbox_uid="0b7c5a52-3f64-4c47-9d0e-6b1e1c2d3e4f",
-        image="localhost/openshell-sandbox:test-k8s", control_image="localhost/openshell-sandbox:test-k8s",
-        agent_argv=("/usr/bin/sleep", "100000"), policy_text=POLICY,
-    )  # fmt: skip
-    material = issue_material(claims_for(spec, SandboxNames.of(spec.sandbox, spec.sandbox_uid)), spec.policy_digest)
+def _translation(tmp_path: Path, **changes: Any) -> Translation:
+    spec = RenderSpec(**{
+        "namespace": "ostk", "sandbox": "r-unit", "sandbox_uid": "0b7c5a52-3f64-4c47-9d0e-6b1e1c2d3e4f",
+        "image": "localhost/openshell-sandbox:test-k8s", "control_image": "localhost/openshell-sandbox:test-k8s",
+        "agent_argv": ("/usr/bin/sleep", "100000"), "policy_text": POLICY, **changes,
+    })  # fmt: skip
+    names = SandboxNames.of(spec.sandbox, spec.sandbox_uid)
+    material = issue_material(claims_for(spec, names), spec.policy_digest, proxy_pod=spec.topology == "proxy-pod")
     rendered = render(spec, material)
     objects = list(yaml.safe_load_all(to_yaml(rendered.objects)))
     secrets = list(yaml.safe_load_all(to_yaml(rendered.secrets)))
@@ -50,7 +52,7 @@ def _translation(tmp_path: Path) -> Translation:
 def test_a_deployment_pod_with_init_containers_does_not_restart_them_after_success(tmp_path: Path) -> None:
     translation = _translation(tmp_path)
     assert translation.pod_doc("control")["spec"].get("restartPolicy", "Always") == "Always"  # what render writes
-    control = translation.translate("control", boundary_address="203.0.113.2")
+    control = translation.translate("control", service_address="203.0.113.2")
     played = yaml.safe_load(control.yaml_path.read_text())
     assert played["spec"]["initContainers"], "the render's control pod copies its Secrets in an init container"
     assert played["spec"]["restartPolicy"] == "OnFailure"
@@ -59,5 +61,35 @@ def test_a_deployment_pod_with_init_containers_does_not_restart_them_after_succe
 
 
 def test_the_workload_pod_keeps_never(tmp_path: Path) -> None:
-    workload = _translation(tmp_path).translate("workload", boundary_address="203.0.113.2")
+    workload = _translation(tmp_path).translate("workload", service_address="203.0.113.2")
     assert yaml.safe_load(workload.yaml_path.read_text())["spec"]["restartPolicy"] == "Never"
+
+
+def test_proxy_pod_workload_env_names_controls_address_with_the_token(tmp_path: Path) -> None:
+    """podman 4.3 plays no Service and reads secretKeyRef only from podman secrets: the workload's proxy variables
+    must name control's address, with the token's value where kubelet would expand ``$(OPENSHELL_PROXY_TOKEN)``."""
+    translation = _translation(tmp_path, topology="proxy-pod", image="localhost/debian-agent:bookworm")
+    service = translation.service_name()
+    token = next(
+        value.decode()
+        for secret in translation.secrets.values()
+        for key, value in _files(secret).items()
+        if key == "token"
+    )
+    workload = translation.translate("workload", service_address="203.0.113.9")
+    env = {v["name"]: v for v in yaml.safe_load(workload.yaml_path.read_text())["spec"]["containers"][0]["env"]}
+    assert all(set(v) == {"name", "value"} for v in env.values()), "a valueFrom was left for podman"
+    assert env["OPENSHELL_PROXY_TOKEN"]["value"] == token
+    for name in ("HTTP_PROXY", "https_proxy", "ALL_PROXY"):
+        assert env[name]["value"] == f"http://sandbox:{token}@203.0.113.9:3128", env[name]
+    assert not [v for v in env.values() if service in v["value"]]
+    control = yaml.safe_load(translation.translate("control", service_address="203.0.113.8").yaml_path.read_text())
+    assert "--proxy-listen=*:3128" in control["spec"]["containers"][0]["args"]
+    assert translation.pod_doc("control")["spec"]["containers"][0]["ports"], "render names the proxy's port"
+    assert "ports" not in control["spec"]["containers"][0], "podman 4.3 would publish it on the host"
+
+
+def _files(secret: dict[str, Any]) -> dict[str, bytes]:
+    from tests.k8s.podman_play import _secret_files
+
+    return _secret_files(secret)
