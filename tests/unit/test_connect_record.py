@@ -5,36 +5,44 @@ from __future__ import annotations
 import pytest
 
 from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog
+from supervisor.protocol.identity import ConnectionIdentity
+
+
+def who(path: str) -> ConnectionIdentity:
+    return ConnectionIdentity(path, None, (), (), pid=7, start_time=1, uid=1000, owners=1, resolved_in_us=5)
+
+
+PYTHON, CURL = who("/usr/bin/python3"), who("/usr/bin/curl")
 
 
 def test_a_record_is_taken_once_and_only_with_its_cookie() -> None:
     records = ConnectRecords()
-    assert records.put(10, 111, "python")
+    assert records.put(10, 111, PYTHON)
     assert records.take(10, 222) is None  # another socket that reused the inode
-    assert records.take(10, 111) == "python"
+    assert records.take(10, 111) == PYTHON
     assert records.take(10, 111) is None  # consumed
-    assert records.put(11, 5, "curl")
-    assert records.take(11, None) == "curl"  # no cookie at accept: the inode decides
+    assert records.put(11, 5, CURL)
+    assert records.take(11, None) == CURL  # no cookie at accept: the inode decides
 
 
 def test_the_first_record_of_a_socket_wins() -> None:
     records = ConnectRecords()
-    assert records.put(10, 111, "python")
-    assert not records.put(10, 111, "curl")
-    assert records.take(10, 111) == "python"
-    assert records.put(10, 111, "curl")  # once taken, the inode is free again
+    assert records.put(10, 111, PYTHON)
+    assert not records.put(10, 111, CURL)
+    assert records.take(10, 111) == PYTHON
+    assert records.put(10, 111, CURL)  # once taken, the inode is free again
 
 
 def test_records_expire_and_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1000.0]
     monkeypatch.setattr("supervisor.boundary.capture.connect_record.time.monotonic", lambda: now[0])
     records = ConnectRecords(ttl=10, limit=3)
-    records.put(1, 1, "a")
+    records.put(1, 1, who("/a"))
     now[0] += 11
-    records.put(2, 2, "b")
+    records.put(2, 2, who("/b"))
     assert records.take(1, 1) is None and len(records) == 1
     for inode in (3, 4, 5):
-        records.put(inode, inode, str(inode))
+        records.put(inode, inode, who(f"/{inode}"))
     assert len(records) == 3 and records.take(2, 2) is None  # the oldest went first
 
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+
+from supervisor.protocol.identity import ConnectionIdentity
 
 DEFAULT_TTL = 120.0
 MAX_RECORDS = 65_536
@@ -31,7 +32,7 @@ MAX_EXEC_LOG = 65_536
 @dataclass(frozen=True)
 class ConnectRecord:
     cookie: int
-    identity: Any  # supervisor.boundary.capture.identity.Identity (kept untyped here: no import cycle)
+    identity: ConnectionIdentity
     at: float
 
 
@@ -44,7 +45,7 @@ class ConnectRecords:
     def __len__(self) -> int:
         return len(self._records)
 
-    def put(self, inode: int, cookie: int, identity: Any) -> bool:
+    def put(self, inode: int, cookie: int, identity: ConnectionIdentity) -> bool:
         """Record ``identity`` for the socket; False if it already has a record (rule 2)."""
         now = time.monotonic()
         self._expire(now)
@@ -57,7 +58,7 @@ class ConnectRecords:
             self._records.popitem(last=False)
         return True
 
-    def take(self, inode: int, cookie: int | None) -> Any | None:
+    def take(self, inode: int, cookie: int | None) -> ConnectionIdentity | None:
         """The identity recorded for the socket, consumed; ``cookie=None`` when the accept side has none."""
         self._expire(time.monotonic())
         record = self._records.get(inode)
