@@ -31,7 +31,16 @@ from supervisor.link.relay import relay
 from supervisor.protocol.channel import Resize, Stdin, StdinEof, encode_frame
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.process_ops import ExecRequest
-from tests.integration.test_process_table import BrokenStream, Collected, collect, run_exec, wait_for
+from tests.integration.test_process_table import (
+    BrokenStream,
+    Collected,
+    collect,
+    comm,
+    run_exec,
+    still_alive,
+    wait_for,
+)
+from tests.waiting import await_until
 
 AGENT_UID = 1000
 BOMB_UID = 64123  # a uid of its own, so the fork bomb's RLIMIT_NPROC count is its alone
@@ -99,11 +108,19 @@ def alive(table: ProcessTable) -> list[str]:
 
 
 async def leftovers(table: ProcessTable) -> list[str]:
-    """``alive`` once a process that was just SIGKILLed had the time to die (≤ 0.5 s)."""
-    with trio.move_on_after(0.5):
-        while alive(table):  # noqa: ASYNC110 - polling /proc
-            await trio.sleep(0.01)
+    """``alive`` once a process that was just SIGKILLed had the time to die (a budget for a loaded machine)."""
+    with trio.move_on_after(10):
+        await await_until(lambda: not alive(table), "every workload process dead")
     return alive(table)
+
+
+def sleeps(table: ProcessTable) -> list[int]:
+    """The workload's running ``sleep`` processes: how a test knows its commands have all started."""
+    return [pid for pid in table.launcher.workload_pids() if comm(pid) == "sleep" and pid in running(table)]
+
+
+def running(table: ProcessTable) -> set[int]:
+    return {pid for pid in table.launcher.workload_pids() if (s := read_stat(pid)) is not None and s.alive}
 
 
 # -- fidelity -------------------------------------------------------------------------------------------------
@@ -115,7 +132,7 @@ async def test_exit_code_and_signal_fidelity(table: ProcessTable) -> None:
         out, entry = await run_exec(table, sh(f"echo {i}; exit {code}"))
         assert out.exit is not None and bytes(out.stdout) == b"%d\n" % i
         assert (out.exit["code"], out.exit["signal"], out.exit["rendered"]) == (code, None, code)
-        assert await table.wait(entry.handle, 0) == out.exit
+        assert (await table.wait(entry.handle, 0)).to_wire() == out.exit
     for i in range(20):
         name, number = ("TERM", 15) if i % 2 else ("KILL", 9)
         out, _ = await run_exec(table, sh(f"kill -{name} $$"))
@@ -229,10 +246,10 @@ async def test_resize_on_non_pty_is_invalid(table: ProcessTable) -> None:
 
 async def test_signal_group_and_exited_handle(table: ProcessTable) -> None:
     entry = await table.start(sh("sleep 30 & sleep 30; echo after"), kind="exec")
-    await trio.sleep(0.1)
+    await await_until(lambda: len(sleeps(table)) == 2, "both sleeps running")
     table.signal(entry.handle, "TERM", "group")
     result = await table.wait(entry.handle, 5)
-    assert result["signal"] == "TERM"
+    assert result.signal == "TERM"
     with pytest.raises(OpError) as info:
         table.signal(entry.handle, "KILL")
     assert info.value.kind is ErrorKind.TERMINATED
@@ -245,22 +262,26 @@ async def test_no_zombies_after_orphan_producing_commands(table: ProcessTable) -
         entry = await table.start(sh("sleep 0.3 & sleep 0.2 & exit 0"), kind="exec")
         handles.append(entry.handle)
     for h in handles:
-        assert (await table.wait(h, 10))["code"] == 0
-    await trio.sleep(0.6)  # the orphans end and must be reaped by the launcher's init
-    zombies = [pid for pid in table.launcher.workload_pids() if (s := read_stat(pid)) is not None and s.state == "Z"]
-    assert zombies == []
+        assert (await table.wait(h, 10)).code == 0
+
+    def zombies() -> list[int]:
+        return [pid for pid in table.launcher.workload_pids() if (s := read_stat(pid)) is not None and s.state == "Z"]
+
+    # the orphans end (their own sleeps) and must be reaped by the launcher's init: nothing left, not even zombies
+    await await_until(lambda: not running(table) and not zombies(), "every orphan ended and reaped")
+    assert zombies() == []
     assert await leftovers(table) == []
 
 
 async def test_terminate_leaves_no_descendant(table: ProcessTable) -> None:
     script = "trap '' TERM; (trap '' TERM; sleep 60 & sleep 60) & (sleep 60 &) ; sleep 60 & wait"
     entry = await table.start(sh(script), kind="exec")
-    await trio.sleep(0.2)
+    await await_until(lambda: len(sleeps(table)) == 4, "all four sleeps running")
     assert len(entry.scan()().live) >= 5
     t0 = trio.current_time()
     result = await table.terminate(entry.handle, 0.3)
     assert trio.current_time() - t0 < 5
-    assert (result["signal"], result["reason"]) == ("KILL", "terminated")
+    assert (result.signal, result.reason) == ("KILL", "terminated")
     assert await leftovers(table) == []
 
 
@@ -275,21 +296,26 @@ async def test_fork_bomb_does_not_survive_terminate(table: ProcessTable) -> None
     await wait_for(lambda: len(alive(table)) > 30)
     assert entry.result is None, entry.result
     result = await table.terminate(entry.handle, 0.1)
-    assert result["reason"] == "terminated"
-    await trio.sleep(0.1)
+    assert result.reason == "terminated"
     assert await leftovers(table) == []
 
 
 async def test_setsid_after_being_seen_is_still_terminated(table: ProcessTable) -> None:
     # A double-forked child (reparented to the launcher at once) is seen by a first scan while it is still in
-    # the exec's session, then calls setsid: membership is sticky, so terminate still reaches it.
-    entry = await table.start(sh("( (sleep 0.3; exec setsid sleep 60) & ); sleep 60"), kind="exec")
-    await trio.sleep(0.1)
-    assert len(entry.scan()().live) >= 3  # the scan that remembers them
-    await trio.sleep(0.4)
-    stats = [s for s in map(read_stat, table.launcher.workload_pids()) if s is not None and s.alive]
-    command = next(s for s in stats if s.ppid == entry.pid)  # under its namespace's init (issue 15)
-    assert any(s.sid == s.pid != command.pid for s in stats if s.pid != entry.pid), "the daemon left the session"
+    # the exec's session, then calls setsid: membership is sticky, so terminate still reaches it. The child
+    # waits for a line on fd 3 (the exec's stdin; an asynchronous list's own stdin is /dev/null) to call setsid.
+    script = "exec 3<&0; ( (read x <&3; exec setsid sleep 60 3<&-) & ); exec 3<&-; sleep 60"
+    entry = await table.start(sh(script), kind="exec")
+    await await_until(lambda: len(sleeps(table)) == 1 and len(entry.scan()().live) >= 3, "the scan that remembers")
+    assert entry.stdin_fd is not None
+    os.write(entry.stdin_fd.fileno(), b"go\n")
+
+    def left_the_session() -> bool:
+        stats = [s for s in map(read_stat, table.launcher.workload_pids()) if s is not None and s.alive]
+        command = next(s for s in stats if s.ppid == entry.pid)  # under its namespace's init (issue 15)
+        return any(s.sid == s.pid != command.pid for s in stats if s.pid != entry.pid)
+
+    await await_until(left_the_session, "the daemon left the session")
     await table.terminate(entry.handle, 0.2)
     assert await leftovers(table) == []
 
@@ -323,8 +349,8 @@ async def test_workload_cannot_signal_the_boundary(table: ProcessTable) -> None:
 async def test_control_drop_mid_exec_keeps_process(table: ProcessTable) -> None:
     entry = await table.start(sh("read x; echo got $x"), kind="exec")
     await pump_exec(entry, BrokenStream())
-    await trio.sleep(0.1)
-    assert [e["handle"] for e in table.live()] == [entry.handle]  # what a resumed control sees
+    # what a resumed control sees; the reattach below proves the same process kept running
+    assert [e["handle"] for e in table.live()] == [entry.handle]
     assert "pid" not in table.live()[0]
     client, server = trio.testing.memory_stream_pair()
     out = Collected()
@@ -348,17 +374,25 @@ async def test_agent_exit_ends_everything_within_a_second(launcher: Launcher) ->
             await t.start(sh("setsid sh -c 'sleep 60 & exit 0' & sleep 60"), kind="exec"),  # a detached daemon
             await t.start(sh("sleep 60", tty=True), kind="exec"),
         ]
-        await trio.sleep(0.3)
+        await await_until(lambda: len(sleeps(t)) == 4, "every exec's sleeps running")
         assert len(alive(t)) >= 5
+        members = {e.handle: e.scan()().live for e in execs}
         assert agent.stdin_fd is not None
+        answered: dict[str, tuple[str, list[Any]]] = {}
+
+        async def wait_one(handle: str) -> None:
+            result = await t.wait(handle, 5)
+            answered[handle] = (str(result.reason), still_alive(members[handle]))  # the moment wait answered
+
         t0 = time.monotonic()
         os.write(agent.stdin_fd.fileno(), b"\n")
-        for e in execs:
-            result = await t.wait(e.handle, 3)
-            assert result["reason"] == "agent-exit"
+        async with trio.open_nursery() as waits:
+            for e in execs:
+                waits.start_soon(wait_one, e.handle)
         assert time.monotonic() - t0 < 3  # target 1 s; margin for a loaded CI machine
+        assert answered == {e.handle: ("agent-exit", []) for e in execs}, answered
         assert await leftovers(t) == []
-        assert (await t.wait(agent.handle, 0))["code"] == 0
+        assert (await t.wait(agent.handle, 0)).code == 0
         with pytest.raises(OpError) as info:
             await t.start(spec(["true"]), kind="exec")
         assert info.value.kind is ErrorKind.TERMINATED
