@@ -40,6 +40,7 @@ from supervisor.protocol.certs import Bundle, BundleError, read_policy_digest
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_codes import ExitCode
+from supervisor.protocol.exit_result import ExitResult, ExitResultError
 from supervisor.protocol.fence_canary import REPEAT_S
 from supervisor.protocol.fingerprint import certificate_fingerprint
 from supervisor.protocol.lifecycle import State
@@ -116,7 +117,7 @@ class ControlDaemon:
         self.ops_ready = trio.Event()
         self.boundary: dict[str, Any] = {}  # last status the boundary reported
         self.peer_claims_ok = False
-        self.agent_result: dict[str, Any] | None = None
+        self.agent_result: ExitResult | None = None
         self.last_link_error: str | None = None
         self.boundary_refused: str | None = None  # the boundary refused our attach (and exits): why
         self.egress = EgressService(
@@ -463,8 +464,12 @@ class ControlDaemon:
         agent = (self.boundary.get("agent") or {}).get("handle")
         if agent is None:
             return
-        result = await call(link, "/v1/wait", {"handle": agent})
-        self.agent_result = result
+        reply = await call(link, "/v1/wait", {"handle": agent})
+        try:
+            self.agent_result = ExitResult.from_wire(reply)
+        except ExitResultError as exc:
+            raise OpError(ErrorKind.FAILED, f"the boundary's /v1/wait reply: {exc}") from None
+        result = self.agent_result.to_wire()
         self.log.emit(EventName.AGENT_EXITED, handle=agent, result=result)
         self.boundary = await call(link, "/v1/status")
         if self.boundary.get("enforcement_lost"):
@@ -532,7 +537,7 @@ class ControlDaemon:
                 "boundary_refused": self.boundary_refused,
             },
             "boundary": self.boundary,
-            "agent_result": self.agent_result,
+            "agent_result": self.agent_result.to_wire() if self.agent_result is not None else None,
             "egress": {"links": self.egress_up, "live": self.egress.live_connections, **self.egress.counters},
             "certificates": self.certificates.to_json(datetime.datetime.now(datetime.UTC)),
             "interception": self._interception_status(),
