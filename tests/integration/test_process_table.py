@@ -12,7 +12,6 @@ import signal
 import struct
 import subprocess
 import termios
-import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +41,7 @@ from supervisor.protocol.channel import (
 )
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.exit_result import ExitResult
-from tests.waiting import await_until
+from tests.waiting import await_until, wait_until
 
 
 @dataclass(frozen=True)
@@ -209,7 +208,7 @@ class BrokenStream(trio.abc.HalfCloseableStream):
         raise trio.BrokenResourceError("reset")
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        await trio.sleep(0.02)
+        await trio.lowlevel.checkpoint()
         raise trio.BrokenResourceError("reset")
 
     async def aclose(self) -> None:
@@ -362,7 +361,7 @@ async def test_unknown_handle_and_wait_timeout(fake_table: ProcessTable) -> None
 async def test_terminate_kills_descendants_and_ignorers(fake_table: ProcessTable) -> None:
     script = "trap '' TERM; (trap '' TERM; sleep 60 & sleep 60) & sleep 60 & echo started; wait"
     entry = await fake_table.start(sh(script), kind="exec")
-    await trio.sleep(0.2)
+    await await_until(lambda: len(running_sleeps(entry)) == 3, "the three sleeps running")
     tree = entry.scan()().live
     assert len(tree) >= 4
     result = (await fake_table.terminate(entry.handle, 0.2)).to_wire()
@@ -391,11 +390,12 @@ async def test_stream_break_keeps_process_and_reattach(fake_table: ProcessTable)
     async with trio.open_nursery() as n:  # control drops mid-exec: its stream handler is cancelled
         _, server = trio.testing.memory_stream_pair()
         n.start_soon(pump_exec, entry, server)
-        await trio.sleep(0.05)
+        output = entry.output
+        assert output is not None
+        await await_until(lambda: output.attached, "the stream attached")
         n.cancel_scope.cancel()
     await pump_exec(entry, BrokenStream())  # or the stream itself breaks
-    await trio.sleep(0.05)
-    assert entry.result is None
+    assert entry.result is None  # (and the reattach below proves the same process kept running)
     assert [e["handle"] for e in fake_table.live()] == [entry.handle]
     # a resumed control re-attaches and finishes the conversation
     out = Collected()
@@ -430,7 +430,9 @@ async def test_second_stream_refused(fake_table: ProcessTable) -> None:
     _c1, s1 = trio.testing.memory_stream_pair()
     async with trio.open_nursery() as n:
         n.start_soon(pump_exec, entry, s1)
-        await trio.sleep(0.02)
+        output = entry.output
+        assert output is not None
+        await await_until(lambda: output.attached, "the first stream attached")
         _, s2 = trio.testing.memory_stream_pair()
         with pytest.raises(OpError) as info:
             await pump_exec(entry, s2)
@@ -477,7 +479,15 @@ async def test_retention(fake_table: ProcessTable) -> None:
         await fake_table.wait(e.handle, 5)
         handles.append(e.handle)
     assert (await fake_table.wait(handles[0], 0)).code == 0  # within retention_s, all kept
-    await trio.sleep(0.6)
+
+    def pruned() -> bool:
+        try:
+            fake_table.entry(handles[0])
+        except OpError:
+            return True
+        return False
+
+    await await_until(pruned, "the oldest result pruned once retention_s (0.5 s) passed")
     with pytest.raises(OpError) as info:
         await fake_table.wait(handles[0], 0)
     assert (info.value.kind, info.value.reason) == (ErrorKind.TERMINATED, "not-retained")
@@ -516,8 +526,11 @@ async def test_agent_exit_ends_everything(fake_table: ProcessTable) -> None:
     sleeps = {"ignores TERM": 1, "background child": 2, "member outlives root": 2}
     members: dict[str, list[ProcStat]] = {}
     for name, e in execs.items():
-        n = sleeps[name]
-        await await_until(lambda e=e, n=n: len(running_sleeps(e)) == n, f"{name}: its {n} sleep(s) running")
+
+        def started(e: ProcessEntry = e, count: int = sleeps[name]) -> bool:
+            return len(running_sleeps(e)) == count
+
+        await await_until(started, f"{name}: its {sleeps[name]} sleep(s) running")
         members[name] = e.scan()().live
     with pytest.raises(OpError):
         await fake_table.start(Spec(["true"]), kind="agent")
@@ -530,9 +543,9 @@ async def test_agent_exit_ends_everything(fake_table: ProcessTable) -> None:
 
     t0 = trio.current_time()
     os.write(agent.stdin_fd.fileno(), b"\n")
-    async with trio.open_nursery() as n:
+    async with trio.open_nursery() as waits:
         for name, entry in execs.items():
-            n.start_soon(wait_one, name, entry)
+            waits.start_soon(wait_one, name, entry)
     await fake_table.agent_exited.wait()
     assert (await fake_table.wait(agent.handle, 0)).code == 3
     assert trio.current_time() - t0 < 3  # target 1 s; margin for a loaded CI machine
@@ -608,7 +621,7 @@ def test_read_stat_parses_hostile_command_names(tmp_path: Any) -> None:
     hostile.symlink_to("/bin/sleep")
     proc = subprocess.Popen([str(hostile), "5"], start_new_session=True)
     try:
-        time.sleep(0.05)
+        wait_until(lambda: comm(proc.pid) == hostile.name, "the hostile name exec'd")
         stat = read_stat(proc.pid)
         assert stat is not None and (stat.pid, stat.sid, stat.pgid) == (proc.pid, proc.pid, proc.pid)
         assert stat.ppid == os.getpid() and stat.state != "Z" and stat.alive and stat.starttime > 0
