@@ -14,6 +14,7 @@ from supervisor.cli.api_client import Api, ApiError, find_api, open_channel, req
 from supervisor.cli.exec_client import run_exec_client
 from supervisor.link.relay import relay
 from supervisor.protocol.exit_codes import ExitCode, for_launch_errno
+from supervisor.protocol.exit_result import ExitResult, ExitResultError
 
 
 def _print_json(body: dict[str, Any]) -> None:
@@ -70,8 +71,11 @@ async def run(args: argparse.Namespace) -> int:
         if status != 200:
             return _fail(status, body)
         _print_json(body)
-        rendered = body.get("rendered")
-        return rendered if isinstance(rendered, int) else ExitCode.SELF_FAILED
+        try:
+            return ExitResult.from_wire(body).exit_code  # as an exec's own client would exit
+        except ExitResultError as exc:
+            print(f"openshell-sandbox: wait: {exc}", file=sys.stderr)
+            return ExitCode.SELF_FAILED
     if command == "signal":
         scope = "group" if args.group else "process"
         request = {"handle": handle, "signal": args.signal.upper().removeprefix("SIG"), "scope": scope}
