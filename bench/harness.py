@@ -8,7 +8,7 @@ Theory of operation:
   rotated order each round, so that a slow moment of the shared machine, or a warm cache, lands on
   a different contender each time; ratios are taken within a round (see ``bench.stats``).
 * The upstream lives on a host of its own: a network namespace the harness creates, reached over a veth
-  pair on a TEST-NET address (``bench.netns``), because the sandbox's control refuses loopback upstreams.
+  pair on a TEST-NET address (``tests/netns_hosts.py``), because the sandbox's control refuses loopback upstreams.
   Every contender reaches it there, at the same address; every peer's listener is on 127.0.0.1, the
   sandbox's is in its agent's namespace. Without root (no namespace) the upstream falls back to
   127.0.0.1 and the sandbox is skipped, saying why. Nothing is ever sent anywhere else.
@@ -36,7 +36,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from bench import interpreter, micro, netns, procstat, setup_peers
+from bench import interpreter, micro, procstat, setup_peers
 from bench.clients import Address
 from bench.contenders import FACTORIES, BenchContext, Contender, ContenderUnavailable
 from bench.profiling import Recording, format_top
@@ -56,6 +56,7 @@ from bench.report import (
 from bench.scenarios import MIB, Config, Probe, Scenario, build, idle_sizes
 from bench.upstream import raise_nofile_soft_limit
 from bench.wire import Direction
+from tests.netns_hosts import NetnsHost, open_upstream_host, unavailable_reason
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
@@ -83,6 +84,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "built from Debian's /usr/bin/python3 as the image ships; else the harness's own)",
     )
     parser.add_argument(
+        "--kinds",
+        default="bulk,setup,idle",
+        help="comma-separated scenario kinds to run, of: bulk, setup, idle (default all; for A/B runs of one kind)",
+    )
+    parser.add_argument(
         "--idle-budget",
         type=float,
         metavar="SECONDS",
@@ -96,6 +102,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if "direct" not in names:
         names.insert(0, "direct")  # every ratio needs it
     args.contender_names = names
+    args.kind_names = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    if not args.kind_names or set(args.kind_names) - {"bulk", "setup", "idle"}:
+        parser.error(f"--kinds {args.kinds!r}: choose from bulk, setup, idle")
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     if args.idle_budget is not None and args.idle_budget <= 0:
@@ -120,7 +129,7 @@ class Upstream:
     On ``host`` (inside its namespace) when given, else on 127.0.0.1.
     """
 
-    def __init__(self, host: netns.UpstreamHost | None = None) -> None:
+    def __init__(self, host: NetnsHost | None = None) -> None:
         argv = [sys.executable, "-m", "bench.upstream"]
         address = "127.0.0.1"
         if host is None:
@@ -341,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     config, config_notes = make_config(args.quick, args.runs, nofile)
     if args.idle_budget is not None:
         config = replace(config, idle_budget=args.idle_budget)
-    scenarios = build(config)
+    scenarios = [s for s in build(config) if s.kind in args.kind_names]
     preflight: dict[str, str] = {}
     if not args.no_install:
         missing = setup_peers.ensure_debian_peers()
@@ -366,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
                     else "")]  # fmt: skip
     copy = client_copy()
     started: list[tuple[Contender, Address | None]] = []
-    host: netns.UpstreamHost | None = None
+    host: NetnsHost | None = None
     upstream: Upstream | None = None
     local: LocalClient | None = None
     profile: dict[str, object] = {}
@@ -375,10 +384,10 @@ def main(argv: list[str] | None = None) -> int:
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        host_reason = netns.unavailable_reason() or ""
+        host_reason = unavailable_reason() or ""
         if not host_reason:
             try:
-                host = netns.open_upstream_host()
+                host = open_upstream_host()
             except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
                 host_reason = f"no upstream host: {exc}"
         if host_reason:

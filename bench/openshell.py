@@ -11,8 +11,11 @@ How it is put together, and why each piece is there:
   ``127.0.0.1:3128``, the boundary's proxy listener (what ``HTTP_PROXY`` names in the agent's environment).
 * **The upstream is not on loopback.** Control refuses loopback upstreams whatever the policy says, so the
   harness puts the one upstream every contender reaches on a host in a network namespace it creates
-  (``bench.netns``). The policy allows exactly that address (``allowed_ips: [ADDR/32]``, host by IP literal),
-  on exactly the upstream's ports, for exactly the driver's interpreter.
+  (``tests/netns_hosts.py``). The policy allows exactly that address (``allowed_ips: [ADDR/32]``, host by IP literal),
+  on exactly the upstream's ports, for exactly the driver's interpreter. The endpoint is ``tls: skip``: the
+  scenarios measure the raw path (a relay, nothing terminated or sniffed), as the rows of docs/performance.md
+  name it; without it every endpoint is TLS-terminated and the bench's non-TLS echo would measure the first-bytes
+  sniff of the terminated path instead (``bench/bench_l7.py`` measures that path).
 * **The product as it ships.** ``PY`` (``ctx.daemon_python``) is the Makefile's ``.venv/bin/python``, built
   from Debian's ``/usr/bin/python3`` like the image's, unless ``--daemon-python`` names another
   (``bench.interpreter``); dev mode starts both daemons on the interpreter it runs on.
@@ -56,7 +59,8 @@ STOP_TIMEOUT = 20.0
 
 
 def render_policy(address: str, ports: list[int], binary: str) -> str:
-    """The bench's policy: the upstream host's address and ports, for the driver's interpreter only."""
+    """The bench's policy: the upstream host's address and ports, for the driver's interpreter only, raw
+    (``tls: skip``: relayed, never terminated)."""
     port_list = ", ".join(str(p) for p in sorted(set(ports)))
     return (
         "version: 1\n"
@@ -67,6 +71,7 @@ def render_policy(address: str, ports: list[int], binary: str) -> str:
         f"      - host: {address}\n"
         f"        ports: [{port_list}]\n"
         f'        allowed_ips: ["{address}/32"]\n'
+        "        tls: skip\n"
         "    binaries:\n"
         f"      - path: {binary}\n"
     )

@@ -19,7 +19,6 @@ import dns.message
 import dns.rcode
 import pytest
 
-from bench import netns
 from bench.contenders import BenchContext, ContenderUnavailable
 from bench.harness import Upstream
 from bench.openshell import PROXY, OpenShell, OpenShellProxyPod, RefusingDns, render_policy
@@ -28,6 +27,7 @@ from bench.remote import SYSTEM_PYTHON, client_copy
 from bench.setup_peers import PEERS_VENV
 from bench.wire import Direction
 from supervisor.control.policy import BinaryIdentity, L4Request, compile_policy, decide_l4, load_policy_text
+from tests.netns_hosts import NetnsHost, open_upstream_host, unavailable_reason
 
 ADDRESS = "198.51.100.2"
 PYTHON = "/usr/bin/python3.11"
@@ -53,6 +53,7 @@ def test_policy_allows_the_driver_to_the_upstream_and_nothing_else(
     assert decision.allowed is allowed
     if allowed:
         assert decision.allowed_ips == (f"{ADDRESS}/32",)
+        assert decision.tls_skip and not decision.l7  # the raw path the setup/bulk rows name, never terminated
 
 
 def test_refusing_dns_refuses_and_counts() -> None:
@@ -77,16 +78,16 @@ def test_without_an_upstream_host_it_is_skipped_with_the_reason(tmp_path: Path) 
 
 
 @pytest.fixture(scope="module")
-def host() -> Iterator[netns.UpstreamHost]:
-    reason = netns.unavailable_reason()
+def host() -> Iterator[NetnsHost]:
+    reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
-    made = netns.open_upstream_host()
+    made = open_upstream_host()
     yield made
     made.close()
 
 
-def test_upstream_host_is_routed_through_our_veth_only(host: netns.UpstreamHost) -> None:
+def test_upstream_host_is_routed_through_our_veth_only(host: NetnsHost) -> None:
     route = subprocess.run(["ip", "route", "get", host.address], capture_output=True, text=True, check=True).stdout
     assert f"dev {host.veth}" in route
     inside = subprocess.run(["ip", "-n", host.name, "route", "show"], capture_output=True, text=True, check=True)
@@ -94,15 +95,15 @@ def test_upstream_host_is_routed_through_our_veth_only(host: netns.UpstreamHost)
 
 
 def test_closed_host_leaves_no_namespace_or_link() -> None:
-    if netns.unavailable_reason():
-        pytest.skip(str(netns.unavailable_reason()))
-    made = netns.open_upstream_host()
+    if unavailable_reason():
+        pytest.skip(str(unavailable_reason()))
+    made = open_upstream_host()
     made.close()
     assert made.name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert subprocess.run(["ip", "link", "show", made.veth], capture_output=True).returncode != 0
 
 
-def test_full_path_moves_bytes_and_stop_leaves_nothing(host: netns.UpstreamHost, tmp_path: Path) -> None:
+def test_full_path_moves_bytes_and_stop_leaves_nothing(host: NetnsHost, tmp_path: Path) -> None:
     if os.geteuid() != 0 or not SYSTEM_PYTHON.exists():
         pytest.skip("dev mode runs the agent under another uid here only as root, with /usr/bin/python3")
     upstream = Upstream(host)
@@ -139,9 +140,7 @@ def test_full_path_moves_bytes_and_stop_leaves_nothing(host: netns.UpstreamHost,
     contender.stop()  # a second stop is harmless
 
 
-def test_proxy_pod_full_path_authenticates_moves_bytes_and_stop_leaves_nothing(
-    host: netns.UpstreamHost, tmp_path: Path
-) -> None:
+def test_proxy_pod_full_path_authenticates_moves_bytes_and_stop_leaves_nothing(host: NetnsHost, tmp_path: Path) -> None:
     """The proxy-pod row: the driver is the agent in its own namespace, dials control's listener with the token
     its proxy variables carry; there is no boundary. A CONNECT without the token is refused (407)."""
     if os.geteuid() != 0 or not SYSTEM_PYTHON.exists() or not shutil.which("nft"):
