@@ -186,15 +186,16 @@ def encode_connect_headers(
 ) -> list[tuple[str, str]]:
     if not isinstance(identity, ConnectionIdentity):
         raise EgressHeaderError("a hand-off carries the connection's identity")
+    wire = identity.to_wire()
     request = EgressRequest(
         host=host,
         port=port,
         capture=_capture_kind(str(capture)),
-        identity=_identity(identity.to_wire()),  # the receiver's checks, here, so a bad one fails where it is made
+        identity=_identity(wire),  # the receiver's checks, here, so a bad identity fails where it is made
         conn_id=_check_conn_id(conn_id),
         src_port=_check_src_port(src_port),
     )
-    identity_json = json.dumps(identity.to_wire(), separators=(",", ":"), sort_keys=True, ensure_ascii=True)
+    identity_json = json.dumps(wire, separators=(",", ":"), sort_keys=True, ensure_ascii=True)
     if len(identity_json) > MAX_IDENTITY_LEN:
         raise EgressHeaderError("identity too large")
     return [
