@@ -17,7 +17,7 @@ purpose, so that the project's own full path can be added as one thin class:
 Peers bind to 127.0.0.1 on a port picked here (and one that binds anything beyond loopback is stopped
 and reported as skipped), run in the foreground (no daemonising, no pid files
 outside the run's temporary directory) and log only errors, so no contender pays for per-connection
-logging that another one skips. They reach the upstream on the harness's upstream host (``bench.netns``),
+logging that another one skips. They reach the upstream on the harness's upstream host (``tests/netns_hosts.py``),
 over the veth pair from the harness's namespace, like the direct client does.
 
 The project's own contender lives in ``bench.openshell``.

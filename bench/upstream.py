@@ -2,7 +2,7 @@
 
 It runs as its own process (``python3 -m bench.upstream [--host ADDR]``) so that its CPU and file
 descriptors are not the client's. It listens on 127.0.0.1 unless given the address of the harness's
-upstream host (``bench.netns``), inside whose namespace it is then started. It prints
+upstream host (``tests/netns_hosts.py``), inside whose namespace it is then started. It prints
 ``READY <bulk_port> <echo_port> <idle_port>`` on stdout once its listeners are bound and exits when its
 stdin closes (the harness died or is done) or on SIGTERM.
 

@@ -1,4 +1,5 @@
-"""Test hosts in network namespaces, and a DNS server answering from a dict.
+"""Test hosts in network namespaces, and a DNS server answering from a dict: the one netns helper of the tests
+and the bench (bench/harness.py takes its upstream host from here).
 
 The tests' "internet" (docs/design.md "Testing"): every upstream a test dials lives in a network namespace the test
 created itself, on TEST-NET addresses, and every name is answered by a DNS server the test runs. Nothing here
@@ -15,8 +16,12 @@ Test host (root only; ``require_netns()`` skips otherwise)::
 
 Each host gets its own /29 out of 198.51.100.0/24 or 203.0.113.0/24 (``.1`` the test side of a veth pair,
 ``.2`` the host side, ``.5`` the blackhole, ``.6`` the extra address), chosen under a lock so that concurrent
-test processes never collide. Tear-down always runs: processes killed, veth and namespace deleted. Hosts left
-behind by a killed test process are removed the next time one is created.
+test processes (and a bench beside them) never collide. Tear-down always runs: processes killed, veth and
+namespace deleted. Hosts left behind by a killed process are removed the next time one is created.
+
+The bench's upstream (``open_upstream_host()``; ``unavailable_reason()`` says why none can be made) is the same
+host without a default route inside it — it can answer the harness and nobody else — and with loopback's MTU,
+so that the veth hop costs as little as the loopback hop it replaces; it raises instead of skipping.
 
 DNS server (no root needed)::
 
@@ -57,23 +62,40 @@ import dns.rdatatype
 import dns.rrset
 import pytest
 
-__all__ = ["DnsServer", "NetnsHost", "netns_host_fixture", "open_test_host", "rebinding", "require_netns"]
+__all__ = [
+    "DnsServer", "NetnsHost", "NoFreeSlot", "netns_host_fixture", "open_test_host", "open_upstream_host",
+    "rebinding", "require_netns", "unavailable_reason",
+]  # fmt: skip
 
 _POOLS = (ipaddress.IPv4Network("198.51.100.0/24"), ipaddress.IPv4Network("203.0.113.0/24"))
 _SLOTS = [net for pool in _POOLS for net in pool.subnets(new_prefix=29)]
 _LOCK_PATH = "/run/lock/openshell-sandbox-test-hosts.lock"
-_NS_PATTERN = re.compile(r"^osbt-(\d+)-(\d+)$")
+# osbt: ours; osbb: what bench/netns.py (merged into this module) named its hosts, still removed when stale
+_NS_PATTERN = re.compile(r"^(osb[tb])-(\d+)-(\d+)$")
 _CLONE_NEWNET = 0x40000000
+LOOPBACK_MTU = 65535
+
+
+class NoFreeSlot(RuntimeError):
+    """Every TEST-NET /29 is in use."""
+
+
+def unavailable_reason() -> str | None:
+    """Why no host can be made here, or None when it can."""
+    if os.geteuid() != 0:
+        return "needs root to create network namespaces"
+    if shutil.which("ip") is None:
+        return "needs iproute2 (`ip`)"
+    if not os.path.exists("/proc/self/ns/net"):
+        return "no network namespace support"
+    return None
 
 
 def require_netns() -> None:
     """Skip the calling test, with the reason, unless network namespaces can be made here."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create network namespaces")
-    if shutil.which("ip") is None:
-        pytest.skip("needs iproute2 (`ip`)")
-    if not os.path.exists("/proc/self/ns/net"):
-        pytest.skip("no network namespace support")
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -93,8 +115,8 @@ def _pid_alive(pid: int) -> bool:
 def _remove_stale() -> None:
     for line in _ip("netns", "list").stdout.splitlines():
         m = _NS_PATTERN.match(line.split()[0]) if line.strip() else None
-        if m and not _pid_alive(int(m.group(1))):
-            _ip("link", "del", f"osbt{m.group(2)}", check=False)
+        if m and not _pid_alive(int(m.group(2))):
+            _ip("link", "del", f"{m.group(1)}{m.group(3)}", check=False)
             _ip("netns", "del", m.group(0), check=False)
 
 
@@ -192,7 +214,7 @@ class NetnsHost:
         _ip("netns", "del", self.name, check=False)
 
 
-def _create(slot: int) -> NetnsHost:
+def _create(slot: int, *, default_route: bool = True, mtu: int | None = None) -> NetnsHost:
     net = _SLOTS[slot]
     base = int(net.network_address)
     a = [str(ipaddress.IPv4Address(base + i)) for i in range(8)]
@@ -207,14 +229,16 @@ def _create(slot: int) -> NetnsHost:
     ns = host.name
     try:
         _ip("netns", "add", ns)
-        _ip("link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        sized = ("mtu", str(mtu)) if mtu is not None else ()
+        _ip("link", "add", host.veth, *sized, "type", "veth", "peer", "name", "eth0", *sized, "netns", ns)
         _ip("addr", "add", f"{host.gateway}/30", "dev", host.veth)
         _ip("link", "set", host.veth, "up")
         _ip("-n", ns, "link", "set", "lo", "up")
         _ip("-n", ns, "addr", "add", f"{host.address}/30", "dev", "eth0")
         _ip("-n", ns, "addr", "add", f"{host.extra_address}/32", "dev", "lo")
         _ip("-n", ns, "link", "set", "eth0", "up")
-        _ip("-n", ns, "route", "add", "default", "via", host.gateway)
+        if default_route:
+            _ip("-n", ns, "route", "add", "default", "via", host.gateway)
         # No forwarding in the host: a packet for an address it does not own is dropped without an ICMP error.
         host.run(["sysctl", "-qw", "net.ipv4.ip_forward=0"], check=True)
         _ip("-n", ns, "route", "add", "blackhole", f"{host.blackhole}/32")
@@ -226,10 +250,12 @@ def _create(slot: int) -> NetnsHost:
     return host
 
 
-@contextlib.contextmanager
-def open_test_host() -> Iterator[NetnsHost]:
-    """A fresh test host; skips the test unless root with iproute2."""
-    require_netns()
+def open_host(*, default_route: bool = True, mtu: int | None = None) -> NetnsHost:
+    """A fresh host in a free TEST-NET /29; the caller must ``close`` it. Raises ``RuntimeError`` with the reason
+    when none can be made here, ``NoFreeSlot`` when every /29 is in use."""
+    reason = unavailable_reason()
+    if reason:
+        raise RuntimeError(reason)
     os.makedirs(os.path.dirname(_LOCK_PATH), exist_ok=True)
     with open(_LOCK_PATH, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -238,10 +264,25 @@ def open_test_host() -> Iterator[NetnsHost]:
             used = _used_networks()
             free = [i for i, net in enumerate(_SLOTS) if not any(net.overlaps(u) for u in used)]
             if not free:
-                pytest.skip("no free TEST-NET /29 left for a test host")
-            host = _create(free[0])
+                raise NoFreeSlot("no free TEST-NET /29 left for a host")
+            return _create(free[0], default_route=default_route, mtu=mtu)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def open_upstream_host() -> NetnsHost:
+    """The bench's upstream host (see the module doc); the caller must ``close`` it."""
+    return open_host(default_route=False, mtu=LOOPBACK_MTU)
+
+
+@contextlib.contextmanager
+def open_test_host() -> Iterator[NetnsHost]:
+    """A fresh test host; skips the test unless root with iproute2."""
+    require_netns()
+    try:
+        host = open_host()
+    except NoFreeSlot as exc:
+        pytest.skip(str(exc))
     try:
         yield host
     finally:

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import interpreter, netns
+from bench import interpreter
 from bench.harness import main, make_config, parse_args, product_snapshot
 from bench.remote import SYSTEM_PYTHON
 from bench.scenarios import idle_sizes
+from tests.netns_hosts import unavailable_reason
 
 
 def test_direct_is_always_measured_and_order_kept() -> None:
@@ -85,7 +86,7 @@ def test_one_small_run_writes_table_and_json(tmp_path: Path, capsys: pytest.Capt
     bulk = rows[("bulk up", "MB/s", "direct")]
     assert bulk["summary"]["n"] == 1 and bulk["summary"]["median"] > 0
     assert document["clients"]["harness client"]["ready"]
-    if netns.unavailable_reason() or not SYSTEM_PYTHON.exists():
+    if unavailable_reason() or not SYSTEM_PYTHON.exists():
         # Without a namespace for the upstream the sandbox cannot be measured: skipped, with the reason.
         assert "openshell" in document["skipped"] and "skipped: " in out
         return
