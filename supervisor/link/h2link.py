@@ -92,6 +92,7 @@ CONNECTION_WINDOW = 64 * 1024 * 1024
 MAX_FRAME = 256 * 1024
 MAX_CONCURRENT_STREAMS = 32768  # per link; control keeps 2, so ~65k captured connections at once
 READ_SIZE = 256 * 1024
+ACK_BATCH = 1024 * 1024  # consumed bytes handed back to the peer at once while more are buffered (< STREAM_WINDOW)
 FINISH_GRACE_S = 5.0
 
 
@@ -225,7 +226,12 @@ class LinkStream(trio.abc.HalfCloseableStream):
             self._readable = trio.Event()
             await self._readable.wait()
         data = self._take(self._buffered if max_bytes is None else min(max_bytes, self._buffered))
-        self._acknowledge(len(data))
+        # Window goes back in batches while data is still buffered here (a consumer slower than the link keeps
+        # the peer's window exhausted, and h2 then sends a WINDOW_UPDATE per acknowledgement), and in full once
+        # everything was read: the peer never waits on bytes we have consumed but not acknowledged.
+        consumed = self._unacked - self._buffered
+        if consumed >= ACK_BATCH or not self._buffered:
+            self._acknowledge(consumed)
         await trio.lowlevel.checkpoint()
         return data
 

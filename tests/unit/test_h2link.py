@@ -7,8 +7,10 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import h2.events
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 
 from supervisor.link.h2link import Link, LinkClosed, LinkStream
@@ -219,3 +221,37 @@ async def test_a_sent_bytearray_may_be_reused_at_once() -> None:
         while data := await stream.receive_some():
             got += data
         assert got == b"a" * 100_000 + b"c" * 100_000
+
+
+async def test_a_slow_reader_hands_window_back_in_batches_and_never_stalls() -> None:
+    """A consumer slower than the link keeps the sender's window exhausted; the window goes back in batches while
+    data is buffered (not one WINDOW_UPDATE per small read), and in full when the reader has caught up."""
+    size = 12 * 1024 * 1024 + 1  # not a multiple of any batch: the last bytes must be acknowledged too
+    got = 0
+
+    async def slow(stream: LinkStream) -> None:
+        nonlocal got
+        await stream.send_headers([(":status", "200")])
+        while data := await stream.receive_some(16 * 1024):
+            got += len(data)
+            await trio.lowlevel.checkpoint()
+        await stream.send_eof()
+
+    async with link_pair(slow) as (client, _server):
+        updates = 0
+        dispatch = client._dispatch
+
+        def counting(event: object) -> bool:
+            nonlocal updates
+            updates += isinstance(event, h2.events.WindowUpdated)
+            return dispatch(event)
+
+        client._dispatch = counting  # type: ignore[method-assign]
+        stream = await client.open_stream(REQ)
+        await stream.response()
+        with trio.fail_after(30):
+            await stream.send_all(b"x" * size)
+            await stream.send_eof()
+            assert await stream.receive_some() == b""
+    assert got == size
+    assert updates <= 30, updates  # 11 here; one per read before (80 here)
