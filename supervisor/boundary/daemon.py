@@ -487,7 +487,9 @@ class BoundaryDaemon:
 
     async def op_fence_probe(self, body: dict[str, Any]) -> dict[str, Any]:
         """Connect to control's canary from the pod's namespace (proxy-env); a connect that succeeds is a path
-        out: before Ready the boundary exits, after it enforcement is lost."""
+        out, and one that failed for a local reason (capture/canary.py rule 2: e.g. the agent holds every
+        ephemeral port) observed nothing: either way, before Ready the boundary exits, after it enforcement is
+        lost."""
         self.lifecycle.check(Op.FENCE_PROBE)
         if self.attach is None or self.attach.fence_canary is None:
             raise OpError(ErrorKind.INVALID, "no fence canary in the attach descriptor", field="fence_canary")
@@ -496,8 +498,13 @@ class BoundaryDaemon:
         result = await probe_canary(number, address, port)
         self.canary_probe = result
         self.log.emit(EventName.FENCE_CANARY_PROBE, **result.to_json())
-        if result.connected:
-            reason = f"connected to the fence canary {result.target} from the pod: a path out exists"
+        if result.connected or not result.conclusive:
+            reason = (
+                f"connected to the fence canary {result.target} from the pod: a path out exists"
+                if result.connected
+                else f"the probe of the fence canary {result.target} failed inside the pod ({result.error}), "
+                "not at a fence: nothing observed"
+            )
             if self.lifecycle.state is State.BOUND:
                 self._fatal(f"fence not in force: {reason}")
             else:
