@@ -54,6 +54,13 @@ def parse_canary(text: str) -> tuple[str, int]:
         raise ValueError(f"{host!r} is not a literal IP address (a canary is never a name)") from None
     if address.is_unspecified or address.is_multicast:
         raise ValueError(f"{address} cannot be connected to")
+    if address.is_loopback or (
+        isinstance(address, ipaddress.IPv6Address) and (address.ipv4_mapped or address).is_loopback
+    ):
+        # From the pod that is the pod's own loopback (the agent's to listen on, or nothing's): it observes no fence.
+        raise ValueError(
+            f"{address} is a loopback address: the canary must be one the pod reaches only through its fence"
+        )
     if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
         raise ValueError(f"port {port_text!r} is not 1..65535")
     return str(address), int(port_text)

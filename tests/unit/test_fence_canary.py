@@ -99,3 +99,15 @@ def test_status_and_dev_say_how_the_fence_was_confirmed() -> None:
         c.lines_for({"event": "lifecycle.ready", "component": "control", "fence": fence})
         [line] = c.lines_for({"event": "lifecycle.running", "component": "control"})
         assert note in line, line
+
+
+@pytest.mark.parametrize("text", ["127.0.0.1:7444", "127.9.9.9:7444", "[::1]:7444", "[::ffff:127.0.0.1]:7444"])
+def test_parse_canary_refuses_loopback(text: str) -> None:
+    """A loopback canary is the pod's own loopback to the boundary (where the agent may listen, or nothing does:
+    a refused connect that would pass for the fence while nothing crossed the pod's network) and control's own to
+    its self-check: it observes no fence at all, so neither daemon takes one (H10 review)."""
+    with pytest.raises(ValueError, match="loopback"):
+        parse_canary(text)
+    with pytest.raises(OpError) as info:
+        parse_attach(_descriptor(fence_canary=text), SAMPLE_CLAIMS)  # the boundary refuses it too
+    assert info.value.field == "fence_canary"
