@@ -193,7 +193,8 @@ def daemon_parser() -> argparse.ArgumentParser:
         "--proxy-per-client",
         type=int,
         default=1024,
-        help="proxy-pod: concurrent connections per source address (default: the total cap; the paired workload is one source)",
+        help="proxy-pod: concurrent connections per source address (default: the total cap, since the paired "
+        "workload is one source)",
     )
     t.add_argument(
         "--binary-identity",
