@@ -33,10 +33,11 @@ test:
 bench: test-venv
 	$(PY) bench/run.py $(BENCH_ARGS)
 
-# Real pods: the rendered companion set under rootful podman, models R, P (U where the host allows), on an
-# internal TEST-NET network (tests/k8s; docs/kubernetes.md "Running the companion set under podman"). As root;
-# installs podman, runc, netavark, debootstrap when missing; the image's debootstrap base is cached under
-# /var/cache/openshell-sandbox. A few minutes; not part of `make test`.
+# Real pods: the rendered companion set under rootful podman, models R, P (U where the host allows) and the
+# proxy-pod topology, on an internal TEST-NET network (tests/k8s; docs/kubernetes.md "Running the companion set
+# under podman"). As root; installs podman, runc, netavark, debootstrap when missing (skips, saying why, where
+# this machine cannot run a container at all); the debootstrap bases are cached under
+# /var/cache/openshell-sandbox. Two to five minutes; not part of `make test` (.ci/run calls both).
 .PHONY: test-k8s
 test-k8s:
 	bash scripts/install-k8s-test-deps.sh
