@@ -14,7 +14,10 @@ Rules this file enforces:
 2. IPv4 hidden in IPv6 is classified as the IPv4 inside, for every embedding the kernel or a translator may
    turn into an IPv4 packet: mapped ``::ffff:a.b.c.d``, translated ``::ffff:0:a.b.c.d``, compatible
    ``::a.b.c.d``, NAT64 ``64:ff9b::/96``, 6to4 ``2002:AABB:CCDD::/48`` and Teredo ``2001::/32`` (client
-   address, stored inverted). ``::`` and ``::1`` are themselves, never "compatible".
+   address, stored inverted). ``::`` and ``::1`` are themselves, never "compatible". The NAT64 local-use prefix
+   ``64:ff9b:1::/48`` (RFC 8215) is read as a /96 translator prefix only to refuse: an address whose last 32
+   bits are always-blocked IPv4 is that address (``nat64-local``); any other stays ``private``, since its
+   translator's layout (RFC 6052 /48, /56, /64 or /96) cannot be known here.
 3. Always blocked = loopback, link-local, unspecified (``0.0.0.0/8`` and ``::``) and cloud metadata
    addresses, whatever their spelling. Metadata addresses outside link-local space (Alibaba's
    ``100.100.100.200``, OCI's ``192.0.0.192``, AWS's ``fd00:ec2::254``) are always blocked too: no policy
@@ -82,7 +85,7 @@ ALWAYS_BLOCKED_CLASSES = frozenset(
 class Classification:
     address: IPAddress  # canonical: the embedded IPv4 when there is one, scope id dropped
     cls: AddressClass
-    embedded: str | None  # "mapped", "translated", "compatible", "nat64", "6to4", "teredo"
+    embedded: str | None  # "mapped", "translated", "compatible", "nat64", "nat64-local", "6to4", "teredo"
     always_blocked: bool
     internal: bool
 
@@ -144,6 +147,7 @@ _MAPPED = IPv6Network("::ffff:0:0/96")
 _TRANSLATED = IPv6Network("::ffff:0:0:0/96")
 _COMPATIBLE = IPv6Network("::/96")
 _NAT64 = IPv6Network("64:ff9b::/96")
+_NAT64_LOCAL = IPv6Network("64:ff9b:1::/48")
 _SIX_TO_FOUR = IPv6Network("2002::/16")
 _TEREDO = IPv6Network("2001::/32")
 _V6_UNSPECIFIED = IPv6Address("::")
@@ -219,6 +223,10 @@ def classify(addr: str | IPAddress) -> Classification:
     if inner is not None:
         kind, v4 = inner
         return _result(v4, _v4_class(v4), kind)
+    if addr in _NAT64_LOCAL:  # rule 2: only an always-blocked /96 reading counts
+        v4 = IPv4Address(int(addr) & _LOW32)
+        if (cls := _v4_class(v4)) in ALWAYS_BLOCKED_CLASSES:
+            return _result(v4, cls, "nat64-local")
     return _result(addr, _v6_class(addr), None)
 
 
@@ -242,6 +250,7 @@ _EMBEDDINGS: tuple[tuple[IPv6Network, int, bool], ...] = (
     (_TRANSLATED, 0, False),
     (_COMPATIBLE, 0, False),
     (_NAT64, 0, False),
+    (_NAT64_LOCAL, 0, False),  # its /96 reading (rule 2)
     (_SIX_TO_FOUR, 80, False),
     (_TEREDO, 0, True),
 )

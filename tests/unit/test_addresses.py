@@ -69,7 +69,8 @@ CLASSIFY_CASES: list[tuple[str, AddressClass, bool]] = [
     ("3fff::1", C.DOCUMENTATION, False),
     ("2001:2::1", C.BENCHMARKING, False),
     ("100::1", C.RESERVED, False),
-    ("64:ff9b:1::1", C.PRIVATE, False),
+    ("64:ff9b:1::c633:6402", C.PRIVATE, False),  # NAT64 local-use: private unless its /96 reading is blocked
+    ("64:ff9b:1::1", C.UNSPECIFIED, True),  # ... as 0.0.0.1 is (tests/unit/test_nat64_local_blocked.py)
     ("4000::1", C.RESERVED, False),
     ("5f00::1", C.RESERVED, False),
     ("2606:4700:4700::1111", C.PUBLIC, False),
