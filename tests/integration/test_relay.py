@@ -154,6 +154,23 @@ async def test_activity_in_either_direction_postpones_idle(autojump_clock: trio.
     assert trio.current_time() - start == pytest.approx(58.0)
 
 
+async def test_frequent_activity_moves_the_idle_deadline_in_steps(autojump_clock: trio.testing.MockClock) -> None:
+    """Chunks every 0.25 s for 10 s, then quiet: the deadline moved in steps of 1 s (1 % of 100 s, at most 1 s),
+    so the relay ends between 99 and 100 s after the last chunk — never later than a full idle period."""
+    start = trio.current_time()
+    async with relayed(idle_timeout=100.0) as (client, server, result):
+        for _ in range(40):
+            await trio.sleep(0.25)
+            await client.send_all(b"x")
+            assert await server.receive_some() == b"x"
+        last = trio.current_time()
+        assert await read_all(client) == b""
+    (stats,) = result
+    assert stats.closed_by == RelayEnd.IDLE
+    assert last - start == pytest.approx(10.0)
+    assert 99.0 <= trio.current_time() - last <= 100.0
+
+
 async def test_backpressure_holds_at_most_one_chunk() -> None:
     client, a_inner = trio.testing.memory_stream_pair()
     a = Counting(a_inner)
