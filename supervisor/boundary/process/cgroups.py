@@ -46,8 +46,9 @@ __all__ = [
 
 DEFAULT_PIDS_LIMIT: Final = 1024
 NAME_PREFIX: Final = "openshell-boundary-"
-# ours: the prefix, the owner's pid, 8 hex digits of its instance id; v2's leaf for the boundary itself too
-_OURS = re.compile(rf"^{NAME_PREFIX}(\d+)-[0-9a-f]{{8}}(-supervisor)?$")
+# ours: the prefix, the owner's pid, 8 hex digits of its instance id; v2's leaf for the boundary itself too. The
+# whole name (fullmatch: ``$`` also matches before a final newline) and ASCII digits (``\d`` is any Unicode digit)
+_OURS = re.compile(rf"{NAME_PREFIX}([0-9]+)-[0-9a-f]{{8}}(-supervisor)?")
 
 
 def workload_cgroup_name(pid: int, instance: str) -> str:
@@ -73,7 +74,7 @@ def remove_stale_children(directory: Path, *, alive: Callable[[int], bool] = _pi
     except OSError:
         return removed
     for entry in entries:
-        match = _OURS.match(entry.name)
+        match = _OURS.fullmatch(entry.name)
         if match is None or not entry.is_dir() or alive(int(match.group(1))):
             continue
         try:
