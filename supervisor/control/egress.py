@@ -39,6 +39,7 @@ import dns.rdatatype
 import dns.rrset
 import trio
 
+from supervisor.control.connection_result import ConnectionResult
 from supervisor.control.credentials import Credentials
 from supervisor.control.dns_answers import DnsAction, plan_answer
 from supervisor.control.dns_answers import reply as dns_reply
@@ -48,7 +49,7 @@ from supervisor.control.upstream import (
     UpstreamConfig,
     UpstreamError,
     UpstreamReason,
-    connect_to,
+    connect_within,
     resolve,
     vet_addresses,
 )
@@ -141,78 +142,58 @@ class EgressService:
     async def _reply(self, stream: LinkStream, reply: EgressReply) -> None:
         await stream.send_headers(encode_reply_headers(reply), end_stream=reply.status != 200)
 
-    def _event(self, request: EgressRequest, decision: str, **fields: Any) -> None:
-        identity = request.identity
-        self.log.emit(
-            EventName.EGRESS,
-            decision=decision,
-            destination=request.authority,
-            capture=str(request.capture),
-            binary=identity.binary_path if identity else None,
-            binary_sha256=identity.binary_sha256 if identity else None,
-            ancestors=list(identity.ancestors) if identity else None,
-            pid=identity.pid if identity else None,  # with start_time: which process instance, not only which binary
-            start_time=identity.start_time if identity else None,
-            conn_id=request.conn_id,
-            **({"identity": "relaxed"} if self.relaxed else {}),
-            **fields,
-        )
-
     async def _connect(self, stream: LinkStream) -> None:
-        try:
-            request = decode_connect_headers(stream.headers)
-        except EgressHeaderError as exc:
-            self.counters["denied"] += 1
-            self.log.emit(EventName.EGRESS, decision="deny", reason="malformed-request", detail=str(exc))
-            await self._reply(stream, EgressReply(400, reason="malformed-request", detail=str(exc)[:200]))
-            return
-        await self.serve(stream, request)
+        with ConnectionResult(self.log, self.counters, None, relaxed=self.relaxed) as result:
+            try:
+                request = decode_connect_headers(stream.headers)
+            except EgressHeaderError as exc:
+                result.deny("malformed-request", detail=str(exc))
+                await self._reply(stream, EgressReply(400, reason="malformed-request", detail=str(exc)[:200]))
+                return
+            result.request = request
+            await self._serve(stream, request, result)
 
     async def serve(self, stream: LinkStream, request: EgressRequest) -> None:
         """Decide, resolve, connect and relay one connection. ``stream`` is an egress link's CONNECT stream, or
         control's own proxy listener's client behind the same interface (``control/proxy_listener.py``)."""
-        started = trio.current_time()
+        with ConnectionResult(self.log, self.counters, request, relaxed=self.relaxed) as result:
+            await self._serve(stream, request, result)
+
+    async def _serve(self, stream: LinkStream, request: EgressRequest, result: ConnectionResult) -> None:
+        """Every exit sets ``result``'s outcome; the caller's ``with`` records it (connection_result.py)."""
         snap = self.store.snapshot()
         identity = BinaryIdentity.of(request.identity)
         name = self._issued_name(request)
         decision = snap.decide_l4(self._l4(name or request.host, request.port, identity), self.pins)
-        common = {"policy_generation": snap.generation, "rule": decision.rule, "endpoint": decision.endpoint,
-                  "name": name}  # fmt: skip
+        result.context(policy_generation=snap.generation, rule=decision.rule, endpoint=decision.endpoint, name=name)
         if not decision.allowed:
-            self.counters["denied"] += 1
             reason = str(decision.reason) if decision.reason else "denied"
-            self._event(request, "deny", reason=reason, detail=decision.detail, **common)
+            result.deny(reason, detail=decision.detail)
             await self._reply(stream, EgressReply(403, reason=reason, rule=decision.rule, detail=decision.detail))
             return
         if decision.l7 or self._needs_credentials(name or request.host, request.port, decision):
-            await self._inspect(stream, request, name, decision, snap, common)
+            await self._inspect(stream, request, name, decision, snap, result)
             return
         terminate = self.interception is not None and not decision.tls_skip
         try:
             upstream, address = await self._dial(request, name, decision)
-        except trio.TooSlowError:
-            self.counters["failed"] += 1
-            self._event(request, "error", reason="connect-timeout", **common)
-            await self._reply(stream, EgressReply(504, reason="connect-timeout"))
-            return
-        except OSError as exc:
-            self.counters["failed"] += 1
-            self._event(request, "error", reason="connect-failed", detail=str(exc), **common)
+        except OSError as exc:  # before any address is tried (no socket to be had)
+            result.fail("connect-failed", detail=str(exc))
             await self._reply(stream, EgressReply(502, reason="connect-failed", detail=str(exc)[:500]))
             return
         except UpstreamError as exc:
             # 400 (a host spelling we refuse, such as 2130706433) and 403 (SSRF) refuse what the agent asked
             # for: that is a denial to whoever reads the events, not a failure to get there.
-            refused = exc.status in (400, 403)
-            self.counters["denied" if refused else "failed"] += 1
-            self._event(request, "deny" if refused else "error", reason=str(exc.reason), detail=exc.detail,
-                        **common)  # fmt: skip
+            if exc.status in (400, 403):
+                result.deny(str(exc.reason), detail=exc.detail)
+            else:
+                result.fail(str(exc.reason), detail=exc.detail)
             await self._reply(stream, EgressReply(exc.status, reason=str(exc.reason), detail=exc.detail[:500]))
             return
         if terminate:  # TLS terminated and HTTP bound to this host:port by default (spec §3.7, §3.9)
-            await self._inspect(stream, request, name, decision, snap, common, early_upstream=upstream)
+            await self._inspect(stream, request, name, decision, snap, result, early_upstream=upstream)
             return
-        self.counters["allowed"] += 1
+        result.allow(resolved=str(address))
         await self._reply(stream, EgressReply(200, rule=decision.rule))
         key = id(stream)
         with trio.CancelScope() as scope:
@@ -222,15 +203,13 @@ class EgressService:
             finally:
                 self._live.pop(key, None)
         if scope.cancelled_caught:
+            result.closed(closed_by="policy-revision")
             await trio.aclose_forcefully(upstream)
             await stream.reset()
-        self._event(
-            request, "allow", resolved=str(address), **common,
-            bytes_out=stats.bytes_a_to_b if not scope.cancelled_caught else None,
-            bytes_in=stats.bytes_b_to_a if not scope.cancelled_caught else None,
-            closed_by="policy-revision" if scope.cancelled_caught else str(stats.closed_by),
-            error=None if scope.cancelled_caught else stats.error,  # a reset or failure, not a clean close
-            duration_ms=round((trio.current_time() - started) * 1000, 3),
+            return
+        result.closed(
+            bytes_out=stats.bytes_a_to_b, bytes_in=stats.bytes_b_to_a, closed_by=str(stats.closed_by),
+            error=stats.error,  # a reset or failure, not a clean close
         )  # fmt: skip
 
     def _issued_names(self, request: EgressRequest) -> list[str]:
@@ -286,36 +265,38 @@ class EgressService:
     async def _dial(
         self, request: EgressRequest, name: str | None, decision: Decision
     ) -> tuple[trio.SocketStream, IPv4Address | IPv6Address]:
-        """Resolve once, vet, connect to exactly the vetted address (or to the one we issued for ``name``)."""
-        with trio.fail_after(self.upstream.connect_timeout):
-            if name is not None:  # the agent dials an address we issued: that address, vetted, and no other
-                vetted = vet_addresses(name, [ip_address(request.host)], allowed_ips=decision.allowed_ips,
-                                       host_named_exactly=decision.exact_host, port=request.port,
-                                       is_local=self.upstream.is_local)  # fmt: skip
-                return await connect_to(vetted, request.port)
-            return await dial_upstream(
-                request.host, request.port, self.upstream,
-                allowed_ips=decision.allowed_ips, host_named_exactly=decision.exact_host,
-            )  # fmt: skip
+        """Resolve once, vet, connect to exactly the vetted address (or to the one we issued for ``name``).
+
+        The one deadline of the attempt is set here, ``connect_timeout`` from now (upstream.py rule 6); running
+        out of it is ``connect-timeout`` (504), naming the step it ran out in."""
+        deadline = trio.current_time() + self.upstream.connect_timeout
+        if name is not None:  # the agent dials an address we issued: that address, vetted, and no other
+            vetted = vet_addresses(name, [ip_address(request.host)], allowed_ips=decision.allowed_ips,
+                                   host_named_exactly=decision.exact_host, port=request.port,
+                                   is_local=self.upstream.is_local)  # fmt: skip
+            return await connect_within(name, vetted, request.port, deadline=deadline)
+        return await dial_upstream(
+            request.host, request.port, self.upstream, deadline=deadline,
+            allowed_ips=decision.allowed_ips, host_named_exactly=decision.exact_host,
+        )  # fmt: skip
 
     async def _inspect(
         self, stream: LinkStream, request: EgressRequest, name: str | None, decision: Decision,
-        snap: PolicySnapshot, common: dict[str, Any], *, early_upstream: trio.SocketStream | None = None,
+        snap: PolicySnapshot, result: ConnectionResult, *, early_upstream: trio.SocketStream | None = None,
     ) -> None:  # fmt: skip
         """Every endpoint but ``tls: skip``: TLS terminated, every HTTP request bound to the tunnel's authority
         and decided (spec §3.7-§3.13). Endpoints without L7 rules or credentials come with ``early_upstream``
         (dialled already, so a refused destination is answered before the tunnel opens): what is neither TLS
         nor HTTP is relayed raw to it."""
         if self.interception is None:
-            self.counters["denied"] += 1
             reason = "l7-inspection-unavailable"
-            self._event(request, "deny", reason=reason, **common)
-            detail = "this control was started without HTTP inspection"
-            await self._reply(stream, EgressReply(403, reason=reason, rule=decision.rule, detail=detail))
+            result.deny(reason)
             if early_upstream is not None:
                 await trio.aclose_forcefully(early_upstream)
+            detail = "this control was started without HTTP inspection"
+            await self._reply(stream, EgressReply(403, reason=reason, rule=decision.rule, detail=detail))
             return
-        self.counters["allowed"] += 1
+        result.allow(inspected=True)
         await self._reply(stream, EgressReply(200, rule=decision.rule))
 
         resolved: list[str] = [str(early_upstream.socket.getpeername()[0])] if early_upstream is not None else []
@@ -333,7 +314,6 @@ class EgressService:
             now = self.store.snapshot()
             return now, now.decide_l4(self._l4(host, port, identity), self.pins)
 
-        started = trio.current_time()
         # An absolute-form request is HTTP by construction (the boundary parsed its head): decided as HTTP, never
         # by which of the agent's and the origin's first bytes arrive first (that race would make a non-HTTP
         # origin's bytes sometimes a raw answer, sometimes a 502).
@@ -354,15 +334,12 @@ class EgressService:
                 )  # fmt: skip
             finally:
                 self._live.pop(key, None)
-        self._event(
-            request, "allow", inspected=True, **common, resolved=resolved[0] if resolved else None,
-            closed_by="policy-revision" if scope.cancelled_caught else stats.closed_by,
-            bytes_out=None if scope.cancelled_caught else stats.bytes_up,
-            bytes_in=None if scope.cancelled_caught else stats.bytes_down,
-            error=None if scope.cancelled_caught else stats.error,
-            stats=None if scope.cancelled_caught else _stats_json(stats),
-            duration_ms=round((trio.current_time() - started) * 1000, 3),
-        )  # fmt: skip
+                result.closed(resolved=resolved[0] if resolved else None)
+        if scope.cancelled_caught:
+            result.closed(closed_by="policy-revision")
+            return
+        result.closed(closed_by=stats.closed_by, bytes_out=stats.bytes_up, bytes_in=stats.bytes_down,
+                      error=stats.error, stats=_stats_json(stats))  # fmt: skip
 
     # -- policy revisions -------------------------------------------------------------------------------------
     def _policy_changed(self, snap: PolicySnapshot) -> None:

@@ -33,6 +33,11 @@ Rules this file enforces (docs/spec/policy.md §3.5, §3.14; docs/design.md "Alw
 5. **Errors carry a machine-readable reason** (``UpstreamReason``; the strings used in events) and the HTTP
    status a proxy answers with: 400 for a host we refuse to parse, 403 for SSRF refusals, 502 for resolution
    and connection failures, 504 for timeouts.
+6. **One deadline per dial, set by the caller.** ``dial``/``connect_within`` take the absolute deadline of the
+   whole attempt (resolve and connect; ``connect_timeout`` from now unless the caller says otherwise) and put
+   it on one cancel scope; nothing inside adds a timeout of its own except DNS's ``resolve_timeout``, each
+   address's connect takes an equal share of the time left, and the error says which budget ran out and at
+   which step (``resolve-timeout`` for DNS's own budget, ``connect-timeout`` for the dial's).
 """
 
 from __future__ import annotations
@@ -465,8 +470,9 @@ def _dial_form(addr: IPAddress) -> IPAddress:
 async def connect_to(addresses: Sequence[IPAddress], port: int) -> tuple[trio.SocketStream, IPAddress]:
     """Connect to the first of ``addresses`` that answers, in order.
 
-    Bound it with a cancel scope: the time left until the effective deadline is shared equally between the
-    addresses still to try. Only these addresses are ever dialled, and the connected peer is checked.
+    The caller's cancel scope bounds it (see :func:`connect_within`): the time left until the effective deadline
+    is shared equally between the addresses still to try. Only these addresses are ever dialled, and the
+    connected peer is checked.
     """
     if not 0 < port < 65536:
         raise UpstreamError(UpstreamReason.INVALID_PORT, f"port {port} out of range")
@@ -508,28 +514,53 @@ async def connect_to(addresses: Sequence[IPAddress], port: int) -> tuple[trio.So
     raise last or UpstreamError(UpstreamReason.NO_ADDRESSES, "no address to connect to")
 
 
+def _out_of_time(host: str, port: int, budget: float, step: str, address: IPAddress | None) -> UpstreamError:
+    return UpstreamError(
+        UpstreamReason.CONNECT_TIMEOUT,
+        f"no connection to {host}:{port} within the dial's {budget:.3g}s budget (connect_timeout): it ran out {step}",
+        address=address,
+    )
+
+
+async def connect_within(
+    host: str, addresses: Sequence[IPAddress], port: int, *, deadline: float
+) -> tuple[trio.SocketStream, IPAddress]:
+    """:func:`connect_to` under the caller's ``deadline`` (trio time); running out of it is ``connect-timeout``
+    naming the addresses tried (``host`` is what the connection is for, for the message)."""
+    budget = max(0.0, deadline - trio.current_time())
+    with trio.CancelScope(deadline=deadline):
+        return await connect_to(addresses, port)
+    step = f"connecting to {', '.join(map(str, addresses))}"
+    raise _out_of_time(host, port, budget, step, addresses[-1] if addresses else None)
+
+
 async def dial(
     host: str,
     port: int,
     cfg: UpstreamConfig,
     *,
+    deadline: float | None = None,
     allowed_ips: Iterable[str | IPNetwork] = (),
     host_named_exactly: bool = False,
 ) -> tuple[trio.SocketStream, IPAddress]:
-    """Resolve once, vet, connect to a vetted address. Returns the stream and the address it is connected to."""
+    """Resolve once, vet, connect to a vetted address. Returns the stream and the address it is connected to.
+
+    ``deadline`` (trio time; ``cfg.connect_timeout`` from now by default) bounds the whole dial, resolution
+    included (rule 6)."""
     if not 0 < port < 65536:
         raise UpstreamError(UpstreamReason.INVALID_PORT, f"port {port} out of range")
     nets = check_allowed_ips(allowed_ips)  # an invalid policy entry refuses before any DNS traffic
-    addresses = await resolve(host, cfg)
-    vetted = vet_addresses(
-        host, addresses, allowed_ips=nets, host_named_exactly=host_named_exactly, port=port, is_local=cfg.is_local
-    )
-    if not cfg.ipv6_egress():  # no route for IPv6: try the IPv4 addresses only, when there are any
-        vetted = [a for a in vetted if _dial_form(a).version == 4] or vetted
-    with trio.move_on_after(cfg.connect_timeout):
+    if deadline is None:
+        deadline = trio.current_time() + cfg.connect_timeout
+    budget = max(0.0, deadline - trio.current_time())
+    step, vetted = f"resolving {host}", []
+    with trio.CancelScope(deadline=deadline):
+        addresses = await resolve(host, cfg)
+        vetted = vet_addresses(
+            host, addresses, allowed_ips=nets, host_named_exactly=host_named_exactly, port=port, is_local=cfg.is_local
+        )
+        if not cfg.ipv6_egress():  # no route for IPv6: try the IPv4 addresses only, when there are any
+            vetted = [a for a in vetted if _dial_form(a).version == 4] or vetted
+        step = f"connecting to {', '.join(map(str, vetted))}"
         return await connect_to(vetted, port)
-    raise UpstreamError(
-        UpstreamReason.CONNECT_TIMEOUT,
-        f"no connection to {host}:{port} ({', '.join(map(str, vetted))}) within {cfg.connect_timeout:g}s",
-        address=vetted[-1],
-    )
+    raise _out_of_time(host, port, budget, step, vetted[-1] if vetted else None)

@@ -92,7 +92,6 @@ class Limits:
     idle_timeout: float = 300.0  # no progress either way: keep-alive idle, a slow upstream, a stalled reader
     head_timeout: float = 30.0  # from a head's first byte to its end (slowloris)
     handshake_timeout: float = 10.0  # each TLS handshake
-    connect_timeout: float = 30.0  # connect_upstream() as a whole
     drain_timeout: float = 0.5  # reading what the agent still sends after a refusal, so it sees the answer
     chunk: int = 65536  # one read; at most one chunk per direction is held here
     max_upstream_head: int = 64 * 1024
@@ -365,10 +364,9 @@ class _Session:
         if self.early_upstream is not None:
             upstream, self.early_upstream = self.early_upstream, None
         else:
-            try:
-                with trio.fail_after(self.limits.connect_timeout):
-                    upstream = await self.connect_upstream()
-            except (UpstreamError, trio.TooSlowError, OSError) as exc:
+            try:  # connect_upstream is bounded by whoever supplies it (control/egress.py sets the dial's deadline)
+                upstream = await self.connect_upstream()
+            except (UpstreamError, OSError) as exc:
                 self._tunnel_event("upstream-failed", reason=type(exc).__name__)
                 self._end(CloseReason.UPSTREAM_FAILED, type(exc).__name__, clean=False)
                 return
@@ -720,14 +718,10 @@ class _Session:
         try:
             if self.early_upstream is not None:  # dialled before the agent's first byte (raw_fallback)
                 tcp, self.early_upstream = self.early_upstream, None
-            else:
-                with trio.fail_after(self.limits.connect_timeout):
-                    tcp = await self.connect_upstream()
-        except UpstreamError as exc:
+            else:  # bounded by whoever supplies connect_upstream (control/egress.py sets the dial's deadline)
+                tcp = await self.connect_upstream()
+        except UpstreamError as exc:  # a timeout is one too: connect-timeout, 504
             return await self._upstream_refusal(conn, rec, answers.dial_failure(exc), str(exc.reason))
-        except trio.TooSlowError:
-            late = ErrorResponse(504, ErrorCode.UPSTREAM_TIMEOUT, f"no connection to {self.name}:{self.port} in time")
-            return await self._upstream_refusal(conn, rec, late, "connect-timeout")
         except OSError as exc:
             return await self._upstream_refusal(conn, rec, ErrorResponse(
                 502, ErrorCode.UPSTREAM_UNREACHABLE, f"connect to {self.name}:{self.port} failed: {exc}"[:500]),
@@ -1039,8 +1033,9 @@ async def inspect(
     the first bytes. ``snapshot``/``l4`` are the policy generation and L4 decision that admitted it;
     ``is_current(generation)`` (e.g. ``PolicyStore.is_current``) closes the connection before the next
     request once the policy changed. ``connect_upstream`` returns a connected TCP stream to the vetted
-    address; it is called lazily, for the first admitted request, and again only if the upstream closed a
-    kept-alive connection. Both streams are owned here and closed (or reset, after a failure) on return.
+    address, or raises ``UpstreamError`` (its own deadline run out included: the caller sets it); it is called
+    lazily, for the first admitted request, and again only if the upstream closed a kept-alive connection.
+    Both streams are owned here and closed (or reset, after a failure) on return.
 
     Endpoints without L7 rules pass ``raw_fallback``: bytes that are neither TLS nor HTTP are relayed raw to
     ``early_upstream`` (dialled already, and also watched: an origin that speaks first makes the connection
