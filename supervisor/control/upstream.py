@@ -42,7 +42,6 @@ Rules this file enforces (docs/spec/policy.md §3.5, §3.14; docs/design.md "Alw
 
 from __future__ import annotations
 
-import enum
 import ipaddress
 import re
 import socket
@@ -66,6 +65,7 @@ from supervisor.control.addresses import (
     classify,
     parse_host_literal,
 )
+from supervisor.protocol.upstream_reasons import UpstreamReason
 
 __all__ = [
     "CONTROL_PLANE_PORTS",
@@ -86,54 +86,6 @@ UDP_RETRY_INTERVAL = 1.0  # resend an unanswered UDP query this often, within th
 EDNS_PAYLOAD = 1232  # the DNS flag-day size: large enough for most answers, small enough not to fragment
 
 IPNetwork = IPv4Network | IPv6Network
-
-
-class UpstreamReason(enum.StrEnum):
-    """Why an upstream connection was not made; values are the strings used in events."""
-
-    INVALID_HOST = "invalid-host"
-    INVALID_PORT = "invalid-port"
-    NXDOMAIN = "nxdomain"
-    NO_ADDRESSES = "no-addresses"
-    RESOLVE_FAILED = "resolve-failed"
-    RESOLVE_TIMEOUT = "resolve-timeout"
-    INTERNAL_ADDRESS = "internal-address"
-    ALWAYS_BLOCKED = "always-blocked"
-    NOT_IN_ALLOWED_IPS = "allowed-ips-check-failed"
-    INVALID_ALLOWED_IPS = "invalid-allowed-ips"
-    CONTROL_PLANE_PORT = "control-plane-port"
-    CONTROL_LOCAL = "control-local"
-    CONNECT_REFUSED = "connect-refused"
-    CONNECT_TIMEOUT = "connect-timeout"
-    CONNECT_FAILED = "connect-failed"
-
-    @property
-    def status(self) -> int:
-        return _STATUS[self]
-
-    @property
-    def ssrf(self) -> bool:
-        """A destination refusal (answered ``403 ssrf_denied``), as opposed to a failure to get there."""
-        return _STATUS[self] == 403
-
-
-_STATUS = {
-    UpstreamReason.INVALID_HOST: 400,
-    UpstreamReason.INVALID_PORT: 400,
-    UpstreamReason.NXDOMAIN: 502,
-    UpstreamReason.NO_ADDRESSES: 502,
-    UpstreamReason.RESOLVE_FAILED: 502,
-    UpstreamReason.RESOLVE_TIMEOUT: 504,
-    UpstreamReason.INTERNAL_ADDRESS: 403,
-    UpstreamReason.ALWAYS_BLOCKED: 403,
-    UpstreamReason.NOT_IN_ALLOWED_IPS: 403,
-    UpstreamReason.INVALID_ALLOWED_IPS: 403,
-    UpstreamReason.CONTROL_PLANE_PORT: 403,
-    UpstreamReason.CONTROL_LOCAL: 403,
-    UpstreamReason.CONNECT_REFUSED: 502,
-    UpstreamReason.CONNECT_TIMEOUT: 504,
-    UpstreamReason.CONNECT_FAILED: 502,
-}
 
 
 class UpstreamError(Exception):

@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from supervisor.protocol.identity import ConnectionIdentity, IdentityError
+from supervisor.protocol.upstream_reasons import UpstreamReason
 
 ALPN_EGRESS = "openshell-egress/1"
 
@@ -80,12 +81,8 @@ class EgressRequest:
 
 
 # Refusal reasons that are destination refusals (docs/spec/policy.md §3.17: ``ssrf_denied``), not policy ones: the
-# boundary renders them with that code. They are control's ``UpstreamReason`` values with status 403 (a unit test
-# keeps the two in step; the boundary cannot import control).
-SSRF_REASONS = frozenset(
-    {"internal-address", "always-blocked", "allowed-ips-check-failed", "invalid-allowed-ips", "control-plane-port",
-     "control-local"}
-)  # fmt: skip
+# boundary renders them with that code. They come from the one catalogue of upstream reasons.
+SSRF_REASONS = frozenset(str(reason) for reason in UpstreamReason if reason.ssrf)
 
 
 @dataclass(frozen=True, slots=True)
