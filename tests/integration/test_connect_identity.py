@@ -72,9 +72,15 @@ class World:
     def __init__(self, launcher: Launcher, notifier_cls: type[ConnectNotifier] = ConnectNotifier, **kw: Any) -> None:
         self.launcher = launcher
         self.agent: int | None = None
+        self.scans = 0  # how often the workload's pid set (a scan of every process on the host) was taken
+
+        def workload_pids() -> set[int]:
+            self.scans += 1
+            return launcher.workload_pids()
+
         self.resolver = IdentityResolver(
             anchor_pid=launcher.pid,
-            workload_pids=launcher.workload_pids,
+            workload_pids=workload_pids,
             agent_pid=lambda: self.agent,
             budget_us=5_000_000,
             records=ConnectRecords(),
@@ -160,6 +166,7 @@ async def test_plain_client_and_real_descendant_are_identified(
     world = World(launcher)
     report = await world.run(model, "plain", script_dir)
     assert report["verdict"] == {"binary": PYTHON, "ancestors": [], "loader_env": [], "pid": world.agent}
+    assert world.scans == 0  # the agent has no ancestor to check: its connect costs no scan of the host's /proc
     launcher2 = Launcher.fork()
     try:
         world2 = World(launcher2)
@@ -168,6 +175,7 @@ async def test_plain_client_and_real_descendant_are_identified(
         launcher2.close()
     verdict = report["verdict"]
     assert (verdict["binary"], verdict["ancestors"], verdict["loader_env"]) == (CURL, [SH, PYTHON], [])
+    assert world2.scans >= 1  # a descendant's ancestors are checked against the workload
 
 
 @MODELS
@@ -234,6 +242,26 @@ async def test_a_second_listener_is_refused(launcher: Launcher, script_dir: Path
     report = await world.run(model, "second_listener", script_dir)
     assert report["listener"] == "EPERM", report
     assert report["then"]["binary"] == PYTHON  # still recorded by our listener
+
+
+async def test_every_trapped_call_is_answered_once(
+    launcher: Launcher, script_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One answer per notification: a recorded connect is answered before its record is stored, and not again
+    (a second answer is a failing ioctl on the boundary's loop for every connection)."""
+    answers: list[int] = []
+    answer = connect_notify.answer_continue
+
+    def counted(listener: int, nid: int) -> None:
+        answers.append(nid)
+        answer(listener, nid)
+
+    monkeypatch.setattr(connect_notify, "answer_continue", counted)
+    world = World(launcher)
+    report = await world.run("R", "descendant", script_dir)
+    assert report["verdict"]["binary"] == CURL
+    assert world.notifier.counters["recorded"] >= 1
+    assert len(answers) == len(set(answers)) == world.notifier.counters["notifications"]
 
 
 async def test_a_stalled_boundary_never_hangs_the_agent(launcher: Launcher, script_dir: Path) -> None:

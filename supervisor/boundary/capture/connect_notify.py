@@ -225,6 +225,7 @@ class ConnectNotifier:
     def _handle(self, listener: int, note: Notification) -> _Pending | None:
         """Answer ``note`` now, unless the caller's image must be hashed first: then what the hash needs."""
         pending: _Pending | None = None
+        answered = False  # _connect answers the caller itself (a second answer would be one more failing ioctl)
         try:
             if note.nr in (self._syscalls["execve"], self._syscalls["execveat"]):
                 tgid = self.resolver.thread_group(note.pid)
@@ -233,12 +234,13 @@ class ConnectNotifier:
                 self.resolver.note_exec_env(note.pid, tgid, envp)
             elif note.nr == self._syscalls["connect"]:
                 pending = self._connect(listener, note)
+                answered = pending is None
         except Exception as exc:  # rule 5: whatever went wrong, no record (and the boundary goes on)
             if note.nr == self._syscalls["connect"]:
                 self.counters["unrecorded"] += 1
                 self._event(EventName.IDENTITY_CONNECT_UNRECORDED, pid=note.pid, detail=str(exc)[:300])
         finally:
-            if pending is None:
+            if pending is None and not answered:
                 self._release(listener, note)
         return pending
 

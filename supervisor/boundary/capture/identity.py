@@ -46,7 +46,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 
 from supervisor.boundary.capture import _procnet
@@ -243,13 +243,15 @@ class IdentityResolver:
         when the caller checks otherwise (a pidfd) that ``pid`` did not exit meanwhile."""
         start_time = self._start_time(pid)
         uid = self._uid(pid)
-        workload = set(self._workload_pids())
+        # The workload's pid set is a scan of every process on the host: asked for only when an ancestor's
+        # membership is (the agent itself, the usual caller, has none to check).
+        workload = _LazyPids(self._workload_pids)
         agent = self._agent_pid()
         ancestors, ancestor_pids, orphaned = self._ancestors(pid, workload, agent)
         invalidate = getattr(self._workload_pids, "invalidate", None)
         if orphaned and callable(invalidate):  # a cached pid set may predate a parent forked just now
             invalidate()
-            workload = set(self._workload_pids())
+            workload = _LazyPids(self._workload_pids)
             ancestors, ancestor_pids, orphaned = self._ancestors(pid, workload, agent)
         cmdline_paths = self._cmdline_paths([pid, *ancestor_pids], {path, *ancestors})
         loader_env = tuple(sorted({*self._loader_env(pid, uid), *self._inherited_loader_env(pid, workload)}))
@@ -331,7 +333,7 @@ class IdentityResolver:
             os.close(fd)
         return tuple(sorted(found))
 
-    def _inherited_loader_env(self, pid: int, workload: set[int]) -> tuple[str, ...]:
+    def _inherited_loader_env(self, pid: int, workload: Container[int]) -> tuple[str, ...]:
         """What ``pid``'s image was exec'd with: its own exec's, else (never exec'd: a fork of its parent's
         image) its nearest ancestor's."""
         if self.exec_log is None:
@@ -564,7 +566,9 @@ class IdentityResolver:
             self._digests[key] = digest
         return digest
 
-    def _ancestors(self, pid: int, workload: set[int], agent: int | None) -> tuple[tuple[str, ...], list[int], bool]:
+    def _ancestors(
+        self, pid: int, workload: Container[int], agent: int | None
+    ) -> tuple[tuple[str, ...], list[int], bool]:
         """(exe paths nearest first, their pids, orphaned). Retried once if the chain changes under us."""
         for attempt in (1, 2):
             try:
@@ -574,7 +578,7 @@ class IdentityResolver:
                     raise
         raise AssertionError("unreachable")
 
-    def _walk(self, pid: int, workload: set[int], agent: int | None) -> tuple[tuple[str, ...], list[int], bool]:
+    def _walk(self, pid: int, workload: Container[int], agent: int | None) -> tuple[tuple[str, ...], list[int], bool]:
         paths: list[str] = []
         pids: list[int] = []
         if pid == agent:
@@ -658,6 +662,19 @@ class IdentityResolver:
             return os.readlink(path)
         except OSError:
             return None
+
+
+class _LazyPids:
+    """The workload's pid set, taken from ``scan`` on the first membership question and kept for the rest."""
+
+    def __init__(self, scan: Callable[[], set[int]]) -> None:
+        self._scan = scan
+        self._pids: set[int] | None = None
+
+    def __contains__(self, pid: object) -> bool:
+        if self._pids is None:
+            self._pids = set(self._scan())
+        return pid in self._pids
 
 
 def _c_string(fd: int, address: int, limit: int = 128 * 1024) -> bytes:
