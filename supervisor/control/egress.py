@@ -178,8 +178,8 @@ class EgressService:
         try:
             upstream, address = await self._dial(request, name, decision)
         except OSError as exc:  # before any address is tried (no socket to be had)
-            result.fail("connect-failed", detail=str(exc))
-            await self._reply(stream, EgressReply(502, reason="connect-failed", detail=str(exc)[:500]))
+            result.fail(UpstreamReason.CONNECT_FAILED, detail=str(exc))
+            await self._reply(stream, EgressReply(502, reason=UpstreamReason.CONNECT_FAILED, detail=str(exc)[:500]))
             return
         except UpstreamError as exc:
             # 400 (a host spelling we refuse, such as 2130706433) and 403 (SSRF) refuse what the agent asked

@@ -1,5 +1,6 @@
 """Names the outside world reads are defined once: event names in supervisor/protocol/event_names.py, the
-``error`` codes an agent reads in supervisor/protocol/responses.py. No module spells one as a string literal
+``error`` codes an agent reads in supervisor/protocol/responses.py, the reasons of upstream refusals in
+supervisor/protocol/upstream_reasons.py. No module spells one as a string literal
 (docstrings, ``__all__`` and other enums' member values aside); the daemons' emitters, the CLI's human rendering,
 dev mode's console and every refusal use the catalogues' members; docs/policy.md lists exactly the codes."""
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.responses import STATUS, ErrorCode
+from supervisor.protocol.upstream_reasons import UpstreamReason
 
 REPO = Path(__file__).resolve().parents[2]
 SUPERVISOR = REPO / "supervisor"
@@ -124,6 +126,13 @@ def test_no_agent_visible_code_is_spelled_outside_its_catalogue() -> None:
     catalogue = SUPERVISOR / "protocol" / "responses.py"
     offenders = spelled_out({str(c) for c in ErrorCode}, catalogue, r"error|code", set(), "ERROR")
     assert offenders == [], "use supervisor.protocol.responses.ErrorCode:\n" + "\n".join(offenders)
+
+
+def test_no_upstream_reason_is_spelled_outside_its_catalogue() -> None:
+    """The reasons an agent reads in a refusal's ``reason`` when control could not, or would not, connect."""
+    catalogue = SUPERVISOR / "protocol" / "upstream_reasons.py"
+    offenders = spelled_out({str(r) for r in UpstreamReason}, catalogue, r"reason", set(), "REASON")
+    assert offenders == [], "use supervisor.protocol.upstream_reasons.UpstreamReason:\n" + "\n".join(offenders)
 
 
 def test_every_code_has_its_status() -> None:

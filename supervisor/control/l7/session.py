@@ -73,7 +73,7 @@ from supervisor.control.policy import (
     canonicalize_target,
 )
 from supervisor.control.policy.hosts import normalize_request_host
-from supervisor.control.upstream import UpstreamError
+from supervisor.control.upstream import UpstreamError, UpstreamReason
 from supervisor.jsonlog import JsonLog
 from supervisor.link.relay import relay
 from supervisor.link.socket_tls import SocketTLSStream
@@ -725,7 +725,7 @@ class _Session:
         except OSError as exc:
             return await self._upstream_refusal(conn, rec, ErrorResponse(
                 502, ErrorCode.UPSTREAM_UNREACHABLE, f"connect to {self.name}:{self.port} failed: {exc}"[:500]),
-                "connect-failed")  # fmt: skip
+                str(UpstreamReason.CONNECT_FAILED))  # fmt: skip
         stream: trio.abc.Stream = tcp
         if self.tls:
             # on the socket where there is one (supervisor/link/socket_tls.py): OpenSSL reads and writes it itself
