@@ -18,6 +18,7 @@ The boundary never resolves a name or dials anything outside the agent's namespa
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import secrets
@@ -45,7 +46,7 @@ from supervisor.boundary.capture import (
 from supervisor.boundary.capture.dns_stub import TcpFramer, encode_tcp, servfail
 from supervisor.jsonlog import JsonLog
 from supervisor.link.h2link import Link, LinkClosed, LinkStream
-from supervisor.link.relay import relay
+from supervisor.link.relay import Flow, RelayEnd, abort_stream, relay
 from supervisor.protocol.egress import (
     CaptureKind,
     EgressHeaderError,
@@ -195,14 +196,14 @@ class EgressCapture:
         listener = trio.SocketListener(tsock)
 
         async def guarded(stream: trio.SocketStream) -> None:
-            await self._guard(handler(stream), stream)
+            await self._guard(functools.partial(handler, stream), stream)
 
         await trio.serve_listeners(guarded, [listener])
 
-    async def _guard(self, work: Awaitable[None], stream: trio.SocketStream | None = None) -> None:
+    async def _guard(self, work: Callable[[], Awaitable[None]], stream: trio.SocketStream | None = None) -> None:
         """One connection's failure is that connection's alone: log it, reset it, keep serving the rest."""
         try:
-            await work
+            await work()
         except (trio.BrokenResourceError, trio.ClosedResourceError, LinkClosed):
             pass
         except Exception as exc:
@@ -340,36 +341,27 @@ class EgressCapture:
             await self._forward_one_request(agent, upstream, target)
 
     async def _forward_one_request(self, agent: trio.SocketStream, upstream: LinkStream, target: ProxyTarget) -> None:
-        """Absolute-form plain HTTP: one request (origin-form head + exactly its body), then the response."""
+        """Absolute-form plain HTTP: one request (origin-form head + exactly its body), then the response, which
+        ends with the upstream's EOF. The relay (link/relay.py) passes the agent's bytes through the body framing
+        and ends with the upstream's EOF; a response cut short (upstream reset, control gone) aborts the agent's
+        connection — a reset, never a FIN, or a close-delimited body would look complete."""
         assert target.request_head is not None
         body = ForwardBody(chunked=target.chunked, content_length=target.content_length)
-        complete = False  # the upstream's response ended with its EOF, and all of it reached the agent
         try:
             await upstream.send_all(target.request_head + body.feed(target.leftover))
-
-            async def request_body() -> None:
-                while not body.done:
-                    data = await agent.receive_some(65536)
-                    if not data:
-                        break
-                    await upstream.send_all(body.feed(data))
+            if body.done:
                 await upstream.send_eof()
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(request_body)
-                while data := await upstream.receive_some(65536):
-                    await agent.send_all(data)
-                nursery.cancel_scope.cancel()
-            complete = True
-        except* (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # either side gone (bare, or grouped by the nursery): the reset below tells the agent
-        finally:
-            if not complete:
-                # A response cut short (upstream reset, control gone) must end in a reset, never a FIN: a
-                # close-delimited body would otherwise look complete to the agent.
-                _reset(agent)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            await abort_stream(agent)
             await upstream.aclose()
-            await agent.aclose()
+            return
+
+        def exactly_the_body(data: bytes) -> tuple[bytes, Flow]:
+            passed = body.feed(data)
+            return passed, Flow.EOF if body.done else Flow.MORE
+
+        # the agent's end (or its body's) half-closes the request; the upstream's EOF ends the exchange
+        await relay(agent, upstream, idle_timeout=math.inf, half_close={RelayEnd.A}, filter_a=exactly_the_body)
 
     async def _answer(self, agent: trio.SocketStream, payload: bytes) -> None:
         self.counters["refused"] += 1
@@ -421,7 +413,7 @@ class EgressCapture:
                     except OSError:
                         pass
 
-                nursery.start_soon(self._guard, answer())
+                nursery.start_soon(self._guard, answer)
 
     async def _dns_tcp(self, agent: trio.SocketStream) -> None:
         framer = TcpFramer()

@@ -16,7 +16,19 @@ most one chunk per direction is ever buffered here: backpressure by construction
   in both directions and both streams are aborted.
 * **Outside cancellation** (e.g. a policy reload closing relays) aborts both streams and propagates.
 
-The caller hands both streams over: they are closed when ``relay`` returns or raises.
+The caller hands both streams over: they are closed when ``relay`` returns or raises (``close=False`` leaves
+them to the caller, which then owns the closing too).
+
+This is the only byte pump of the project (the raw tunnel, the inspected path's raw fallback and its upgraded
+connections, the boundary's plain-HTTP forward, exec/forward channels). What its callers differ in is
+options, never a loop of their own:
+
+* ``half_close`` names the sides whose EOF is forwarded as a half-close (default: both). The EOF of a side not
+  in it ends the relay cleanly — for streams with no half-close (TLS), or a one-request forward whose
+  response ends with the upstream's EOF.
+* ``filter_a`` sees every chunk ``a → b`` before it is sent (what is sent, and what is counted, is what it
+  returns) and says whether to go on: :attr:`Flow.EOF` makes the source's end here (its EOF is sent on, as
+  for a real EOF), :attr:`Flow.STOP` ends the relay (``closed_by`` ``filter``; the caller says why).
 """
 
 from __future__ import annotations
@@ -25,12 +37,13 @@ import enum
 import math
 import socket
 import struct
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 
-__all__ = ["RelayEnd", "RelayStats", "abort_stream", "relay"]
+__all__ = ["ChunkFilter", "Flow", "RelayEnd", "RelayStats", "abort_stream", "relay"]
 
 # What a broken peer looks like through trio's stream ABC.
 _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
@@ -43,6 +56,18 @@ class RelayEnd(enum.StrEnum):
     B = "b"
     IDLE = "idle-timeout"
     CANCELLED = "cancelled"
+    FILTER = "filter"  # ``filter_a`` said stop
+
+
+class Flow(enum.Enum):
+    """What a :data:`ChunkFilter` says after a chunk: how the flow goes on."""
+
+    MORE = enum.auto()  # go on
+    EOF = enum.auto()  # the source is done here: its EOF goes on, as for a real one
+    STOP = enum.auto()  # end the relay now
+
+
+ChunkFilter = Callable[[bytes], tuple[bytes, Flow]]
 
 
 @dataclass
@@ -56,11 +81,19 @@ class RelayStats:
 
 class _Relay:
     def __init__(
-        self, a: trio.abc.HalfCloseableStream, b: trio.abc.HalfCloseableStream, idle: float, chunk: int
+        self,
+        a: trio.abc.Stream,
+        b: trio.abc.Stream,
+        idle: float,
+        chunk: int,
+        half_close: Collection[RelayEnd],
+        filter_a: ChunkFilter | None,
     ) -> None:
         self.a, self.b = a, b
         self.idle_timeout = idle
         self.chunk = chunk
+        self.half_close = half_close
+        self.filter_a = filter_a
         self.stats = RelayStats()
         self.idle_scope = trio.CancelScope()
         self.pumps = trio.CancelScope()
@@ -78,6 +111,11 @@ class _Relay:
         if not self.stats.closed_by:
             self.stats.closed_by = side
 
+    def stop(self, why: RelayEnd) -> None:
+        """End the relay without a failure: an EOF that is not half-closed, or the filter's stop."""
+        self.ended(why)
+        self.pumps.cancel()
+
     def failed(self, side: RelayEnd, exc: BaseException) -> None:
         if self.stats.error is None:
             self.stats.closed_by = side
@@ -93,31 +131,52 @@ class _Relay:
                 self.failed(src_side, exc)
                 return
             self.touch()
+            flow = Flow.MORE if data else Flow.EOF
+            if data and src_side is RelayEnd.A and self.filter_a is not None:
+                data, flow = self.filter_a(bytes(data))
             try:
-                if not data:
+                if data:
+                    await dst.send_all(data)
+                    if src_side is RelayEnd.A:
+                        self.stats.bytes_a_to_b += len(data)
+                    else:
+                        self.stats.bytes_b_to_a += len(data)
+                if flow is Flow.STOP:
+                    self.stop(RelayEnd.FILTER)
+                    return
+                if flow is Flow.EOF:
+                    if src_side not in self.half_close:
+                        self.stop(src_side)
+                        return
                     self.ended(src_side)
+                    assert isinstance(dst, trio.abc.HalfCloseableStream)  # relay() checked it
                     await dst.send_eof()
                     return
-                await dst.send_all(data)
             except _STREAM_ERRORS as exc:
                 self.failed(dst_side, exc)
                 return
-            if src_side is RelayEnd.A:
-                self.stats.bytes_a_to_b += len(data)
-            else:
-                self.stats.bytes_b_to_a += len(data)
             self.touch()
 
 
+_BOTH = frozenset({RelayEnd.A, RelayEnd.B})
+
+
 async def relay(
-    a: trio.abc.HalfCloseableStream,
-    b: trio.abc.HalfCloseableStream,
+    a: trio.abc.Stream,
+    b: trio.abc.Stream,
     *,
     idle_timeout: float,
     chunk: int = 256 * 1024,  # one h2 DATA frame of the link (h2link.MAX_FRAME): a quarter of the per-chunk cost
+    half_close: Collection[RelayEnd] = _BOTH,
+    filter_a: ChunkFilter | None = None,
+    close: bool = True,
 ) -> RelayStats:
-    """Relay until done; returns the byte counts, the duration and who ended it. Closes both streams."""
-    r = _Relay(a, b, idle_timeout, chunk)
+    """Relay until done; returns the byte counts, the duration and who ended it. Closes both streams unless
+    ``close`` is false. A side in ``half_close`` needs a half-closeable stream on the other end."""
+    for side, other in ((RelayEnd.A, b), (RelayEnd.B, a)):
+        if side in half_close and not isinstance(other, trio.abc.HalfCloseableStream):
+            raise TypeError(f"half-closing {side}'s end needs a half-closeable stream, not {type(other).__name__}")
+    r = _Relay(a, b, idle_timeout, chunk, half_close, filter_a)
     start = trio.current_time()
     clean = False
     try:
@@ -135,7 +194,9 @@ async def relay(
         raise
     finally:
         r.stats.duration_s = trio.current_time() - start
-        if clean:
+        if not close:
+            pass
+        elif clean:
             await _close_both(a, b)
         else:
             await _abort_both(a, b)

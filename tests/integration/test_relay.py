@@ -18,7 +18,7 @@ import trio
 import trio.lowlevel
 import trio.testing
 
-from supervisor.link.relay import RelayEnd, RelayStats, relay
+from supervisor.link.relay import Flow, RelayEnd, RelayStats, relay
 
 
 class Counting(trio.abc.HalfCloseableStream):
@@ -124,6 +124,89 @@ async def test_client_failure_is_blamed_on_a() -> None:
                 await trio.lowlevel.checkpoint()
     (stats,) = result
     assert stats.closed_by == RelayEnd.A and stats.error is not None and stats.error.startswith("a:")
+
+
+# --- the options the other pumps of the project became (one relay) ------------------------------------------
+
+
+async def test_eof_of_a_side_without_half_close_ends_the_relay_and_close_false_leaves_the_streams() -> None:
+    """Streams with no half-close (TLS after a 101): the first EOF ends both directions; ``close=False``."""
+    client, a = trio.testing.memory_stream_pair()
+    b, server = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.send_all, b"from upstream")
+        stats = None
+
+        async def run() -> None:
+            nonlocal stats
+            stats = await relay(a, b, idle_timeout=60, half_close=(), close=False)
+
+        nursery.start_soon(run)
+        assert await client.receive_some() == b"from upstream"
+        await client.send_eof()
+    assert stats is not None and stats.closed_by == RelayEnd.A and stats.error is None
+    await b.send_all(b"still open")  # not closed by the relay: the caller owns the streams
+    assert await server.receive_some() == b"still open"
+
+
+async def test_filter_shapes_what_is_sent_and_counted_and_can_stop() -> None:
+    seen: list[bytes] = []
+
+    def no_x(data: bytes) -> tuple[bytes, Flow]:
+        seen.append(data)
+        return data.replace(b"x", b""), Flow.STOP if b"!" in data else Flow.MORE
+
+    client, a = trio.testing.memory_stream_pair()
+    b, server = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        result: list[RelayStats] = []
+
+        async def run() -> None:
+            result.append(await relay(a, b, idle_timeout=60, filter_a=no_x))
+
+        nursery.start_soon(run)
+        await client.send_all(b"axbx")
+        assert await server.receive_some() == b"ab"
+        await client.send_all(b"c!")
+        assert await read_all(server) == b"c!"  # what the filter passed goes out, then the relay ends
+    (stats,) = result
+    assert (stats.closed_by, stats.error, stats.bytes_a_to_b) == (RelayEnd.FILTER, None, 4)
+    assert seen == [b"axbx", b"c!"]
+
+
+async def test_filter_eof_half_closes_and_the_other_sides_eof_ends() -> None:
+    """The boundary's plain-HTTP forward: exactly the body goes up, then EOF; the response's EOF ends it."""
+    budget = [5]
+
+    def body_of_five(data: bytes) -> tuple[bytes, Flow]:
+        passed = data[: budget[0]]
+        budget[0] -= len(passed)
+        return passed, Flow.EOF if budget[0] == 0 else Flow.MORE
+
+    client, a = trio.testing.memory_stream_pair()
+    b, server = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        result: list[RelayStats] = []
+
+        async def run() -> None:
+            result.append(await relay(a, b, idle_timeout=60, half_close={RelayEnd.A}, filter_a=body_of_five))
+
+        nursery.start_soon(run)
+        await client.send_all(b"123")
+        await client.send_all(b"45 and a pipelined request")  # the agent does not end its side
+        assert await read_all(server) == b"12345"  # the body, then EOF
+        await server.send_all(b"response")
+        await server.send_eof()
+        assert await read_all(client) == b"response"
+    (stats,) = result
+    assert stats.closed_by == RelayEnd.A and stats.error is None  # the body's end came first
+    assert (stats.bytes_a_to_b, stats.bytes_b_to_a) == (5, len(b"response"))
+
+
+async def test_half_close_needs_a_half_closeable_other_end() -> None:
+    a = trio.testing.MemorySendStream()
+    with pytest.raises(TypeError):
+        await relay(trio.testing.memory_stream_pair()[0], a, idle_timeout=1)  # type: ignore[arg-type]
 
 
 async def test_idle_timeout_in_virtual_time(autojump_clock: trio.testing.MockClock) -> None:

@@ -53,7 +53,6 @@ from supervisor.control.l7.rewrite import CredentialRefusal, redact_path, redact
 from supervisor.control.l7.scrub import Scrubber
 from supervisor.control.l7.sniff import TunnelProtocol, sniff
 from supervisor.control.l7.streams import PrefixedStream, abort_all
-from supervisor.control.l7.upgrade import relay_upgraded
 from supervisor.control.l7.upstream_tls import check_upstream_context
 from supervisor.control.l7.websocket import (
     ClientFrameFilter,
@@ -75,7 +74,7 @@ from supervisor.control.policy import (
 from supervisor.control.policy.hosts import normalize_request_host
 from supervisor.control.upstream import UpstreamError, UpstreamReason
 from supervisor.jsonlog import JsonLog
-from supervisor.link.relay import relay
+from supervisor.link.relay import Flow, RelayEnd, relay
 from supervisor.link.socket_tls import SocketTLSStream
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.responses import ErrorCode, ErrorResponse
@@ -971,15 +970,26 @@ class _Session:
         await self._up_send(frames.feed(first_bytes) if frames is not None else first_bytes)
         await self._agent_send(up.trailing_data[0])
         if frames is None or frames.stopped is None:
-            end = await relay_upgraded(self.agent, self.upstream, frames=frames, idle=self.idle,
-                                       chunk=self.limits.chunk, stats=self.stats)  # fmt: skip
-            self.clean = self.clean and end.clean
+
+            def through_frames(data: bytes) -> tuple[bytes, Flow]:
+                assert frames is not None
+                passed = frames.feed(data)
+                return passed, Flow.MORE if frames.stopped is None else Flow.STOP
+
+            # TLS on both sides has no half-close: the first side to end ends both; the caller closes them
+            relayed = await relay(
+                self.agent, self.upstream, idle_timeout=self.limits.idle_timeout, chunk=self.limits.chunk,
+                half_close=(), filter_a=through_frames if frames is not None else None, close=False,
+            )  # fmt: skip
+            self.stats.bytes_up += relayed.bytes_a_to_b
+            self.stats.bytes_down += relayed.bytes_b_to_a
+            self.clean = self.clean and relayed.error is None
         if frames is not None and frames.stopped is not None:
             await self._close_websocket(rec, frames.stopped)
             return
-        why = (CloseReason.IDLE if end.first == "idle" else CloseReason.AGENT if end.first.startswith("agent")
-               else CloseReason.UPSTREAM)  # fmt: skip
-        self._end(why, end.first if end.failed else None, clean=self.clean)
+        why = (CloseReason.IDLE if relayed.closed_by == RelayEnd.IDLE else CloseReason.AGENT
+               if relayed.closed_by == RelayEnd.A else CloseReason.UPSTREAM)  # fmt: skip
+        self._end(why, relayed.error, clean=self.clean)
 
     async def _close_websocket(self, rec: RequestRecord, stop: FilterStop) -> None:
         denied = stop is FilterStop.TEXT_DENIED
