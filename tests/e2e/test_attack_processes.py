@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from tests.waiting import wait_until
+
 CLI = [sys.executable, "-m", "supervisor.cli"]
 PIDS_LIMIT = 64
 STATUS_BOUND_S = 10.0  # "a generous bound": status must answer within this while the bomb runs
@@ -205,9 +207,25 @@ def _control_pid(dev: subprocess.Popen[str]) -> int:
     raise AssertionError("no control process under dev")
 
 
+# The exec prints its tail only when told (USR1 through the API), never after a fixed time: on a loaded
+# machine a `status` call can take longer than any sleep, and the process must still be running for it.
+TAIL_ON_CUE = 'trap "go=1" USR1; echo one; while [ -z "$go" ]; do sleep 0.05; done; echo two; echo err >&2; exit 5'
+
+
+def _detached(box: Sandbox, handle: str) -> bool:
+    """The handle runs with no stream attached (what follows is buffered for ``attach``)."""
+    live = {p["handle"]: p for p in box.status()["boundary"]["processes"]}
+    return handle in live and live[handle]["state"] == "running" and not live[handle]["stream_attached"]
+
+
+def _cue(box: Sandbox, handle: str) -> None:
+    wait_until(lambda: _detached(box, handle), f"{handle} running and detached")
+    cued = box.cli("signal", "USR1", handle)
+    assert cued.returncode == 0, cued
+
+
 def test_reattach_after_a_control_restart_shows_the_tail_and_the_exit_code(quiet: Sandbox) -> None:
-    script = "echo one; sleep 4; echo two; echo err >&2; exit 5"
-    first = subprocess.Popen([*CLI, "exec", "--", "sh", "-c", script], env=quiet.env, stdout=subprocess.PIPE,
+    first = subprocess.Popen([*CLI, "exec", "--", "sh", "-c", TAIL_ON_CUE], env=quiet.env, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True)  # fmt: skip
     try:
         assert first.stdout is not None and first.stdout.readline() == "one\n"
@@ -222,6 +240,7 @@ def test_reattach_after_a_control_restart_shows_the_tail_and_the_exit_code(quiet
     while quiet.cli("readyz").returncode != 0:
         assert time.monotonic() < deadline, "control did not come back"
         time.sleep(0.1)
+    _cue(quiet, handles[0])
     again = quiet.cli("attach", handles[0])
     assert again.returncode == 5, again
     assert again.stdout == "two\n" and again.stderr.endswith("err\n"), again
@@ -252,9 +271,10 @@ def _exec_until_first_line(box: Sandbox, script: str) -> tuple[subprocess.Popen[
 def test_reattach_after_the_cli_is_killed_shows_the_tail_and_the_exit_code(quiet: Sandbox) -> None:
     """The CLI dies mid-exec (SIGKILL): control resets the boundary's stream at once, so the output that comes
     after is buffered for ``attach`` instead of being sent into a dead client (issue 15)."""
-    first, handle = _exec_until_first_line(quiet, "echo one; sleep 2; echo two; echo err >&2; exit 5")
+    first, handle = _exec_until_first_line(quiet, TAIL_ON_CUE)
     first.kill()
     first.wait()
+    _cue(quiet, handle)  # the tail comes after the client died
     again = _attach_when_detached(quiet, handle)
     assert again.returncode == 5, again
     assert again.stdout == "two\n" and again.stderr.endswith("err\n"), again
@@ -263,10 +283,12 @@ def test_reattach_after_the_cli_is_killed_shows_the_tail_and_the_exit_code(quiet
 def test_reattach_after_the_cli_is_killed_says_lagged_past_the_buffer(quiet: Sandbox) -> None:
     """More than the 1 MiB buffer comes out while no client is attached: ``attach`` shows the newest MiB and
     says how much was dropped; the exit code still arrives."""
-    script = "echo one; sleep 2; head -c 3000000 /dev/zero | tr '\\0' x; echo; echo end; exit 3"
+    script = ('trap "go=1" USR1; echo one; while [ -z "$go" ]; do sleep 0.05; done; '
+              "head -c 3000000 /dev/zero | tr '\\0' x; echo; echo end; exit 3")  # fmt: skip
     first, handle = _exec_until_first_line(quiet, script)
     first.kill()
     first.wait()
+    _cue(quiet, handle)  # all of it comes out after the client died
     deadline = time.monotonic() + 30
     while any(p["handle"] == handle for p in quiet.status()["boundary"]["processes"]):  # all of it came out
         assert time.monotonic() < deadline, "the exec never finished"
