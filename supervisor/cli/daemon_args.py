@@ -1,0 +1,231 @@
+"""The daemons' command line (``openshell-sandbox --mode=control|boundary``): the parser and its help.
+
+Split from ``cli/main.py`` (the operator subcommands); ``cli/daemon_run.py`` turns the parsed arguments into a
+running daemon.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DAEMON_HELP = """\
+daemons:
+  openshell-sandbox --mode=boundary --bootstrap DIR [--listen ADDR:PORT] -- AGENT ARGV...
+  openshell-sandbox --mode=control --bootstrap DIR --boundary HOST:PORT [--policy FILE] [--api PATH]
+                    [--api-listen ADDR:PORT]
+  openshell-sandbox --mode=control --bootstrap DIR --topology=proxy-pod --proxy-listen ADDR:PORT
+                    --proxy-token-file FILE --binary-identity=relaxed --acknowledge-networkpolicy-enforcement
+
+operator commands (find the running sandbox's API socket by themselves; --api to choose, or
+--api https://HOST:PORT --cert DIR for control's --api-listen from outside the pod):
+  dev       run CMD as the agent in a local two-process sandbox
+  status    show the sandbox's status (readiness, lifecycle, policy)
+  logs      show control's recent events; -f follows them (--event KIND, --json)
+  exec      run a command in the workload (-i for stdin, -t for a terminal)
+  wait      wait for a process handle's result
+  signal    send a signal to a process handle
+  terminate terminate a process handle and its descendants
+  forward   forward a local TCP port to a loopback port inside the workload
+  policy    check a policy file, or ask what it decides
+  certs     mint the bootstrap bundle for a sandbox
+  k8s       render a sandbox's Kubernetes objects (k8s render)
+"""
+
+
+def _err(message: str) -> None:
+    print(f"openshell-sandbox: {message}", file=sys.stderr)
+
+
+# -- daemons ------------------------------------------------------------------------------------------------------
+
+
+def _host_port(text: str, flag: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535 or not host:
+        raise argparse.ArgumentTypeError(f"{flag} must be HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def daemon_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="openshell-sandbox",
+        description="Supervisor daemons of an AI-agent sandbox.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=DAEMON_HELP,
+    )
+    p.add_argument("--mode", required=True, choices=["control", "boundary"], help="which daemon to run")
+    p.add_argument("--bootstrap", required=True, type=Path, help="this role's bootstrap bundle directory")
+    p.add_argument("--log-stream", choices=["stdout", "stderr", "none"], default="stdout", help="where JSON events go")
+    p.add_argument("--log-file", type=Path, help="also append the JSON events to this file (created 0600)")
+    b = p.add_argument_group("boundary")
+    b.add_argument(
+        "--listen",
+        default="[::]:7443",
+        help="address the boundary listens on (default %(default)s: every IPv6 and IPv4 address; IPv4 only where "
+        "the pod has no IPv6)",
+    )
+    b.add_argument("--port-file", type=Path, help="write the bound port here once listening")
+    b.add_argument("--privilege-model", default="auto", choices=["auto", "R", "U", "P"], help="see docs")
+    b.add_argument(
+        "--workdir", help="the agent's working directory, writable by it (required; never / nor under /proc)"
+    )
+    b.add_argument(
+        "--hide-path", action="append", default=[],
+        help="R and U: cover this file or directory with an empty 0000 one in the agent's view (repeatable)",
+    )  # fmt: skip
+    b.add_argument("--tmp-size", default="256m", help="R and U: size of the agent's private /tmp (default %(default)s)")
+    b.add_argument(
+        "--shm-size", default="64m", help="R and U: size of the agent's private /dev/shm (default %(default)s)"
+    )
+    b.add_argument("--exit-linger", type=float, default=60.0, help="seconds to wait for control's exit ack")
+    b.add_argument(
+        "--pids-limit", type=int, default=1024, metavar="N",
+        help="at most N workload processes (a cgroup's pids.max under the boundary's own cgroup, v1 or delegated "
+        "v2; default %(default)s); where no cgroup is writable, or with 0, status reports limits.pids: unenforced",
+    )  # fmt: skip
+    b.add_argument("--agent-stdio", choices=["inherit", "pipe"], default="inherit")
+    b.add_argument(
+        "--tls-dir",
+        type=Path,
+        default=Path("/run/openshell-boundary/tls"),
+        help="the boundary's own directory for the agent's CA files, created at start (default %(default)s); "
+        "R and U show it read-only at /run/openshell-boundary/tls, P must name a directory the agent can read",
+    )
+    c = p.add_argument_group("control")
+    c.add_argument("--boundary", help="HOST:PORT of the boundary to dial")
+    c.add_argument("--policy", type=Path, help="policy YAML (default: the embedded deny-all policy)")
+    c.add_argument("--policy-failure-mode", choices=["fail-closed", "retain-last-valid"], default="fail-closed")
+    c.add_argument(
+        "--policy-source",
+        type=Path,
+        help="the operator's original of --policy (dev mode loads a private copy): revisions are watched here "
+        "instead, when safe (default: --policy itself)",
+    )
+    c.add_argument(
+        "--agent-writable",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a path the agent can write (repeatable; dev passes the workdir): a policy file inside one, or "
+        "inside /tmp or a read_write path, is loaded once and never hot-reloaded",
+    )
+    c.add_argument(
+        "--no-policy-watch", action="store_true", help="load the policy once; change it with `policy apply` only"
+    )
+    c.add_argument("--api", type=Path, help="operator API socket path")
+    c.add_argument(
+        "--api-listen",
+        metavar="ADDR:PORT",
+        help="also serve the operator API on TCP with mutual TLS, to operator certificates of this sandbox only "
+        "(`certs issue --operator`); ADDR * is every address. Failed handshakes are rate limited and every "
+        "operator request is logged",
+    )
+    c.add_argument(
+        "--agent-user",
+        default="1000:1000",
+        help="UID:GID of the agent in model R and in model U under root (never 0); default %(default)s",
+    )
+    c.add_argument("--dns-server", action="append", default=[], help="resolver ADDR[:PORT] (repeatable)")
+    c.add_argument("--capture-mode", choices=["netns", "proxy-env"], default="netns")
+    c.add_argument(
+        "--credentials", type=Path, help="credentials file (secrets control injects; the agent sees placeholders)"
+    )
+    c.add_argument(
+        "--interception-ca",
+        type=Path,
+        help="directory keeping the TLS-interception CA across restarts (created with a new CA when empty)",
+    )
+    c.add_argument("--upstream-ca", type=Path, help="extra CA (PEM) trusted for upstream TLS, besides the system store")
+    c.add_argument(
+        "--self-address",
+        action="append",
+        default=[],
+        metavar="ADDR",
+        help="an address of this control that no interface shows (e.g. its Service IP); never dialled upstream, "
+        "like every interface address of its own, whatever the policy says (repeatable)",
+    )
+    c.add_argument(
+        "--ipv6-egress",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="whether control can reach IPv6 destinations; auto: a route covering global IPv6 exists in its network "
+        "namespace (re-checked on change). Without it, AAAA queries are answered with no records (default auto)",
+    )
+    t = p.add_argument_group("control: the proxy-pod topology (docs/kubernetes.md)")
+    t.add_argument(
+        "--topology",
+        choices=["boundary", "proxy-pod"],
+        default="boundary",
+        help="boundary (default): dial a boundary that owns the agent. proxy-pod: no boundary; control serves the "
+        "workload's HTTP proxy itself on --proxy-listen (needs --binary-identity=relaxed, --proxy-token-file and "
+        "--acknowledge-networkpolicy-enforcement)",
+    )
+    t.add_argument(
+        "--proxy-listen",
+        metavar="ADDR:PORT",
+        help="proxy-pod: where control accepts the proxy clients ('*:PORT': every address, IPv4 and IPv6)",
+    )
+    t.add_argument(
+        "--proxy-token-file",
+        type=Path,
+        help="proxy-pod: file holding this sandbox's proxy token; clients must send Proxy-Authorization "
+        "Basic sandbox:<token> (http://sandbox:<token>@host:port in their proxy variables), else 407",
+    )
+    t.add_argument(
+        "--proxy-clients",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="proxy-pod: only these source networks are served (repeatable; an extra check behind the NetworkPolicy)",
+    )
+    t.add_argument("--proxy-max-connections", type=int, default=1024, help="proxy-pod: concurrent connections cap")
+    t.add_argument(
+        "--proxy-per-client",
+        type=int,
+        default=1024,
+        help="proxy-pod: concurrent connections per source address (default: the total cap, since the paired "
+        "workload is one source)",
+    )
+    t.add_argument(
+        "--binary-identity",
+        choices=["strict", "relaxed"],
+        default="strict",
+        help="strict (default): the policy's binaries lists are decided on. relaxed: endpoint-only — identity is "
+        "logged but never decided on, binaries lists are ignored (required by --topology=proxy-pod)",
+    )
+    t.add_argument(
+        "--acknowledge-networkpolicy-enforcement",
+        action="store_true",
+        help="proxy-pod: the cluster enforces NetworkPolicy (the workload's only egress is this proxy); without "
+        "it control refuses the topology. Recorded in status and events",
+    )
+    p.add_argument(
+        "--acknowledge-external-fence",
+        action="store_true",
+        help="the pod's NetworkPolicy is an enforcing fence (required for proxy-env)",
+    )
+    p.add_argument(
+        "--acknowledge-unprobed-fence",
+        action="store_true",
+        help='proxy-env without --fence-canary: the acknowledgement also says "no probe" (needed by both '
+        "daemons; status then shows the fence as acknowledged-unprobed)",
+    )
+    c.add_argument(
+        "--fence-canary",
+        metavar="ADDR:PORT",
+        help="proxy-env: control listens here (a literal IP of its own) and the boundary must fail to connect to "
+        "it from the pod before confirm, and every 30 s after; a connect that succeeds or a connection control "
+        "sees refuses confirm (later: enforcement lost). Use an address the pod would reach without its fence",
+    )
+    c.add_argument(
+        "--fence-canary-interval",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how often the canary round repeats after confirm (default %(default)g)",
+    )
+    p.add_argument("agent_argv", nargs="*", help="boundary: the agent's argv (after --)")
+    return p

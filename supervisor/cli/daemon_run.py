@@ -1,0 +1,309 @@
+"""Running a daemon from its parsed command line (``cli/daemon_args.py``): checks that name the flag at fault,
+the bootstrap bundle, the event log, then ``control.daemon``/``boundary.daemon``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from supervisor.cli.daemon_args import _err, _host_port, daemon_parser
+from supervisor.protocol.exit_codes import ExitCode
+
+
+def _raise_nofile_limit() -> None:
+    """Each relayed connection costs a daemon one or two descriptors: use all the hard limit allows."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def run_daemon(argv: list[str]) -> int:
+    from supervisor.protocol.certs import BundleError, load_bundle
+    from supervisor.protocol.claims import Role
+
+    args = daemon_parser().parse_args(argv)
+    _raise_nofile_limit()
+    stream = sys.stderr if args.log_stream == "stderr" else sys.stdout
+    role = Role(args.mode)
+    if role is Role.BOUNDARY:
+        return _run_boundary(args, stream)
+    try:
+        bundle = load_bundle(args.bootstrap, role)
+    except BundleError as exc:
+        _err(f"--bootstrap: {exc}")
+        return ExitCode.SELF_FAILED
+    log = _daemon_log(args, "control", bundle.claims.sandbox, stream)
+    if log is None:
+        return ExitCode.SELF_FAILED
+    return _run_control(args, bundle, log)
+
+
+def _daemon_log(args: argparse.Namespace, component: str, sandbox: str, stream: Any) -> Any:
+    """The daemon's JsonLog per ``--log-stream``/``--log-file``; ``None`` (reported) when the file cannot be opened."""
+    from supervisor.jsonlog import JsonLog, open_log_file
+
+    file = None
+    if args.log_file is not None:
+        try:
+            file = open_log_file(args.log_file)
+        except OSError as exc:
+            _err(f"--log-file: cannot open {args.log_file}: {exc.strerror or exc}")
+            return None
+    return JsonLog(component, stream=stream, sandbox=sandbox, file=file, to_stream=args.log_stream != "none")
+
+
+def _run_boundary(args: argparse.Namespace, stream: Any) -> int:
+    """The launcher is forked first: before any thread exists, and before the bundle's key is in our memory
+    (the launcher is a copy of this process and lives next to the workload)."""
+    from supervisor.boundary import daemon
+    from supervisor.boundary.process import Launcher, LauncherError, detect_privilege_model
+    from supervisor.protocol.certs import BundleError, load_bundle
+    from supervisor.protocol.claims import Role
+
+    if not args.agent_argv:
+        _err("--mode=boundary needs the agent's argv after --")
+        return ExitCode.USAGE
+    host, port = _host_port(args.listen, "--listen")
+    try:
+        model, reason = detect_privilege_model(args.privilege_model)
+    except LauncherError as exc:
+        _err(f"--privilege-model={args.privilege_model}: {exc}")
+        return ExitCode.SELF_FAILED
+    if (problem := _boundary_dirs_problem(args)) is not None:
+        _err(problem)
+        return ExitCode.SELF_FAILED
+    launcher = Launcher.fork()
+    try:
+        try:
+            bundle = load_bundle(args.bootstrap, Role.BOUNDARY)
+        except BundleError as exc:
+            _err(f"--bootstrap: {exc}")
+            return ExitCode.SELF_FAILED
+        if (problem := _workdir_problem(args.workdir)) is not None:
+            _err(f"--workdir: {problem}")
+            return ExitCode.USAGE
+        # The agent's own root holds the workdir at its real path (R, U): its cwd, HOME and Landlock use that.
+        real_workdir = os.path.realpath(args.workdir)
+        if (problem := _workdir_problem(real_workdir)) is not None:
+            _err(f"--workdir: {args.workdir} resolves to {real_workdir}: {problem}")
+            return ExitCode.USAGE
+        args.workdir = real_workdir
+        log = _daemon_log(args, "boundary", bundle.claims.sandbox, stream)  # after the fork: not the launcher's
+        if log is None:
+            return ExitCode.SELF_FAILED
+        cfg = daemon.BoundaryConfig(
+            bundle=bundle, agent_argv=tuple(args.agent_argv), listen_host=host, listen_port=port,
+            port_file=args.port_file, workdir=args.workdir, agent_stdio=args.agent_stdio, privilege_model=model,
+            model_reason=reason, hide_paths=tuple(args.hide_path), exit_linger_s=args.exit_linger,
+            acknowledge_external_fence=args.acknowledge_external_fence, tls_dir=args.tls_dir,
+            acknowledge_unprobed_fence=args.acknowledge_unprobed_fence,
+            tmp_size=args.tmp_size, shm_size=args.shm_size, pids_limit=args.pids_limit,
+            test_landlock_off=os.environ.get("OPENSHELL_TEST_LANDLOCK_OFF") == "1", log=log,
+        )  # fmt: skip
+        return daemon.run(cfg, launcher)
+    finally:
+        launcher.close()
+
+
+def _boundary_dirs_problem(args: argparse.Namespace) -> str | None:
+    """The trust directory is created now (never idle with one we cannot write); the tmpfs sizes parse."""
+    from supervisor.boundary.process.rootfs import RootError, check_size
+
+    try:
+        args.tmp_size = check_size(args.tmp_size, "--tmp-size")
+        args.shm_size = check_size(args.shm_size, "--shm-size")
+    except RootError as exc:
+        return str(exc)
+    tls_dir = Path(args.tls_dir)
+    try:
+        tls_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        if not os.access(tls_dir, os.W_OK | os.X_OK):
+            raise PermissionError(13, "not writable")
+    except OSError as exc:
+        return f"--tls-dir: cannot create or write {tls_dir}: {exc.strerror or exc}"
+    return None
+
+
+def _workdir_problem(workdir: str | None) -> str | None:
+    """The agent writes its workdir: refused wherever ``read_write`` would refuse it."""
+    from supervisor.protocol.writable_paths import writable_problem
+
+    if not workdir:
+        return "required (the agent's working directory; it is writable by the agent)"
+    if not workdir.startswith("/") or ".." in workdir.split("/"):
+        return f"{workdir!r} must be an absolute path without '..'"
+    problem = writable_problem(workdir)
+    return None if problem is None else f"{workdir!r} {problem} (the agent can write its workdir)"
+
+
+def _policy_digest(path: Path | None) -> str | None:
+    """``sha256:<hex>`` of the policy control starts with, compared in status with the one render recorded."""
+    import hashlib
+    from importlib import resources
+
+    try:
+        default = resources.files("supervisor.control").joinpath("default_policy.yaml")
+        data = path.read_bytes() if path else default.read_bytes()
+    except OSError:
+        return None
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
+    import ipaddress
+    import ssl
+
+    from supervisor.control import daemon
+    from supervisor.control.api import runtime_socket_path
+    from supervisor.control.credentials import Credentials, CredentialsError
+    from supervisor.control.egress import Interception
+    from supervisor.control.interception import load_or_create
+    from supervisor.control.l7 import upstream_context
+    from supervisor.control.local_net import Ipv6Egress, LocalNetwork
+    from supervisor.control.policy import PolicyInvalid, PolicyStore, compile_policy, load_policy_file
+    from supervisor.control.policy.schema import load_default_policy
+    from supervisor.control.policy.watch_safety import agent_writable_paths, decide_watch
+    from supervisor.control.upstream import UpstreamConfig, parse_dns_server
+    from supervisor.protocol.attach import CaptureMode
+    from supervisor.protocol.fence_canary import parse_canary
+
+    proxy = _proxy_topology(args)
+    if isinstance(proxy, int):
+        return proxy
+    if proxy is not None:
+        host, port = "", 0
+    elif not args.boundary:
+        _err("--mode=control needs --boundary HOST:PORT")
+        return ExitCode.USAGE
+    else:
+        host, port = _host_port(args.boundary, "--boundary")
+    try:
+        api_listen = _host_port(args.api_listen, "--api-listen") if args.api_listen else None
+    except argparse.ArgumentTypeError as exc:
+        _err(str(exc))
+        return ExitCode.USAGE
+    try:
+        policy = load_policy_file(args.policy) if args.policy else load_default_policy()
+    except PolicyInvalid as exc:
+        for error in exc.errors:
+            _err(str(error))
+        return ExitCode.SELF_FAILED
+    except OSError as exc:
+        _err(f"--policy: cannot read {args.policy}: {exc.strerror}")
+        return ExitCode.SELF_FAILED
+    source = str(args.policy) if args.policy else "embedded default (deny all)"
+    store = PolicyStore(compile_policy(policy), failure_mode=args.policy_failure_mode, source=source)
+    read_write = policy.filesystem_policy.read_write if policy.filesystem_policy is not None else ()
+    agent_writable = agent_writable_paths(args.agent_writable, read_write)
+    watch_file, watch_reason = decide_watch(args.policy_source or args.policy, args.no_policy_watch, agent_writable)
+    try:
+        uid_text, _, gid_text = args.agent_user.partition(":")
+        agent_uid, agent_gid = int(uid_text), int(gid_text or uid_text)
+    except ValueError:
+        _err(f"--agent-user must be UID:GID, got {args.agent_user!r}")
+        return ExitCode.USAGE
+    try:
+        dns_servers = [parse_dns_server(text) for text in args.dns_server]
+    except ValueError as exc:
+        _err(f"--dns-server: {exc}")
+        return ExitCode.USAGE
+    try:
+        interception = Interception(
+            ca=load_or_create(args.interception_ca, bundle.claims.sandbox),
+            credentials=Credentials.load(args.credentials),
+            upstream_ssl=upstream_context(extra_ca_file=str(args.upstream_ca) if args.upstream_ca else None),
+        )
+    except (CredentialsError, OSError, ssl.SSLError, ValueError) as exc:
+        _err(f"--credentials/--upstream-ca: {exc}")
+        return ExitCode.SELF_FAILED
+    try:
+        fence_canary = parse_canary(args.fence_canary) if args.fence_canary else None
+    except ValueError as exc:
+        _err(f"--fence-canary: {exc}")
+        return 2
+    if not 1.0 <= args.fence_canary_interval <= 3600.0:
+        _err(f"--fence-canary-interval: {args.fence_canary_interval:g} is not 1..3600 seconds")
+        return 2
+    try:
+        self_addresses = [ipaddress.ip_address(text) for text in args.self_address]
+    except ValueError as exc:
+        _err(f"--self-address: {exc}")
+        return ExitCode.USAGE
+    local_net = LocalNetwork(self_addresses, ipv6_egress=Ipv6Egress(args.ipv6_egress), log=log)
+    upstream = UpstreamConfig(
+        dns_servers=dns_servers, is_local=local_net.is_local, ipv6_egress=lambda: local_net.ipv6_egress
+    )
+    cfg = daemon.ControlConfig(
+        bundle=bundle, boundary_host=host, boundary_port=port, policy=store, local_net=local_net,
+        upstream=upstream, interception=interception,
+        api_path=args.api or runtime_socket_path(bundle.claims.sandbox), api_listen=api_listen,
+        agent_uid=agent_uid, agent_gid=agent_gid,
+        capture_mode=CaptureMode(args.capture_mode), acknowledge_external_fence=args.acknowledge_external_fence,
+        fence_canary=fence_canary, acknowledge_unprobed_fence=args.acknowledge_unprobed_fence,
+        canary_interval_s=args.fence_canary_interval,
+        policy_file=watch_file, policy_watch_reason=watch_reason, agent_writable=agent_writable, log=log,
+        policy_digest=_policy_digest(args.policy),
+        proxy=proxy, relaxed_identity=args.binary_identity == "relaxed",
+        networkpolicy_acknowledged=args.acknowledge_networkpolicy_enforcement,
+    )  # fmt: skip
+    return daemon.run(cfg)
+
+
+def _proxy_topology(args: argparse.Namespace) -> Any:
+    """The proxy listener's config for ``--topology=proxy-pod`` (None for the boundary topology), or an exit
+    code after saying which flag is wrong."""
+    from supervisor.control.proxy_listener import ProxyListenConfig, parse_clients
+
+    given = (("--proxy-listen", args.proxy_listen), ("--proxy-token-file", args.proxy_token_file),
+             ("--proxy-clients", args.proxy_clients))  # fmt: skip
+    proxy_flags = [flag for flag, value in given if value]
+    if args.topology != "proxy-pod":
+        if proxy_flags:
+            _err(f"{', '.join(proxy_flags)} only apply to --topology=proxy-pod")
+            return ExitCode.USAGE
+        return None
+    problems = []
+    if args.boundary:
+        problems.append("--boundary does not apply: the proxy-pod topology has no boundary")
+    if args.binary_identity != "relaxed":
+        problems.append("--topology=proxy-pod requires --binary-identity=relaxed (no process to identify behind a "
+                        "pod's address: only destinations are decided)")  # fmt: skip
+    if not args.acknowledge_networkpolicy_enforcement:
+        problems.append("--topology=proxy-pod requires --acknowledge-networkpolicy-enforcement: without an "
+                        "enforcing NetworkPolicy the workload could bypass the proxy")  # fmt: skip
+    if not args.proxy_listen:
+        problems.append("--topology=proxy-pod needs --proxy-listen ADDR:PORT")
+    if not args.proxy_token_file:
+        problems.append("--topology=proxy-pod needs --proxy-token-file")
+    if args.proxy_max_connections < 1 or args.proxy_per_client < 1:
+        problems.append("--proxy-max-connections and --proxy-per-client must be at least 1")
+    if problems:
+        for problem in problems:
+            _err(problem)
+        return ExitCode.USAGE
+    try:
+        listen = _host_port(args.proxy_listen, "--proxy-listen")
+        clients = parse_clients(args.proxy_clients)
+    except (argparse.ArgumentTypeError, ValueError) as exc:
+        _err(f"--proxy-listen/--proxy-clients: {exc}")
+        return ExitCode.USAGE
+    try:
+        token = args.proxy_token_file.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        _err(f"--proxy-token-file: cannot read {args.proxy_token_file}: {exc}")
+        return ExitCode.SELF_FAILED
+    if len(token) < 16 or not token.isascii() or not all(c.isalnum() or c in "-_." for c in token):
+        _err(f"--proxy-token-file: {args.proxy_token_file} must hold one token of at least 16 characters "
+             "[A-Za-z0-9._-]")  # fmt: skip
+        return ExitCode.SELF_FAILED
+    return ProxyListenConfig(host=listen[0], port=listen[1], token=token, clients=clients,
+                             max_connections=args.proxy_max_connections, per_client=args.proxy_per_client)  # fmt: skip
+
+
+# -- operator subcommands ----------------------------------------------------------------------------------------
