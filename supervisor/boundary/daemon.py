@@ -1,5 +1,9 @@
 """The boundary daemon: listens for control, runs the lifecycle, owns the workload.
 
+Size (over ~500 lines on purpose): the daemon is the lifecycle's one owner — every operation handler checks and
+advances the same state and workload; what it drives (capture, process table, egress, confinement, trust) are
+modules of their own.
+
 Order of events in a boundary's life:
 
 1. ``main`` loads the bootstrap bundle (refusing the other role's key), picks the privilege model and forks the

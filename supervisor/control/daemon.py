@@ -1,5 +1,8 @@
 """The control daemon: holds the policy, dials the boundary, drives its lifecycle, serves the operator API.
 
+Size (over ~500 lines on purpose): the lifecycle driver, the links, the policy acknowledgements and status share the
+daemon's state; the API, the egress pipeline and the policy store are modules of their own.
+
 Control always dials; the boundary only listens. The ops link is redialled with capped exponential backoff
 whenever it drops. On a fresh boundary control runs ``attach → confirm → start``; on a boundary that is
 already bound (control restarted, or the link dropped) it calls ``resume`` instead — never a second attach.

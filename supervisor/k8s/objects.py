@@ -1,5 +1,8 @@
 """The non-secret objects of one sandbox, as plain dicts (pure functions of a ``RenderSpec``).
 
+Size (over ~500 lines on purpose): one pure function per object of a sandbox's companion set, rendered together from
+one RenderSpec.
+
 What each object is for, and why its fields are what they are, is docs/kubernetes.md; the rules that matter
 for containment are repeated here next to the code:
 

@@ -1,5 +1,8 @@
 """HTTP/2 over one trio byte stream, turned into trio streams (one per HTTP/2 stream).
 
+Size (over ~500 lines on purpose): one connection's reader, writer, flow control and stream objects share h2's state
+machine and change together.
+
 Both daemons speak it: control is the HTTP/2 client on ``openshell-ops/1`` links and the boundary is the client
 on ``openshell-egress/1`` links. The h2 state machine is sans-I/O; this module owns the I/O around it and turns
 h2 events into a small vocabulary once, so that everything above speaks only :class:`LinkStream`.

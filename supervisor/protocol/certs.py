@@ -1,5 +1,7 @@
 """Bootstrap bundles: a per-sandbox CA and one leaf per role, minted and loaded (docs/design.md "Settled details").
 
+Size (over ~500 lines on purpose): minting and loading are the two halves of one bundle format, kept in one place.
+
 Rules this module enforces:
 
 1. One CA per sandbox (ECDSA P-256, CA:TRUE, pathlen 0, keyCertSign). Its key signs the two leaves and is

@@ -1,5 +1,8 @@
 """Binary identity of the process behind an accepted connection (docs/spec/boundary.md §4.2).
 
+Size (over ~500 lines on purpose): the resolver's stages (socket → connect record → owners → executable and
+ancestors), their budget and their failure kinds are one decision path.
+
 Rules:
 
 1. Resolution runs for every accepted capture/proxy connection before a byte is read from it, and any

@@ -1,5 +1,7 @@
 """The boundary's table of workload processes: handles, wait results, signals, terminate (spec §2.3–§2.8).
 
+Size (over ~500 lines on purpose): handles, results, signals and terminate all act on the one table's entries.
+
 Rules:
 
 1. A handle is ``p_`` + 16 random hex digits, issued once per process instance and never reused; it is pinned

@@ -1,5 +1,9 @@
 """One inspected connection: terminate TLS if asked, then judge and forward HTTP/1.1 requests one by one.
 
+Size (over ~500 lines on purpose): one connection's state machine — TLS, sniffing, each request, the upstream,
+upgrades — whose methods share that connection's state (streams, idle clock, policy generation); the pure pieces are
+already beside it (record, answers, rewrite, websocket, sniff, head).
+
 Theory of operation
 -------------------
 ``inspect`` serves the agent's side of one connection that control has already admitted at L4, on any
