@@ -25,9 +25,10 @@ from supervisor.boundary.capture.canary import probe_canary
 from tests.integration.test_fence_canary import CLI, _events, _wait, p_sandbox
 
 # The agent's part: hold every port of the namespace's ephemeral range with bind() alone, in as many processes as
-# the file-descriptor limit needs, then stay. Prints how many ports it holds and which one it dials out from.
+# the file-descriptor limit needs, then stay (and dial out from one of them, were the fence gone). Prints how
+# many it holds.
 HOLD_PORTS = r"""
-import os, resource, socket, sys, time
+import os, resource, socket, time
 low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -95,7 +96,7 @@ def test_agent_holding_every_ephemeral_port_cannot_hide_a_removed_fence(tmp_path
         assert code != 0
 
 
-async def test_probe_failures_that_a_fence_does_not_cause_are_inconclusive() -> None:
+async def test_a_refused_probe_is_the_fences_and_conclusive() -> None:
     """Unit-level: a refused connect (a REJECT's RST) is how a fence fails a connect: conclusive."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))  # bound, not listening: a connect to it is refused
