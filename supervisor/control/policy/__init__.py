@@ -4,7 +4,8 @@ Everything here is pure except ``store`` (which reads the policy file and, in ``
 """
 
 from .compiled import CompiledEndpoint, CompiledPolicy, compile_policy
-from .decide import Decision, DenyReason, L4Request, Verdict, decide_l4, decide_l7, quarantine_decision
+from .decide import decide_l4, decide_l7, quarantine_decision
+from .decision import Decision, DenyReason, L4Request, Verdict
 from .errors import PolicyError, PolicyInvalid, PolicyWarning
 from .hosts import normalize_request_host
 from .identity import BinaryIdentity, DigestPins, PinViolation

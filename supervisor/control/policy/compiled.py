@@ -20,14 +20,11 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from .decision import Decision
 from .globs import Glob, HostGlob, compile_host_glob, compile_path_glob, compile_value_glob
 from .identity import BinaryIdentity
 from .model import AccessPreset, Endpoint, L7Rule, NetworkRule, Policy, Protocol
-
-if TYPE_CHECKING:
-    from .decide import Decision
 
 _PRESETS: dict[tuple[Protocol, AccessPreset], tuple[str, ...]] = {
     (Protocol.REST, AccessPreset.READ_ONLY): ("GET", "HEAD", "OPTIONS"),

@@ -18,112 +18,17 @@ Rules:
 
 from __future__ import annotations
 
-import enum
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
 from .compiled import CompiledEndpoint, CompiledL7Rule, CompiledPolicy
+from .decision import Decision, DenyReason, L4Request, Verdict
 from .hosts import normalize_request_host
 from .identity import BinaryIdentity, DigestPins
 from .model import Enforcement, Protocol
 from .paths import TargetError, canonicalize_target, parse_query
 
 _METHOD = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-
-
-class Verdict(enum.StrEnum):
-    ALLOW = "allow"
-    DENY = "deny"
-
-
-class DenyReason(enum.StrEnum):
-    POLICY_QUARANTINED = "policy-quarantined"
-    NO_NETWORK_POLICIES = "no-network-policies"
-    NO_MATCHING_ENDPOINT = "no-matching-endpoint"
-    BINARY_NOT_ALLOWED = "binary-not-allowed"
-    BINARY_DIGEST_CHANGED = "binary-digest-changed"
-    BINARY_DIGEST_MISSING = "binary-digest-missing"
-    IDENTITY_MISSING = "identity-missing"
-    INVALID_HOST = "invalid-host"
-    INVALID_PORT = "invalid-port"
-    L4_DENIED = "l4-denied"
-    L7_DENIED = "l7-denied"
-    L7_NO_ALLOW_RULE = "l7-no-allow-rule"
-    L7_NO_ENDPOINT_PATH = "l7-no-endpoint-path"
-    PATH_NOT_CANONICAL = "path-not-canonical"
-    ENCODED_SLASH = "encoded-slash"
-    QUERY_INVALID = "query-invalid"
-    METHOD_INVALID = "method-invalid"
-
-
-@dataclass(frozen=True, slots=True)
-class L4Request:
-    host: str  # as the client asked: name or IP literal, any case, maybe a trailing dot
-    port: int
-    identity: BinaryIdentity | None
-    relaxed: bool = False  # endpoint-only identity: binaries and digest pins are not decided on
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    verdict: Verdict
-    rule: str | None
-    endpoint: str | None  # "github[0]" when an endpoint matched, else "host:port"
-    reason: DenyReason | None
-    audit: bool = False  # enforcement: audit turned this denial into an allow
-    l7: bool = False  # the endpoint asks for L7 inspection: control must parse and call decide_l7
-    detail: str = ""  # one human sentence, safe to log and to return in a 403 body
-    host: str = ""  # normalised destination host
-    port: int = 0
-    rules: tuple[str, ...] = ()  # every rule key whose endpoint and binary matched (L7 unions over these)
-    tls_skip: bool = False  # raw tunnel: no TLS termination, no L7, no credentials
-    allowed_ips: tuple[str, ...] = ()  # SSRF allowlist from the governing endpoint
-    exact_host: bool = False  # a matching rule names this host exactly (not by glob): §3.5 ExactDeclaredHost
-    transparent: bool = False  # a ``protocol: tcp`` endpoint matched
-    method: str | None = None  # L7 only
-    path: str | None = None  # L7 only: the canonical path, which is what must be sent upstream
-    query: str | None = None  # L7 only: verbatim query (never logged by to_json)
-    l7_rule: str | None = field(default=None)  # L7 only: "rules[1]", "deny_rules[0]", "access:read-only"
-
-    @property
-    def allowed(self) -> bool:
-        return self.verdict is Verdict.ALLOW
-
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "result": str(self.verdict),
-            "rule": self.rule,
-            "endpoint": self.endpoint,
-            "reason": None if self.reason is None else str(self.reason),
-            "audit": self.audit,
-            "l7": self.l7,
-            "detail": self.detail,
-            "destination": f"{self.host}:{self.port}" if self.host else None,
-        }
-        if self.allowed and not self.method:
-            body["tls"] = "skip" if self.tls_skip else "auto"
-            if self.allowed_ips:
-                body["allowed_ips"] = list(self.allowed_ips)
-        if self.method is not None:
-            body["method"] = self.method
-            body["path"] = self.path  # query-free: query strings are never logged (§4.1)
-            if self.l7_rule is not None:
-                body["l7_rule"] = self.l7_rule
-        return body
-
-    def describe(self) -> str:
-        """One line for people: ``allow github (github[0]) api.github.com:443`` / ``deny ...: reason: detail``."""
-        where = f"{self.host}:{self.port}" if self.host else "-"
-        if self.method is not None:
-            where += f" {self.method} {self.path}"
-        if self.allowed and not self.audit:
-            if self.l7_rule is not None:
-                return f"allow {self.rule} ({self.endpoint}) {where} by {self.l7_rule}"
-            return f"allow {self.rule} ({self.endpoint}) {where}" + (" [L7 inspected]" if self.l7 else "")
-        if self.audit:
-            return f"allow (audit; would deny: {self.reason}) {self.rule} ({self.endpoint}) {where}: {self.detail}"
-        return f"deny {where}: {self.reason}: {self.detail}"
 
 
 def _deny(reason: DenyReason, detail: str, host: str, port: int, **extra: Any) -> Decision:

@@ -37,7 +37,8 @@ from typing import Any, Literal
 import trio
 
 from .compiled import CompiledPolicy, compile_policy
-from .decide import Decision, L4Request, decide_l4, decide_l7, quarantine_decision
+from .decide import decide_l4, decide_l7, quarantine_decision
+from .decision import Decision, L4Request
 from .errors import PolicyError, PolicyInvalid, PolicyWarning
 from .identity import DigestPins
 from .schema import load_policy_text
