@@ -25,89 +25,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
+from supervisor.cli.dev_common import DevOptions, _console, _die_with_dev, _entry, _stop, dev_claims
 from supervisor.cli.dev_confinement import DevSetupError, prepare, resolve_model
-from supervisor.cli.dev_console import Console, EventsTail
 from supervisor.cli.state_dirs import StateDirError, ensure_sandbox_state_dir, events_path
 from supervisor.protocol.certs import issue_bundle
-from supervisor.protocol.claims import Claims
 from supervisor.protocol.exit_codes import ExitCode
 
 PORT_WAIT_S = 30.0
 CONTROL_RESTARTS = 5
-
-
-@dataclass
-class DevOptions:
-    argv: list[str]
-    policy: Path | None = None
-    dns_servers: tuple[str, ...] = ()
-    privilege_model: str = "auto"
-    workdir: str | None = None  # None: <state dir>/work (supervisor/cli/dev_confinement.py)
-    agent_user: str | None = None
-    acknowledge_external_fence: bool = False
-    credentials: Path | None = None
-    upstream_ca: Path | None = None
-    log_format: str = "text"  # "text": human lines on stderr; "json": the daemons' JSON events on stderr
-    quiet: bool = False  # nothing of ours on stderr (fatal errors aside)
-    ipv6_egress: str = "auto"  # control's --ipv6-egress
-    self_addresses: tuple[str, ...] = ()  # control's --self-address
-    api_listen: str | None = None  # control's --api-listen ADDR:PORT; an operator bundle is minted for it
-    pids_limit: int | None = None  # the boundary's --pids-limit (None: its default)
-    topology: str = "boundary"  # "proxy-pod": supervisor/cli/dev_proxy_pod.py
-
-
-def dev_claims(sandbox: str) -> Claims:
-    return Claims(
-        namespace="dev",
-        sandbox=sandbox,
-        sandbox_uid=secrets.token_hex(16),
-        control_deployment=f"os-ctl-{sandbox}",
-        network_policy=f"os-np-{sandbox}",
-        image="local/dev",
-        generation=1,
-        policy_resource=f"File/{sandbox}-policy",
-    )
-
-
-def _die_with_dev() -> None:
-    """In the daemon child before exec: SIGTERM it when dev mode itself dies, however it dies (dev is single-
-    threaded when it starts them, so this pre-exec hook is safe)."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _entry() -> list[str]:
-    return [sys.executable, "-m", "supervisor.cli"]
-
-
-def _default_policy_file() -> Path:
-    return Path(__file__).resolve().parent.parent / "control" / "default_policy.yaml"
-
-
-def _console(opts: DevOptions, sandbox: str) -> tuple[Callable[[], None], Callable[[str], None]]:
-    """The tick that prints new human lines from the events file, and how dev mode says anything itself."""
-
-    def say(message: str) -> None:
-        if not opts.quiet:
-            print(message, file=sys.stderr, flush=True)
-
-    if opts.quiet or opts.log_format == "json":
-        return (lambda: None), say
-    policy = opts.policy.resolve() if opts.policy is not None else _default_policy_file()
-    label = str(opts.policy) if opts.policy is not None else "embedded deny-all"
-    console = Console(sandbox=sandbox, policy=policy, policy_label=label, events_path=events_path(sandbox))
-    tail = EventsTail(events_path(sandbox))
-
-    def tick() -> None:
-        for event in tail.read():
-            for line in console.lines_for(event):
-                say(line)
-
-    return tick, say
 
 
 def run_dev(opts: DevOptions) -> int:
@@ -254,13 +181,3 @@ def _finish(
     if code < 0:  # the boundary itself died of a signal
         return default
     return code
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()

@@ -31,16 +31,13 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from supervisor.cli.dev_common import DevOptions, _console, _die_with_dev, _entry, _stop, dev_claims
 from supervisor.cli.state_dirs import StateDirError, ensure_sandbox_state_dir, events_path
 from supervisor.protocol.certs import issue_bundle
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_codes import ExitCode
 from supervisor.protocol.proxy_head import proxy_environment, proxy_url
-
-if TYPE_CHECKING:
-    from supervisor.cli.dev import DevOptions
 
 PROXY_PORT = 3128
 START_WAIT_S = 30.0
@@ -158,8 +155,6 @@ def _wait_listening(log: Path, control: subprocess.Popen[bytes]) -> bool:
 
 
 def run_proxy_pod(opts: DevOptions) -> int:
-    from supervisor.cli.dev import _console, _die_with_dev, _entry, _stop, dev_claims
-
     if os.geteuid() != 0:
         print("openshell-sandbox: dev --topology proxy-pod needs root: it creates the agent's network namespace, "
               "a veth pair and its filter (the boundary topology runs without)", file=sys.stderr)  # fmt: skip

@@ -136,7 +136,8 @@ def run_command(argv: list[str]) -> int:
         command_parser().print_help(sys.stderr)
         return ExitCode.USAGE
     if args.command == "dev":
-        from supervisor.cli.dev import DevOptions, run_dev
+        from supervisor.cli.dev import run_dev
+        from supervisor.cli.dev_common import DevOptions
 
         if args.privilege_model == "P" and not args.acknowledge_external_fence:
             _err(
