@@ -53,6 +53,18 @@ def start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User plus system CPU time the processes have used so far, threads included (fields 14-15 of
+    /proc/PID/stat); a process that is gone counts 0."""
+    ticks = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = (PROC / str(pid) / "stat").read_text()
+            fields = stat[stat.rfind(")") + 2 :].split()
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def parse_status_kib(text: str, field: str) -> int | None:
     """The value in KiB of a ``Field:   1234 kB`` line of /proc/PID/status."""
     for line in text.splitlines():

@@ -89,6 +89,9 @@ SETUP = (
     Metric("p99", "ms", headline=False),
     # connections completed: fewer than asked when the time budget ended the batch (harness.budget_notes says so)
     Metric("conns", "conns", ratio=False, higher_is_better=True, headline=False),
+    # CPU time of all the contender's processes per connection made: what a connection costs the proxy,
+    # whatever else the shared machine runs meanwhile (wall-clock latency also counts waiting for a CPU)
+    Metric("CPU/conn", "ms", headline=False),
 )
 SETUP_DERIVED = (Metric("added p50", "ms", ratio=False), Metric("added p99", "ms", ratio=False))
 IDLE = (
@@ -110,34 +113,50 @@ def _bulk(direction: Direction) -> Callable[[Probe], Outcome]:
     return measure
 
 
-def _setup_outcome(result: clients.SetupResult) -> Outcome:
+def _setup_outcome(result: clients.SetupResult, cpu_s: float | None = None) -> Outcome:
     if not result.latencies:
-        return Outcome({"conns/s": None, "p50": None, "p99": None, "conns": 0.0}, result.errors, result.error_kinds)
+        values: dict[str, float | None] = {"conns/s": None, "p50": None, "p99": None, "conns": 0.0, "CPU/conn": None}
+        return Outcome(values, result.errors, result.error_kinds)
     return Outcome(
         {
             "conns": float(len(result.latencies)),  # fewer than asked when the budget ran out
             "conns/s": result.conns_per_s,
             "p50": percentile(result.latencies, 50) * 1e3,
             "p99": percentile(result.latencies, 99) * 1e3,
+            "CPU/conn": cpu_s / len(result.latencies) * 1e3 if cpu_s is not None else None,
         },
         result.errors,
         result.error_kinds,
     )
 
 
+def _contender_pids(probe: Probe) -> list[int]:
+    return [pid for group in probe.contender.pid_groups().values() for pid in group]
+
+
+def _cpu_during(probe: Probe, run: Callable[[], clients.SetupResult]) -> Outcome:
+    """``run()``'s outcome with the CPU time the contender's processes used meanwhile (none for direct)."""
+    pids = _contender_pids(probe)
+    before = procstat.cpu_seconds(pids)
+    result = run()
+    return _setup_outcome(result, procstat.cpu_seconds(pids) - before if pids else None)
+
+
 def measure_sequential(probe: Probe) -> Outcome:
     cfg = probe.config
-    return _setup_outcome(
-        probe.client.setup_sequential(probe.proxy, probe.echo, cfg.sequential, cfg.timeout, cfg.setup_budget)
+    return _cpu_during(
+        probe,
+        lambda: probe.client.setup_sequential(probe.proxy, probe.echo, cfg.sequential, cfg.timeout, cfg.setup_budget),
     )
 
 
 def measure_concurrent(probe: Probe) -> Outcome:
     cfg = probe.config
-    return _setup_outcome(
-        probe.client.setup_concurrent(
+    return _cpu_during(
+        probe,
+        lambda: probe.client.setup_concurrent(
             probe.proxy, probe.echo, cfg.concurrent, cfg.concurrency, cfg.timeout, cfg.setup_budget
-        )
+        ),
     )
 
 

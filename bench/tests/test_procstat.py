@@ -7,11 +7,13 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
 from bench.procstat import (
     bound_sockets,
+    cpu_seconds,
     memory,
     parse_proc_net_address,
     parse_status_kib,
@@ -19,6 +21,21 @@ from bench.procstat import (
     reset_peak,
     start_time,
 )
+
+
+def test_cpu_seconds_counts_a_busy_child_and_nothing_for_the_gone() -> None:
+    spin = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\ninput()"
+    busy = subprocess.Popen([sys.executable, "-c", spin], stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while cpu_seconds([busy.pid]) < 0.25 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cpu_seconds([busy.pid]) >= 0.25
+    finally:
+        busy.communicate(b"\n", timeout=30)
+    assert cpu_seconds([busy.pid]) == 0.0  # reaped: nothing to count
+    assert cpu_seconds([]) == 0.0
+
 
 STATUS = "Name:\tx\nVmHWM:\t   2048 kB\nVmRSS:\t   1024 kB\n"
 
