@@ -24,7 +24,6 @@ Theory of operation
 
 from __future__ import annotations
 
-import collections
 import struct
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -95,6 +94,7 @@ CONNECTION_WINDOW = 64 * 1024 * 1024
 MAX_FRAME = 256 * 1024
 MAX_CONCURRENT_STREAMS = 32768  # per link; control keeps 2, so ~65k captured connections at once
 READ_SIZE = 256 * 1024
+COALESCE_BELOW, COALESCE_UPTO = 16 * 1024, 256 * 1024  # received payloads gathered: smaller ones, up to this
 ACK_BATCH = 1024 * 1024  # consumed bytes handed back to the peer at once while more are buffered (< STREAM_WINDOW)
 FINISH_GRACE_S = 5.0
 
@@ -112,9 +112,10 @@ class LinkStream(trio.abc.HalfCloseableStream):
         #: request headers on the server side; response headers on the client side once received.
         self.headers: Headers = headers or []
         self._response = trio.Event()
-        # received DATA payloads not yet read, in order (h2 hands each frame's payload as its own bytes object,
-        # returned as it is when it fits a read: no copy); ``_offset`` bytes of the first were read already
-        self._chunks: collections.deque[bytes] = collections.deque()
+        # received DATA payloads not yet read, in order: a large one as the bytes object h2 made (returned as it
+        # is when it fits a read: no copy), small ones gathered into a bytearray (a peer sending one-byte frames
+        # must not cost an object per byte of the window); ``_offset`` bytes of the first were read already
+        self._chunks: list[bytes | bytearray] = []
         self._offset = 0
         self._buffered = 0
         self._unacked = 0
@@ -338,17 +339,21 @@ class LinkStream(trio.abc.HalfCloseableStream):
         chunks = self._chunks
         first = chunks[0]
         if self._offset == 0 and len(first) <= size:  # whole payloads: as they are, joined only if several fit
-            taken = [chunks.popleft()]
-            total = len(first)
-            while chunks and total + len(chunks[0]) <= size:
-                total += len(chunks[0])
-                taken.append(chunks.popleft())
+            count, total = 1, len(first)
+            while count < len(chunks) and total + len(chunks[count]) <= size:
+                total += len(chunks[count])
+                count += 1
+            taken = chunks[:count]
+            del chunks[:count]
             self._buffered -= total
-            return taken[0] if len(taken) == 1 else b"".join(taken)
+            if count == 1:
+                return first if type(first) is bytes else bytes(first)
+            return b"".join(taken)
         end = min(self._offset + size, len(first))
-        data = first[self._offset : end]
+        with memoryview(first) as view:
+            data = bytes(view[self._offset : end])
         if end == len(first):
-            chunks.popleft()
+            del chunks[0]
             self._offset = 0
         else:
             self._offset = end
@@ -357,7 +362,13 @@ class LinkStream(trio.abc.HalfCloseableStream):
 
     def _on_data(self, data: bytes, flow_controlled_length: int) -> None:
         if data:
-            self._chunks.append(data)
+            chunks = self._chunks
+            if len(data) >= COALESCE_BELOW:
+                chunks.append(data)
+            elif chunks and type(chunks[-1]) is bytearray and len(chunks[-1]) < COALESCE_UPTO:
+                chunks[-1] += data
+            else:
+                chunks.append(bytearray(data))
             self._buffered += len(data)
         self._unacked += len(data)
         padding = flow_controlled_length - len(data)

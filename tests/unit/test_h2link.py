@@ -255,3 +255,36 @@ async def test_a_slow_reader_hands_window_back_in_batches_and_never_stalls() -> 
             assert await stream.receive_some() == b""
     assert got == size
     assert updates <= 30, updates  # 11 here; one per read before (80 here)
+
+
+async def test_one_byte_frames_are_gathered_not_kept_one_object_each() -> None:
+    """A peer that sends a window's worth of one-byte DATA frames to a reader that is not reading must not cost an
+    object (~40 bytes) per byte: small payloads are gathered as they arrive, and come out intact and in order."""
+    count = 20_000
+    release = trio.Event()
+    got = bytearray()
+    streams: list[LinkStream] = []
+
+    async def late_reader(stream: LinkStream) -> None:
+        streams.append(stream)
+        await stream.send_headers([(":status", "200")])
+        await release.wait()
+        while data := await stream.receive_some(7):
+            got.extend(data)
+        await stream.send_eof()
+
+    async with link_pair(late_reader) as (client, _server):
+        stream = await client.open_stream(REQ)
+        await stream.response()
+        payload = bytes(i % 251 for i in range(count))
+        for i in range(count):
+            await stream.send_all(payload[i : i + 1])  # one DATA frame each
+        await stream.send_eof()
+        with trio.fail_after(10):
+            while not streams or streams[0]._buffered < count:  # everything arrived, nothing read yet
+                await trio.lowlevel.checkpoint()
+        assert len(streams[0]._chunks) <= 2
+        release.set()
+        with trio.fail_after(10):
+            assert await stream.receive_some() == b""
+    assert bytes(got) == payload
