@@ -23,7 +23,9 @@ operator commands (find the running sandbox's API socket by themselves; --api to
   dev       run CMD as the agent in a local two-process sandbox
   status    show the sandbox's status (readiness, lifecycle, policy)
   logs      show control's recent events; -f follows them (--event KIND, --json)
+  readyz    exit 0 when the sandbox is ready, 1 with the failing conditions
   exec      run a command in the workload (-i for stdin, -t for a terminal)
+  attach    re-attach to a running exec by its handle (after its client died): buffered tail, then exit code
   wait      wait for a process handle's result
   signal    send a signal to a process handle
   terminate terminate a process handle and its descendants
@@ -68,7 +70,11 @@ def daemon_parser() -> argparse.ArgumentParser:
         "the pod has no IPv6)",
     )
     b.add_argument("--port-file", type=Path, help="write the bound port here once listening")
-    b.add_argument("--privilege-model", default="auto", choices=["auto", "R", "U", "P"], help="see docs")
+    b.add_argument(
+        "--privilege-model", default="auto", choices=["auto", "R", "U", "P"],
+        help="auto (default): the strongest the boundary can have (R root with capabilities, U user namespaces, "
+        "P nothing: proxy-env only); R, U or P forces one (docs/design.md \"Privilege models\")",
+    )  # fmt: skip
     b.add_argument(
         "--workdir", help="the agent's working directory, writable by it (required; never / nor under /proc)"
     )
@@ -80,13 +86,19 @@ def daemon_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--shm-size", default="64m", help="R and U: size of the agent's private /dev/shm (default %(default)s)"
     )
-    b.add_argument("--exit-linger", type=float, default=60.0, help="seconds to wait for control's exit ack")
+    b.add_argument(
+        "--exit-linger", type=float, default=60.0, help="seconds to wait for control's exit ack (default %(default)g)"
+    )
     b.add_argument(
         "--pids-limit", type=int, default=1024, metavar="N",
         help="at most N workload processes (a cgroup's pids.max under the boundary's own cgroup, v1 or delegated "
         "v2; default %(default)s); where no cgroup is writable, or with 0, status reports limits.pids: unenforced",
     )  # fmt: skip
-    b.add_argument("--agent-stdio", choices=["inherit", "pipe"], default="inherit")
+    b.add_argument(
+        "--agent-stdio", choices=["inherit", "pipe"], default="inherit",
+        help="inherit (default): the agent writes to the boundary's stdin/stdout/stderr; pipe: the boundary "
+        "reads its output and logs it as process.output events",
+    )  # fmt: skip
     b.add_argument(
         "--tls-dir",
         type=Path,
@@ -97,7 +109,11 @@ def daemon_parser() -> argparse.ArgumentParser:
     c = p.add_argument_group("control")
     c.add_argument("--boundary", help="HOST:PORT of the boundary to dial")
     c.add_argument("--policy", type=Path, help="policy YAML (default: the embedded deny-all policy)")
-    c.add_argument("--policy-failure-mode", choices=["fail-closed", "retain-last-valid"], default="fail-closed")
+    c.add_argument(
+        "--policy-failure-mode", choices=["fail-closed", "retain-last-valid"], default="fail-closed",
+        help="a policy file that turns invalid: fail-closed (default) denies all new egress until a valid "
+        "revision loads; retain-last-valid keeps deciding with the last valid one",
+    )  # fmt: skip
     c.add_argument(
         "--policy-source",
         type=Path,
@@ -129,7 +145,11 @@ def daemon_parser() -> argparse.ArgumentParser:
         help="UID:GID of the agent in model R and in model U under root (never 0); default %(default)s",
     )
     c.add_argument("--dns-server", action="append", default=[], help="resolver ADDR[:PORT] (repeatable)")
-    c.add_argument("--capture-mode", choices=["netns", "proxy-env"], default="netns")
+    c.add_argument(
+        "--capture-mode", choices=["netns", "proxy-env"], default="netns",
+        help="netns (default): the agent's own network namespace, only lo, every connection captured; "
+        "proxy-env: only the proxy variables (model P), needs --acknowledge-external-fence on both daemons",
+    )  # fmt: skip
     c.add_argument(
         "--credentials", type=Path, help="credentials file (secrets control injects; the agent sees placeholders)"
     )
@@ -181,7 +201,12 @@ def daemon_parser() -> argparse.ArgumentParser:
         metavar="CIDR",
         help="proxy-pod: only these source networks are served (repeatable; an extra check behind the NetworkPolicy)",
     )
-    t.add_argument("--proxy-max-connections", type=int, default=1024, help="proxy-pod: concurrent connections cap")
+    t.add_argument(
+        "--proxy-max-connections",
+        type=int,
+        default=1024,
+        help="proxy-pod: concurrent connections cap (default %(default)s)",
+    )
     t.add_argument(
         "--proxy-per-client",
         type=int,
@@ -217,8 +242,9 @@ def daemon_parser() -> argparse.ArgumentParser:
         "--fence-canary",
         metavar="ADDR:PORT",
         help="proxy-env: control listens here (a literal IP of its own) and the boundary must fail to connect to "
-        "it from the pod before confirm, and every 30 s after; a connect that succeeds or a connection control "
-        "sees refuses confirm (later: enforcement lost). Use an address the pod would reach without its fence",
+        "it from the pod before confirm, and every --fence-canary-interval after; a connect that succeeds or a "
+        "connection control sees refuses confirm (later: enforcement lost). Use an address the pod would reach "
+        "without its fence",
     )
     c.add_argument(
         "--fence-canary-interval",

@@ -41,7 +41,9 @@ def command_parser() -> argparse.ArgumentParser:
                      help="control's --ipv6-egress: off answers the agent's AAAA queries with no records")  # fmt: skip
     dev.add_argument("--self-address", action="append", default=[], metavar="ADDR",
                      help="control's --self-address: an address control never dials (repeatable)")  # fmt: skip
-    dev.add_argument("--privilege-model", default="auto", choices=["auto", "R", "U", "P"])
+    dev.add_argument("--privilege-model", default="auto", choices=["auto", "R", "U", "P"],
+                     help="the boundary's model: auto (default) the strongest it can have, R (root), U (user "
+                     "namespaces) or P (no namespace; needs --acknowledge-external-fence)")  # fmt: skip
     dev.add_argument(
         "--api-listen",
         metavar="ADDR:PORT",
@@ -99,17 +101,17 @@ def command_parser() -> argparse.ArgumentParser:
     ex.add_argument("-t", "--tty", action="store_true", help="allocate a terminal")
     ex.add_argument("--env", action="append", default=[], metavar="K=V", help="environment (repeatable)")
     ex.add_argument("--workdir", help="working directory in the workload")
-    ex.add_argument("--timeout", type=float, default=0, help="terminate after this many seconds (0: never)")
+    ex.add_argument("--timeout", type=float, default=0, help="terminate after this many seconds, exit 124 (0: never)")
     ex.add_argument("argv", nargs="+", metavar="CMD")
 
     att = with_api(sub.add_parser(
         "attach", help="re-attach to a running exec's output (the buffered tail first, then until it exits)",
     ))  # fmt: skip
-    att.add_argument("handle", help="the exec's process handle (status lists them)")
+    att.add_argument("handle", help="the exec's process handle (status --json lists them)")
 
     wait = with_api(sub.add_parser("wait", help="wait for a process handle's result"))
     wait.add_argument("handle", nargs="?", help="process handle (default: the agent)")
-    wait.add_argument("--timeout", type=float, help="give up after this many seconds")
+    wait.add_argument("--timeout", type=float, help="give up after this many seconds (exit 125; it keeps running)")
 
     sig = with_api(sub.add_parser("signal", help="send a signal to a process handle"))
     sig.add_argument("signal", help="TERM, INT, HUP, KILL, …")
