@@ -8,7 +8,8 @@ Rules:
 2. A leaf per destination host, issued on first use and cached (LRU, :data:`LEAF_CACHE_SIZE` hosts): SAN is
    the host as a DNS name or, for an address literal, as an IP address; CN the host when it fits; EKU
    ``serverAuth``; chain = leaf + CA. It is the CONNECT host that names the leaf; the client's SNI is ignored.
-3. The server context offers ALPN ``http/1.1`` only (clients fall back from HTTP/2) and TLS 1.2+.
+3. The server context offers ALPN ``http/1.1`` only (clients fall back from HTTP/2) and TLS 1.2+, and refuses
+   renegotiation.
 4. Key material is loaded into ``ssl`` through an anonymous memory file (``memfd``): no key ever touches a
    filesystem, which matters because control runs with a read-only root.
 """
@@ -212,6 +213,7 @@ class InterceptionCA:
         cert, key = self.issue_certificate(host)
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.options |= ssl.OP_NO_RENEGOTIATION  # a TLS 1.2 agent cannot renegotiate (agent_tls.py rule 1)
         ctx.set_alpn_protocols([ALPN_HTTP1])
         chain = cert.public_bytes(serialization.Encoding.PEM) + self.cert_pem.encode("ascii")
         _load_chain(ctx, chain, _pem_key(key))

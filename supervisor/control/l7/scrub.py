@@ -38,23 +38,26 @@ class Scrubber:
     def header(self, value: bytes) -> bytes:
         return value if self._pattern is None else self._pattern.sub(self._replace, value)
 
-    def feed(self, data: bytes) -> bytes:
-        """What of ``data`` (after what was held back) can go to the agent now."""
+    def feed(self, data: bytes | bytearray) -> bytes | bytearray | memoryview:
+        """What of ``data`` (after what was held back) can go to the agent now. A chunk with nothing to replace is
+        copied once (into the buffer scanned) and handed on as a view of it: a download is not copied per step."""
         if self._pattern is None:
             return data
-        buffer = self._pending + data
+        buffer = self._pending + data  # bytes: ``_pending`` is
         safe = len(buffer) - self._keep  # a secret starting before ``safe`` lies wholly inside ``buffer``
-        out = bytearray()
+        out: list[bytes] = []
         at = 0
         for match in self._pattern.finditer(buffer):
             if match.start() >= safe:
                 break
-            out += buffer[at : match.start()] + self._replace(match)
+            out += (buffer[at : match.start()], self._replace(match))
             at = match.end()
         cut = max(at, safe)
-        out += buffer[at:cut]
         self._pending = buffer[cut:]
-        return bytes(out)
+        if not out:
+            return memoryview(buffer)[:cut]
+        out.append(buffer[at:cut])
+        return b"".join(out)
 
     def flush(self) -> bytes:
         """The end of the body: what was held back, scrubbed."""

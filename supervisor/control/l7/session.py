@@ -40,13 +40,14 @@ from __future__ import annotations
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import h11
 import trio
 
 from supervisor.control.credentials import Credentials
 from supervisor.control.l7 import answers
+from supervisor.control.l7.agent_tls import AgentTLSStream
 from supervisor.control.l7.authority import AuthorityError, AuthoritySource, request_authority, same_authority
 from supervisor.control.l7.ca import InterceptionCA, LeafError
 from supervisor.control.l7.client_hello import ClientHelloError, Pending, server_name
@@ -56,7 +57,7 @@ from supervisor.control.l7.record import CloseReason, InspectStats, RequestRecor
 from supervisor.control.l7.rewrite import CredentialRefusal, redact_path, redact_query, rewrite_request
 from supervisor.control.l7.scrub import Scrubber
 from supervisor.control.l7.sniff import TunnelProtocol, sniff
-from supervisor.control.l7.streams import PrefixedStream, abort_all
+from supervisor.control.l7.streams import Outbox, PrefixedStream, abort_all
 from supervisor.control.l7.upstream_tls import check_upstream_context
 from supervisor.control.l7.websocket import (
     ClientFrameFilter,
@@ -406,7 +407,7 @@ class _Session:
             self._tunnel_event("agent-tls-failed", reason="no-leaf", detail=str(exc))
             self._end(CloseReason.AGENT_TLS, str(exc), clean=False)
             return False
-        stream = trio.SSLStream(self.agent, ctx, server_side=True, https_compatible=True)
+        stream = AgentTLSStream(self.agent, ctx)  # SSLObject + memory BIOs: the agent side is a link stream
         try:
             with trio.fail_after(self.limits.handshake_timeout):
                 await stream.do_handshake()
@@ -861,10 +862,11 @@ class _Session:
     async def _pump_request(self, conn: h11.Connection, rec: RequestRecord, request: h11.Request) -> str | None:
         up = self.up
         assert up is not None
-        out = bytearray(up.send(request) or b"")
+        out = Outbox()
+        out.add(up.send_with_data_passthrough(request))
         if rec.request_done:  # a retry of a bodiless request: its end was read already
-            out += up.send(h11.EndOfMessage()) or b""
-            await self._up_send(bytes(out))
+            out.add(up.send_with_data_passthrough(h11.EndOfMessage()))
+            await self._up_send(out.take())
             return None
         while True:
             try:
@@ -872,25 +874,23 @@ class _Session:
             except h11.RemoteProtocolError as exc:
                 raise _AgentFailed(f"agent: malformed request body: {exc}") from None
             if event is h11.NEED_DATA:
-                if out:
-                    await self._up_send(bytes(out))
-                    out.clear()
+                if out.size:
+                    await self._up_send(out.take())
                 data = await self._agent_recv(None)
                 if data is None:
                     raise _AgentFailed("agent: request body stalled (idle timeout)")
                 conn.receive_data(data)
                 continue
             if isinstance(event, h11.Data):
-                out += up.send(h11.Data(data=event.data)) or b""
+                out.add(up.send_with_data_passthrough(h11.Data(data=event.data)))
                 rec.bytes_up += len(event.data)
-                if len(out) >= self.limits.chunk:
-                    await self._up_send(bytes(out))
-                    out.clear()
+                if out.size >= self.limits.chunk:
+                    await self._up_send(out.take())
                 continue
             if isinstance(event, h11.EndOfMessage):
                 rec.request_done = True
-                out += up.send(h11.EndOfMessage()) or b""  # request trailers are not forwarded
-                await self._up_send(bytes(out))
+                out.add(up.send_with_data_passthrough(h11.EndOfMessage()))  # request trailers are not forwarded
+                await self._up_send(out.take())
                 return None
             raise _AgentFailed(f"agent: connection ended inside the request ({type(event).__name__})")
 
@@ -909,7 +909,7 @@ class _Session:
     async def _pump_response(self, conn: h11.Connection, rec: RequestRecord) -> str | None:
         up = self.up
         assert up is not None
-        out = bytearray()
+        out = Outbox()
         scrub = self._scrubber()
         while True:
             try:
@@ -917,49 +917,47 @@ class _Session:
             except h11.RemoteProtocolError as exc:
                 raise _UpstreamFailed(f"upstream: malformed response: {exc}"[:300]) from None
             if event is h11.NEED_DATA:
-                if out:
-                    await self._agent_send(bytes(out))
-                    out.clear()
+                if out.size:
+                    await self._agent_send(out.take())
                 up.receive_data(await self._up_recv())
                 continue
             if isinstance(event, h11.InformationalResponse):
-                out += conn.send(h11.InformationalResponse(
+                out.add(conn.send_with_data_passthrough(h11.InformationalResponse(
                     status_code=event.status_code, headers=self._response_headers(scrub, event, rec),
                     reason=event.reason,
-                )) or b""  # fmt: skip
+                )))  # fmt: skip
                 if event.status_code == 101:
                     if rec.upgrade != "websocket" or not rec.request_done:
                         raise _UpstreamFailed("upstream: unexpected 101 Switching Protocols")
                     rec.status = 101
                     rec.response_started = True
-                    await self._agent_send(bytes(out))
+                    await self._agent_send(out.take())
                     return "switched"
                 continue
             if isinstance(event, h11.Response):
                 rec.status = event.status_code
                 rec.response_started = True
-                out += conn.send(h11.Response(
+                out.add(conn.send_with_data_passthrough(h11.Response(
                     status_code=event.status_code, headers=self._response_headers(scrub, event, rec),
                     reason=event.reason,
-                )) or b""  # fmt: skip
+                )))  # fmt: skip
                 continue
             if isinstance(event, h11.Data):
                 rec.bytes_down += len(event.data)
-                data = scrub.feed(bytes(event.data))
-                if data:
-                    out += conn.send(h11.Data(data=data)) or b""
-                if len(out) >= self.limits.chunk:
-                    await self._agent_send(bytes(out))
-                    out.clear()
+                data = scrub.feed(event.data)  # h11's own bytearray: not copied again here
+                if data:  # h11 passes the exact object through (a view too), typed as bytes
+                    out.add(conn.send_with_data_passthrough(h11.Data(data=cast(bytes, data))))
+                if out.size >= self.limits.chunk:
+                    await self._agent_send(out.take())
                 continue
             if isinstance(event, h11.EndOfMessage):
                 tail = scrub.flush()
                 if tail:
-                    out += conn.send(h11.Data(data=tail)) or b""
+                    out.add(conn.send_with_data_passthrough(h11.Data(data=tail)))
                 if scrub.replaced:
                     rec.extra["secrets_scrubbed"] = scrub.replaced
-                out += conn.send(h11.EndOfMessage()) or b""
-                await self._agent_send(bytes(out))
+                out.add(conn.send_with_data_passthrough(h11.EndOfMessage()))
+                await self._agent_send(out.take())
                 return "done"
             raise _UpstreamFailed(f"upstream: connection ended inside the response ({type(event).__name__})")
 

@@ -8,7 +8,7 @@ import trio
 
 from supervisor.link.relay import abort_stream
 
-__all__ = ["PrefixedStream", "abort_all", "innermost"]
+__all__ = ["Outbox", "PrefixedStream", "abort_all", "innermost"]
 
 
 class PrefixedStream(trio.abc.HalfCloseableStream):
@@ -37,6 +37,29 @@ class PrefixedStream(trio.abc.HalfCloseableStream):
 
     async def aclose(self) -> None:
         await self.transport_stream.aclose()
+
+
+class Outbox:
+    """What a pump has yet to write: h11's pieces (``send_with_data_passthrough``) kept as they came and joined
+    once per write, so a body chunk is copied once on its way out, not once per step."""
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self) -> None:
+        self.parts: list[bytes | bytearray | memoryview] = []
+        self.size = 0
+
+    def add(self, pieces: list[bytes] | None) -> None:
+        if pieces:
+            self.parts += pieces
+            self.size += sum(map(len, pieces))
+
+    def take(self) -> bytes:
+        """Everything held, as one buffer (the one piece itself when it is the only one), and empty again."""
+        data = b"".join(self.parts)  # one ``bytes`` piece is returned as it is, not copied
+        self.parts.clear()
+        self.size = 0
+        return data
 
 
 def innermost(stream: Any) -> Any:
