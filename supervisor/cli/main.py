@@ -58,7 +58,7 @@ def command_parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--agent-user",
         help="UID:GID the agent runs as when dev runs as root (default: a dedicated unused id from 61000 up, "
-        "printed at start); U and P run without root as your own uid",
+        "printed at start; 1000:1000 with --topology proxy-pod); U and P run without root as your own uid",
     )
     dev.add_argument(
         "--acknowledge-external-fence",
