@@ -71,7 +71,8 @@ def command_parser() -> argparse.ArgumentParser:
         choices=["text", "json"],
         default="text",
         help="text (default): a ready line and one line per refused connection on stderr, the JSON events in "
-        "$XDG_STATE_HOME/openshell-sandbox/<sandbox>/events.jsonl; json: also stream those events to stderr",
+        "$XDG_STATE_HOME/openshell-sandbox/<sandbox>/events.jsonl; json: those events on stderr instead of the "
+        "human lines (the file is still written)",
     )
     dev.add_argument(
         "--pids-limit", type=int, metavar="N",
