@@ -56,7 +56,7 @@ def add_policy_parser(subparsers: Any) -> None:
     decide = sub.add_parser(
         "decide",
         help="decide one connection (and optionally one request)",
-        description="Decide a connection against a policy; exit 0 allow, 1 deny, 2 usage.",
+        description="Decide a connection against a policy; exit 0 allow, 1 deny, 2 usage or an invalid policy.",
     )
     decide.add_argument("--policy", type=Path, required=True, metavar="FILE")
     decide.add_argument("--host", required=True, help="destination host name or IP address")
