@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import pexpect
 import pytest
 
+from tests.interrupt import interruptible
+
 CLI = [sys.executable, "-m", "supervisor.cli"]
 WORKLOAD_PORT = 8000
 # A tiny HTTP server the agent runs on its own loopback (inside the workload's network namespace).
@@ -108,7 +110,8 @@ def test_forward_reaches_the_workloads_loopback(sandbox: Sandbox) -> None:
         probe.bind(("127.0.0.1", 0))
         local_port = probe.getsockname()[1]
     proc = subprocess.Popen([*CLI, "forward", f"{local_port}:{WORKLOAD_PORT}"], env=sandbox.env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            preexec_fn=interruptible, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 30
         answer = b""

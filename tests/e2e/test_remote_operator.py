@@ -32,6 +32,7 @@ from supervisor.control.api_tls import FAILURE_LIMIT
 from supervisor.protocol.certs import CertificateAuthority, write_role_dir
 from supervisor.protocol.claims import Role, parse_claims_json
 from tests.certs_fixtures import differing
+from tests.interrupt import interruptible
 
 CLI = [sys.executable, "-m", "supervisor.cli"]
 WORKLOAD_PORT = 8000
@@ -216,7 +217,7 @@ def test_exec_keeps_streams_apart_over_tcp(remote: Remote) -> None:
 def test_forward_over_tcp(remote: Remote) -> None:
     local_port = _free_port()
     proc = subprocess.Popen([*CLI, "forward", "--api", remote.url, "--cert", str(remote.operator),
-                             f"{local_port}:{WORKLOAD_PORT}"], env=remote.env,
+                             f"{local_port}:{WORKLOAD_PORT}"], env=remote.env, preexec_fn=interruptible,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
 
@@ -245,7 +246,7 @@ def test_forward_carries_half_close_both_ways(remote: Remote) -> None:
     carries each end of data across the TCP API without closing the other direction."""
     local_port = _free_port()
     proc = subprocess.Popen([*CLI, "forward", "--api", remote.url, "--cert", str(remote.operator),
-                             f"{local_port}:{COUNT_PORT}"], env=remote.env,
+                             f"{local_port}:{COUNT_PORT}"], env=remote.env, preexec_fn=interruptible,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
 
