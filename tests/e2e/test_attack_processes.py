@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,7 +130,9 @@ def test_fork_bomb_is_contained_status_answers_and_terminate_ends_it(bomb: Sandb
     assert not group.exists(), "the boundary removes the workload's cgroup at exit"
 
 
-MARK = "98765"  # sleeps of 98765N seconds are this test's, found in the host's /proc by their argv
+# Sleeps of MARK+N seconds are this run's, found in the host's /proc by their argv; random per run, so that a
+# suite running beside this one is never counted (or killed) as ours.
+MARK = str(100000 + uuid.uuid4().int % 900000)
 
 
 def _marked() -> dict[int, str]:
