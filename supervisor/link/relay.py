@@ -1,8 +1,9 @@
 """Relay bytes between two half-closeable streams until both directions are done, one fails, or it idles.
 
-Theory of operation. Two pumps run in one nursery, ``a → b`` and ``b → a``. Each pump awaits ``send_all`` on
-its destination before it receives the next chunk from its source, so a slow reader slows its writer and at
-most one chunk per direction is ever buffered here: backpressure by construction.
+Theory of operation. Two pumps run in one nursery, ``a → b`` in a task of its own and ``b → a`` in the
+caller's. Each pump awaits ``send_all`` on its destination before it receives the next chunk from its source,
+so a slow reader slows its writer and at most one chunk per direction is ever buffered here: backpressure by
+construction.
 
 * **Half-close.** A pump that reads EOF sends EOF on the other stream and ends; the opposite pump keeps
   going. The relay ends cleanly when both pumps have ended this way, and then closes both streams.
@@ -185,7 +186,9 @@ async def relay(
             with r.pumps:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(r.pump, RelayEnd.A, RelayEnd.B)
-                    nursery.start_soon(r.pump, RelayEnd.B, RelayEnd.A)
+                    # b → a in the caller's own task: one task fewer per relay (~2 KB each, and every connection
+                    # holds one relay in each daemon: docs/performance.md "Issue 22: setup, memory, decision")
+                    await r.pump(RelayEnd.B, RelayEnd.A)
         if r.idle_scope.cancelled_caught and r.stats.error is None:
             r.stats.closed_by = RelayEnd.IDLE
         clean = r.stats.error is None and not r.idle_scope.cancelled_caught

@@ -270,6 +270,29 @@ async def test_backpressure_holds_at_most_one_chunk() -> None:
         nursery.cancel_scope.cancel()
 
 
+async def test_a_relay_holds_one_task_of_its_own() -> None:
+    """b → a runs in the caller's task: an idle connection holds one relay in each daemon, and a task is ~2 KB
+    of its memory (docs/performance.md "Issue 22: setup, memory, decision")."""
+    client, a = trio.testing.memory_stream_pair()
+    b, server = trio.testing.memory_stream_pair()
+    caller: list[trio.lowlevel.Task] = []
+
+    async def run() -> None:
+        caller.append(trio.lowlevel.current_task())
+        await relay(a, b, idle_timeout=60)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run)
+        await trio.testing.wait_all_tasks_blocked()
+        (relay_nursery,) = caller[0].child_nurseries
+        assert len(relay_nursery.child_tasks) == 1
+        await client.send_all(b"up")
+        assert await server.receive_some(10) == b"up"
+        await server.send_all(b"down")  # the caller's own pump
+        assert await client.receive_some(10) == b"down"
+        nursery.cancel_scope.cancel()
+
+
 async def test_outside_cancellation_closes_both() -> None:
     client, a = trio.testing.memory_stream_pair()
     b, server = trio.testing.memory_stream_pair()
