@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bench.origin import TlsMaterial
 from bench.procstat import bound_sockets, process_tree, start_time
 
 if TYPE_CHECKING:
@@ -65,10 +66,15 @@ class BenchContext:
     upstream_host_reason: str = ""  # why the upstream is on loopback instead of its own host, if it is
     product: Path | None = None  # a directory holding the run's snapshot of ``supervisor/`` (else the checkout)
     daemon_python: str | None = None  # the interpreter the sandbox's daemons run on (bench.interpreter; else ours)
+    upstream_https: Address | None = None  # the HTTPS origin of the intercepted scenarios (bench.origin)
+    tls: TlsMaterial | None = None  # the run's origin and bump CAs (bench.origin.make_material)
 
 
 class Contender:
     name = "contender"
+    # Which scenario paths it is measured on (``Scenario.path``): "raw" (the CONNECT tunnel rows) and/or
+    # "intercepted" (HTTPS to the origin, terminated by the contender where it intercepts).
+    paths: tuple[str, ...] = ("raw",)
 
     def __init__(self, ctx: BenchContext) -> None:
         self.ctx = ctx
@@ -88,6 +94,10 @@ class Contender:
     def client(self) -> ClientDriver | None:
         return None
 
+    def https_trust(self) -> str | None:
+        """The CA file the client verifies HTTPS against through this contender (None: its environment's)."""
+        return str(self.ctx.tls.origin_ca) if self.ctx.tls is not None else None
+
     def stop(self) -> None:
         pass
 
@@ -96,6 +106,7 @@ class Direct(Contender):
     """No proxy: the baseline every ratio is taken against."""
 
     name = "direct"
+    paths = ("raw", "intercepted")  # the baseline of the intercepted rows too: TLS end to end to the origin
 
     def start(self) -> Address | None:
         return None
@@ -230,8 +241,7 @@ class Squid(ProcessContender):
         # A forwarding proxy with no cache and no access log. DNS is pointed at loopback (nothing there)
         # so that squid can never query the machine's resolver; CONNECT targets are address literals.
         conf.write_text(
-            f"http_port {HOST}:{self.port}\n"
-            "http_access allow localhost\nhttp_access deny all\n"
+            self.http_port_config() + "http_access allow localhost\nhttp_access deny all\n"
             "cache deny all\naccess_log none\ncache_store_log none\n"
             f"cache_log {self.dir / 'cache.log'}\npid_filename {self.dir / 'squid.pid'}\n"
             f"coredump_dir {self.dir}\nmax_filedescriptors {self.ctx.nofile}\n"
@@ -240,6 +250,118 @@ class Squid(ProcessContender):
             "via off\nforwarded_for delete\n" + user
         )
         return [binary, "-N", "-f", str(conf)]
+
+    def http_port_config(self) -> str:
+        return f"http_port {HOST}:{self.port}\n"
+
+
+SQUID_CERTGEN = Path("/usr/lib/squid/security_file_certgen")
+
+
+class SquidBump(Squid):
+    """squid with SSL bump (Debian's ``squid-openssl``): every CONNECT is bumped, its leaf minted from the bench's
+    bump CA by ``security_file_certgen`` (mimicking the origin's certificate, which it verifies against the
+    origin CA), one TLS handshake on each side, as mitmproxy and the sandbox do."""
+
+    name = "squid-bump"
+    paths = ("intercepted",)
+
+    def command(self) -> list[str]:
+        tls = self.ctx.tls
+        if tls is None:
+            raise ContenderUnavailable("the harness made no TLS material (no HTTPS origin)")
+        argv = super().command()
+        version = subprocess.run([argv[0], "-v"], capture_output=True, text=True, check=False).stdout
+        if "--with-openssl" not in version:
+            raise ContenderUnavailable("squid is built without OpenSSL (Debian: install squid-openssl)")
+        if not SQUID_CERTGEN.exists():
+            raise ContenderUnavailable(f"{SQUID_CERTGEN} is missing (Debian: squid-openssl)")
+        db = self.dir / "ssl_db"
+        shutil.rmtree(db, ignore_errors=True)
+        made = subprocess.run([str(SQUID_CERTGEN), "-c", "-s", str(db), "-M", "16MB"], capture_output=True,
+                              text=True, check=False)  # fmt: skip
+        if made.returncode != 0:
+            raise ContenderUnavailable(f"security_file_certgen -c failed: {made.stderr.strip()[-200:]}")
+        if os.geteuid() == 0:
+            # the certgen helpers run as squid's effective user: it must reach the db through the run's directory
+            os.chmod(self.ctx.workdir, self.ctx.workdir.stat().st_mode | 0o111)
+            owner = _squid_user()
+            for path in (db, *db.rglob("*")):
+                os.chown(path, owner.pw_uid, owner.pw_gid)
+        with (self.dir / "squid.conf").open("a") as conf:
+            conf.write(bump_config(db, str(tls.origin_ca)))
+        return argv
+
+    def http_port_config(self) -> str:
+        assert self.ctx.tls is not None
+        return squid_bump_port(self.port, str(self.ctx.tls.bump_ca), str(self.ctx.tls.bump_key))
+
+    def https_trust(self) -> str | None:
+        return str(self.ctx.tls.bump_ca) if self.ctx.tls is not None else None
+
+
+def _squid_user() -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam("proxy")
+    except KeyError:
+        return pwd.getpwnam("nobody")
+
+
+def squid_bump_port(port: int, ca_cert: str, ca_key: str) -> str:
+    """squid's listener for SSL bump: leaves minted from the bump CA per host, cached in memory."""
+    return (
+        f"http_port {HOST}:{port} ssl-bump tls-cert={ca_cert} tls-key={ca_key} "
+        "generate-host-certificates=on dynamic_cert_mem_cache_size=16MB\n"
+    )
+
+
+def bump_config(db: Path, origin_ca: str) -> str:
+    """Bump every CONNECT after looking at both hellos (``stare``), so the minted leaf mimics the origin's
+    certificate (its IP subjectAltName included); verify the origin against the origin CA only."""
+    return (
+        f"sslcrtd_program {SQUID_CERTGEN} -s {db} -M 16MB\nsslcrtd_children 8 startup=2 idle=1\n"
+        "acl step1 at_step SslBump1\nacl step2 at_step SslBump2\n"
+        "ssl_bump stare step1\nssl_bump stare step2\nssl_bump bump all\n"
+        f"tls_outgoing_options cafile={origin_ca}\n"
+    )
+
+
+class Mitmproxy(ProcessContender):
+    """mitmproxy's ``mitmdump`` (pinned, in the peers' venv: ``bench.setup_peers``): every CONNECT intercepted with
+    leaves from the bench's bump CA (its ``confdir``), the origin verified against the origin CA, large bodies
+    streamed (not buffered whole), nothing logged but errors."""
+
+    name = "mitmproxy"
+    paths = ("intercepted",)
+
+    def command(self) -> list[str]:
+        tls = self.ctx.tls
+        if tls is None:
+            raise ContenderUnavailable("the harness made no TLS material (no HTTPS origin)")
+        binary = self.ctx.peers_venv / "bin" / "mitmdump"
+        if not binary.exists():
+            raise ContenderUnavailable(f"mitmproxy is not installed in {self.ctx.peers_venv}")
+        confdir = self.dir / "confdir"
+        confdir.mkdir(exist_ok=True)
+        shutil.copyfile(tls.bump_combined, confdir / "mitmproxy-ca.pem")
+        return [str(binary), *mitmproxy_args(self.port, confdir, str(tls.origin_ca))]
+
+    def https_trust(self) -> str | None:
+        return str(self.ctx.tls.bump_ca) if self.ctx.tls is not None else None
+
+
+def mitmproxy_args(port: int, confdir: Path, origin_ca: str) -> list[str]:
+    options = {
+        "confdir": str(confdir),
+        "ssl_verify_upstream_trusted_ca": origin_ca,
+        "stream_large_bodies": "1m",  # as a forwarding proxy would: do not hold a download in memory
+        "termlog_verbosity": "error",
+        "flow_detail": "0",
+    }
+    argv = ["--listen-host", HOST, "--listen-port", str(port), "--quiet"]
+    for key, value in options.items():
+        argv += ["--set", f"{key}={value}"]
+    return argv
 
 
 class ProxyPy(ProcessContender):
@@ -292,4 +414,6 @@ FACTORIES: dict[str, Callable[[BenchContext], Contender]] = {
     "tinyproxy": Tinyproxy,
     "squid": Squid,
     "proxy.py": ProxyPy,
+    "mitmproxy": Mitmproxy,  # intercepting peers: measured on the intercepted rows only
+    "squid-bump": SquidBump,
 }

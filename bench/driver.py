@@ -9,7 +9,8 @@ Only the standard library and those two modules are imported here, so the copy i
 Protocol, one JSON object per line: the driver first writes ``{"ready": true, ...facts}``; then for each
 request ``{"op": NAME, "args": {...}}`` read from stdin it writes ``{"ok": true, "result": {...}}`` or
 ``{"ok": false, "error": "Type: message"}``. Operations: ``bulk``, ``setup_sequential``,
-``setup_concurrent``, ``idle_open`` (opens and *holds* the connections), ``idle_close``. Timing happens
+``setup_concurrent``, ``idle_open`` (opens and *holds* the connections), ``idle_close``, and the
+intercepted path's ``https_setup_sequential`` and ``https_download`` (``bench.tls_clients``). Timing happens
 here, around the client calls, so the pipe to the harness costs nothing that is measured. The driver exits
 when its stdin closes.
 """
@@ -26,7 +27,7 @@ from typing import Any
 if __name__ == "__main__":  # run as a script (``python3 -I``: no script directory on sys.path): the copy's bench
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import clients
+from bench import clients, tls_clients
 from bench.wire import Direction, proxy_address
 
 Address = tuple[str, int]
@@ -76,6 +77,21 @@ class Driver:
             }
         if op == "idle_close":
             return {"closed": self.close_idle()}
+        if op == "https_setup_sequential":  # the intercepted path (bench.tls_clients)
+            assert target is not None
+            batch = tls_clients.https_setup_sequential(proxy, target, args.get("cafile"), int(args["count"]),
+                                                       float(args["timeout"]), float(args["budget"]))  # fmt: skip
+            return {
+                "latencies": batch.latencies,
+                "errors": batch.errors,
+                "seconds": batch.seconds,
+                "error_kinds": batch.error_kinds,
+            }
+        if op == "https_download":
+            assert target is not None
+            got = tls_clients.https_download(proxy, target, args.get("cafile"), int(args["size"]),
+                                             float(args["timeout"]))  # fmt: skip
+            return {"size": got.size, "seconds": got.seconds}
         raise ValueError(f"unknown op {op!r}")
 
     def close_idle(self) -> int:

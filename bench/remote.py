@@ -27,7 +27,7 @@ from bench.wire import Direction
 
 Address = tuple[str, int]
 BENCH_DIR = Path(__file__).resolve().parent
-COPIED = ("__init__.py", "clients.py", "wire.py", "driver.py")
+COPIED = ("__init__.py", "clients.py", "wire.py", "driver.py", "tls_clients.py")
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 READY_TIMEOUT = 60.0
 SLACK = 60.0  # seconds beyond a request's own budget before the driver counts as stuck
@@ -145,6 +145,18 @@ class ClientDriver:
     def _setup(result: dict[str, Any]) -> SetupResult:
         return SetupResult([float(x) for x in result["latencies"]], int(result["errors"]), float(result["seconds"]),
                            _kinds(result))  # fmt: skip
+
+    def https_setup_sequential(self, proxy: Address | None, target: Address, cafile: str | None, count: int,
+                               timeout: float, budget: float) -> SetupResult:  # fmt: skip
+        args = {"proxy": proxy, "target": target, "cafile": cafile, "count": count, "timeout": timeout,
+                "budget": budget}  # fmt: skip
+        return self._setup(self.call("https_setup_sequential", args, deadline=budget + timeout))
+
+    def https_download(self, proxy: Address | None, target: Address, cafile: str | None, size: int,
+                       timeout: float) -> BulkResult:  # fmt: skip
+        args = {"proxy": proxy, "target": target, "cafile": cafile, "size": size, "timeout": timeout}
+        result = self.call("https_download", args, deadline=max(600.0, size / 10e6))
+        return BulkResult(int(result["size"]), float(result["seconds"]))
 
     def open_idle(self, proxy: Address | None, target: Address, count: int, concurrency: int, timeout: float,
                   budget: float) -> RemoteIdle:  # fmt: skip
