@@ -135,6 +135,7 @@ class Launcher:
         self._closed = False
         self._prepared: Prepared | None = None
         self._init_pid: int | None = None
+        self._spare_pid: int | None = None  # the init's pre-forked exec-init, waiting: not a workload process
         # The connect-notify hand-off socket (capture/connect_notify.py): when set, every spawned child gets a
         # copy, installs the notify filter and sends its listener over it before exec.
         self.notify_socket: socket.socket | None = None
@@ -184,7 +185,12 @@ class Launcher:
             raise LauncherError(self._dead)
 
     def _file(self, message: dict[str, Any], fds: list[int]) -> None:
-        if "exit" in message:
+        if message.get("nested") and message.get("pid") == self._spare_pid:  # the spare took this exec
+            self._spare_pid = None
+        if "spare" in message:
+            zygote.close_all(fds)
+            self._spare_pid = None if message["spare"] is None else int(message["spare"])
+        elif "exit" in message:
             zygote.close_all(fds)
             sid = int(message["exit"])
             if sid in self._discard:
@@ -385,10 +391,12 @@ class Launcher:
             self._discard.add(sid)
 
     def workload_pids(self) -> set[int]:
-        """Host pids of every live workload process: descendants of the zygote, minus the init and zombies."""
+        """Host pids of every live workload process: descendants of the zygote, minus the init, the init's
+        waiting spare exec-init (it runs nothing of the workload's) and zombies."""
         parents, zombies = zygote.proc_scan()
         found = zygote.descendants(self._pid, parents) - zombies
         found.discard(self._init_pid or -1)
+        found.discard(self._spare_pid or -1)
         return found
 
     async def kill_all(self) -> None:

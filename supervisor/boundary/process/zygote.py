@@ -288,6 +288,8 @@ class Spawner:
         self.pidns_fd: int | None = None
         self.exit_reports: dict[int, int] = {}  # exec-init pid -> read end of its command's status report
         self.unowned: list[int] = []  # reaped orphans nobody launched, not yet reported
+        self.spare: Spare | None = None  # an exec-init forked ahead, waiting for its command (``replenish``)
+        self.retired: set[int] = set()  # spares found dead before use, not reaped yet: never reported
 
     def _enter_root(self) -> None:
         if self.root_error is not None:
@@ -313,6 +315,10 @@ class Spawner:
             notify = _notify_fd(request, fds)
             parent = os.getpid()
             nested = bool(request.get("own_pidns")) and self.pidns_fd is not None
+            if nested and self.mount_ns is None:
+                handed = self._hand_to_spare(request, fds)
+                if handed is not None:
+                    return {"id": rid, "ok": True, **handed[0]}, [handed[1]]
             report_r = report_w = -1
             if nested:  # its own PID namespace: the first child after this unshare is its init (exec_init)
                 report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
@@ -343,6 +349,65 @@ class Spawner:
         finally:
             close_all(fds)
 
+    def _hand_to_spare(self, request: Mapping[str, Any], fds: list[int]) -> tuple[dict[str, Any], int] | None:
+        """Give the spare exec-init this command (its spec and fds, which it validates as the fork path does);
+        ``None`` if there is no live spare (the caller forks one as before). Returns the reply's pids and the
+        exec-init's pidfd; ``fds`` are closed here once sent."""
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return None
+        command = {"spec": request["spec"], "stdio": request["stdio"], "notify": request.get("notify")}
+        try:
+            send(spare.sock, command, fds)
+        except OSError:  # it died waiting (only a signal from us can do that): the reaper forgets it
+            self.retired.add(spare.pid)
+            close_all([spare.report_r])
+            return None
+        finally:
+            spare.sock.close()
+        close_all(fds)
+        self.exit_reports[spare.pid] = spare.report_r
+        self.live[spare.pid] = int(request["sid"])
+        pidfd = os.pidfd_open(spare.pid)  # not reaped yet: ``reap`` drops a dead spare before we get here
+        host_pid = spare.pid if self.host_proc_fd is None else linux.pidfd_pid(pidfd, dir_fd=self.host_proc_fd)
+        return {"pid": host_pid, "ns_pid": spare.pid, "nested": True}, pidfd
+
+    def replenish(self) -> None:
+        """Fork the next spare exec-init if there is none: the ``unshare`` and the fork off the next exec's path.
+
+        Only where nested namespaces are made (the init, ``pidns_fd``) and after the agent's root was entered
+        (the spare's mount view is the workload's); any failure leaves no spare and exec forks as before."""
+        if self.spare is not None or self.pidns_fd is None or self.mount_ns is not None:
+            return
+        if self.root is not None or self.root_error is not None:
+            return
+        ours, theirs = socket_pair()
+        report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            linux.unshare(linux.CLONE_NEWPID)
+            try:
+                pid = os.fork()
+            finally:
+                with contextlib.suppress(OSError):  # the child's namespace is made; ours is ours again
+                    self._own_pidns_again()
+            if pid == 0:  # pragma: no cover - PID 1 of its own namespace
+                spare_main(theirs.fileno(), report_w)
+            host_pid = pid
+            if self.host_proc_fd is not None:
+                pidfd = os.pidfd_open(pid)  # our unreaped child (rule 3)
+                try:
+                    host_pid = linux.pidfd_pid(pidfd, dir_fd=self.host_proc_fd)
+                finally:
+                    os.close(pidfd)
+        except BaseException:
+            ours.close()
+            close_all([report_r])
+            raise
+        finally:
+            theirs.close()
+            os.close(report_w)
+        self.spare = Spare(pid, ours, report_r, host_pid)
+
     def _own_pidns_again(self) -> None:
         """After an exec's nested namespace was made: our next children are in our own namespace again."""
         assert self.pidns_fd is not None
@@ -358,6 +423,14 @@ class Spawner:
                 break
             if pid == 0:
                 break
+            if self.spare is not None and pid == self.spare.pid:  # died unused (a signal from us): forget it
+                spare, self.spare = self.spare, None
+                spare.sock.close()
+                close_all([spare.report_r])
+                continue
+            if pid in self.retired:
+                self.retired.discard(pid)
+                continue
             sid = self.live.pop(pid, None)
             report = self.exit_reports.pop(pid, None)
             if report is not None:
@@ -367,6 +440,16 @@ class Spawner:
             else:
                 self.unowned.append(pid)
         return exits
+
+
+@dataclass
+class Spare:
+    """A pre-forked exec-init (``spare_main``): its pid, our end of its command socket, its report pipe."""
+
+    pid: int
+    sock: socket.socket
+    report_r: int
+    host_pid: int  # what the boundary sees, so it can leave it out of the workload's processes
 
 
 def _reported_status(fd: int, own: int) -> int:
@@ -396,7 +479,8 @@ def exec_init(ctx: child.ChildContext, report_r: int, report_w: int) -> NoReturn
     ``report_w`` and exit — the kernel then kills whatever it left in the namespace (setsid, double forks).
     SIGKILL to this process (terminate's last step) ends the namespace, the command included."""
     try:
-        os.close(report_r)
+        if report_r >= 0:
+            os.close(report_r)
         os.setsid()  # a group of our own: a group signal to this handle never reaches the workload's init
         target: list[int] = []
         pending: list[int] = []
@@ -435,6 +519,31 @@ def exec_init(ctx: child.ChildContext, report_r: int, report_w: int) -> NoReturn
                 with contextlib.suppress(OSError):
                     os.write(report_w, str(status).encode())
                 os._exit(0)
+    finally:
+        os._exit(1)
+
+
+def spare_main(sock_fd: int, report_w: int) -> NoReturn:  # pragma: no cover - own pid ns
+    """PID 1 of a PID namespace made ahead of its exec (``Spawner.replenish``), then that exec's ``exec_init``.
+
+    While it waits it holds only its command socket (fd 3) and its report pipe (fd 4), is not dumpable, and
+    every signal has its default action: only the boundary's side can signal it (root, or the user namespace's
+    owner; the agent has no capability and another uid), and a signal from there (end-all's SIGTERM) just ends
+    it. The command arrives as the init's spawn request would carry it (spec, stdio layout, notify index, fds);
+    from there on it is exactly ``exec_init`` (signals forwarded, everything reaped, the status reported)."""
+    try:
+        _reset_process([sock_fd, report_w])  # socket on 3, report pipe on 4
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(sig, signal.SIG_DFL)
+        linux.prctl(linux.PR_SET_DUMPABLE, 0)
+        got = receive(socket.socket(fileno=3))
+        if got is None:  # the init let us go
+            os._exit(0)
+        request, fds = got
+        spec = child.SpawnSpec.from_wire(request["spec"])
+        stdio, status_fd = _stdio_fds(request, fds)
+        ctx = child.ChildContext(spec, stdio, status_fd, os.getpid(), notify_fd=_notify_fd(request, fds))
+        exec_init(ctx, -1, 4)  # closes fd 3 and every fd above 4 once the command is forked
     finally:
         os._exit(1)
 
@@ -517,6 +626,7 @@ def init_main(  # pragma: no cover - own pid ns
         poller.register(sock, select.POLLIN)
         poller.register(wake, select.POLLIN)
         report_at: float | None = None  # orphans reaped: one aggregated report per second at most
+        announced: int | None = None  # the spare exec-init's host pid the zygote was last told of
         while True:
             timeout = None if report_at is None else max(0, int((report_at - time.monotonic()) * 1000) + 1)
             ready = poller.poll(timeout)
@@ -540,6 +650,13 @@ def init_main(  # pragma: no cover - own pid ns
                     send(sock, reply, out)
                 finally:
                     close_all(out)
+                if reply.get("ok") and got[0].get("op") == "spawn":
+                    with contextlib.suppress(OSError):  # none: the next exec forks its init as before
+                        spawner.replenish()
+            spare = spawner.spare.host_pid if spawner.spare is not None else None
+            if spare != announced:  # the boundary leaves the waiting spare out of the workload's processes
+                send(sock, {"spare": spare})
+                announced = spare
     finally:
         os._exit(1)
 
@@ -635,7 +752,7 @@ class Zygote:
             if "exit" in message:
                 self.init_live.discard(int(message["exit"]))
                 self.reply(message)
-            elif "unowned" in message:
+            elif "unowned" in message or "spare" in message:
                 self.reply(message)
 
     def _init_gone(self) -> None:
@@ -657,7 +774,7 @@ class Zygote:
                     if "exit" in message:
                         self.init_live.discard(int(message["exit"]))
                         self.reply(message)
-                    elif "unowned" in message:
+                    elif "unowned" in message or "spare" in message:
                         self.reply(message)
             sock.close()
         for sid in sorted(self.init_live):
@@ -840,7 +957,7 @@ class Zygote:
             if "exit" in message:
                 self.init_live.discard(int(message["exit"]))
                 self.reply(message)
-            elif "unowned" in message:
+            elif "unowned" in message or "spare" in message:
                 self.reply(message)
 
     def op_kill_all(self, request: dict[str, Any], fds: list[int]) -> None:
