@@ -39,6 +39,7 @@ from pathlib import Path
 from bench import interpreter, micro, procstat, setup_peers
 from bench.clients import Address
 from bench.contenders import FACTORIES, BenchContext, Contender, ContenderUnavailable
+from bench.origin import TlsMaterial, make_material
 from bench.profiling import Recording, format_top
 from bench.remote import ClientDriver, client_copy, spawn_local
 from bench.report import (
@@ -60,7 +61,8 @@ from tests.netns_hosts import NetnsHost, open_upstream_host, unavailable_reason
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
-DEFAULT_ORDER = ("direct", "openshell", "openshell-proxy-pod", "tinyproxy", "squid", "proxy.py")
+DEFAULT_ORDER = ("direct", "openshell", "openshell-proxy-pod", "tinyproxy", "squid", "proxy.py", "mitmproxy",
+                 "squid-bump")  # fmt: skip
 PROFILED_KINDS = ("bulk", "setup")
 UNPROFILED_GROUPS = ("launcher",)  # the sandbox's launcher forks sit idle during egress
 
@@ -118,9 +120,12 @@ def make_config(quick: bool, runs: int, nofile: int) -> tuple[Config, list[str]]
     if quick:
         sizes, notes = idle_sizes((1000,), nofile)
         notes.append("quick: the 10,000-connection idle scenario is left out")
-        return Config(runs, 128 * MIB, 300, 1280, 64, sizes, setup_budget=3.0, idle_budget=10.0, idle_hold=0.5), notes
+        notes.append("quick: of the intercepted rows only setup (100 HTTPS exchanges); the download is left out")
+        return Config(runs, 128 * MIB, 300, 1280, 64, sizes, setup_budget=3.0, idle_budget=10.0, idle_hold=0.5,
+                      https_sequential=100), notes  # fmt: skip
     sizes, notes = idle_sizes((1000, 10000), nofile)
-    return Config(runs, 1024 * MIB, 1000, 4000, 64, sizes, setup_budget=8.0, idle_budget=15.0), notes
+    return Config(runs, 1024 * MIB, 1000, 4000, 64, sizes, setup_budget=8.0, idle_budget=15.0, https_sequential=500,
+                  https_bulk_bytes=256 * MIB), notes  # fmt: skip
 
 
 class Upstream:
@@ -150,6 +155,36 @@ class Upstream:
     def stop(self) -> None:
         if self.proc.stdin:
             self.proc.stdin.close()  # the upstream exits when its stdin closes
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Origin:
+    """The HTTPS origin of the intercepted rows (``python3 -m bench.origin``), beside the upstream on its host.
+
+    Its certificate and the bump CA are fresh for the run (``bench.origin.make_material``), under ``workdir``.
+    """
+
+    def __init__(self, workdir: Path, host: NetnsHost | None = None) -> None:
+        address = host.address if host is not None else "127.0.0.1"
+        self.tls: TlsMaterial = make_material(workdir / "tls", address)
+        argv = [sys.executable, "-m", "bench.origin", "--host", address, "--cert", str(self.tls.origin_cert),
+                "--key", str(self.tls.origin_key)]  # fmt: skip
+        popen = host.popen if host is not None else subprocess.Popen
+        self.proc = popen(argv, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert self.proc.stdout is not None
+        words = self.proc.stdout.readline().split()
+        if len(words) != 2 or words[0] != b"READY":
+            self.stop()
+            raise RuntimeError(f"HTTPS origin did not start: {words!r}")
+        self.address: Address = (address, int(words[1]))
+
+    def stop(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()  # the origin exits when its stdin closes
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
@@ -223,6 +258,8 @@ def budget_notes(results: Results, config: Config) -> list[str]:
         if scenario.kind != "setup":
             continue
         asked = config.sequential if scenario.name == "setup sequential" else config.concurrent
+        if scenario.path == "intercepted":
+            asked = config.https_sequential
         for contender in results.contenders:
             done = [v for v in results.series(scenario.name, "conns", contender) if v is not None]
             short = sorted(v for v in done if v < asked)
@@ -298,10 +335,15 @@ def fresh_rss(contender: Contender, probe: Probe) -> int:
 
 def warm_up(probe: Probe) -> None:
     """Unrecorded traffic first, so no contender's first round pays for page faults and lazy set-up."""
-    with contextlib.suppress(Exception):
-        probe.client.setup_sequential(probe.proxy, probe.echo, 50, probe.config.timeout, budget=5.0)
-        for direction in Direction:
-            probe.client.bulk(probe.proxy, probe.bulk, direction, 16 * MIB, probe.config.timeout)
+    paths = probe.contender.paths
+    if "raw" in paths:
+        with contextlib.suppress(Exception):
+            probe.client.setup_sequential(probe.proxy, probe.echo, 50, probe.config.timeout, budget=5.0)
+            for direction in Direction:
+                probe.client.bulk(probe.proxy, probe.bulk, direction, 16 * MIB, probe.config.timeout)
+    if "intercepted" in paths and probe.https is not None:
+        with contextlib.suppress(Exception):
+            probe.client.https_setup_sequential(probe.proxy, probe.https, probe.trust, 20, probe.config.timeout, 5.0)
 
 
 def profile_pass(
@@ -355,6 +397,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_install:
         missing = setup_peers.ensure_debian_peers()
         preflight.update(missing)
+        if "squid-bump" in args.contender_names and "squid" not in missing:
+            reason = setup_peers.ensure_squid_openssl()
+            if reason:
+                preflight["squid-bump"] = reason
+        if "mitmproxy" in args.contender_names:
+            reason = setup_peers.ensure_venv_package(setup_peers.MITMPROXY_REQUIREMENT, "mitmdump")
+            if reason:
+                preflight["mitmproxy"] = reason
         if "proxy.py" in args.contender_names:
             reason = setup_peers.ensure_venv_package(setup_peers.PROXY_PY_REQUIREMENT, "proxy")
             if reason:
@@ -377,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     started: list[tuple[Contender, Address | None]] = []
     host: NetnsHost | None = None
     upstream: Upstream | None = None
+    origin: Origin | None = None
     local: LocalClient | None = None
     profile: dict[str, object] = {}
     refusals: dict[str, dict[str, int]] = {}  # the sandbox's own account of connections it refused
@@ -393,12 +444,27 @@ def main(argv: list[str] | None = None) -> int:
         if host_reason:
             run_notes.append(f"upstream on 127.0.0.1 ({host_reason})")
         upstream = Upstream(host)
+        origin_reason = ""
+        if any(s.path == "intercepted" for s in scenarios):
+            try:
+                origin = Origin(workdir, host)
+            except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+                origin_reason = f"no HTTPS origin: {exc}"
+                run_notes.append(origin_reason)
         ctx = BenchContext(workdir, setup_peers.PEERS_VENV, nofile, copy, upstream.bulk, upstream.echo, upstream.idle,
-                           host_reason, product, args.daemon_python)  # fmt: skip
+                           host_reason, product, args.daemon_python, upstream_https=origin.address if origin else None,
+                           tls=origin.tls if origin else None)  # fmt: skip
         local = LocalClient(copy)
         facts["harness client"] = local.driver.facts
         for name in args.contender_names:
             contender = FACTORIES[name](ctx)
+            for scenario in scenarios:  # a row off the contender's path is not measured and not shown
+                if scenario.path not in contender.paths:
+                    results.off_path.add((scenario.name, name))
+            if not any(s.path in contender.paths for s in scenarios):
+                continue  # nothing to measure it on (e.g. --kinds idle and an intercepting peer)
+            if origin_reason and contender.paths == ("intercepted",):
+                preflight.setdefault(name, origin_reason)
             if name in preflight:
                 results.skipped[name] = preflight[name]
                 continue
@@ -416,8 +482,10 @@ def main(argv: list[str] | None = None) -> int:
         def probe(contender: Contender, proxy: Address | None) -> Probe:
             assert upstream is not None and local is not None
             client = contender.client() or local.get()
+            https = contender.target(origin.address) if origin is not None else None
             return Probe(contender, client, proxy, contender.target(upstream.bulk), contender.target(upstream.echo),
-                         contender.target(upstream.idle), config)  # fmt: skip
+                         contender.target(upstream.idle), config, https=https,
+                         trust=contender.https_trust())  # fmt: skip
 
         for contender, proxy in started:
             warm_up(probe(contender, proxy))
@@ -428,10 +496,12 @@ def main(argv: list[str] | None = None) -> int:
                 if scenario.kind == "idle" and not fresh:
                     restarting = time.monotonic()
                     started = restart_all(started, results, run)
-                    fresh = {c.name: fresh_rss(c, probe(c, p)) for c, p in started}
+                    fresh = {c.name: fresh_rss(c, probe(c, p)) for c, p in started if "raw" in c.paths}
                     _log(f"  contenders restarted for the idle scenarios ({time.monotonic() - restarting:.1f} s)")
                 order = started[run % len(started) :] + started[: run % len(started)]
                 for contender, proxy in order:
+                    if scenario.path not in contender.paths:
+                        continue
                     cell = replace(probe(contender, proxy), fresh_rss_kib=fresh.get(contender.name))
                     measure_cell(results, scenario, cell, run)
             fresh = {}
@@ -455,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
             local.close()
         if upstream is not None:
             upstream.stop()
+        if origin is not None:
+            origin.stop()
         if host is not None:
             host.close()
         shutil.rmtree(workdir, ignore_errors=True)

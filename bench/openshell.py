@@ -58,10 +58,26 @@ PING_TIMEOUT = 20.0
 STOP_TIMEOUT = 20.0
 
 
-def render_policy(address: str, ports: list[int], binary: str) -> str:
+def render_policy(address: str, ports: list[int], binary: str, https_port: int | None = None) -> str:
     """The bench's policy: the upstream host's address and ports, for the driver's interpreter only, raw
-    (``tls: skip``: relayed, never terminated)."""
+    (``tls: skip``: relayed, never terminated); and, given ``https_port`` (the HTTPS origin of the intercepted rows,
+    issue 22), that port intercepted: ``protocol: rest`` with a rule allowing every GET, so that control terminates
+    the agent's TLS with a leaf from its interception CA, parses and judges every request, and verifies the origin
+    against ``dev --upstream-ca`` (as ``bench/bench_l7.py``'s "intercepted" mode)."""
     port_list = ", ".join(str(p) for p in sorted(set(ports)))
+    intercepted = (
+        (
+            f"      - host: {address}\n"
+            f"        port: {https_port}\n"
+            f'        allowed_ips: ["{address}/32"]\n'
+            "        protocol: rest\n"
+            "        enforcement: enforce\n"
+            "        rules:\n"
+            '          - allow: {method: GET, path: "/**"}\n'
+        )
+        if https_port is not None
+        else ""
+    )
     return (
         "version: 1\n"
         "network_policies:\n"
@@ -71,8 +87,7 @@ def render_policy(address: str, ports: list[int], binary: str) -> str:
         f"      - host: {address}\n"
         f"        ports: [{port_list}]\n"
         f'        allowed_ips: ["{address}/32"]\n'
-        "        tls: skip\n"
-        "    binaries:\n"
+        "        tls: skip\n" + intercepted + "    binaries:\n"
         f"      - path: {binary}\n"
     )
 
@@ -115,6 +130,7 @@ def _cmdline(pid: int) -> list[str]:
 
 class OpenShell(Contender):
     name = "openshell"
+    paths = ("raw", "intercepted")
     extra_env: dict[str, str] = {}
     dev_args: tuple[str, ...] = ()  # dev mode's flags that make this contender (e.g. the topology)
 
@@ -143,12 +159,14 @@ class OpenShell(Contender):
         self.dir.mkdir(parents=True, exist_ok=True)
         policy = self.dir / "policy.yaml"
         binary = os.path.realpath(SYSTEM_PYTHON)  # what the boundary reports: the bytes behind /proc/PID/exe
-        policy.write_text(render_policy(ctx.upstream_echo[0], [port for _, port in listeners], binary))
+        https = ctx.upstream_https[1] if ctx.upstream_https is not None and ctx.tls is not None else None
+        policy.write_text(render_policy(ctx.upstream_echo[0], [port for _, port in listeners], binary, https))
         self.dns = RefusingDns()
         argv = [
             ctx.daemon_python or sys.executable, "-m", "supervisor.cli", "dev", *self.dev_args, "--log-format=json",
             f"--policy={policy}",
             f"--dns-server={self.dns.address[0]}:{self.dns.address[1]}",
+            *([f"--upstream-ca={ctx.tls.origin_ca}"] if https is not None and ctx.tls is not None else []),
             # the agent gets a fresh root with only granted paths and a private /tmp: the driver's copy is its
             # workdir (root's, 0755: the agent runs it and cannot change it; the harness removes it)
             f"--workdir={ctx.client_copy}", "--", *driver_argv(ctx.client_copy),
@@ -207,6 +225,9 @@ class OpenShell(Contender):
 
     def client(self) -> ClientDriver | None:
         return self.driver
+
+    def https_trust(self) -> str | None:
+        return None  # the agent trusts the sandbox's interception CA through SSL_CERT_FILE, as any agent does
 
     def pid_groups(self) -> dict[str, list[int]]:
         """control, the boundary daemon, and the launcher processes it forked (idle: shared pages, mostly)."""

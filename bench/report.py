@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bench.scenarios import SETUP_DERIVED, Metric, Scenario
+from bench.scenarios import INTERCEPT_REFERENCES, SETUP_DERIVED, Metric, Scenario
 from bench.stats import Summary, per_run_ratios, summarize
 
 REFERENCES = ("direct", "tinyproxy")
+# Every ratio column: the intercepting peers' are filled on the rows that name them (Scenario.references).
+RATIO_COLUMNS = REFERENCES + INTERCEPT_REFERENCES
 
 Key = tuple[str, str, str]  # scenario, metric, contender
 
@@ -29,6 +31,9 @@ class Results:
     errors: dict[tuple[str, str], int] = field(default_factory=dict)  # failed connections
     error_kinds: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)  # ... and what they hit
     failures: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # failed cells
+    # (scenario, contender) pairs never measured because the row is not on the contender's path (Contender.paths):
+    # no row at all, not an "n/a"
+    off_path: set[tuple[str, str]] = field(default_factory=set)
 
     def record(self, scenario: str, metric: str, contender: str, run: int, value: float | None) -> None:
         self.values.setdefault((scenario, metric, contender), [None] * self.runs)[run] = value
@@ -71,11 +76,13 @@ def build_rows(results: Results) -> list[Row]:
     for scenario in results.scenarios:
         for index, metric in enumerate(metrics_of(scenario)):
             for contender in results.contenders:
+                if (scenario.name, contender) in results.off_path:
+                    continue
                 if contender in results.skipped and index > 0:
                     continue  # a skipped contender's reason is given once per scenario
                 series = results.series(scenario.name, metric.key, contender)
                 ratios: dict[str, Summary | None] = {}
-                for ref in REFERENCES:
+                for ref in REFERENCES + scenario.references:
                     reference = results.series(scenario.name, metric.key, ref)
                     usable = metric.ratio and ref != contender and ref in results.contenders
                     ratios[ref] = summarize(per_run_ratios(series, reference)) if usable else None
@@ -116,16 +123,17 @@ def fmt(value: float) -> str:
     return f"{value:.3f}"
 
 
-HEADER = ["scenario", "metric", "contender", "median", "spread (min–max)", "runs", "× direct", "× tinyproxy", "failed"]
+HEADER = ["scenario", "metric", "contender", "median", "spread (min–max)", "runs",
+          *(f"× {ref}" for ref in RATIO_COLUMNS), "failed"]  # fmt: skip
 
 
 def _cells(row: Row) -> list[str]:
     errors = str(row.errors) if row.errors else ""
     if row.summary is None:
-        return [row.scenario, label(row.metric), row.contender, row.note, "", "", "", "", errors]
+        return [row.scenario, label(row.metric), row.contender, row.note, "", "", *([""] * len(RATIO_COLUMNS)), errors]
     s = row.summary
     ratio_cells = [
-        f"{fmt(r.median)}× ({fmt(r.low)}–{fmt(r.high)})" if (r := row.ratios.get(ref)) else "—" for ref in REFERENCES
+        f"{fmt(r.median)}× ({fmt(r.low)}–{fmt(r.high)})" if (r := row.ratios.get(ref)) else "—" for ref in RATIO_COLUMNS
     ]
     return [
         row.scenario,
@@ -170,7 +178,7 @@ def summary_grid(rows: Sequence[Row], contenders: Sequence[str]) -> list[list[st
             continue
         ratios = [
             f"{fmt(r.median)}×{tag}"
-            for ref, tag in zip(REFERENCES, ("d", "t"), strict=True)
+            for ref, tag in zip(RATIO_COLUMNS, ("d", "t", "m", "s"), strict=True)
             if (r := row.ratios.get(ref))
         ]
         line[row.contender] = fmt(row.summary.median) + (f" ({', '.join(ratios)})" if ratios else "")
@@ -190,7 +198,10 @@ def markdown(grid: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-SUMMARY_LEGEND = "median over runs; (×d, ×t) = median per-run ratio against direct and against tinyproxy"
+SUMMARY_LEGEND = (
+    "median over runs; (×d, ×t) = median per-run ratio against direct and against tinyproxy; on the intercepted "
+    "rows (×m, ×s) = against mitmproxy and squid with SSL bump"
+)
 
 
 def format_summary(rows: Sequence[Row], contenders: Sequence[str]) -> str:

@@ -44,6 +44,8 @@ class Config:
     idle_hold: float = 1.0  # seconds the idle connections are held before the peak is read
     idle_open_concurrency: int = 256
     timeout: float = 60.0  # per socket operation (bulk) or per connection (setup, idle)
+    https_sequential: int = 300  # HTTPS exchanges per intercepted-setup measurement (issue 22)
+    https_bulk_bytes: int = 0  # the intercepted download's size; 0 leaves that row out (--quick)
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ class Probe:
     idle: Address  # one echo, then held (idle)
     config: Config
     fresh_rss_kib: int | None = None  # the contender's RSS right after its restart for the idle scenarios
+    https: Address | None = None  # the HTTPS origin, as the contender wants it named in CONNECT (intercepted rows)
+    trust: str | None = None  # the CA file the client verifies through this contender (None: its environment's)
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,8 @@ class Scenario:
     kind: str  # "bulk", "setup" or "idle": what the row means, for readers of the JSON
     metrics: tuple[Metric, ...]
     measure: Callable[[Probe], Outcome]
+    path: str = "raw"  # "raw" (CONNECT tunnel rows) or "intercepted" (HTTPS to the origin): Contender.paths
+    references: tuple[str, ...] = ()  # contenders this row is also given ratios against (beyond direct, tinyproxy)
 
 
 THROUGHPUT = (Metric("MB/s", "MB/s", higher_is_better=True),)
@@ -103,6 +109,8 @@ IDLE = (
     Metric("boundary peak", "MiB", ratio=False),
 )
 DAEMONS = ("control", "boundary")
+# The intercepted rows (issue 22): HTTPS through each contender's interception, as ratios against these peers.
+INTERCEPT_REFERENCES = ("mitmproxy", "squid-bump")
 
 
 def _bulk(direction: Direction) -> Callable[[Probe], Outcome]:
@@ -160,6 +168,37 @@ def measure_concurrent(probe: Probe) -> Outcome:
     )
 
 
+def measure_https_setup(probe: Probe) -> Outcome:
+    """Sequential HTTPS exchanges (connect, CONNECT, TLS handshake, one GET): handshakes/s and their latency."""
+    cfg = probe.config
+    if probe.https is None:
+        raise RuntimeError("the harness has no HTTPS origin")
+    https = probe.https
+    return _cpu_during(
+        probe,
+        lambda: probe.client.https_setup_sequential(
+            probe.proxy, https, probe.trust, cfg.https_sequential, cfg.timeout, cfg.setup_budget
+        ),
+    )
+
+
+def measure_https_download(probe: Probe) -> Outcome:
+    if probe.https is None:
+        raise RuntimeError("the harness has no HTTPS origin")
+    result = probe.client.https_download(probe.proxy, probe.https, probe.trust, probe.config.https_bulk_bytes,
+                                         probe.config.timeout)  # fmt: skip
+    return Outcome({"MB/s": result.mb_per_s})
+
+
+def intercepted(config: Config) -> list[Scenario]:
+    """The intercepted rows: setup always (``--quick``'s one row), the download only in the full bench."""
+    rows = [Scenario("intercepted setup", "setup", SETUP, measure_https_setup, "intercepted", INTERCEPT_REFERENCES)]
+    if config.https_bulk_bytes:
+        rows.append(Scenario("intercepted bulk down", "bulk", THROUGHPUT, measure_https_download, "intercepted",
+                             INTERCEPT_REFERENCES))  # fmt: skip
+    return rows
+
+
 def _wait_fds_below(pids: list[int], limit: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while procstat.open_fds(pids) > limit and time.monotonic() < deadline:
@@ -210,6 +249,7 @@ def build(config: Config) -> list[Scenario]:
         Scenario("bulk down", "bulk", THROUGHPUT, _bulk(Direction.DOWN)),
         Scenario("setup sequential", "setup", SETUP, measure_sequential),
         Scenario(f"setup {config.concurrency}-way", "setup", SETUP, measure_concurrent),
+        *intercepted(config),
     ]
     scenarios += [Scenario(f"idle {n}", "idle", IDLE, _idle(n)) for n in config.idle_sizes]
     return scenarios

@@ -18,6 +18,10 @@ from pathlib import Path
 
 PEERS_VENV = Path(__file__).resolve().parent / ".venv-peers"
 PROXY_PY_REQUIREMENT = "proxy.py==2.4.10"
+# The newest mitmproxy whose Requires-Python (>=3.10) admits the peers' venv interpreter (Debian bookworm's 3.11):
+# 11.1 and later require 3.12.
+MITMPROXY_REQUIREMENT = "mitmproxy==11.0.2"
+SQUID_CERTGEN = Path("/usr/lib/squid/security_file_certgen")
 POLICY_RC = Path("/usr/sbin/policy-rc.d")
 APT_TIMEOUT = 600
 
@@ -63,6 +67,42 @@ def ensure_debian_peers() -> dict[str, str]:
     return {b: f"apt-get install failed: {tail[0]}" for b in missing if not _have(b)}
 
 
+def squid_has_openssl() -> bool:
+    """Whether the installed squid can bump TLS: Debian's ``squid-openssl`` build (plain ``squid`` is GnuTLS)."""
+    try:
+        out = _run(["squid", "-v"], timeout=30).stdout
+    except OSError:
+        return False
+    return "--with-openssl" in out and SQUID_CERTGEN.exists()
+
+
+def ensure_squid_openssl() -> str | None:
+    """Replace Debian's ``squid`` by ``squid-openssl`` (they conflict; the binary is the same path, so both squid
+    roles run it); return a reason when squid cannot bump TLS afterwards."""
+    if squid_has_openssl():
+        return None
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return "squid is not built with OpenSSL (Debian: squid-openssl), and apt-get needs root"
+    placed_policy = False
+    if not POLICY_RC.exists():
+        POLICY_RC.write_text("#!/bin/sh\n# placed by bench/setup_peers.py during an install\nexit 101\n")
+        POLICY_RC.chmod(0o755)
+        placed_policy = True
+    try:
+        print("bench: installing squid-openssl with apt-get (it replaces squid)", file=sys.stderr, flush=True)
+        result = _run(
+            ["apt-get", "install", "-y", "-q", "--no-install-recommends", "squid-openssl"],
+            DEBIAN_FRONTEND="noninteractive",
+        )
+    finally:
+        if placed_policy:
+            POLICY_RC.unlink()
+    if squid_has_openssl():
+        return None
+    tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or [""]
+    return f"apt-get install squid-openssl failed: {tail[0]}"
+
+
 def ensure_venv_package(requirement: str, binary: str, venv: Path = PEERS_VENV) -> str | None:
     """Make ``venv/bin/binary`` exist by pip-installing ``requirement``; return a reason on failure."""
     if (venv / "bin" / binary).exists():
@@ -84,6 +124,7 @@ def versions(venv: Path = PEERS_VENV) -> dict[str, str]:
         "tinyproxy": ["tinyproxy", "-v"],
         "squid": ["squid", "-v"],
         "proxy.py": [str(venv / "bin" / "proxy"), "--version"],
+        "mitmproxy": [str(venv / "bin" / "mitmdump"), "--version"],
     }
     found: dict[str, str] = {}
     for name, argv in probes.items():
