@@ -156,6 +156,9 @@ class _Relay:
             except _STREAM_ERRORS as exc:
                 self.failed(dst_side, exc)
                 return
+            # Not held while waiting for the next one: an idle connection would keep its last chunk (up to
+            # ``chunk`` bytes per direction, in each daemon) for as long as it stays open.
+            del data
             self.touch()
 
 

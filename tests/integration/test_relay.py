@@ -5,11 +5,13 @@ reaching the client, not a clean end)."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import random
 import resource
 import socket
 import struct
+import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -267,6 +269,33 @@ async def test_backpressure_holds_at_most_one_chunk() -> None:
         while len(got) < 100_000:
             got += await server.receive_some(5000)
         assert bytes(got) == b"z" * 100_000
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_idle_relay_keeps_none_of_what_it_relayed() -> None:
+    """After a 200 KB chunk each way the relay sits idle holding nothing of them (it used to keep each
+    direction's last chunk, up to 256 KiB, for as long as the connection stayed open)."""
+    client, a = trio.testing.memory_stream_pair()
+    b, server = trio.testing.memory_stream_pair()
+    size = 200_000
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: relay(a, b, idle_timeout=60))
+        gc.collect()
+        tracemalloc.start()
+        try:
+            await client.send_all(b"u" * size)
+            await server.send_all(b"d" * size)
+            got_up, got_down = 0, 0
+            while got_up < size:
+                got_up += len(await server.receive_some(size))
+            while got_down < size:
+                got_down += len(await client.receive_some(size))
+            await trio.testing.wait_all_tasks_blocked()
+            gc.collect()
+            held = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        assert held < size // 4, held
         nursery.cancel_scope.cancel()
 
 
