@@ -8,6 +8,8 @@ signal, 125 when openshell-sandbox itself failed, 126/127 when a launch failed, 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import trio
 
 from supervisor.cli.daemon_args import DAEMON_HELP, _err, _host_port
 from supervisor.cli.daemon_run import _workdir_problem, run_daemon
-from supervisor.protocol.exit_codes import ExitCode
+from supervisor.protocol.exit_codes import ExitCode, for_signal
 
 
 def command_parser() -> argparse.ArgumentParser:
@@ -205,7 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     head = argv[: argv.index("--")] if "--" in argv else argv
     if any(a == "--mode" or a.startswith("--mode=") for a in head):
         return run_daemon(argv)
-    return run_command(argv)
+    try:
+        return run_command(argv)
+    except BrokenPipeError:
+        # the reader went away (`status --json | head`): not our failure, and no traceback; stdout is pointed at
+        # /dev/null so the interpreter's final flush does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return for_signal(signal.SIGPIPE)
 
 
 if __name__ == "__main__":

@@ -588,6 +588,13 @@ def test_decide_l7_after_l4_denial_keeps_the_denial() -> None:
 def test_not_inspected_endpoint_passes_requests() -> None:
     d = l7(BASIC, "raw.githubusercontent.com", "DELETE", "/x")
     assert d.allowed and not d.l7 and d.reason is None
+    assert d.path == "/x" and d.describe().endswith("raw.githubusercontent.com:443 DELETE /x")
+
+
+def test_a_refused_target_keeps_the_request_in_the_decision() -> None:
+    d = l7(BASIC, "api.github.com", "GET", "/a/../..")
+    assert d.reason is DenyReason.PATH_NOT_CANONICAL and d.path == "/a/../.."
+    assert "None" not in d.describe()
 
 
 def test_decision_json_shape() -> None:

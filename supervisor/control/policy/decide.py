@@ -199,6 +199,7 @@ def decide_l7(policy: CompiledPolicy, l4: Decision, method: str, raw_target: str
             port=l4.port,
             rules=l4.rules,
             method=method,
+            path=raw_target,
         )
 
     try:
@@ -216,6 +217,7 @@ def decide_l7(policy: CompiledPolicy, l4: Decision, method: str, raw_target: str
             rules=l4.rules,
             l7=True,
             method=method,
+            path=raw_target,
         )
     path = target.path
     routed = [c for c in configs if c.path_glob is None or c.path_glob.matches(path)]

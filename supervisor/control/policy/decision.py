@@ -97,7 +97,7 @@ class Decision:
         """One line for people: ``allow github (github[0]) api.github.com:443`` / ``deny ...: reason: detail``."""
         where = f"{self.host}:{self.port}" if self.host else "-"
         if self.method is not None:
-            where += f" {self.method} {self.path}"
+            where += f" {self.method}" + (f" {self.path}" if self.path is not None else "")
         if self.allowed and not self.audit:
             if self.l7_rule is not None:
                 return f"allow {self.rule} ({self.endpoint}) {where} by {self.l7_rule}"
