@@ -151,6 +151,8 @@ class EgressService:
                 await self._reply(stream, EgressReply(400, reason="malformed-request", detail=str(exc)[:200]))
                 return
             result.request = request
+            # Decoded into ``request``: the raw header list (~1.5 KB of strings) is not kept for the tunnel's life.
+            stream.headers = []
             await self._serve(stream, request, result)
 
     async def serve(self, stream: LinkStream, request: EgressRequest) -> None:

@@ -19,7 +19,8 @@ from supervisor.control.egress import EgressService
 from supervisor.control.policy import Decision, PolicyStore, compile_policy, load_policy_text
 from supervisor.control.upstream import UpstreamConfig
 from supervisor.jsonlog import JsonLog
-from supervisor.protocol.egress import CaptureKind, EgressRequest, decode_reply_headers
+from supervisor.protocol.egress import CaptureKind, EgressRequest, decode_reply_headers, encode_connect_headers
+from supervisor.protocol.identity import ConnectionIdentity
 from tests.unit.policy_helpers import doc, rule
 
 RELAYED = {"host": "relay.test", "port": 443, "tls": "skip"}
@@ -230,6 +231,32 @@ async def test_allowed_connection_recorded_once_when_it_closes(nursery: trio.Nur
     event = _one(log, service)
     assert event["decision"] == "allow" and event["bytes_out"] == 5 and event["bytes_in"] == 5
     assert "duration_ms" in event and event["closed_by"]
+
+
+async def test_a_relayed_tunnel_keeps_its_decoded_request_not_the_raw_headers(nursery: trio.Nursery) -> None:
+    """The CONNECT headers are decoded once; the raw list (~1.5 KB of strings) is not held while the tunnel
+    lives (docs/performance.md "Issue 22: setup, memory, decision")."""
+
+    async def echo_once(upstream: trio.SocketStream) -> None:
+        await upstream.send_all(await upstream.receive_some(100))
+        await upstream.send_eof()
+
+    service, log = _service()
+    service.dial_to = await _loopback_upstream(nursery, echo_once)
+    identity = ConnectionIdentity("/usr/bin/curl", None, (), (), pid=7, start_time=1, uid=1000, owners=1,
+                                  resolved_in_us=5)  # fmt: skip
+    headers = encode_connect_headers("relay.test", 443, capture=CaptureKind.CONNECT, identity=identity,
+                                     conn_id="c1", src_port=1)  # fmt: skip
+    stream = _AgentSide(headers)
+    async with trio.open_nursery() as inner:
+        inner.start_soon(service.handle, stream)
+        await stream.replied.wait()
+        assert stream.status == 200
+        assert stream.headers == []  # relaying now, from the decoded request alone
+        await stream.agent.send_all(b"ping")
+        await stream.agent.send_eof()
+        assert await stream.agent.receive_some(100) == b"ping"
+    assert _one(log, service)["binary"] == "/usr/bin/curl"
 
 
 async def test_cancelled_while_relaying_is_recorded_as_allowed_and_cancelled(nursery: trio.Nursery) -> None:
