@@ -135,7 +135,10 @@ class Launcher:
         self._closed = False
         self._prepared: Prepared | None = None
         self._init_pid: int | None = None
-        self._spare_pid: int | None = None  # the init's pre-forked exec-init, waiting: not a workload process
+        # The init's pre-forked exec-init and its waiting child: no workload code runs there until a nested
+        # spawn hands them a command, so they are left out of ``workload_pids`` only while none is in flight.
+        self._spare_pid: int | None = None
+        self._nested_in_flight: set[int] = set()  # request ids of nested spawns whose reply is not filed yet
         # The connect-notify hand-off socket (capture/connect_notify.py): when set, every spawned child gets a
         # copy, installs the notify filter and sends its listener over it before exec.
         self.notify_socket: socket.socket | None = None
@@ -187,6 +190,7 @@ class Launcher:
     def _file(self, message: dict[str, Any], fds: list[int]) -> None:
         if message.get("nested") and message.get("pid") == self._spare_pid:  # the spare took this exec
             self._spare_pid = None
+        self._nested_in_flight.discard(message.get("id"))
         if "spare" in message:
             zygote.close_all(fds)
             self._spare_pid = None if message["spare"] is None else int(message["spare"])
@@ -242,6 +246,9 @@ class Launcher:
 
     async def _request(self, op: str, fds: Sequence[int] = (), **fields: Any) -> tuple[dict[str, Any], list[int]]:
         rid = next(self._ids)
+        if op == "spawn" and fields.get("own_pidns"):  # it may take the spare: count it in from now on
+            self._spare_pid = None
+            self._nested_in_flight.add(rid)
         await self._send({"op": op, "id": rid, **fields}, fds)
         try:
             while rid not in self._replies:
@@ -392,11 +399,12 @@ class Launcher:
 
     def workload_pids(self) -> set[int]:
         """Host pids of every live workload process: descendants of the zygote, minus the init, the init's
-        waiting spare exec-init (it runs nothing of the workload's) and zombies."""
+        waiting spare exec-init and its child (they run nothing of the workload's) and zombies."""
         parents, zombies = zygote.proc_scan()
         found = zygote.descendants(self._pid, parents) - zombies
         found.discard(self._init_pid or -1)
-        found.discard(self._spare_pid or -1)
+        if self._spare_pid is not None and not self._nested_in_flight:
+            found -= {self._spare_pid, *zygote.descendants(self._spare_pid, parents)}
         return found
 
     async def kill_all(self) -> None:

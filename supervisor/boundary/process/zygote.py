@@ -473,11 +473,16 @@ _FORWARDED: Final = tuple(
 )  # fmt: skip
 
 
-def exec_init(ctx: child.ChildContext, report_r: int, report_w: int) -> NoReturn:  # pragma: no cover - own pid ns
+def exec_init(  # pragma: no cover - own pid ns
+    ctx: child.ChildContext | None, report_r: int, report_w: int
+) -> NoReturn:
     """PID 1 of one exec's own PID namespace (issue 15 item 2): fork the command (``child.run``), forward every
     catchable signal to it, reap everything, and when the command ends write its raw wait status to
     ``report_w`` and exit — the kernel then kills whatever it left in the namespace (setsid, double forks).
-    SIGKILL to this process (terminate's last step) ends the namespace, the command included."""
+    SIGKILL to this process (terminate's last step) ends the namespace, the command included.
+
+    ``ctx`` ``None``: a spare (``spare_main``): the command's child is forked now and waits on fd 3 for the
+    init's spawn request (``_await_command``), so neither fork is on the exec's path."""
     try:
         if report_r >= 0:
             os.close(report_r)
@@ -501,10 +506,13 @@ def exec_init(ctx: child.ChildContext, report_r: int, report_w: int) -> NoReturn
         pid = os.fork()
         if pid == 0:
             os.close(report_w)
+            if ctx is None:
+                _await_command(me)
             child.run(dataclasses.replace(ctx, parent_pid=me))
         target.append(pid)
         # Every fd but the report: the command's ends (EOF on its pipes once it and its children are done), and
-        # what we inherited from the init (its socket to the zygote, the host procfs).
+        # what we inherited from the init (its socket to the zygote, the host procfs; a spare: the command
+        # socket, now its child's).
         linux.close_range(3, report_w - 1)
         linux.close_range(report_w + 1)
         for signum in pending:
@@ -524,28 +532,39 @@ def exec_init(ctx: child.ChildContext, report_r: int, report_w: int) -> NoReturn
 
 
 def spare_main(sock_fd: int, report_w: int) -> NoReturn:  # pragma: no cover - own pid ns
-    """PID 1 of a PID namespace made ahead of its exec (``Spawner.replenish``), then that exec's ``exec_init``.
+    """PID 1 of a PID namespace made ahead of its exec (``Spawner.replenish``): that exec's ``exec_init``, whose
+    command child is already forked and waits for the command on the socket the init holds the other end of.
 
-    While it waits it holds only its command socket (fd 3) and its report pipe (fd 4), is not dumpable, and
-    every signal has its default action: only the boundary's side can signal it (root, or the user namespace's
-    owner; the agent has no capability and another uid), and a signal from there (end-all's SIGTERM) just ends
-    it. The command arrives as the init's spawn request would carry it (spec, stdio layout, notify index, fds);
-    from there on it is exactly ``exec_init`` (signals forwarded, everything reaped, the status reported)."""
+    While they wait, the pair holds only that socket (fd 3, the child's) and the report pipe (fd 4, the
+    exec-init's), neither is dumpable, and both run with the init's credentials: only the boundary's side can
+    signal them (root, or the user namespace's owner; the agent has no capability and another uid). A signal
+    from there (end-all's SIGTERM) is forwarded to the waiting child, whose default action ends it, and with it
+    the spare."""
     try:
         _reset_process([sock_fd, report_w])  # socket on 3, report pipe on 4
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-            signal.signal(sig, signal.SIG_DFL)
         linux.prctl(linux.PR_SET_DUMPABLE, 0)
+        exec_init(None, -1, 4)
+    finally:
+        os._exit(1)
+
+
+def _await_command(parent: int) -> NoReturn:  # pragma: no cover - a spare's command child
+    """Default signals, then the init's spawn request on fd 3 (spec, stdio layout, notify index, fds, all as
+    the init checked them) and ``child.run`` — the same stages, in the same order, as a freshly forked child."""
+    try:
+        for sig in _FORWARDED:
+            with contextlib.suppress(OSError, ValueError):
+                signal.signal(sig, signal.SIG_DFL)
         got = receive(socket.socket(fileno=3))
-        if got is None:  # the init let us go
+        if got is None:  # the init let the spare go
             os._exit(0)
         request, fds = got
         spec = child.SpawnSpec.from_wire(request["spec"])
         stdio, status_fd = _stdio_fds(request, fds)
-        ctx = child.ChildContext(spec, stdio, status_fd, os.getpid(), notify_fd=_notify_fd(request, fds))
-        exec_init(ctx, -1, 4)  # closes fd 3 and every fd above 4 once the command is forked
-    finally:
+        ctx = child.ChildContext(spec, stdio, status_fd, parent, notify_fd=_notify_fd(request, fds))
+    except BaseException:
         os._exit(1)
+    child.run(ctx)
 
 
 def run_capture_call(request: Mapping[str, Any]) -> dict[str, Any]:
