@@ -332,6 +332,8 @@ class EgressCapture:
             body = render_unavailable(target) if reply.status == 503 else render_reply(target, reply)
             await self._answer(agent, body)
             return
+        # Handed off: the head's bytes and the identity (now control's) are not held for the tunnel's life.
+        identity, buffer, data = None, b"", b""
         if target.kind is CaptureKind.CONNECT:
             await agent.send_all(CONNECT_ESTABLISHED)
             if target.leftover:
