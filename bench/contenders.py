@@ -32,6 +32,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -265,6 +266,7 @@ class SquidBump(Squid):
 
     name = "squid-bump"
     paths = ("intercepted",)
+    _db_root: Path | None = None  # the certgen db's directory, made per start
 
     def command(self) -> list[str]:
         tls = self.ctx.tls
@@ -276,15 +278,16 @@ class SquidBump(Squid):
             raise ContenderUnavailable("squid is built without OpenSSL (Debian: install squid-openssl)")
         if not SQUID_CERTGEN.exists():
             raise ContenderUnavailable(f"{SQUID_CERTGEN} is missing (Debian: squid-openssl)")
-        db = self.dir / "ssl_db"
-        shutil.rmtree(db, ignore_errors=True)
+        # The certgen helpers run as squid's effective user: their db lives in a directory of its own that they can
+        # reach whatever the run's directory is (a 0700 temporary directory, in the harness and in pytest).
+        self._db_root = Path(tempfile.mkdtemp(prefix="openshell-bench-ssldb-"))
+        self._db_root.chmod(0o755)
+        db = self._db_root / "db"
         made = subprocess.run([str(SQUID_CERTGEN), "-c", "-s", str(db), "-M", "16MB"], capture_output=True,
                               text=True, check=False)  # fmt: skip
         if made.returncode != 0:
             raise ContenderUnavailable(f"security_file_certgen -c failed: {made.stderr.strip()[-200:]}")
         if os.geteuid() == 0:
-            # the certgen helpers run as squid's effective user: it must reach the db through the run's directory
-            os.chmod(self.ctx.workdir, self.ctx.workdir.stat().st_mode | 0o111)
             owner = _squid_user()
             for path in (db, *db.rglob("*")):
                 os.chown(path, owner.pw_uid, owner.pw_gid)
@@ -298,6 +301,12 @@ class SquidBump(Squid):
 
     def https_trust(self) -> str | None:
         return str(self.ctx.tls.bump_ca) if self.ctx.tls is not None else None
+
+    def stop(self) -> None:
+        super().stop()
+        if self._db_root is not None:
+            shutil.rmtree(self._db_root, ignore_errors=True)
+            self._db_root = None
 
 
 def _squid_user() -> pwd.struct_passwd:

@@ -495,7 +495,9 @@ def main(argv: list[str] | None = None) -> int:
             for scenario in scenarios:
                 if scenario.kind == "idle" and not fresh:
                     restarting = time.monotonic()
-                    started = restart_all(started, results, run)
+                    # the idle rows are raw: an intercepting-only peer (mitmproxy, squid-bump) keeps running
+                    kept = [(c, p) for c, p in started if "raw" not in c.paths]
+                    started = restart_all([(c, p) for c, p in started if "raw" in c.paths], results, run) + kept
                     fresh = {c.name: fresh_rss(c, probe(c, p)) for c, p in started if "raw" in c.paths}
                     _log(f"  contenders restarted for the idle scenarios ({time.monotonic() - restarting:.1f} s)")
                 order = started[run % len(started) :] + started[: run % len(started)]

@@ -5,18 +5,27 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from bench.contenders import FACTORIES, BenchContext, bump_config, mitmproxy_args, squid_bump_port
+from bench.contenders import (
+    FACTORIES,
+    BenchContext,
+    ContenderUnavailable,
+    bump_config,
+    mitmproxy_args,
+    squid_bump_port,
+)
 from bench.harness import REPO, make_config
 from bench.openshell import render_policy
 from bench.origin import TlsMaterial, make_material
+from bench.procstat import bound_sockets, start_time
 from bench.report import HEADER, Results, build_rows
 from bench.scenarios import INTERCEPT_REFERENCES, Config, Outcome, Probe, Scenario, build
-from bench.setup_peers import MITMPROXY_REQUIREMENT
+from bench.setup_peers import MITMPROXY_REQUIREMENT, PEERS_VENV
 from bench.tls_clients import check_address, https_download, https_setup_sequential, parse_head, request
 from bench.wire import WireError
 from supervisor.control.policy import compile_policy, load_policy_text
@@ -180,3 +189,32 @@ def test_the_client_refuses_an_origin_its_ca_did_not_sign(origin: tuple[tuple[st
     done = https_setup_sequential(None, address, str(tls.bump_ca), 3, timeout=10, budget=10)
     assert not done.latencies and done.errors == 3
     assert all("CERTIFICATE_VERIFY_FAILED" in kind for kind in done.error_kinds)
+
+
+@pytest.mark.parametrize("name", ["mitmproxy", "squid-bump"])
+def test_intercepting_peer_bumps_on_loopback_only_and_leaves_nothing(
+    name: str, tmp_path: Path, origin: tuple[tuple[str, int], TlsMaterial]
+) -> None:
+    address, tls = origin
+    contender = FACTORIES[name](BenchContext(tmp_path, PEERS_VENV, 4096, tls=tls))
+    try:
+        proxy = contender.start()
+    except ContenderUnavailable as exc:
+        pytest.skip(f"{name} unavailable here: {exc}")
+    try:
+        assert proxy is not None and proxy[0] == "127.0.0.1"
+        pids = contender.pids()
+        assert all(s.address.is_loopback for s in bound_sockets(pids))
+        trust = contender.https_trust()
+        done = https_setup_sequential(proxy, address, trust, 3, timeout=10, budget=10)
+        assert (len(done.latencies), done.errors) == (3, 0), done.error_kinds
+        # it terminates TLS: trusting the origin's own CA instead fails (the leaf is the bump CA's)
+        refused = https_setup_sequential(proxy, address, str(tls.origin_ca), 1, timeout=10, budget=10)
+        assert refused.errors == 1 and "CERTIFICATE_VERIFY_FAILED" in next(iter(refused.error_kinds))
+        started = {pid: start_time(pid) for pid in pids}
+    finally:
+        contender.stop()
+    deadline = time.monotonic() + 10  # a helper killed by stop() may stay a zombie until its new parent reaps it
+    while any(start_time(pid) == when for pid, when in started.items()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(start_time(pid) != when for pid, when in started.items()), "a peer process outlived stop()"
