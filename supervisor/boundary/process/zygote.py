@@ -257,10 +257,7 @@ def _reset_process(keep: list[int]) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
-    lifted = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in keep]
-    for index, fd in enumerate(lifted):
-        os.dup2(fd, 3 + index, inheritable=False)
-    linux.close_range(3 + len(keep))
+    _keep_fds(keep)
     null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
     for fd in (0, 1, 2):
         if fd != null:
@@ -268,6 +265,14 @@ def _reset_process(keep: list[int]) -> None:
     if null > 2:
         os.close(null)
     gc.freeze()  # objects inherited from the boundary may own fd numbers: never let them be finalised
+
+
+def _keep_fds(keep: list[int]) -> None:
+    """``keep[i]`` moved to fd ``3 + i`` (close-on-exec), every other fd above 2 closed."""
+    lifted = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in keep]
+    for index, fd in enumerate(lifted):
+        os.dup2(fd, 3 + index, inheritable=False)
+    linux.close_range(3 + len(keep))
 
 
 # --- the forking side (zygote without PID namespace, or the init) -----------------------------------------
@@ -541,7 +546,9 @@ def spare_main(sock_fd: int, report_w: int) -> NoReturn:  # pragma: no cover - o
     from there (end-all's SIGTERM) is forwarded to the waiting child, whose default action ends it, and with it
     the spare."""
     try:
-        _reset_process([sock_fd, report_w])  # socket on 3, report pipe on 4
+        # The init's process state but its fds (its 0-2 are /dev/null already; exec_init sets every signal
+        # it forwards, the init had reset the others): the socket on 3, the report pipe on 4.
+        _keep_fds([sock_fd, report_w])
         linux.prctl(linux.PR_SET_DUMPABLE, 0)
         exec_init(None, -1, 4)
     finally:
