@@ -21,7 +21,7 @@ Rules:
 3. Errors follow ``trio.abc.Stream`` and ``trio.SSLStream``: a TLS failure (an alert, a bad record, a cut
    handshake) is ``trio.BrokenResourceError`` whose ``__cause__`` is the ``ssl.SSLError``; the peer's
    close_notify and a transport EOF without one (``https_compatible``: HTTPS clients do that) are ``b""``; use
-   after ``aclose`` is ``trio.ClosedResourceError``.
+   after ``aclose`` is ``trio.ClosedResourceError``, and every call after a failure ``BrokenResourceError``.
 4. ``aclose`` sends close_notify when it can (never waits for the agent's) and closes the transport.
 """
 
@@ -62,6 +62,7 @@ class AgentTLSStream(trio.abc.Stream):
         self._sending = _OneAtATime("sending")
         self._receiving = _OneAtATime("receiving")
         self._closed = False
+        self._broken = False  # a TLS failure was reported: every later call reports it again
 
     def selected_alpn_protocol(self) -> str | None:
         return self._tls.selected_alpn_protocol()
@@ -80,6 +81,7 @@ class AgentTLSStream(trio.abc.Stream):
                     await self._feed()
                     continue
                 except ssl.SSLError as exc:
+                    self._broken = True
                     await self._flush_quietly()  # the alert that says why, as trio.SSLStream sends it
                     raise trio.BrokenResourceError(f"TLS handshake failed: {exc}") from exc
                 break
@@ -111,6 +113,7 @@ class AgentTLSStream(trio.abc.Stream):
                 except ssl.SSLError as exc:
                     if got:
                         break  # hand over what arrived; the next receive reports the failure
+                    self._broken = True
                     raise trio.BrokenResourceError(f"TLS receive failed: {exc}") from exc
                 if not piece:
                     break
@@ -135,6 +138,7 @@ class AgentTLSStream(trio.abc.Stream):
             try:
                 self._tls.write(data)
             except ssl.SSLError as exc:
+                self._broken = True
                 raise trio.BrokenResourceError(f"TLS send failed: {exc}") from exc
             await self._flush()
 
@@ -148,10 +152,11 @@ class AgentTLSStream(trio.abc.Stream):
             return
         try:
             try:
-                self._tls.unwrap()  # our close_notify into the outgoing BIO; the agent's is not awaited
+                if not self._broken:
+                    self._tls.unwrap()  # our close_notify into the outgoing BIO; the agent's is not awaited
             except ssl.SSLError:
                 pass
-            if not self._flushing.locked():
+            if not self._broken and not self._flushing.locked():
                 await self._flush_quietly()
         finally:
             self._closed = True
@@ -161,6 +166,8 @@ class AgentTLSStream(trio.abc.Stream):
     def _check_open(self) -> None:
         if self._closed:
             raise trio.ClosedResourceError("the TLS stream was closed")
+        if self._broken:
+            raise trio.BrokenResourceError("the TLS stream failed earlier")
 
     async def _feed(self) -> None:
         data = await self.transport_stream.receive_some(READ_SIZE)
