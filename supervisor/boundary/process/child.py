@@ -164,15 +164,29 @@ def exec_candidates(name: str, env: Mapping[str, str]) -> list[str]:
     return [os.path.join(entry or ".", name) for entry in env.get("PATH", DEFAULT_PATH).split(":")]
 
 
+_NOT_THERE: Final = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG)  # try the next PATH entry
+
+
 def _execve(argv: tuple[str, ...], env: Mapping[str, str]) -> NoReturn:
+    """``execve`` the first ``PATH`` candidate that runs. A candidate ``stat`` says is not there is skipped
+    without trying it (``execve`` would fail the same way): under the connect-notify filter every ``execve``
+    is a round trip to the boundary (seccomp.NOTIFY_RULES), and ``true`` is in the fourth default entry."""
     denied: OSError | None = None
+    search = "/" not in argv[0]
+    argv_list, env_dict = list(argv), dict(env)
     for path in exec_candidates(argv[0], env):
+        if search:
+            try:
+                os.stat(path)
+            except OSError as exc:
+                if exc.errno in _NOT_THERE:
+                    continue
         try:
-            os.execve(path, list(argv), dict(env))
+            os.execve(path, argv_list, env_dict)
         except OSError as exc:
             if exc.errno == errno.EACCES:
                 denied = denied or exc
-            elif exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG) or "/" in argv[0]:
+            elif exc.errno not in _NOT_THERE or not search:
                 raise
     if denied is not None:
         raise denied
