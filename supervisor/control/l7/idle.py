@@ -10,8 +10,7 @@ started, is never idle; a connection where nothing moves either way is, after ex
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from types import TracebackType
 
 import trio
 
@@ -34,14 +33,30 @@ class IdleClock:
         for scope in self._waits:
             scope.deadline = self.deadline
 
-    @contextmanager
-    def guard(self) -> Iterator[trio.CancelScope]:
+    def guard(self) -> _Guard:
         """A cancel scope ending at the clock's deadline, kept in step with :meth:`touch`; check
         ``cancelled_caught`` afterwards to tell idleness from completion."""
-        scope = trio.CancelScope(deadline=self.deadline)
-        self._waits.add(scope)
+        return _Guard(self._waits, trio.CancelScope(deadline=self.deadline))
+
+
+class _Guard:
+    """``with`` it: the scope is entered and registered with its clock, and both undone on the way out (a class,
+    not a ``contextmanager`` generator: four of these run per request on a kept-alive connection)."""
+
+    __slots__ = ("_scope", "_waits")
+
+    def __init__(self, waits: set[trio.CancelScope], scope: trio.CancelScope) -> None:
+        self._waits = waits
+        self._scope = scope
+
+    def __enter__(self) -> trio.CancelScope:
+        self._waits.add(self._scope)
         try:
-            with scope:
-                yield scope
-        finally:
-            self._waits.discard(scope)
+            return self._scope.__enter__()
+        except BaseException:
+            self._waits.discard(self._scope)
+            raise
+
+    def __exit__(self, etype: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
+        self._waits.discard(self._scope)
+        return self._scope.__exit__(etype, exc, tb)
