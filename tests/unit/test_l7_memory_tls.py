@@ -1,4 +1,5 @@
-"""The agent-facing TLS stream (control/l7/agent_tls.py) against trio's own client, over in-memory transports."""
+"""TLS on memory BIOs (control/l7/memory_tls.py): as the agent-facing server against trio's own client, over
+in-memory transports."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import pytest
 import trio
 import trio.testing
 
-from supervisor.control.l7.agent_tls import AgentTLSStream
 from supervisor.control.l7.ca import InterceptionCA
+from supervisor.control.l7.memory_tls import MemoryTLSStream
 
 CA = InterceptionCA.generate("unit-agent-tls")
 HOST = "api.example.test"
@@ -21,10 +22,10 @@ def client_context(ca_pem: str = CA.cert_pem) -> ssl.SSLContext:
 
 async def connected(
     transport: tuple[trio.abc.Stream, trio.abc.Stream] | None = None, *, ca: InterceptionCA = CA
-) -> tuple[trio.SSLStream[trio.abc.Stream], AgentTLSStream]:
+) -> tuple[trio.SSLStream[trio.abc.Stream], MemoryTLSStream]:
     left, right = transport or trio.testing.memory_stream_pair()
     client = trio.SSLStream(left, client_context(), server_hostname=HOST)
-    server = AgentTLSStream(right, ca.leaf_context(HOST))
+    server = MemoryTLSStream(right, ca.leaf_context(HOST), server_side=True)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(client.do_handshake)
         nursery.start_soon(server.do_handshake)
@@ -68,10 +69,10 @@ async def test_untrusted_agent_fails_the_handshake_with_the_ssl_error_as_cause()
     left, right = trio.testing.memory_stream_pair()
     stranger = InterceptionCA.generate("someone-else")
     client = trio.SSLStream(left, client_context(stranger.cert_pem), server_hostname=HOST)
-    server = AgentTLSStream(right, CA.leaf_context(HOST))
+    server = MemoryTLSStream(right, CA.leaf_context(HOST), server_side=True)
     failures: dict[str, BaseException] = {}
 
-    async def run(name: str, stream: trio.SSLStream[trio.abc.Stream] | AgentTLSStream) -> None:
+    async def run(name: str, stream: trio.SSLStream[trio.abc.Stream] | MemoryTLSStream) -> None:
         try:
             await stream.do_handshake()
         except trio.BrokenResourceError as exc:
@@ -107,8 +108,43 @@ async def test_close_notify_then_closed() -> None:
 
 async def test_handshake_cut_midway_is_broken() -> None:
     left, right = trio.testing.memory_stream_pair()
-    server = AgentTLSStream(right, CA.leaf_context(HOST))
+    server = MemoryTLSStream(right, CA.leaf_context(HOST), server_side=True)
     await left.send_all(b"\x16\x03\x01\x00\x05hello")  # a truncated ClientHello record, then the end
     await left.aclose()
     with pytest.raises(trio.BrokenResourceError):
         await server.do_handshake()
+
+
+async def test_as_the_upstream_client_it_verifies_and_carries_bytes() -> None:
+    left, right = trio.testing.memory_stream_pair()
+    client = MemoryTLSStream(left, client_context(), server_side=False, server_hostname=HOST)
+    server = trio.SSLStream(right, CA.leaf_context(HOST), server_side=True)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client.do_handshake)
+        nursery.start_soon(server.do_handshake)
+    assert client.selected_alpn_protocol() is None and client.version() in ("TLSv1.2", "TLSv1.3")
+    await client.send_all(b"GET / HTTP/1.1\r\n\r\n")
+    assert await server.receive_some(100) == b"GET / HTTP/1.1\r\n\r\n"
+    await server.send_all(b"HTTP/1.1 200 OK\r\n\r\n")
+    assert await client.receive_some(100) == b"HTTP/1.1 200 OK\r\n\r\n"
+
+
+async def test_as_the_upstream_client_a_wrong_name_fails_verification() -> None:
+    left, right = trio.testing.memory_stream_pair()
+    client = MemoryTLSStream(left, client_context(), server_side=False, server_hostname="other.example.test")
+    server = trio.SSLStream(right, CA.leaf_context(HOST), server_side=True)
+    failures: list[BaseException] = []
+
+    async def serve() -> None:
+        try:
+            await server.do_handshake()
+        except trio.BrokenResourceError as exc:
+            failures.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve)
+        with pytest.raises(trio.BrokenResourceError) as caught:
+            await client.do_handshake()
+        await trio.aclose_forcefully(client)
+    assert isinstance(caught.value.__cause__, ssl.SSLCertVerificationError)
+    assert failures, "the upstream saw the handshake fail too (the client's alert or its close)"

@@ -213,7 +213,7 @@ class InterceptionCA:
         cert, key = self.issue_certificate(host)
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.options |= ssl.OP_NO_RENEGOTIATION  # a TLS 1.2 agent cannot renegotiate (agent_tls.py rule 1)
+        ctx.options |= ssl.OP_NO_RENEGOTIATION  # a TLS 1.2 agent cannot renegotiate (memory_tls.py rule 1)
         ctx.set_alpn_protocols([ALPN_HTTP1])
         chain = cert.public_bytes(serialization.Encoding.PEM) + self.cert_pem.encode("ascii")
         _load_chain(ctx, chain, _pem_key(key))

@@ -1,10 +1,12 @@
-"""TLS toward the agent: the server side of an intercepted connection, on an ``ssl.SSLObject`` with memory BIOs.
+"""TLS on an ``ssl.SSLObject`` with memory BIOs over any trio stream: both TLS ends of an inspected connection.
 
-The agent's bytes reach control on an HTTP/2 stream of the link, not on a socket, so OpenSSL cannot read and write
-the transport itself (as ``supervisor/link/socket_tls.py`` does for the upstream): records pass through memory
-BIOs. ``trio.SSLStream`` does the same, but pays per call for what this path never needs (a lock and a conflict
-check per transport operation, a fixed refill size, renegotiation support); on a kept-alive connection of small
-requests and on a download that is most of the agent side's cost (issue 22). Here:
+**Toward the agent** (server side) the bytes reach control on an HTTP/2 stream of the link, not on a socket, so
+OpenSSL cannot read and write the transport itself: records pass through memory BIOs. ``trio.SSLStream`` does the
+same, but pays per call for what this path never needs (a lock and a conflict check per transport operation, one
+record per receive, renegotiation support). **Toward the upstream** (client side) there is a socket, but OpenSSL
+on it (``supervisor/link/socket_tls.py``) reads each record with two ``read`` calls (header, then body: no
+read-ahead): a 64 KiB chunk of a download cost eight system calls, where one ``recv`` into the BIO serves it here.
+Measured in docs/performance.md ("Issue 22: intercepted HTTPS"). Here:
 
 * a receive feeds the transport's bytes into the incoming BIO and reads every record already decryptable, up to
   ``max_bytes``, in one call (one record: no join, no copy);
@@ -13,16 +15,18 @@ requests and on a download that is most of the agent side's cost (issue 22). Her
 
 Rules:
 
-1. Server side only; :meth:`AgentTLSStream.do_handshake` before anything else. The leaf context refuses
-   renegotiation (``supervisor/control/l7/ca.py`` rule 3), so a write never has to wait for a read.
+1. :meth:`MemoryTLSStream.do_handshake` before anything else. A write never waits for a read: the agent-side
+   leaf refuses renegotiation (``supervisor/control/l7/ca.py`` rule 3), and an upstream asking for one mid-write
+   breaks the stream (TLS 1.3 has none).
 2. Ciphertext leaves in the outgoing BIO's order: whoever flushes it (a send, a receive that produced a
    post-handshake message, the handshake, ``aclose``) holds :attr:`_flushing` while reading and sending, and
    sends until it is empty, so two flushes never interleave and a send returns only once its records are out.
-3. Errors follow ``trio.abc.Stream`` and ``trio.SSLStream``: a TLS failure (an alert, a bad record, a cut
-   handshake) is ``trio.BrokenResourceError`` whose ``__cause__`` is the ``ssl.SSLError``; the peer's
-   close_notify and a transport EOF without one (``https_compatible``: HTTPS clients do that) are ``b""``; use
-   after ``aclose`` is ``trio.ClosedResourceError``, and every call after a failure ``BrokenResourceError``.
-4. ``aclose`` sends close_notify when it can (never waits for the agent's) and closes the transport.
+3. Errors follow ``trio.abc.Stream`` and ``trio.SSLStream``: a TLS failure (an alert, a certificate that fails
+   verification, a bad record, a cut handshake) is ``trio.BrokenResourceError`` whose ``__cause__`` is the
+   ``ssl.SSLError``; the peer's close_notify and a transport EOF without one (``https_compatible``: HTTPS peers do
+   that) are ``b""``; use after ``aclose`` is ``trio.ClosedResourceError``, and every call after a failure
+   ``BrokenResourceError``.
+4. ``aclose`` sends close_notify when it can (never waits for the peer's) and closes the transport.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import ssl
 
 import trio
 
-__all__ = ["AgentTLSStream"]
+__all__ = ["MemoryTLSStream"]
 
 READ_SIZE = 65536  # the transport read, and a receive without max_bytes
 
@@ -50,14 +54,18 @@ class _OneAtATime:
         self._busy = False
 
 
-class AgentTLSStream(trio.abc.Stream):
-    """TLS server over any trio stream (``transport_stream``, which it owns)."""
+class MemoryTLSStream(trio.abc.Stream):
+    """TLS over any trio stream (``transport_stream``, which it owns); a client when given ``server_hostname``."""
 
-    def __init__(self, transport: trio.abc.Stream, ctx: ssl.SSLContext) -> None:
+    def __init__(
+        self, transport: trio.abc.Stream, ctx: ssl.SSLContext, *, server_side: bool, server_hostname: str | None = None
+    ) -> None:
         self.transport_stream = transport
         self._incoming = ssl.MemoryBIO()
         self._outgoing = ssl.MemoryBIO()
-        self._tls = ctx.wrap_bio(self._incoming, self._outgoing, server_side=True)
+        self._tls = ctx.wrap_bio(
+            self._incoming, self._outgoing, server_side=server_side, server_hostname=server_hostname
+        )
         self._flushing = trio.Lock()
         self._sending = _OneAtATime("sending")
         self._receiving = _OneAtATime("receiving")
@@ -137,7 +145,7 @@ class AgentTLSStream(trio.abc.Stream):
                 return
             try:
                 self._tls.write(data)
-            except ssl.SSLError as exc:
+            except ssl.SSLError as exc:  # SSLWantReadError included: a renegotiation (rule 1)
                 self._broken = True
                 raise trio.BrokenResourceError(f"TLS send failed: {exc}") from exc
             await self._flush()
@@ -153,7 +161,7 @@ class AgentTLSStream(trio.abc.Stream):
         try:
             try:
                 if not self._broken:
-                    self._tls.unwrap()  # our close_notify into the outgoing BIO; the agent's is not awaited
+                    self._tls.unwrap()  # our close_notify into the outgoing BIO; the peer's is not awaited
             except ssl.SSLError:
                 pass
             if not self._broken and not self._flushing.locked():

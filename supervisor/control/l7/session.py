@@ -47,12 +47,12 @@ import trio
 
 from supervisor.control.credentials import Credentials
 from supervisor.control.l7 import answers
-from supervisor.control.l7.agent_tls import AgentTLSStream
 from supervisor.control.l7.authority import AuthorityError, AuthoritySource, request_authority, same_authority
 from supervisor.control.l7.ca import InterceptionCA, LeafError
 from supervisor.control.l7.client_hello import ClientHelloError, Pending, server_name
 from supervisor.control.l7.head import MAX_HEAD_BYTES, HeadError, check_head, find_head_end
 from supervisor.control.l7.idle import IdleClock
+from supervisor.control.l7.memory_tls import MemoryTLSStream
 from supervisor.control.l7.record import CloseReason, InspectStats, RequestRecord, display_path
 from supervisor.control.l7.rewrite import CredentialRefusal, redact_path, redact_query, rewrite_request
 from supervisor.control.l7.scrub import Scrubber
@@ -80,7 +80,6 @@ from supervisor.control.policy.hosts import normalize_request_host
 from supervisor.control.upstream import UpstreamError, UpstreamReason
 from supervisor.jsonlog import JsonLog
 from supervisor.link.relay import Flow, RelayEnd, relay
-from supervisor.link.socket_tls import SocketTLSStream
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.responses import ErrorCode, ErrorResponse
 
@@ -407,7 +406,7 @@ class _Session:
             self._tunnel_event("agent-tls-failed", reason="no-leaf", detail=str(exc))
             self._end(CloseReason.AGENT_TLS, str(exc), clean=False)
             return False
-        stream = AgentTLSStream(self.agent, ctx)  # SSLObject + memory BIOs: the agent side is a link stream
+        stream = MemoryTLSStream(self.agent, ctx, server_side=True)  # the agent side is a link stream
         try:
             with trio.fail_after(self.limits.handshake_timeout):
                 await stream.do_handshake()
@@ -732,13 +731,8 @@ class _Session:
                 str(UpstreamReason.CONNECT_FAILED))  # fmt: skip
         stream: trio.abc.Stream = tcp
         if self.tls:
-            # on the socket where there is one (supervisor/link/socket_tls.py): OpenSSL reads and writes it itself
-            tls_stream: SocketTLSStream | trio.SSLStream[trio.abc.Stream] = (
-                SocketTLSStream(tcp, self.upstream_ssl, server_side=False, server_hostname=self.name,
-                                https_compatible=True)
-                if isinstance(tcp, trio.SocketStream)
-                else trio.SSLStream(tcp, self.upstream_ssl, server_hostname=self.name, https_compatible=True)
-            )  # fmt: skip
+            # memory BIOs here too: one recv per chunk, where OpenSSL on the socket reads each record twice (memory_tls)
+            tls_stream = MemoryTLSStream(tcp, self.upstream_ssl, server_side=False, server_hostname=self.name)
             try:
                 with trio.fail_after(self.limits.handshake_timeout):
                     await tls_stream.do_handshake()
