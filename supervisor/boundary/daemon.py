@@ -33,7 +33,7 @@ from typing import Any
 
 import trio
 
-from supervisor.boundary.capture import IdentityResolver, connect_notify
+from supervisor.boundary.capture import connect_notify
 from supervisor.boundary.capture.canary import ProbeResult, probe_canary
 from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog
 from supervisor.boundary.capture.fence_watch import (
@@ -42,6 +42,7 @@ from supervisor.boundary.capture.fence_watch import (
     nftables_groups_socket,
     rtnetlink_groups_socket,
 )
+from supervisor.boundary.capture.identity import IdentityResolver
 from supervisor.boundary.capture.setup import open_sock_diag
 from supervisor.boundary.confinement import landlock_for, root_for
 from supervisor.boundary.egress import EgressCapture, EgressLinks, RecentPids

@@ -31,19 +31,8 @@ from typing import Any
 
 import trio
 
-from supervisor.boundary.capture import (
-    CONNECT_ESTABLISHED,
-    HEAD_READ_DEADLINE_S,
-    Identity,
-    IdentityResolver,
-    IdentityStage,
-    IdentityUnresolved,
-    ProxyReject,
-    ProxyTarget,
-    parse_head,
-    render_reply,
-)
 from supervisor.boundary.capture.dns_stub import TcpFramer, encode_tcp, servfail
+from supervisor.boundary.capture.identity import Identity, IdentityResolver, IdentityStage, IdentityUnresolved
 from supervisor.jsonlog import JsonLog
 from supervisor.link.h2link import Link, LinkClosed, LinkStream
 from supervisor.link.relay import Flow, RelayEnd, abort_stream, relay
@@ -56,7 +45,17 @@ from supervisor.protocol.egress import (
     encode_dns_request_headers,
 )
 from supervisor.protocol.event_names import EventName
-from supervisor.protocol.proxy_head import ForwardBody, render_response, render_unavailable
+from supervisor.protocol.proxy_head import (
+    CONNECT_ESTABLISHED,
+    HEAD_READ_DEADLINE_S,
+    ForwardBody,
+    ProxyReject,
+    ProxyTarget,
+    parse_head,
+    render_reply,
+    render_response,
+    render_unavailable,
+)
 
 LINK_WAIT_S = 0.25  # how long a connection may wait for an egress link before it is refused
 REPLY_TIMEOUT_S = 30.0
@@ -396,7 +395,7 @@ class EgressCapture:
         return answer or servfail(query)
 
     async def _dns_udp(self, tsock: Any) -> None:
-        from supervisor.boundary.capture.dns_stub import destination_from_ancdata, enable_pktinfo, source_ancdata
+        from supervisor.boundary.capture.pktinfo import destination_from_ancdata, enable_pktinfo, source_ancdata
 
         enable_pktinfo(tsock)
         async with trio.open_nursery() as nursery:

@@ -164,7 +164,7 @@ def test_every_destination_lands_on_our_listener_or_is_refused() -> None:
 
 
 def scenario_udp() -> dict[str, Any]:
-    from supervisor.boundary.capture.dns_stub import destination_from_ancdata, source_ancdata
+    from supervisor.boundary.capture.pktinfo import destination_from_ancdata, source_ancdata
     from supervisor.boundary.capture.setup import prepare
 
     fds, _ = prepare(capture_ports=[443])

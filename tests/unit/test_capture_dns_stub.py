@@ -19,19 +19,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.boundary.capture.dns_stub import (
-    IP_PKTINFO,
     DnsFramingError,
     StubAction,
     TcpFramer,
     decide,
-    destination_from_ancdata,
     encode_tcp,
     fit_udp,
     formerr,
     matches_query,
     servfail,
-    source_ancdata,
 )
+from supervisor.boundary.capture.pktinfo import IP_PKTINFO, destination_from_ancdata, source_ancdata
 
 ALLOWED = {"api.github.com", "example.com", "_https._tcp.example.com"}
 
@@ -234,3 +232,17 @@ def test_any_bytes_decide_without_raising(data: bytes) -> None:
             dns.rdatatype.SVCB,
             dns.rdatatype.SRV,
         )
+
+
+def test_the_launchers_capture_setup_does_not_import_dnspython() -> None:
+    """The launcher imports capture setup in the agent's namespaces; a fresh interpreter shows what that pulls in
+    (dnspython there broke the launcher under an interpreter that has only the launcher's own dependencies)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, supervisor.boundary.process.launcher; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'dns'))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

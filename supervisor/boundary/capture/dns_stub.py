@@ -10,16 +10,14 @@ Rules (docs/design.md "DNS and transparent capture"; docs/spec/boundary.md §5.4
 3. Malformed queries get ``FORMERR`` when their id is readable, otherwise nothing; responses sent to the stub
    are dropped. No link to control → ``SERVFAIL`` (the caller's choice, built with :func:`servfail`).
 4. Over UDP the stub answers from the address the agent queried (any-IP capture makes every address local):
-   :func:`destination_from_ancdata` reads it from ``IP_PKTINFO``/``IPV6_PKTINFO`` and :func:`source_ancdata`
-   builds the control message that sources the reply from it.
+   :mod:`.pktinfo` reads it from ``IP_PKTINFO``/``IPV6_PKTINFO`` and builds the control message that sources
+   the reply from it.
 """
 
 from __future__ import annotations
 
 import enum
-import ipaddress
 import re
-import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,7 +36,6 @@ MAX_MESSAGE = 65535
 UDP_MIN_PAYLOAD = 512
 STUB_EDNS_PAYLOAD = 1232  # the DNS flag day 2020 size; what the canonical forwarded query advertises
 
-IP_PKTINFO = 8  # <linux/in.h>; Python 3.11 does not export it
 DEFAULT_QTYPES = frozenset(
     {
         dns.rdatatype.A,
@@ -217,32 +214,3 @@ class TcpFramer:
     def pending(self) -> int:
         """Bytes of an incomplete message (a connection closing with pending > 0 was cut mid-message)."""
         return len(self._buffer)
-
-
-# --- UDP source address ----------------------------------------------------------------------------------
-
-
-def destination_from_ancdata(ancdata: list[tuple[int, int, bytes]]) -> str | None:
-    """The destination address of a received datagram, from ``recvmsg`` ancillary data."""
-    for level, kind, data in ancdata:
-        if level == socket.IPPROTO_IP and kind == IP_PKTINFO and len(data) >= 12:
-            return str(ipaddress.IPv4Address(data[8:12]))  # struct in_pktinfo: ifindex, spec_dst, addr
-        if level == socket.IPPROTO_IPV6 and kind == socket.IPV6_PKTINFO and len(data) >= 20:
-            return str(ipaddress.IPv6Address(data[:16]))  # struct in6_pktinfo: addr, ifindex
-    return None
-
-
-def source_ancdata(address: str) -> list[tuple[int, int, bytes]]:
-    """Ancillary data for ``sendmsg`` that sources a reply from ``address`` (the address the agent queried)."""
-    ip = ipaddress.ip_address(address)
-    if isinstance(ip, ipaddress.IPv4Address):
-        return [(socket.IPPROTO_IP, IP_PKTINFO, struct.pack("=i4s4s", 0, ip.packed, b"\0" * 4))]
-    return [(socket.IPPROTO_IPV6, socket.IPV6_PKTINFO, ip.packed + struct.pack("=I", 0))]
-
-
-def enable_pktinfo(sock: socket.socket) -> None:
-    """Ask the kernel for the destination address of each datagram (used by the capture setup)."""
-    if sock.family == socket.AF_INET:
-        sock.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
-    else:
-        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO, 1)

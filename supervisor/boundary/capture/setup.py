@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from supervisor.boundary.capture import _procnet
 from supervisor.boundary.capture._sockdiag import NETLINK_SOCK_DIAG
-from supervisor.boundary.capture.dns_stub import enable_pktinfo
+from supervisor.boundary.capture.pktinfo import enable_pktinfo
 
 if TYPE_CHECKING:
     from pyroute2 import IPRoute
