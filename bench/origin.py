@@ -91,7 +91,12 @@ def serve(host: str, cert: Path, key: Path) -> None:
     server.context = context
     print(f"READY {server.server_address[1]}", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
-    threading.Thread(target=lambda: (sys.stdin.read(), server.shutdown()), daemon=True).start()
+
+    def end_with_stdin() -> None:
+        sys.stdin.read()
+        server.shutdown()
+
+    threading.Thread(target=end_with_stdin, daemon=True).start()
     server.serve_forever()
     server.server_close()
 

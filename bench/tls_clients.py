@@ -19,6 +19,7 @@ from __future__ import annotations
 import ssl
 import time
 from collections import Counter
+from collections.abc import Mapping
 
 from bench.clients import BulkResult, SetupResult, _await_eof, error_kind, open_tunnel
 from bench.wire import WireError
@@ -41,7 +42,7 @@ def tls_context(cafile: str | None) -> ssl.SSLContext:
     return context
 
 
-def check_address(cert: dict[str, object], address: str) -> None:
+def check_address(cert: Mapping[str, object], address: str) -> None:
     """The verified leaf must name ``address`` in its subjectAltName (as an IP address, or squid's DNS form)."""
     names = cert.get("subjectAltName") or ()
     assert isinstance(names, tuple)
