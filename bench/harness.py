@@ -397,10 +397,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_install:
         missing = setup_peers.ensure_debian_peers()
         preflight.update(missing)
-        if "squid-bump" in args.contender_names and "squid" not in missing:
-            reason = setup_peers.ensure_squid_openssl()
+        if {"squid", "squid-bump"} & set(args.contender_names) and "squid" not in missing:
+            reason = setup_peers.ensure_squid_openssl()  # one squid binary for both roles: squid-openssl's
             if reason:
-                preflight["squid-bump"] = reason
+                preflight["squid-bump"] = reason  # the raw squid row runs on either build
         if "mitmproxy" in args.contender_names:
             reason = setup_peers.ensure_venv_package(setup_peers.MITMPROXY_REQUIREMENT, "mitmdump")
             if reason:

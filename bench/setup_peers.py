@@ -40,8 +40,15 @@ def _apt_package_for_tinyproxy() -> str:
     return "tinyproxy-bin" if "Candidate:" in out and "Candidate: (none)" not in out else "tinyproxy"
 
 
+def _apt_package_for_squid() -> str:
+    """``squid-openssl`` where the release has it (it can bump TLS and conflicts with ``squid``), else ``squid``."""
+    out = _run(["apt-cache", "policy", "squid-openssl"], timeout=60).stdout
+    return "squid-openssl" if "Candidate:" in out and "Candidate: (none)" not in out else "squid"
+
+
 def ensure_debian_peers() -> dict[str, str]:
-    """Install what is missing of tinyproxy and squid; return {binary: reason} for what is still missing."""
+    """Install what is missing of tinyproxy and squid (as squid-openssl where the release has it); return
+    {binary: reason} for what is still missing."""
     missing = [b for b in ("tinyproxy", "squid") if not _have(b)]
     if not missing:
         return {}
@@ -55,7 +62,7 @@ def ensure_debian_peers() -> dict[str, str]:
     try:
         print(f"bench: installing {', '.join(missing)} with apt-get", file=sys.stderr, flush=True)
         _run(["apt-get", "update", "-q"])
-        packages = [_apt_package_for_tinyproxy() if b == "tinyproxy" else b for b in missing]
+        packages = [_apt_package_for_tinyproxy() if b == "tinyproxy" else _apt_package_for_squid() for b in missing]
         result = _run(
             ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages],
             DEBIAN_FRONTEND="noninteractive",
