@@ -76,6 +76,7 @@ SIGKILL_STATUS: Final = signal.SIGKILL  # raw wait status of a process killed by
 KILL_ALL_TIMEOUT: Final = 10.0
 UNOWNED_REPORT_S: Final = 1.0
 UNOWNED_PIDS: Final = 10  # the first pids of a report; the count is all of them
+SPARE_IDLE_MS: Final = 5  # the init forks the next spare exec-init after an exit report or this long idle
 _INT_SIZE: Final = array.array("i").itemsize
 _SIOCGIFFLAGS: Final = 0x8913
 _SIOCSIFFLAGS: Final = 0x8914
@@ -653,9 +654,16 @@ def init_main(  # pragma: no cover - own pid ns
         poller.register(wake, select.POLLIN)
         report_at: float | None = None  # orphans reaped: one aggregated report per second at most
         announced: int | None = None  # the spare exec-init's host pid the zygote was last told of
+        spare_due = False  # a spawn went out: fork the next spare once its exec's exit is reported, or when idle
         while True:
             timeout = None if report_at is None else max(0, int((report_at - time.monotonic()) * 1000) + 1)
+            if spare_due:
+                timeout = SPARE_IDLE_MS if timeout is None else min(timeout, SPARE_IDLE_MS)
             ready = poller.poll(timeout)
+            if spare_due and not ready:
+                spare_due = False
+                with contextlib.suppress(OSError):  # none: the next exec forks its init as before
+                    spawner.replenish()
             if spawner.unowned and report_at is not None and time.monotonic() >= report_at:
                 send(sock, {"unowned": len(spawner.unowned), "pids": spawner.unowned[:UNOWNED_PIDS]})
                 spawner.unowned.clear()
@@ -665,6 +673,10 @@ def init_main(  # pragma: no cover - own pid ns
                     _drain(wake)
                     for sid, status in spawner.reap():
                         send(sock, {"exit": sid, "status": status})
+                        if spare_due:  # the exit is out: the spare's forks no longer delay it
+                            spare_due = False
+                            with contextlib.suppress(OSError):
+                                spawner.replenish()
                     if spawner.unowned and report_at is None:
                         report_at = time.monotonic() + UNOWNED_REPORT_S
                     continue
@@ -677,8 +689,7 @@ def init_main(  # pragma: no cover - own pid ns
                 finally:
                     close_all(out)
                 if reply.get("ok") and got[0].get("op") == "spawn":
-                    with contextlib.suppress(OSError):  # none: the next exec forks its init as before
-                        spawner.replenish()
+                    spare_due = spawner.spare is None
             spare = spawner.spare.host_pid if spawner.spare is not None else None
             if spare != announced:  # the boundary leaves the waiting spare out of the workload's processes
                 send(sock, {"spare": spare})
