@@ -33,6 +33,12 @@ or the capture setup runs. ``spawn`` goes to whichever process forks (rule 2), w
 ``child.run``. Once the init has mounted the namespace's ``/proc``, ``/proc/self`` names nothing for the
 zygote (it is outside that PID namespace), so work that reads it (the capture setup and calls) runs in the
 init, and the zygote itself never reads ``/proc`` after ``prepare``.
+
+An exec gets a PID namespace of its own (``exec_init``). To keep the ``unshare`` and both forks off its path the
+init holds one spare (``Spawner.replenish``, ``spare_main``): an exec-init already PID 1 of a fresh namespace
+whose command child waits on a socket for the spawn request; the init hands the next nested spawn to it and
+forks the next spare once that exec's exit is reported. The boundary leaves a waiting spare out of the
+workload's processes (the init announces it as ``{"spare": host_pid}``).
 """
 
 from __future__ import annotations
