@@ -40,14 +40,22 @@ for start in range(0, len(ports), chunk):
     if os.fork() == 0:
         os.close(read_end)
         held = []
-        for port in ports[start:start + chunk]:
-            s = socket.socket()
-            try:
-                s.bind(("0.0.0.0", port))
-            except OSError:
-                s.close()
-                continue
-            held.append(s)
+        missing = ports[start:start + chunk]
+        deadline = time.monotonic() + 6  # a port in use for a moment (a probe's connect, 2 s) is taken once free
+        while missing and time.monotonic() < deadline:
+            busy = []
+            for port in missing:
+                s = socket.socket()
+                try:
+                    s.bind(("0.0.0.0", port))
+                except OSError:
+                    s.close()
+                    busy.append(port)
+                    continue
+                held.append(s)
+            missing = busy
+            if missing:
+                time.sleep(0.1)
         os.write(write_end, b"%d\n" % len(held))
         time.sleep(3600)
         os._exit(0)
