@@ -148,11 +148,12 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
-def _daemon_flags(dev_pid: int, deadline: float) -> dict[str, dict[str, str]]:
+def _daemon_flags(run: Run, deadline: float) -> dict[str, dict[str, str]]:
     """``{"boundary": {flag: value}, "control": {...}}`` from the daemons' command lines, once both run."""
     while time.monotonic() < deadline:
+        assert run.dev.poll() is None, f"dev exited ({run.dev.returncode}): {run.stderr()[-3000:]}"
         found: dict[str, dict[str, str]] = {}
-        for child in _children(dev_pid):
+        for child in _children(run.dev.pid):
             argv = _cmdline(child)
             for role in ("boundary", "control"):
                 if f"--mode={role}" in argv:
@@ -161,7 +162,7 @@ def _daemon_flags(dev_pid: int, deadline: float) -> dict[str, dict[str, str]]:
         if len(found) == 2:
             return found
         time.sleep(0.05)
-    raise AssertionError("dev mode's daemons never both ran")
+    raise AssertionError(f"dev mode's daemons never both ran; dev's stderr: {run.stderr()[-3000:]}")
 
 
 def _wait_for_text(path: Path, pattern: str, deadline: float, proc: subprocess.Popen[str]) -> re.Match[str]:
@@ -255,7 +256,7 @@ def _attack_and_check(
     before: dict[str, tuple[int, int, int, str]],
 ) -> None:  # fmt: skip
     deadline = time.monotonic() + 60
-    flags = _daemon_flags(run.dev.pid, deadline)
+    flags = _daemon_flags(run, deadline)
     workdir = Path(_wait_for_text(run.stderr_path, r"workdir (\S+)", deadline, run.dev).group(1))
     ids = _wait_for_text(run.stderr_path, r"agent uid:gid (\d+):(\d+)", deadline, run.dev)
     agent_uid = int(ids.group(1))
