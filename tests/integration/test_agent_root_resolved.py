@@ -9,6 +9,7 @@ copy of the stub file glibc would fall back to 127.0.0.1 and find nothing there.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -111,18 +112,26 @@ class Responder:
         self.sock.close()
 
 
+RESOLVED_LOCK = "/run/lock/openshell-sandbox-tests/resolved-stub-port.lock"
+
+
 @pytest.fixture
 def responder() -> Iterator[Responder]:
     if os.geteuid() != 0:
         pytest.skip("needs root: port 53 and a private mount namespace with /etc swapped")
     if shutil.which("unshare") is None or not os.access("/usr/bin/python3", os.X_OK):
         pytest.skip("unshare (util-linux) and /usr/bin/python3 are needed")
-    try:
-        server = Responder()
-    except OSError as exc:
-        pytest.skip(f"cannot answer DNS on 127.0.0.53:53 here: {exc}")
-    yield server
-    server.close()
+    # The host's 127.0.0.53:53 is one port for every pytest process on the machine (two `make test` runs side by
+    # side): hold a cross-process lock while answering there, so the other run waits instead of skipping.
+    os.makedirs(os.path.dirname(RESOLVED_LOCK), exist_ok=True)
+    with open(RESOLVED_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            server = Responder()
+        except OSError as exc:
+            pytest.skip(f"cannot answer DNS on 127.0.0.53:53 here: {exc}")
+        yield server
+        server.close()
 
 
 def test_getaddrinfo_works_with_a_resolved_style_resolv_conf(responder: Responder) -> None:
