@@ -1,5 +1,5 @@
 """What the agent may touch on the filesystem: its mount layout (R, U) and its Landlock rules (every model), from
-the policy's static sections (docs/spec/policy.md §1.2, docs/design.md "Default filesystem").
+the policy's static sections (docs/reference/policy.md §1.2, docs/design.md "Default filesystem").
 
 Rules of this module:
 

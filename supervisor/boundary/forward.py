@@ -1,4 +1,4 @@
-"""Forward: one byte stream to a validated loopback target inside the workload (docs/spec/boundary.md §3).
+"""Forward: one byte stream to a validated loopback target inside the workload (docs/reference/boundary.md §3).
 
 The target is checked by :func:`supervisor.protocol.process_ops.validate_forward_target` (loopback literal or
 ``localhost``, never a name that would need a resolver, never one of the boundary's own ports); the socket is

@@ -1,5 +1,5 @@
 """The CA trust the boundary gives the agent: control's interception CA, alone and appended to the system bundle
-(docs/spec/boundary.md §6.5), in files the workload can read but not change.
+(docs/reference/boundary.md §6.5), in files the workload can read but not change.
 
 The env keys pointing at these files are managed (``environment.managed_env``): exec and agent env cannot
 override them.

@@ -1,4 +1,5 @@
-"""Destination classifier for the SSRF guard (docs/spec/policy.md §3.5, docs/design.md "Always-blocked stays blocked").
+"""Destination classifier for the SSRF guard (docs/reference/policy.md §3.5, docs/design.md "Always-blocked stays
+blocked").
 
 Pure functions, no I/O. Two jobs:
 

@@ -1,4 +1,4 @@
-"""Provider credentials that only control holds; the agent gets placeholders (docs/spec/policy.md §3.13).
+"""Provider credentials that only control holds; the agent gets placeholders (docs/reference/policy.md §3.13).
 
 Rules:
 

@@ -12,13 +12,13 @@ binary's identity (``supervisor.protocol.egress``). For each one, in order:
    credential dial lazily, for their first admitted request);
 4. answered ``200``; then every endpoint but ``tls: skip`` is inspected (``supervisor.control.l7``): TLS
    terminated, every HTTP request bound to the tunnel's host:port, L7 rules and credentials applied where
-   configured, and only bytes that are neither TLS nor HTTP relayed raw (docs/spec/policy.md §3.7, §3.9);
+   configured, and only bytes that are neither TLS nor HTTP relayed raw (docs/reference/policy.md §3.7, §3.9);
    ``tls: skip`` is relayed both ways with half-close. A refusal is a status and a reason the boundary turns
    into a 403/502 for proxy-aware clients or a reset for transparent ones.
 
 Every decision is one JSON event; an allowed connection's event is written when it closes, with bytes and
 duration. Connections admitted under an older policy generation are re-decided when a new generation loads
-and cut if it denies them (docs/spec/policy.md §3.15); an inspected one judges its next request under the new
+and cut if it denies them (docs/reference/policy.md §3.15); an inspected one judges its next request under the new
 generation.
 """
 

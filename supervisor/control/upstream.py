@@ -2,7 +2,7 @@
 
 Size (over ~500 lines on purpose): resolve, vet and dial are one path whose rules (below) hold only together.
 
-Rules this file enforces (docs/spec/policy.md §3.5, §3.14; docs/design.md "Always-blocked stays blocked"):
+Rules this file enforces (docs/reference/policy.md §3.5, §3.14; docs/design.md "Always-blocked stays blocked"):
 
 1. **One resolution per connection, and the address dialled is an address vetted.** ``dial`` resolves once,
    vets the answer, and connects only to the vetted addresses, checking the connected peer. Nothing resolves

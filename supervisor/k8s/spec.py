@@ -52,7 +52,7 @@ class RenderError(ValueError):
 
 
 class Model(enum.StrEnum):
-    """The workload's privilege model (docs/spec/boundary.md §2.9)."""
+    """The workload's privilege model (docs/reference/boundary.md §2.9)."""
 
     R = "R"
     U = "U"

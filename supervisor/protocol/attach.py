@@ -1,10 +1,10 @@
 """The ``attach`` descriptor: what control tells the boundary when it binds it (docs/design.md "Who says what at
-attach"; docs/spec/boundary.md §1.2).
+attach"; docs/reference/boundary.md §1.2).
 
 Rule 1: the agent's argv, cwd and tty are NOT here — they come from the boundary's own command line.
 Rule 2: strict: unknown keys, wrong types and a version other than exactly ours are ``invalid``; a descriptor
 that contradicts the certificate claims (sandbox, NetworkPolicy) is ``denied``.
-Rule 3: ``static_policy`` is the policy's static sections (docs/spec/policy.md §1: ``filesystem_policy``,
+Rule 3: ``static_policy`` is the policy's static sections (docs/reference/policy.md §1: ``filesystem_policy``,
 ``landlock``, ``process``) as control's policy model writes them; the boundary holds them as a
 :class:`StaticPolicy`, checked as strictly as the rest (``invalid`` naming ``static_policy.<section>.<key>``).
 """

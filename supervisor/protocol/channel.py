@@ -1,4 +1,4 @@
-"""Channel framing for one exec stream, end to end between the CLI and the boundary (docs/spec/boundary.md §2.3).
+"""Channel framing for one exec stream, end to end between the CLI and the boundary (docs/reference/boundary.md §2.3).
 
 Rules this module enforces:
 

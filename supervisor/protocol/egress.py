@@ -4,10 +4,10 @@ Rules this module enforces (everything that crosses the boundary→control hand-
 
 1. The boundary is the HTTP/2 client. A hand-off is ``:method CONNECT`` + ``:authority host:port`` (RFC 9113
    §8.5: no ``:scheme``, no ``:path``) plus exactly the ``openshell-*`` headers below, each once.
-2. The authority follows docs/spec/policy.md §3.1.1 tightened: IPv6 literals are bracketed, the port is present and
+2. The authority follows docs/reference/policy.md §3.1.1 tightened: IPv6 literals are bracketed, the port is present and
    1..65535 in plain decimal, no userinfo, the host is at most 255 characters of ``[a-z0-9._~-]`` (lower-cased)
    or a bracketed IPv6 address without a zone.
-3. ``openshell-identity`` is the compact JSON of the boundary's resolved identity (docs/spec/boundary.md §4.2),
+3. ``openshell-identity`` is the compact JSON of the boundary's resolved identity (docs/reference/boundary.md §4.2),
    validated field by field by :meth:`ConnectionIdentity.from_wire` (``protocol/identity.py``); unknown fields
    are refused so that both sides agree on what was decided.
 4. Control answers ``:status`` 200 (allow, then bytes flow with END_STREAM as half-close) or an error status with
@@ -80,7 +80,7 @@ class EgressRequest:
         return format_authority(self.host, self.port)
 
 
-# Refusal reasons that are destination refusals (docs/spec/policy.md §3.17: ``ssrf_denied``), not policy ones: the
+# Refusal reasons that are destination refusals (docs/reference/policy.md §3.17: ``ssrf_denied``), not policy ones: the
 # boundary renders them with that code. They come from the one catalogue of upstream reasons.
 SSRF_REASONS = frozenset(str(reason) for reason in UpstreamReason if reason.ssrf)
 

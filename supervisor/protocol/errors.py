@@ -1,4 +1,4 @@
-"""Error kinds shared by every operation between control and boundary (docs/spec/boundary.md §1.3).
+"""Error kinds shared by every operation between control and boundary (docs/reference/boundary.md §1.3).
 
 An error never advances the lifecycle and never authorises anything. On the wire an error is the JSON body
 ``{"kind": K, "reason": "...", "field"?: "...", "stage"?: "...", "errno"?: N}`` with the HTTP status of its kind.

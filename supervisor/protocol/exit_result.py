@@ -1,5 +1,5 @@
 """The result of a workload process: what ``wait`` and ``terminate`` answer and an ``EXIT`` frame carries
-(docs/spec/boundary.md §2.5).
+(docs/reference/boundary.md §2.5).
 
 The boundary's process table builds one when a process ends (``boundary/process/table.py`` ``render_result``);
 it never changes afterwards. It crosses to control (the ``/v1/wait`` reply, the agent's exit in status) and to

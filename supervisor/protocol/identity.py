@@ -1,4 +1,4 @@
-"""The connection identity: who called ``connect()``, as the boundary resolved it (docs/spec/boundary.md §4.2).
+"""The connection identity: who called ``connect()``, as the boundary resolved it (docs/reference/boundary.md §4.2).
 
 One shape on both sides. The boundary builds it (``boundary/capture/identity.py``), the egress hand-off carries
 it as compact JSON in ``openshell-identity`` (``protocol/egress.py``), and control reads it back and projects the
@@ -44,7 +44,7 @@ class ConnectionIdentity:
     resolved_in_us: int
     orphaned: bool = False  # the ancestor chain left the workload before the agent (a reparented orphan)
     # loader variables in the process's initial environment that void a binary-scoped match unless the binary
-    # entry opts in (docs/design.md "Identity"; docs/spec/policy.md binaries ``allow_loader_env``)
+    # entry opts in (docs/design.md "Identity"; docs/reference/policy.md binaries ``allow_loader_env``)
     loader_env: tuple[str, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
@@ -106,7 +106,7 @@ class ConnectionIdentity:
         )
 
 
-# field → (accepted JSON types, required); the schema of docs/spec/boundary.md §4.2
+# field → (accepted JSON types, required); the schema of docs/reference/boundary.md §4.2
 _SCHEMA: Mapping[str, tuple[tuple[type, ...], bool]] = {
     "binary_path": ((str,), True),
     "binary_sha256": ((str, type(None)), True),

@@ -1,4 +1,4 @@
-"""The boundary's lifecycle as a pure state machine (docs/spec/boundary.md §1.1, §1.4).
+"""The boundary's lifecycle as a pure state machine (docs/reference/boundary.md §1.1, §1.4).
 
 Rule 1: every operation is checked against the current state here, first, before it touches anything.
 Rule 2: only the three lifecycle steps move the state forward, one step each; errors never move it.

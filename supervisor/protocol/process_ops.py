@@ -1,4 +1,5 @@
-"""Validation of process-operation requests: exec, signal, wait, terminate, forward (docs/spec/boundary.md §2.3–§3).
+"""Validation of process-operation requests: exec, signal, wait, terminate, forward
+(docs/reference/boundary.md §2.3–§3).
 
 Rules this module enforces:
 

@@ -3,7 +3,7 @@
 Shared by the boundary's listener (``127.0.0.1:3128`` in the agent's namespace) and control's proxy-pod
 listener (docs/design.md, "The proxy-pod topology"); neither side imports the other.
 
-Rules (docs/spec/policy.md §3.1, §3.17; the listener parses only to learn the destination and to answer):
+Rules (docs/reference/policy.md §3.1, §3.17; the listener parses only to learn the destination and to answer):
 
 1. Nothing is decided here. A head becomes a :class:`ProxyTarget` (CONNECT or absolute-form plain HTTP) or a
    :class:`ProxyReject`; policy, DNS, L7 and credentials stay in control.
@@ -56,7 +56,7 @@ _UPSTREAM_ERRORS = {
     504: ErrorCode.UPSTREAM_TIMEOUT,
 }
 
-# headers that describe the hop between the agent and us, never forwarded (docs/spec/policy.md §3.1.2)
+# headers that describe the hop between the agent and us, never forwarded (docs/reference/policy.md §3.1.2)
 _HOP_HEADERS = frozenset(
     {b"host", b"connection", b"upgrade", b"proxy-connection", b"proxy-authorization", b"proxy-authenticate"}
 )
@@ -108,7 +108,7 @@ class ProxyReject:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """The JSON body of a refusal a proxy-aware client reads (docs/spec/policy.md §3.17); absent fields are left
+    """The JSON body of a refusal a proxy-aware client reads (docs/reference/policy.md §3.17); absent fields are left
     out."""
 
     error: ErrorCode  # the machine code (protocol/responses.py, the one catalogue)
@@ -150,7 +150,7 @@ def render_denied(
     detail: str | None = None,
     error: ErrorCode = ErrorCode.POLICY_DENIED,
 ) -> bytes:
-    """The ``403`` for a proxy-aware client (docs/spec/policy.md §3.17)."""
+    """The ``403`` for a proxy-aware client (docs/reference/policy.md §3.17)."""
     body = Refusal(
         error=error,
         detail=detail or f"{target.describe()} not permitted by policy",
@@ -228,7 +228,7 @@ def proxy_url(host: str, port: int, token: str | None = None) -> str:
 
 
 def proxy_environment(url: str = f"http://{PROXY_HOST}:{PROXY_PORT}") -> dict[str, str]:
-    """The proxy variables set for the agent (docs/spec/boundary.md §6.5), upper and lower case."""
+    """The proxy variables set for the agent (docs/reference/boundary.md §6.5), upper and lower case."""
     env: dict[str, str] = {}
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
         env[name] = env[name.lower()] = url

@@ -1,4 +1,4 @@
-"""The client-visible error responses of the egress path (docs/spec/policy.md §3.17), sans-I/O.
+"""The client-visible error responses of the egress path (docs/reference/policy.md §3.17), sans-I/O.
 
 Rules:
 
@@ -101,8 +101,8 @@ STATUS: dict[ErrorCode, int] = {
 
 @dataclass(frozen=True, slots=True)
 class L7Denial:
-    """What the tunnel L7 deny says beside ``error`` and ``detail`` (docs/spec/policy.md §3.10.4): what was refused,
-    by which policy, and what to ask for."""
+    """What the tunnel L7 deny says beside ``error`` and ``detail`` (docs/reference/policy.md §3.10.4): what was
+    refused, by which policy, and what to ask for."""
 
     policy: str | None  # the network policy that matched the endpoint
     reason: str | None

@@ -1,4 +1,4 @@
-"""Why control made no upstream connection: one catalogue for both sides (docs/spec/policy.md §3.5, §3.17).
+"""Why control made no upstream connection: one catalogue for both sides (docs/reference/policy.md §3.5, §3.17).
 
 Control's dial (``supervisor/control/upstream.py``) raises these; the value travels in the egress reply's
 ``reason`` and in events, and the boundary's proxy listener renders a reason whose status is 403 as

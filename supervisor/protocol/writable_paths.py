@@ -1,4 +1,4 @@
-"""Which paths may never be granted to the agent for writing (docs/spec/policy.md §1.2, docs/design.md
+"""Which paths may never be granted to the agent for writing (docs/reference/policy.md §1.2, docs/design.md
 "Default filesystem"). Shared by control (policy validation), the boundary (``--workdir``) and dev mode.
 
 Rules:

@@ -202,7 +202,7 @@ for name, host, port in [("dial-doc", "2001:db8::1", 80), ("dial-loopback-22", "
 # 127.0.0.1:p1; on port 8000 the policy itself already refuses them.
 CANONICAL_INTERNAL = ["127.0.0.1", "[::ffff:127.0.0.1]", "169.254.169.254", "localhost", "LOCALHOST", "0.0.0.0",
                       "[::]", "[::1]"]  # fmt: skip
-# Non-canonical numeric spellings are refused as hosts before any address exists: 400 (docs/spec/policy.md §3.17,
+# Non-canonical numeric spellings are refused as hosts before any address exists: 400 (docs/reference/policy.md §3.17,
 # "forward non-canonical target"), named in the event as invalid-host.
 NON_CANONICAL = ["2130706433", "0x7f.1", "0177.0.0.1", "127.1", "127.0.0.1."]
 

@@ -1,7 +1,7 @@
 """Design citations in the code point inside the repository, at files and sections that exist.
 
 Every ``docs/…`` file named in ``supervisor/`` exists; every ``§N.N`` written right after a spec file
-(``docs/spec/policy.md §3.1, §3.17; …``: up to the end of that clause) is a numbered heading of that spec;
+(``docs/reference/policy.md §3.1, §3.17; …``: up to the end of that clause) is a numbered heading of that spec;
 every ``docs/design.md "Name"`` is a heading or a bold lead-in of the design; no module cites the team's
 copies outside the repository (``../shared``, ``shared/``, a bare ``DESIGN.md``).
 """
@@ -21,7 +21,7 @@ ALL_PYTHON = sorted(
 )
 
 DOC_PATH = re.compile(r"(?<![\w/.])docs/[\w./-]*\w\.(?:md|yaml|yml)")
-SPEC_CLAUSE = re.compile(r"(?<![\w/.])(docs/spec/\w+\.md)([^;)\"\n]*)")
+SPEC_CLAUSE = re.compile(r"(?<![\w/.])(docs/reference/\w+\.md)([^;)\"\n]*)")
 SECTION = re.compile(r"§(\d+(?:\.\d+)*)")
 HEADING = re.compile(r"^#{1,6}\s+(\d+(?:\.\d+)*)\.?\s", re.MULTILINE)
 DESIGN_NAME = re.compile(r'docs/design\.md "([^"]+)"')
@@ -92,11 +92,11 @@ def test_no_citation_outside_the_repository(source: Path) -> None:
 def test_the_checks_can_fail() -> None:
     """The patterns catch what they are for (so a green run means something)."""
     assert OUTSIDE.search('see DESIGN.md "Trust"') and OUTSIDE.search("../shared/spec/policy.md")
-    assert OUTSIDE.search("(spec/boundary.md §2.2)") and not OUTSIDE.search("(docs/spec/boundary.md §2.2)")
-    clause = SPEC_CLAUSE.search("(docs/spec/policy.md §3.5, §99.1; docs/design.md §7)")
+    assert OUTSIDE.search("(spec/boundary.md §2.2)") and not OUTSIDE.search("(docs/reference/boundary.md §2.2)")
+    clause = SPEC_CLAUSE.search("(docs/reference/policy.md §3.5, §99.1; docs/design.md §7)")
     assert clause is not None and SECTION.findall(clause.group(2)) == ["3.5", "99.1"]
-    assert "99.1" not in _headings(ROOT / "docs/spec/policy.md")
-    assert {"3.1.1", "3.17", "6"} <= _headings(ROOT / "docs/spec/policy.md")
+    assert "99.1" not in _headings(ROOT / "docs/reference/policy.md")
+    assert {"3.1.1", "3.17", "6"} <= _headings(ROOT / "docs/reference/policy.md")
     assert {"Events", "Settled details", "Finding the API"} <= _design_names()
     assert "No such section" not in _design_names()
     assert _cited_name("Who says what at\n# attach") == "Who says what at attach"

@@ -9,7 +9,7 @@ from supervisor.protocol.lifecycle import Lifecycle, Op, State, check
 
 INV, D, T, OK = ErrorKind.INVALID, ErrorKind.DENIED, ErrorKind.TERMINATED, None
 STATES = (State.IDLE, State.BOUND, State.READY, State.RUNNING, State.ENDED)
-MATRIX = {  # docs/spec/boundary.md §1.4
+MATRIX = {  # docs/reference/boundary.md §1.4
     Op.ATTACH: (OK, D, D, D, T),
     Op.RESUME: (INV, OK, OK, OK, OK),
     Op.CONFIRM: (INV, OK, INV, INV, T),

@@ -1,4 +1,5 @@
-"""Decisions (docs/spec/policy.md §3.3, §3.10) and the §5 bug classes, from the attacker's side where it matters."""
+"""Decisions (docs/reference/policy.md §3.3, §3.10) and the §5 bug classes, from the attacker's side where it
+matters."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Glob semantics of docs/spec/policy.md §2, one table per dialect, plus the overlap test used by §1.11."""
+"""Glob semantics of docs/reference/policy.md §2, one table per dialect, plus the overlap test used by §1.11."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Request-target canonicalisation (docs/spec/policy.md §3.8.3) and query parsing (§3.8.4): the spec's examples."""
+"""Request-target canonicalisation (docs/reference/policy.md §3.8.3) and query parsing (§3.8.4): the spec's examples."""
 
 from __future__ import annotations
 

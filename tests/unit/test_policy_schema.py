@@ -1,4 +1,4 @@
-"""Validation: every row of docs/spec/policy.md §1.10 (and the §6 decisions) rejects with the field's YAML path."""
+"""Validation: every row of docs/reference/policy.md §1.10 (and the §6 decisions) rejects with the field's YAML path."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Generations and failure modes (docs/spec/policy.md §3.15, docs/design.md "Settled details"), without a file
+"""Generations and failure modes (docs/reference/policy.md §3.15, docs/design.md "Settled details"), without a file
 watcher."""
 
 from __future__ import annotations

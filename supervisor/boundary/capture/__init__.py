@@ -1,4 +1,4 @@
-"""Egress capture inside the agent's network namespace (docs/spec/boundary.md §4, §5.4).
+"""Egress capture inside the agent's network namespace (docs/reference/boundary.md §4, §5.4).
 
 - :mod:`.setup` runs in the launcher inside the agent's namespace: ``prepare`` (lo, any-IP routes, listeners
   as fds), ``inspect`` (fence read-back + fingerprint), ``probe``, ``open_sock_diag``; it pulls in pyroute2

@@ -1,7 +1,7 @@
 """``/proc/<pid>/net/tcp{,6}`` rows (the table of the network namespace ``pid`` lives in).
 
 Addresses are hex, each 32-bit word in host (little-endian) order. IPv4-mapped IPv6 addresses are normalised
-to IPv4 so that a dual-stack socket and an IPv4 socket compare equal (docs/spec/boundary.md §4.1 step 1).
+to IPv4 so that a dual-stack socket and an IPv4 socket compare equal (docs/reference/boundary.md §4.1 step 1).
 """
 
 from __future__ import annotations

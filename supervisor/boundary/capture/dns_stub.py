@@ -1,6 +1,6 @@
 """The agent's DNS stub, sans-I/O: what may be forwarded to control, the local answers, TCP framing.
 
-Rules (docs/design.md "DNS and transparent capture"; docs/spec/boundary.md §5.4):
+Rules (docs/design.md "DNS and transparent capture"; docs/reference/boundary.md §5.4):
 
 1. Only names that some policy endpoint could allow are forwarded; every other query is answered ``REFUSED``
    here and never leaves the boundary, so DNS cannot carry data out. The boundary gets that knowledge as a

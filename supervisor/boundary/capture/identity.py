@@ -1,4 +1,4 @@
-"""Binary identity of the process behind an accepted connection (docs/spec/boundary.md §4.2).
+"""Binary identity of the process behind an accepted connection (docs/reference/boundary.md §4.2).
 
 Size (over ~500 lines on purpose): the resolver's stages (socket → connect record → owners → executable and
 ancestors), their budget and their failure kinds are one decision path.
@@ -92,7 +92,7 @@ class IdentityUnresolved(Exception):
         return f"identity-unresolved: {self.stage}"
 
 
-# The resolved identity is the protocol's one shape (docs/spec/boundary.md §4.2); the boundary's name for it.
+# The resolved identity is the protocol's one shape (docs/reference/boundary.md §4.2); the boundary's name for it.
 Identity = ConnectionIdentity
 
 

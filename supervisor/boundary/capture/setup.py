@@ -7,7 +7,7 @@ Rules:
 2. The fence is "only ``lo``": no link, no route and no rule may lead anywhere else. :func:`inspect` reads it
    all back, names every deviation and fingerprints the whole dump, so ``confirm`` and the periodic re-check
    compare one hash.
-3. Capture is any-IP routing (docs/spec/boundary.md §5.4 B): ``local 0.0.0.0/0`` and ``local ::/0`` in table
+3. Capture is any-IP routing (docs/reference/boundary.md §5.4 B): ``local 0.0.0.0/0`` and ``local ::/0`` in table
    ``local`` make every destination an address of this namespace, so nothing is ever routed anywhere. A
    wildcard listener on port P accepts a connection to *any* address on P and the accepted socket's local
    address is the original destination; a port without a listener is refused by the kernel — a functional

@@ -1,5 +1,5 @@
 """The boundary's process side: the single-threaded launcher that puts every control in force before a
-workload process runs its first instruction (docs/spec/boundary.md §2.2)."""
+workload process runs its first instruction (docs/reference/boundary.md §2.2)."""
 
 from .child import SpawnSpec, Stage
 from .landlock import LandlockSpec

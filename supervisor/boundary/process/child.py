@@ -1,4 +1,4 @@
-"""The ordered stages a workload child runs between ``fork`` and ``execve`` (docs/spec/boundary.md §2.2).
+"""The ordered stages a workload child runs between ``fork`` and ``execve`` (docs/reference/boundary.md §2.2).
 
 Rules of this module:
 

@@ -1,4 +1,4 @@
-"""The environment and launch spec of the agent and of exec'd processes (docs/spec/boundary.md §2.2, §2.3, §6.5).
+"""The environment and launch spec of the agent and of exec'd processes (docs/reference/boundary.md §2.2, §2.3, §6.5).
 
 Rules:
 

@@ -1,4 +1,4 @@
-"""Moving one process's stdio over an exec channel stream (docs/spec/boundary.md §2.3, §2.8).
+"""Moving one process's stdio over an exec channel stream (docs/reference/boundary.md §2.3, §2.8).
 
 Rules:
 

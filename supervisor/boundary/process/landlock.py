@@ -1,4 +1,4 @@
-"""Landlock for a workload process (docs/spec/boundary.md §2.1 f, §2.2 step 11), through raw syscalls.
+"""Landlock for a workload process (docs/reference/boundary.md §2.1 f, §2.2 step 11), through raw syscalls.
 
 Rules of this module:
 

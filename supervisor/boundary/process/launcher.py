@@ -1,4 +1,4 @@
-"""The boundary's handle on its launcher ("zygote") process (docs/spec/boundary.md §2.2, §2.6, §2.7, §2.9).
+"""The boundary's handle on its launcher ("zygote") process (docs/reference/boundary.md §2.2, §2.6, §2.7, §2.9).
 
 Rules of this module:
 

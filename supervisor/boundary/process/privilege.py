@@ -1,4 +1,5 @@
-"""Identity drop for a workload child, and the probes that pick a privilege model (docs/spec/boundary.md §2.2, §2.9).
+"""Identity drop for a workload child, and the probes that pick a privilege model
+(docs/reference/boundary.md §2.2, §2.9).
 
 Rules of this module:
 

@@ -1,4 +1,4 @@
-"""The workload's seccomp deny list, hand-assembled as classic BPF (docs/spec/boundary.md §2.1 g, §2.2 step 12).
+"""The workload's seccomp deny list, hand-assembled as classic BPF (docs/reference/boundary.md §2.1 g, §2.2 step 12).
 
 Rules of this module:
 

@@ -1,4 +1,4 @@
-"""Ending a process tree without leaving anything behind, in /proc mode (docs/spec/boundary.md §2.6).
+"""Ending a process tree without leaving anything behind, in /proc mode (docs/reference/boundary.md §2.6).
 
 Membership of a handle's tree, from what /proc shows (restricted to the launcher's workload processes, so
 nothing outside the workload is ever signalled):
@@ -16,7 +16,7 @@ by /proc alone; it stays inside the workload (the launcher's subreaper or PID na
 agent (``end_all`` kills every workload process, then the launcher's ``kill_all``). In models R and U this
 only matters for the agent: every exec handle's root is the init of the exec's own PID namespace
 (``zygote.exec_init``), a member of its tree, and its SIGKILL ends everything in that namespace. Model P keeps
-the residual (docs/spec/boundary.md §2.6).
+the residual (docs/reference/boundary.md §2.6).
 
 Algorithm: SIGTERM (+ SIGCONT, so a stopped member can act on it) to every member; poll every 50 ms until the
 grace ends, signalling members that appear; then *freeze and kill*: SIGSTOP every member, rescan, repeat until

@@ -1,4 +1,4 @@
-"""The launcher ("zygote") process and the PID-namespace init it may fork (docs/spec/boundary.md §2.2, §2.6, §2.7).
+"""The launcher ("zygote") process and the PID-namespace init it may fork (docs/reference/boundary.md §2.2, §2.6, §2.7).
 
 Size (over ~500 lines on purpose): the launcher's whole protocol runs in one single-threaded process image forked
 before trio; its operations, the init and the exec-init share the fd and reaping rules below, so they stay together

@@ -1,4 +1,4 @@
-"""The refusals inspection writes to the agent, built from decisions and failures (docs/spec/policy.md §3.17).
+"""The refusals inspection writes to the agent, built from decisions and failures (docs/reference/policy.md §3.17).
 
 Pure: each function returns a :class:`~supervisor.protocol.responses.ErrorResponse`; nothing here holds a
 secret (details come from decisions over redacted requests, and from upstream errors about addresses).

@@ -1,4 +1,5 @@
-"""Authority binding: every request inside a tunnel must name the tunnel's own host:port (docs/spec/policy.md §3.9).
+"""Authority binding: every request inside a tunnel must name the tunnel's own host:port
+(docs/reference/policy.md §3.9).
 
 Why: the policy decision, the upstream connection and the credentials bound to an endpoint are all chosen
 from the CONNECT authority. A request inside that tunnel whose ``Host`` (or absolute URI) names another host

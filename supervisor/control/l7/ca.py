@@ -1,4 +1,4 @@
-"""The per-sandbox interception CA: minted by control, its key never leaves control (docs/spec/policy.md §3.7).
+"""The per-sandbox interception CA: minted by control, its key never leaves control (docs/reference/policy.md §3.7).
 
 Rules:
 

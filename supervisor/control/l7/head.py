@@ -1,4 +1,4 @@
-"""Strict validation of one request head inside an inspected connection (docs/spec/policy.md §3.1, §3.8.1, §3.8.2).
+"""Strict validation of one request head inside an inspected connection (docs/reference/policy.md §3.1, §3.8.1, §3.8.2).
 
 h11 parses heads well but is lenient where a proxy must not be: it accepts bare LF line ends, obs-fold
 continuation lines, ``Content-Length`` together with ``Transfer-Encoding`` and ``Transfer-Encoding`` on

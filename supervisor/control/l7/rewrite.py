@@ -1,4 +1,4 @@
-"""Placeholders in, secrets out: the credential rewrite of one admitted request (docs/spec/policy.md §3.13), pure.
+"""Placeholders in, secrets out: the credential rewrite of one admitted request (docs/reference/policy.md §3.13), pure.
 
 Rules:
 

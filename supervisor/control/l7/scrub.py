@@ -1,5 +1,5 @@
 """A secret never flows back to the agent: responses from a credential's bound host carry its placeholder
-wherever the origin echoed the secret (issue 14; beyond docs/spec/policy.md §3.13, which allows the echo).
+wherever the origin echoed the secret (issue 14; beyond docs/reference/policy.md §3.13, which allows the echo).
 
 Pure. :class:`Scrubber` replaces each secret's bytes by its placeholder in header values (:meth:`header`) and
 in a body that arrives in chunks (:meth:`feed`, then :meth:`flush` at its end). A secret split across two

@@ -1,4 +1,4 @@
-"""What the agent speaks inside a tunnel, from its first bytes (docs/spec/policy.md §3.7, docs/design.md
+"""What the agent speaks inside a tunnel, from its first bytes (docs/reference/policy.md §3.7, docs/design.md
 "Sniffing the first bytes").
 
 ``sniff(prefix)`` returns ``None`` while ``prefix`` is still a proper prefix of more than one answer (the

@@ -1,4 +1,4 @@
-"""TLS toward the real upstream after interception: always verified, never downgraded (docs/spec/policy.md §3.7).
+"""TLS toward the real upstream after interception: always verified, never downgraded (docs/reference/policy.md §3.7).
 
 The agent's TLS ends at control; control opens its own TLS to the destination with SNI = the CONNECT host and
 verifies the certificate against the system trust store plus any extra CAs the operator configured. A failure

@@ -1,4 +1,4 @@
-"""Control's policy engine: load and validate, compile, decide, explain and hot-reload (docs/spec/policy.md).
+"""Control's policy engine: load and validate, compile, decide, explain and hot-reload (docs/reference/policy.md).
 
 Everything here is pure except ``store`` (which reads the policy file and, in ``watch_policy_file``, sleeps).
 """

@@ -1,4 +1,4 @@
-"""Endpoint overlap check (docs/spec/policy.md §1.11, V36): overlapping endpoints must not disagree.
+"""Endpoint overlap check (docs/reference/policy.md §1.11, V36): overlapping endpoints must not disagree.
 
 Two endpoints *overlap* when their port sets intersect and some host matches both selectors (a hostless
 endpoint overlaps everything). Overlapping endpoints must agree on connection metadata (``protocol: tcp`` or

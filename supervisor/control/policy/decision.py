@@ -1,4 +1,4 @@
-"""What a policy decision is (docs/spec/policy.md §2): the request, the verdict, the reason and the decision
+"""What a policy decision is (docs/reference/policy.md §2): the request, the verdict, the reason and the decision
 with its rule — the types ``decide.py`` produces and ``compiled.py`` remembers per generation (apart from both,
 so that neither imports the other for a type)."""
 

@@ -1,4 +1,5 @@
-"""Glob matching exactly as docs/spec/policy.md §2 defines it; ``fnmatch`` is not used because its ``*`` crosses ``/``.
+"""Glob matching exactly as docs/reference/policy.md §2 defines it; ``fnmatch`` is not used because its ``*``
+crosses ``/``.
 
 Rules of this module:
 

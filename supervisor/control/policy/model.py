@@ -1,4 +1,4 @@
-"""The validated policy document (docs/spec/policy.md §1), as frozen values.
+"""The validated policy document (docs/reference/policy.md §1), as frozen values.
 
 A ``Policy`` is what the schema accepted, normalised (lower-case protocol and hosts, ``ports`` always a list,
 ``name`` defaulting to the key) but not yet expanded: ``access`` presets stay presets until compilation, so

@@ -1,4 +1,4 @@
-"""Request-target canonicalisation and query parsing for L7 decisions (docs/spec/policy.md §3.8.3, §3.8.4).
+"""Request-target canonicalisation and query parsing for L7 decisions (docs/reference/policy.md §3.8.3, §3.8.4).
 
 The canonical path is what policy sees *and what control sends upstream* (§5 bug 21: a parser differential
 between the policy check and the upstream request is a bypass). Rules, in order:

@@ -1,4 +1,4 @@
-"""Load and validate a policy document (docs/spec/policy.md §1, with the §6 decisions).
+"""Load and validate a policy document (docs/reference/policy.md §1, with the §6 decisions).
 
 Size (over ~500 lines on purpose): the document's validation, section by section, each error naming its path; the
 large sections are already apart (schema_l7, schema_static).

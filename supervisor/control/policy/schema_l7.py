@@ -1,4 +1,4 @@
-"""L7 allow and deny rules of an endpoint (docs/spec/policy.md §1.5): method, path glob and query matchers.
+"""L7 allow and deny rules of an endpoint (docs/reference/policy.md §1.5): method, path glob and query matchers.
 
 Allow rules are wrapped (``rules: [{allow: {...}}]``), deny rules are flat (``deny_rules: [{...}]``); both
 require ``method`` and ``path``. GraphQL, MCP, JSON-RPC and SQL rule fields are refused as not supported yet.

@@ -1,4 +1,4 @@
-"""The static sections of a policy (docs/spec/policy.md §1.2): fixed for the sandbox's life, read by the boundary.
+"""The static sections of a policy (docs/reference/policy.md §1.2): fixed for the sandbox's life, read by the boundary.
 
 ``filesystem_policy`` paths are absolute, without ``..``, at most 4096 characters and 256 in total, and
 ``read_write`` is never ``/`` nor at or under ``/proc`` (``supervisor/protocol/writable_paths.py``);

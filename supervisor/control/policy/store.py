@@ -1,4 +1,4 @@
-"""Policy generations, failure modes and the file watcher (docs/spec/policy.md §3.15, docs/design.md "Settled
+"""Policy generations, failure modes and the file watcher (docs/reference/policy.md §3.15, docs/design.md "Settled
 details").
 
 Rules:
