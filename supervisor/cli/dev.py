@@ -17,19 +17,17 @@ no process, no socket, no temporary directory.
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from supervisor.cli.dev_common import DevOptions, _console, _die_with_dev, _entry, _stop, dev_claims
+from supervisor.cli.dev_common import DevOptions, _die_with_dev, _entry, _stop, dev_claims, start_sandbox
 from supervisor.cli.dev_confinement import DevSetupError, prepare, resolve_model
-from supervisor.cli.state_dirs import StateDirError, ensure_sandbox_state_dir, events_path
+from supervisor.cli.state_dirs import events_path
 from supervisor.protocol.certs import issue_bundle
 from supervisor.protocol.exit_codes import ExitCode
 
@@ -42,17 +40,10 @@ def run_dev(opts: DevOptions) -> int:
         from supervisor.cli.dev_proxy_pod import run_proxy_pod
 
         return run_proxy_pod(opts)
-    sandbox = "dev-" + secrets.token_hex(4)
-    try:
-        # 0711 (state_dirs): the agent's uid may traverse it to a work/ below, never list it; events.jsonl is
-        # 0600 and must also be hidden from the agent's view where it shares our uid (U, P).
-        ensure_sandbox_state_dir(sandbox)
-    except StateDirError as exc:
-        print(f"openshell-sandbox: {exc} (set XDG_STATE_HOME to a directory of yours)", file=sys.stderr)
+    start = start_sandbox(opts, "openshell-dev-")  # events.jsonl must also be hidden from the agent's view (U, P)
+    if start is None:
         return ExitCode.SELF_FAILED
-    tick, say = _console(opts, sandbox)
-    tmp = Path(tempfile.mkdtemp(prefix="openshell-dev-"))
-    os.chmod(tmp, 0o711)  # traversable for the agent's CA files in tls/; the bundle itself is 0700 below
+    sandbox, tick, say, tmp = start.sandbox, start.tick, start.say, start.tmp
     procs: list[subprocess.Popen[bytes]] = []
     received: list[int] = []
     runtime: Path | None = None

@@ -3,16 +3,18 @@ throwaway claims, how the daemons are started and stopped, and the console that 
 
 from __future__ import annotations
 
+import os
 import secrets
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from supervisor.cli.dev_console import Console, EventsTail
-from supervisor.cli.state_dirs import events_path
+from supervisor.cli.state_dirs import StateDirError, ensure_sandbox_state_dir, events_path
 from supervisor.protocol.claims import Claims
 
 
@@ -85,6 +87,33 @@ def _console(opts: DevOptions, sandbox: str) -> tuple[Callable[[], None], Callab
                 say(line)
 
     return tick, say
+
+
+@dataclass(frozen=True)
+class DevStart:
+    """A new dev sandbox's name, its console and its 0711 temporary directory (traversable for the agent's CA
+    files; what must stay private lives in 0700 directories below it)."""
+
+    sandbox: str
+    tick: Callable[[], None]
+    say: Callable[[str], None]
+    tmp: Path
+
+
+def start_sandbox(opts: DevOptions, tmp_prefix: str) -> DevStart | None:
+    """Name the sandbox and make its state directory (0711: the agent's uid may traverse it to a work/ below,
+    never list it; events.jsonl is 0600) and temporary directory; None, said on stderr, when the state
+    directory cannot be made."""
+    sandbox = "dev-" + secrets.token_hex(4)
+    try:
+        ensure_sandbox_state_dir(sandbox)
+    except StateDirError as exc:
+        print(f"openshell-sandbox: {exc} (set XDG_STATE_HOME to a directory of yours)", file=sys.stderr)
+        return None
+    tick, say = _console(opts, sandbox)
+    tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix))
+    os.chmod(tmp, 0o711)
+    return DevStart(sandbox, tick, say, tmp)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

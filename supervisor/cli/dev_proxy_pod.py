@@ -27,13 +27,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from supervisor.cli.dev_common import DevOptions, _console, _die_with_dev, _entry, _stop, dev_claims
-from supervisor.cli.state_dirs import StateDirError, ensure_sandbox_state_dir, events_path
+from supervisor.cli.dev_common import DevOptions, _die_with_dev, _entry, _stop, dev_claims, start_sandbox
+from supervisor.cli.state_dirs import events_path
 from supervisor.protocol.certs import issue_bundle
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_codes import ExitCode
@@ -181,15 +180,10 @@ def run_proxy_pod(opts: DevOptions) -> int:
     if uid == 0 or gid == 0:
         print("openshell-sandbox: --agent-user must not be root in the proxy-pod topology", file=sys.stderr)
         return ExitCode.USAGE
-    sandbox = "dev-" + secrets.token_hex(4)
-    try:
-        ensure_sandbox_state_dir(sandbox)
-    except StateDirError as exc:
-        print(f"openshell-sandbox: {exc} (set XDG_STATE_HOME to a directory of yours)", file=sys.stderr)
+    start = start_sandbox(opts, "openshell-dev-pp-")
+    if start is None:
         return ExitCode.SELF_FAILED
-    tick, say = _console(opts, sandbox)
-    tmp = Path(tempfile.mkdtemp(prefix="openshell-dev-pp-"))
-    os.chmod(tmp, 0o711)
+    sandbox, tick, say, tmp = start.sandbox, start.tick, start.say, start.tmp
     name, host_if = f"osb-pp-{sandbox[4:]}", f"osbpp{sandbox[4:]}"
     control_ip, agent_ip = _addresses()
     procs: list[subprocess.Popen[bytes]] = []
