@@ -53,6 +53,7 @@ PR_SET_CHILD_SUBREAPER: Final = 36
 PR_SET_NO_NEW_PRIVS: Final = 38
 PR_GET_NO_NEW_PRIVS: Final = 39
 PR_CAP_AMBIENT: Final = 47
+PR_CAP_AMBIENT_RAISE: Final = 2
 PR_CAP_AMBIENT_CLEAR_ALL: Final = 4
 
 SECCOMP_MODE_FILTER: Final = 2
@@ -211,6 +212,17 @@ def capset_clear() -> None:
     """Empty the effective, permitted and inheritable sets of this thread."""
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()
+    _check(_libc.capset(ctypes.byref(header), data))
+
+
+def capset(effective: int, permitted: int, inheritable: int) -> None:
+    """Set this thread's three capability masks (64-bit ints)."""
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    for index, shift in enumerate((0, 32)):
+        data[index].effective = effective >> shift & 0xFFFFFFFF
+        data[index].permitted = permitted >> shift & 0xFFFFFFFF
+        data[index].inheritable = inheritable >> shift & 0xFFFFFFFF
     _check(_libc.capset(ctypes.byref(header), data))
 
 

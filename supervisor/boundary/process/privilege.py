@@ -43,9 +43,11 @@ def set_gid(gid: int) -> None:
 def clear_bounding_set() -> None:
     """Drop every capability from the bounding and ambient sets when privileged enough to (root or SETPCAP).
 
-    An unprivileged process cannot and need not: with ``no_new_privs`` it gains nothing at ``execve``.
+    An unprivileged process cannot and need not: with ``no_new_privs`` it gains nothing at ``execve``. Its
+    ambient set is emptied all the same (that needs no privilege; the init's may be full, ``keep_across_exec``).
     """
     if os.geteuid() != 0 and not linux.has_effective_cap(linux.CAP_SETPCAP):
+        linux.prctl(linux.PR_CAP_AMBIENT, linux.PR_CAP_AMBIENT_CLEAR_ALL)
         return
     last = linux.cap_last_cap()
     for cap in range(last + 1):
@@ -89,6 +91,22 @@ def clear_capabilities() -> None:
         linux.capset_clear()
     if any(linux.capget()):
         raise PermissionError(errno.EPERM, "capabilities remain after the drop")
+
+
+def keep_across_exec() -> None:
+    """Keep this process's permitted capabilities through its next ``execve`` (the init's fresh interpreter,
+    zygote.py "The init's image"): where its uid is not 0 in its user namespace (model U without root) the
+    kernel would recompute them as empty. Each becomes inheritable and ambient (capabilities(7)); uid 0 needs
+    nothing. Every child's stages empty the ambient set again (``clear_bounding_set``, ``clear_capabilities``)."""
+    if os.geteuid() == 0:
+        return
+    effective, permitted, _inheritable = linux.capget()
+    if not permitted:
+        return
+    linux.capset(effective, permitted, permitted)  # ambient must stay within permitted and inheritable
+    for cap in range(linux.cap_last_cap() + 1):
+        if permitted >> cap & 1:
+            linux.prctl(linux.PR_CAP_AMBIENT, linux.PR_CAP_AMBIENT_RAISE, cap)
 
 
 def verify_cannot_regain_root() -> None:

@@ -56,6 +56,7 @@ import signal
 import socket
 import stat
 import struct
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -630,6 +631,62 @@ def _init_request(spawner: Spawner, request: dict[str, Any], fds: list[int]) -> 
     return {"id": request.get("id"), "ok": False, "errno": errno.EINVAL, "error": f"init does not serve {op!r}"}, []
 
 
+# The init's image. Every exec forks the init twice (the spare exec-init, then its command), and a fork's cost
+# (copying the page tables, copy-on-write faults as Python writes reference counts, tearing the copy down at
+# ``execve`` and exit) grows with the image: a fork of the boundary's (trio, h2, cryptography: ~37 MB anonymous)
+# costs 2.7 ms CPU to fork and exit, one of an interpreter that imported only this module (~10 MB) 0.6 ms. So
+# the init's child ``execve``s a fresh interpreter that imports this module and nothing of the boundary's, and
+# carries no copy of the boundary's memory (its keys included) either. (With capture, the setup's pyroute2 adds
+# ~13 MB: it runs in the init, where ``/proc/self`` means the workload's namespace.) ``-I -S``: no environment variable,
+# user site or ``.pth`` file has a say; the module path is the boundary's own, the package's root first.
+_INIT_BOOT: Final = (
+    "import sys, json; sys.path[:0] = json.loads(sys.argv[1]); "
+    "from supervisor.boundary.process.zygote import init_entry; init_entry(sys.argv[2])"
+)
+
+
+def _package_root() -> str:
+    """The directory holding the ``supervisor`` package this module is part of."""
+    here = os.path.abspath(__file__)  # <root>/supervisor/boundary/process/zygote.py
+    for _ in range(4):
+        here = os.path.dirname(here)
+    return here
+
+
+def exec_init_image(  # pragma: no cover - the init before its execve
+    sock_fd: int, host_proc_fd: int, mount_proc: bool, root: dict[str, Any] | None
+) -> NoReturn:
+    """In the zygote's first child after ``unshare(CLONE_NEWPID)``: ``execve`` the init's own interpreter
+    (``init_entry``) with the zygote's socket on fd 3 and the host procfs on 4. A failure is the init's
+    ``ready: false``."""
+    try:
+        linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)  # kept across the execve (not set-id)
+        privilege.keep_across_exec()
+        _keep_fds([sock_fd, host_proc_fd])
+        os.set_inheritable(3, True)
+        os.set_inheritable(4, True)
+        if not sys.executable:
+            raise OSError(errno.ENOEXEC, "this interpreter does not know its own executable")
+        path = json.dumps([_package_root(), *(entry for entry in sys.path if entry)])
+        args = json.dumps({"mount_proc": mount_proc, "root": root})
+        os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", _INIT_BOOT, path, args])
+    except BaseException as exc:
+        with contextlib.suppress(BaseException):
+            reason = f"start the init ({sys.executable or '?'}): {exc}"
+            send(socket.socket(fileno=3), {"ready": False, "errno": getattr(exc, "errno", None), "error": reason})
+    finally:
+        os._exit(1)
+
+
+def init_entry(args: str) -> NoReturn:  # pragma: no cover - own pid ns
+    """The init's interpreter, right after its ``execve`` (``_INIT_BOOT``)."""
+    try:
+        parsed = json.loads(args)
+        init_main(3, 4, bool(parsed["mount_proc"]), parsed["root"])
+    finally:
+        os._exit(1)
+
+
 def init_main(  # pragma: no cover - own pid ns
     sock_fd: int, host_proc_fd: int, mount_proc: bool, root: dict[str, Any] | None = None
 ) -> NoReturn:
@@ -878,15 +935,17 @@ class Zygote:
             privilege.write_id_maps(uid, gid)
         if plan.mountns:
             linux.mount(None, "/", None, linux.MS_REC | linux.MS_SLAVE)
+        if plan.pidns:
+            # Before anything else forks: the first child forked after unshare(CLONE_NEWPID) is the init. Before
+            # the hiding too: its fresh interpreter starts from files a hidden path could cover.
+            self._start_init(mount_proc=plan.mountns, root=plan.root)
+        if plan.mountns:
             for path in plan.hide_paths:  # without an agent root; with one, its plan hides them (rootfs rule 4)
                 st = os.lstat(path)
                 if not stat.S_ISDIR(st.st_mode):
                     raise OSError(errno.ENOTDIR, f"hide path is not a directory: {path}")
                 linux.mount("tmpfs", path, "tmpfs", HIDE_FLAGS, HIDE_OPTIONS)
-        if plan.pidns:
-            # Before anything else forks: the first child forked after unshare(CLONE_NEWPID) is the init.
-            self._start_init(mount_proc=plan.mountns, root=plan.root)
-        else:
+        if not plan.pidns:
             linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
             root = rootfs.RootPlan.from_wire(plan.root) if plan.root is not None else None
             self.spawner = Spawner(host_proc_fd=None, root=root)
@@ -915,7 +974,7 @@ class Zygote:
         try:
             pid = os.fork()
             if pid == 0:  # pragma: no cover - becomes PID 1 of the namespace
-                init_main(theirs.fileno(), host_proc_fd, mount_proc, root)
+                exec_init_image(theirs.fileno(), host_proc_fd, mount_proc, root)
         finally:
             theirs.close()
             os.close(host_proc_fd)
