@@ -395,8 +395,10 @@ def probe(
     expect_listener_port: int | None = None,
     listeners: dict[str, int] | None = None,
     timeout: float = 1.0,
+    proc_net: str = "/proc/self/net",
 ) -> dict[str, Any]:
-    """Connect from inside the namespace to a TEST-NET address and report where it landed.
+    """Connect from inside the namespace to a TEST-NET address and report where it landed. ``proc_net``: a
+    ``/proc/<pid>/net`` of a process in this network namespace (the caller's own if its procfs shows it).
 
     ``captured`` means the connection was accepted by a listener of this namespace (its server end appears in
     this namespace's TCP table); ``local`` is that server end's address — with any-IP it equals the dialled
@@ -431,7 +433,7 @@ def probe(
         code = client.connect_ex((str(ip), port))
         if code == 0:
             mine = _procnet.normalise(client.getsockname())
-            server = _server_end(mine)
+            server = _server_end(mine, proc_net)
             result["captured"] = server is not None
             if server is not None:
                 result["local"] = f"[{server[0]}]:{server[1]}" if ":" in server[0] else f"{server[0]}:{server[1]}"
@@ -450,8 +452,8 @@ def probe(
     return result
 
 
-def _server_end(client_end: tuple[str, int]) -> tuple[str, int] | None:
-    for row in _procnet.read_tables("/proc/self/net"):
+def _server_end(client_end: tuple[str, int], proc_net: str) -> tuple[str, int] | None:
+    for row in _procnet.read_tables(proc_net):
         if row.remote == client_end and row.state in (_procnet.ESTABLISHED, _procnet.SYN_RECV):
             return row.local
     return None

@@ -30,9 +30,10 @@ the agent's own root right before its first child (``rootfs.enter``: a mount nam
 zygote of a PID namespace keeps the host's view); a plan without one covers each hidden directory with an
 empty read-only tmpfs in the zygote's namespace instead. Then ``lo`` comes up,
 or the capture setup runs. ``spawn`` goes to whichever process forks (rule 2), which forks a child that runs
-``child.run``. Once the init has mounted the namespace's ``/proc``, ``/proc/self`` names nothing for the
-zygote (it is outside that PID namespace), so work that reads it (the capture setup and calls) runs in the
-init, and the zygote itself never reads ``/proc`` after ``prepare``.
+``child.run``. The capture setup and calls run in the zygote (in the agent's network namespace, and keeping
+pyroute2 out of the init's image). Once the init has mounted the namespace's ``/proc``, ``/proc/self`` names
+nothing for the zygote (it is outside that PID namespace): the one read of it, a probe's TCP tables, goes
+through ``/proc/1`` (the init, in the same network namespace).
 
 An exec gets a PID namespace of its own (``exec_init``). To keep the ``unshare`` and both forks off its path the
 init holds one spare (``Spawner.replenish``, ``spare_main``): an exec-init already PID 1 of a fresh namespace
@@ -582,12 +583,16 @@ def _await_command(parent: int) -> NoReturn:  # pragma: no cover - a spare's com
     child.run(ctx)
 
 
-def run_capture_call(request: Mapping[str, Any]) -> dict[str, Any]:
-    """Call an allowed ``capture.setup`` function in this process (which lives in the agent's netns)."""
+def run_capture_call(request: Mapping[str, Any], proc_net: str = "/proc/self/net") -> dict[str, Any]:
+    """Call an allowed ``capture.setup`` function in this process (which lives in the agent's netns); a probe
+    reads the namespace's TCP tables from ``proc_net``, whatever the request says."""
     fn = _CAPTURE_FUNCTIONS.get(str(request.get("fn")))
     if fn is None:
         raise OSError(errno.EPERM, f"capture call {request.get('fn')!r} is not allowed")
-    result = fn(**dict(request.get("args") or {}))
+    args = dict(request.get("args") or {})
+    if fn is capture_setup.probe:
+        args["proc_net"] = proc_net
+    result = fn(**args)
     return {"id": request.get("id"), "ok": True, "result": result}
 
 
@@ -616,18 +621,11 @@ def _notify_fd(request: Mapping[str, Any], fds: list[int]) -> int | None:
 
 
 def _init_request(spawner: Spawner, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
-    """What the init does for the zygote: spawn, and the capture work that needs this namespace's /proc."""
+    """What the init does for the zygote: spawn."""
     op = request.get("op")
     if op == "spawn":
         return spawner.spawn(request, fds)
     close_all(fds)
-    try:
-        if op == "capture_call":
-            return run_capture_call(request), []
-        if op == "capture_prepare":
-            return run_capture_prepare(request)
-    except Exception as exc:
-        return error_reply(request.get("id"), exc), []
     return {"id": request.get("id"), "ok": False, "errno": errno.EINVAL, "error": f"init does not serve {op!r}"}, []
 
 
@@ -773,6 +771,7 @@ class Zygote:
         self.init_sock: socket.socket | None = None
         self.init_live: set[int] = set()  # sids running under the init
         self.pidns_gone = False
+        self.proc_net = "/proc/self/net"  # where capture probes read this network namespace's TCP tables
         self.boundary_gone = False
         self.poller = select.poll()
         self.poller.register(self.sock, select.POLLIN)
@@ -951,12 +950,12 @@ class Zygote:
             self.spawner = Spawner(host_proc_fd=None, root=root)
         out_fds: list[int] = []
         reply: dict[str, Any] = {"fd_names": [], "report": {}}
+        if plan.pidns and plan.mountns:  # the init mounted the namespace's /proc: /proc/self is not us there
+            self.proc_net = "/proc/1/net"  # the init's: it lives in the agent's network namespace, as we do
         if plan.capture is not None:
-            request = {"op": "capture_prepare", "id": "prepare", "capture": plan.capture}
-            if self.init_sock is not None:  # the capture reads /proc/self: run it where that means something
-                reply = self._via_init(request, [], out_fds)
-            else:
-                reply, out_fds = run_capture_prepare(request)
+            # Here, not in the init: the capture's netlink code (pyroute2, ~13 MB) would otherwise become part
+            # of the image every exec forks ("The init's image").
+            reply, out_fds = run_capture_prepare({"op": "capture_prepare", "id": "prepare", "capture": plan.capture})
             if not reply.get("ok"):
                 close_all(out_fds)
                 raise OSError(int(reply.get("errno") or errno.EIO), f"capture setup: {reply.get('error')}")
@@ -989,15 +988,13 @@ class Zygote:
         self.poller.register(ours, select.POLLIN)
 
     def op_capture_call(self, request: dict[str, Any], fds: list[int]) -> None:
-        """Capture calls read ``/proc/self``; once the init mounted the namespace's own ``/proc`` that path
-        names nothing for the zygote (it is outside the PID namespace), so the init runs them."""
+        """A capture call, run here in the agent's network namespace. Once the init mounted the namespace's
+        own ``/proc``, ``/proc/self`` names nothing for us (we are outside that PID namespace): a probe reads
+        the TCP tables through the init's entry (``proc_net``), so a call after the init is gone fails."""
         close_all(fds)
-        if self.init_sock is not None:
-            self.reply(self._via_init(request, []))
-            return
-        if self.plan is not None and self.plan.pidns and self.plan.mountns:
+        if self.init_sock is None and self.plan is not None and self.plan.pidns and self.plan.mountns:
             raise OSError(errno.ESRCH, "the workload PID namespace is gone")
-        self.reply(run_capture_call(request))
+        self.reply(run_capture_call(request, self.proc_net))
 
     def op_socket(self, request: dict[str, Any], fds: list[int]) -> None:
         close_all(fds)
