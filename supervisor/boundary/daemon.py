@@ -23,7 +23,6 @@ import dataclasses
 import functools
 import math
 import os
-import pwd
 import signal
 import socket
 import uuid
@@ -60,7 +59,7 @@ from supervisor.boundary.process.cgroups import (
     create_pids_cgroup,
     workload_cgroup_name,
 )
-from supervisor.boundary.process.environment import build_process_spec, managed_env
+from supervisor.boundary.process.environment import account, build_process_spec, managed_env
 from supervisor.boundary.process.exec_session import pump_exec
 from supervisor.boundary.process.landlock import LandlockSpec
 from supervisor.boundary.process.rootfs import DEFAULT_SHM_SIZE, DEFAULT_TMP_SIZE, TRUST_PATH, RootError, under
@@ -613,10 +612,10 @@ class BoundaryDaemon:
         """``HOME``: the account's, unless the agent's own root (R, U) leaves it out; then the workdir."""
         if self.cfg.privilege_model == "P":
             return None
-        try:
-            home = pwd.getpwuid(uid).pw_dir
-        except KeyError:
+        found = account(uid)
+        if found is None:
             return None  # no account: the environment falls back to the workdir already
+        home = found[1]
         assert self.attach is not None
         fs = self.attach.static_policy.filesystem
         writable = [self.cfg.workdir, *(fs.read_write if fs is not None else ())]

@@ -14,6 +14,7 @@ Rules:
 
 from __future__ import annotations
 
+import functools
 import pwd
 from collections.abc import Mapping
 from typing import Final
@@ -57,14 +58,21 @@ def managed_env(
     return env
 
 
+@functools.lru_cache(maxsize=8)
+def account(uid: int) -> tuple[str, str] | None:
+    """``(name, home)`` of ``uid``'s account, or ``None``. Looked up once per uid: every exec needs it, and for
+    an account that does not exist (dev mode's dedicated agent uid) each lookup walks every NSS source."""
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:
+        return None
+    return entry.pw_name, entry.pw_dir
+
+
 def _account(uid: int, user: str | None, home: str | None, fallback_home: str) -> tuple[str, str]:
     if user is not None and home is not None:
         return user, home
-    try:
-        entry = pwd.getpwuid(uid)
-        found_user, found_home = entry.pw_name, entry.pw_dir
-    except KeyError:
-        found_user, found_home = "sandbox", fallback_home
+    found_user, found_home = account(uid) or ("sandbox", fallback_home)
     return user if user is not None else found_user, home if home is not None else found_home
 
 
