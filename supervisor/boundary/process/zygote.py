@@ -634,9 +634,9 @@ def _init_request(spawner: Spawner, request: dict[str, Any], fds: list[int]) -> 
 # ``execve`` and exit) grows with the image: a fork of the boundary's (trio, h2, cryptography: ~37 MB anonymous)
 # costs 2.7 ms CPU to fork and exit, one of an interpreter that imported only this module (~10 MB) 0.6 ms. So
 # the init's child ``execve``s a fresh interpreter that imports this module and nothing of the boundary's, and
-# carries no copy of the boundary's memory (its keys included) either. (With capture, the setup's pyroute2 adds
-# ~13 MB: it runs in the init, where ``/proc/self`` means the workload's namespace.) ``-I -S``: no environment variable,
-# user site or ``.pth`` file has a say; the module path is the boundary's own, the package's root first.
+# carries no copy of the boundary's memory (its keys included) either; the capture's pyroute2 (~13 MB) runs in
+# the zygote for the same reason. ``-I -S``: no environment variable, user site or ``.pth`` file has a say; the
+# module path is the boundary's own, the package's root first.
 _INIT_BOOT: Final = (
     "import sys, json; sys.path[:0] = json.loads(sys.argv[1]); "
     "from supervisor.boundary.process.zygote import init_entry; init_entry(sys.argv[2])"
