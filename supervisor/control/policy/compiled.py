@@ -5,12 +5,18 @@ Theory of operation. A decision first needs the endpoints that match (host, port
 * exact hosts (and IP literals) live in one dictionary keyed by ``(host, port)``;
 * host globs are bucketed by ``(port, literal suffix)`` where the literal suffix is the run of trailing labels
   without wildcards (``*.s3.*.amazonaws.com`` → ``amazonaws.com``); a lookup probes only the suffix lengths
-  that occur in the policy, then checks the label count and the glob's regular expression;
+  that occur in the policy, then checks the label count and the glob's regular expression — or not even that
+  when every label in front of the suffix is a whole ``*`` (``*.api.example.com``, ``**.cdn.example.org``:
+  ``HostGlob.suffix_decides``), since the bucket and the label count already decided;
 * hostless (``allowed_ips``-only) endpoints are keyed by port.
 
 Binaries are checked per rule, exact paths (plus symlink aliases the boundary resolved) by set membership first,
-then the rule's globs. Rules are kept sorted by key and every candidate list is in (rule key, endpoint index)
-order, so nothing a decision returns depends on the order of rules in the file.
+then the rule's globs; rules naming the same binaries share one set. What a decision reads of an endpoint (its
+label, order, exact name, extended/inspected/tcp flags) is computed here once per policy generation, so an L4
+decision is a few dictionary probes and one pass over the candidates at 10 rules as at 10,000
+(``tests/unit/test_policy_index.py`` holds it equal to the straightforward scan). Rules are kept sorted by key
+and every candidate list is in (rule key, endpoint index) order, so nothing a decision returns depends on the
+order of rules in the file.
 
 Access presets are expanded here (§1.6), after validation, into ordinary allow rules.
 """
@@ -20,11 +26,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar, cast
 
 from .decision import Decision
 from .globs import Glob, HostGlob, compile_host_glob, compile_path_glob, compile_value_glob
 from .identity import BinaryIdentity
 from .model import AccessPreset, Endpoint, L7Rule, NetworkRule, Policy, Protocol
+
+_T = TypeVar("_T")
 
 _PRESETS: dict[tuple[Protocol, AccessPreset], tuple[str, ...]] = {
     (Protocol.REST, AccessPreset.READ_ONLY): ("GET", "HEAD", "OPTIONS"),
@@ -108,14 +117,13 @@ class CompiledEndpoint:
     rank: int  # path specificity: non-'*' characters in ``path``
     allows: tuple[CompiledL7Rule, ...]
     denies: tuple[CompiledL7Rule, ...]
-
-    @property
-    def label(self) -> str:
-        return f"{self.rule.key}[{self.index}]"
-
-    @property
-    def order(self) -> tuple[int, int]:
-        return (self.rule.position, self.index)
+    # Derived once here (see CompiledPolicy) so a decision reads flat fields instead of properties and chains
+    label: str  # "github[0]"
+    order: tuple[int, int]  # (rule position, endpoint index): the order of every candidate list
+    exact_name: str | None  # the endpoint's host when it is named exactly (not by glob, not hostless)
+    extended: bool  # Endpoint.extended: the endpoint supplies connection metadata (§3.3)
+    inspected: bool  # protocol rest/websocket: L7 decisions apply
+    transparent: bool  # protocol tcp
 
 
 def _compile_l7(rules: Iterable[L7Rule], prefix: str) -> tuple[CompiledL7Rule, ...]:
@@ -144,8 +152,9 @@ class CompiledPolicy:
         self.digest = policy.digest
         aliases = {path: tuple(targets) for path, targets in (binary_aliases or {}).items()}
         ordered = sorted(policy.network_policies, key=lambda r: r.key)
+        shared: dict[object, object] = {}  # one object per distinct binary set, however many rules repeat it
         self.rules: tuple[CompiledRule, ...] = tuple(
-            self._compile_rule(position, rule, aliases) for position, rule in enumerate(ordered)
+            self._compile_rule(position, rule, aliases, shared) for position, rule in enumerate(ordered)
         )
         exact: dict[tuple[str, int], list[CompiledEndpoint]] = defaultdict(list)
         globs: dict[tuple[int, tuple[str, ...]], list[CompiledEndpoint]] = defaultdict(list)
@@ -165,6 +174,12 @@ class CompiledPolicy:
                     rank=sum(1 for c in ep.path if c != "*"),
                     allows=_allows(ep),
                     denies=_compile_l7(ep.deny_rules or (), "deny_rules"),
+                    label=f"{crule.key}[{index}]",
+                    order=(crule.position, index),
+                    exact_name=ep.host if ep.host and host_glob is None else None,
+                    extended=ep.extended,
+                    inspected=ep.protocol.inspected,
+                    transparent=ep.protocol is Protocol.TCP,
                 )
                 self.endpoints.append(cep)
                 for port in ep.ports:
@@ -194,7 +209,11 @@ class CompiledPolicy:
         self.l4_memo: dict[tuple[str, int, BinaryIdentity | None, bool], tuple[Decision | None, Decision]] = {}
 
     @staticmethod
-    def _compile_rule(position: int, rule: NetworkRule, aliases: Mapping[str, tuple[str, ...]]) -> CompiledRule:
+    def _compile_rule(
+        position: int, rule: NetworkRule, aliases: Mapping[str, tuple[str, ...]], shared: dict[object, object]
+    ) -> CompiledRule:
+        """``shared`` interns the binary sets: rules naming the same binaries share one set, which a decision at
+        10,000 rules then finds in the CPU cache rather than in a set object of its own."""
         exact: set[str] = set()
         patterns: list[Glob] = []
         loader_exact: set[str] = set()
@@ -209,8 +228,12 @@ class CompiledPolicy:
                 exact.update(names)
                 if binary.allow_loader_env:
                     loader_exact.update(names)
-        return CompiledRule(rule.key, position, rule, frozenset(exact), tuple(patterns),
-                            frozenset(loader_exact), tuple(loader_patterns))  # fmt: skip
+
+        def intern(value: _T) -> _T:
+            return cast(_T, shared.setdefault(value, value))
+
+        return CompiledRule(rule.key, position, rule, intern(frozenset(exact)), intern(tuple(patterns)),
+                            intern(frozenset(loader_exact)), intern(tuple(loader_patterns)))  # fmt: skip
 
     @property
     def rule_count(self) -> int:
@@ -237,7 +260,10 @@ class CompiledPolicy:
                 for cep in bucket:
                     glob = cep.host_glob
                     assert glob is not None
-                    if (count > glob.labels - 1 if glob.recursive else count == glob.labels) and glob.matches(host):
+                    # the bucket fixed the literal suffix; the labels of a normalised host are never empty
+                    if (count > glob.labels - 1 if glob.recursive else count == glob.labels) and (
+                        glob.suffix_decides or glob.matches(host)
+                    ):
                         found.append(cep)
                         hit = True
                 sources += hit

@@ -19,13 +19,14 @@ Rules:
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from .compiled import CompiledEndpoint, CompiledL7Rule, CompiledPolicy
 from .decision import Decision, DenyReason, L4Request, Verdict
 from .hosts import normalize_request_host
 from .identity import BinaryIdentity, DigestPins
-from .model import Enforcement, Protocol
+from .model import Enforcement
 from .paths import TargetError, canonicalize_target, parse_query
 
 _METHOD = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -114,42 +115,85 @@ def _decide_l4_endpoints(policy: CompiledPolicy, host: str, port: int, identity:
         return _deny(
             DenyReason.NO_MATCHING_ENDPOINT, f"endpoint {host}:{port} is not allowed by any policy", host, port
         )
+    if identity is None:  # relaxed: every rule naming the endpoint matches
+        return _allow(candidates, host, port)
+    if len(candidates) == 1:  # the common case: one endpoint of one rule
+        rule = candidates[0].rule
+        if rule.binary_matches(identity):
+            return _allow(candidates, host, port)
+        return _binary_denial(identity, (rule.key,), host, port)
     matching: list[CompiledEndpoint] = []
     refused: list[str] = []
-    verdicts: dict[int, bool] = {}
+    verdicts: dict[int, bool] = {}  # rule position -> its binaries match; a rule may name (host, port) twice
     for cep in candidates:
-        position = cep.rule.position
-        ok = verdicts.get(position)
+        rule = cep.rule
+        ok = verdicts.get(rule.position)
         if ok is None:
-            ok = verdicts[position] = identity is None or cep.rule.binary_matches(identity)
+            ok = verdicts[rule.position] = rule.binary_matches(identity)
             if not ok:
-                refused.append(cep.rule.key)
+                refused.append(rule.key)
         if ok:
             matching.append(cep)
     if not matching:
-        assert identity is not None  # relaxed decisions match every rule naming the endpoint
-        who = _identity_text(identity)
-        detail = "; ".join(f"{who} not allowed in policy '{key}'" for key in refused)
-        return _deny(DenyReason.BINARY_NOT_ALLOWED, detail, host, port, rule=None)
+        return _binary_denial(identity, refused, host, port)
+    return _allow(matching, host, port)
 
-    configs = [cep for cep in matching if cep.endpoint.extended]
-    governing = configs[0] if configs else matching[0]
-    rules = tuple(dict.fromkeys(cep.rule.key for cep in matching))
-    first = configs[0].endpoint if configs else None
+
+def _binary_denial(identity: BinaryIdentity, refused: Sequence[str], host: str, port: int) -> Decision:
+    who = _identity_text(identity)
+    detail = "; ".join(f"{who} not allowed in policy '{key}'" for key in refused)
+    return _deny(DenyReason.BINARY_NOT_ALLOWED, detail, host, port, rule=None)
+
+
+def _allow(matching: Sequence[CompiledEndpoint], host: str, port: int) -> Decision:
+    """The allow decision of the endpoints (in candidate order) whose rule admitted the caller.
+
+    The first endpoint with extended config governs (its TLS mode and ``allowed_ips``), else the first one; L7
+    applies when an extended endpoint is inspected. One pass over precompiled fields (compiled.CompiledEndpoint).
+    """
+    first = matching[0]
+    governing: CompiledEndpoint | None = None
+    l7 = exact_host = transparent = False
+    if len(matching) == 1:
+        if first.extended:
+            governing = first
+            l7 = first.inspected
+        exact_host = first.exact_name == host
+        transparent = first.transparent
+        rules: tuple[str, ...] = (first.rule.key,)
+    else:
+        keys: dict[str, None] = {}
+        for cep in matching:
+            if cep.extended:
+                if governing is None:
+                    governing = cep
+                if cep.inspected:
+                    l7 = True
+            if cep.exact_name == host:
+                exact_host = True
+            if cep.transparent:
+                transparent = True
+            keys[cep.rule.key] = None
+        rules = tuple(keys)
+    if governing is None:  # no extended config: the first endpoint names the decision, defaults apply
+        governing, tls_skip, allowed_ips = first, False, ()
+    else:
+        tls_skip, allowed_ips = governing.endpoint.tls_skip, governing.endpoint.allowed_ips
+    key = governing.rule.key
     return Decision(
         Verdict.ALLOW,
-        governing.rule.key,
+        key,
         governing.label,
         None,
-        l7=any(cep.endpoint.protocol.inspected for cep in configs),
-        detail=f"{host}:{port} allowed by policy '{governing.rule.key}'",
+        l7=l7,
+        detail=f"{host}:{port} allowed by policy '{key}'",
         host=host,
         port=port,
         rules=rules,
-        tls_skip=first.tls_skip if first else False,
-        allowed_ips=first.allowed_ips if first else (),
-        exact_host=any(cep.host_glob is None and cep.endpoint.host == host for cep in matching),
-        transparent=any(cep.endpoint.protocol is Protocol.TCP for cep in matching),
+        tls_skip=tls_skip,
+        allowed_ips=allowed_ips,
+        exact_host=exact_host,
+        transparent=transparent,
     )
 
 
@@ -170,11 +214,7 @@ def decide_l7(policy: CompiledPolicy, l4: Decision, method: str, raw_target: str
     if not l4.allowed:
         return l4 if l4.reason is not None else _deny(DenyReason.L4_DENIED, "connection not allowed", l4.host, l4.port)
     admitted = set(l4.rules)
-    configs = [
-        cep
-        for cep in policy.endpoints_for(l4.host, l4.port)
-        if cep.rule.key in admitted and cep.endpoint.protocol.inspected
-    ]
+    configs = [cep for cep in policy.endpoints_for(l4.host, l4.port) if cep.rule.key in admitted and cep.inspected]
     if not _METHOD.fullmatch(method or ""):
         return _deny(
             DenyReason.METHOD_INVALID,

@@ -364,6 +364,9 @@ class HostGlob:
     recursive: bool
     literal_suffix: tuple[str, ...]  # trailing labels without glob characters, for the index
     label_pieces: tuple[tuple[Piece, ...], ...]  # per label, excluding a leading '**'
+    # every label in front of the literal suffix is a whole '*' (after an optional leading '**'): a host of
+    # non-empty, dot-free labels with that suffix and an admissible label count matches without the regex
+    suffix_decides: bool = False
 
     def matches(self, host: str) -> bool:
         return self.regex.fullmatch(host) is not None
@@ -408,6 +411,7 @@ def compile_host_glob(pattern: str) -> HostGlob:
         recursive=recursive,
         literal_suffix=tuple(reversed(suffix)),
         label_pieces=tuple(label_pieces),
+        suffix_decides=all(label == "*" for label in rest[: len(rest) - len(suffix)]),
     )
 
 
