@@ -10,8 +10,11 @@ of every rule is scanned in (rule key, endpoint index) order with the reference 
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -275,3 +278,25 @@ def test_a_glob_the_suffix_decides_matches_like_its_regex(labels: list[str], rec
         if host is None:
             continue
         assert bool(compiled.endpoints_for(host, 443)) is cep.host_glob.matches(host), (pattern, host)
+
+
+def test_decision_init_is_the_dataclass_init() -> None:
+    """``Decision.__init__`` is written out (for speed); it must take exactly the declared fields, in order, with
+    their defaults, and store each one where it belongs."""
+    params = list(inspect.signature(Decision.__init__).parameters.values())[1:]
+    fields = dataclasses.fields(Decision)
+    assert [p.name for p in params] == [f.name for f in fields]
+    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
+    assert [p.default for p in params] == [
+        inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default for f in fields
+    ]
+    values = [object() for _ in fields]
+    names = [f.name for f in fields]
+    by_position = Decision(*values)  # type: ignore[arg-type]
+    by_name = Decision(**dict(zip(names, values, strict=True)))  # type: ignore[arg-type]
+    for made in (by_position, by_name):
+        assert [getattr(made, name) for name in names] == values
+    made = by_position
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.host = "elsewhere"  # type: ignore[misc]
+    assert dataclasses.replace(made, host="h").host == "h"

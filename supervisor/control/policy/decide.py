@@ -175,6 +175,7 @@ def _allow(matching: Sequence[CompiledEndpoint], host: str, port: int) -> Decisi
                 transparent = True
             keys[cep.rule.key] = None
         rules = tuple(keys)
+    allowed_ips: tuple[str, ...]
     if governing is None:  # no extended config: the first endpoint names the decision, defaults apply
         governing, tls_skip, allowed_ips = first, False, ()
     else:
