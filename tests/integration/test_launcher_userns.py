@@ -125,6 +125,15 @@ async def main():
                 with open(f"/proc/{p}/status") as fh:
                     nspid = next(l for l in fh if l.startswith("NSpid:")).split()
                 out["spare_ns"].append(int(nspid[2]))
+    # An exec's path: a PID namespace of its own, the spare exec-init's child (forked from the init, whose
+    # capabilities were raised ambient to survive its interpreter's execve).
+    nested = await launcher.spawn(SpawnSpec(
+        argv=("/usr/bin/python3", "-c", PROBE, hidden, str(me), str(port)),
+        env=ENV, cwd="/", uid=uid, gid=gid, stdin="null"), own_pidns=True)
+    text = await read_all(nested.stdout)
+    await read_all(nested.stderr)
+    await nested.wait_status()
+    out["nested_probe"] = json.loads(text or b"null")
     try:
         await launcher.spawn(SpawnSpec(argv=("/bin/true",), env=ENV, cwd="/", uid=1000, gid=1000))
         out["other_uid"] = "spawned"
@@ -228,6 +237,9 @@ def test_workload_is_confined(userns_result: dict[str, Any]) -> None:
     assert probe["caps"] == [0, 0, 0, 0, 0]
     assert (probe["nnp"], probe["seccomp"]) == ("1", "2")
     assert probe["uid"] == NOBODY or os.geteuid() != 0
+    nested = userns_result["nested_probe"]  # an exec: the spare exec-init's child, under the init's ambient set
+    assert nested["caps"] == [0, 0, 0, 0, 0]
+    assert (nested["nnp"], nested["seccomp"], nested["uid"]) == (probe["nnp"], probe["seccomp"], probe["uid"])
 
 
 def test_hidden_path_is_empty_inside_only(userns_result: dict[str, Any]) -> None:
