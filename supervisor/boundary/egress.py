@@ -114,15 +114,24 @@ class EgressLinks:
         while not len(self):
             await self._changed.wait()
 
+    def _least_busy(self) -> Link | None:
+        best: Link | None = None
+        for link in self._links:
+            if not link.closed and (best is None or link.active_streams < best.active_streams):
+                best = link
+        return best
+
     async def pick(self) -> Link | None:
-        """The least busy live link, waiting up to LINK_WAIT_S for one to appear."""
+        """The least busy live link, waiting up to LINK_WAIT_S for one to appear. With a link up (every
+        connection but the first after an attach) no cancel scope is made: the deadline is only for the wait."""
+        best = self._least_busy()
+        if best is not None:
+            return best
         with trio.move_on_after(LINK_WAIT_S):
-            while True:
-                live = [link for link in self._links if not link.closed]
-                if live:
-                    return min(live, key=lambda link: link.active_streams)
+            while best is None:
                 await self._changed.wait()
-        return None
+                best = self._least_busy()
+        return best
 
 
 def _reset(sock_stream: trio.SocketStream) -> None:
@@ -193,16 +202,14 @@ class EgressCapture:
 
     async def _serve(self, tsock: Any, handler: Callable[[trio.SocketStream], Awaitable[None]]) -> None:
         listener = trio.SocketListener(tsock)
+        # one partial per listener, not a closure frame per connection (held for the connection's whole life)
+        await trio.serve_listeners(functools.partial(self._guard, handler), [listener])
 
-        async def guarded(stream: trio.SocketStream) -> None:
-            await self._guard(functools.partial(handler, stream), stream)
-
-        await trio.serve_listeners(guarded, [listener])
-
-    async def _guard(self, work: Callable[[], Awaitable[None]], stream: trio.SocketStream | None = None) -> None:
-        """One connection's failure is that connection's alone: log it, reset it, keep serving the rest."""
+    async def _guard(self, work: Callable[..., Awaitable[None]], stream: trio.SocketStream | None = None) -> None:
+        """One connection's failure is that connection's alone: log it, reset it, keep serving the rest.
+        ``work`` is called with ``stream`` when there is one."""
         try:
-            await work()
+            await (work() if stream is None else work(stream))
         except (trio.BrokenResourceError, trio.ClosedResourceError, LinkClosed):
             pass
         except Exception as exc:
@@ -214,8 +221,11 @@ class EgressCapture:
                 await trio.aclose_forcefully(stream)
 
     # -- identity + hand-off ----------------------------------------------------------------------------------
-    async def _identify(self, stream: trio.SocketStream) -> Identity | None:
-        local, remote = _addr(stream.socket, False), _addr(stream.socket, True)
+    async def _identify(
+        self, stream: trio.SocketStream, addresses: tuple[tuple[str, int], tuple[str, int]] | None = None
+    ) -> Identity | None:
+        """``addresses`` (local, remote) when the caller has just read them; else they are read here."""
+        local, remote = addresses or (_addr(stream.socket, False), _addr(stream.socket, True))
         # Resolved inline: it is ~0.2-3 ms of /proc and netlink reads, and handing it to a worker thread cost
         # more than that (thread hand-off and GIL contention were the top of the profile under load).
         await trio.lowlevel.checkpoint()
@@ -256,8 +266,11 @@ class EgressCapture:
             )
             try:
                 stream = await link.open_stream(headers)
-                with trio.fail_after(REPLY_TIMEOUT_S):
+                # trio.fail_after's own scope without its generator context manager (one per connection)
+                with trio.CancelScope(deadline=trio.current_time() + REPLY_TIMEOUT_S) as waiting:
                     await stream.response()
+                if waiting.cancelled_caught:
+                    raise trio.TooSlowError
                 reply = decode_reply_headers(stream.headers)
             except LinkClosed as exc:
                 # A link whose control vanished without closing it (its pod deleted: no FIN ever came) fails
@@ -283,18 +296,19 @@ class EgressCapture:
     # -- transparent capture ----------------------------------------------------------------------------------
     async def _transparent(self, agent: trio.SocketStream) -> None:
         self.counters["accepted"] += 1
-        host, port = _addr(agent.socket, False)
-        src_port = _addr(agent.socket, True)[1]
-        identity = await self._identify(agent)
+        local, remote = _addr(agent.socket, False), _addr(agent.socket, True)
+        identity = await self._identify(agent, (local, remote))
         if identity is None:
             _reset(agent)
             await agent.aclose()
             return
-        upstream, _reply = await self._hand_off(host, port, CaptureKind.TRANSPARENT, identity, src_port)
+        upstream, _reply = await self._hand_off(local[0], local[1], CaptureKind.TRANSPARENT, identity, remote[1])
         if upstream is None:
             _reset(agent)
             await agent.aclose()
             return
+        # Handed off: the identity (now control's) and the reply are not held for the tunnel's life.
+        del identity, _reply
         await relay(agent, upstream, idle_timeout=math.inf)
 
     # -- the proxy listener -----------------------------------------------------------------------------------
@@ -334,9 +348,12 @@ class EgressCapture:
         # Handed off: the head's bytes and the identity (now control's) are not held for the tunnel's life.
         identity, buffer, data = None, b"", b""
         if target.kind is CaptureKind.CONNECT:
+            leftover = target.leftover
+            del target, parsed, reply  # the parsed head is not held for the tunnel's life either
             await agent.send_all(CONNECT_ESTABLISHED)
-            if target.leftover:
-                await upstream.send_all(target.leftover)
+            if leftover:
+                await upstream.send_all(leftover)
+            del leftover
             await relay(agent, upstream, idle_timeout=math.inf)
         else:
             await self._forward_one_request(agent, upstream, target)

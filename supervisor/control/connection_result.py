@@ -30,6 +30,9 @@ __all__ = ["ConnectionResult"]
 
 
 class ConnectionResult:
+    # one per live connection, held for its whole life: no per-instance __dict__
+    __slots__ = ("_counters", "_fields", "_log", "_relaxed", "_started", "decision", "recorded", "request")
+
     def __init__(
         self, log: JsonLog, counters: dict[str, int], request: EgressRequest | None, *, relaxed: bool = False
     ) -> None:

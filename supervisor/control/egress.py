@@ -74,7 +74,7 @@ DNS_MAX = 65535
 DNS_TTL = 30
 
 
-@dataclass
+@dataclass(slots=True)
 class _Live:
     request: EgressRequest
     host: str  # the name it was decided as (a transparent capture's issued name, else the request's host)
