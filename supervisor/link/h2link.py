@@ -73,6 +73,11 @@ class _H2Connection(h2.connection.H2Connection):
             else:
                 super()._prepare_for_sending([frame])
 
+    @property
+    def has_output(self) -> bool:
+        """Whether anything waits to be written."""
+        return bool(self._chunks or self._data_to_send)
+
     def chunks_to_send(self) -> list[bytes]:
         """Everything to write, in order, as a list of buffers (``data_to_send()`` for this subclass)."""
         chunks = self._chunks
@@ -95,8 +100,34 @@ MAX_FRAME = 256 * 1024
 MAX_CONCURRENT_STREAMS = 32768  # per link; control keeps 2, so ~65k captured connections at once
 READ_SIZE = 256 * 1024
 COALESCE_BELOW, COALESCE_UPTO = 16 * 1024, 256 * 1024  # received payloads gathered: smaller ones, up to this
+RECORD = 16 * 1024  # the largest TLS record's payload: what the writer packs small frames into
 ACK_BATCH = 1024 * 1024  # consumed bytes handed back to the peer at once while more are buffered (< STREAM_WINDOW)
 FINISH_GRACE_S = 5.0
+
+
+def _pack(chunks: list[bytes]) -> list[bytes | memoryview]:
+    """What the writer has to send, as pieces for a TLS stream's ``send_many`` (a record ends where a piece ends):
+    small chunks are joined, and a large payload's head fills the record of what precedes it (its 9-byte frame
+    header, at least), so no record is smaller than it must be and a large payload is never copied."""
+    pieces: list[bytes | memoryview] = []
+    pending: list[bytes] = []
+    size = 0
+    for chunk in chunks:
+        if size + len(chunk) <= RECORD:
+            pending.append(chunk)
+            size += len(chunk)
+        elif len(chunk) < RECORD:
+            pieces.append(b"".join(pending))
+            pending, size = [chunk], len(chunk)
+        else:
+            view = memoryview(chunk)
+            head = RECORD - size
+            pieces.append(b"".join([*pending, view[:head]]))
+            pieces.append(view[head:])
+            pending, size = [], 0
+    if pending:
+        pieces.append(b"".join(pending))
+    return pieces
 
 
 class LinkClosed(trio.BrokenResourceError):
@@ -104,14 +135,37 @@ class LinkClosed(trio.BrokenResourceError):
 
 
 class LinkStream(trio.abc.HalfCloseableStream):
-    """One HTTP/2 stream as a trio half-closeable byte stream, plus its headers."""
+    """One HTTP/2 stream as a trio half-closeable byte stream, plus its headers.
+
+    One exists per connection and exec in each daemon for as long as it lasts, so it keeps no ``__dict__`` and
+    makes its events only when a task waits on them (an idle server-side stream waits on one, not two).
+    """
+
+    __slots__ = (
+        "_buffered",
+        "_chunks",
+        "_closed_locally",
+        "_link",
+        "_local_ended",
+        "_offset",
+        "_readable",
+        "_receiving",
+        "_remote_ended",
+        "_reset_code",
+        "_responded",
+        "_response_waiter",
+        "_unacked",
+        "headers",
+        "stream_id",
+    )
 
     def __init__(self, link: Link, stream_id: int, headers: Headers | None = None) -> None:
         self._link = link
         self.stream_id = stream_id
         #: request headers on the server side; response headers on the client side once received.
         self.headers: Headers = headers or []
-        self._response = trio.Event()
+        self._responded = False  # the response headers arrived, or the stream broke: response() returns
+        self._response_waiter: trio.Event | None = None
         # received DATA payloads not yet read, in order: a large one as the bytes object h2 made (returned as it
         # is when it fits a read: no copy), small ones gathered into a bytearray (a peer sending one-byte frames
         # must not cost an object per byte of the window); ``_offset`` bytes of the first were read already
@@ -119,11 +173,10 @@ class LinkStream(trio.abc.HalfCloseableStream):
         self._offset = 0
         self._buffered = 0
         self._unacked = 0
-        self._readable = trio.Event()
+        self._readable: trio.Event | None = None  # while a receive waits
         self._remote_ended = False
         self._local_ended = False
         self._reset_code: int | None = None
-        self._headers_sent = False
         self._receiving = False
         self._closed_locally = False
 
@@ -141,7 +194,12 @@ class LinkStream(trio.abc.HalfCloseableStream):
 
     async def response(self) -> Headers:
         """Client side: wait for the response headers."""
-        await self._response.wait()
+        if self._responded:
+            await trio.lowlevel.checkpoint()
+        else:
+            if self._response_waiter is None:
+                self._response_waiter = trio.Event()
+            await self._response_waiter.wait()
         if not self.headers:
             raise LinkClosed(self._broken_reason())
         return self.headers
@@ -150,16 +208,28 @@ class LinkStream(trio.abc.HalfCloseableStream):
         """Server side: send the response headers (``:status`` first)."""
         self._check_sendable()
         self._link._h2.send_headers(self.stream_id, list(headers), end_stream=end_stream)
-        self._headers_sent = True
         if end_stream:
             self._local_ended = True
         self._link._kick()
 
     # -- trio.abc.HalfCloseableStream -------------------------------------------------------------------------
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self._send(data, end=False)
+
+    async def send_final(self, data: bytes | bytearray | memoryview) -> None:
+        """``send_all(data)`` then ``send_eof()``, with END_STREAM on the last DATA frame: one frame fewer, and a
+        small body leaves in the same write as what was queued with it."""
+        await self._send(data, end=True)
+
+    async def _send(self, data: bytes | bytearray | memoryview, *, end: bool) -> None:
         if self._closed_locally:
             raise trio.ClosedResourceError("this stream was closed")
         view = memoryview(data)
+        if not view and end:
+            self._check_sendable()
+            self._link._h2.end_stream(self.stream_id)
+            self._local_ended = True
+            self._link._kick()
         while view:
             self._check_sendable()
             window = self._link._window(self.stream_id)
@@ -171,13 +241,16 @@ class LinkStream(trio.abc.HalfCloseableStream):
             # h2 keeps the payload object until the writer sends it: bytes are immutable and go as they are
             # (no copy when they fit one frame); a caller's bytearray or memoryview is copied, it may be reused.
             payload = data if size >= len(view) and type(data) is bytes and len(view) == len(data) else bytes(chunk)
+            last = end and len(chunk) == len(view)
             try:
-                self._link._h2.send_data(self.stream_id, payload)
+                self._link._h2.send_data(self.stream_id, payload, end_stream=last)
             except h2.exceptions.FlowControlError:
                 await self._link._wait_window()
                 continue
             except h2.exceptions.StreamClosedError as exc:
                 raise LinkClosed("stream closed") from exc
+            if last:
+                self._local_ended = True
             view = view[len(chunk) :]
             self._link._kick()
         await trio.lowlevel.checkpoint()
@@ -213,31 +286,30 @@ class LinkStream(trio.abc.HalfCloseableStream):
         if self._receiving:
             raise trio.BusyResourceError("another task is already receiving on this stream")
         self._receiving = True
-        try:
-            return await self._receive(max_bytes)
+        try:  # one coroutine frame, not two: an idle stream's receive waits here for as long as it is idle
+            while not self._buffered:
+                if self._closed_locally:
+                    raise trio.ClosedResourceError("this stream was closed")
+                if self._remote_ended:  # END_STREAM arrived before any reset: a clean end of data
+                    await trio.lowlevel.checkpoint()
+                    return b""
+                if self._reset_code is not None or self._link._closed:
+                    raise LinkClosed(self._broken_reason())
+                self._readable = trio.Event()
+                await self._readable.wait()
+                self._readable = None
+            data = self._take(self._buffered if max_bytes is None else min(max_bytes, self._buffered))
+            # Window goes back in batches while data is still buffered here (a consumer slower than the link
+            # keeps the peer's window exhausted, and h2 then sends a WINDOW_UPDATE per acknowledgement), and in
+            # full once everything was read: the peer never waits on bytes we have consumed but not acknowledged.
+            # (h2 itself emits a WINDOW_UPDATE only once half a window was handed back, or for an exhausted one.)
+            consumed = self._unacked - self._buffered
+            if consumed >= ACK_BATCH or not self._buffered:
+                self._acknowledge(consumed)
+            await trio.lowlevel.checkpoint()
+            return data
         finally:
             self._receiving = False
-
-    async def _receive(self, max_bytes: int | None) -> bytes:
-        while not self._buffered:
-            if self._closed_locally:
-                raise trio.ClosedResourceError("this stream was closed")
-            if self._remote_ended:  # END_STREAM arrived before any reset: a clean end of data
-                await trio.lowlevel.checkpoint()
-                return b""
-            if self._reset_code is not None or self._link._closed:
-                raise LinkClosed(self._broken_reason())
-            self._readable = trio.Event()
-            await self._readable.wait()
-        data = self._take(self._buffered if max_bytes is None else min(max_bytes, self._buffered))
-        # Window goes back in batches while data is still buffered here (a consumer slower than the link keeps
-        # the peer's window exhausted, and h2 then sends a WINDOW_UPDATE per acknowledgement), and in full once
-        # everything was read: the peer never waits on bytes we have consumed but not acknowledged.
-        consumed = self._unacked - self._buffered
-        if consumed >= ACK_BATCH or not self._buffered:
-            self._acknowledge(consumed)
-        await trio.lowlevel.checkpoint()
-        return data
 
     async def read_all(self, limit: int) -> bytes:
         """Read until END_STREAM; refuse bodies larger than ``limit``."""
@@ -331,8 +403,17 @@ class LinkStream(trio.abc.HalfCloseableStream):
         return f"link closed ({self._link.close_reason or 'unknown'})"
 
     def _wake(self) -> None:
-        self._readable.set()
-        self._response.set()
+        self._signal_readable()
+        self._signal_response()
+
+    def _signal_readable(self) -> None:
+        if self._readable is not None:
+            self._readable.set()
+
+    def _signal_response(self) -> None:
+        self._responded = True
+        if self._response_waiter is not None:
+            self._response_waiter.set()
 
     def _take(self, size: int) -> bytes:
         """Up to ``size`` buffered bytes (at least one; the caller made sure some are buffered)."""
@@ -374,12 +455,11 @@ class LinkStream(trio.abc.HalfCloseableStream):
         padding = flow_controlled_length - len(data)
         if padding > 0:
             self._link._h2.acknowledge_received_data(padding, self.stream_id)
-        self._readable.set()
+        self._signal_readable()
 
     def _on_end(self) -> None:
         self._remote_ended = True
-        self._readable.set()
-        self._response.set()
+        self._wake()
 
     def _on_reset(self, code: int) -> None:
         self._reset_code = code
@@ -506,6 +586,8 @@ class Link:
         self._nursery: trio.Nursery | None = None
         self._started = trio.Event()
         self.streams_opened = 0
+        #: transport writes so far (each what the writer had when it woke, in one ``send_all``/``send_many``)
+        self.writes = 0
 
     @property
     def closed(self) -> bool:
@@ -554,23 +636,35 @@ class Link:
     async def wait_closed(self) -> None:
         await self._closed_event.wait()
 
-    async def open_stream(self, headers: Sequence[tuple[str, str]], *, end_stream: bool = False) -> LinkStream:
-        """Client side: start a request; the returned stream carries the request body and the response."""
+    async def open_stream(
+        self, headers: Sequence[tuple[str, str]], *, end_stream: bool = False, body: bytes = b""
+    ) -> LinkStream:
+        """Client side: start a request; the returned stream carries the request body and the response.
+        ``body``: the request body's first bytes (all of it with ``end_stream``), queued with the headers so that
+        both leave in one write."""
         await self._started.wait()
         if self._closed:
             raise LinkClosed(f"link closed ({self.close_reason})")
         try:
             stream_id = self._h2.get_next_available_stream_id()
-            self._h2.send_headers(stream_id, list(headers), end_stream=end_stream)
+            self._h2.send_headers(stream_id, list(headers), end_stream=end_stream and not body)
         except h2.exceptions.ProtocolError as exc:  # the connection is closing (GOAWAY) or out of stream ids
             raise LinkClosed(f"cannot open a stream: {exc}") from exc
         stream = LinkStream(self, stream_id)
         self._streams[stream_id] = stream
-        if end_stream:
+        if end_stream and not body:
             stream._local_ended = True
         self.streams_opened += 1
         self._kick()
-        await trio.lowlevel.checkpoint()
+        if not body:
+            await trio.lowlevel.checkpoint()
+            return stream
+        try:
+            await stream._send(body, end=end_stream)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await stream.reset()
+            raise
         return stream
 
     async def flush(self) -> None:
@@ -595,8 +689,11 @@ class Link:
 
     # -- internals ---------------------------------------------------------------------------------------------
     def _kick(self) -> None:
-        self._kicks += 1
-        self._kicked.set()
+        """Wake the writer if h2 has queued anything (a kick that finds nothing would cost the writer a wake-up,
+        and its coalescing round would be spent before the frames it is meant to gather were queued)."""
+        if self._h2.has_output:
+            self._kicks += 1
+            self._kicked.set()
 
     def _window(self, stream_id: int) -> int:
         try:
@@ -631,13 +728,23 @@ class Link:
         self._flushed.set()
 
     async def _writer(self) -> None:
+        send_many: Callable[[list[bytes | memoryview]], Awaitable[None]] | None
+        send_many = getattr(self.transport, "send_many", None)
         while True:
             await self._kicked.wait()
+            # one scheduling round for the tasks woken with us to queue what they still have (a reply's headers,
+            # body and END_STREAM are three calls with a checkpoint in between): one write for all of it
+            await trio.lowlevel.cancel_shielded_checkpoint()
             self._kicked = trio.Event()
             upto = self._kicks
+            chunks = self._h2.chunks_to_send()
             try:
-                for chunk in self._h2.chunks_to_send():
-                    await self.transport.send_all(chunk)
+                if send_many is not None and len(chunks) > 1:
+                    await send_many(_pack(chunks))
+                    self.writes += 1
+                elif chunks:
+                    await self.transport.send_all(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+                    self.writes += 1
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 self._mark_closed(f"send failed: {_cause(exc)}")
                 return
@@ -682,7 +789,7 @@ class Link:
             stream_or_none = self._streams.get(event.stream_id)
             if stream_or_none is not None:
                 stream_or_none.headers = _str_headers(event.headers)
-                stream_or_none._response.set()
+                stream_or_none._signal_response()
                 if event.stream_ended is not None:
                     stream_or_none._on_end()
         elif isinstance(event, h2.events.DataReceived):

@@ -70,11 +70,9 @@ async def call(link: Link, path: str, body: dict[str, Any] | None = None, *, met
     payload = _encode(body or {})
     with _exchange(path):
         stream = await link.open_stream(
-            [*request_headers(method, path), ("content-type", "application/json")], end_stream=False
+            [*request_headers(method, path), ("content-type", "application/json")], end_stream=True, body=payload
         )
         try:
-            await stream.send_all(payload)
-            await stream.send_eof()
             await stream.response()
             data = await stream.read_all(JSON_LIMIT)
         finally:
@@ -90,9 +88,8 @@ async def open_channel(link: Link, path: str, body: dict[str, Any]) -> tuple[Lin
     (``unavailable`` when the link is lost before the reply)."""
     payload = _encode(body)
     with _exchange(path):
-        stream = await link.open_stream(request_headers("POST", path))
+        stream = await link.open_stream(request_headers("POST", path), body=struct.pack(">I", len(payload)) + payload)
         try:
-            await stream.send_all(struct.pack(">I", len(payload)) + payload)
             await stream.response()
             if stream.status == 200:
                 return stream, _decode_object((stream.header(REPLY_HEADER) or "{}").encode(), f"reply to {path}")
@@ -200,8 +197,7 @@ async def _send_json(stream: LinkStream, status: int, body: dict[str, Any]) -> N
     await stream.send_headers(
         [(":status", str(status)), ("content-type", "application/json"), ("content-length", str(len(payload)))]
     )
-    await stream.send_all(payload)
-    await stream.send_eof()
+    await stream.send_final(payload)
 
 
 async def _send_error(stream: LinkStream, error: OpError) -> None:

@@ -5,6 +5,12 @@ object, and back), which held the egress link to a fraction of what OpenSSL does
 and writes the socket directly; Python is entered once per call, and a receive drains every record already
 available into one buffer.
 
+Memory BIOs of our own (``supervisor/control/l7/memory_tls.py``, one ``recv`` for many records where OpenSSL
+here reads each record's header and body with a ``read`` each) were measured on the link for issue 22: no less
+CPU per small exchange and 8-10 % more per MB in bulk (each byte is copied into and out of two BIOs), with
+``bench/bench_link.py`` — so the link keeps OpenSSL on the socket, and saves system calls by writing less often
+(``h2link.py``: one write per wake-up of its writer, small frames packed into one record).
+
 Rules:
 
 1. The trio socket is detached into a standard-library socket wrapped by the context; the caller never touches
@@ -18,8 +24,13 @@ Rules:
 5. ``send_all`` writes in chunks and retries a chunk that would block with the same bytes (OpenSSL requires it;
    CPython sets ``SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER``). One task sends and one receives at a time (trio's
    conflict detection), and the two may interleave freely: OpenSSL allows reads between a blocked write's retries.
+   ``send_many`` sends several buffers as if joined, without joining them: each is one ``SSL_write`` (so a record
+   ends where a buffer ends, and a buffer of up to 16 KiB is one record and one ``write``); the link's writer
+   packs what it has into such buffers (``h2link._pack``).
 6. ``aclose`` sends close_notify when the socket takes it at once (never waits for the peer's), wakes any task
    waiting on the socket, and closes it; ``reset`` closes with a TCP reset and nothing else.
+7. A receive decrypts into one buffer kept for the stream's life (allocated at the first receive): a fresh
+   zero-filled 256 KiB per receive cost more than the small messages most receives carry.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ import contextlib
 import socket
 import ssl
 import struct
+from collections.abc import Sequence
 from typing import Literal
 
 import trio
@@ -76,6 +88,7 @@ class SocketTLSStream(trio.abc.Stream):
             suppress_ragged_eofs=https_compatible,
         )
         self._closed = False
+        self._buffer: bytearray | None = None  # rule 7
         self._send_conflict = _OneAtATime("another task is sending on this TLS stream")
         self._receive_conflict = _OneAtATime("another task is receiving on this TLS stream")
 
@@ -118,8 +131,13 @@ class SocketTLSStream(trio.abc.Stream):
             if size < 1:
                 raise ValueError("max_bytes must be at least 1")
             await trio.lowlevel.checkpoint_if_cancelled()
-            buffer = bytearray(size)
-            view = memoryview(buffer)
+            if size <= READ_SIZE:
+                if self._buffer is None:
+                    self._buffer = bytearray(READ_SIZE)
+                buffer = self._buffer
+            else:
+                buffer = bytearray(size)
+            view = memoryview(buffer)[:size]
             got = 0
             while True:
                 self._check_open()
@@ -147,7 +165,7 @@ class SocketTLSStream(trio.abc.Stream):
                 if got == size:
                     break
             # One copy, through the view: slicing the bytearray itself would copy twice (and allocate twice).
-            data = bytes(view[:got]) if got < size else bytes(buffer)
+            data = bytes(view[:got])
             view.release()
             if got:
                 await trio.lowlevel.cancel_shielded_checkpoint()
@@ -156,20 +174,31 @@ class SocketTLSStream(trio.abc.Stream):
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         with self._send_conflict:
             await trio.lowlevel.checkpoint_if_cancelled()
-            with memoryview(data) as view, view.cast("B") as flat:
-                sent = 0
-                while sent < len(flat):
-                    self._check_open()
-                    chunk = flat[sent : sent + SEND_CHUNK]
-                    try:
-                        sent += self._ssl.send(chunk)
-                    except ssl.SSLWantWriteError:
-                        await self._wait(readable=False)
-                    except ssl.SSLWantReadError:
-                        await self._wait(readable=True)
-                    except (ssl.SSLError, OSError) as exc:
-                        raise trio.BrokenResourceError(f"TLS send failed: {exc}") from exc
+            await self._send(data)
             await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def send_many(self, pieces: Sequence[bytes | bytearray | memoryview]) -> None:
+        """``send_all`` of the pieces joined, one ``SSL_write`` per piece (rule 5)."""
+        with self._send_conflict:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            for piece in pieces:
+                await self._send(piece)
+            await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def _send(self, data: bytes | bytearray | memoryview) -> None:
+        with memoryview(data) as view, view.cast("B") as flat:
+            sent = 0
+            while sent < len(flat):
+                self._check_open()
+                chunk = flat[sent : sent + SEND_CHUNK]
+                try:
+                    sent += self._ssl.send(chunk)
+                except ssl.SSLWantWriteError:
+                    await self._wait(readable=False)
+                except ssl.SSLWantReadError:
+                    await self._wait(readable=True)
+                except (ssl.SSLError, OSError) as exc:
+                    raise trio.BrokenResourceError(f"TLS send failed: {exc}") from exc
 
     async def wait_send_all_might_not_block(self) -> None:
         with self._send_conflict:

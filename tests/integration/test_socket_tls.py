@@ -165,3 +165,28 @@ async def test_reset_is_an_abort_the_peer_sees() -> None:
         await trio.lowlevel.wait_readable(server.socket)
         with pytest.raises(ConnectionResetError):  # under TLS: the socket itself was reset
             socket.socket.recv(server.socket, 1)
+
+
+async def test_send_many_arrives_as_the_pieces_joined() -> None:
+    pieces: list[bytes | bytearray | memoryview] = [
+        b"h" * 49,
+        bytearray(b"small"),
+        memoryview(os.urandom(700 * 1024))[3:],  # more than one SEND_CHUNK, a view of part of a buffer
+        b"",
+        b"tail",
+    ]
+    expected = b"".join(bytes(p) for p in pieces)
+    async with _tls_pair() as (server, client), trio.open_nursery() as nursery:
+        nursery.start_soon(client.send_many, pieces)
+        got, _largest = await _read_exactly(server, len(expected))
+    assert got == expected
+
+
+async def test_a_received_chunk_is_not_changed_by_the_next_receive() -> None:
+    """Receives decrypt into one buffer kept by the stream: what a receive returned must be a copy."""
+    async with _tls_pair() as (server, client):
+        await client.send_all(b"A" * 1000)
+        first = await server.receive_some()
+        await client.send_all(b"B" * 1000)
+        second = await server.receive_some()
+    assert first == b"A" * 1000 and second == b"B" * 1000
