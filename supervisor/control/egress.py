@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address, ip_address
 from typing import Any
@@ -127,14 +127,15 @@ class EgressService:
         store.subscribe(self._policy_changed)
 
     # -- the link handler -------------------------------------------------------------------------------------
-    async def handle(self, stream: LinkStream) -> None:
+    def handle(self, stream: LinkStream) -> Awaitable[None]:
+        """The link's handler. Not itself a coroutine: it returns the one that serves ``stream``, so a live
+        tunnel holds no dispatching frame for its whole life."""
         method = stream.header(":method")
         if method == "CONNECT":
-            await self._connect(stream)
-        elif method == "POST" and stream.header(":path") == DNS_PATH:
-            await self._dns(stream)
-        else:
-            await self._reply(stream, EgressReply(400, reason="unknown-egress-request"))
+            return self._connect(stream)
+        if method == "POST" and stream.header(":path") == DNS_PATH:
+            return self._dns(stream)
+        return self._reply(stream, EgressReply(400, reason="unknown-egress-request"))
 
     def _l4(self, host: str, port: int, identity: BinaryIdentity | None) -> L4Request:
         return L4Request(host, port, identity, relaxed=self.relaxed)
