@@ -31,6 +31,8 @@ Rules:
    waiting on the socket, and closes it; ``reset`` closes with a TCP reset and nothing else.
 7. A receive decrypts into one buffer kept for the stream's life (allocated at the first receive): a fresh
    zero-filled 256 KiB per receive cost more than the small messages most receives carry.
+8. Each call is one schedule point, not two: a call that waited for the socket does not yield again before it
+   returns (the link's reader woke, read and then went once more round trio's run loop for every record burst).
 """
 
 from __future__ import annotations
@@ -139,6 +141,7 @@ class SocketTLSStream(trio.abc.Stream):
                 buffer = bytearray(size)
             view = memoryview(buffer)[:size]
             got = 0
+            waited = False
             while True:
                 self._check_open()
                 try:
@@ -147,11 +150,13 @@ class SocketTLSStream(trio.abc.Stream):
                     if got:
                         break
                     await self._wait(readable=True)
+                    waited = True
                     continue
                 except ssl.SSLWantWriteError:
                     if got:
                         break
                     await self._wait(readable=False)
+                    waited = True
                     continue
                 except ssl.SSLZeroReturnError:
                     break
@@ -167,25 +172,29 @@ class SocketTLSStream(trio.abc.Stream):
             # One copy, through the view: slicing the bytearray itself would copy twice (and allocate twice).
             data = bytes(view[:got])
             view.release()
-            if got:
+            if not waited:  # a wait was this call's schedule point already (rule 8)
                 await trio.lowlevel.cancel_shielded_checkpoint()
             return data
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         with self._send_conflict:
             await trio.lowlevel.checkpoint_if_cancelled()
-            await self._send(data)
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            if not await self._send(data):
+                await trio.lowlevel.cancel_shielded_checkpoint()
 
     async def send_many(self, pieces: Sequence[bytes | bytearray | memoryview]) -> None:
         """``send_all`` of the pieces joined, one ``SSL_write`` per piece (rule 5)."""
         with self._send_conflict:
             await trio.lowlevel.checkpoint_if_cancelled()
+            waited = False
             for piece in pieces:
-                await self._send(piece)
-            await trio.lowlevel.cancel_shielded_checkpoint()
+                waited = await self._send(piece) or waited
+            if not waited:
+                await trio.lowlevel.cancel_shielded_checkpoint()
 
-    async def _send(self, data: bytes | bytearray | memoryview) -> None:
+    async def _send(self, data: bytes | bytearray | memoryview) -> bool:
+        """Write ``data`` whole; whether it had to wait for the socket."""
+        waited = False
         with memoryview(data) as view, view.cast("B") as flat:
             sent = 0
             while sent < len(flat):
@@ -195,10 +204,13 @@ class SocketTLSStream(trio.abc.Stream):
                     sent += self._ssl.send(chunk)
                 except ssl.SSLWantWriteError:
                     await self._wait(readable=False)
+                    waited = True
                 except ssl.SSLWantReadError:
                     await self._wait(readable=True)
+                    waited = True
                 except (ssl.SSLError, OSError) as exc:
                     raise trio.BrokenResourceError(f"TLS send failed: {exc}") from exc
+        return waited
 
     async def wait_send_all_might_not_block(self) -> None:
         with self._send_conflict:
