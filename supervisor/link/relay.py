@@ -71,7 +71,7 @@ class Flow(enum.Enum):
 ChunkFilter = Callable[[bytes], tuple[bytes, Flow]]
 
 
-@dataclass
+@dataclass(slots=True)
 class RelayStats:
     bytes_a_to_b: int = 0
     bytes_b_to_a: int = 0
@@ -81,6 +81,9 @@ class RelayStats:
 
 
 class _Relay:
+    # one per relayed connection in each daemon for as long as it lasts (idle memory per connection, issue 22)
+    __slots__ = ("a", "b", "chunk", "filter_a", "half_close", "idle_scope", "idle_timeout", "pumps", "slack", "stats")
+
     def __init__(
         self,
         a: trio.abc.Stream,
