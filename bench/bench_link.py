@@ -1,7 +1,7 @@
 """CPU of the link as the daemons run it: claim-less mTLS plus HTTP/2 (supervisor/link), both ends in this process
 over loopback TCP.
 
-Two kinds of rows, measured as process CPU (``time.process_time``), which a loaded machine distorts far less than
+Three kinds of rows; CPU is process CPU (``time.process_time``), which a loaded machine distorts far less than
 wall time:
 
 * **bulk**: one stream carrying ``--mb`` MiB one way; CPU per MB moved (what a bulk transfer through the sandbox
@@ -9,22 +9,26 @@ wall time:
 * **calls**: ``--calls`` small exchanges one after another, each on a stream of its own, as the daemons make them
   (``supervisor/link/rpc.py``): a unary call (JSON request, JSON reply) and an exec-shaped channel (the request
   object, the accept reply in a header, a few bytes of output, both ends closing); CPU per exchange. This is
-  where the number of TLS records and system calls per exchange shows.
+  where the number of TLS records and system calls per exchange shows (a row counts the link's writes);
+* **idle**: ``--idle`` streams opened and left waiting, as idle connections leave them; Python heap per stream
+  (``tracemalloc``), both ends of the link together.
 
 ``--profile FILE`` writes a cProfile of the measured part (``python3 -m pstats FILE``).
 
-    python3 bench/bench_link.py [--mb 256] [--runs 3] [--calls 2000] [--kind all|bulk|calls] [--json] [--quick]
-                                [--profile FILE]
+    python3 bench/bench_link.py [--mb 256] [--runs 3] [--calls 2000] [--idle 2000] [--kind all|bulk|calls|idle]
+                                [--json] [--quick] [--profile FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import json
 import ssl
 import statistics
 import time
+import tracemalloc
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -136,6 +140,50 @@ async def _exec(body: dict[str, Any], stream: LinkStream, accept: Callable[[dict
     await stream.send_all(EXEC_OUTPUT)
 
 
+async def idle(count: int) -> float:
+    """Python heap (``tracemalloc``) per stream held open and idle, both ends of one link together: the link's
+    share of an idle connection's memory (a warm-up set is opened before the first snapshot)."""
+    server_tls, client_tls = await _tls_pair()
+    waiting = [trio.Event() for _ in range(50 + count)]  # one per stream, set once its handler waits (made
+    # before the snapshots: they are the bench's, not the link's)
+
+    async def handler(stream: LinkStream) -> None:
+        await stream.send_headers([(":status", "200")])
+        waiting[int(stream.stream_id) // 2].set()
+        await stream.receive_some()  # an idle connection's stream: waiting for data that does not come
+
+    server = Link(server_tls, client=False, handler=handler, name="server")
+    client = Link(client_tls, client=True, name="client")
+    request = [(":method", "POST"), (":scheme", "https"), (":authority", "bench"), (":path", "/")]
+    held: list[LinkStream] = []
+
+    async def open_idle(n: int) -> None:
+        for _ in range(n):
+            stream = await client.open_stream(request)
+            await stream.response()
+            held.append(stream)
+        for event in waiting[: len(held)]:
+            await event.wait()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run)
+        await nursery.start(client.run)
+        await open_idle(50)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.take_snapshot()
+            await open_idle(count)
+            gc.collect()
+            after = tracemalloc.take_snapshot()
+        finally:
+            tracemalloc.stop()
+        grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+        await client.aclose()
+        await server.aclose()
+    return grown / count
+
+
 async def calls(count: int, kind: str) -> tuple[float, float]:
     """``count`` exchanges of ``kind`` (``unary`` or ``channel``) one after another over one link; return CPU
     seconds and transport writes (both ends together) per exchange, set-up and a warm-up excluded."""
@@ -187,17 +235,25 @@ def _row(name: str, unit: str, values: list[float], note: str) -> dict[str, Any]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=int, default=256, help="MiB per transfer (default 256; --quick 64)")
-    parser.add_argument("--runs", type=int, default=3, help="transfers per direction, rounds of calls (default 3)")
+    parser.add_argument("--runs", type=int, default=3, help="rounds of each kind (default 3)")
     parser.add_argument(
         "--calls", type=int, default=2000, help="exchanges per round of calls (default 2000; --quick 500)"
     )
-    parser.add_argument("--kind", choices=("all", "bulk", "calls"), default="all", help="which rows (default all)")
+    parser.add_argument(
+        "--idle", type=int, default=2000, help="streams held for the idle row (default 2000; --quick 500)"
+    )
+    parser.add_argument(
+        "--kind", choices=("all", "bulk", "calls", "idle"), default="all", help="which rows (default all)"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON row per line (bench/micro.py's shape)")
-    parser.add_argument("--quick", action="store_true", help="64 MiB transfers, 500 exchanges per round")
+    parser.add_argument(
+        "--quick", action="store_true", help="64 MiB transfers, 500 exchanges per round, 500 idle streams"
+    )
     parser.add_argument("--profile", metavar="FILE", help="write a cProfile of the measured runs to FILE")
     args = parser.parse_args()
     mb = 64 if args.quick and args.mb == 256 else args.mb
     count = 500 if args.quick and args.calls == 2000 else args.calls
+    held = 500 if args.quick and args.idle == 2000 else args.idle
     total = mb * 1024 * 1024
     profiler = cProfile.Profile() if args.profile else None
     results: dict[str, list[float]] = {}  # insertion order: the rows' order
@@ -213,6 +269,8 @@ def main() -> None:
                 ("unary", lambda: trio.run(calls, count, "unary")),
                 ("channel", lambda: trio.run(calls, count, "channel")),
             ]
+        if args.kind in ("all", "idle"):
+            jobs.append(("idle", lambda: trio.run(idle, held)))
         for name, job in jobs:
             if profiler:
                 profiler.enable()
@@ -231,6 +289,9 @@ def main() -> None:
         if name in ("up", "down"):
             note = f"{mb} MiB per transfer, TLS 1.3 on the socket + HTTP/2, one stream"
             rows.append(_row(f"link CPU per MB ({name}, both ends)", "ms/MB", values, note))
+        elif name == "idle":
+            note = f"{held} streams held open and idle on one link, Python heap (tracemalloc)"
+            rows.append(_row("link memory per idle stream (both ends)", "B", values, note))
         elif name.endswith(" writes"):
             note = "transport writes (TLS writes of the link's writer) per exchange"
             rows.append(_row(f"link writes per {name.split()[0]} exchange (both ends)", "writes", values, note))
