@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import trio
 
+from supervisor.link.h2link import LinkStream
 from supervisor.protocol.channel import (
     CLOSED,
     NEED_DATA,
@@ -243,13 +244,24 @@ class ExecOutput:
 
 
 class _Sender:
-    def __init__(self, stream: trio.abc.SendStream) -> None:
+    def __init__(self, stream: trio.abc.HalfCloseableStream) -> None:
         self._stream = stream
         self._lock = trio.Lock()
 
     async def send(self, event: Event) -> None:
         async with self._lock:
             await self._stream.send_all(encode_frame(event))
+
+    async def send_last(self, event: Event) -> None:
+        """The stream's last frame and its half-close together: on the link, END_STREAM rides on that frame's
+        DATA (one record for both, where a ``send_eof`` after the nursery's teardown was a record of its own)."""
+        async with self._lock:
+            data = encode_frame(event)
+            if isinstance(self._stream, LinkStream):
+                await self._stream.send_final(data)
+            else:
+                await self._stream.send_all(data)
+                await self._stream.send_eof()
 
 
 async def _forward_output(out: OutputStream, sender: _Sender) -> None:
@@ -341,7 +353,7 @@ async def pump_exec(entry: ExecTarget, stream: trio.abc.HalfCloseableStream) -> 
                 for out in output.streams if output is not None else ():
                     outs.start_soon(_forward_output, out, sender)
             result = await entry.wait_result()
-            await sender.send(Exit(result))
+            await sender.send_last(Exit(result))
             finished = True
             nursery.cancel_scope.cancel()
     except* ChannelProtocolError as group:
@@ -359,14 +371,12 @@ async def pump_exec(entry: ExecTarget, stream: trio.abc.HalfCloseableStream) -> 
             output.attached = False
             if not finished:
                 output.set_lossy(True)
-        with trio.CancelScope(shield=True), trio.move_on_after(1):
-            try:
-                if finished:
-                    # Half-close only: the owner of the stream closes it once the client has ended its side
-                    # (the link does, with a grace period). Resetting it now could lose the EXIT frame while
-                    # control is still relaying it onwards.
-                    await stream.send_eof()
-                else:
+        # Finished: half-closed with the EXIT frame, and no more. The owner of the stream closes it once the client
+        # has ended its side (the link does, with a grace period); resetting it now could lose the EXIT frame
+        # while control is still relaying it onwards.
+        if not finished:
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                try:
                     await stream.aclose()
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
