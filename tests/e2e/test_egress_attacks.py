@@ -396,12 +396,13 @@ def connect(kind, port):
     return sock
 
 for kind in ("connect", "transparent"):
-    payload = random.randbytes(300_000)
+    # a first byte 0x16 is TLS to control whatever follows (an inspected endpoint): random bytes must not start so
+    payload = b"\\x00" + random.randbytes(299_999)
     answer = exchange(connect(kind, CONFIG["after_eof"]), payload)
     report(f"client-first {kind}", sent=f"got {len(payload)} {hashlib.sha256(payload).hexdigest()}", **answer)
     sock = connect(kind, CONFIG["server_first"])
     greeting, end = read_to_end(sock)
-    payload = random.randbytes(200_000)
+    payload = b"\\x00" + random.randbytes(199_999)
     after = exchange(sock, payload)
     report(f"server-first {kind}", greeting=greeting.decode(), greeting_end=end, after_end=after["end"],
            sent=f"received {len(payload)} {hashlib.sha256(payload).hexdigest()}")
