@@ -217,6 +217,26 @@ class Launcher:
         else:
             zygote.close_all(fds)
 
+    def _drain(self) -> None:
+        """File the messages already waiting on the socket, when no task is reading it. The init's announcements
+        (its spare, orphans) arrive unprompted, after the exit that made them due: with no request or exit
+        awaited they would wait unread, and a new spare would count as a workload process until then. With a
+        reader, nobody else may read (it waits for the socket, not for us); it files them as they come."""
+        if self._reading or self._dead is not None or self._closed:
+            return
+        while True:
+            try:
+                got = zygote.receive(self._sock, nowait=True)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                self._dead = f"launcher socket: {exc}"
+                return
+            if got is None:
+                self._dead = "launcher exited"
+                return
+            self._file(*got)
+
     async def _pump(self) -> None:
         """Read one message (or wait while someone else does); wake every waiter afterwards."""
         if self._progress is None:
@@ -400,6 +420,7 @@ class Launcher:
     def workload_pids(self) -> set[int]:
         """Host pids of every live workload process: descendants of the zygote, minus the init, the init's
         waiting spare exec-init and its child (they run nothing of the workload's) and zombies."""
+        self._drain()  # the init's latest spare announcement, which nobody may be waiting to read
         parents, zombies = zygote.proc_scan()
         found = zygote.descendants(self._pid, parents) - zombies
         found.discard(self._init_pid or -1)
