@@ -652,7 +652,7 @@ def _package_root() -> str:
 
 
 def exec_init_image(  # pragma: no cover - the init before its execve
-    sock_fd: int, host_proc_fd: int, mount_proc: bool, root: dict[str, Any] | None
+    sock_fd: int, host_proc_fd: int, mount_proc: bool, root: Mapping[str, Any] | None
 ) -> NoReturn:
     """In the zygote's first child after ``unshare(CLONE_NEWPID)``: ``execve`` the init's own interpreter
     (``init_entry``) with the zygote's socket on fd 3 and the host procfs on 4. A failure is the init's
