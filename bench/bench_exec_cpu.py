@@ -15,15 +15,12 @@ import argparse
 import json
 import os
 import resource
-import shutil
-import subprocess
-import tempfile
 import time
 from typing import Any
 
 import trio
 
-from bench.bench_exec_e2e import CLI, _exec_true, _wait_ready
+from bench.bench_exec_e2e import _exec_true, dev_sandbox
 from bench.stats import percentile
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -95,17 +92,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--json", action="store_true", help="one JSON line")
     args = parser.parse_args()
-    runtime = tempfile.mkdtemp(prefix="osr-bench-", dir="/tmp")
-    env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
-    dev = subprocess.Popen([*CLI, "dev", "--", "sleep", "100000"], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        api = _wait_ready(env)
+    with dev_sandbox() as (api, _env, dev):
         result = trio.run(_run, api, args.runs, dev.pid)
-    finally:
-        dev.terminate()
-        dev.wait(timeout=30)
-        shutil.rmtree(runtime, ignore_errors=True)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
 
 

@@ -13,6 +13,7 @@ It starts its own dev sandbox (as root: model R) with a private runtime director
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import trio
@@ -65,6 +67,22 @@ def _wait_ready(env: dict[str, str], timeout: float = 30) -> Api:
     raise RuntimeError("the dev sandbox did not become ready")
 
 
+@contextlib.contextmanager
+def dev_sandbox() -> Iterator[tuple[Api, dict[str, str], subprocess.Popen[bytes]]]:
+    """A dev sandbox (agent: ``sleep``) in a private runtime directory, ready: its API, the environment that
+    finds it, and the ``dev`` process; stopped and cleaned up on exit."""
+    runtime = tempfile.mkdtemp(prefix="osr-bench-", dir="/tmp")
+    env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
+    dev = subprocess.Popen([*CLI, "dev", "--", "sleep", "100000"], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        yield _wait_ready(env), env, dev
+    finally:
+        dev.terminate()
+        dev.wait(timeout=30)
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=300)
@@ -74,12 +92,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.runs, args.cli_runs = min(args.runs, 50), min(args.cli_runs, 5)
-    runtime = tempfile.mkdtemp(prefix="osr-bench-", dir="/tmp")
-    env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
-    dev = subprocess.Popen([*CLI, "dev", "--", "sleep", "100000"], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        api = _wait_ready(env)
+    with dev_sandbox() as (api, env, _dev):
         api_ms = trio.run(_api_latencies, api, args.runs)
         cli_ms = []
         for _ in range(args.cli_runs):
@@ -88,10 +101,6 @@ def main() -> None:
             if done.returncode != 0:
                 raise RuntimeError(f"exec through the CLI failed ({done.returncode}): {done.stderr.strip()}")
             cli_ms.append((time.perf_counter() - started) * 1000)
-    finally:
-        dev.terminate()
-        dev.wait(timeout=30)
-        shutil.rmtree(runtime, ignore_errors=True)
     result: dict[str, Any] = {
         "bench": "exec_e2e",
         "api_p50_ms": round(percentile(api_ms, 50), 2),

@@ -6,6 +6,7 @@ hangs on it (a process-table test failed so in a side-by-side run)."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 from collections.abc import Iterator
 
@@ -25,27 +26,30 @@ def spare() -> Iterator[int]:
     proc.wait()
 
 
-def test_a_spare_announced_while_nobody_waits_is_left_out_of_the_workload(spare: int) -> None:
+@pytest.fixture
+def launcher_pair() -> Iterator[tuple[Launcher, socket.socket]]:
+    """A launcher whose zygote is this process, and the zygote's end of its socket (what the test sends)."""
     ours, theirs = zygote.socket_pair()
     ours.setblocking(False)
-    launcher = Launcher(ours, pid=os.getpid())
-    try:
-        assert spare in launcher.workload_pids()  # not announced: a process like any other
-        zygote.send(theirs, {"spare": spare})  # no request pending, no exit awaited: nobody pumps the socket
-        assert spare not in launcher.workload_pids()
-        zygote.send(theirs, {"spare": None})  # a nested spawn took it: it is the workload's again
-        assert spare in launcher.workload_pids()
-    finally:
-        ours.close()
-        theirs.close()
+    yield Launcher(ours, pid=os.getpid()), theirs
+    ours.close()
+    theirs.close()
 
 
-def test_an_eof_while_nobody_waits_marks_the_launcher_dead(spare: int) -> None:
-    ours, theirs = zygote.socket_pair()
-    ours.setblocking(False)
-    launcher = Launcher(ours, pid=os.getpid())
+def test_a_spare_announced_while_nobody_waits_is_left_out_of_the_workload(
+    spare: int, launcher_pair: tuple[Launcher, socket.socket]
+) -> None:
+    launcher, theirs = launcher_pair
+    assert spare in launcher.workload_pids()  # not announced: a process like any other
+    zygote.send(theirs, {"spare": spare})  # no request pending, no exit awaited: nobody pumps the socket
+    assert spare not in launcher.workload_pids()
+    zygote.send(theirs, {"spare": None})  # a nested spawn took it: it is the workload's again
+    assert spare in launcher.workload_pids()
+
+
+def test_an_eof_while_nobody_waits_marks_the_launcher_dead(launcher_pair: tuple[Launcher, socket.socket]) -> None:
+    launcher, theirs = launcher_pair
     theirs.close()
     launcher.workload_pids()
     with pytest.raises(LauncherError, match="launcher exited"):
         launcher._check_alive()
-    ours.close()
