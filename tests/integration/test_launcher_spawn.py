@@ -483,10 +483,10 @@ def _children(pid: int) -> list[int]:
 async def _spare(launcher: Launcher) -> int:
     """The host pid of the init's waiting spare exec-init, once the zygote has reported it."""
     deadline = time.monotonic() + 10
-    while launcher._spare_pid is None:
+    while launcher._lease is None:
         assert time.monotonic() < deadline, "no spare exec-init was reported"
         await trio.sleep(0.01)
-    return launcher._spare_pid
+    return launcher._lease.pid
 
 
 def _ns_pids(host_pid: int) -> list[int]:
@@ -544,7 +544,7 @@ async def _spare_attack(launcher: Launcher) -> None:
     assert _children(spare) == [waiting]
     for pid in (spare, waiting):  # still waiting, untouched
         assert proc_line(f"/proc/{pid}/status", "State:")[0] == "S"
-    assert launcher._spare_pid == spare
+    assert launcher._lease is not None and launcher._lease.pid == spare
     exec_ = await launcher.spawn(make_spec("/bin/true", stdin="null"), own_pidns=True)
     assert exec_.nested and exec_.pid == spare  # the next exec took it
     assert await exec_.wait_status() == 0

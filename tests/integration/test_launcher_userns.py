@@ -115,10 +115,14 @@ async def main():
         out["probe_status"] = await spawned.wait_status()
         out["probe"] = json.loads(text or b"null")
         out["probe_ns_pid"] = spawned.ns_pid
-    # The init's spare exec-init and its waiting child, as the probe names them: if the probe saw them, the
-    # init announced the spare before the probe's exit, so the launcher knows it by now.
+    # The init's spare exec-init and its waiting child, as the probe names them: the init leases the spare to
+    # the launcher once its child is ready (after the probe's spawn), which files the lease when it drains.
     out["spare_ns"] = []
-    spare = launcher._spare_pid
+    for _ in range(500):
+        if launcher.workload_pids() is not None and launcher._lease is not None:
+            break
+        await trio.sleep(0.01)
+    spare = launcher._lease.pid if launcher._lease is not None else None
     if spare is not None:
         with open(f"/proc/{spare}/task/{spare}/children") as fh:
             for p in [spare, *(int(c) for c in fh.read().split())]:

@@ -1,5 +1,5 @@
 """The launcher files what the zygote sends unprompted even when nothing is awaited from it (launcher.py
-``_drain``): the init announces its next spare exec-init after the exit that made it due, and a spare the
+``_drain``): the init leases its next spare exec-init after the exit that made it due, and a spare the
 boundary has not heard of counts as a workload process — every "all the workload's processes are gone" wait then
 hangs on it (a process-table test failed so in a side-by-side run)."""
 
@@ -36,15 +36,39 @@ def launcher_pair() -> Iterator[tuple[Launcher, socket.socket]]:
     theirs.close()
 
 
-def test_a_spare_announced_while_nobody_waits_is_left_out_of_the_workload(
+def _lease(spare: int) -> tuple[dict[str, object], list[int]]:
+    """A lease message for ``spare`` (zygote.py "Spares") and its fds: command socket, pidfd, report pipe."""
+    ours, _theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    report_r, report_w = os.pipe()
+    os.close(report_w)
+    confinement = {"uid": 1000, "gid": 1000, "groups": [], "landlock": None, "seccomp": True, "notify": False}
+    message = {"spare": spare, "ns_pid": 1, "confinement": confinement, "notes": []}
+    return message, [ours.detach(), os.pidfd_open(spare), report_r]
+
+
+def test_a_spare_leased_while_nobody_waits_is_left_out_of_the_workload(
     spare: int, launcher_pair: tuple[Launcher, socket.socket]
 ) -> None:
     launcher, theirs = launcher_pair
-    assert spare in launcher.workload_pids()  # not announced: a process like any other
-    zygote.send(theirs, {"spare": spare})  # no request pending, no exit awaited: nobody pumps the socket
+    assert spare in launcher.workload_pids()  # not leased: a process like any other
+    message, fds = _lease(spare)
+    zygote.send(theirs, message, fds)  # no request pending, no exit awaited: nobody pumps the socket
+    zygote.close_all(fds)
     assert spare not in launcher.workload_pids()
-    zygote.send(theirs, {"spare": None})  # a nested spawn took it: it is the workload's again
-    assert spare in launcher.workload_pids()
+    assert launcher._lease is not None and launcher._lease.pid == spare
+    launcher.close()  # the lease is let go with the launcher
+    assert launcher._lease is None
+
+
+def test_a_lease_with_the_wrong_fds_is_refused(spare: int, launcher_pair: tuple[Launcher, socket.socket]) -> None:
+    """Under the connect-notify filter a lease must bring its listener; without a notifier it is not taken."""
+    launcher, theirs = launcher_pair
+    message, fds = _lease(spare)
+    message["confinement"] = {**message["confinement"], "notify": True}  # type: ignore[dict-item]
+    zygote.send(theirs, message, fds)
+    zygote.close_all(fds)
+    assert spare in launcher.workload_pids()  # no lease filed: still counted
+    assert launcher._lease is None
 
 
 def test_an_eof_while_nobody_waits_marks_the_launcher_dead(launcher_pair: tuple[Launcher, socket.socket]) -> None:

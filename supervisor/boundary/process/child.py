@@ -193,6 +193,18 @@ def _execve(argv: tuple[str, ...], env: Mapping[str, str]) -> NoReturn:
     raise FileNotFoundError(errno.ENOENT, f"{argv[0]}: not found in PATH")
 
 
+def confinement(spec: SpawnSpec, notify: bool) -> dict[str, Any]:
+    """The part of a launch a spare child applies before its command exists (``AHEAD``), as JSON: the ids, the
+    Landlock rules, the deny list, and whether the connect-notify filter is installed (``notify``)."""
+    wire = spec.to_wire()
+    return {key: wire[key] for key in ("uid", "gid", "groups", "landlock", "seccomp")} | {"notify": notify}
+
+
+def confinement_spec(confinement: Mapping[str, Any]) -> SpawnSpec:
+    """A spec carrying only ``confinement`` (what the ``AHEAD`` stages read); no command to run."""
+    return SpawnSpec.from_wire({"argv": [], "env": {}, "cwd": "/", **confinement})
+
+
 @dataclass
 class ChildContext:
     """What the forking process hands its child: the spec and the fds it received for it."""
@@ -204,6 +216,9 @@ class ChildContext:
     notes: list[str] = field(default_factory=list)
     mount_ns: int | None = None  # fd of the agent's mount namespace, entered while still privileged
     notify_fd: int | None = None  # socket to the boundary: the connect-notify listener is sent over it
+    # A spare (``AHEAD``): install the connect-notify filter and keep its listener here for the init to pass on.
+    keep_listener: bool = False
+    listener: int | None = None
 
 
 def _reset_signals(ctx: ChildContext) -> None:
@@ -277,11 +292,16 @@ def _pdeathsig(ctx: ChildContext) -> None:
 def _landlock(ctx: ChildContext) -> None:
     if ctx.spec.landlock is not None:
         for note in landlock.restrict_self(ctx.spec.landlock):
-            _write_status(ctx, {"note": note})
+            if ctx.status_fd < 0:  # a spare: no status pipe yet, the notes go with its ready message
+                ctx.notes.append(note)
+            else:
+                _write_status(ctx, {"note": note})
 
 
 def _seccomp(ctx: ChildContext) -> None:
-    if ctx.notify_fd is not None:  # first: the deny list refuses seccomp(2) (docs/design.md "Identity")
+    if ctx.keep_listener:  # first: the deny list refuses seccomp(2) (docs/design.md "Identity")
+        ctx.listener = seccomp.install_listener(seccomp.notify_program())
+    elif ctx.notify_fd is not None:
         listener = seccomp.install_listener(seccomp.notify_program())
         hand_off = socket.socket(fileno=ctx.notify_fd)
         try:
@@ -323,6 +343,37 @@ STAGES: Final[tuple[tuple[Stage, Callable[[ChildContext], object]], ...]] = (
 )
 
 
+# A spare's command child (zygote.py "Spares") runs the stages of ``AHEAD`` while it waits, with the init's
+# credentials and before its command exists, and the rest (``ON_COMMAND``, in ``STAGES`` order) once the command
+# arrived. Each part keeps the table's order; only stages that need no command and no credential change move
+# ahead, and every control is in force before ``execve`` all the same (rule 1). The set-id stages stay with the
+# command: a waiting child keeps the init's uid, so the agent can neither signal nor trace it.
+_AHEAD: Final = frozenset({
+    Stage.SIGNALS, Stage.SETSID, Stage.UMASK, Stage.CAPBSET, Stage.RLIMIT_CORE, Stage.NO_NEW_PRIVS, Stage.LANDLOCK,
+    Stage.SECCOMP,
+})  # fmt: skip
+AHEAD: Final = tuple((stage, action) for stage, action in STAGES if stage in _AHEAD)
+ON_COMMAND: Final = tuple((stage, action) for stage, action in STAGES if stage not in _AHEAD)
+
+
+def _failure(stage: Stage, exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, OSError):
+        return {"stage": stage.value, "errno": exc.errno or errno.EINVAL, "detail": exc.strerror or str(exc)}
+    return {"stage": stage.value, "errno": errno.EINVAL, "detail": repr(exc)}  # a bug: still a report
+
+
+def run_ahead(ctx: ChildContext) -> dict[str, Any] | None:
+    """The ``AHEAD`` stages of a spare; ``None`` once all ran, else the failure record."""
+    stage = Stage.SIGNALS
+    try:
+        for current, action in AHEAD:
+            stage = current
+            action(ctx)
+    except BaseException as exc:
+        return _failure(stage, exc)
+    return None
+
+
 def _write_status(ctx: ChildContext, record: Mapping[str, Any]) -> None:
     data = (json.dumps(record) + "\n").encode()
     try:
@@ -331,19 +382,24 @@ def _write_status(ctx: ChildContext, record: Mapping[str, Any]) -> None:
         pass  # nobody to tell: the parent gave up on this launch
 
 
-def run(ctx: ChildContext) -> NoReturn:
-    """Run every stage, then ``execve``; on failure report ``(stage, errno)`` and exit."""
-    stage = Stage.SIGNALS
+def run(ctx: ChildContext, stages: tuple[tuple[Stage, Callable[[ChildContext], object]], ...] = STAGES) -> NoReturn:
+    """Run ``stages`` (every stage; a spare: ``ON_COMMAND``), then ``execve``; on failure report ``(stage,
+    errno)`` and exit."""
+    stage = stages[0][0]
     try:
-        for current, action in STAGES:
+        for current, action in stages:
             stage = current
             action(ctx)
         raise OSError(errno.EINVAL, "execve returned")  # unreachable: _exec either replaces us or raises
-    except OSError as exc:
-        _write_status(
-            ctx, {"stage": stage.value, "errno": exc.errno or errno.EINVAL, "detail": exc.strerror or str(exc)}
-        )
     except BaseException as exc:  # a bug must still end in a report, never in the parent's code
-        _write_status(ctx, {"stage": stage.value, "errno": errno.EINVAL, "detail": repr(exc)})
+        fail(ctx, stage, exc)
+    finally:
+        os._exit(ExitCode.NOT_FOUND)
+
+
+def fail(ctx: ChildContext, stage: Stage, exc: BaseException) -> NoReturn:
+    """Report ``exc`` at ``stage`` on the status pipe and exit (rule 2)."""
+    try:
+        _write_status(ctx, _failure(stage, exc))
     finally:
         os._exit(ExitCode.NOT_FOUND)  # the parent reads the status pipe, not this code

@@ -10,7 +10,12 @@ Rules of this module:
 3. ``spawn`` returns only once the child's status pipe reached EOF without a failure record, i.e. after
    ``execve`` succeeded; every failure is a ``SpawnError(stage, errno)``.
 4. The launcher (zygote or its PID-namespace init) is the one reaper of workload processes; exit statuses
-   arrive here as messages and nowhere else (``Spawned.wait_status``).
+   arrive here as messages (``Spawned.wait_status``), except an exec's through a leased spare: its exec-init
+   writes its command's status to a report pipe whose read end came with the lease, and the exec-init's pidfd
+   says when its namespace is gone.
+5. A lease (zygote.py "Spares") is used for one nested spawn whose confinement is the one it was prepared for,
+   and only while the launcher can pass its listener to the connect-notify socket; any other lease is let go
+   (closing its socket ends the waiting spare).
 """
 
 from __future__ import annotations
@@ -83,13 +88,38 @@ class Spawned:
     _launcher: Launcher | None = field(default=None, repr=False, compare=False)
     _sid: int = field(default=0, repr=False, compare=False)
     _status: int | None = field(default=None, repr=False, compare=False)
+    _report: tuple[int, int] | None = field(default=None, repr=False, compare=False)  # a lease's (report, pidfd)
 
     async def wait_status(self) -> int:
-        """The raw wait status, as reaped by the launcher; the same value on every call."""
+        """The raw wait status, as reaped by the launcher (or reported by a leased exec-init, rule 4); the same
+        value on every call."""
         if self._status is None:
-            assert self._launcher is not None
-            self._status = await self._launcher._exit_status(self._sid)
+            if self._report is not None:
+                self._status = await _leased_status(*self._report)
+                self._report = None
+            else:
+                assert self._launcher is not None
+                self._status = await self._launcher._exit_status(self._sid)
         return self._status
+
+
+@dataclass
+class Lease:
+    """A spare leased to the boundary (zygote.py "Spares"): its exec-init's pids, our end of its command socket,
+    a pidfd of the exec-init, the read end of its report pipe, the confinement it was prepared for."""
+
+    pid: int
+    ns_pid: int
+    sock: socket.socket
+    pidfd: int
+    report: int
+    confinement: dict[str, Any]
+    notes: tuple[str, ...]
+
+    def close(self) -> None:
+        """Let it go: the waiting child sees EOF and ends, its exec-init with it."""
+        self.sock.close()
+        zygote.close_all([self.pidfd, self.report])
 
 
 # --- privilege model ---------------------------------------------------------------------------------------
@@ -135,10 +165,9 @@ class Launcher:
         self._closed = False
         self._prepared: Prepared | None = None
         self._init_pid: int | None = None
-        # The init's pre-forked exec-init and its waiting child: no workload code runs there until a nested
-        # spawn hands them a command, so they are left out of ``workload_pids`` only while none is in flight.
-        self._spare_pid: int | None = None
-        self._nested_in_flight: set[int] = set()  # request ids of nested spawns whose reply is not filed yet
+        # The spare the init leased us (rule 5): no workload code runs there until we hand it a command, so it
+        # is left out of ``workload_pids`` while we hold it.
+        self._lease: Lease | None = None
         # The connect-notify hand-off socket (capture/connect_notify.py): when set, every spawned child gets a
         # copy, installs the notify filter and sends its listener over it before exec.
         self.notify_socket: socket.socket | None = None
@@ -188,12 +217,8 @@ class Launcher:
             raise LauncherError(self._dead)
 
     def _file(self, message: dict[str, Any], fds: list[int]) -> None:
-        if message.get("nested") and message.get("pid") == self._spare_pid:  # the spare took this exec
-            self._spare_pid = None
-        self._nested_in_flight.discard(message.get("id"))
         if "spare" in message:
-            zygote.close_all(fds)
-            self._spare_pid = None if message["spare"] is None else int(message["spare"])
+            self._take_lease(message, fds)
         elif "exit" in message:
             zygote.close_all(fds)
             sid = int(message["exit"])
@@ -215,6 +240,32 @@ class Launcher:
         elif isinstance(message.get("id"), int):
             self._replies[message["id"]] = (message, fds)
         else:
+            zygote.close_all(fds)
+
+    def _take_lease(self, message: Mapping[str, Any], fds: list[int]) -> None:
+        """File a lease (rule 5): its fds are the command socket, the pidfd, the report pipe and, under the
+        connect-notify filter, the listener, which goes to the notifier now (it serves it before the exec)."""
+        if self._lease is not None:
+            self._lease.close()
+            self._lease = None
+        try:
+            confinement = dict(message["confinement"])
+            if len(fds) != 3 + int(bool(confinement["notify"])):
+                raise LauncherError(f"a lease came with {len(fds)} fds")
+            if len(fds) == 4:
+                if self.notify_socket is None:
+                    raise LauncherError("a lease under the connect-notify filter, and no notifier")
+                socket.send_fds(self.notify_socket, [b"listener"], [fds[3]], socket.MSG_DONTWAIT)
+            sock = socket.socket(fileno=fds[0])
+            sock.setblocking(False)
+            self._lease = Lease(
+                int(message["spare"]), int(message["ns_pid"]), sock, fds[1], fds[2], confinement,
+                tuple(str(note) for note in message.get("notes") or ()),
+            )  # fmt: skip
+            fds[:3] = []
+        except (LauncherError, OSError, KeyError, TypeError, ValueError):
+            pass  # no lease: the next exec goes through the init
+        finally:
             zygote.close_all(fds)
 
     def _drain(self) -> None:
@@ -266,9 +317,6 @@ class Launcher:
 
     async def _request(self, op: str, fds: Sequence[int] = (), **fields: Any) -> tuple[dict[str, Any], list[int]]:
         rid = next(self._ids)
-        if op == "spawn" and fields.get("own_pidns"):  # it may take the spare: count it in from now on
-            self._spare_pid = None
-            self._nested_in_flight.add(rid)
         await self._send({"op": op, "id": rid, **fields}, fds)
         try:
             while rid not in self._replies:
@@ -351,48 +399,33 @@ class Launcher:
             raise LauncherError("spawn before prepare")
         ours: list[int] = []  # the boundary's ends, returned in Spawned
         theirs: list[int] = []  # the child's ends, closed here once sent
+        lease: Lease | None = None
         try:
             ends, layout = _make_stdio(spec, ours, theirs)
             status_r, status_w = os.pipe2(os.O_CLOEXEC)
             ours.append(status_r)
             theirs.append(status_w)
             layout.append(len(theirs) - 1)
-            notify: int | None = None
-            if self.notify_socket is not None:
-                theirs.append(os.dup(self.notify_socket.fileno()))
-                notify = len(theirs) - 1
             sid = next(self._ids)
-            try:
-                reply, fds = await self._request(
-                    "spawn",
-                    fds=theirs,
-                    sid=sid,
-                    spec=spec.to_wire(),
-                    stdio=layout,
-                    notify=notify,
-                    own_pidns=own_pidns,
-                )
-            except BaseException:
-                self._forget(sid)
-                raise
-            finally:
-                zygote.close_all(theirs)
-                theirs.clear()
-            if not reply.get("ok") or len(fds) != 1:
-                zygote.close_all(fds)
-                self._raise(reply, "spawn")
-                raise LauncherError("spawn: no pidfd received")
-            pidfd = fds[0]
+            lease = self._use_lease(spec, layout, theirs) if own_pidns else None
+            if lease is not None:
+                zygote.close_all(theirs)  # the child has them: EOF on the status pipe is its execve
+                ours.append(lease.report)
+                pidfd, reply = lease.pidfd, {"pid": lease.pid, "ns_pid": lease.ns_pid, "nested": True}
+            else:
+                pidfd, reply = await self._spawn_via_launcher(spec, sid, layout, theirs, own_pidns)
             try:
                 notes, failure = await _read_status(status_r)
             except BaseException:
                 with contextlib.suppress(OSError):
                     signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                self._forget(sid)
+                if lease is None:
+                    self._forget(sid)
                 os.close(pidfd)
                 raise
             if failure is not None:
-                self._forget(sid)
+                if lease is None:
+                    self._forget(sid)
                 os.close(pidfd)
                 raise SpawnError(
                     str(failure.get("stage", "unknown")), int(failure.get("errno") or 0), str(failure.get("detail", ""))
@@ -400,17 +433,60 @@ class Launcher:
         except BaseException:
             zygote.close_all(ours)
             raise
+        finally:
+            zygote.close_all(theirs)
         os.close(status_r)
         return Spawned(
             pid=int(reply["pid"]),
             pidfd=pidfd,
             ns_pid=reply.get("ns_pid"),
-            notes=tuple(notes),
+            notes=(*(lease.notes if lease else ()), *notes),
             nested=bool(reply.get("nested")),
             _launcher=self,
             _sid=sid,
+            _report=None if lease is None else (lease.report, os.dup(pidfd)),
             **ends,
         )
+
+    def _use_lease(self, spec: SpawnSpec, layout: list[int], fds: list[int]) -> Lease | None:
+        """Send this spawn to the leased spare if it was prepared for the spec's confinement (rule 5); ``None``:
+        there is none, or it is let go, and the launcher forks the exec-init."""
+        lease, self._lease = self._lease, None
+        if lease is None:
+            return None
+        if lease.confinement != child.confinement(spec, self.notify_socket is not None):
+            lease.close()
+            return None
+        try:
+            zygote.send(lease.sock, {"spec": spec.to_wire(), "stdio": layout}, fds)
+        except OSError:  # it ended while waiting (only a signal from our side can do that)
+            lease.close()
+            return None
+        lease.sock.close()
+        return lease
+
+    async def _spawn_via_launcher(
+        self, spec: SpawnSpec, sid: int, layout: list[int], theirs: list[int], own_pidns: bool
+    ) -> tuple[int, dict[str, Any]]:
+        """The spawn request to the zygote (and on to the init): the child's pidfd and the reply."""
+        notify: int | None = None
+        if self.notify_socket is not None:
+            theirs.append(os.dup(self.notify_socket.fileno()))
+            notify = len(theirs) - 1
+        try:
+            reply, fds = await self._request(
+                "spawn", fds=theirs, sid=sid, spec=spec.to_wire(), stdio=layout, notify=notify, own_pidns=own_pidns
+            )
+        except BaseException:
+            self._forget(sid)
+            raise
+        finally:
+            zygote.close_all(theirs)
+        if not reply.get("ok") or len(fds) != 1:
+            zygote.close_all(fds)
+            self._raise(reply, "spawn")
+            raise LauncherError("spawn: no pidfd received")
+        return fds[0], reply
 
     def _forget(self, sid: int) -> None:
         """A launch that failed: drop its exit status whenever it arrives."""
@@ -424,8 +500,8 @@ class Launcher:
         parents, zombies = zygote.proc_scan()
         found = zygote.descendants(self._pid, parents) - zombies
         found.discard(self._init_pid or -1)
-        if self._spare_pid is not None and not self._nested_in_flight:
-            found -= {self._spare_pid, *zygote.descendants(self._spare_pid, parents)}
+        if self._lease is not None:
+            found -= {self._lease.pid, *zygote.descendants(self._lease.pid, parents)}
         return found
 
     async def kill_all(self) -> None:
@@ -448,6 +524,9 @@ class Launcher:
         for _message, fds in self._replies.values():
             zygote.close_all(fds)
         self._replies.clear()
+        if self._lease is not None:
+            self._lease.close()
+            self._lease = None
         self._sock.close()
         deadline = time.monotonic() + CLOSE_GRACE
         try:
@@ -488,6 +567,30 @@ def _make_stdio(spec: SpawnSpec, ours: list[int], theirs: list[int]) -> tuple[di
             ends[name] = mine
         layout.append(len(theirs) - 1)
     return ends, layout
+
+
+async def _leased_status(report: int, pidfd: int) -> int:
+    """A leased exec-init's report (rule 4): its command's raw wait status, or SIGKILL's if it wrote none (its
+    namespace was killed); returned once the exec-init has exited, i.e. its namespace is empty. Closes both."""
+    try:
+        os.set_blocking(report, False)
+        data = b""
+        while True:
+            try:
+                chunk = os.read(report, 64)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(report)
+                continue
+            if not chunk:
+                break
+            data += chunk
+        await trio.lowlevel.wait_readable(pidfd)
+    finally:
+        zygote.close_all([report, pidfd])
+    try:
+        return int(data) if data else zygote.SIGKILL_STATUS
+    except ValueError:
+        return zygote.SIGKILL_STATUS
 
 
 async def _read_status(fd: int) -> tuple[list[str], dict[str, Any] | None]:

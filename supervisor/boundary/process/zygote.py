@@ -35,11 +35,20 @@ pyroute2 out of the init's image). Once the init has mounted the namespace's ``/
 nothing for the zygote (it is outside that PID namespace): the one read of it, a probe's TCP tables, goes
 through ``/proc/1`` (the init, in the same network namespace).
 
-An exec gets a PID namespace of its own (``exec_init``). To keep the ``unshare`` and both forks off its path the
-init holds one spare (``Spawner.replenish``, ``spare_main``): an exec-init already PID 1 of a fresh namespace
-whose command child waits on a socket for the spawn request; the init hands the next nested spawn to it and
-forks the next spare once that exec's exit is reported. The boundary leaves a waiting spare out of the
-workload's processes (the init announces it as ``{"spare": host_pid}``).
+An exec gets a PID namespace of its own (``exec_init``). Spares keep the ``unshare``, both forks and most of
+the child's stages off its path, and the zygote and the init off it altogether (``Spawner.replenish``,
+``spare_main``, ``_await_command``): the init forks an exec-init, already PID 1 of a fresh namespace, whose
+command child runs the stages that need no command (``child.AHEAD``: signals, session, umask, bounding set,
+core limit, ``no_new_privs``, Landlock, both seccomp filters) for the confinement of the last spawn, then
+waits on a socket for its command with the init's credentials. Once it is ready the init *leases* it to the
+boundary: ``{"spare": host_pid, "ns_pid", "confinement", "notes"}`` with the command socket, a pidfd of the
+exec-init, the read end of its report pipe and, under the connect-notify filter, the filter's listener; the
+init keeps none of them. The boundary sends the next nested spawn whose confinement matches straight to that
+socket (the command child checks the match again) and reads the command's status from the report pipe itself;
+the init reaps the exec-init without a report. The child writes one byte to the init's "taken" pipe when its
+command arrives, and the init forks the next spare once that exec ended or it has been idle a while; a spare
+that ended without a command (the boundary let it go) is replaced only after the next spawn. While a spare is
+leased and unused the boundary leaves it out of the workload's processes.
 """
 
 from __future__ import annotations
@@ -85,6 +94,7 @@ KILL_ALL_TIMEOUT: Final = 10.0
 UNOWNED_REPORT_S: Final = 1.0
 UNOWNED_PIDS: Final = 10  # the first pids of a report; the count is all of them
 SPARE_IDLE_MS: Final = 5  # the init forks the next spare exec-init after an exit report or this long idle
+SPARE_READY_S: Final = 2.0  # a spare's child that has not finished its stages ahead by then is let go
 _INT_SIZE: Final = array.array("i").itemsize
 _SIOCGIFFLAGS: Final = 0x8913
 _SIOCSIFFLAGS: Final = 0x8914
@@ -302,8 +312,13 @@ class Spawner:
         self.pidns_fd: int | None = None
         self.exit_reports: dict[int, int] = {}  # exec-init pid -> read end of its command's status report
         self.unowned: list[int] = []  # reaped orphans nobody launched, not yet reported
-        self.spare: Spare | None = None  # an exec-init forked ahead, waiting for its command (``replenish``)
-        self.retired: set[int] = set()  # spares found dead before use, not reaped yet: never reported
+        # Spares (module docstring): the confinement of the last spawn (the next spare is prepared for it), the
+        # one whose stages ahead failed (not tried again), the exec-inits leased to the boundary (reaped without
+        # a report: the boundary reads their report pipes) and the read end of the leased spare's "taken" pipe.
+        self.confinement: dict[str, Any] | None = None
+        self.failed_confinement: dict[str, Any] | None = None
+        self.leased: set[int] = set()
+        self.taken_r: int | None = None
 
     def _enter_root(self) -> None:
         if self.root_error is not None:
@@ -327,12 +342,9 @@ class Spawner:
             spec = child.SpawnSpec.from_wire(request["spec"])
             stdio, status_fd = _stdio_fds(request, fds)
             notify = _notify_fd(request, fds)
+            self.confinement = child.confinement(spec, notify is not None)
             parent = os.getpid()
             nested = bool(request.get("own_pidns")) and self.pidns_fd is not None
-            if nested and self.mount_ns is None:
-                handed = self._hand_to_spare(request, fds)
-                if handed is not None:
-                    return {"id": rid, "ok": True, **handed[0]}, [handed[1]]
             report_r = report_w = -1
             if nested:  # its own PID namespace: the first child after this unshare is its init (exec_init)
                 report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
@@ -363,40 +375,25 @@ class Spawner:
         finally:
             close_all(fds)
 
-    def _hand_to_spare(self, request: Mapping[str, Any], fds: list[int]) -> tuple[dict[str, Any], int] | None:
-        """Give the spare exec-init this command (its spec and fds, which it validates as the fork path does);
-        ``None`` if there is no live spare (the caller forks one as before). Returns the reply's pids and the
-        exec-init's pidfd; ``fds`` are closed here once sent."""
-        spare, self.spare = self.spare, None
-        if spare is None:
-            return None
-        command = {"spec": request["spec"], "stdio": request["stdio"], "notify": request.get("notify")}
-        try:
-            send(spare.sock, command, fds)
-        except OSError:  # it died waiting (only a signal from us can do that): the reaper forgets it
-            self.retired.add(spare.pid)
-            close_all([spare.report_r])
-            return None
-        finally:
-            spare.sock.close()
-        close_all(fds)
-        self.exit_reports[spare.pid] = spare.report_r
-        self.live[spare.pid] = int(request["sid"])
-        pidfd = os.pidfd_open(spare.pid)  # not reaped yet: ``reap`` drops a dead spare before we get here
-        host_pid = spare.pid if self.host_proc_fd is None else linux.pidfd_pid(pidfd, dir_fd=self.host_proc_fd)
-        return {"pid": host_pid, "ns_pid": spare.pid, "nested": True}, pidfd
+    def replenish(self) -> tuple[dict[str, Any], list[int]] | None:
+        """Fork the next spare and lease it (module docstring): the lease message and its fds, which the caller
+        sends to the zygote and closes; ``None`` if there is to be no spare now.
 
-    def replenish(self) -> None:
-        """Fork the next spare exec-init if there is none: the ``unshare`` and the fork off the next exec's path.
-
-        Only where nested namespaces are made (the init, ``pidns_fd``) and after the agent's root was entered
-        (the spare's mount view is the workload's); any failure leaves no spare and exec forks as before."""
-        if self.spare is not None or self.pidns_fd is None or self.mount_ns is not None:
-            return
+        Only where nested namespaces are made (the init, ``pidns_fd``), after the agent's root was entered (the
+        spare's mount view is the workload's), after a spawn told us the confinement, and while no lease is
+        out; any failure leaves no spare and the next exec forks as before."""
+        if self.taken_r is not None or self.pidns_fd is None or self.mount_ns is not None:
+            return None
         if self.root is not None or self.root_error is not None:
-            return
+            return None
+        confinement = self.confinement
+        if confinement is None or confinement == self.failed_confinement:
+            return None
         ours, theirs = socket_pair()
         report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        taken_r, taken_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        pid: int | None = None
+        out: list[int] = []
         try:
             linux.unshare(linux.CLONE_NEWPID)
             try:
@@ -405,22 +402,41 @@ class Spawner:
                 with contextlib.suppress(OSError):  # the child's namespace is made; ours is ours again
                     self._own_pidns_again()
             if pid == 0:  # pragma: no cover - PID 1 of its own namespace
-                spare_main(theirs.fileno(), report_w)
-            host_pid = pid
-            if self.host_proc_fd is not None:
-                pidfd = os.pidfd_open(pid)  # our unreaped child (rule 3)
-                try:
-                    host_pid = linux.pidfd_pid(pidfd, dir_fd=self.host_proc_fd)
-                finally:
-                    os.close(pidfd)
+                spare_main(theirs.fileno(), report_w, taken_w, confinement)
+            self.leased.add(pid)  # from now on reaped without a report, whatever happens to it
+            close_all([theirs.detach(), report_w, taken_w])
+            ready = _await_ready(ours)
+            if not ready[0].get("ready") or len(ready[1]) != int(bool(confinement["notify"])):
+                close_all(ready[1])
+                self.failed_confinement = confinement
+                raise OSError(int(ready[0].get("errno") or errno.EIO), f"spare: {ready[0].get('detail')}")
+            pidfd = os.pidfd_open(pid)  # our unreaped child (rule 3)
+            out = [ours.detach(), pidfd, report_r, *ready[1]]
+            host_pid = pid if self.host_proc_fd is None else linux.pidfd_pid(pidfd, dir_fd=self.host_proc_fd)
         except BaseException:
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)  # its namespace goes with it; ``reap`` takes it quietly
             ours.close()
-            close_all([report_r])
+            close_all([*out, report_r, taken_r])
             raise
         finally:
             theirs.close()
-            os.close(report_w)
-        self.spare = Spare(pid, ours, report_r, host_pid)
+        self.taken_r = taken_r
+        message = {"spare": host_pid, "ns_pid": pid, "confinement": confinement, "notes": ready[0].get("notes") or []}
+        return message, out
+
+    def lease_ended(self) -> bool:
+        """The leased spare's "taken" pipe is readable: ``True`` if its command arrived, ``False`` if it ended
+        without one (the boundary let it go). Either way no lease is out any more."""
+        assert self.taken_r is not None
+        taken_r, self.taken_r = self.taken_r, None
+        try:
+            return bool(os.read(taken_r, 1))
+        except OSError:
+            return False
+        finally:
+            os.close(taken_r)
 
     def _own_pidns_again(self) -> None:
         """After an exec's nested namespace was made: our next children are in our own namespace again."""
@@ -437,13 +453,8 @@ class Spawner:
                 break
             if pid == 0:
                 break
-            if self.spare is not None and pid == self.spare.pid:  # died unused (a signal from us): forget it
-                spare, self.spare = self.spare, None
-                spare.sock.close()
-                close_all([spare.report_r])
-                continue
-            if pid in self.retired:
-                self.retired.discard(pid)
+            if pid in self.leased:  # the boundary has its report pipe: nothing to say here
+                self.leased.discard(pid)
                 continue
             sid = self.live.pop(pid, None)
             report = self.exit_reports.pop(pid, None)
@@ -456,16 +467,20 @@ class Spawner:
         return exits
 
 
-@dataclass
-class Spare:
-    """A pre-forked exec-init (``spare_main``): its pid, our end of its command socket, its report pipe."""
-
-    pid: int
-    sock: socket.socket
-    report_r: int
-    host_pid: int  # what the boundary sees, so it can leave it out of the workload's processes
-
-
+def _await_ready(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """A spare child's message once its stages ahead ran: ``{"ready": true, "notes"}`` with the connect-notify
+    listener if it installed one, or ``{"ready": false, "stage", "errno", "detail"}``; a timeout is an error."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    if not poller.poll(int(SPARE_READY_S * 1000)):
+        raise OSError(errno.ETIMEDOUT, "spare child not ready")
+    got = receive(sock)
+    if got is None:
+        raise OSError(errno.ECHILD, "spare child exited before it was ready")
+    if len(got[1]) > 1:
+        close_all(got[1])
+        raise OSError(errno.EPROTO, "spare child sent more than its listener")
+    return got
 def _reported_status(fd: int, own: int) -> int:
     """An exec-init's exit: its command's raw status if it reported one (it exits 0 after), else its own
     (SIGKILL: the namespace was killed, the command with it)."""
@@ -488,15 +503,15 @@ _FORWARDED: Final = tuple(
 
 
 def exec_init(  # pragma: no cover - own pid ns
-    ctx: child.ChildContext | None, report_r: int, report_w: int
+    ctx: child.ChildContext | None, report_r: int, report_w: int, confinement: Mapping[str, Any] | None = None
 ) -> NoReturn:
     """PID 1 of one exec's own PID namespace (issue 15 item 2): fork the command (``child.run``), forward every
     catchable signal to it, reap everything, and when the command ends write its raw wait status to
     ``report_w`` and exit — the kernel then kills whatever it left in the namespace (setsid, double forks).
     SIGKILL to this process (terminate's last step) ends the namespace, the command included.
 
-    ``ctx`` ``None``: a spare (``spare_main``): the command's child is forked now and waits on fd 3 for the
-    init's spawn request (``_await_command``), so neither fork is on the exec's path."""
+    ``ctx`` ``None``: a spare (``spare_main``): the command's child is forked now, runs its stages ahead for
+    ``confinement`` and waits on fd 3 for its command (``_await_command``)."""
     try:
         if report_r >= 0:
             os.close(report_r)
@@ -521,12 +536,13 @@ def exec_init(  # pragma: no cover - own pid ns
         if pid == 0:
             os.close(report_w)
             if ctx is None:
-                _await_command(me)
+                assert confinement is not None
+                _await_command(me, confinement)
             child.run(dataclasses.replace(ctx, parent_pid=me))
         target.append(pid)
         # Every fd but the report: the command's ends (EOF on its pipes once it and its children are done), and
         # what we inherited from the init (its socket to the zygote, the host procfs; a spare: the command
-        # socket, now its child's).
+        # socket and the "taken" pipe, now its child's).
         linux.close_range(3, report_w - 1)
         linux.close_range(report_w + 1)
         for signum in pending:
@@ -545,42 +561,58 @@ def exec_init(  # pragma: no cover - own pid ns
         os._exit(1)
 
 
-def spare_main(sock_fd: int, report_w: int) -> NoReturn:  # pragma: no cover - own pid ns
+def spare_main(  # pragma: no cover - own pid ns
+    sock_fd: int, report_w: int, taken_w: int, confinement: Mapping[str, Any]
+) -> NoReturn:
     """PID 1 of a PID namespace made ahead of its exec (``Spawner.replenish``): that exec's ``exec_init``, whose
-    command child is already forked and waits for the command on the socket the init holds the other end of.
+    command child is already forked, runs its stages ahead and waits for the command on the socket the boundary
+    holds the other end of once the spare is leased.
 
-    While they wait, the pair holds only that socket (fd 3, the child's) and the report pipe (fd 4, the
-    exec-init's), neither is dumpable, and both run with the init's credentials: only the boundary's side can
-    signal them (root, or the user namespace's owner; the agent has no capability and another uid). A signal
-    from there (end-all's SIGTERM) is forwarded to the waiting child, whose default action ends it, and with it
-    the spare."""
+    While they wait, the pair holds only that socket (fd 3) and the "taken" pipe (fd 5), both the child's, and
+    the report pipe (fd 4, the exec-init's); neither is dumpable and both run with the init's credentials (the
+    child confined by Landlock and seccomp already): only the boundary's side can signal them (root, or the user
+    namespace's owner; the agent has no capability and another uid). A signal from there (end-all's SIGTERM)
+    is forwarded to the waiting child, whose default action ends it, and with it the spare."""
     try:
         # The init's process state but its fds (its 0-2 are /dev/null already; exec_init sets every signal
-        # it forwards, the init had reset the others): the socket on 3, the report pipe on 4.
-        _keep_fds([sock_fd, report_w])
+        # it forwards, the init had reset the others).
+        _keep_fds([sock_fd, report_w, taken_w])
         linux.prctl(linux.PR_SET_DUMPABLE, 0)
-        exec_init(None, -1, 4)
+        exec_init(None, -1, 4, confinement)
     finally:
         os._exit(1)
 
 
-def _await_command(parent: int) -> NoReturn:  # pragma: no cover - a spare's command child
-    """Default signals, then the init's spawn request on fd 3 (spec, stdio layout, notify index, fds, all as
-    the init checked them) and ``child.run`` — the same stages, in the same order, as a freshly forked child."""
+def _await_command(parent: int, confinement: Mapping[str, Any]) -> NoReturn:  # pragma: no cover - a spare's child
+    """The stages ahead (``child.AHEAD``) for ``confinement``, ``{"ready"}`` to the init (with the listener under
+    the connect-notify filter), then the command from the boundary on fd 3 (spec, stdio layout, fds: checked as
+    the init checks a spawn's, and its confinement must be the one prepared), one byte on the "taken" pipe, and
+    the rest of the stages (``child.ON_COMMAND``). A failure before the command is the ready message's; after
+    it, the status pipe's, as for any child."""
+    sock = socket.socket(fileno=3)
+    ctx = child.ChildContext(
+        child.confinement_spec(confinement), (-1, -1, -1), -1, parent, keep_listener=bool(confinement["notify"])
+    )
     try:
-        for sig in _FORWARDED:
-            with contextlib.suppress(OSError, ValueError):
-                signal.signal(sig, signal.SIG_DFL)
-        got = receive(socket.socket(fileno=3))
-        if got is None:  # the init let the spare go
+        failure = child.run_ahead(ctx)
+        listener = [] if ctx.listener is None else [ctx.listener]
+        send(sock, {"ready": True, "notes": ctx.notes} if failure is None else {"ready": False, **failure}, listener)
+        close_all(listener)
+        got = receive(sock) if failure is None else None
+        if got is None:  # not ready, or the boundary let the spare go
             os._exit(0)
+        with contextlib.suppress(OSError):
+            os.write(5, b"t")  # the init forks the next spare
+        os.close(5)
         request, fds = got
         spec = child.SpawnSpec.from_wire(request["spec"])
         stdio, status_fd = _stdio_fds(request, fds)
-        ctx = child.ChildContext(spec, stdio, status_fd, parent, notify_fd=_notify_fd(request, fds))
     except BaseException:
         os._exit(1)
-    child.run(ctx)
+    ctx.spec, ctx.stdio, ctx.status_fd, ctx.notes = spec, stdio, status_fd, []
+    if child.confinement(spec, ctx.keep_listener) != confinement:
+        child.fail(ctx, child.Stage.VALIDATE, OSError(errno.EPERM, "the spare was prepared for another confinement"))
+    child.run(ctx, child.ON_COMMAND)
 
 
 def run_capture_call(request: Mapping[str, Any], proc_net: str = "/proc/self/net") -> dict[str, Any]:
@@ -714,8 +746,21 @@ def init_main(  # pragma: no cover - own pid ns
         poller.register(sock, select.POLLIN)
         poller.register(wake, select.POLLIN)
         report_at: float | None = None  # orphans reaped: one aggregated report per second at most
-        announced: int | None = None  # the spare exec-init's host pid the zygote was last told of
-        spare_due = False  # a spawn went out: fork the next spare once its exec's exit is reported, or when idle
+        # A spawn went out or the leased spare was taken: fork the next spare once that exec's exit is reported
+        # (its process ended: the forks no longer compete with it) or after SPARE_IDLE_MS idle.
+        spare_due = False
+
+        def lease() -> None:
+            with contextlib.suppress(OSError):  # none: the next exec forks its exec-init as before
+                got = spawner.replenish()
+                if got is not None:
+                    assert spawner.taken_r is not None
+                    poller.register(spawner.taken_r, select.POLLIN)
+                    try:
+                        send(sock, *got)
+                    finally:
+                        close_all(got[1])
+
         while True:
             timeout = None if report_at is None else max(0, int((report_at - time.monotonic()) * 1000) + 1)
             if spare_due:
@@ -723,8 +768,7 @@ def init_main(  # pragma: no cover - own pid ns
             ready = poller.poll(timeout)
             if spare_due and not ready:
                 spare_due = False
-                with contextlib.suppress(OSError):  # none: the next exec forks its init as before
-                    spawner.replenish()
+                lease()
             if spawner.unowned and report_at is not None and time.monotonic() >= report_at:
                 send(sock, {"unowned": len(spawner.unowned), "pids": spawner.unowned[:UNOWNED_PIDS]})
                 spawner.unowned.clear()
@@ -734,27 +778,26 @@ def init_main(  # pragma: no cover - own pid ns
                     _drain(wake)
                     for sid, status in spawner.reap():
                         send(sock, {"exit": sid, "status": status})
-                        if spare_due:  # the exit is out: the spare's forks no longer delay it
-                            spare_due = False
-                            with contextlib.suppress(OSError):
-                                spawner.replenish()
+                    if spare_due:
+                        spare_due = False
+                        lease()
                     if spawner.unowned and report_at is None:
                         report_at = time.monotonic() + UNOWNED_REPORT_S
-                    continue
-                got = receive(sock)
-                if got is None:
-                    os._exit(0)
-                reply, out = _init_request(spawner, *got)
-                try:
-                    send(sock, reply, out)
-                finally:
-                    close_all(out)
-                if reply.get("ok") and got[0].get("op") == "spawn":
-                    spare_due = spawner.spare is None
-            spare = spawner.spare.host_pid if spawner.spare is not None else None
-            if spare != announced:  # the boundary leaves the waiting spare out of the workload's processes
-                send(sock, {"spare": spare})
-                announced = spare
+                elif fd == spawner.taken_r:
+                    poller.unregister(fd)
+                    if spawner.lease_ended():  # taken: the next one now (ended unused: not replaced until a spawn)
+                        lease()
+                elif fd == sock.fileno():
+                    got = receive(sock)
+                    if got is None:
+                        os._exit(0)
+                    reply, out = _init_request(spawner, *got)
+                    try:
+                        send(sock, reply, out)
+                    finally:
+                        close_all(out)
+                    if reply.get("ok") and got[0].get("op") == "spawn":
+                        spare_due = True
     finally:
         os._exit(1)
 
@@ -846,13 +889,20 @@ class Zygote:
             if got is None:
                 self._init_gone()
                 return
-            message, fds = got
-            close_all(fds)
+            self._relay(*got)
+
+    def _relay(self, message: dict[str, Any], fds: list[int]) -> None:
+        """Pass on what the init sent unprompted: exits, orphan reports, and leases with their fds."""
+        try:
             if "exit" in message:
                 self.init_live.discard(int(message["exit"]))
                 self.reply(message)
-            elif "unowned" in message or "spare" in message:
+            elif "spare" in message:
+                self.reply(message, fds)
+            elif "unowned" in message:
                 self.reply(message)
+        finally:
+            close_all(fds)
 
     def _init_gone(self) -> None:
         """The PID namespace died: kill and reap the init, relay its last words, report the rest as killed."""
@@ -868,13 +918,7 @@ class Zygote:
                 self.poller.unregister(sock)
             with contextlib.suppress(OSError):
                 while (got := receive(sock, nowait=True)) is not None:
-                    message, fds = got
-                    close_all(fds)
-                    if "exit" in message:
-                        self.init_live.discard(int(message["exit"]))
-                        self.reply(message)
-                    elif "unowned" in message or "spare" in message:
-                        self.reply(message)
+                    self._relay(*got)
             sock.close()
         for sid in sorted(self.init_live):
             self.reply({"exit": sid, "status": SIGKILL_STATUS})
@@ -1052,12 +1096,7 @@ class Zygote:
             message, fds = got
             if message.get("id") == rid and "ok" in message:
                 return message, fds
-            close_all(fds)
-            if "exit" in message:
-                self.init_live.discard(int(message["exit"]))
-                self.reply(message)
-            elif "unowned" in message or "spare" in message:
-                self.reply(message)
+            self._relay(message, fds)
 
     def op_kill_all(self, request: dict[str, Any], fds: list[int]) -> None:
         close_all(fds)
