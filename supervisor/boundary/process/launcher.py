@@ -570,21 +570,19 @@ def _make_stdio(spec: SpawnSpec, ours: list[int], theirs: list[int]) -> tuple[di
 
 
 async def _leased_status(report: int, pidfd: int) -> int:
-    """A leased exec-init's report (rule 4): its command's raw wait status, or SIGKILL's if it wrote none (its
-    namespace was killed); returned once the exec-init has exited, i.e. its namespace is empty. Closes both."""
+    """A leased exec-init's report (rule 4): its command's raw wait status, written in one piece once nothing
+    else is left in its namespace (zygote ``_empty_namespace``); or, if it wrote none (the exec-init was
+    killed), SIGKILL's once the exec-init has exited and the kernel emptied its namespace. Closes both fds."""
     try:
         os.set_blocking(report, False)
-        data = b""
         while True:
             try:
-                chunk = os.read(report, 64)
+                data = os.read(report, 64)
+                break
             except BlockingIOError:
                 await trio.lowlevel.wait_readable(report)
-                continue
-            if not chunk:
-                break
-            data += chunk
-        await trio.lowlevel.wait_readable(pidfd)
+        if not data:
+            await trio.lowlevel.wait_readable(pidfd)
     finally:
         zygote.close_all([report, pidfd])
     try:

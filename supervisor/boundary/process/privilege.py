@@ -50,6 +50,9 @@ def clear_bounding_set() -> None:
         linux.prctl(linux.PR_CAP_AMBIENT, linux.PR_CAP_AMBIENT_CLEAR_ALL)
         return
     last = linux.cap_last_cap()
+    if _bounding_set_empty(last):  # inherited empty (the workload's init clears its own): one read, no drop each
+        linux.prctl(linux.PR_CAP_AMBIENT, linux.PR_CAP_AMBIENT_CLEAR_ALL)
+        return
     for cap in range(last + 1):
         try:
             linux.prctl(linux.PR_CAPBSET_DROP, cap)

@@ -554,11 +554,23 @@ def exec_init(  # pragma: no cover - own pid ns
             except ChildProcessError:
                 os._exit(1)
             if got == pid:
+                _empty_namespace()
                 with contextlib.suppress(OSError):
                     os.write(report_w, str(status).encode())
                 os._exit(0)
     finally:
         os._exit(1)
+
+
+def _empty_namespace() -> None:  # pragma: no cover - an exec-init, PID 1 of its namespace
+    """End and reap whatever the command left in our namespace (setsid, double forks) before the report goes
+    out, so a report means the exec is over: its reader need not wait for our own exit (``kill(-1)`` from a
+    namespace's init reaches every other process in it)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(-1, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        while True:
+            os.waitpid(-1, 0)
 
 
 def spare_main(  # pragma: no cover - own pid ns
@@ -737,6 +749,10 @@ def init_main(  # pragma: no cover - own pid ns
         except (KeyError, TypeError, ValueError) as exc:
             send(sock, {"ready": False, "errno": errno.EINVAL, "error": f"agent root: {exc}"})
             os._exit(1)
+        # Nothing the init runs gains a capability at execve, and it never execs itself: an empty bounding set
+        # costs it nothing and spares each child's stages a drop per capability (each a credential commit).
+        with contextlib.suppress(OSError):
+            privilege.clear_bounding_set()
         wake = _install_sigchld_wakeup()
         spawner = Spawner(host_proc_fd=4, root=plan)
         with contextlib.suppress(OSError):  # exec handles get nested namespaces only when we can come back
