@@ -315,10 +315,12 @@ class OpenShellProxyPod(OpenShell):
     no boundary and no link. ``dev --topology proxy-pod`` puts the driver (the agent) in a network namespace whose
     only route is control's listener on a link-local address, with ``http://sandbox:<token>@ADDR:3128`` in its
     proxy variables: the driver dials that address and sends the token as ``Proxy-Authorization``, as curl
-    would. Binary identity is relaxed there, so the policy's ``binaries`` list is not decided on."""
+    would. Binary identity is relaxed there, so the policy's ``binaries`` list is not decided on. Control's
+    connection cap (1024 by default) is raised above the largest idle scenario (10,000 held), so that row
+    measures memory, not the cap."""
 
     name = "openshell-proxy-pod"
-    dev_args = ("--topology=proxy-pod",)
+    dev_args = ("--topology=proxy-pod", "--proxy-max-connections=20000")
 
     def _proxy_address(self) -> Address:
         assert self.driver is not None

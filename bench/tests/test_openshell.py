@@ -180,4 +180,7 @@ def test_proxy_pod_full_path_authenticates_moves_bytes_and_stop_leaves_nothing(h
     assert egress and all(e["decision"] == "allow" for e in egress)
     refused = [e for e in events if e.get("event") == "proxy.refused"]
     assert len(refused) == 1 and "token" in refused[0]["reason"], refused  # only the test's own, tokenless one
+    (listening,) = [e for e in events if e.get("event") == "proxy.listening"]
+    # the cap is above the full bench's largest idle scenario (10,000 held), so that row measures memory
+    assert listening["max_connections"] == listening["per_client"] > 10_000, listening
     assert contender.dns_queries == 0

@@ -153,6 +153,34 @@ def _wait_listening(log: Path, control: subprocess.Popen[bytes]) -> bool:
     return False
 
 
+def control_command(opts: DevOptions, *, tmp: Path, control_ip: str, token_file: Path, api: Path,
+                    log_file: Path) -> list[str]:  # fmt: skip
+    """Control's command line for this topology: its listener on the host end of the pair, the bundle and the
+    interception CA under ``tmp``, and dev's options passed on. ``--proxy-max-connections N`` sets both of
+    control's caps: the agent is its only client, one source address, so a lower per-client cap would be the
+    effective one."""
+    cmd = [
+        *_entry(), "--mode=control", f"--bootstrap={tmp / 'bundle' / 'control'}", "--topology=proxy-pod",
+        f"--proxy-listen={control_ip}:{PROXY_PORT}", f"--proxy-token-file={token_file}",
+        "--binary-identity=relaxed", "--acknowledge-networkpolicy-enforcement",
+        f"--api={api}", f"--interception-ca={tmp / 'interception'}",
+        f"--log-stream={'stderr' if opts.log_format == 'json' and not opts.quiet else 'none'}",
+        f"--log-file={log_file}", f"--ipv6-egress={opts.ipv6_egress}",
+        *(f"--self-address={a}" for a in opts.self_addresses),
+        *(f"--dns-server={server}" for server in opts.dns_servers),
+    ]  # fmt: skip
+    if opts.proxy_max_connections is not None:
+        cap = opts.proxy_max_connections
+        cmd += [f"--proxy-max-connections={cap}", f"--proxy-per-client={cap}"]
+    if opts.policy is not None:
+        cmd.append(f"--policy={opts.policy}")
+    if opts.credentials is not None:
+        cmd.append(f"--credentials={opts.credentials}")
+    if opts.upstream_ca is not None:
+        cmd.append(f"--upstream-ca={opts.upstream_ca}")
+    return cmd
+
+
 def run_proxy_pod(opts: DevOptions) -> int:
     if os.geteuid() != 0:
         print("openshell-sandbox: dev --topology proxy-pod needs root: it creates the agent's network namespace, "
@@ -210,22 +238,8 @@ def run_proxy_pod(opts: DevOptions) -> int:
             return ExitCode.SELF_FAILED
         runtime.mkdir(parents=True, exist_ok=True, mode=0o700)
         log_file = events_path(sandbox)
-        control_cmd = [
-            *_entry(), "--mode=control", f"--bootstrap={tmp / 'bundle' / 'control'}", "--topology=proxy-pod",
-            f"--proxy-listen={control_ip}:{PROXY_PORT}", f"--proxy-token-file={token_file}",
-            "--binary-identity=relaxed", "--acknowledge-networkpolicy-enforcement",
-            f"--api={runtime / 'api.sock'}", f"--interception-ca={tmp / 'interception'}",
-            f"--log-stream={'stderr' if opts.log_format == 'json' and not opts.quiet else 'none'}",
-            f"--log-file={log_file}", f"--ipv6-egress={opts.ipv6_egress}",
-            *(f"--self-address={a}" for a in opts.self_addresses),
-            *(f"--dns-server={server}" for server in opts.dns_servers),
-        ]  # fmt: skip
-        if opts.policy is not None:
-            control_cmd.append(f"--policy={opts.policy}")
-        if opts.credentials is not None:
-            control_cmd.append(f"--credentials={opts.credentials}")
-        if opts.upstream_ca is not None:
-            control_cmd.append(f"--upstream-ca={opts.upstream_ca}")
+        control_cmd = control_command(opts, tmp=tmp, control_ip=control_ip, token_file=token_file,
+                                      api=runtime / "api.sock", log_file=log_file)  # fmt: skip
         procs.append(subprocess.Popen(control_cmd, stdin=subprocess.DEVNULL, preexec_fn=_die_with_dev))
         if not _wait_listening(log_file, procs[0]):
             print("openshell-sandbox: control did not start its proxy listener", file=sys.stderr)

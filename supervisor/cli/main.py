@@ -86,6 +86,12 @@ def command_parser() -> argparse.ArgumentParser:
         "proxy listener, with the proxy variables (token included) and a CA bundle; no filesystem/process policy, "
         "binary identity or exec (docs/design.md \"The proxy-pod topology\")",
     )  # fmt: skip
+    dev.add_argument(
+        "--proxy-max-connections", type=int, metavar="N",
+        help="proxy-pod only: at most N concurrent connections through control's proxy listener, over them 503 "
+        "too_many_connections (control's --proxy-max-connections and --proxy-per-client, the agent being one "
+        "source; default control's, 1024)",
+    )  # fmt: skip
     dev.add_argument("-q", "--quiet", action="store_true", help="print nothing of ours on stderr (errors aside)")
     dev.add_argument("argv", nargs="+", metavar="CMD", help="the agent command (after --)")
 
@@ -153,13 +159,21 @@ def run_command(argv: list[str]) -> int:
         if args.workdir is not None and (problem := _workdir_problem(args.workdir)) is not None:
             _err(f"dev --workdir: {problem}")
             return ExitCode.USAGE
+        if args.proxy_max_connections is not None:
+            if args.topology != "proxy-pod":
+                _err("dev --proxy-max-connections: only with --topology proxy-pod (the boundary topology has no "
+                     "proxy listener of control's)")  # fmt: skip
+                return ExitCode.USAGE
+            if args.proxy_max_connections < 1:
+                _err(f"dev --proxy-max-connections: must be at least 1, got {args.proxy_max_connections}")
+                return ExitCode.USAGE
         opts = DevOptions(
             argv=args.argv, policy=args.policy, dns_servers=tuple(args.dns_server),
             privilege_model=args.privilege_model, workdir=args.workdir, agent_user=args.agent_user,
             acknowledge_external_fence=args.acknowledge_external_fence, credentials=args.credentials,
             upstream_ca=args.upstream_ca, log_format=args.log_format, quiet=args.quiet,
             ipv6_egress=args.ipv6_egress, self_addresses=tuple(args.self_address), api_listen=args.api_listen,
-            pids_limit=args.pids_limit, topology=args.topology,
+            pids_limit=args.pids_limit, topology=args.topology, proxy_max_connections=args.proxy_max_connections,
         )  # fmt: skip
         if args.api_listen is not None:
             try:
