@@ -31,6 +31,7 @@ from supervisor.boundary.process import (
     SpawnError,
     SpawnSpec,
     landlock,
+    zygote,
 )
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="launcher model R tests need root")
@@ -459,13 +460,13 @@ async def test_pid_namespace_and_own_proc(launcher: Launcher) -> None:
     await spawned.wait_status()
     ns_pid, visible = out
     assert ns_pid == spawned.ns_pid and ns_pid != spawned.pid
-    # The init and itself: not the boundary, not the zygote; and at most the init's spare exec-init and its
-    # waiting child (forked right after this spawn's reply, so the listing may or may not have caught them).
+    # The init and itself: not the boundary, not the zygote; and at most the init's spare exec-inits and their
+    # waiting children (forked after this spawn's reply, so the listing may or may not have caught them).
     extra = set(visible) - {1, ns_pid}
     assert visible[0] == 1 and ns_pid in visible
     if extra:
-        spare = await _spare(launcher)
-        assert extra <= {_ns_pids(pid)[1] for pid in (spare, *_children(spare))}
+        spares = await _spares(launcher, zygote.SPARES)
+        assert extra <= {_ns_pids(pid)[1] for spare in spares for pid in (spare, *_children(spare))}
 
 
 async def _eventually_children(pid: int) -> list[int]:
@@ -481,12 +482,18 @@ def _children(pid: int) -> list[int]:
 
 
 async def _spare(launcher: Launcher) -> int:
-    """The host pid of the init's waiting spare exec-init, once the zygote has reported it."""
+    """The host pid of the oldest spare exec-init the init leased the launcher, once it has."""
+    return (await _spares(launcher, 1))[0]
+
+
+async def _spares(launcher: Launcher, count: int) -> list[int]:
+    """The host pids of the spare exec-inits leased to the launcher, once there are ``count``."""
     deadline = time.monotonic() + 10
-    while launcher._lease is None:
-        assert time.monotonic() < deadline, "no spare exec-init was reported"
+    while len(launcher._leases) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} spare exec-inits were leased"
+        launcher.workload_pids()  # files what the zygote sent while nobody reads its socket
         await trio.sleep(0.01)
-    return launcher._lease.pid
+    return [lease.pid for lease in launcher._leases]
 
 
 def _ns_pids(host_pid: int) -> list[int]:
@@ -544,7 +551,7 @@ async def _spare_attack(launcher: Launcher) -> None:
     assert _children(spare) == [waiting]
     for pid in (spare, waiting):  # still waiting, untouched
         assert proc_line(f"/proc/{pid}/status", "State:")[0] == "S"
-    assert launcher._lease is not None and launcher._lease.pid == spare
+    assert spare in [lease.pid for lease in launcher._leases]
     exec_ = await launcher.spawn(make_spec("/bin/true", stdin="null"), own_pidns=True)
     assert exec_.nested and exec_.pid == spare  # the next exec took it
     assert await exec_.wait_status() == 0

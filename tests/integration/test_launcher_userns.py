@@ -30,7 +30,7 @@ SCRIPT = r"""
 import errno, json, os, socket, sys
 import trio
 from supervisor.boundary.process import (
-    Launcher, LauncherError, NamespacePlan, SpawnError, SpawnSpec, detect_privilege_model,
+    Launcher, LauncherError, NamespacePlan, SpawnError, SpawnSpec, detect_privilege_model, zygote,
 )
 
 hidden = sys.argv[1]
@@ -115,15 +115,14 @@ async def main():
         out["probe_status"] = await spawned.wait_status()
         out["probe"] = json.loads(text or b"null")
         out["probe_ns_pid"] = spawned.ns_pid
-    # The init's spare exec-init and its waiting child, as the probe names them: the init leases the spare to
-    # the launcher once its child is ready (after the probe's spawn), which files the lease when it drains.
+    # The init's spare exec-inits and their waiting children, as the probe names them: the init leases spares
+    # to the launcher once their children are ready (after the probe's spawn), which files them as it drains.
     out["spare_ns"] = []
     for _ in range(500):
-        if launcher.workload_pids() is not None and launcher._lease is not None:
+        if launcher.workload_pids() is not None and len(launcher._leases) >= zygote.SPARES:
             break
         await trio.sleep(0.01)
-    spare = launcher._lease.pid if launcher._lease is not None else None
-    if spare is not None:
+    for spare in [lease.pid for lease in launcher._leases]:
         with open(f"/proc/{spare}/task/{spare}/children") as fh:
             for p in [spare, *(int(c) for c in fh.read().split())]:
                 with open(f"/proc/{p}/status") as fh:

@@ -55,9 +55,9 @@ def test_a_spare_leased_while_nobody_waits_is_left_out_of_the_workload(
     zygote.send(theirs, message, fds)  # no request pending, no exit awaited: nobody pumps the socket
     zygote.close_all(fds)
     assert spare not in launcher.workload_pids()
-    assert launcher._lease is not None and launcher._lease.pid == spare
+    assert [lease.pid for lease in launcher._leases] == [spare]
     launcher.close()  # the lease is let go with the launcher
-    assert launcher._lease is None
+    assert not launcher._leases
 
 
 def test_a_lease_with_the_wrong_fds_is_refused(spare: int, launcher_pair: tuple[Launcher, socket.socket]) -> None:
@@ -68,7 +68,7 @@ def test_a_lease_with_the_wrong_fds_is_refused(spare: int, launcher_pair: tuple[
     zygote.send(theirs, message, fds)
     zygote.close_all(fds)
     assert spare in launcher.workload_pids()  # no lease filed: still counted
-    assert launcher._lease is None
+    assert not launcher._leases
 
 
 def test_an_eof_while_nobody_waits_marks_the_launcher_dead(launcher_pair: tuple[Launcher, socket.socket]) -> None:

@@ -165,9 +165,9 @@ class Launcher:
         self._closed = False
         self._prepared: Prepared | None = None
         self._init_pid: int | None = None
-        # The spare the init leased us (rule 5): no workload code runs there until we hand it a command, so it
-        # is left out of ``workload_pids`` while we hold it.
-        self._lease: Lease | None = None
+        # The spares the init leased us, oldest first (rule 5): no workload code runs there until we hand one a
+        # command, so they are left out of ``workload_pids`` while we hold them.
+        self._leases: list[Lease] = []
         # The connect-notify hand-off socket (capture/connect_notify.py): when set, every spawned child gets a
         # copy, installs the notify filter and sends its listener over it before exec.
         self.notify_socket: socket.socket | None = None
@@ -245,9 +245,8 @@ class Launcher:
     def _take_lease(self, message: Mapping[str, Any], fds: list[int]) -> None:
         """File a lease (rule 5): its fds are the command socket, the pidfd, the report pipe and, under the
         connect-notify filter, the listener, which goes to the notifier now (it serves it before the exec)."""
-        if self._lease is not None:
-            self._lease.close()
-            self._lease = None
+        while len(self._leases) >= zygote.SPARES:  # more than the init keeps out: not ours to hold
+            self._leases.pop(0).close()
         try:
             confinement = dict(message["confinement"])
             if len(fds) != 3 + int(bool(confinement["notify"])):
@@ -258,11 +257,12 @@ class Launcher:
                 socket.send_fds(self.notify_socket, [b"listener"], [fds[3]], socket.MSG_DONTWAIT)
             sock = socket.socket(fileno=fds[0])
             sock.setblocking(False)
-            self._lease = Lease(
+            lease = Lease(
                 int(message["spare"]), int(message["ns_pid"]), sock, fds[1], fds[2], confinement,
                 tuple(str(note) for note in message.get("notes") or ()),
             )  # fmt: skip
             fds[:3] = []
+            self._leases.append(lease)
         except (LauncherError, OSError, KeyError, TypeError, ValueError):
             pass  # no lease: the next exec goes through the init
         finally:
@@ -451,11 +451,13 @@ class Launcher:
     def _use_lease(self, spec: SpawnSpec, layout: list[int], fds: list[int]) -> Lease | None:
         """Send this spawn to the leased spare if it was prepared for the spec's confinement (rule 5); ``None``:
         there is none, or it is let go, and the launcher forks the exec-init."""
-        lease, self._lease = self._lease, None
-        if lease is None:
+        if not self._leases:
             return None
+        lease = self._leases.pop(0)
         if lease.confinement != child.confinement(spec, self.notify_socket is not None):
-            lease.close()
+            for stale in (lease, *self._leases):  # prepared for what we no longer run: the init makes new ones
+                stale.close()
+            self._leases.clear()
             return None
         try:
             zygote.send(lease.sock, {"spec": spec.to_wire(), "stdio": layout}, fds)
@@ -500,8 +502,8 @@ class Launcher:
         parents, zombies = zygote.proc_scan()
         found = zygote.descendants(self._pid, parents) - zombies
         found.discard(self._init_pid or -1)
-        if self._lease is not None:
-            found -= {self._lease.pid, *zygote.descendants(self._lease.pid, parents)}
+        for lease in self._leases:
+            found -= {lease.pid, *zygote.descendants(lease.pid, parents)}
         return found
 
     async def kill_all(self) -> None:
@@ -524,9 +526,9 @@ class Launcher:
         for _message, fds in self._replies.values():
             zygote.close_all(fds)
         self._replies.clear()
-        if self._lease is not None:
-            self._lease.close()
-            self._lease = None
+        for lease in self._leases:
+            lease.close()
+        self._leases.clear()
         self._sock.close()
         deadline = time.monotonic() + CLOSE_GRACE
         try:

@@ -95,6 +95,7 @@ UNOWNED_REPORT_S: Final = 1.0
 UNOWNED_PIDS: Final = 10  # the first pids of a report; the count is all of them
 SPARE_IDLE_MS: Final = 5  # the init forks the next spare exec-init after an exit report or this long idle
 SPARE_READY_S: Final = 2.0  # a spare's child that has not finished its stages ahead by then is let go
+SPARES: Final = 2  # leases out at once: one exec takes one while the next is made, back-to-back execs find one
 _INT_SIZE: Final = array.array("i").itemsize
 _SIOCGIFFLAGS: Final = 0x8913
 _SIOCSIFFLAGS: Final = 0x8914
@@ -314,11 +315,12 @@ class Spawner:
         self.unowned: list[int] = []  # reaped orphans nobody launched, not yet reported
         # Spares (module docstring): the confinement of the last spawn (the next spare is prepared for it), the
         # one whose stages ahead failed (not tried again), the exec-inits leased to the boundary (reaped without
-        # a report: the boundary reads their report pipes) and the read end of the leased spare's "taken" pipe.
+        # a report: the boundary reads their report pipes) and the read ends of the "taken" pipes of the leases
+        # not taken yet (at most SPARES).
         self.confinement: dict[str, Any] | None = None
         self.failed_confinement: dict[str, Any] | None = None
         self.leased: set[int] = set()
-        self.taken_r: int | None = None
+        self.untaken: set[int] = set()
 
     def _enter_root(self) -> None:
         if self.root_error is not None:
@@ -375,14 +377,15 @@ class Spawner:
         finally:
             close_all(fds)
 
-    def replenish(self) -> tuple[dict[str, Any], list[int]] | None:
+    def replenish(self) -> tuple[dict[str, Any], list[int], int] | None:
         """Fork the next spare and lease it (module docstring): the lease message and its fds, which the caller
-        sends to the zygote and closes; ``None`` if there is to be no spare now.
+        sends to the zygote and closes, and the read end of its "taken" pipe (which the caller watches); ``None``
+        if there is to be no spare now.
 
         Only where nested namespaces are made (the init, ``pidns_fd``), after the agent's root was entered (the
-        spare's mount view is the workload's), after a spawn told us the confinement, and while no lease is
-        out; any failure leaves no spare and the next exec forks as before."""
-        if self.taken_r is not None or self.pidns_fd is None or self.mount_ns is not None:
+        spare's mount view is the workload's), after a spawn told us the confinement, and while fewer than
+        SPARES leases are untaken; any failure leaves no spare and the next exec forks as before."""
+        if len(self.untaken) >= SPARES or self.pidns_fd is None or self.mount_ns is not None:
             return None
         if self.root is not None or self.root_error is not None:
             return None
@@ -422,15 +425,14 @@ class Spawner:
             raise
         finally:
             theirs.close()
-        self.taken_r = taken_r
+        self.untaken.add(taken_r)
         message = {"spare": host_pid, "ns_pid": pid, "confinement": confinement, "notes": ready[0].get("notes") or []}
-        return message, out
+        return message, out, taken_r
 
-    def lease_ended(self) -> bool:
-        """The leased spare's "taken" pipe is readable: ``True`` if its command arrived, ``False`` if it ended
-        without one (the boundary let it go). Either way no lease is out any more."""
-        assert self.taken_r is not None
-        taken_r, self.taken_r = self.taken_r, None
+    def lease_ended(self, taken_r: int) -> bool:
+        """A leased spare's "taken" pipe is readable: ``True`` if its command arrived, ``False`` if it ended
+        without one (the boundary let it go). Either way that lease is no longer untaken."""
+        self.untaken.discard(taken_r)
         try:
             return bool(os.read(taken_r, 1))
         except OSError:
@@ -767,15 +769,15 @@ def init_main(  # pragma: no cover - own pid ns
         spare_due = False
 
         def lease() -> None:
+            """Lease spares until SPARES are untaken (``replenish`` says when not to)."""
             with contextlib.suppress(OSError):  # none: the next exec forks its exec-init as before
-                got = spawner.replenish()
-                if got is not None:
-                    assert spawner.taken_r is not None
-                    poller.register(spawner.taken_r, select.POLLIN)
+                while (got := spawner.replenish()) is not None:
+                    message, fds, taken_r = got
+                    poller.register(taken_r, select.POLLIN)
                     try:
-                        send(sock, *got)
+                        send(sock, message, fds)
                     finally:
-                        close_all(got[1])
+                        close_all(fds)
 
         while True:
             timeout = None if report_at is None else max(0, int((report_at - time.monotonic()) * 1000) + 1)
@@ -789,7 +791,9 @@ def init_main(  # pragma: no cover - own pid ns
                 send(sock, {"unowned": len(spawner.unowned), "pids": spawner.unowned[:UNOWNED_PIDS]})
                 spawner.unowned.clear()
                 report_at = None
-            for fd, _ in ready:
+            # The leases' ends first: one let go just before a spawn must not still count as untaken when that
+            # spawn's spare comes due in the same batch (none would be made until the next spawn).
+            for fd, _ in sorted(ready, key=lambda event: event[0] not in spawner.untaken):
                 if fd == wake:
                     _drain(wake)
                     for sid, status in spawner.reap():
@@ -799,9 +803,9 @@ def init_main(  # pragma: no cover - own pid ns
                         lease()
                     if spawner.unowned and report_at is None:
                         report_at = time.monotonic() + UNOWNED_REPORT_S
-                elif fd == spawner.taken_r:
+                elif fd in spawner.untaken:
                     poller.unregister(fd)
-                    if spawner.lease_ended():  # taken: the next one now (ended unused: not replaced until a spawn)
+                    if spawner.lease_ended(fd):  # taken: the next one now (ended unused: not replaced until a spawn)
                         lease()
                 elif fd == sock.fileno():
                     got = receive(sock)
