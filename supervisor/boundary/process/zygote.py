@@ -483,6 +483,8 @@ def _await_ready(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
         close_all(got[1])
         raise OSError(errno.EPROTO, "spare child sent more than its listener")
     return got
+
+
 def _reported_status(fd: int, own: int) -> int:
     """An exec-init's exit: its command's raw status if it reported one (it exits 0 after), else its own
     (SIGKILL: the namespace was killed, the command with it)."""
