@@ -2,8 +2,9 @@
 
 Rules of this module:
 
-1. The order is the table ``STAGES`` and nothing else; the workload's first instruction runs only after the
-   last stage, with every control in force (invariant 2).
+1. The order is the table ``STAGES`` and nothing else (a spare's child runs it in two parts, ``AHEAD`` and
+   ``ON_COMMAND``, each in table order); the workload's first instruction runs only after the last stage, with
+   every control in force (invariant 2).
 2. A stage that fails ends the child: it writes ``{"stage", "errno", "detail"}`` as one JSON line to the
    status pipe (close-on-exec, so EOF with no failure line means ``execve`` succeeded) and ``_exit``s.
    Non-fatal degradations (``best_effort`` Landlock) are written as ``{"note"}`` lines first.
