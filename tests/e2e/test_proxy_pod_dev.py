@@ -14,6 +14,7 @@ import base64
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -56,12 +57,14 @@ class World:
     wheel_sha256: str
     root: Path
 
-    def dev(self, script: str, *, timeout: float = 120) -> tuple[subprocess.CompletedProcess[str], list[Any]]:
+    def dev(
+        self, script: str, *, timeout: float = 120, extra: tuple[str, ...] = ()
+    ) -> tuple[subprocess.CompletedProcess[str], list[Any]]:
         state = self.root / "state"
         result = subprocess.run(
             [*CLI, "dev", "--topology=proxy-pod", "--log-format=json", f"--policy={self.policy}",
              f"--dns-server={self.dns.address[0]}:{self.dns.address[1]}", f"--upstream-ca={self.origin_ca}",
-             "--", "sh", "-c", script],
+             *extra, "--", "sh", "-c", script],
             capture_output=True, text=True, timeout=timeout,
             env={**os.environ, "XDG_STATE_HOME": str(state), "XDG_RUNTIME_DIR": str(self.root / "run")},
         )  # fmt: skip
@@ -197,6 +200,68 @@ def test_agent_cannot_get_around_the_proxy(world: World) -> None:
     assert out.split()[-1] != "0"  # the agent is not root
     assert any(e.get("event") == "proxy.refused" and e.get("reason") == "proxy-token-missing" for e in events)
     assert len(world.origin_requests()) == before
+
+
+# The agent (as uid 1000, with dev's proxy variables and CA bundle): tunnels through control's proxy with the
+# token, each carrying one keep-alive HTTPS request that is then held open. Prints one JSON line per tunnel.
+CAPPED_AGENT = """\
+import base64, json, os, socket, ssl, time, urllib.parse
+proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
+auth = base64.b64encode(f"{proxy.username}:{proxy.password}".encode()).decode()
+ctx = ssl.create_default_context()  # SSL_CERT_FILE: the system store plus control's interception CA
+def response(sock):
+    data = b""
+    while b"\\r\\n\\r\\n" not in data and (chunk := sock.recv(4096)):
+        data += chunk
+    head, _, body = data.partition(b"\\r\\n\\r\\n")
+    lines = head.decode().split("\\r\\n")
+    length = int(next((v for k, _, v in (x.partition(":") for x in lines[1:]) if k.lower() == "content-length"), 0))
+    while len(body) < length and (chunk := sock.recv(4096)):
+        body += chunk
+    return lines[0].split(" ")[1] if lines[0] else "eof", body
+def tunnel(path):
+    sock = socket.create_connection((proxy.hostname, proxy.port), timeout=15)
+    sock.sendall(f"CONNECT pypi.test:{PORT} HTTP/1.1\\r\\nHost: pypi.test:{PORT}\\r\\n"
+                 f"Proxy-Authorization: Basic {auth}\\r\\n\\r\\n".encode())
+    status, body = response(sock)
+    if status != "200":
+        sock.close()
+        print(json.dumps({"path": path, "connect": status, "body": body.decode()}), flush=True)
+        return None
+    tls = ctx.wrap_socket(sock, server_hostname="pypi.test")
+    tls.sendall(f"GET {path} HTTP/1.1\\r\\nHost: pypi.test:{PORT}\\r\\n\\r\\n".encode())
+    status, _ = response(tls)
+    print(json.dumps({"path": path, "connect": "200", "get": status}), flush=True)
+    return tls
+held = [tunnel("/held-1"), tunnel("/held-2")]
+tunnel("/third")
+held[0].close()
+deadline = time.monotonic() + 30  # control counts the closed tunnel out once it has seen its end
+while tunnel("/after") is None and time.monotonic() < deadline:
+    time.sleep(0.05)
+"""
+
+
+def test_connection_cap_refuses_beyond_it_and_serves_again_after_a_close(world: World) -> None:
+    """``--proxy-max-connections 2``: two tunnels held open are served; a third is answered 503
+    too_many_connections and never reaches the origin; once one of the two closes, a new one is served."""
+    before = len(world.origin_requests())
+    agent = CAPPED_AGENT.replace("{PORT}", str(TLS_PORT))
+    result, events = world.dev(f"exec {SYSTEM_PYTHON} -c {shlex.quote(agent)}", extra=("--proxy-max-connections=2",))
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert lines[:2] == [{"path": f"/held-{n}", "connect": "200", "get": "200"} for n in (1, 2)], lines
+    third = lines[2]
+    assert third["path"] == "/third" and third["connect"] == "503", lines
+    assert json.loads(third["body"])["error"] == "too_many_connections", third
+    assert lines[-1] == {"path": "/after", "connect": "200", "get": "200"}, lines
+    assert all(line["connect"] == "503" for line in lines[3:-1]), lines  # refused until the close was counted
+    paths = [r["path"] for r in world.origin_requests()[before:]]
+    assert paths == ["/held-1", "/held-2", "/after"], paths  # the third never reached the origin
+    (listening,) = [e for e in events if e.get("event") == "proxy.listening"]
+    assert listening["max_connections"] == listening["per_client"] == 2, listening
+    refused = [e for e in events if e.get("event") == "proxy.refused"]
+    assert len(refused) == len(lines) - 3 and all(e["reason"] == "too-many-connections" for e in refused), refused
 
 
 def test_needs_root_says_why(tmp_path: Path) -> None:
