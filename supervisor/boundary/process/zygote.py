@@ -316,11 +316,11 @@ class Spawner:
         # Spares (module docstring): the confinement of the last spawn (the next spare is prepared for it), the
         # one whose stages ahead failed (not tried again), the exec-inits leased to the boundary (reaped without
         # a report: the boundary reads their report pipes) and the read ends of the "taken" pipes of the leases
-        # not taken yet (at most SPARES).
+        # not taken yet (at most SPARES), each with the confinement its spare was made for.
         self.confinement: dict[str, Any] | None = None
         self.failed_confinement: dict[str, Any] | None = None
         self.leased: set[int] = set()
-        self.untaken: set[int] = set()
+        self.untaken: dict[int, dict[str, Any]] = {}
 
     def _enter_root(self) -> None:
         if self.root_error is not None:
@@ -425,20 +425,23 @@ class Spawner:
             raise
         finally:
             theirs.close()
-        self.untaken.add(taken_r)
+        self.untaken[taken_r] = confinement
         message = {"spare": host_pid, "ns_pid": pid, "confinement": confinement, "notes": ready[0].get("notes") or []}
         return message, out, taken_r
 
     def lease_ended(self, taken_r: int) -> bool:
-        """A leased spare's "taken" pipe is readable: ``True`` if its command arrived, ``False`` if it ended
-        without one (the boundary let it go). Either way that lease is no longer untaken."""
-        self.untaken.discard(taken_r)
+        """A leased spare's "taken" pipe is readable: whether to replace it now. Yes if its command arrived, or if
+        it ended without one (the boundary let it go) for a confinement a spawn has changed since: the boundary
+        let it go for that spawn, which may have been served before this was read (its spare then counted this
+        one as untaken). Either way that lease is no longer untaken."""
+        made_for = self.untaken.pop(taken_r, None)
         try:
-            return bool(os.read(taken_r, 1))
+            taken = bool(os.read(taken_r, 1))
         except OSError:
-            return False
+            taken = False
         finally:
             os.close(taken_r)
+        return taken or made_for != self.confinement
 
     def _own_pidns_again(self) -> None:
         """After an exec's nested namespace was made: our next children are in our own namespace again."""
@@ -807,7 +810,8 @@ def init_main(  # pragma: no cover - own pid ns
                         report_at = time.monotonic() + UNOWNED_REPORT_S
                 elif fd in spawner.untaken:
                     poller.unregister(fd)
-                    if spawner.lease_ended(fd):  # taken: the next one now (ended unused: not replaced until a spawn)
+                    # Taken, or let go for a newer confinement: the next one now (else not replaced until a spawn).
+                    if spawner.lease_ended(fd):
                         lease()
                 elif fd == sock.fileno():
                     got = receive(sock)

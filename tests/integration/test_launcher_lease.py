@@ -1,0 +1,297 @@
+"""Execs through a leased spare (zygote.py "Spares", launcher.py rules 4 and 5), as root (model R).
+
+The workload's init leases a spare exec-init whose command child has run the stages ahead (``child.AHEAD``) for
+the last spawn's confinement; the boundary sends a matching exec straight to it and reads its status from the
+report pipe. Checked here: statuses and signals read back through that pipe, a kill through the pidfd ends the
+exec's whole namespace, a mismatched confinement lets the spare go and runs as asked, stdio and a terminal work,
+and the agent can neither reach the waiting spare nor keep the next exec from taking it.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import time
+from collections.abc import Collection, Iterator
+from typing import Any
+
+import pytest
+import trio
+
+from supervisor.boundary.process import LandlockSpec, Launcher, NamespacePlan, SpawnSpec, child, landlock, zygote
+from supervisor.boundary.process.launcher import Lease, Spawned
+
+from .test_launcher_spawn import PY, READ_ONLY, make_spec, read_all
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="launcher model R tests need root")
+
+
+@pytest.fixture
+def launcher() -> Iterator[Launcher]:
+    zyg = Launcher.fork()  # before trio.run, as the boundary's main() does
+    yield zyg
+    zyg.close()
+
+
+async def await_lease(launcher: Launcher, *, besides: Collection[int] = ()) -> Lease:
+    """The lease the next matching exec takes (the oldest held), once it is not one of the spares ``besides``,
+    filing unprompted messages as the boundary's readers do."""
+    deadline = time.monotonic() + 10
+    while not launcher._leases or launcher._leases[0].pid in besides:
+        assert time.monotonic() < deadline, f"no spare was leased besides {besides}"
+        launcher._drain()
+        await trio.sleep(0.005)
+    return launcher._leases[0]
+
+
+async def prime(launcher: Launcher, **kw: Any) -> Lease:
+    """Prepare model R and run one exec through the init, so the next spare is prepared for its confinement."""
+    await launcher.prepare(NamespacePlan("R"))
+    spec = make_spec("/bin/true", stdin="null", **kw)
+    first = await launcher.spawn(spec, own_pidns=True)
+    assert await first.wait_status() == 0
+    return await all_leased(launcher, child.confinement(spec, False))
+
+
+async def all_leased(launcher: Launcher, confinement: dict[str, Any], besides: Collection[int] = ()) -> Lease:
+    """Wait until the init has leased all its spares (``zygote.SPARES``), none of them ``besides``, each for
+    ``confinement``; the one the next exec takes."""
+    deadline = time.monotonic() + 10
+    while len(held := [lease for lease in launcher._leases if lease.pid not in besides]) < zygote.SPARES:
+        assert time.monotonic() < deadline, f"{len(held)} of {zygote.SPARES} spares leased"
+        launcher._drain()
+        await trio.sleep(0.005)
+    assert [lease.confinement for lease in launcher._leases] == [confinement] * zygote.SPARES
+    return launcher._leases[0]
+
+
+async def run_exec(launcher: Launcher, spec: SpawnSpec, stdin: bytes = b"") -> tuple[Spawned, int, bytes, bytes]:
+    """An exec (``own_pidns``): write ``stdin``, read stdout and stderr to EOF; (spawned, raw status, out, err)."""
+    spawned = await launcher.spawn(spec, own_pidns=True)
+    if spawned.stdin is not None:
+        os.write(spawned.stdin, stdin)
+        os.close(spawned.stdin)
+    results: dict[str, bytes] = {}
+
+    async def collect(name: str, fd: int | None) -> None:
+        results[name] = await read_all(fd)
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(collect, "out", spawned.stdout)
+            nursery.start_soon(collect, "err", spawned.stderr)
+        status = await spawned.wait_status()
+    os.close(spawned.pidfd)
+    return spawned, status, results["out"], results["err"]
+
+
+def tree(pid: int) -> set[int]:
+    """``pid`` and its live descendants, as /proc shows them now."""
+    parents, zombies = zygote.proc_scan()
+    return ({pid} | zygote.descendants(pid, parents)) - zombies
+
+
+def alive(pid: int) -> bool:
+    """``pid`` exists and is not a zombie (one reaped between open and read is gone too)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def status_of(pid: int) -> dict[str, list[str]]:
+    with open(f"/proc/{pid}/status") as fh:
+        return {key: value.split() for key, value in (line.split(":", 1) for line in fh.read().splitlines())}
+
+
+def children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as fh:
+        return [int(p) for p in fh.read().split()]
+
+
+# --- 1: statuses through the report pipe -----------------------------------------------------------------
+async def test_a_leased_exec_reports_its_exit_code_and_signal(launcher: Launcher) -> None:
+    lease = await prime(launcher)
+    spawned, status, out, err = await run_exec(launcher, make_spec("/bin/sh", "-c", "echo $$; exit 3"))
+    assert (spawned.pid, spawned.ns_pid, spawned.nested) == (lease.pid, lease.ns_pid, True), "the lease was not used"
+    assert status == 3 << 8, (status, err)
+    assert out == b"2\n"  # the command is the exec-init's first child in a namespace of its own
+    # Taken: the init leases the next spare at once, for the same confinement.
+    second = await await_lease(launcher, besides={lease.pid})
+    spawned, status, _, err = await run_exec(launcher, make_spec("/bin/sh", "-c", "kill -TERM $$"))
+    assert spawned.pid == second.pid
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, (status, err)
+
+
+async def test_a_leased_exec_killed_through_its_pidfd_leaves_nothing(launcher: Launcher) -> None:
+    lease = await prime(launcher)
+    spawned = await launcher.spawn(
+        make_spec("/bin/sh", "-c", "sleep 1000 & exec sleep 1000", stdin="null", stdout="inherit", stderr="inherit"),
+        own_pidns=True,
+    )
+    assert spawned.pid == lease.pid
+    deadline = time.monotonic() + 10
+    while len(pids := tree(spawned.pid)) < 3:  # the exec-init, the exec'd sleep and the one it backgrounded
+        assert time.monotonic() < deadline, f"the exec did not start its sleeps: {pids}"
+        await trio.sleep(0.005)
+    assert pids - {spawned.pid} <= launcher.workload_pids()  # taken: its processes are the workload's now
+    signal.pidfd_send_signal(spawned.pidfd, signal.SIGKILL)
+    with trio.fail_after(10):
+        status = await spawned.wait_status()
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+    # The status comes once the exec-init is gone, i.e. its namespace is empty: nothing left to wait for.
+    assert not [pid for pid in pids if alive(pid)], pids
+    os.close(spawned.pidfd)
+
+
+# --- 2: a confinement the spare was not prepared for -------------------------------------------------------
+MISMATCHES: dict[str, dict[str, Any]] = {
+    "uid": {"uid": 1001, "gid": 1000},
+    "gid": {"gid": 1001},
+    "groups": {"groups": (2000,)},
+    "seccomp": {"seccomp": False},
+    "landlock": {"landlock": LandlockSpec(read_only=READ_ONLY, read_write=("/tmp",))},
+}
+PROBE = "id -u; id -g; id -G; grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status"
+
+
+@pytest.mark.parametrize("field", sorted(MISMATCHES))
+async def test_a_mismatched_exec_lets_the_spare_go_and_runs_as_asked(launcher: Launcher, field: str) -> None:
+    if field == "landlock" and landlock.abi_version() < 1:
+        pytest.skip("Landlock not available")
+    lease = await prime(launcher)
+    old: set[int] = set()
+    for held in launcher._leases:
+        pids = tree(held.pid)
+        assert len(pids) == 2, pids  # the exec-init and its waiting command child
+        old |= pids
+    kw = MISMATCHES[field]
+    spec = make_spec("/bin/sh", "-c", PROBE, stdin="null", **kw)
+    assert child.confinement(spec, False) != lease.confinement
+    spawned, status, out, err = await run_exec(launcher, spec)
+    assert status == 0, err
+    assert spawned.nested and spawned.pid not in old, "a spare prepared for another confinement ran the exec"
+    lines = out.decode().splitlines()
+    uid, gid = kw.get("uid", 1000), kw.get("gid", 1000)
+    assert lines[:3] == [str(uid), str(gid), " ".join(str(g) for g in (gid, *kw.get("groups", ())))], lines
+    assert lines[3:] == ["NoNewPrivs:\t1", f"Seccomp:\t{2 if kw.get('seccomp', True) else 0}"], lines
+    deadline = time.monotonic() + 10
+    while gone := [pid for pid in old if alive(pid)]:
+        assert time.monotonic() < deadline, f"the spares let go are still there: {gone}"
+        await trio.sleep(0.005)
+    assert not [held for held in launcher._leases if held.pid in old]
+
+
+async def test_after_a_mismatch_the_next_spare_is_for_the_new_confinement(launcher: Launcher) -> None:
+    await prime(launcher)
+    old = [held.pid for held in launcher._leases]
+    spec = make_spec("/usr/bin/id", "-u", uid=1001, gid=1001, stdin="null")
+    first, status, out, _ = await run_exec(launcher, spec)
+    assert (first.pid not in old, status, out) == (True, 0, b"1001\n")
+    fresh = await all_leased(launcher, child.confinement(spec, False), besides=old)
+    spawned, status, out, _ = await run_exec(launcher, spec)
+    assert (spawned.pid, status, out) == (fresh.pid, 0, b"1001\n")
+
+
+# --- 3: the agent's side ----------------------------------------------------------------------------------
+async def test_the_waiting_child_ran_its_stages_ahead_with_the_inits_uid(launcher: Launcher) -> None:
+    """While it waits, the spare's command child is already under no_new_privs, both seccomp filters (the
+    listener's mode shows as 2 too) and an empty bounding set, and still root: the agent's uid owns nothing of
+    it. The exec-init is not confined (it never runs the agent's code) but is root and not dumpable."""
+    lease = await prime(launcher)
+    (waiting,) = children(lease.pid)
+    got = status_of(waiting)
+    assert got["Uid"] == ["0"] * 4 and got["Gid"] == ["0"] * 4
+    assert (got["NoNewPrivs"], got["Seccomp"], got["CapBnd"]) == (["1"], ["2"], ["0000000000000000"]), got
+    assert status_of(lease.pid)["Uid"] == ["0"] * 4
+    spawned, status, out, _ = await run_exec(launcher, make_spec("/usr/bin/id", "-u"))
+    assert (spawned.pid, status, out) == (lease.pid, 0, b"1000\n")  # and the command still dropped to the agent
+
+
+EXEC_ATTACK = """
+import json, os, sys
+out = {}
+for pid in sys.stdin.read().split():  # the test names them once the next spare is leased
+    out[f"{pid}/visible"] = os.path.exists(f"/proc/{pid}/status")
+    for what in ("mem", "environ", "fd/3", "ns/pid"):
+        try:
+            os.close(os.open(f"/proc/{pid}/{what}", os.O_RDONLY))
+            out[f"{pid}/{what}"] = "opened"
+        except OSError as exc:
+            out[f"{pid}/{what}"] = exc.errno
+print(json.dumps(out))
+"""
+
+
+async def test_an_exec_of_the_agent_cannot_reach_the_next_spare(launcher: Launcher) -> None:
+    """An exec has a PID namespace of its own (its kill(2) and ptrace(2) cannot name the spare; test_launcher_spawn
+    tries those from the workload's namespace) but sees the workload's /proc, where the spare leased while it
+    runs shows up: it can open nothing of that spare or its waiting child, which stay as they were and take
+    the next exec."""
+    lease = await prime(launcher)
+    attacker = await launcher.spawn(make_spec(PY, "-c", EXEC_ATTACK), own_pidns=True)
+    assert attacker.pid == lease.pid and attacker.stdin is not None
+    nxt = await all_leased(launcher, lease.confinement, besides={lease.pid})  # the one it took is replaced
+    spares = [held.pid for held in launcher._leases]
+    before = {pid: status_of(pid) for spare in spares for pid in (spare, *children(spare))}
+    assert len(before) == 2 * len(spares)  # each exec-init and its waiting command child
+    targets = [was["NSpid"][1] for was in before.values()]  # as the workload's /proc names them
+    os.write(attacker.stdin, " ".join(targets).encode())
+    os.close(attacker.stdin)
+    with trio.fail_after(30):
+        out = await read_all(attacker.stdout)
+        err = await read_all(attacker.stderr)
+        assert await attacker.wait_status() == 0, err
+    got = json.loads(out)
+    expected: dict[str, object] = {f"{t}/visible": True for t in targets}  # the attempt is real: they are there
+    expected |= {f"{t}/{w}": errno.EACCES for t in targets for w in ("mem", "environ", "fd/3", "ns/pid")}
+    assert got == expected
+    for pid, was in before.items():  # still waiting, as they were
+        now = status_of(pid)
+        assert (now["State"][0], now["Uid"], now["SigPnd"], now["ShdPnd"]) == (
+            "S", was["Uid"], was["SigPnd"], was["ShdPnd"]
+        ), (pid, now)  # fmt: skip
+    for spare in spares:
+        assert len(children(spare)) == 1
+    spawned, status, out, _ = await run_exec(launcher, make_spec("/usr/bin/id", "-u", stdin="null"))
+    assert (spawned.pid, status, out) == (nxt.pid, 0, b"1000\n")
+
+
+# --- 4: stdio and a terminal --------------------------------------------------------------------------------
+async def test_a_leased_exec_reads_stdin_and_writes_both_streams(launcher: Launcher) -> None:
+    lease = await prime(launcher)
+    payload = b"line one\nline two\n" * 1000
+    spawned, status, out, err = await run_exec(launcher, make_spec("/bin/sh", "-c", "cat; echo err >&2"), stdin=payload)
+    assert spawned.pid == lease.pid
+    assert (status, out, err) == (0, payload, b"err\n")
+
+
+async def test_a_tty_exec_through_a_lease(launcher: Launcher) -> None:
+    lease = await prime(launcher)  # tty is not part of the confinement: the spare takes it
+    spawned = await launcher.spawn(
+        make_spec("/bin/sh", "-c", "stty size; tty; test -t 0 && echo isatty; read x; echo got $x", tty=True,
+                  rows=33, cols=111),
+        own_pidns=True,
+    )  # fmt: skip
+    assert spawned.pid == lease.pid and spawned.pty_master is not None and spawned.stdout is None
+    os.write(spawned.pty_master, b"hello\n")
+    out = bytearray()
+    with trio.fail_after(10):
+        while True:
+            await trio.lowlevel.wait_readable(spawned.pty_master)
+            try:
+                chunk = os.read(spawned.pty_master, 4096)
+            except OSError:  # EIO: the slave side is closed, all output read
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert await spawned.wait_status() == 0
+    os.close(spawned.pty_master)
+    os.close(spawned.pidfd)
+    text = out.decode().replace("\r", "")
+    assert "33 111" in text.splitlines(), text
+    assert "/dev/pts/" in text and "isatty" in text and "got hello" in text, text
