@@ -120,7 +120,7 @@ def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as fh:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # ESRCH: reaped between the open and the read
         return False
 
 
@@ -538,6 +538,9 @@ async def _spare_attack(launcher: Launcher) -> None:
     (waiting,) = await _eventually_children(spare)  # the command's child, forked ahead, waiting for the command
     workload = launcher.workload_pids()
     assert spare not in workload and waiting not in workload  # not workload processes: end-all does not wait
+    # The waiting child ran its stages ahead (child.AHEAD) with the init's uid: confined already, and root.
+    ahead = [proc_line(f"/proc/{waiting}/status", key)[0] for key in ("NoNewPrivs:", "Seccomp:", "CapBnd:")]
+    assert ahead == ["1", "2", "0000000000000000"], ahead
     for pid in (spare, waiting):
         assert proc_line(f"/proc/{pid}/status", "Uid:") == ["0"] * 4
         ns_pid = _ns_pids(pid)[1]  # as the agent names it
