@@ -23,7 +23,7 @@ import trio
 from supervisor.boundary.process import LandlockSpec, Launcher, NamespacePlan, SpawnSpec, child, landlock, zygote
 from supervisor.boundary.process.launcher import Lease, Spawned
 
-from .test_launcher_spawn import PY, READ_ONLY, make_spec, read_all
+from .test_launcher_spawn import PY, READ_ONLY, STATUS_PROBE, make_spec, read_all
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="launcher model R tests need root")
 
@@ -295,3 +295,53 @@ async def test_a_tty_exec_through_a_lease(launcher: Launcher) -> None:
     text = out.decode().replace("\r", "")
     assert "33 111" in text.splitlines(), text
     assert "/dev/pts/" in text and "isatty" in text and "got hello" in text, text
+
+
+# --- the split stages lose nothing ------------------------------------------------------------------------
+async def test_a_leased_exec_is_as_confined_as_one_forked_whole(launcher: Launcher) -> None:
+    """The same probe test_launcher_spawn runs on a child that ran every stage in one go: through a lease (half
+    the stages ahead with the init's uid, half on command) every control is in force, no fd of the spare's
+    (command socket, "taken" pipe, report pipe) reached the command, and it has a session of its own."""
+    lease = await prime(launcher, groups=(2000, 2001))
+    spawned, status, out, err = await run_exec(launcher, make_spec(PY, "-c", STATUS_PROBE, groups=(2000, 2001)))
+    assert (spawned.pid, status) == (lease.pid, 0), err
+    got = json.loads(out)
+    assert got["Uid"] == ["1000"] * 4 and got["Gid"] == ["1000"] * 4 and sorted(got["Groups"]) == ["2000", "2001"]
+    for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(got[key][0], 16) == 0, key
+    assert (got["NoNewPrivs"], got["Seccomp"], got["setuid0"]) == (["1"], ["2"], errno.EPERM)
+    assert (got["sid_is_pid"], got["umask"], got["core"]) == (True, 0o022, [0, 0])
+    assert got["fds"][:3] == [0, 1, 2] and len(got["fds"]) <= 4, got["fds"]  # 0-2 and the one listdir opens
+
+
+async def test_spares_ended_while_waiting_leave_the_next_exec_to_the_init(launcher: Launcher) -> None:
+    """End-all's SIGTERM reaches a waiting spare (the boundary is root): it ends, and the next exec, finding its
+    lease dead, goes through the init and runs as asked."""
+    await prime(launcher)
+    old = {pid for held in launcher._leases for pid in tree(held.pid)}
+    for held in launcher._leases:
+        os.kill(held.pid, signal.SIGTERM)  # forwarded to the waiting child, whose default action ends it
+    deadline = time.monotonic() + 10
+    while gone := [pid for pid in old if alive(pid)]:
+        assert time.monotonic() < deadline, f"the spares did not end: {gone}"
+        await trio.sleep(0.005)
+    spawned, status, out, err = await run_exec(launcher, make_spec("/bin/sh", "-c", "id -u; exit 4", stdin="null"))
+    assert spawned.nested and spawned.pid not in old
+    assert (status, out) == (4 << 8, b"1000\n"), err
+
+
+async def test_a_leased_exec_gets_signals_sent_to_its_handle(launcher: Launcher) -> None:
+    """A signal to the exec's handle (the exec-init's pidfd: terminate's SIGTERM) is forwarded to its command."""
+    lease = await prime(launcher)
+    spawned = await launcher.spawn(make_spec("/bin/sh", "-c", "echo up; exec sleep 1000"), own_pidns=True)
+    assert spawned.pid == lease.pid and spawned.stdout is not None and spawned.stdin is not None
+    os.close(spawned.stdin)
+    with trio.fail_after(10):
+        async with trio.lowlevel.FdStream(os.dup(spawned.stdout)) as stream:
+            assert await stream.receive_some(16) == b"up\n"
+        signal.pidfd_send_signal(spawned.pidfd, signal.SIGTERM)
+        status = await spawned.wait_status()
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, status
+    for fd in (spawned.stdout, spawned.stderr, spawned.pidfd):
+        if fd is not None:
+            os.close(fd)
