@@ -15,6 +15,7 @@ import os
 import signal
 import time
 from collections.abc import Collection, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -100,6 +101,11 @@ def alive(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
+
+
+def nice_of(pid: int) -> int:
+    """The nice value of ``pid`` (field 19 of /proc/PID/stat)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
 
 
 def status_of(pid: int) -> dict[str, list[str]]:
@@ -207,6 +213,8 @@ async def test_the_waiting_child_ran_its_stages_ahead_with_the_inits_uid(launche
     assert got["Uid"] == ["0"] * 4 and got["Gid"] == ["0"] * 4
     assert (got["NoNewPrivs"], got["Seccomp"], got["CapBnd"]) == (["1"], ["2"], ["0000000000000000"]), got
     assert status_of(lease.pid)["Uid"] == ["0"] * 4
+    # It made itself the lowest priority for its stages ahead (an exec was in flight); the command runs at 0.
+    assert nice_of(waiting) == 19
     spawned, status, out, _ = await run_exec(launcher, make_spec("/usr/bin/id", "-u"))
     assert (spawned.pid, status, out) == (lease.pid, 0, b"1000\n")  # and the command still dropped to the agent
 
@@ -310,7 +318,7 @@ async def test_a_leased_exec_is_as_confined_as_one_forked_whole(launcher: Launch
     for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
         assert int(got[key][0], 16) == 0, key
     assert (got["NoNewPrivs"], got["Seccomp"], got["setuid0"]) == (["1"], ["2"], errno.EPERM)
-    assert (got["sid_is_pid"], got["umask"], got["core"]) == (True, 0o022, [0, 0])
+    assert (got["sid_is_pid"], got["umask"], got["core"], got["nice"]) == (True, 0o022, [0, 0], 0)  # nice: see below
     assert got["fds"][:3] == [0, 1, 2] and len(got["fds"]) <= 4, got["fds"]  # 0-2 and the one listdir opens
 
 

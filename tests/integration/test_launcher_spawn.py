@@ -242,6 +242,7 @@ out["sid_is_pid"] = os.getsid(0) == os.getpid()
 out["umask"] = os.umask(0)
 out["fds"] = sorted(int(f) for f in os.listdir("/proc/self/fd"))
 out["core"] = __import__("resource").getrlimit(__import__("resource").RLIMIT_CORE)
+out["nice"] = os.getpriority(os.PRIO_PROCESS, 0)
 print(json.dumps(out))
 """
 
@@ -255,6 +256,7 @@ async def test_child_identity_and_hardening(launcher: Launcher) -> None:
         assert int(out[key][0], 16) == 0, key
     assert out["NoNewPrivs"] == ["1"] and out["Seccomp"] == ["2"]
     assert out["setuid0"] == errno.EPERM
+    assert out["nice"] == 0
     assert out["sid_is_pid"] is True  # own session
     assert out["umask"] == 0o022
     assert out["fds"][:3] == [0, 1, 2] and len(out["fds"]) <= 4  # 0-2 plus the fd listdir itself opens

@@ -607,12 +607,16 @@ def _await_command(parent: int, confinement: Mapping[str, Any]) -> NoReturn:  # 
     the connect-notify filter), then the command from the boundary on fd 3 (spec, stdio layout, fds: checked as
     the init checks a spawn's, and its confinement must be the one prepared), one byte on the "taken" pipe, and
     the rest of the stages (``child.ON_COMMAND``). A failure before the command is the ready message's; after
-    it, the status pipe's, as for any child."""
+    it, the status pipe's, as for any child.
+
+    The stages ahead run at the lowest priority where the priority can be restored before the command's stages
+    (``_yield_while_ahead``): a spare is made while an exec is in flight and must not take its CPU."""
     sock = socket.socket(fileno=3)
     ctx = child.ChildContext(
         child.confinement_spec(confinement), (-1, -1, -1), -1, parent, keep_listener=bool(confinement["notify"])
     )
     try:
+        lowered = _yield_while_ahead()
         failure = child.run_ahead(ctx)
         listener = [] if ctx.listener is None else [ctx.listener]
         send(sock, {"ready": True, "notes": ctx.notes} if failure is None else {"ready": False, **failure}, listener)
@@ -631,7 +635,26 @@ def _await_command(parent: int, confinement: Mapping[str, Any]) -> NoReturn:  # 
     ctx.spec, ctx.stdio, ctx.status_fd, ctx.notes = spec, stdio, status_fd, []
     if child.confinement(spec, ctx.keep_listener) != confinement:
         child.fail(ctx, child.Stage.VALIDATE, OSError(errno.EPERM, "the spare was prepared for another confinement"))
+    if lowered:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)  # the command starts at the usual priority, or not at all
+        except OSError as exc:
+            child.fail(ctx, child.Stage.FORK, exc)
     child.run(ctx, child.ON_COMMAND)
+
+
+def _yield_while_ahead() -> bool:  # pragma: no cover - a spare's child
+    """Lower our priority for the stages ahead, only where it can be raised again: root of the initial user
+    namespace (in a user namespace, root lacks CAP_SYS_NICE where it counts). Whether it was lowered."""
+    try:
+        with open("/proc/self/uid_map") as fh:
+            initial = fh.read().split() == ["0", "0", "4294967295"]
+    except OSError:
+        return False
+    if not initial or os.geteuid() != 0:
+        return False
+    os.nice(19)
+    return True
 
 
 def run_capture_call(request: Mapping[str, Any], proc_net: str = "/proc/self/net") -> dict[str, Any]:
