@@ -45,10 +45,11 @@ boundary: ``{"spare": host_pid, "ns_pid", "confinement", "notes"}`` with the com
 exec-init, the read end of its report pipe and, under the connect-notify filter, the filter's listener; the
 init keeps none of them. The boundary sends the next nested spawn whose confinement matches straight to that
 socket (the command child checks the match again) and reads the command's status from the report pipe itself;
-the init reaps the exec-init without a report. The child writes one byte to the init's "taken" pipe when its
-command arrives, and the init forks the next spare once that exec ended or it has been idle a while; a spare
-that ended without a command (the boundary let it go) is replaced only after the next spawn. While a spare is
-leased and unused the boundary leaves it out of the workload's processes.
+the init reaps the exec-init without a report. The init keeps SPARES leases untaken: the child writes one byte
+to its "taken" pipe when its command arrives and the init makes the next spare at once (its stages ahead run at
+the lowest priority, so it yields the CPU to the exec in flight); a spare that ended without a command (the
+boundary let it go) is replaced only after the next spawn, unless a spawn changed the confinement since it was
+made. While a spare is leased and unused the boundary leaves it out of the workload's processes.
 """
 
 from __future__ import annotations
@@ -792,8 +793,8 @@ def init_main(  # pragma: no cover - own pid ns
         poller.register(sock, select.POLLIN)
         poller.register(wake, select.POLLIN)
         report_at: float | None = None  # orphans reaped: one aggregated report per second at most
-        # A spawn went out or the leased spare was taken: fork the next spare once that exec's exit is reported
-        # (its process ended: the forks no longer compete with it) or after SPARE_IDLE_MS idle.
+        # A spawn went out through us: fork the next spares once its exit is reported (its process ended: the
+        # forks no longer compete with it) or after SPARE_IDLE_MS idle. (A taken lease is replaced at once.)
         spare_due = False
 
         def lease() -> None:
