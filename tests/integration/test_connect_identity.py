@@ -10,6 +10,7 @@ reports what it saw; every attack must fail — the connection is attributed to 
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -116,8 +117,12 @@ class World:
             except trio.BrokenResourceError:
                 pass
 
-    async def run(self, model: str, case: str, script_dir: Path, *, stdin_after: Any = None) -> dict[str, Any]:
-        """Prepare ``model``, run ``case`` as the agent, and return its report."""
+    async def run(
+        self, model: str, case: str, script_dir: Path, *, stdin_after: Any = None, leased: bool = False
+    ) -> dict[str, Any]:
+        """Prepare ``model``, run ``case`` as the agent, and return its report. ``leased``: run it as an exec
+        through a spare the init leased (zygote.py "Spares"), after one exec through the init that prepares it:
+        the spare's filter and listener were installed before its command existed."""
         await self.launcher.prepare(plan(model))
         raw = await self.launcher.socket_in_netns(socket.AF_INET, socket.SOCK_STREAM)
         raw.bind(("127.0.0.1", 0))
@@ -132,7 +137,9 @@ class World:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.notifier.serve)
                 nursery.start_soon(self.serve, listener)
-                spawned = await self.launcher.spawn(spec)
+                lease = await self._prepare_lease(spec) if leased else None
+                spawned = await self.launcher.spawn(spec, own_pidns=leased)
+                assert lease is None or spawned.pid == lease, "the exec did not go through the spare"
                 self.agent = spawned.pid
                 if stdin_after is not None:
                     await stdin_after(self, spawned.stdin)
@@ -144,6 +151,20 @@ class World:
                 nursery.cancel_scope.cancel()
         assert os.waitstatus_to_exitcode(status) == 0, err.decode()
         return dict(json.loads(out.decode().strip().splitlines()[-1]))
+
+
+    async def _prepare_lease(self, spec: SpawnSpec) -> int:
+        """One exec through the init with ``spec``'s confinement, then the pid of the spare leased for it."""
+        first = await self.launcher.spawn(dataclasses.replace(spec, argv=("/bin/true",), stdin="null"), own_pidns=True)
+        await _read(first.stdout)
+        await _read(first.stderr)
+        await first.wait_status()
+        os.close(first.pidfd)
+        while not self.launcher._leases:
+            self.launcher.workload_pids()  # files the lease while nobody reads the launcher's socket
+            await trio.sleep(0.005)
+        assert self.launcher._leases[0].confinement["notify"], "a spare without the connect-notify filter"
+        return self.launcher._leases[0].pid
 
 
 async def _read(fd: int | None) -> bytes:
@@ -176,6 +197,21 @@ async def test_plain_client_and_real_descendant_are_identified(
     verdict = report["verdict"]
     assert (verdict["binary"], verdict["ancestors"], verdict["loader_env"]) == (CURL, [SH, PYTHON], [])
     assert world2.scans >= 1  # a descendant's ancestors are checked against the workload
+
+
+@pytest.mark.parametrize("model", ["R", "U"])  # P has no PID namespace, so no spare
+@pytest.mark.parametrize("case", ["plain", "scm_rights_then_exec"])
+async def test_an_exec_through_a_leased_spare_is_identified_at_connect(
+    launcher: Launcher, script_dir: Path, model: str, case: str
+) -> None:
+    """A spare installs the connect-notify filter before its command exists and its listener reaches the notifier
+    with the lease: the exec's connect is recorded (without a record it would be refused as no-record), and a
+    socket handed on and exec'd over still names the python that connected."""
+    world = World(launcher)
+    report = await world.run(model, case, script_dir, leased=True)
+    assert report["verdict"].get("binary") == PYTHON, (report, world.verdicts)
+    assert world.verdicts == [report["verdict"]]
+    assert world.notifier.counters["recorded"] >= 1
 
 
 @MODELS
