@@ -152,7 +152,6 @@ class World:
         assert os.waitstatus_to_exitcode(status) == 0, err.decode()
         return dict(json.loads(out.decode().strip().splitlines()[-1]))
 
-
     async def _prepare_lease(self, spec: SpawnSpec) -> int:
         """One exec through the init with ``spec``'s confinement, then the pid of the spare leased for it."""
         first = await self.launcher.spawn(dataclasses.replace(spec, argv=("/bin/true",), stdin="null"), own_pidns=True)
