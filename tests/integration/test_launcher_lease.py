@@ -24,7 +24,7 @@ import trio
 from supervisor.boundary.process import LandlockSpec, Launcher, NamespacePlan, SpawnSpec, child, landlock, zygote
 from supervisor.boundary.process.launcher import Lease, Spawned
 
-from .test_launcher_spawn import PY, READ_ONLY, STATUS_PROBE, make_spec, read_all
+from .test_launcher_spawn import PY, READ_ONLY, STATUS_PROBE, alive, make_spec, read_all, run_spawned
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="launcher model R tests need root")
 
@@ -70,37 +70,13 @@ async def all_leased(launcher: Launcher, confinement: dict[str, Any], besides: C
 
 async def run_exec(launcher: Launcher, spec: SpawnSpec, stdin: bytes = b"") -> tuple[Spawned, int, bytes, bytes]:
     """An exec (``own_pidns``): write ``stdin``, read stdout and stderr to EOF; (spawned, raw status, out, err)."""
-    spawned = await launcher.spawn(spec, own_pidns=True)
-    if spawned.stdin is not None:
-        os.write(spawned.stdin, stdin)
-        os.close(spawned.stdin)
-    results: dict[str, bytes] = {}
-
-    async def collect(name: str, fd: int | None) -> None:
-        results[name] = await read_all(fd)
-
-    with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(collect, "out", spawned.stdout)
-            nursery.start_soon(collect, "err", spawned.stderr)
-        status = await spawned.wait_status()
-    os.close(spawned.pidfd)
-    return spawned, status, results["out"], results["err"]
+    return await run_spawned(launcher, spec, own_pidns=True, stdin=stdin)
 
 
 def tree(pid: int) -> set[int]:
     """``pid`` and its live descendants, as /proc shows them now."""
     parents, zombies = zygote.proc_scan()
     return ({pid} | zygote.descendants(pid, parents)) - zombies
-
-
-def alive(pid: int) -> bool:
-    """``pid`` exists and is not a zombie (one reaped between open and read is gone too)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
 
 
 def nice_of(pid: int) -> int:

@@ -33,6 +33,7 @@ from supervisor.boundary.process import (
     landlock,
     zygote,
 )
+from supervisor.boundary.process.launcher import Spawned
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="launcher model R tests need root")
 
@@ -78,8 +79,17 @@ async def read_all(fd: int | None) -> bytes:
 
 async def run(zyg: Launcher, spec: SpawnSpec) -> tuple[int, bytes, bytes]:
     """Spawn, collect stdout/stderr to EOF, and return (raw status, stdout, stderr)."""
-    spawned = await zyg.spawn(spec)
+    _spawned, status, out, err = await run_spawned(zyg, spec)
+    return status, out, err
+
+
+async def run_spawned(
+    zyg: Launcher, spec: SpawnSpec, *, own_pidns: bool = False, stdin: bytes = b""
+) -> tuple[Spawned, int, bytes, bytes]:
+    """Spawn, write ``stdin``, collect stdout/stderr to EOF: (spawned, raw status, stdout, stderr)."""
+    spawned = await zyg.spawn(spec, own_pidns=own_pidns)
     if spawned.stdin is not None:
+        os.write(spawned.stdin, stdin)
         os.close(spawned.stdin)
     results: dict[str, bytes] = {}
 
@@ -92,7 +102,7 @@ async def run(zyg: Launcher, spec: SpawnSpec) -> tuple[int, bytes, bytes]:
             nursery.start_soon(collect, "err", spawned.stderr)
         status = await spawned.wait_status()
     os.close(spawned.pidfd)
-    return status, results["out"], results["err"]
+    return spawned, status, results["out"], results["err"]
 
 
 async def run_py(zyg: Launcher, code: str, **kw: Any) -> Any:
