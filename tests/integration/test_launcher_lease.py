@@ -24,7 +24,7 @@ import trio
 from supervisor.boundary.process import LandlockSpec, Launcher, NamespacePlan, SpawnSpec, child, landlock, zygote
 from supervisor.boundary.process.launcher import Lease, Spawned
 
-from .test_launcher_spawn import PY, READ_ONLY, STATUS_PROBE, alive, make_spec, read_all, run_spawned
+from .test_launcher_spawn import PY, READ_ONLY, STATUS_PROBE, alive, make_spec, read_all, read_pty, run_spawned
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="launcher model R tests need root")
 
@@ -262,17 +262,8 @@ async def test_a_tty_exec_through_a_lease(launcher: Launcher) -> None:
     )  # fmt: skip
     assert spawned.pid == lease.pid and spawned.pty_master is not None and spawned.stdout is None
     os.write(spawned.pty_master, b"hello\n")
-    out = bytearray()
     with trio.fail_after(10):
-        while True:
-            await trio.lowlevel.wait_readable(spawned.pty_master)
-            try:
-                chunk = os.read(spawned.pty_master, 4096)
-            except OSError:  # EIO: the slave side is closed, all output read
-                break
-            if not chunk:
-                break
-            out += chunk
+        out = await read_pty(spawned.pty_master)
         assert await spawned.wait_status() == 0
     os.close(spawned.pty_master)
     os.close(spawned.pidfd)

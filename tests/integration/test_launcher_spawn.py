@@ -637,23 +637,29 @@ async def test_zygote_death_fails_operations_closed(launcher: Launcher) -> None:
 
 
 # --- terminal -----------------------------------------------------------------------------------------
+async def read_pty(master: int) -> bytes:
+    """What the terminal's slave side wrote, until it is closed (EIO) or EOF."""
+    out = bytearray()
+    while True:
+        await trio.lowlevel.wait_readable(master)
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the slave side is closed, all output read
+            break
+        if not chunk:
+            break
+        out += chunk
+    return bytes(out)
+
+
 async def test_tty_has_size_and_controlling_terminal(launcher: Launcher) -> None:
     await launcher.prepare(NamespacePlan("R"))
     spawned = await launcher.spawn(
         make_spec("/bin/sh", "-c", "stty size; tty; test -t 0 && echo isatty", tty=True, rows=33, cols=111)
     )
     assert spawned.pty_master is not None and spawned.stdout is None
-    out = bytearray()
     with trio.fail_after(10):
-        while True:
-            await trio.lowlevel.wait_readable(spawned.pty_master)
-            try:
-                chunk = os.read(spawned.pty_master, 4096)
-            except OSError:  # EIO: the slave side is closed, all output read
-                break
-            if not chunk:
-                break
-            out += chunk
+        out = await read_pty(spawned.pty_master)
     await spawned.wait_status()
     os.close(spawned.pty_master)
     text = out.decode().replace("\r", "")
