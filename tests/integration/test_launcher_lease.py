@@ -12,7 +12,10 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Collection, Iterator
 from pathlib import Path
@@ -27,6 +30,7 @@ from supervisor.boundary.process.launcher import Lease, Spawned
 from .test_launcher_spawn import PY, READ_ONLY, STATUS_PROBE, alive, make_spec, read_all, read_pty, run_spawned
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="launcher model R tests need root")
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: the script imports the package from it
 
 
 @pytest.fixture
@@ -320,3 +324,51 @@ async def test_a_leased_exec_gets_signals_sent_to_its_handle(launcher: Launcher)
     for fd in (spawned.stdout, spawned.stderr, spawned.pidfd):
         if fd is not None:
             os.close(fd)
+
+
+NO_SYS_NICE = r"""
+import json, os, sys
+import trio
+from supervisor.boundary.process import Launcher, NamespacePlan, SpawnSpec
+launcher = Launcher.fork()
+
+async def run(spec):
+    spawned = await launcher.spawn(spec, own_pidns=True)
+    async with trio.lowlevel.FdStream(spawned.stdout) as out:
+        text = b"".join([chunk async for chunk in out])
+    os.close(spawned.stderr)
+    return spawned, await spawned.wait_status(), text.decode().strip()
+
+async def main():
+    await launcher.prepare(NamespacePlan("R"))
+    spec = SpawnSpec(argv=("/bin/sh", "-c", "cut -d' ' -f19 /proc/self/stat"), env={"PATH": "/usr/bin:/bin"},
+                     cwd="/", uid=1000, gid=1000, stdin="null")
+    await run(spec)  # through the init: the spares are made for this confinement
+    with trio.fail_after(10):
+        while not launcher._leases:
+            launcher.workload_pids()
+            await trio.sleep(0.005)
+    lease = launcher._leases[0].pid
+    spawned, status, nice = await run(spec)
+    print(json.dumps({"leased": spawned.pid == lease, "status": status, "nice": nice}))
+
+try:
+    trio.run(main)
+finally:
+    launcher.close()
+"""
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="setpriv (util-linux) drops the capability here")
+def test_without_cap_sys_nice_a_leased_exec_runs_at_the_usual_priority(tmp_path: Path) -> None:
+    """A container that grants root no CAP_SYS_NICE (podman's default set): a spare's child could lower its
+    priority but not raise it again, so it must not lower it — the exec runs, at nice 0, through the spare (the
+    first version failed every such exec at 'fork': EPERM, caught by the podman pods)."""
+    script = tmp_path / "no_sys_nice.py"
+    script.write_text(NO_SYS_NICE)
+    done = subprocess.run(
+        ["setpriv", "--bounding-set=-sys_nice", "--inh-caps=-sys_nice", "--", sys.executable, str(script)],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"leased": True, "status": 0, "nice": "0"}

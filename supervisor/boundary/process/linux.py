@@ -64,6 +64,7 @@ CAP_SETUID: Final = 7
 CAP_SETPCAP: Final = 8
 CAP_NET_ADMIN: Final = 12
 CAP_SYS_ADMIN: Final = 21
+CAP_SYS_NICE: Final = 23
 _LINUX_CAPABILITY_VERSION_3: Final = 0x20080522
 
 # Syscalls numbered alike on x86_64 and aarch64 (the unified table from 5.x on).

@@ -645,14 +645,15 @@ def _await_command(parent: int, confinement: Mapping[str, Any]) -> NoReturn:  # 
 
 
 def _yield_while_ahead() -> bool:  # pragma: no cover - a spare's child
-    """Lower our priority for the stages ahead, only where it can be raised again: root of the initial user
-    namespace (in a user namespace, root lacks CAP_SYS_NICE where it counts). Whether it was lowered."""
+    """Lower our priority for the stages ahead, only where it can be raised again: with CAP_SYS_NICE in the
+    initial user namespace (a user namespace's root lacks it where it counts; a container may not grant it).
+    Whether it was lowered."""
     try:
         with open("/proc/self/uid_map") as fh:
             initial = fh.read().split() == ["0", "0", "4294967295"]
     except OSError:
         return False
-    if not initial or os.geteuid() != 0:
+    if not initial or not linux.has_effective_cap(linux.CAP_SYS_NICE):
         return False
     os.nice(19)
     return True
