@@ -28,7 +28,7 @@ import socket
 import termios
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, NoReturn
+from typing import Any, Final, Literal, NoReturn, TypedDict, cast
 
 from supervisor.protocol.exit_codes import ExitCode
 
@@ -194,16 +194,39 @@ def _execve(argv: tuple[str, ...], env: Mapping[str, str]) -> NoReturn:
     raise FileNotFoundError(errno.ENOENT, f"{argv[0]}: not found in PATH")
 
 
-def confinement(spec: SpawnSpec, notify: bool) -> dict[str, Any]:
-    """The part of a launch a spare child applies before its command exists (``AHEAD``), as JSON: the ids, the
-    Landlock rules, the deny list, and whether the connect-notify filter is installed (``notify``)."""
+class Confinement(TypedDict):
+    """The part of a launch a spare child applies before its command exists (``AHEAD``), as it goes on the wire:
+    the ids, the Landlock rules (``SpawnSpec.to_wire``'s), the deny list, and whether the connect-notify filter is
+    installed."""
+
+    uid: int
+    gid: int
+    groups: list[int]
+    landlock: dict[str, Any] | None
+    seccomp: bool
+    notify: bool
+
+
+class Failure(TypedDict):
+    """A stage that failed, as the status pipe (or a spare's ready message) reports it (rule 2)."""
+
+    stage: str
+    errno: int
+    detail: str
+
+
+def confinement(spec: SpawnSpec, notify: bool) -> Confinement:
+    """``spec``'s confinement, with ``notify`` for the connect-notify filter."""
     wire = spec.to_wire()
-    return {key: wire[key] for key in ("uid", "gid", "groups", "landlock", "seccomp")} | {"notify": notify}
+    return Confinement(
+        uid=wire["uid"], gid=wire["gid"], groups=wire["groups"], landlock=wire["landlock"], seccomp=wire["seccomp"],
+        notify=notify,
+    )  # fmt: skip
 
 
-def confinement_spec(confinement: Mapping[str, Any]) -> SpawnSpec:
+def confinement_spec(confinement: Confinement) -> SpawnSpec:
     """A spec carrying only ``confinement`` (what the ``AHEAD`` stages read); no command to run."""
-    return SpawnSpec.from_wire({"argv": [], "env": {}, "cwd": "/", **confinement})
+    return SpawnSpec.from_wire({"argv": [], "env": {}, "cwd": "/", **cast(dict[str, Any], confinement)})
 
 
 @dataclass
@@ -357,13 +380,13 @@ AHEAD: Final = tuple((stage, action) for stage, action in STAGES if stage in _AH
 ON_COMMAND: Final = tuple((stage, action) for stage, action in STAGES if stage not in _AHEAD)
 
 
-def _failure(stage: Stage, exc: BaseException) -> dict[str, Any]:
+def _failure(stage: Stage, exc: BaseException) -> Failure:
     if isinstance(exc, OSError):
-        return {"stage": stage.value, "errno": exc.errno or errno.EINVAL, "detail": exc.strerror or str(exc)}
-    return {"stage": stage.value, "errno": errno.EINVAL, "detail": repr(exc)}  # a bug: still a report
+        return Failure(stage=stage.value, errno=exc.errno or errno.EINVAL, detail=exc.strerror or str(exc))
+    return Failure(stage=stage.value, errno=errno.EINVAL, detail=repr(exc))  # a bug: still a report
 
 
-def run_ahead(ctx: ChildContext) -> dict[str, Any] | None:
+def run_ahead(ctx: ChildContext) -> Failure | None:
     """The ``AHEAD`` stages of a spare; ``None`` once all ran, else the failure record."""
     stage = Stage.SIGNALS
     try:

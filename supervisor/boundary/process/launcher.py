@@ -32,7 +32,7 @@ import termios
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import trio
 
@@ -113,7 +113,7 @@ class Lease:
     sock: socket.socket
     pidfd: int
     report: int
-    confinement: dict[str, Any]
+    confinement: child.Confinement
     notes: tuple[str, ...]
 
     def close(self) -> None:
@@ -248,7 +248,7 @@ class Launcher:
         while len(self._leases) >= zygote.SPARES:  # more than the init keeps out: not ours to hold
             self._leases.pop(0).close()
         try:
-            confinement = dict(message["confinement"])
+            confinement = cast(child.Confinement, dict(message["confinement"]))
             if len(fds) != 3 + int(bool(confinement["notify"])):
                 raise LauncherError(f"a lease came with {len(fds)} fds")
             if len(fds) == 4:

@@ -318,10 +318,10 @@ class Spawner:
         # one whose stages ahead failed (not tried again), the exec-inits leased to the boundary (reaped without
         # a report: the boundary reads their report pipes) and the read ends of the "taken" pipes of the leases
         # not taken yet (at most SPARES), each with the confinement its spare was made for.
-        self.confinement: dict[str, Any] | None = None
-        self.failed_confinement: dict[str, Any] | None = None
+        self.confinement: child.Confinement | None = None
+        self.failed_confinement: child.Confinement | None = None
         self.leased: set[int] = set()
-        self.untaken: dict[int, dict[str, Any]] = {}
+        self.untaken: dict[int, child.Confinement] = {}
 
     def _enter_root(self) -> None:
         if self.root_error is not None:
@@ -511,7 +511,7 @@ _FORWARDED: Final = tuple(
 
 
 def exec_init(  # pragma: no cover - own pid ns
-    ctx: child.ChildContext | None, report_r: int, report_w: int, confinement: Mapping[str, Any] | None = None
+    ctx: child.ChildContext | None, report_r: int, report_w: int, confinement: child.Confinement | None = None
 ) -> NoReturn:
     """PID 1 of one exec's own PID namespace (issue 15 item 2): fork the command (``child.run``), forward every
     catchable signal to it, reap everything, and when the command ends write its raw wait status to
@@ -582,7 +582,7 @@ def _empty_namespace() -> None:  # pragma: no cover - an exec-init, PID 1 of its
 
 
 def spare_main(  # pragma: no cover - own pid ns
-    sock_fd: int, report_w: int, taken_w: int, confinement: Mapping[str, Any]
+    sock_fd: int, report_w: int, taken_w: int, confinement: child.Confinement
 ) -> NoReturn:
     """PID 1 of a PID namespace made ahead of its exec (``Spawner.replenish``): that exec's ``exec_init``, whose
     command child is already forked, runs its stages ahead and waits for the command on the socket the boundary
@@ -603,7 +603,7 @@ def spare_main(  # pragma: no cover - own pid ns
         os._exit(1)
 
 
-def _await_command(parent: int, confinement: Mapping[str, Any]) -> NoReturn:  # pragma: no cover - a spare's child
+def _await_command(parent: int, confinement: child.Confinement) -> NoReturn:  # pragma: no cover - a spare's child
     """The stages ahead (``child.AHEAD``) for ``confinement``, ``{"ready"}`` to the init (with the listener under
     the connect-notify filter), then the command from the boundary on fd 3 (spec, stdio layout, fds: checked as
     the init checks a spawn's, and its confinement must be the one prepared), one byte on the "taken" pipe, and
