@@ -4,8 +4,9 @@
 Rules:
 
 1. Each workload child installs the filter after fork and before ``execve`` and sends its listener fd over the
-   hand-off socket (:meth:`ConnectNotifier.child_end`, one copy per spawn); the launcher, the workload's
-   init and the fence probe never get one. :meth:`ConnectNotifier.serve` receives listeners and serves each in
+   hand-off socket (:meth:`ConnectNotifier.child_end`, one copy per spawn; a spare's listener comes over it
+   too, sent by the launcher when it files the spare's lease); the launcher, the workload's init and the fence
+   probe never get one. :meth:`ConnectNotifier.serve` receives listeners and serves each in
    its own task without ever blocking trio: it waits on the fd with ``trio.lowlevel.wait_readable`` and
    receives only when ``poll`` says a notification is pending (a receive with none pending would block).
 2. Every notification is answered ``CONTINUE``: the filter decides nothing, it only lets the boundary look.
