@@ -38,7 +38,7 @@ import trio
 
 from supervisor.protocol.exit_codes import ExitCode, for_launch_errno
 
-from . import child, privilege, zygote
+from . import capture_calls, child, privilege, zygote
 from .child import SpawnSpec, Stage
 from .zygote import NamespacePlan
 
@@ -181,7 +181,7 @@ class Launcher:
         pid = os.fork()
         if pid == 0:  # pragma: no cover - becomes the zygote
             ours.close()
-            zygote.main(theirs, boundary)
+            zygote.main(theirs, boundary, capture_calls)
         theirs.close()
         ours.setblocking(False)
         return cls(ours, pid)
@@ -371,7 +371,7 @@ class Launcher:
         return self._prepared
 
     async def capture_call(self, fn: str, args: Mapping[str, Any]) -> dict[str, Any]:
-        if fn not in zygote.CAPTURE_CALLS:
+        if fn not in capture_calls.CAPTURE_CALLS:
             raise LauncherError(f"capture call {fn!r} is not allowed")
         reply, fds = await self._request("capture_call", fn=fn, args=dict(args))
         zygote.close_all(fds)

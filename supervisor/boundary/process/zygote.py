@@ -71,9 +71,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal, NoReturn
-
-from supervisor.boundary.capture import setup as capture_setup
+from typing import Any, Final, Literal, NoReturn, Protocol
 
 from . import child, linux, privilege, rootfs, seccomp
 
@@ -81,12 +79,6 @@ MAX_MESSAGE: Final = 1 << 20
 MAX_SPEC: Final = 256 * 1024  # argv + env + the rest, encoded; below any default socket send buffer
 MAX_FDS: Final = 32
 SOCKET_BUFFER: Final = 1 << 20
-# the capture functions the boundary may call in the agent's namespace, by the name it sends
-_CAPTURE_FUNCTIONS: Final[Mapping[str, Callable[..., dict[str, Any]]]] = {
-    "inspect": capture_setup.inspect,
-    "probe": capture_setup.probe,
-}
-CAPTURE_CALLS: Final = frozenset(_CAPTURE_FUNCTIONS)
 HIDE_OPTIONS: Final = "mode=0555,size=4k"
 HIDE_FLAGS: Final = linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
 PROC_FLAGS: Final = linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
@@ -659,26 +651,6 @@ def _yield_while_ahead() -> bool:  # pragma: no cover - a spare's child
     return True
 
 
-def run_capture_call(request: Mapping[str, Any], proc_net: str = "/proc/self/net") -> dict[str, Any]:
-    """Call an allowed ``capture.setup`` function in this process (which lives in the agent's netns); a probe
-    reads the namespace's TCP tables from ``proc_net``, whatever the request says."""
-    fn = _CAPTURE_FUNCTIONS.get(str(request.get("fn")))
-    if fn is None:
-        raise OSError(errno.EPERM, f"capture call {request.get('fn')!r} is not allowed")
-    args = dict(request.get("args") or {})
-    if fn is capture_setup.probe:
-        args["proc_net"] = proc_net
-    result = fn(**args)
-    return {"id": request.get("id"), "ok": True, "result": result}
-
-
-def run_capture_prepare(request: Mapping[str, Any]) -> tuple[dict[str, Any], list[int]]:
-    """``capture.setup.prepare(**capture)`` here: the reply (names, report) and the listener fds, in order."""
-    got, report = capture_setup.prepare(**dict(request["capture"]))
-    names = list(got)
-    return {"id": request.get("id"), "ok": True, "fd_names": names, "report": report}, [int(got[n]) for n in names]
-
-
 def _stdio_fds(request: Mapping[str, Any], fds: list[int]) -> tuple[tuple[int, int, int], int]:
     layout = request["stdio"]  # indexes into fds for stdin, stdout, stderr, status
     if len(layout) != 4 or not all(isinstance(i, int) and 0 <= i < len(fds) for i in layout):
@@ -854,9 +826,19 @@ def init_main(  # pragma: no cover - own pid ns
 
 
 # --- the zygote ------------------------------------------------------------------------------------------
+class CaptureWork(Protocol):
+    """What the zygote runs for the capture (``capture_calls``: the launcher passes that module in, so neither
+    the zygote nor the init imports ``capture.setup``)."""
+
+    def call(self, request: Mapping[str, Any], proc_net: str = ...) -> dict[str, Any]: ...
+
+    def prepare(self, request: Mapping[str, Any]) -> tuple[dict[str, Any], list[int]]: ...
+
+
 class Zygote:
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, capture: CaptureWork) -> None:
         self.sock = sock
+        self.capture = capture
         self.wake = _install_sigchld_wakeup()
         self.plan: NamespacePlan | None = None
         self.prepare_failed = False
@@ -1050,7 +1032,7 @@ class Zygote:
         if plan.capture is not None:
             # Here, not in the init: the capture's netlink code (pyroute2, ~13 MB) would otherwise become part
             # of the image every exec forks ("The init's image").
-            reply, out_fds = run_capture_prepare({"op": "capture_prepare", "id": "prepare", "capture": plan.capture})
+            reply, out_fds = self.capture.prepare({"op": "capture_prepare", "id": "prepare", "capture": plan.capture})
             if not reply.get("ok"):
                 close_all(out_fds)
                 raise OSError(int(reply.get("errno") or errno.EIO), f"capture setup: {reply.get('error')}")
@@ -1089,7 +1071,7 @@ class Zygote:
         close_all(fds)
         if self.init_sock is None and self.plan is not None and self.plan.pidns and self.plan.mountns:
             raise OSError(errno.ESRCH, "the workload PID namespace is gone")
-        self.reply(run_capture_call(request, self.proc_net))
+        self.reply(self.capture.call(request, self.proc_net))
 
     def op_socket(self, request: dict[str, Any], fds: list[int]) -> None:
         close_all(fds)
@@ -1197,7 +1179,7 @@ def _loopback_up() -> None:
         fcntl.ioctl(sock.fileno(), _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
 
 
-def main(sock: socket.socket, boundary_pid: int) -> NoReturn:  # pragma: no cover - runs in the zygote
+def main(sock: socket.socket, boundary_pid: int, capture: CaptureWork) -> NoReturn:  # pragma: no cover - zygote
     """Entry point of the freshly forked zygote; never returns."""
     try:
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -1206,6 +1188,6 @@ def main(sock: socket.socket, boundary_pid: int) -> NoReturn:  # pragma: no cove
         _reset_process([sock.detach()])
         with contextlib.suppress(OSError):
             os.setsid()  # out of the boundary's session: a terminal ^C is not ours to take
-        Zygote(socket.socket(fileno=3)).serve()
+        Zygote(socket.socket(fileno=3), capture).serve()
     finally:
         os._exit(1)
