@@ -59,6 +59,9 @@ from supervisor.protocol.identity import ConnectionIdentity
 
 MAX_ANCESTORS = 64
 _MAX_ENV = 65_536  # entries of an execve envp array read at most
+_ENV_CHUNK = 64  # envp pointers per read
+_ENV_GAP = 512  # env strings this close are checked with one read of their span...
+_ENV_SPAN = 64 * 1024  # ...of at most this many bytes
 DEFAULT_BUDGET_US = 50_000
 DEFAULT_MAX_HASH_BYTES = 512 * 1024 * 1024
 _HASH_CHUNK = 1024 * 1024
@@ -304,33 +307,26 @@ class IdentityResolver:
 
     def _envp_loader_env(self, tid: int, envp: int) -> tuple[str, ...]:
         """Loader variables in the ``envp`` array of a caller blocked in ``execve``, read from its memory.
-        Unreadable memory counts as ``LD_PRELOAD`` (the exec itself would fail with EFAULT)."""
+        Unreadable memory counts as ``LD_PRELOAD`` (the exec itself would fail with EFAULT). This runs while the
+        caller waits in ``execve`` (every exec is one): the array and the strings' heads are read in few reads."""
         if envp == 0:
             return ()
-        uid = self._uid(tid)
         found: set[str] = set()
         try:
             fd = os.open(f"{self._proc}/{tid}/mem", os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
             raise IdentityUnresolved(IdentityStage.VANISHED, f"reading the memory of {tid}: {exc}") from exc
         try:
-            for index in range(_MAX_ENV):
-                raw = os.pread(fd, 8, envp + 8 * index)
-                if len(raw) < 8:
-                    return ("LD_PRELOAD",)
-                (pointer,) = struct.unpack("=Q", raw)
-                if pointer == 0:
-                    break
-                head = os.pread(fd, 16, pointer)
-                if not head.startswith(b"LD_"):
-                    continue
+            for pointer in _loader_candidates(fd, _env_pointers(fd, envp)):
                 entry = _c_string(fd, pointer)
                 name, _, value = entry.partition(b"=")
                 if name in (b"LD_PRELOAD", b"LD_AUDIT") and value.strip():
                     found.add(name.decode())
-                elif name == b"LD_LIBRARY_PATH" and self._writable_dirs(tid, uid, value.decode("utf-8", "replace")):
+                elif name == b"LD_LIBRARY_PATH" and self._writable_dirs(
+                    tid, self._uid(tid), value.decode("utf-8", "replace")
+                ):
                     found.add("LD_LIBRARY_PATH")
-        except OSError:
+        except (OSError, _Unreadable):
             return ("LD_PRELOAD",)
         finally:
             os.close(fd)
@@ -355,13 +351,14 @@ class IdentityResolver:
     def thread_group(self, tid: int) -> int:
         """The thread group (process) of task ``tid``; a notification names the calling thread."""
         try:
-            with open(f"{self._proc}/{tid}/status", encoding="utf-8", errors="replace") as handle:
-                for line in handle:
-                    if line.startswith("Tgid:"):
-                        return int(line.split()[1])
+            with open(f"{self._proc}/{tid}/status", "rb") as handle:
+                text = handle.read()
         except OSError as exc:
             raise IdentityUnresolved(IdentityStage.VANISHED, f"reading status of {tid}: {exc}") from exc
-        raise IdentityUnresolved(IdentityStage.VANISHED, f"no Tgid line for {tid}")
+        at = text.find(b"\nTgid:")
+        if at < 0:
+            raise IdentityUnresolved(IdentityStage.VANISHED, f"no Tgid line for {tid}")
+        return int(text[at + 6 :].split(None, 1)[0])
 
     def _loader_env(self, pid: int, uid: int) -> tuple[str, ...]:
         """Loader variables of ``pid``'s initial environment that can inject code (docs/policy.md)."""
@@ -678,6 +675,58 @@ class _LazyPids:
         if self._pids is None:
             self._pids = set(self._scan())
         return pid in self._pids
+
+
+class _Unreadable(Exception):
+    """A caller's memory could not be read where its ``execve`` arguments say it holds something."""
+
+
+def _env_pointers(fd: int, envp: int) -> list[int]:
+    """The pointers of the NULL-terminated array at ``envp`` (at most ``_MAX_ENV``), read ``_ENV_CHUNK`` at a
+    time: a read across the end of a mapping comes back short, and the next one fails if nothing is left."""
+    pointers: list[int] = []
+    address = envp
+    while len(pointers) < _MAX_ENV:
+        raw = os.pread(fd, 8 * _ENV_CHUNK, address)
+        count = len(raw) // 8
+        if count == 0:
+            raise _Unreadable(f"envp at {address:#x}")
+        for pointer in struct.unpack(f"={count}Q", raw[: 8 * count]):
+            if pointer == 0:
+                return pointers
+            pointers.append(pointer)
+        address += 8 * count
+    return pointers[:_MAX_ENV]
+
+
+def _loader_candidates(fd: int, pointers: list[int]) -> list[int]:
+    """Which ``pointers`` name a string beginning ``LD_``. Strings close together (gaps under ``_ENV_GAP``) are
+    checked with one read of their span (at most ``_ENV_SPAN``); a span that cannot be read in full is checked
+    string by string, so a bad pointer still fails (``_Unreadable``) as it would alone."""
+    found: set[int] = set()
+    ordered = sorted(set(pointers))
+    start = 0
+    while start < len(ordered):
+        end = start + 1
+        while (
+            end < len(ordered)
+            and ordered[end] - ordered[end - 1] <= _ENV_GAP
+            and ordered[end] + 3 - ordered[start] <= _ENV_SPAN
+        ):
+            end += 1
+        group, low = ordered[start:end], ordered[start]
+        span = os.pread(fd, group[-1] + 3 - low, low)
+        if len(span) == group[-1] + 3 - low:
+            found.update(pointer for pointer in group if span[pointer - low : pointer - low + 3] == b"LD_")
+        else:
+            for pointer in group:
+                head = os.pread(fd, 3, pointer)
+                if not head:
+                    raise _Unreadable(f"string at {pointer:#x}")
+                if head == b"LD_":
+                    found.add(pointer)
+        start = end
+    return [pointer for pointer in pointers if pointer in found]
 
 
 def _c_string(fd: int, address: int, limit: int = 128 * 1024) -> bytes:
