@@ -249,18 +249,24 @@ def _reset_signals(ctx: ChildContext) -> None:
     """Default dispositions and an empty mask (ignored signals would survive ``execve``).
 
     The forking process set every disposition through ``signal.signal`` when it started, so Python's table
-    is exact and only the ones it changed since (SIGPIPE ignored, SIGCHLD caught) cost a syscall here.
-    """
+    is exact and only the ones it changed since (SIGPIPE ignored, SIGCHLD caught) cost a syscall here. Plain
+    numbers are walked (``valid_signals`` makes an enum member of each, in a process that just forked)."""
     signal.set_wakeup_fd(-1)
-    for sig in signal.valid_signals():
-        if sig in (signal.SIGKILL, signal.SIGSTOP) or signal.getsignal(sig) == signal.SIG_DFL:
-            continue
+    for sig in _CATCHABLE:
         try:
-            signal.signal(sig, signal.SIG_DFL)
+            if signal.getsignal(sig) != signal.SIG_DFL:
+                signal.signal(sig, signal.SIG_DFL)
         except (OSError, ValueError):
             pass
-    linux.reset_reserved_signals()
-    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    if not RESERVED_SIGNALS_DEFAULT:
+        linux.reset_reserved_signals()
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+
+
+_CATCHABLE: Final = tuple(int(s) for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP))
+# Set by a forking process that put glibc's two signals back to default once for all its children (the
+# workload's init): nothing of ours can change them again, so its children need not (a ctypes call each).
+RESERVED_SIGNALS_DEFAULT = False
 
 
 def _mount_ns(ctx: ChildContext) -> None:

@@ -56,9 +56,9 @@ from __future__ import annotations
 
 import array
 import contextlib
-import dataclasses
 import errno
 import fcntl
+import functools
 import gc
 import json
 import os
@@ -256,6 +256,12 @@ def _drain(fd: int) -> None:
             pass
 
 
+# What a forked helper ignores: SIGPIPE (a vanished peer is an EPIPE, not a death), and what a terminal sends
+# its foreground group — Ctrl-C in dev mode reaches the launcher too, but only the boundary decides when the
+# workload ends (and PR_SET_PDEATHSIG ends us with it).
+_IGNORED: Final = (signal.SIGPIPE, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
 def _reset_process(keep: list[int]) -> None:
     """Make a fresh fork a clean single-purpose process: default signals (SIGPIPE ignored), ``keep[i]`` moved
     to fd ``3 + i``, every other fd closed, /dev/null on 0-2, and inherited objects never finalised."""
@@ -264,10 +270,7 @@ def _reset_process(keep: list[int]) -> None:
         if sig not in (signal.SIGKILL, signal.SIGSTOP):
             with contextlib.suppress(OSError, ValueError):
                 signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a vanished peer is an EPIPE, not a death
-    # Ctrl-C in dev mode signals the whole foreground process group, launcher included; only the boundary
-    # decides when the workload ends (and PR_SET_PDEATHSIG ends us with it).
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+    for sig in _IGNORED:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     _keep_fds(keep)
@@ -314,6 +317,7 @@ class Spawner:
         self.failed_confinement: child.Confinement | None = None
         self.leased: set[int] = set()
         self.untaken: dict[int, child.Confinement] = {}
+        self._spare_ctx: tuple[child.Confinement, child.ChildContext] | None = None  # what a spare's child starts from
 
     def _enter_root(self) -> None:
         if self.root_error is not None:
@@ -390,6 +394,12 @@ class Spawner:
         taken_r, taken_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         pid: int | None = None
         out: list[int] = []
+        # Made here once, not in each spare: what the spare's child starts from (its forks inherit it built).
+        if self._spare_ctx is None or self._spare_ctx[0] != confinement:
+            spec, notify = child.confinement_spec(confinement), bool(confinement["notify"])
+            self._spare_ctx = confinement, child.ChildContext(spec, (-1, -1, -1), -1, 0, keep_listener=notify)
+        spare_ctx = self._spare_ctx[1]
+        _may_lower_priority()
         try:
             linux.unshare(linux.CLONE_NEWPID)
             try:
@@ -398,7 +408,7 @@ class Spawner:
                 with contextlib.suppress(OSError):  # the child's namespace is made; ours is ours again
                     self._own_pidns_again()
             if pid == 0:  # pragma: no cover - PID 1 of its own namespace
-                spare_main(theirs.fileno(), report_w, taken_w, confinement)
+                spare_main(theirs.fileno(), report_w, taken_w, confinement, spare_ctx)
             self.leased.add(pid)  # from now on reaped without a report, whatever happens to it
             close_all([theirs.detach(), report_w, taken_w])
             ready = _await_ready(ours)
@@ -500,64 +510,61 @@ _FORWARDED: Final = tuple(
     s for s in signal.valid_signals()
     if s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD) and s < signal.SIGRTMIN
 )  # fmt: skip
+_WAITED: Final = frozenset({*_FORWARDED, signal.SIGCHLD})  # what an exec-init waits for (sigwaitinfo)
 
 
 def exec_init(  # pragma: no cover - own pid ns
-    ctx: child.ChildContext | None, report_r: int, report_w: int, confinement: child.Confinement | None = None
+    ctx: child.ChildContext, report_r: int, report_w: int, spare: child.Confinement | None = None
 ) -> NoReturn:
     """PID 1 of one exec's own PID namespace (issue 15 item 2): fork the command (``child.run``), forward every
     catchable signal to it, reap everything, and when the command ends write its raw wait status to
     ``report_w`` and exit — the kernel then kills whatever it left in the namespace (setsid, double forks).
     SIGKILL to this process (terminate's last step) ends the namespace, the command included.
 
-    ``ctx`` ``None``: a spare (``spare_main``): the command's child is forked now, runs its stages ahead for
-    ``confinement`` and waits on fd 3 for its command (``_await_command``)."""
+    ``spare``: a spare's (``spare_main``): the command's child is forked now, runs its stages ahead for that
+    confinement (``ctx`` carries its spec) and waits on fd 3 for its command (``_await_command``)."""
     try:
         if report_r >= 0:
             os.close(report_r)
         os.setsid()  # a group of our own: a group signal to this handle never reaches the workload's init
-        target: list[int] = []
-        pending: list[int] = []
-
-        def forward(signum: int, _frame: object) -> None:
-            if target:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(target[0], signum)
-            else:
-                pending.append(signum)
-
+        # Signals are taken with sigwaitinfo, not caught: no handler per signal to install here (and none for the
+        # command's SIGNALS stage to reset). Blocked first; then what the init ignores or catches goes back to
+        # default, since an ignored signal is dropped even while blocked (and a blocked one is never acted on).
         signal.set_wakeup_fd(-1)  # the init's wakeup pipe is not ours
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for sig in _FORWARDED:
-            with contextlib.suppress(OSError, ValueError):
-                signal.signal(sig, forward)
+        signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)  # the command inherits this mask; SIGNALS empties it
+        for sig in (*_IGNORED, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
         me = os.getpid()
         pid = os.fork()
         if pid == 0:
             os.close(report_w)
-            if ctx is None:
-                assert confinement is not None
-                _await_command(me, confinement)
-            child.run(dataclasses.replace(ctx, parent_pid=me))
-        target.append(pid)
+            ctx.parent_pid = me  # our copy (a fork): the caller's object is not touched
+            if spare is not None:
+                _await_command(ctx, spare)
+            child.run(ctx)
         # Every fd but the report: the command's ends (EOF on its pipes once it and its children are done), and
         # what we inherited from the init (its socket to the zygote, the host procfs; a spare: the command
         # socket and the "taken" pipe, now its child's).
         linux.close_range(3, report_w - 1)
         linux.close_range(report_w + 1)
-        for signum in pending:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signum)
         while True:
-            try:
-                got, status = os.waitpid(-1, 0)
-            except ChildProcessError:
-                os._exit(1)
-            if got == pid:
-                _empty_namespace()
-                with contextlib.suppress(OSError):
-                    os.write(report_w, str(status).encode())
-                os._exit(0)
+            signum = signal.sigwaitinfo(_WAITED).si_signo
+            if signum != signal.SIGCHLD:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signum)
+                continue
+            while True:  # SIGCHLDs coalesce: reap all that are done
+                try:
+                    got, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    os._exit(1)
+                if got == 0:
+                    break
+                if got == pid:
+                    _empty_namespace()
+                    with contextlib.suppress(OSError):
+                        os.write(report_w, str(status).encode())
+                    os._exit(0)
     finally:
         os._exit(1)
 
@@ -574,7 +581,7 @@ def _empty_namespace() -> None:  # pragma: no cover - an exec-init, PID 1 of its
 
 
 def spare_main(  # pragma: no cover - own pid ns
-    sock_fd: int, report_w: int, taken_w: int, confinement: child.Confinement
+    sock_fd: int, report_w: int, taken_w: int, confinement: child.Confinement, ctx: child.ChildContext
 ) -> NoReturn:
     """PID 1 of a PID namespace made ahead of its exec (``Spawner.replenish``): that exec's ``exec_init``, whose
     command child is already forked, runs its stages ahead and waits for the command on the socket the boundary
@@ -590,12 +597,12 @@ def spare_main(  # pragma: no cover - own pid ns
         # it forwards, the init had reset the others).
         _keep_fds([sock_fd, report_w, taken_w])
         linux.prctl(linux.PR_SET_DUMPABLE, 0)
-        exec_init(None, -1, 4, confinement)
+        exec_init(ctx, -1, 4, confinement)
     finally:
         os._exit(1)
 
 
-def _await_command(parent: int, confinement: child.Confinement) -> NoReturn:  # pragma: no cover - a spare's child
+def _await_command(ctx: child.ChildContext, confinement: child.Confinement) -> NoReturn:  # pragma: no cover
     """The stages ahead (``child.AHEAD``) for ``confinement``, ``{"ready"}`` to the init (with the listener under
     the connect-notify filter), then the command from the boundary on fd 3 (spec, stdio layout, fds: checked as
     the init checks a spawn's, and its confinement must be the one prepared), one byte on the "taken" pipe, and
@@ -603,13 +610,12 @@ def _await_command(parent: int, confinement: child.Confinement) -> NoReturn:  # 
     it, the status pipe's, as for any child.
 
     The stages ahead run at the lowest priority where the priority can be restored before the command's stages
-    (``_yield_while_ahead``): a spare is made while an exec is in flight and must not take its CPU."""
+    (``_may_lower_priority``): a spare is made while an exec is in flight and must not take its CPU."""
     sock = socket.socket(fileno=3)
-    ctx = child.ChildContext(
-        child.confinement_spec(confinement), (-1, -1, -1), -1, parent, keep_listener=bool(confinement["notify"])
-    )
     try:
-        lowered = _yield_while_ahead()
+        lowered = _may_lower_priority()
+        if lowered:
+            os.nice(19)
         failure = child.run_ahead(ctx)
         listener = [] if ctx.listener is None else [ctx.listener]
         send(sock, {"ready": True, "notes": ctx.notes} if failure is None else {"ready": False, **failure}, listener)
@@ -636,19 +642,17 @@ def _await_command(parent: int, confinement: child.Confinement) -> NoReturn:  # 
     child.run(ctx, child.ON_COMMAND)
 
 
-def _yield_while_ahead() -> bool:  # pragma: no cover - a spare's child
-    """Lower our priority for the stages ahead, only where it can be raised again: with CAP_SYS_NICE in the
-    initial user namespace (a user namespace's root lacks it where it counts; a container may not grant it).
-    Whether it was lowered."""
+@functools.cache
+def _may_lower_priority() -> bool:
+    """Whether a spare's child may lower its priority for the stages ahead: only where it can raise it again,
+    with CAP_SYS_NICE in the initial user namespace (a user namespace's root lacks it where it counts; a
+    container may not grant it). Decided once, in the init, before its first spare."""
     try:
         with open("/proc/self/uid_map") as fh:
             initial = fh.read().split() == ["0", "0", "4294967295"]
     except OSError:
         return False
-    if not initial or not linux.has_effective_cap(linux.CAP_SYS_NICE):
-        return False
-    os.nice(19)
-    return True
+    return initial and linux.has_effective_cap(linux.CAP_SYS_NICE)
 
 
 def _stdio_fds(request: Mapping[str, Any], fds: list[int]) -> tuple[tuple[int, int, int], int]:
@@ -757,6 +761,8 @@ def init_main(  # pragma: no cover - own pid ns
         # costs it nothing and spares each child's stages a drop per capability (each a credential commit).
         with contextlib.suppress(OSError):
             privilege.clear_bounding_set()
+        linux.reset_reserved_signals()
+        child.RESERVED_SIGNALS_DEFAULT = True
         wake = _install_sigchld_wakeup()
         spawner = Spawner(host_proc_fd=4, root=plan)
         with contextlib.suppress(OSError):  # exec handles get nested namespaces only when we can come back
