@@ -281,6 +281,7 @@ class ProcessTable:
         self.agent_exited = trio.Event()
         self._entries: dict[str, ProcessEntry] = {}
         self._finished: collections.deque[ProcessEntry] = collections.deque()
+        self._live_execs = 0  # exec entries without a result (rule 6): counted, not found among retained ones
         self._issued: set[str] = set()
         self._starting = 0
         self._starting_agent = False
@@ -306,9 +307,6 @@ class ProcessTable:
                 self._issued.add(handle)
                 return handle
 
-    def _live_execs(self) -> int:
-        return sum(1 for e in self._entries.values() if e.kind == "exec" and e.result is None)
-
     async def start(self, spec: Any, *, kind: Kind, timeout_s: float = 0, grace_s: float = 5) -> ProcessEntry:
         """Launch ``spec`` (a launcher ``SpawnSpec``); returns once the process has exec'd."""
         nursery = self._nursery
@@ -318,7 +316,7 @@ class ProcessTable:
             raise OpError(ErrorKind.TERMINATED, "the agent has exited; no process can be started")
         if kind == "agent" and (self.agent is not None or self._starting_agent):
             raise OpError(ErrorKind.INVALID, "the agent was already started")
-        if kind == "exec" and self._live_execs() + self._starting >= self.max_execs:
+        if kind == "exec" and self._live_execs + self._starting >= self.max_execs:
             raise OpError(ErrorKind.UNAVAILABLE, f"too many running exec processes (limit {self.max_execs})")
         self._prune()
         self._starting += 1
@@ -334,6 +332,8 @@ class ProcessTable:
             self._starting -= 1
         entry = ProcessEntry(self, self._new_handle(), kind, spawned)
         self._entries[entry.handle] = entry
+        if kind == "exec":
+            self._live_execs += 1
         if kind == "agent":
             self.agent = entry
         if entry.output is not None:
@@ -407,6 +407,7 @@ class ProcessTable:
         entry._finish(status)
         entry._release()
         if entry.kind == "exec":
+            self._live_execs -= 1
             self._finished.append(entry)
 
     async def _timeout(self, entry: ProcessEntry, timeout_s: float, grace_s: float) -> None:
