@@ -20,6 +20,7 @@ import os
 import select
 import stat
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -294,7 +295,7 @@ class ApiServer:
             leftover, _closed = http.conn.trailing_data
             if leftover:
                 await channel.send_all(leftover)
-            await relay(_HangupAware(http.stream), channel, idle_timeout=math.inf)
+            await relay(_HangupAware(http.stream, lambda: channel.remote_ended), channel, idle_timeout=math.inf)
         finally:
             await channel.aclose()
         return True
@@ -310,10 +311,15 @@ class _HangupAware(trio.abc.HalfCloseableStream):
     EOF is a failure, the relay aborts both sides, the boundary's stream is reset, and the boundary keeps the
     process running with its output buffered for a re-attach. (On TCP a FIN is the same either way; there the
     first write to the dead client fails and aborts the relay instead.)
+
+    Once the channel's far side has ended (``finished``: the boundary sent its last frame, an exec's EXIT), a
+    client closing is how the exchange ends, not a failure: nothing is left to keep, and an orderly close of the
+    relay costs neither side a reset.
     """
 
-    def __init__(self, stream: trio.abc.HalfCloseableStream) -> None:
+    def __init__(self, stream: trio.abc.HalfCloseableStream, finished: Callable[[], bool] = lambda: False) -> None:
         self._stream = stream
+        self._finished = finished
         self.transport_stream = stream  # what relay.abort_stream unwraps to reach the socket
         sock = getattr(stream, "socket", None)
         self._fd = sock.fileno() if sock is not None and sock.family == trio.socket.AF_UNIX else None
@@ -327,7 +333,7 @@ class _HangupAware(trio.abc.HalfCloseableStream):
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         data = await self._stream.receive_some(max_bytes)
-        if not data and self._hung_up():
+        if not data and not self._finished() and self._hung_up():
             raise trio.BrokenResourceError("the API client closed its connection")
         return data
 

@@ -188,6 +188,11 @@ class LinkStream(trio.abc.HalfCloseableStream):
         return default
 
     @property
+    def remote_ended(self) -> bool:
+        """The peer ended its side of the stream (END_STREAM arrived)."""
+        return self._remote_ended
+
+    @property
     def status(self) -> int:
         value = self.header(":status")
         return int(value) if value is not None and value.isdigit() else 0

@@ -31,7 +31,8 @@ zygote of a PID namespace keeps the host's view); a plan without one covers each
 empty read-only tmpfs in the zygote's namespace instead. Then ``lo`` comes up,
 or the capture setup runs. ``spawn`` goes to whichever process forks (rule 2), which forks a child that runs
 ``child.run``. The capture setup and calls run in the zygote (in the agent's network namespace, and keeping
-pyroute2 out of the init's image). Once the init has mounted the namespace's ``/proc``, ``/proc/self`` names
+pyroute2 out of the init's image); the launcher hands that code to the zygote (``capture_calls``), so this
+module's imports — the init's image — hold no ``threading`` and its at-fork handler. Once the init has mounted the namespace's ``/proc``, ``/proc/self`` names
 nothing for the zygote (it is outside that PID namespace): the one read of it, a probe's TCP tables, goes
 through ``/proc/1`` (the init, in the same network namespace).
 
