@@ -266,7 +266,7 @@ def _reset_signals(ctx: ChildContext) -> None:
 _CATCHABLE: Final = tuple(int(s) for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP))
 # Set by a forking process that put glibc's two signals back to default once for all its children (the
 # workload's init): nothing of ours can change them again, so its children need not (a ctypes call each).
-RESERVED_SIGNALS_DEFAULT = False
+RESERVED_SIGNALS_DEFAULT: bool = False
 
 
 def _mount_ns(ctx: ChildContext) -> None:

@@ -32,9 +32,10 @@ empty read-only tmpfs in the zygote's namespace instead. Then ``lo`` comes up,
 or the capture setup runs. ``spawn`` goes to whichever process forks (rule 2), which forks a child that runs
 ``child.run``. The capture setup and calls run in the zygote (in the agent's network namespace, and keeping
 pyroute2 out of the init's image); the launcher hands that code to the zygote (``capture_calls``), so this
-module's imports — the init's image — hold no ``threading`` and its at-fork handler. Once the init has mounted the namespace's ``/proc``, ``/proc/self`` names
-nothing for the zygote (it is outside that PID namespace): the one read of it, a probe's TCP tables, goes
-through ``/proc/1`` (the init, in the same network namespace).
+module's imports — the init's image — hold no ``threading`` and its at-fork handler. Once the init has
+mounted the namespace's ``/proc``, ``/proc/self`` names nothing for the zygote (it is outside that PID
+namespace): the one read of it, a probe's TCP tables, goes through ``/proc/1`` (the init, in the same network
+namespace).
 
 An exec gets a PID namespace of its own (``exec_init``). Spares keep the ``unshare``, both forks and most of
 the child's stages off its path, and the zygote and the init off it altogether (``Spawner.replenish``,
@@ -400,7 +401,7 @@ class Spawner:
             spec, notify = child.confinement_spec(confinement), bool(confinement["notify"])
             self._spare_ctx = confinement, child.ChildContext(spec, (-1, -1, -1), -1, 0, keep_listener=notify)
         spare_ctx = self._spare_ctx[1]
-        _may_lower_priority()
+        _may_lower_priority()  # decided (and cached) here, before the fork: each spare's child reads the answer
         try:
             linux.unshare(linux.CLONE_NEWPID)
             try:
@@ -594,8 +595,8 @@ def spare_main(  # pragma: no cover - own pid ns
     namespace's owner; the agent has no capability and another uid). A signal from there (end-all's SIGTERM)
     is forwarded to the waiting child, whose default action ends it, and with it the spare."""
     try:
-        # The init's process state but its fds (its 0-2 are /dev/null already; exec_init sets every signal
-        # it forwards, the init had reset the others).
+        # The init's process state but its fds (its 0-2 are /dev/null already; exec_init blocks the signals it
+        # forwards and defaults the ones the init ignores).
         _keep_fds([sock_fd, report_w, taken_w])
         linux.prctl(linux.PR_SET_DUMPABLE, 0)
         exec_init(ctx, -1, 4, confinement)
