@@ -26,6 +26,10 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 NOBODY = 65534
 DEPENDENCIES = ("trio", "attr", "attrs", "outcome", "sniffio", "sortedcontainers", "idna")
 
+PID1_ATTACK = (
+    "trap 'echo term-forwarded; exit 7' TERM; kill -KILL 1; kill -STOP 1; echo survived; kill -TERM 1; "
+    "while :; do :; done"
+)
 SCRIPT = r"""
 import errno, json, os, socket, sys
 import trio
@@ -137,6 +141,14 @@ async def main():
     await read_all(nested.stderr)
     await nested.wait_status()
     out["nested_probe"] = json.loads(text or b"null")
+    # The agent attacks its exec-init, PID 1 of its namespace and of its own uid here (model U): KILL and STOP
+    # must do nothing (a namespace's init takes neither from inside), a TERM must reach the command (forwarded).
+    attacker = await launcher.spawn(SpawnSpec(argv=("/bin/sh", "-c", PID1_ATTACK), env=ENV, cwd="/", uid=uid,
+                                              gid=gid, stdin="null"), own_pidns=True)  # fmt: skip
+    with trio.fail_after(20):
+        out["pid1_attack_out"] = (await read_all(attacker.stdout)).decode()
+        await read_all(attacker.stderr)
+        out["pid1_attack_status"] = await attacker.wait_status()
     try:
         await launcher.spawn(SpawnSpec(argv=("/bin/true",), env=ENV, cwd="/", uid=1000, gid=1000))
         out["other_uid"] = "spawned"
@@ -176,7 +188,7 @@ def _unprivileged_env() -> Path:
             continue
         source = Path(module.__file__ or "").parent
         shutil.copytree(source, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "script.py").write_text(SCRIPT)
+    (root / "script.py").write_text(f"PID1_ATTACK = {PID1_ATTACK!r}\n{SCRIPT}")
     hidden = root / "keys"
     hidden.mkdir()
     (hidden / "boundary.key").write_text("secret")
@@ -263,3 +275,10 @@ def test_kill_all_kills_double_forked_daemons(userns_result: dict[str, Any]) -> 
     assert userns_result["sessions"] >= 3  # two launch sessions plus the daemons' own
     assert userns_result["survivors"] == []
     assert userns_result["root_statuses"] == [9, 9]  # SIGKILL
+
+
+def test_the_agent_can_neither_kill_nor_stop_its_exec_init(userns_result: dict[str, Any]) -> None:
+    """From inside an exec, as the exec-init's own uid: KILL and STOP to PID 1 change nothing (the command went
+    on and its exit is the exec's result), a TERM is forwarded to the command (its trap ran)."""
+    assert userns_result["pid1_attack_out"] == "survived\nterm-forwarded\n"
+    assert os.waitstatus_to_exitcode(userns_result["pid1_attack_status"]) == 7
