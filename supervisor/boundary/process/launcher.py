@@ -21,6 +21,7 @@ Rules of this module:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno as _errno
 import fcntl
 import itertools
@@ -88,15 +89,19 @@ class Spawned:
     _launcher: Launcher | None = field(default=None, repr=False, compare=False)
     _sid: int = field(default=0, repr=False, compare=False)
     _status: int | None = field(default=None, repr=False, compare=False)
-    _report: tuple[int, int] | None = field(default=None, repr=False, compare=False)  # a lease's (report, pidfd)
+    _lease: Lease | None = field(default=None, repr=False, compare=False)  # the lease it ran through
 
     async def wait_status(self) -> int:
         """The raw wait status, as reaped by the launcher (or reported by a leased exec-init, rule 4); the same
         value on every call."""
         if self._status is None:
-            if self._report is not None:
-                self._status = await _leased_status(*self._report)
-                self._report = None
+            if self._lease is not None:
+                lease, self._lease = self._lease, None
+                self._status, renewing = await _leased_status(lease.report, lease.pidfd)
+                if renewing and self._launcher is not None and not self._launcher._closed:
+                    self._launcher._returning.append(lease)  # it makes itself a spare again (zygote._renew)
+                else:
+                    zygote.close_all([lease.report, lease.pidfd])
             else:
                 assert self._launcher is not None
                 self._status = await self._launcher._exit_status(self._sid)
@@ -106,11 +111,12 @@ class Spawned:
 @dataclass
 class Lease:
     """A spare leased to the boundary (zygote.py "Spares"): its exec-init's pids, our end of its command socket,
-    a pidfd of the exec-init, the read end of its report pipe, the confinement it was prepared for."""
+    a pidfd of the exec-init, our end of its report socket (statuses, then its next lease), the confinement it
+    was prepared for."""
 
     pid: int
     ns_pid: int
-    sock: socket.socket
+    sock: socket.socket | None
     pidfd: int
     report: int
     confinement: child.Confinement
@@ -118,7 +124,8 @@ class Lease:
 
     def close(self) -> None:
         """Let it go: the waiting child sees EOF and ends, its exec-init with it."""
-        self.sock.close()
+        if self.sock is not None:
+            self.sock.close()
         zygote.close_all([self.pidfd, self.report])
 
 
@@ -168,6 +175,7 @@ class Launcher:
         # The spares the init leased us, oldest first (rule 5): no workload code runs there until we hand one a
         # command, so they are left out of ``workload_pids`` while we hold them.
         self._leases: list[Lease] = []
+        self._returning: list[Lease] = []  # used, their exec-init coming back as a spare (zygote._renew)
         # The connect-notify hand-off socket (capture/connect_notify.py): when set, every spawned child gets a
         # copy, installs the notify filter and sends its listener over it before exec.
         self.notify_socket: socket.socket | None = None
@@ -243,30 +251,66 @@ class Launcher:
             zygote.close_all(fds)
 
     def _take_lease(self, message: Mapping[str, Any], fds: list[int]) -> None:
-        """File a lease (rule 5): its fds are the command socket, the pidfd, the report pipe and, under the
-        connect-notify filter, the listener, which goes to the notifier now (it serves it before the exec)."""
-        while len(self._leases) >= zygote.SPARES:  # more than the init keeps out: not ours to hold
-            self._leases.pop(0).close()
+        """File a lease from the init (rule 5): its fds are the command socket, the pidfd, the report socket and,
+        under the connect-notify filter, the listener, which goes to the notifier now (it serves it before the
+        exec)."""
         try:
             confinement = cast(child.Confinement, dict(message["confinement"]))
             if len(fds) != 3 + int(bool(confinement["notify"])):
                 raise LauncherError(f"a lease came with {len(fds)} fds")
-            if len(fds) == 4:
-                if self.notify_socket is None:
-                    raise LauncherError("a lease under the connect-notify filter, and no notifier")
-                socket.send_fds(self.notify_socket, [b"listener"], [fds[3]], socket.MSG_DONTWAIT)
-            sock = socket.socket(fileno=fds[0])
-            sock.setblocking(False)
-            lease = Lease(
-                int(message["spare"]), int(message["ns_pid"]), sock, fds[1], fds[2], confinement,
-                tuple(str(note) for note in message.get("notes") or ()),
+            self._file_lease(
+                Lease(int(message["spare"]), int(message["ns_pid"]), None, fds[1], fds[2], confinement, ()),
+                message, fds[0], fds[3:],
             )  # fmt: skip
             fds[:3] = []
-            self._leases.append(lease)
         except (LauncherError, OSError, KeyError, TypeError, ValueError):
             pass  # no lease: the next exec goes through the init
         finally:
             zygote.close_all(fds)
+
+    def _collect_returning(self) -> None:
+        """File the leases of exec-inits that served an exec and made themselves spares again (zygote._renew):
+        ``{"spare": true, "notes"}`` on their report socket, with the command socket and the listener. One that
+        ended instead (let go, killed) is forgotten; the init makes its successor."""
+        for lease in list(self._returning):
+            sock = socket.socket(fileno=lease.report)
+            try:
+                got = zygote.receive(sock, nowait=True)
+            except BlockingIOError:
+                continue
+            except OSError:
+                got = None
+            finally:
+                sock.detach()
+            self._returning.remove(lease)
+            fds = [] if got is None else got[1]
+            try:
+                if (
+                    got is None
+                    or got[0].get("spare") is not True
+                    or len(fds) != 1 + int(bool(lease.confinement["notify"]))
+                ):
+                    raise LauncherError("an exec-init ended instead of coming back")
+                self._file_lease(lease, got[0], fds[0], fds[1:])
+                fds[:1] = []
+            except (LauncherError, OSError, TypeError, ValueError):
+                zygote.close_all([lease.pidfd, lease.report])
+            finally:
+                zygote.close_all(fds)
+
+    def _file_lease(self, made: Lease, message: Mapping[str, Any], cmd: int, listener: list[int]) -> None:
+        """Our end of a spare's command socket in a lease (``made``'s exec-init, pidfd, report socket and
+        confinement); its listener, if any, to the notifier. Raises before taking ``cmd`` on a bad one."""
+        if listener:
+            if self.notify_socket is None:
+                raise LauncherError("a lease under the connect-notify filter, and no notifier")
+            socket.send_fds(self.notify_socket, [b"listener"], listener, socket.MSG_DONTWAIT)
+        sock = socket.socket(fileno=cmd)
+        sock.setblocking(False)
+        notes = tuple(str(note) for note in message.get("notes") or ())
+        self._leases.append(dataclasses.replace(made, sock=sock, notes=notes))
+        while len(self._leases) > zygote.SPARES:  # more than the init keeps out: not ours to hold
+            self._leases.pop(0).close()
 
     def _drain(self) -> None:
         """File the messages already waiting on the socket, when no task is reading it. The init's announcements
@@ -412,6 +456,8 @@ class Launcher:
                 zygote.close_all(theirs)  # the child has them: EOF on the status pipe is its execve
                 ours.append(lease.report)
                 pidfd, reply = lease.pidfd, {"pid": lease.pid, "ns_pid": lease.ns_pid, "nested": True}
+                lease.pidfd = os.dup(pidfd)  # the lease's own, for its exec-init's next lease (Spawned's is closed)
+                ours.append(lease.pidfd)
             else:
                 pidfd, reply = await self._spawn_via_launcher(spec, sid, layout, theirs, own_pidns)
             try:
@@ -444,16 +490,18 @@ class Launcher:
             nested=bool(reply.get("nested")),
             _launcher=self,
             _sid=sid,
-            _report=None if lease is None else (lease.report, os.dup(pidfd)),
+            _lease=lease,
             **ends,
         )
 
     def _use_lease(self, spec: SpawnSpec, layout: list[int], fds: list[int]) -> Lease | None:
         """Send this spawn to the leased spare if it was prepared for the spec's confinement (rule 5); ``None``:
         there is none, or it is let go, and the launcher forks the exec-init."""
+        self._collect_returning()
         if not self._leases:
             return None
         lease = self._leases.pop(0)
+        assert lease.sock is not None  # only a lease in use has given its socket up
         if lease.confinement != child.confinement(spec, self.notify_socket is not None):
             for stale in (lease, *self._leases):  # prepared for what we no longer run: the init makes new ones
                 stale.close()
@@ -502,7 +550,8 @@ class Launcher:
         parents, zombies = zygote.proc_scan()
         found = zygote.descendants(self._pid, parents) - zombies
         found.discard(self._init_pid or -1)
-        for lease in self._leases:
+        self._collect_returning()
+        for lease in (*self._leases, *self._returning):
             found -= {lease.pid, *zygote.descendants(lease.pid, parents)}
         return found
 
@@ -526,9 +575,10 @@ class Launcher:
         for _message, fds in self._replies.values():
             zygote.close_all(fds)
         self._replies.clear()
-        for lease in self._leases:
+        for lease in (*self._leases, *self._returning):
             lease.close()
         self._leases.clear()
+        self._returning.clear()
         self._sock.close()
         deadline = time.monotonic() + CLOSE_GRACE
         try:
@@ -571,10 +621,11 @@ def _make_stdio(spec: SpawnSpec, ours: list[int], theirs: list[int]) -> tuple[di
     return ends, layout
 
 
-async def _leased_status(report: int, pidfd: int) -> int:
-    """A leased exec-init's report (rule 4): its command's raw wait status, written in one piece once nothing
-    else is left in its namespace (zygote ``_empty_namespace``); or, if it wrote none (the exec-init was
-    killed), SIGKILL's once the exec-init has exited and the kernel emptied its namespace. Closes both fds."""
+async def _leased_status(report: int, pidfd: int) -> tuple[int, bool]:
+    """A leased exec-init's report (rule 4): its command's raw wait status, sent in one message once nothing else
+    is left in its namespace (zygote ``_empty_namespace``), and ``True``: the exec-init goes on, as a spare again,
+    and both fds stay open for its next lease. Or, if it sent none (it was killed), SIGKILL's once the exec-init
+    has exited and the kernel emptied its namespace, and ``False``: both fds are closed."""
     try:
         os.set_blocking(report, False)
         while True:
@@ -585,12 +636,14 @@ async def _leased_status(report: int, pidfd: int) -> int:
                 await trio.lowlevel.wait_readable(report)
         if not data:
             await trio.lowlevel.wait_readable(pidfd)
-    finally:
+    except BaseException:
         zygote.close_all([report, pidfd])
+        raise
     try:
-        return int(data) if data else zygote.SIGKILL_STATUS
+        return int(data), True
     except ValueError:
-        return zygote.SIGKILL_STATUS
+        zygote.close_all([report, pidfd])
+        return zygote.SIGKILL_STATUS, False
 
 
 async def _read_status(fd: int) -> tuple[list[str], dict[str, Any] | None]:

@@ -44,14 +44,16 @@ command child runs the stages that need no command (``child.AHEAD``: signals, se
 core limit, ``no_new_privs``, Landlock, both seccomp filters) for the confinement of the last spawn, then
 waits on a socket for its command with the init's credentials. Once it is ready the init *leases* it to the
 boundary: ``{"spare": host_pid, "ns_pid", "confinement", "notes"}`` with the command socket, a pidfd of the
-exec-init, the read end of its report pipe and, under the connect-notify filter, the filter's listener; the
-init keeps none of them. The boundary sends the next nested spawn whose confinement matches straight to that
-socket (the command child checks the match again) and reads the command's status from the report pipe itself;
-the init reaps the exec-init without a report. The init keeps SPARES leases untaken: the child writes one byte
-to its "taken" pipe when its command arrives and the init makes the next spare at once (its stages ahead run at
-the lowest priority, so it yields the CPU to the exec in flight); a spare that ended without a command (the
-boundary let it go) is replaced only after the next spawn, unless a spawn changed the confinement since it was
-made. While a spare is leased and unused the boundary leaves it out of the workload's processes.
+exec-init, the boundary's end of its report socket and, under the connect-notify filter, the filter's listener;
+the init keeps none of them. The boundary sends the next nested spawn whose confinement matches straight to that
+socket (the command child checks the match again) and reads the command's status from the report socket itself.
+Then the exec-init, its namespace emptied, makes itself a spare again (``_renew``): it forks the next command
+child and leases it to the boundary over the report socket — no fork of the init per exec. The init keeps SPARES
+spare exec-inits *available*: waiting, or whose exec began less than SPARE_BUSY_S ago (a state pipe carries "t"
+from the child when its command arrives and "b" from the exec-init when it is back), and makes another when fewer
+are; it reaps them without a report. One let go before any command ends (no byte on the child's "taken" pipe to
+its exec-init) and is replaced after the next spawn, or at once if a spawn changed the confinement since it was
+made. While a spare is leased and unused (or coming back) the boundary leaves it out of the workload's processes.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ KILL_ALL_TIMEOUT: Final = 10.0
 UNOWNED_REPORT_S: Final = 1.0
 UNOWNED_PIDS: Final = 10  # the first pids of a report; the count is all of them
 SPARE_IDLE_MS: Final = 5  # the init forks the next spare exec-init after an exit report or this long idle
+SPARE_BUSY_S: Final = 0.05  # a spare's exec running longer than this no longer counts: the init makes another
 SPARE_READY_S: Final = 2.0  # a spare's child that has not finished its stages ahead by then is let go
 SPARES: Final = 2  # leases out at once: one exec takes one while the next is made, back-to-back execs find one
 _INT_SIZE: Final = array.array("i").itemsize
@@ -318,7 +321,10 @@ class Spawner:
         self.confinement: child.Confinement | None = None
         self.failed_confinement: child.Confinement | None = None
         self.leased: set[int] = set()
-        self.untaken: dict[int, child.Confinement] = {}
+        # Each live spare exec-init's "state" pipe, read end: when its exec began (a byte "t" from its command
+        # child), None while it waits as a spare (a byte "b" from the exec-init, back after its exec).
+        self.busy_since: dict[int, float | None] = {}
+        self.made_for: dict[int, child.Confinement] = {}  # the same pipes: the confinement each was made for
         self._spare_ctx: tuple[child.Confinement, child.ChildContext] | None = None  # what a spare's child starts from
 
     def _enter_root(self) -> None:
@@ -378,13 +384,15 @@ class Spawner:
 
     def replenish(self) -> tuple[dict[str, Any], list[int], int] | None:
         """Fork the next spare and lease it (module docstring): the lease message and its fds, which the caller
-        sends to the zygote and closes, and the read end of its "taken" pipe (which the caller watches); ``None``
-        if there is to be no spare now.
+        sends to the zygote and closes, and the read end of its state pipe (which the caller watches,
+        ``spare_state``); ``None`` if there is to be no spare now.
 
         Only where nested namespaces are made (the init, ``pidns_fd``), after the agent's root was entered (the
         spare's mount view is the workload's), after a spawn told us the confinement, and while fewer than
-        SPARES leases are untaken; any failure leaves no spare and the next exec forks as before."""
-        if len(self.untaken) >= SPARES or self.pidns_fd is None or self.mount_ns is not None:
+        SPARES spare exec-inits are ``available`` (each comes back as a spare after its exec: ``exec_init``;
+        one whose exec runs longer than SPARE_BUSY_S is replaced); any failure leaves no spare and the next exec
+        forks as before."""
+        if self.available() >= SPARES or self.pidns_fd is None or self.mount_ns is not None:
             return None
         if self.root is not None or self.root_error is not None:
             return None
@@ -392,8 +400,10 @@ class Spawner:
         if confinement is None or confinement == self.failed_confinement:
             return None
         ours, theirs = socket_pair()
-        report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        taken_r, taken_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        report, report_theirs = socket_pair()  # the exec-init's statuses and its next leases, to the boundary
+        report_r, report_w = report.detach(), report_theirs.detach()
+        taken_r, taken_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # both the exec-init's: its child writes
+        state_r, state_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # the exec-init's and its children's, to us
         pid: int | None = None
         out: list[int] = []
         # Made here once, not in each spare: what the spare's child starts from (its forks inherit it built).
@@ -410,9 +420,9 @@ class Spawner:
                 with contextlib.suppress(OSError):  # the child's namespace is made; ours is ours again
                     self._own_pidns_again()
             if pid == 0:  # pragma: no cover - PID 1 of its own namespace
-                spare_main(theirs.fileno(), report_w, taken_w, confinement, spare_ctx)
+                spare_main(theirs.fileno(), report_w, taken_w, taken_r, state_w, confinement, spare_ctx)
             self.leased.add(pid)  # from now on reaped without a report, whatever happens to it
-            close_all([theirs.detach(), report_w, taken_w])
+            close_all([theirs.detach(), report_w, taken_w, taken_r, state_w])
             ready = _await_ready(ours)
             if not ready[0].get("ready") or len(ready[1]) != int(bool(confinement["notify"])):
                 close_all(ready[1])
@@ -426,27 +436,46 @@ class Spawner:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)  # its namespace goes with it; ``reap`` takes it quietly
             ours.close()
-            close_all([*out, report_r, taken_r])
+            close_all([*out, report_r, state_r])
             raise
         finally:
             theirs.close()
-        self.untaken[taken_r] = confinement
+        self.busy_since[state_r] = None
+        self.made_for[state_r] = confinement
         message = {"spare": host_pid, "ns_pid": pid, "confinement": confinement, "notes": ready[0].get("notes") or []}
-        return message, out, taken_r
+        return message, out, state_r
 
-    def lease_ended(self, taken_r: int) -> bool:
-        """A leased spare's "taken" pipe is readable: whether to replace it now. Yes if its command arrived, or if
-        it ended without one (the boundary let it go) for a confinement a spawn has changed since: the boundary
-        let it go for that spawn, which may have been served before this was read (its spare then counted this
-        one as untaken). Either way that lease is no longer untaken."""
-        made_for = self.untaken.pop(taken_r, None)
+    def available(self, now: float | None = None) -> int:
+        """Spare exec-inits that wait, or whose exec began less than SPARE_BUSY_S ago (it comes back soon)."""
+        now = time.monotonic() if now is None else now
+        return sum(1 for since in self.busy_since.values() if since is None or now - since < SPARE_BUSY_S)
+
+    def next_busy_deadline(self) -> float | None:
+        """When the next exec still counted as coming back stops counting (then the init makes another)."""
+        now = time.monotonic()
+        ends = [since + SPARE_BUSY_S for since in self.busy_since.values() if since is not None]
+        return min((end for end in ends if end > now), default=None)
+
+    def spare_state(self, state_r: int) -> bool | None:
+        """One event on a spare's state pipe. ``None`` while the spare lives; once it is gone (EOF: it and its
+        child ended), whether to replace it: yes if it was in an exec (killed), or was made for a confinement a
+        spawn has changed since (the boundary let it go for that spawn, which may have been served before this
+        was read); a spare let go otherwise is replaced after the next spawn."""
         try:
-            taken = bool(os.read(taken_r, 1))
+            event = os.read(state_r, 1)
+        except BlockingIOError:
+            return None
         except OSError:
-            taken = False
-        finally:
-            os.close(taken_r)
-        return taken or made_for != self.confinement
+            event = b""
+        if not event:
+            os.close(state_r)
+            made_for = self.made_for.pop(state_r, None)
+            return self.busy_since.pop(state_r, None) is not None or made_for != self.confinement
+        if event == b"t" and self.busy_since.get(state_r) is None:
+            self.busy_since[state_r] = time.monotonic()
+        elif event == b"b":
+            self.busy_since[state_r] = None
+        return None
 
     def _own_pidns_again(self) -> None:
         """After an exec's nested namespace was made: our next children are in our own namespace again."""
@@ -463,7 +492,7 @@ class Spawner:
                 break
             if pid == 0:
                 break
-            if pid in self.leased:  # the boundary has its report pipe: nothing to say here
+            if pid in self.leased:  # the boundary has its report socket: nothing to say here
                 self.leased.discard(pid)
                 continue
             sid = self.live.pop(pid, None)
@@ -524,7 +553,11 @@ def exec_init(  # pragma: no cover - own pid ns
     SIGKILL to this process (terminate's last step) ends the namespace, the command included.
 
     ``spare``: a spare's (``spare_main``): the command's child is forked now, runs its stages ahead for that
-    confinement (``ctx`` carries its spec) and waits on fd 3 for its command (``_await_command``)."""
+    confinement (``ctx`` carries its spec) and waits on fd 3 for its command (``_await_command``); its "taken"
+    pipe is fd 6. Once the command ended, its namespace is empty and its status is out on the report socket
+    (fd 4), the exec-init is a spare again instead of exiting (``_renew``): the next exec's command child, in the
+    same namespace, leased to the boundary over that socket — no fork of the init and no new exec-init per exec.
+    A child let go before any command (no byte on the "taken" pipe) ends it: the init makes a new one."""
     try:
         if report_r >= 0:
             os.close(report_r)
@@ -537,38 +570,107 @@ def exec_init(  # pragma: no cover - own pid ns
         for sig in (*_IGNORED, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         me = os.getpid()
+        ctx.parent_pid = me  # our copy (a fork): the caller's object is not touched
         pid = os.fork()
         if pid == 0:
             os.close(report_w)
-            ctx.parent_pid = me  # our copy (a fork): the caller's object is not touched
             if spare is not None:
+                os.close(_TAKEN_R)
                 _await_command(ctx, spare)
             child.run(ctx)
-        # Every fd but the report: the command's ends (EOF on its pipes once it and its children are done), and
-        # what we inherited from the init (its socket to the zygote, the host procfs; a spare: the command
-        # socket and the "taken" pipe, now its child's).
-        linux.close_range(3, report_w - 1)
-        linux.close_range(report_w + 1)
+        # Every fd but the report (and a spare's "taken" pipe): the command's ends (EOF on its pipes once it and
+        # its children are done), and what we inherited from the init (its socket to the zygote, the host procfs;
+        # a spare: the command socket and the write end of the "taken" pipe, now its child's).
+        keep = sorted({report_w, *((_TAKEN_R, _STATE_W) if spare is not None else ())})
+        low = 3
+        for fd in keep:
+            if low < fd:
+                linux.close_range(low, fd - 1)
+            low = fd + 1
+        linux.close_range(low)
+        report = socket.socket(fileno=report_w) if spare is not None else None
         while True:
-            signum = signal.sigwaitinfo(_WAITED).si_signo
-            if signum != signal.SIGCHLD:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signum)
-                continue
-            while True:  # SIGCHLDs coalesce: reap all that are done
-                try:
-                    got, status = os.waitpid(-1, os.WNOHANG)
-                except ChildProcessError:
-                    os._exit(1)
-                if got == 0:
-                    break
-                if got == pid:
-                    _empty_namespace()
-                    with contextlib.suppress(OSError):
-                        os.write(report_w, str(status).encode())
-                    os._exit(0)
+            status = _wait_command(pid)
+            _empty_namespace()
+            if spare is not None and not _taken():
+                os._exit(0)  # let go before its command: nobody waits for a report
+            with contextlib.suppress(OSError):
+                if report is not None:
+                    report.send(str(status).encode(), socket.MSG_NOSIGNAL)
+                else:
+                    os.write(report_w, str(status).encode())
+            if report is None or spare is None:
+                os._exit(0)
+            pid = _renew(ctx, spare, report)
     finally:
         os._exit(1)
+
+
+_TAKEN_R: Final = 6  # a spare exec-init's end of its command child's "taken" pipe (spare_main's layout)
+_STATE_W: Final = 7  # a spare's state pipe to the init: "t" from its child (exec began), "b" from it (back)
+
+
+def _wait_command(pid: int) -> int:  # pragma: no cover - an exec-init
+    """Forward every signal but SIGCHLD to ``pid`` until it ends; its raw wait status (other children, the
+    command's orphans, are reaped on the way)."""
+    while True:
+        signum = signal.sigwaitinfo(_WAITED).si_signo
+        if signum != signal.SIGCHLD:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+            continue
+        while True:  # SIGCHLDs coalesce: reap all that are done
+            try:
+                got, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                os._exit(1)
+            if got == 0:
+                break
+            if got == pid:
+                return status
+
+
+def _taken() -> bool:  # pragma: no cover - a spare exec-init
+    """Whether the command child that just ended had received its command (one byte on its "taken" pipe)."""
+    try:
+        return os.read(_TAKEN_R, 1) == b"t"
+    except OSError:
+        return False
+
+
+def _renew(ctx: child.ChildContext, confinement: child.Confinement, report: socket.socket) -> int:  # pragma: no cover
+    """Make this exec-init a spare again, in its emptied namespace: fork the next command child (fds 3 and 5
+    as ``spare_main`` laid them out the first time; our end of its "taken" pipe on fd 6), wait until its stages
+    ahead ran, and lease it to the boundary over the report socket: ``{"spare": true, "notes"}`` with the command
+    socket and, under the connect-notify filter, the listener. Its pid; exits if there is to be no spare."""
+    made = socket_pair()
+    taken_r, taken_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    # Lifted first: a new fd may sit on 3, 5 or 6 already, and a dup2 onto itself then a close would lose it.
+    lifted = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (made[1].fileno(), taken_w, taken_r)]
+    ours = socket.socket(fileno=fcntl.fcntl(made[0].fileno(), fcntl.F_DUPFD_CLOEXEC, 10))
+    for sock in made:
+        sock.close()
+    close_all([taken_w, taken_r])
+    for fd, target in zip(lifted, (3, 5, _TAKEN_R), strict=True):
+        os.dup2(fd, target, inheritable=False)
+    close_all(lifted)
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        close_all([report.detach(), _TAKEN_R])
+        _await_command(ctx, confinement)
+    close_all([3, 5])
+    try:
+        message, fds = _await_ready(ours)
+        if not message.get("ready") or len(fds) != int(bool(confinement["notify"])):
+            raise OSError(errno.EIO, "spare child not ready")
+        send(report, {"spare": True, "notes": message.get("notes") or []}, [ours.fileno(), *fds])
+        close_all(fds)
+        os.write(_STATE_W, b"b")
+    except OSError:
+        os._exit(0)  # the boundary is gone or the child failed: the init replaces this spare
+    ours.close()
+    return pid
 
 
 def _empty_namespace() -> None:  # pragma: no cover - an exec-init, PID 1 of its namespace
@@ -583,21 +685,28 @@ def _empty_namespace() -> None:  # pragma: no cover - an exec-init, PID 1 of its
 
 
 def spare_main(  # pragma: no cover - own pid ns
-    sock_fd: int, report_w: int, taken_w: int, confinement: child.Confinement, ctx: child.ChildContext
+    sock_fd: int,
+    report_w: int,
+    taken_w: int,
+    taken_r: int,
+    state_w: int,
+    confinement: child.Confinement,
+    ctx: child.ChildContext,
 ) -> NoReturn:
     """PID 1 of a PID namespace made ahead of its exec (``Spawner.replenish``): that exec's ``exec_init``, whose
     command child is already forked, runs its stages ahead and waits for the command on the socket the boundary
     holds the other end of once the spare is leased.
 
-    While they wait, the pair holds only that socket (fd 3) and the "taken" pipe (fd 5), both the child's, and
-    the report pipe (fd 4, the exec-init's); neither is dumpable and both run with the init's credentials (the
+    While they wait, the pair holds only that socket (fd 3) and the write end of the "taken" pipe (fd 5), both the
+    child's, the report socket (fd 4) and the read end of the "taken" pipe (fd 6), the exec-init's, and the state
+    pipe to the init (fd 7, both); neither is dumpable and both run with the init's credentials (the
     child confined by Landlock and seccomp already): only the boundary's side can signal them (root, or the user
     namespace's owner; the agent has no capability and another uid). A signal from there (end-all's SIGTERM)
     is forwarded to the waiting child, whose default action ends it, and with it the spare."""
     try:
         # The init's process state but its fds (its 0-2 are /dev/null already; exec_init blocks the signals it
         # forwards and defaults the ones the init ignores).
-        _keep_fds([sock_fd, report_w, taken_w])
+        _keep_fds([sock_fd, report_w, taken_w, taken_r, state_w])
         linux.prctl(linux.PR_SET_DUMPABLE, 0)
         exec_init(ctx, -1, 4, confinement)
     finally:
@@ -626,8 +735,10 @@ def _await_command(ctx: child.ChildContext, confinement: child.Confinement) -> N
         if got is None:  # not ready, or the boundary let the spare go
             os._exit(0)
         with contextlib.suppress(OSError):
-            os.write(5, b"t")  # the init forks the next spare
-        os.close(5)
+            os.write(5, b"t")  # our exec-init: this child had its command (it reports, then is a spare again)
+        with contextlib.suppress(OSError):
+            os.write(_STATE_W, b"t")  # the init: the spare's exec began (if it runs long, the init makes another)
+        close_all([5, _STATE_W])
         request, fds = got
         spec = child.SpawnSpec.from_wire(request["spec"])
         stdio, status_fd = _stdio_fds(request, fds)
@@ -779,11 +890,11 @@ def init_main(  # pragma: no cover - own pid ns
         spare_due = False
 
         def lease() -> None:
-            """Lease spares until SPARES are untaken (``replenish`` says when not to)."""
+            """Lease spares until SPARES spare exec-inits live (``replenish`` says when not to)."""
             with contextlib.suppress(OSError):  # none: the next exec forks its exec-init as before
                 while (got := spawner.replenish()) is not None:
-                    message, fds, taken_r = got
-                    poller.register(taken_r, select.POLLIN)
+                    message, fds, state_r = got
+                    poller.register(state_r, select.POLLIN)
                     try:
                         send(sock, message, fds)
                     finally:
@@ -793,17 +904,21 @@ def init_main(  # pragma: no cover - own pid ns
             timeout = None if report_at is None else max(0, int((report_at - time.monotonic()) * 1000) + 1)
             if spare_due:
                 timeout = SPARE_IDLE_MS if timeout is None else min(timeout, SPARE_IDLE_MS)
+            busy_until = spawner.next_busy_deadline()
+            if busy_until is not None:
+                wait = max(0, int((busy_until - time.monotonic()) * 1000) + 1)
+                timeout = wait if timeout is None else min(timeout, wait)
             ready = poller.poll(timeout)
             if spare_due and not ready:
                 spare_due = False
                 lease()
+            if busy_until is not None and time.monotonic() >= busy_until:
+                lease()  # an exec runs long: its exec-init no longer counts as a spare coming back
             if spawner.unowned and report_at is not None and time.monotonic() >= report_at:
                 send(sock, {"unowned": len(spawner.unowned), "pids": spawner.unowned[:UNOWNED_PIDS]})
                 spawner.unowned.clear()
                 report_at = None
-            # The leases' ends first: one let go just before a spawn must not still count as untaken when that
-            # spawn's spare comes due in the same batch (none would be made until the next spawn).
-            for fd, _ in sorted(ready, key=lambda event: event[0] not in spawner.untaken):
+            for fd, _ in ready:
                 if fd == wake:
                     _drain(wake)
                     for sid, status in spawner.reap():
@@ -813,11 +928,12 @@ def init_main(  # pragma: no cover - own pid ns
                         lease()
                     if spawner.unowned and report_at is None:
                         report_at = time.monotonic() + UNOWNED_REPORT_S
-                elif fd in spawner.untaken:
-                    poller.unregister(fd)
-                    # Taken, or let go for a newer confinement: the next one now (else not replaced until a spawn).
-                    if spawner.lease_ended(fd):
-                        lease()
+                elif fd in spawner.busy_since:
+                    ended = spawner.spare_state(fd)
+                    if ended is not None:
+                        poller.unregister(fd)
+                        # Replaced after SPARE_IDLE_MS of quiet or the next exit, not at once (``spare_state``).
+                        spare_due = spare_due or ended
                 elif fd == sock.fileno():
                     got = receive(sock)
                     if got is None:
