@@ -372,3 +372,23 @@ def test_without_cap_sys_nice_a_leased_exec_runs_at_the_usual_priority(tmp_path:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"leased": True, "status": 0, "nice": "0"}
+
+
+# --- exec-inits that come back (zygote._renew) -------------------------------------------------------------
+async def test_an_exec_init_serves_a_later_exec_with_nothing_left_of_the_last(launcher: Launcher) -> None:
+    """The agent's exec leaves a daemon behind; its exec-init ends it before it reports, then serves a later exec
+    in the same namespace, where nothing of the first is left (the daemon's pid names no process there)."""
+    await prime(launcher)
+    leave = make_spec("/bin/sh", "-c", "setsid sleep 1000 >/dev/null 2>&1 & echo $!", stdin="null")
+    first, status, out, _ = await run_exec(launcher, leave)
+    assert status == 0 and first.nested
+    daemon = int(out)
+    probe = make_spec("/bin/sh", "-c", f"kill -0 {daemon} 2>/dev/null && echo alive || echo gone", stdin="null")
+    later: list[tuple[int, bytes]] = []
+    with trio.fail_after(10):
+        while first.pid not in [pid for pid, _ in later]:  # the other spare serves the execs in between
+            spawned, status, out, _ = await run_exec(launcher, probe)
+            assert status == 0
+            later.append((spawned.pid, out))
+    assert dict(later)[first.pid] == b"gone\n"
+    assert len({pid for pid, _ in later} | {first.pid}) <= zygote.SPARES  # no exec forked a new exec-init
