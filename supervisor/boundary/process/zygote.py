@@ -578,9 +578,9 @@ def exec_init(  # pragma: no cover - own pid ns
                 os.close(_TAKEN_R)
                 _await_command(ctx, spare)
             child.run(ctx)
-        # Every fd but the report (and a spare's "taken" pipe): the command's ends (EOF on its pipes once it and
-        # its children are done), and what we inherited from the init (its socket to the zygote, the host procfs;
-        # a spare: the command socket and the write end of the "taken" pipe, now its child's).
+        # Every fd but the report (and a spare's "taken" and state pipes): the command's ends (EOF on its pipes
+        # once it and its children are done), and what we inherited from the init (its socket to the zygote, the
+        # host procfs; a spare: the command socket and the write end of the "taken" pipe, now its child's).
         keep = sorted({report_w, *((_TAKEN_R, _STATE_W) if spare is not None else ())})
         low = 3
         for fd in keep:
