@@ -404,6 +404,7 @@ class Spawner:
         report_r, report_w = report.detach(), report_theirs.detach()
         taken_r, taken_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # both the exec-init's: its child writes
         state_r, state_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # the exec-init's and its children's, to us
+        its = [report_w, taken_w, taken_r, state_w]  # the spare's alone once it is forked
         pid: int | None = None
         out: list[int] = []
         # Made here once, not in each spare: what the spare's child starts from (its forks inherit it built).
@@ -422,7 +423,8 @@ class Spawner:
             if pid == 0:  # pragma: no cover - PID 1 of its own namespace
                 spare_main(theirs.fileno(), report_w, taken_w, taken_r, state_w, confinement, spare_ctx)
             self.leased.add(pid)  # from now on reaped without a report, whatever happens to it
-            close_all([theirs.detach(), report_w, taken_w, taken_r, state_w])
+            close_all([theirs.detach(), *its])
+            its = []
             ready = _await_ready(ours)
             if not ready[0].get("ready") or len(ready[1]) != int(bool(confinement["notify"])):
                 close_all(ready[1])
@@ -436,7 +438,7 @@ class Spawner:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)  # its namespace goes with it; ``reap`` takes it quietly
             ours.close()
-            close_all([*out, report_r, state_r])
+            close_all([*out, *its, report_r, state_r])
             raise
         finally:
             theirs.close()
@@ -445,9 +447,9 @@ class Spawner:
         message = {"spare": host_pid, "ns_pid": pid, "confinement": confinement, "notes": ready[0].get("notes") or []}
         return message, out, state_r
 
-    def available(self, now: float | None = None) -> int:
+    def available(self) -> int:
         """Spare exec-inits that wait, or whose exec began less than SPARE_BUSY_S ago (it comes back soon)."""
-        now = time.monotonic() if now is None else now
+        now = time.monotonic()
         return sum(1 for since in self.busy_since.values() if since is None or now - since < SPARE_BUSY_S)
 
     def next_busy_deadline(self) -> float | None:
