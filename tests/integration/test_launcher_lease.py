@@ -2,7 +2,7 @@
 
 The workload's init leases a spare exec-init whose command child has run the stages ahead (``child.AHEAD``) for
 the last spawn's confinement; the boundary sends a matching exec straight to it and reads its status from the
-report pipe. Checked here: statuses and signals read back through that pipe, a kill through the pidfd ends the
+report socket. Checked here: statuses and signals read back through that socket, a kill through the pidfd ends the
 exec's whole namespace, a mismatched confinement lets the spare go and runs as asked, stdio and a terminal work,
 and the agent can neither reach the waiting spare nor keep the next exec from taking it.
 """
@@ -98,7 +98,7 @@ def children(pid: int) -> list[int]:
         return [int(p) for p in fh.read().split()]
 
 
-# --- 1: statuses through the report pipe -----------------------------------------------------------------
+# --- 1: statuses through the report socket ---------------------------------------------------------------
 async def test_a_leased_exec_reports_its_exit_code_and_signal(launcher: Launcher) -> None:
     lease = await prime(launcher)
     spawned, status, out, err = await run_exec(launcher, make_spec("/bin/sh", "-c", "echo $$; exit 3"))
@@ -280,7 +280,7 @@ async def test_a_tty_exec_through_a_lease(launcher: Launcher) -> None:
 async def test_a_leased_exec_is_as_confined_as_one_forked_whole(launcher: Launcher) -> None:
     """The same probe test_launcher_spawn runs on a child that ran every stage in one go: through a lease (half
     the stages ahead with the init's uid, half on command) every control is in force, no fd of the spare's
-    (command socket, "taken" pipe, report pipe) reached the command, and it has a session of its own."""
+    (command socket, "taken" pipe, report socket) reached the command, and it has a session of its own."""
     lease = await prime(launcher, groups=(2000, 2001))
     spawned, status, out, err = await run_exec(launcher, make_spec(PY, "-c", STATUS_PROBE, groups=(2000, 2001)))
     assert (spawned.pid, status) == (lease.pid, 0), err

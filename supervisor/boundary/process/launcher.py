@@ -11,8 +11,9 @@ Rules of this module:
    ``execve`` succeeded; every failure is a ``SpawnError(stage, errno)``.
 4. The launcher (zygote or its PID-namespace init) is the one reaper of workload processes; exit statuses
    arrive here as messages (``Spawned.wait_status``), except an exec's through a leased spare: its exec-init
-   writes its command's status, once nothing else is left in its namespace, to a report pipe whose read end
-   came with the lease (and if it is killed before, its pidfd says when the kernel has emptied the namespace).
+   sends its command's status, once nothing else is left in its namespace, on a report socket whose other end
+   came with the lease (and if it is killed before, its pidfd says when the kernel has emptied the namespace);
+   its next lease then comes on the same socket (zygote ``_renew``).
 5. A lease (zygote.py "Spares") is used for one nested spawn whose confinement is the one it was prepared for,
    and only while the launcher can pass its listener to the connect-notify socket; any other lease is let go
    (closing its socket ends the waiting spare).

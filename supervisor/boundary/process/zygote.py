@@ -315,9 +315,8 @@ class Spawner:
         self.exit_reports: dict[int, int] = {}  # exec-init pid -> read end of its command's status report
         self.unowned: list[int] = []  # reaped orphans nobody launched, not yet reported
         # Spares (module docstring): the confinement of the last spawn (the next spare is prepared for it), the
-        # one whose stages ahead failed (not tried again), the exec-inits leased to the boundary (reaped without
-        # a report: the boundary reads their report pipes) and the read ends of the "taken" pipes of the leases
-        # not taken yet (at most SPARES), each with the confinement its spare was made for.
+        # one whose stages ahead failed (not tried again), and the exec-inits leased to the boundary (reaped
+        # without a report: the boundary reads their report sockets); their state pipes are below.
         self.confinement: child.Confinement | None = None
         self.failed_confinement: child.Confinement | None = None
         self.leased: set[int] = set()
