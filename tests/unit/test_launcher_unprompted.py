@@ -37,7 +37,7 @@ def launcher_pair() -> Iterator[tuple[Launcher, socket.socket]]:
 
 
 def _lease(spare: int) -> tuple[dict[str, object], list[int]]:
-    """A lease message for ``spare`` (zygote.py "Spares") and its fds: command socket, pidfd, report (a pipe stands in)."""
+    """A lease message for ``spare`` (zygote.py "Spares") and its fds: command socket, pidfd, report."""
     ours, _theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     report_r, report_w = os.pipe()
     os.close(report_w)
