@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Collection, Iterator
 from pathlib import Path
@@ -291,6 +292,13 @@ async def test_a_leased_exec_is_as_confined_as_one_forked_whole(launcher: Launch
     assert (got["NoNewPrivs"], got["Seccomp"], got["setuid0"]) == (["1"], ["2"], errno.EPERM)
     assert (got["sid_is_pid"], got["umask"], got["core"], got["nice"]) == (True, 0o022, [0, 0], 0)  # nice: see below
     assert got["fds"][:3] == [0, 1, 2] and len(got["fds"]) <= 4, got["fds"]  # 0-2 and the one listdir opens
+    # Nothing ignored or blocked crosses execve (python ignores SIGPIPE and SIGXFSZ itself: grep reads it). The
+    # exec-init blocks every signal it forwards, and it and the init ignore some; none of it reaches the command.
+    grep = make_spec("/bin/grep", "-E", "^Sig(Ign|Blk)", "/proc/self/status", stdin="null")
+    spawned, status, out, err = await run_exec(launcher, grep)
+    assert (spawned.nested, status) == (True, 0), err
+    fields = dict(line.split(":\t") for line in out.decode().splitlines())
+    assert fields == {"SigIgn": "0" * 16, "SigBlk": "0" * 16}
 
 
 async def test_spares_ended_while_waiting_leave_the_next_exec_to_the_init(launcher: Launcher) -> None:
@@ -391,3 +399,56 @@ async def test_an_exec_init_serves_a_later_exec_with_nothing_left_of_the_last(la
             assert status == 0
             later[spawned.pid] = out
     assert later[first.pid] == b"gone\n"
+
+
+LANDLOCK_PROBE = """
+import json, os, sys
+out = {"fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd"))}
+for name in ("rw", "other"):
+    try:
+        with open(os.path.join(sys.argv[1], name, "f"), "w") as fh:
+            fh.write(name)
+        out[name] = 0
+    except OSError as exc:
+        out[name] = exc.errno
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture
+def landlock_dirs() -> Iterator[Path]:
+    """``rw`` and ``other``, both the workload uid's, in a directory it can reach (pytest's is root-only)."""
+    base = Path(tempfile.mkdtemp(prefix="lease-landlock-"))
+    base.chmod(0o755)
+    for name in ("rw", "other"):
+        (base / name).mkdir()
+        os.chown(base / name, 1000, 1000)
+    yield base
+    shutil.rmtree(base)
+
+
+@pytest.mark.skipif(landlock.abi_version() < 2, reason="Landlock ABI >= 2 not available")
+async def test_each_exec_an_exec_init_serves_is_confined_by_the_ruleset_it_built_once(
+    launcher: Launcher, landlock_dirs: Path
+) -> None:
+    """A spare exec-init builds its Landlock ruleset once (``child.build_ahead``) for every command child it forks:
+    the first exec it serves and a later one are both held to it (a write outside ``read_write`` is refused that
+    the same uid may make without Landlock), both get the note of the path it skipped, and neither holds the
+    ruleset's fd."""
+    base = str(landlock_dirs)
+    spec = LandlockSpec(read_only=(*READ_ONLY, "/no/such/dir", os.path.dirname(PY)), read_write=(f"{base}/rw",))
+    first_lease = await prime(launcher, landlock=spec)
+    probe = make_spec(PY, "-c", LANDLOCK_PROBE, base, stdin="null", landlock=spec)
+    served: dict[int, list[dict[str, Any]]] = {}
+    with trio.fail_after(20):
+        while len(served.get(first_lease.pid, ())) < 2:  # the other spare serves the execs in between
+            spawned, status, out, err = await run_exec(launcher, probe)
+            assert status == 0, err
+            assert any("/no/such/dir" in note for note in spawned.notes), spawned.notes
+            served.setdefault(spawned.pid, []).append(json.loads(out))
+    for got in served[first_lease.pid]:
+        assert (got["rw"], got["other"]) == (0, errno.EACCES), got
+        assert got["fds"][:3] == [0, 1, 2] and len(got["fds"]) <= 4, got["fds"]  # 0-2 and the one listdir opens
+    # Baseline: the same uid, no Landlock, writes there.
+    _, status, out, _ = await run_exec(launcher, make_spec(PY, "-c", LANDLOCK_PROBE, base, stdin="null"))
+    assert json.loads(out)["other"] == 0

@@ -26,7 +26,7 @@ import resource
 import signal
 import socket
 import termios
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, NoReturn, TypedDict, cast
 
@@ -243,14 +243,26 @@ class ChildContext:
     # A spare (``AHEAD``): install the connect-notify filter and keep its listener here for the init to pass on.
     keep_listener: bool = False
     listener: int | None = None
+    # A spare exec-init's Landlock ruleset for ``spec.landlock``, built once for every child it forks
+    # (``build_ahead``), or why it could not be: that child's LANDLOCK stage fails with it.
+    ruleset: landlock.Ruleset | Exception | None = None
 
 
 def _reset_signals(ctx: ChildContext) -> None:
     """Default dispositions and an empty mask (ignored signals would survive ``execve``).
 
-    The forking process set every disposition through ``signal.signal`` when it started, so Python's table
-    is exact and only the ones it changed since (SIGPIPE ignored, SIGCHLD caught) cost a syscall here. Plain
-    numbers are walked (``valid_signals`` makes an enum member of each, in a process that just forked)."""
+    A child of an exec-init finds them default already (``default_dispositions``) and only empties its mask.
+    Elsewhere the forking process set every disposition through ``signal.signal`` when it started, so Python's
+    table is exact and only the ones it changed since (SIGPIPE ignored, SIGCHLD caught) cost a syscall here.
+    Plain numbers are walked (``valid_signals`` makes an enum member of each, in a process that just forked)."""
+    if not DISPOSITIONS_DEFAULT:
+        _default_dispositions()
+    if not RESERVED_SIGNALS_DEFAULT:
+        linux.reset_reserved_signals()
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+
+
+def _default_dispositions() -> None:
     signal.set_wakeup_fd(-1)
     for sig in _CATCHABLE:
         try:
@@ -258,15 +270,23 @@ def _reset_signals(ctx: ChildContext) -> None:
                 signal.signal(sig, signal.SIG_DFL)
         except (OSError, ValueError):
             pass
-    if not RESERVED_SIGNALS_DEFAULT:
-        linux.reset_reserved_signals()
-    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+
+
+def default_dispositions() -> None:
+    """Every catchable signal of the calling process to its default action and no wakeup fd, for good: a
+    forking process that changes them no more (an exec-init) spares each child this walk (``DISPOSITIONS_DEFAULT``).
+    """
+    global DISPOSITIONS_DEFAULT
+    _default_dispositions()
+    DISPOSITIONS_DEFAULT = True
 
 
 _CATCHABLE: Final = tuple(int(s) for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP))
 # Set by a forking process that put glibc's two signals back to default once for all its children (the
 # workload's init): nothing of ours can change them again, so its children need not (a ctypes call each).
 RESERVED_SIGNALS_DEFAULT: bool = False
+# Set by ``default_dispositions``: every handler of ours is default already (a fork inherits dispositions).
+DISPOSITIONS_DEFAULT: bool = False
 
 
 def _mount_ns(ctx: ChildContext) -> None:
@@ -320,12 +340,22 @@ def _pdeathsig(ctx: ChildContext) -> None:
 
 
 def _landlock(ctx: ChildContext) -> None:
-    if ctx.spec.landlock is not None:
-        for note in landlock.restrict_self(ctx.spec.landlock):
-            if ctx.status_fd < 0:  # a spare: no status pipe yet, the notes go with its ready message
-                ctx.notes.append(note)
-            else:
-                _write_status(ctx, {"note": note})
+    if ctx.spec.landlock is None:
+        return
+    built = ctx.ruleset
+    if built is None:
+        notes: Iterable[str] = landlock.restrict_self(ctx.spec.landlock)
+    elif isinstance(built, Exception):
+        raise built
+    else:
+        landlock.enforce(built)
+        built.close()  # this child's copy
+        notes = built.notes
+    for note in notes:
+        if ctx.status_fd < 0:  # a spare: no status pipe yet, the notes go with its ready message
+            ctx.notes.append(note)
+        else:
+            _write_status(ctx, {"note": note})
 
 
 def _seccomp(ctx: ChildContext) -> None:
@@ -384,6 +414,16 @@ _AHEAD: Final = frozenset({
 })  # fmt: skip
 AHEAD: Final = tuple((stage, action) for stage, action in STAGES if stage in _AHEAD)
 ON_COMMAND: Final = tuple((stage, action) for stage, action in STAGES if stage not in _AHEAD)
+
+
+def build_ahead(ctx: ChildContext) -> None:
+    """In a spare exec-init, before its first child: build what each child's ``AHEAD`` stages would otherwise
+    build again, the Landlock ruleset (``landlock.build``, rule 3 there; the seccomp programs are the init's)."""
+    if ctx.spec.landlock is not None and ctx.ruleset is None:
+        try:
+            ctx.ruleset = landlock.build(ctx.spec.landlock)
+        except Exception as exc:  # the children's LANDLOCK stage reports it, as if each had failed to build it
+            ctx.ruleset = exc
 
 
 def _failure(stage: Stage, exc: BaseException) -> Failure:

@@ -8,8 +8,9 @@ Rules of this module:
 2. ``read_only`` paths get execute + read-file + read-dir; ``read_write`` paths get every handled right; a path
    that is a file (not a directory) gets only the file rights (the kernel refuses directory rights on files).
 3. Paths are opened (``O_PATH``) by the caller: a fresh child *after* the uid drop, so a path the workload uid
-   cannot reach is simply not granted; a spare's child ahead, with the init's credentials (child.py ``AHEAD``),
-   which may grant such a path and gives nothing by it — every access is still checked against the workload's
+   cannot reach is simply not granted; a spare exec-init, once for the children it forks (``build``; each
+   applies it ahead, child.py ``AHEAD``), with the init's credentials, which may grant such a path and gives
+   nothing by it — every access is still checked against the workload's
    uid, and Landlock only ever narrows what that allows. A missing path is skipped and noted.
 4. ``hard_requirement`` turns any degradation (no Landlock, ABI < 2, a path that could not be opened, nothing
    left to grant) into an error; ``best_effort`` returns it as a note for the caller to report (invariant 3:
@@ -115,10 +116,25 @@ class LandlockError(OSError):
     """A hard requirement that could not be met."""
 
 
-def restrict_self(spec: LandlockSpec) -> list[str]:
-    """Apply ``spec`` to the calling thread; return notes describing any best-effort degradation."""
+@dataclass
+class Ruleset:
+    """A ruleset built ahead of its use (``build``): every path opened and added, so that applying it is one
+    call (``enforce``). A spare exec-init builds one for all the command children it forks."""
+
+    fd: int | None  # None: nothing to apply (``off``, Landlock missing and ``best_effort``)
+    notes: tuple[str, ...]  # the degradations found while building it (rule 4)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def build(spec: LandlockSpec) -> Ruleset:
+    """The ruleset ``spec`` asks for, not yet applied; raises ``LandlockError`` on a degradation under
+    ``hard_requirement`` (rule 4)."""
     if spec.mode == "off":
-        return []
+        return Ruleset(None, ())
     hard = spec.mode == "hard_requirement"
     notes: list[str] = []
 
@@ -130,7 +146,7 @@ def restrict_self(spec: LandlockSpec) -> list[str]:
     abi = abi_version()
     if abi < 1:
         degrade(errno.EOPNOTSUPP, "landlock unavailable")
-        return notes
+        return Ruleset(None, tuple(notes))
     requested = spec.read_only + spec.read_write
     fs = handled_fs(abi) if requested else 0
     if fs and abi < MIN_FS_ABI:
@@ -156,7 +172,7 @@ def restrict_self(spec: LandlockSpec) -> list[str]:
                 fs = 0
         scoped = scopes(abi)
         if not fs and not scoped:
-            return notes
+            return Ruleset(None, tuple(notes))
         attr = _RulesetAttr(fs, 0, scoped)
         ruleset = linux.syscall(
             linux.SYS_LANDLOCK_CREATE_RULESET, ctypes.c_void_p(ctypes.addressof(attr)), _attr_size(abi), 0
@@ -172,10 +188,26 @@ def restrict_self(spec: LandlockSpec) -> list[str]:
                         ctypes.c_void_p(ctypes.addressof(beneath)),
                         0,
                     )
-            linux.syscall(linux.SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0)
-        finally:
+        except BaseException:
             os.close(ruleset)
+            raise
+        return Ruleset(ruleset, tuple(notes))
     finally:
         for fd, _ in rules:
             os.close(fd)
-    return notes
+
+
+def enforce(ruleset: Ruleset) -> None:
+    """Apply a built ruleset to the calling thread (``no_new_privs`` first, or CAP_SYS_ADMIN)."""
+    if ruleset.fd is not None:
+        linux.syscall(linux.SYS_LANDLOCK_RESTRICT_SELF, ruleset.fd, 0)
+
+
+def restrict_self(spec: LandlockSpec) -> list[str]:
+    """Apply ``spec`` to the calling thread; return notes describing any best-effort degradation."""
+    ruleset = build(spec)
+    try:
+        enforce(ruleset)
+    finally:
+        ruleset.close()
+    return list(ruleset.notes)

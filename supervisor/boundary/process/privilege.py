@@ -45,13 +45,20 @@ def clear_bounding_set() -> None:
 
     An unprivileged process cannot and need not: with ``no_new_privs`` it gains nothing at ``execve``. Its
     ambient set is emptied all the same (that needs no privilege; the init's may be full, ``keep_across_exec``).
+    Once the bounding set was seen empty here, or before a fork that made this process, it is not read again:
+    nothing can add to it.
     """
+    global _BOUNDING_SET_EMPTY
+    if _BOUNDING_SET_EMPTY:
+        linux.prctl(linux.PR_CAP_AMBIENT, linux.PR_CAP_AMBIENT_CLEAR_ALL)
+        return
     if os.geteuid() != 0 and not linux.has_effective_cap(linux.CAP_SETPCAP):
         linux.prctl(linux.PR_CAP_AMBIENT, linux.PR_CAP_AMBIENT_CLEAR_ALL)
         return
     last = linux.cap_last_cap()
     if _bounding_set_empty(last):  # inherited empty (the workload's init clears its own): one read, no drop each
         linux.prctl(linux.PR_CAP_AMBIENT, linux.PR_CAP_AMBIENT_CLEAR_ALL)
+        _BOUNDING_SET_EMPTY = True
         return
     for cap in range(last + 1):
         try:
@@ -64,6 +71,10 @@ def clear_bounding_set() -> None:
     linux.prctl(linux.PR_CAP_AMBIENT, linux.PR_CAP_AMBIENT_CLEAR_ALL)
     if not _bounding_set_empty(last):
         raise PermissionError(errno.EPERM, "capability bounding set not empty")
+    _BOUNDING_SET_EMPTY = True
+
+
+_BOUNDING_SET_EMPTY = False  # seen empty here or in an ancestor before it forked (the bounding set only shrinks)
 
 
 def _bounding_set_empty(last: int) -> bool:

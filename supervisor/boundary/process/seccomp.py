@@ -328,11 +328,18 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-def install(program: bytes) -> None:
-    """Install ``program`` on the calling thread; ``no_new_privs`` must already be set."""
+@functools.cache
+def _fprog(program: bytes) -> tuple[ctypes.Array[ctypes.c_char], _SockFprog, ctypes.c_void_p]:
+    """``program`` as the ``struct sock_fprog`` the kernel reads (with the buffer it points into, kept alive),
+    made once per process: the forking process warms it (``warm``) so each child passes a pointer."""
     buf = ctypes.create_string_buffer(program, len(program))
     prog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
-    linux.prctl_ptr(linux.PR_SET_SECCOMP, linux.SECCOMP_MODE_FILTER, ctypes.c_void_p(ctypes.addressof(prog)))
+    return buf, prog, ctypes.c_void_p(ctypes.addressof(prog))
+
+
+def install(program: bytes) -> None:
+    """Install ``program`` on the calling thread; ``no_new_privs`` must already be set."""
+    linux.prctl_ptr(linux.PR_SET_SECCOMP, linux.SECCOMP_MODE_FILTER, _fprog(program)[2])
 
 
 @functools.cache
@@ -347,11 +354,12 @@ def install_listener(program: bytes, arch: str = linux.MACHINE) -> int:
     ``no_new_privs`` must already be set. Install it before :func:`install` (the deny list refuses ``seccomp``)."""
     if arch not in SYSCALLS:
         raise OSError(errno.ENOSYS, f"seccomp filter has no syscall table for {arch}")
-    buf = ctypes.create_string_buffer(program, len(program))
-    prog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
     return linux.syscall(
-        SYSCALLS[arch]["seccomp"],
-        SECCOMP_SET_MODE_FILTER,
-        SECCOMP_FILTER_FLAG_NEW_LISTENER,
-        ctypes.c_void_p(ctypes.addressof(prog)),
+        SYSCALLS[arch]["seccomp"], SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, _fprog(program)[2]
     )
+
+
+def warm(arch: str = linux.MACHINE) -> None:
+    """Build both programs and their ``sock_fprog`` in a forking process, once, for every child it forks."""
+    _fprog(program(arch))
+    _fprog(notify_program(arch))

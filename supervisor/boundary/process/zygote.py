@@ -77,7 +77,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, NoReturn, Protocol
 
-from . import child, linux, privilege, rootfs, seccomp
+from . import child, landlock, linux, privilege, rootfs, seccomp
 
 MAX_MESSAGE: Final = 1 << 20
 MAX_SPEC: Final = 256 * 1024  # argv + env + the rest, encoded; below any default socket send buffer
@@ -304,7 +304,7 @@ class Spawner:
         self, host_proc_fd: int | None, mount_ns: int | None = None, root: rootfs.RootPlan | None = None
     ) -> None:
         with contextlib.suppress(OSError):
-            seccomp.program()  # built once here, inherited by every child
+            seccomp.warm()  # built once here, inherited by every child
         self.host_proc_fd = host_proc_fd  # set in the init: read host pids through the boundary's procfs
         self.mount_ns = mount_ns  # a mount namespace fd every child enters (setns) first; None: inherit ours
         self.root = root  # the agent's own root, entered before the first child (rootfs rule 5)
@@ -566,10 +566,8 @@ def exec_init(  # pragma: no cover - own pid ns
         # Signals are taken with sigwaitinfo, not caught: no handler per signal to install here (and none for the
         # command's SIGNALS stage to reset). Blocked first; then what the init ignores or catches goes back to
         # default, since an ignored signal is dropped even while blocked (and a blocked one is never acted on).
-        signal.set_wakeup_fd(-1)  # the init's wakeup pipe is not ours
         signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)  # the command inherits this mask; SIGNALS empties it
-        for sig in (*_IGNORED, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
+        child.default_dispositions()  # and no wakeup fd (the init's pipe is not ours): its children skip both
         me = os.getpid()
         ctx.parent_pid = me  # our copy (a fork): the caller's object is not touched
         pid = os.fork()
@@ -582,7 +580,10 @@ def exec_init(  # pragma: no cover - own pid ns
         # Every fd but the report (and a spare's "taken" and state pipes): the command's ends (EOF on its pipes
         # once it and its children are done), and what we inherited from the init (its socket to the zygote, the
         # host procfs; a spare: the command socket and the write end of the "taken" pipe, now its child's).
-        keep = sorted({report_w, *((_TAKEN_R, _STATE_W) if spare is not None else ())})
+        keep_set = {report_w, *((_TAKEN_R, _STATE_W) if spare is not None else ())}
+        if isinstance(ctx.ruleset, landlock.Ruleset) and ctx.ruleset.fd is not None:
+            keep_set.add(ctx.ruleset.fd)  # a spare's, for its next command children
+        keep = sorted(keep_set)
         low = 3
         for fd in keep:
             if low < fd:
@@ -709,6 +710,7 @@ def spare_main(  # pragma: no cover - own pid ns
         # forwards and defaults the ones the init ignores).
         _keep_fds([sock_fd, report_w, taken_w, taken_r, state_w])
         linux.prctl(linux.PR_SET_DUMPABLE, 0)
+        child.build_ahead(ctx)  # once for every command child this exec-init forks (on fd 8, kept)
         exec_init(ctx, -1, 4, confinement)
     finally:
         os._exit(1)
