@@ -52,6 +52,7 @@ import time
 from collections.abc import Callable, Container
 from dataclasses import dataclass
 
+from supervisor.boundary import procfs
 from supervisor.boundary.capture import _procnet
 from supervisor.boundary.capture._sockdiag import SockDiag
 from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog
@@ -288,8 +289,7 @@ class IdentityResolver:
             return
         for tid in tasks:
             try:
-                with open(f"{self._proc}/{pid}/task/{tid}/children", encoding="ascii") as handle:
-                    children = handle.read().split()
+                children = procfs.read(f"{self._proc}/{pid}/task/{tid}/children").split()
             except OSError:
                 continue
             for child in children:
@@ -351,8 +351,7 @@ class IdentityResolver:
     def thread_group(self, tid: int) -> int:
         """The thread group (process) of task ``tid``; a notification names the calling thread."""
         try:
-            with open(f"{self._proc}/{tid}/status", "rb") as handle:
-                text = handle.read()
+            text = procfs.read(f"{self._proc}/{tid}/status")
         except OSError as exc:
             raise IdentityUnresolved(IdentityStage.VANISHED, f"reading status of {tid}: {exc}") from exc
         at = text.find(b"\nTgid:")
@@ -363,8 +362,7 @@ class IdentityResolver:
     def _loader_env(self, pid: int, uid: int) -> tuple[str, ...]:
         """Loader variables of ``pid``'s initial environment that can inject code (docs/policy.md)."""
         try:
-            with open(f"{self._proc}/{pid}/environ", "rb") as handle:
-                entries = handle.read().split(b"\0")
+            entries = procfs.read(f"{self._proc}/{pid}/environ").split(b"\0")
         except OSError as exc:
             raise IdentityUnresolved(IdentityStage.VANISHED, f"reading environ of {pid}: {exc}") from exc
         found: list[str] = []
@@ -613,8 +611,7 @@ class IdentityResolver:
         seen: list[str] = []
         for pid in pids:
             try:
-                with open(f"{self._proc}/{pid}/cmdline", "rb") as handle:
-                    argv = handle.read().split(b"\0")
+                argv = procfs.read(f"{self._proc}/{pid}/cmdline").split(b"\0")
             except OSError:
                 continue  # diagnostic only
             for arg in argv:
@@ -627,8 +624,7 @@ class IdentityResolver:
 
     def _stat_fields(self, pid: int) -> list[str]:
         try:
-            with open(f"{self._proc}/{pid}/stat", encoding="utf-8", errors="replace") as handle:
-                text = handle.read()
+            text = procfs.read(f"{self._proc}/{pid}/stat").decode("utf-8", "replace")
         except (FileNotFoundError, ProcessLookupError) as exc:
             raise IdentityUnresolved(IdentityStage.VANISHED, f"pid {pid} exited") from exc
         except OSError as exc:
@@ -647,8 +643,7 @@ class IdentityResolver:
 
     def _uid(self, pid: int) -> int:
         try:
-            with open(f"{self._proc}/{pid}/status", "rb") as handle:
-                text = handle.read()
+            text = procfs.read(f"{self._proc}/{pid}/status")
         except OSError as exc:
             raise IdentityUnresolved(IdentityStage.VANISHED, f"reading status of {pid}: {exc}") from exc
         at = text.find(b"\nUid:")

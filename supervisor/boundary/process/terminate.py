@@ -35,6 +35,8 @@ from typing import Final
 
 import trio
 
+from supervisor.boundary import procfs
+
 __all__ = [
     "Membership", "ProcStat", "Tree", "everything", "kill_tree", "read_stat", "scanner", "send_signal",
     "snapshot", "terminate_tree",
@@ -61,8 +63,7 @@ class ProcStat:
 def read_stat(pid: int) -> ProcStat | None:
     """Parse /proc/PID/stat (the command may contain spaces and parentheses: split at the last ``)``)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
+        raw = procfs.read(f"/proc/{pid}/stat")
     except OSError:
         return None
     try:
