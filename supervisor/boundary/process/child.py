@@ -240,9 +240,11 @@ class ChildContext:
     notes: list[str] = field(default_factory=list)
     mount_ns: int | None = None  # fd of the agent's mount namespace, entered while still privileged
     notify_fd: int | None = None  # socket to the boundary: the connect-notify listener is sent over it
-    # A spare (``AHEAD``): install the connect-notify filter and keep its listener here for the init to pass on.
+    # A spare (``AHEAD``): under the connect-notify filter, its listener kept here for the init to pass on. Its
+    # exec-init installed the filter for all its children (``build_ahead``: ``notify_inherited``) or failed to.
     keep_listener: bool = False
     listener: int | None = None
+    notify_inherited: bool | Exception = False
     # A spare exec-init's Landlock ruleset for ``spec.landlock``, built once for every child it forks
     # (``build_ahead``), or why it could not be: that child's LANDLOCK stage fails with it.
     ruleset: landlock.Ruleset | Exception | None = None
@@ -359,7 +361,11 @@ def _landlock(ctx: ChildContext) -> None:
 
 
 def _seccomp(ctx: ChildContext) -> None:
-    if ctx.keep_listener:  # first: the deny list refuses seccomp(2) (docs/design.md "Identity")
+    if isinstance(ctx.notify_inherited, Exception):
+        raise ctx.notify_inherited
+    if ctx.notify_inherited:
+        pass  # the filter came with the fork; its listener, if this child is to pass it on, is in ctx.listener
+    elif ctx.keep_listener:  # first: the deny list refuses seccomp(2) (docs/design.md "Identity")
         ctx.listener = seccomp.install_listener(seccomp.notify_program())
     elif ctx.notify_fd is not None:
         listener = seccomp.install_listener(seccomp.notify_program())
@@ -417,13 +423,23 @@ ON_COMMAND: Final = tuple((stage, action) for stage, action in STAGES if stage n
 
 
 def build_ahead(ctx: ChildContext) -> None:
-    """In a spare exec-init, before its first child: build what each child's ``AHEAD`` stages would otherwise
-    build again, the Landlock ruleset (``landlock.build``, rule 3 there; the seccomp programs are the init's)."""
+    """In a spare exec-init, before its first child: do once what each child's ``AHEAD`` stages would otherwise
+    redo. Build the Landlock ruleset (``landlock.build``, rule 3 there), and install the connect-notify filter on
+    the exec-init itself, so every child it forks is under it from the fork on and one listener serves them all
+    (the first child passes it on; the exec-init makes no trapped call: no ``connect``, no ``execve``). A failure
+    is each child's, at the stage that would have met it."""
     if ctx.spec.landlock is not None and ctx.ruleset is None:
         try:
             ctx.ruleset = landlock.build(ctx.spec.landlock)
         except Exception as exc:  # the children's LANDLOCK stage reports it, as if each had failed to build it
             ctx.ruleset = exc
+    if ctx.keep_listener and not ctx.notify_inherited:
+        try:
+            linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)  # it never execs: nothing to lose
+            ctx.listener = seccomp.install_listener(seccomp.notify_program())
+            ctx.notify_inherited = True
+        except Exception as exc:
+            ctx.notify_inherited = exc
 
 
 def _failure(stage: Stage, exc: BaseException) -> Failure:

@@ -15,7 +15,7 @@ Rules of this module:
    came with the lease (and if it is killed before, its pidfd says when the kernel has emptied the namespace);
    its next lease then comes on the same socket (zygote ``_renew``).
 5. A lease (zygote.py "Spares") is used for one nested spawn whose confinement is the one it was prepared for,
-   and only while the launcher can pass its listener to the connect-notify socket; any other lease is let go
+   and only while the launcher can pass listeners to the connect-notify socket; any other lease is let go
    (closing its socket ends the waiting spare).
 """
 
@@ -271,10 +271,11 @@ class Launcher:
 
     def _collect_returning(self) -> None:
         """File the leases of exec-inits that served an exec and made themselves spares again (zygote._renew):
-        ``{"spare": true, "notes"}`` on their report socket, with the command socket and the listener. One that
-        ended instead (let go, killed) is forgotten; the init makes its successor."""
+        ``{"spare": true, "notes"}`` on their report socket, with the command socket (the exec-init's listener came
+        with its first lease and is served still). One that ended instead (let go, killed) is forgotten; the init
+        makes its successor."""
         for lease in list(self._returning):
-            sock = socket.socket(fileno=lease.report)
+            sock = _seqpacket(lease.report)
             try:
                 got = zygote.receive(sock, nowait=True)
             except BlockingIOError:
@@ -286,11 +287,7 @@ class Launcher:
             self._returning.remove(lease)
             fds = [] if got is None else got[1]
             try:
-                if (
-                    got is None
-                    or got[0].get("spare") is not True
-                    or len(fds) != 1 + int(bool(lease.confinement["notify"]))
-                ):
+                if got is None or got[0].get("spare") is not True or len(fds) != 1:
                     raise LauncherError("an exec-init ended instead of coming back")
                 self._file_lease(lease, got[0], fds[0], fds[1:])
                 fds[:1] = []
@@ -306,7 +303,7 @@ class Launcher:
             if self.notify_socket is None:
                 raise LauncherError("a lease under the connect-notify filter, and no notifier")
             socket.send_fds(self.notify_socket, [b"listener"], listener, socket.MSG_DONTWAIT)
-        sock = socket.socket(fileno=cmd)
+        sock = _seqpacket(cmd)
         sock.setblocking(False)
         notes = tuple(str(note) for note in message.get("notes") or ())
         self._leases.append(dataclasses.replace(made, sock=sock, notes=notes))
@@ -645,6 +642,11 @@ async def _leased_status(report: int, pidfd: int) -> tuple[int, bool]:
     except ValueError:
         zygote.close_all([report, pidfd])
         return zygote.SIGKILL_STATUS, False
+
+
+def _seqpacket(fd: int) -> socket.socket:
+    """A socket object for one end of a ``zygote.socket_pair`` (named: no kernel query of its type)."""
+    return socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, fileno=fd)
 
 
 async def _read_status(fd: int) -> tuple[list[str], dict[str, Any] | None]:

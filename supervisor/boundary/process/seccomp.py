@@ -239,10 +239,11 @@ DENY_RULES: Final[tuple[Rule, ...]] = (
 )
 
 # The connect-notify filter (docs/design.md "Identity"): installed in each workload child after fork and before
-# execve, never in the launcher, the init or the fence probe. ``connect`` and ``execve``/``execveat`` wait for
-# the boundary's answer (supervisor/boundary/capture/connect_notify.py); a TCP Fast Open send (a connect
-# without ``connect``) and a workload's own listener are refused; io_uring (which connects without a syscall)
-# stays denied even where the deny list is off.
+# execve (a spare exec-init's children: in the exec-init, once, before their fork, ``child.build_ahead``; it makes
+# no trapped call), never in the launcher, the workload's init or the fence probe. ``connect`` and
+# ``execve``/``execveat`` wait for the boundary's answer (supervisor/boundary/capture/connect_notify.py); a TCP Fast
+# Open send (a connect without ``connect``) and a workload's own listener are refused; io_uring (which connects
+# without a syscall) stays denied even where the deny list is off.
 MSG_FASTOPEN: Final = 0x20000000
 SECCOMP_FILTER_FLAG_NEW_LISTENER: Final = 1 << 3
 NOTIFY_RULES: Final[tuple[Rule, ...]] = (

@@ -37,23 +37,25 @@ mounted the namespace's ``/proc``, ``/proc/self`` names nothing for the zygote (
 namespace): the one read of it, a probe's TCP tables, goes through ``/proc/1`` (the init, in the same network
 namespace).
 
-An exec gets a PID namespace of its own (``exec_init``). Spares keep the ``unshare``, both forks and most of
-the child's stages off its path, and the zygote and the init off it altogether (``Spawner.replenish``,
-``spare_main``, ``_await_command``): the init forks an exec-init, already PID 1 of a fresh namespace, whose
-command child runs the stages that need no command (``child.AHEAD``: signals, session, umask, bounding set,
-core limit, ``no_new_privs``, Landlock, both seccomp filters) for the confinement of the last spawn, then
+An exec gets a PID namespace of its own (``exec_init``). Spares keep the ``unshare``, both forks and most of the
+child's stages off its path, and the zygote and the init off it altogether (``Spawner.replenish``, ``spare_main``,
+``_await_command``): the init forks an exec-init, already PID 1 of a fresh namespace, which does once what all its
+command children share (``child.build_ahead``: the Landlock ruleset built, the connect-notify filter installed on
+itself) and whose command child runs the stages that need no command (``child.AHEAD``: signals, session, umask,
+bounding set, core limit, ``no_new_privs``, Landlock, the deny list) for the confinement of the last spawn, then
 waits on a socket for its command with the init's credentials. Once it is ready the init *leases* it to the
 boundary: ``{"spare": host_pid, "ns_pid", "confinement", "notes"}`` with the command socket, a pidfd of the
-exec-init, the boundary's end of its report socket and, under the connect-notify filter, the filter's listener;
-the init keeps none of them. The boundary sends the next nested spawn whose confinement matches straight to that
-socket (the command child checks the match again) and reads the command's status from the report socket itself.
-Then the exec-init, its namespace emptied, makes itself a spare again (``_renew``): it forks the next command
-child and leases it to the boundary over the report socket — no fork of the init per exec. The init keeps SPARES
-spare exec-inits *available*: waiting, or whose exec began less than SPARE_BUSY_S ago (a state pipe carries "t"
-from the child when its command arrives and "b" from the exec-init when it is back), and makes another when fewer
-are; it reaps them without a report. One let go before any command ends (no byte on the child's "taken" pipe to
-its exec-init) and is replaced after the next spawn, or at once if a spawn changed the confinement since it was
-made. While a spare is leased and unused (or coming back) the boundary leaves it out of the workload's processes.
+exec-init, the boundary's end of its report socket and, under the connect-notify filter, the filter's listener; the
+init keeps none of them. The boundary sends the next nested spawn whose confinement matches straight to that socket
+(the command child checks the match again) and reads the command's status from the report socket itself. Then the
+exec-init, its namespace emptied, makes itself a spare again (``_renew``): it forks the next command child and
+leases it to the boundary over the report socket, without a listener (the boundary serves the one the first lease
+brought for as long as the exec-init lives) — no fork of the init per exec. The init keeps SPARES spare exec-inits
+*available*: waiting, or whose exec began less than SPARE_BUSY_S ago (a state pipe carries "t" from the child when
+its command arrives and "b" from the exec-init when it is back), and makes another when fewer are; it reaps them
+without a report. One let go before any command ends (no byte on the child's "taken" pipe to its exec-init) and is
+replaced after the next spawn, or at once if a spawn changed the confinement since it was made. While a spare is
+leased and unused (or coming back) the boundary leaves it out of the workload's processes.
 """
 
 from __future__ import annotations
@@ -509,7 +511,8 @@ class Spawner:
 
 def _await_ready(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
     """A spare child's message once its stages ahead ran: ``{"ready": true, "notes"}`` with the connect-notify
-    listener if it installed one, or ``{"ready": false, "stage", "errno", "detail"}``; a timeout is an error."""
+    listener if it has one to pass on (its exec-init's first child), or ``{"ready": false, "stage", "errno",
+    "detail"}``; a timeout is an error."""
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     if not poller.poll(int(SPARE_READY_S * 1000)):
@@ -577,6 +580,7 @@ def exec_init(  # pragma: no cover - own pid ns
                 os.close(_TAKEN_R)
                 _await_command(ctx, spare)
             child.run(ctx)
+        ctx.listener = None  # a spare's first child passes it on; our copy closes with the rest below
         # Every fd but the report (and a spare's "taken" and state pipes): the command's ends (EOF on its pipes
         # once it and its children are done), and what we inherited from the init (its socket to the zygote, the
         # host procfs; a spare: the command socket and the write end of the "taken" pipe, now its child's).
@@ -644,7 +648,8 @@ def _renew(ctx: child.ChildContext, confinement: child.Confinement, report: sock
     """Make this exec-init a spare again, in its emptied namespace: fork the next command child (fds 3 and 5
     as ``spare_main`` laid them out the first time; our end of its "taken" pipe on fd 6), wait until its stages
     ahead ran, and lease it to the boundary over the report socket: ``{"spare": true, "notes"}`` with the command
-    socket and, under the connect-notify filter, the listener. Its pid; exits if there is to be no spare."""
+    socket (no listener: under the connect-notify filter the child is under ours, whose listener the boundary
+    has had since our first lease). Its pid; exits if there is to be no spare."""
     made = socket_pair()
     taken_r, taken_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     # Lifted first: a new fd may sit on 3, 5 or 6 already, and a dup2 onto itself then a close would lose it.
@@ -664,7 +669,7 @@ def _renew(ctx: child.ChildContext, confinement: child.Confinement, report: sock
     close_all([3, 5])
     try:
         message, fds = _await_ready(ours)
-        if not message.get("ready") or len(fds) != int(bool(confinement["notify"])):
+        if not message.get("ready") or fds:  # the boundary has the listener (our filter's) since our first lease
             raise OSError(errno.EIO, "spare child not ready")
         send(report, {"spare": True, "notes": message.get("notes") or []}, [ours.fileno(), *fds])
         close_all(fds)
@@ -717,11 +722,11 @@ def spare_main(  # pragma: no cover - own pid ns
 
 
 def _await_command(ctx: child.ChildContext, confinement: child.Confinement) -> NoReturn:  # pragma: no cover
-    """The stages ahead (``child.AHEAD``) for ``confinement``, ``{"ready"}`` to the init (with the listener under
-    the connect-notify filter), then the command from the boundary on fd 3 (spec, stdio layout, fds: checked as
-    the init checks a spawn's, and its confinement must be the one prepared), one byte on the "taken" pipe, and
-    the rest of the stages (``child.ON_COMMAND``). A failure before the command is the ready message's; after
-    it, the status pipe's, as for any child.
+    """The stages ahead (``child.AHEAD``) for ``confinement``, ``{"ready"}`` to the init or our exec-init (with the
+    listener, under the connect-notify filter, if the exec-init handed us its own to pass on), then the command from
+    the boundary on fd 3 (spec, stdio layout, fds: checked as the init checks a spawn's, and its confinement must be
+    the one prepared), one byte on the "taken" pipe, and the rest of the stages (``child.ON_COMMAND``). A failure
+    before the command is the ready message's; after it, the status pipe's, as for any child.
 
     The stages ahead run at the lowest priority where the priority can be restored before the command's stages
     (``_may_lower_priority``): a spare is made while an exec is in flight and must not take its CPU."""
