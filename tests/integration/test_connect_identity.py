@@ -146,7 +146,7 @@ class World:
                 nursery.start_soon(self.serve, listener)
                 lease = await self._prepare_lease(spec) if leased else None
                 served: list[tuple[int, dict[str, Any]]] = []
-                while sum(pid == lease for pid, _ in served) < times or not served:
+                while not served or (lease is not None and sum(pid == lease for pid, _ in served) < times):
                     if served:
                         self._file_comebacks()
                     spawned = await self.launcher.spawn(spec, own_pidns=leased)
