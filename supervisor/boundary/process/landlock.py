@@ -8,10 +8,10 @@ Rules of this module:
 2. ``read_only`` paths get execute + read-file + read-dir; ``read_write`` paths get every handled right; a path
    that is a file (not a directory) gets only the file rights (the kernel refuses directory rights on files).
 3. Paths are opened (``O_PATH``) by the caller: a fresh child *after* the uid drop, so a path the workload uid
-   cannot reach is simply not granted; a spare exec-init, once for the children it forks (``build``; each
-   applies it ahead, child.py ``AHEAD``), with the init's credentials, which may grant such a path and gives
-   nothing by it — every access is still checked against the workload's
-   uid, and Landlock only ever narrows what that allows. A missing path is skipped and noted.
+   cannot reach is simply not granted; a spare exec-init, once for the children it forks (``build``; each applies it
+   ahead, child.py ``AHEAD``), with the init's credentials, which may grant such a path and gives nothing by it —
+   every access is still checked against the workload's uid, and Landlock only ever narrows what that allows. A
+   missing path is skipped and noted.
 4. ``hard_requirement`` turns any degradation (no Landlock, ABI < 2, a path that could not be opened, nothing
    left to grant) into an error; ``best_effort`` returns it as a note for the caller to report (invariant 3:
    no silent weakening); ``off`` does nothing.
