@@ -179,6 +179,18 @@ def second_listener(port: int) -> dict[str, object]:
     return {"listener": listener, "then": plain(port)["verdict"]}
 
 
+def held_fds(port: int) -> dict[str, object]:
+    """What the agent holds besides stdio, then a plain connect: with a seccomp listener it could answer its own
+    notifications, with a Landlock ruleset it could hand it on."""
+    held = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            held[name] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue  # the listing's own fd, closed by now
+    return {"fds": held, "verdict": plain(port)["verdict"]}
+
+
 def stalled(port: int) -> dict[str, object]:
     started = time.monotonic()
     sock = dial(port)
@@ -206,6 +218,7 @@ CASES = {
     "scrub_inner": scrub_inner,
     "fastopen": fastopen,
     "second_listener": second_listener,
+    "held_fds": held_fds,
     "stalled": stalled,
     "boundary_gone": boundary_gone,
 }

@@ -220,13 +220,16 @@ async def test_every_exec_an_exec_init_serves_is_identified_through_its_one_list
 ) -> None:
     """A spare exec-init installs the connect-notify filter on itself, once (``child.build_ahead``): its first
     lease carries the listener and its later ones none, yet every exec it serves is under the filter and its
-    connect is recorded through that one listener (without a record it would be refused as no-record)."""
+    connect is recorded through that one listener (without a record it would be refused as no-record), and no
+    exec it serves holds that listener (or anything else of the exec-init's) beyond its stdio."""
     world = World(launcher)
-    served = await world.run_leased(model, "plain", script_dir, times=3)
+    served = await world.run_leased(model, "held_fds", script_dir, times=3)
     first = served[0][0]
     assert sum(pid == first for pid, _ in served) == 3
     for pid, report in served:
         assert report["verdict"].get("binary") == PYTHON, (pid, report, world.verdicts)
+        # The agent's side: nothing of its exec-init's (the listener it could answer itself with) reached it.
+        assert {fd: target for fd, target in report["fds"].items() if int(fd) > 2} == {}, report["fds"]
     assert world.notifier.counters["recorded"] >= len(served)
     # One listener per exec-init (and the one exec that prepared the spares, through the init), not one per exec.
     exec_inits = {pid for pid, _ in served}
