@@ -4,11 +4,13 @@
 Rules:
 
 1. Each workload child installs the filter after fork and before ``execve`` and sends its listener fd over the
-   hand-off socket (:meth:`ConnectNotifier.child_end`, one copy per spawn; a spare's listener comes over it
-   too, sent by the launcher when it files the spare's lease); the launcher, the workload's init and the fence
-   probe never get one. :meth:`ConnectNotifier.serve` receives listeners and serves each in
-   its own task without ever blocking trio: it waits on the fd with ``trio.lowlevel.wait_readable`` and
-   receives only when ``poll`` says a notification is pending (a receive with none pending would block).
+   hand-off socket (:meth:`ConnectNotifier.child_end`, one copy per spawn). A spare exec-init installs it on itself
+   once for all the command children it forks, and its one listener comes over the same socket, sent by the launcher
+   when it files the exec-init's first lease (its later leases carry none); served until every process under it is
+   gone. The launcher, the workload's init and the fence probe never get one. :meth:`ConnectNotifier.serve` receives
+   listeners and serves each in its own task without ever blocking trio: it waits on the fd with
+   ``trio.lowlevel.wait_readable`` and receives only when ``poll`` says a notification is pending (a receive with
+   none pending would block).
 2. Every notification is answered ``CONTINUE``: the filter decides nothing, it only lets the boundary look.
    ``connect`` on a TCP socket (``AF_INET``/``AF_INET6``, ``SOCK_STREAM``) takes the socket (``pidfd_getfd``),
    reads its inode and ``SO_COOKIE``, resolves the caller's identity and records it; anything else is answered

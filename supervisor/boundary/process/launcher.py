@@ -178,7 +178,8 @@ class Launcher:
         self._leases: list[Lease] = []
         self._returning: list[Lease] = []  # used, their exec-init coming back as a spare (zygote._renew)
         # The connect-notify hand-off socket (capture/connect_notify.py): when set, every spawned child gets a
-        # copy, installs the notify filter and sends its listener over it before exec.
+        # copy, installs the notify filter and sends its listener over it before exec (a spare exec-init's one
+        # listener, from its first lease, is sent over it here).
         self.notify_socket: socket.socket | None = None
         self.on_unowned: Callable[[int, list[int]], None] | None = None  # (count, first pids in the namespace)
 
