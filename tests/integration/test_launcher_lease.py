@@ -449,6 +449,7 @@ async def test_each_exec_an_exec_init_serves_is_confined_by_the_ruleset_it_built
     for got in served[first_lease.pid]:
         assert (got["rw"], got["other"]) == (0, errno.EACCES), got
         assert got["fds"][:3] == [0, 1, 2] and len(got["fds"]) <= 4, got["fds"]  # 0-2 and the one listdir opens
+    assert not (landlock_dirs / "other" / "f").exists()  # nothing of any confined exec reached the denied directory
     # Baseline: the same uid, no Landlock, writes there.
     _, status, out, _ = await run_exec(launcher, make_spec(PY, "-c", LANDLOCK_PROBE, base, stdin="null"))
     assert json.loads(out)["other"] == 0
