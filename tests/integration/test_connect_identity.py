@@ -218,7 +218,7 @@ async def test_plain_client_and_real_descendant_are_identified(
 async def test_every_exec_an_exec_init_serves_is_identified_through_its_one_listener(
     launcher: Launcher, script_dir: Path, model: str
 ) -> None:
-    """A spare exec-init installs the connect-notify filter on itself, once (``child.build_ahead``): its first
+    """A spare exec-init installs the connect-notify filter on itself, once (``child.SELF``): its first
     lease carries the listener and its later ones none, yet every exec it serves is under the filter and its
     connect is recorded through that one listener (without a record it would be refused as no-record), and no
     exec it serves holds that listener (or anything else of the exec-init's) beyond its stdio."""

@@ -1,8 +1,10 @@
 """Execs through a leased spare (zygote.py "Spares", launcher.py rules 4 and 5), as root (model R).
 
-The workload's init leases a spare exec-init whose command child has run the stages ahead (``child.AHEAD``) for
-the last spawn's confinement; the boundary sends a matching exec straight to it and reads its status from the
-report socket. Checked here: statuses and signals read back through that socket, a kill through the pidfd ends the
+The workload's init leases a spare exec-init that applied the stages its commands share to itself
+(``child.SELF``) for the last spawn's confinement; the boundary sends a matching exec straight to it (it starts the
+command with ``posix_spawn``, spawn.py) and reads its status from the report socket.
+
+Checked here: statuses and signals read back through that socket, a kill through the pidfd ends the
 exec's whole namespace, a mismatched confinement lets the spare go and runs as asked, stdio and a terminal work,
 and the agent can neither reach the waiting spare nor keep the next exec from taking it.
 """
@@ -153,7 +155,7 @@ async def test_a_mismatched_exec_lets_the_spare_go_and_runs_as_asked(launcher: L
     old: set[int] = set()
     for held in launcher._leases:
         pids = tree(held.pid)
-        assert len(pids) == 2, pids  # the exec-init and its waiting command child
+        assert len(pids) == 1, pids  # the exec-init alone: no child waits for the command
         old |= pids
     kw = MISMATCHES[field]
     spec = make_spec("/bin/sh", "-c", PROBE, stdin="null", **kw)
@@ -184,20 +186,32 @@ async def test_after_a_mismatch_the_next_spare_is_for_the_new_confinement(launch
 
 
 # --- 3: the agent's side ----------------------------------------------------------------------------------
-async def test_the_waiting_child_ran_its_stages_ahead_with_the_inits_uid(launcher: Launcher) -> None:
-    """While it waits, the spare's command child is already under no_new_privs, both seccomp filters (the
-    listener's mode shows as 2 too) and an empty bounding set, and still root: the agent's uid owns nothing of
-    it. The exec-init is not confined (it never runs the agent's code) but is root and not dumpable."""
+async def test_a_waiting_spare_is_confined_and_root_before_and_after_an_exec(launcher: Launcher) -> None:
+    """While it waits, the spare exec-init is already under no_new_privs, both seccomp filters (the listener's
+    mode shows as 2 too), with empty bounding, inheritable and ambient sets, and still root and not dumpable: the
+    agent's uid owns nothing of it. Its command gets the agent's ids (spawn.py rule 2) and none of its
+    capabilities; the exec-init has its own ids back once the command started, and keeps them as a spare again."""
     lease = await prime(launcher)
-    (waiting,) = children(lease.pid)
-    got = status_of(waiting)
-    assert got["Uid"] == ["0"] * 4 and got["Gid"] == ["0"] * 4
-    assert (got["NoNewPrivs"], got["Seccomp"], got["CapBnd"]) == (["1"], ["2"], ["0000000000000000"]), got
-    assert status_of(lease.pid)["Uid"] == ["0"] * 4
-    # It made itself the lowest priority for its stages ahead (an exec was in flight); the command runs at 0.
-    assert nice_of(waiting) == 19
-    spawned, status, out, _ = await run_exec(launcher, make_spec("/usr/bin/id", "-u"))
-    assert (spawned.pid, status, out) == (lease.pid, 0, b"1000\n")  # and the command still dropped to the agent
+    for served in (False, True):
+        got = status_of(lease.pid)
+        assert got["Uid"] == ["0"] * 4 and got["Gid"] == ["0"] * 4, (served, got)
+        assert (got["NoNewPrivs"], got["Seccomp"]) == (["1"], ["2"]), got
+        assert got["CapBnd"] == got["CapInh"] == got["CapAmb"] == ["0000000000000000"], got
+        assert children(lease.pid) == [] and nice_of(lease.pid) == 0
+        if served:
+            break
+        spawned = await launcher.spawn(make_spec(PY, "-c", STATUS_PROBE, stdin="null"), own_pidns=True)
+        assert spawned.pid == lease.pid and spawned.stdout is not None
+        with trio.fail_after(10):
+            out = json.loads(await read_all(spawned.stdout))
+            assert await spawned.wait_status() == 0
+        assert out["Uid"] == ["1000"] * 4 and out["Gid"] == ["1000"] * 4, out
+        assert [int(out[key][0], 16) for key in ("CapInh", "CapPrm", "CapEff", "CapAmb")] == [0] * 4, out
+        deadline = time.monotonic() + 10
+        while lease.pid not in [held.pid for held in launcher._leases]:  # back as a spare
+            assert time.monotonic() < deadline, "the exec-init did not come back"
+            launcher.workload_pids()  # files what came in meanwhile, its comeback lease included
+            await trio.sleep(0.005)
 
 
 EXEC_ATTACK = """
@@ -218,15 +232,14 @@ print(json.dumps(out))
 async def test_an_exec_of_the_agent_cannot_reach_the_next_spare(launcher: Launcher) -> None:
     """An exec has a PID namespace of its own (its kill(2) and ptrace(2) cannot name the spare; test_launcher_spawn
     tries those from the workload's namespace) but sees the workload's /proc, where the spare leased while it
-    runs shows up: it can open nothing of that spare or its waiting child, which stay as they were and take
-    the next exec."""
+    runs shows up: it can open nothing of that spare, which stays as it was and takes the next exec."""
     lease = await prime(launcher)
     attacker = await launcher.spawn(make_spec(PY, "-c", EXEC_ATTACK), own_pidns=True)
     assert attacker.pid == lease.pid and attacker.stdin is not None
-    nxt = await all_leased(launcher, lease.confinement, besides={lease.pid})  # the one it took is replaced
+    await all_leased(launcher, lease.confinement, besides={lease.pid})  # the one it took is replaced
     spares = [held.pid for held in launcher._leases]
     before = {pid: status_of(pid) for spare in spares for pid in (spare, *children(spare))}
-    assert len(before) == 2 * len(spares)  # each exec-init and its waiting command child
+    assert len(before) == len(spares)  # each exec-init alone: no child waits for the command
     targets = [was["NSpid"][1] for was in before.values()]  # as the workload's /proc names them
     os.write(attacker.stdin, " ".join(targets).encode())
     os.close(attacker.stdin)
@@ -244,9 +257,11 @@ async def test_an_exec_of_the_agent_cannot_reach_the_next_spare(launcher: Launch
             "S", was["Uid"], was["SigPnd"], was["ShdPnd"]
         ), (pid, now)  # fmt: skip
     for spare in spares:
-        assert len(children(spare)) == 1
+        assert children(spare) == []
+    # The attacker's exec-init may be back by now (the launcher then lets the oldest lease go): one of the
+    # spares it attacked, or itself, takes the next exec.
     spawned, status, out, _ = await run_exec(launcher, make_spec("/usr/bin/id", "-u", stdin="null"))
-    assert (spawned.pid, status, out) == (nxt.pid, 0, b"1000\n")
+    assert (spawned.pid in {*spares, lease.pid}, status, out) == (True, 0, b"1000\n")
 
 
 # --- 4: stdio and a terminal --------------------------------------------------------------------------------
@@ -280,8 +295,9 @@ async def test_a_tty_exec_through_a_lease(launcher: Launcher) -> None:
 # --- the split stages lose nothing ------------------------------------------------------------------------
 async def test_a_leased_exec_is_as_confined_as_one_forked_whole(launcher: Launcher) -> None:
     """The same probe test_launcher_spawn runs on a child that ran every stage in one go: through a lease (half
-    the stages ahead with the init's uid, half on command) every control is in force, no fd of the spare's
-    (command socket, "taken" pipe, report socket) reached the command, and it has a session of its own."""
+    the stages applied by the exec-init to itself, the rest by ``posix_spawn`` with the agent's ids) every
+    control is in force, no fd of the spare's (command socket, report socket, state pipe, signalfd) reached the
+    command, and it has a session of its own."""
     lease = await prime(launcher, groups=(2000, 2001))
     spawned, status, out, err = await run_exec(launcher, make_spec(PY, "-c", STATUS_PROBE, groups=(2000, 2001)))
     assert (spawned.pid, status) == (lease.pid, 0), err
@@ -307,7 +323,7 @@ async def test_spares_ended_while_waiting_leave_the_next_exec_to_the_init(launch
     await prime(launcher)
     old = {pid for held in launcher._leases for pid in tree(held.pid)}
     for held in launcher._leases:
-        os.kill(held.pid, signal.SIGTERM)  # forwarded to the waiting child, whose default action ends it
+        os.kill(held.pid, signal.SIGTERM)  # blocked, and pending on its signalfd: it ends (zygote._await_command)
     deadline = time.monotonic() + 10
     while gone := [pid for pid in old if alive(pid)]:
         assert time.monotonic() < deadline, f"the spares did not end: {gone}"
@@ -369,9 +385,9 @@ finally:
 
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="setpriv (util-linux) drops the capability here")
 def test_without_cap_sys_nice_a_leased_exec_runs_at_the_usual_priority(tmp_path: Path) -> None:
-    """A container that grants root no CAP_SYS_NICE (podman's default set): a spare's child could lower its
-    priority but not raise it again, so it must not lower it — the exec runs, at nice 0, through the spare (the
-    first version failed every such exec at 'fork': EPERM, caught by the podman pods)."""
+    """A container that grants root no CAP_SYS_NICE (podman's default set): nothing of a spare's may change a
+    priority it could not raise again — the exec runs, at nice 0, through the spare (an earlier version, whose
+    waiting child lowered its own, failed every such exec at 'fork': EPERM, caught by the podman pods)."""
     script = tmp_path / "no_sys_nice.py"
     script.write_text(NO_SYS_NICE)
     done = subprocess.run(
@@ -382,7 +398,7 @@ def test_without_cap_sys_nice_a_leased_exec_runs_at_the_usual_priority(tmp_path:
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"leased": True, "status": 0, "nice": "0"}
 
 
-# --- exec-inits that come back (zygote._renew) -------------------------------------------------------------
+# --- exec-inits that come back (zygote._serve) -------------------------------------------------------------
 async def test_an_exec_init_serves_a_later_exec_with_nothing_left_of_the_last(launcher: Launcher) -> None:
     """The agent's exec leaves a daemon behind; its exec-init ends it before it reports, then serves a later exec
     in the same namespace, where nothing of the first is left (the daemon's pid names no process there)."""
@@ -431,10 +447,10 @@ def landlock_dirs() -> Iterator[Path]:
 async def test_each_exec_an_exec_init_serves_is_confined_by_the_ruleset_it_built_once(
     launcher: Launcher, landlock_dirs: Path
 ) -> None:
-    """A spare exec-init builds its Landlock ruleset once (``child.build_ahead``) for every command child it forks:
-    the first exec it serves and a later one are both held to it (a write outside ``read_write`` is refused that
-    the same uid may make without Landlock), both get the note of the path it skipped, and neither holds the
-    ruleset's fd."""
+    """A spare exec-init applies its Landlock ruleset to itself, once (``child.SELF``), for every command it
+    starts: the first exec it serves and a later one are both held to it (a write outside ``read_write`` is
+    refused that the same uid may make without Landlock), both get the note of the path it skipped, and neither
+    holds the ruleset's fd."""
     base = str(landlock_dirs)
     spec = LandlockSpec(read_only=(*READ_ONLY, "/no/such/dir", os.path.dirname(PY)), read_write=(f"{base}/rw",))
     first_lease = await prime(launcher, landlock=spec)

@@ -472,21 +472,13 @@ async def test_pid_namespace_and_own_proc(launcher: Launcher) -> None:
     await spawned.wait_status()
     ns_pid, visible = out
     assert ns_pid == spawned.ns_pid and ns_pid != spawned.pid
-    # The init and itself: not the boundary, not the zygote; and at most the init's spare exec-inits and their
-    # waiting children (forked after this spawn's reply, so the listing may or may not have caught them).
+    # The init and itself: not the boundary, not the zygote; and at most the init's spare exec-inits (forked
+    # after this spawn's reply, so the listing may or may not have caught them).
     extra = set(visible) - {1, ns_pid}
     assert visible[0] == 1 and ns_pid in visible
     if extra:
         spares = await _spares(launcher, zygote.SPARES)
         assert extra <= {_ns_pids(pid)[1] for spare in spares for pid in (spare, *_children(spare))}
-
-
-async def _eventually_children(pid: int) -> list[int]:
-    deadline = time.monotonic() + 10
-    while not (found := _children(pid)):
-        assert time.monotonic() < deadline, f"{pid} forked no child"
-        await trio.sleep(0.01)
-    return found
 
 
 def _children(pid: int) -> list[int]:
@@ -536,7 +528,8 @@ print(json.dumps(out))
 
 async def test_the_agent_cannot_touch_the_spare_exec_init(launcher: Launcher) -> None:
     """The spare exec-init waits in the workload's PID namespace: the agent (another uid, no capability) can
-    see it but cannot signal, stop, trace, read or enter it, and an exec afterwards still runs through it."""
+    see it but cannot signal, stop, trace, read or enter it, and an exec afterwards still runs through it. The
+    same holds once it served an exec and waits again (it took its own ids back after the spawn)."""
     await launcher.prepare(NamespacePlan("R"))
     agent = await launcher.spawn(make_spec("/bin/sleep", "60", stdin="null"))
     async with trio.open_nursery() as nursery:
@@ -547,29 +540,36 @@ async def test_the_agent_cannot_touch_the_spare_exec_init(launcher: Launcher) ->
 
 async def _spare_attack(launcher: Launcher) -> None:
     spare = await _spare(launcher)
-    (waiting,) = await _eventually_children(spare)  # the command's child, forked ahead, waiting for the command
     workload = launcher.workload_pids()
-    assert spare not in workload and waiting not in workload  # not workload processes: end-all does not wait
-    # The waiting child ran its stages ahead (child.AHEAD) with the init's uid: confined already, and root.
-    ahead = [proc_line(f"/proc/{waiting}/status", key)[0] for key in ("NoNewPrivs:", "Seccomp:", "CapBnd:")]
-    assert ahead == ["1", "2", "0000000000000000"], ahead
-    for pid in (spare, waiting):
-        assert proc_line(f"/proc/{pid}/status", "Uid:") == ["0"] * 4
-        ns_pid = _ns_pids(pid)[1]  # as the agent names it
+    assert spare not in workload  # not a workload process: end-all does not wait for it
+    for served in (False, True):
+        # It confined itself (child.SELF) with the init's ids: no_new_privs, both filters, no capability to pass on.
+        own = [proc_line(f"/proc/{spare}/status", key)[0] for key in ("NoNewPrivs:", "Seccomp:", "CapBnd:", "CapInh:")]
+        assert own == ["1", "2", "0000000000000000", "0000000000000000"], own
+        assert proc_line(f"/proc/{spare}/status", "Uid:") == ["0"] * 4
+        assert proc_line(f"/proc/{spare}/status", "Gid:") == ["0"] * 4
+        ns_pid = _ns_pids(spare)[1]  # as the agent names it
         status, out, err = await run(launcher, make_spec(PY, "-c", SPARE_ATTACK, str(ns_pid), stdin="null"))
         assert status == 0, err
         got = json.loads(out)
         assert got == {
             "kill": errno.EPERM, "term": errno.EPERM, "stop": errno.EPERM, "ptrace": errno.EPERM,
             "mem": errno.EACCES, "environ": errno.EACCES, "ns/pid": errno.EACCES, "fd/3": errno.EACCES,
-        }, (pid, got)  # fmt: skip
-    assert _children(spare) == [waiting]
-    for pid in (spare, waiting):  # still waiting, untouched
-        assert proc_line(f"/proc/{pid}/status", "State:")[0] == "S"
-    assert spare in [lease.pid for lease in launcher._leases]
-    exec_ = await launcher.spawn(make_spec("/bin/true", stdin="null"), own_pidns=True)
-    assert exec_.nested and exec_.pid == spare  # the next exec took it
-    assert await exec_.wait_status() == 0
+        }, (served, got)  # fmt: skip
+        assert _children(spare) == []  # no child waits: its commands are spawned when they come
+        assert proc_line(f"/proc/{spare}/status", "State:")[0] == "S"  # still waiting, untouched
+        assert spare in [lease.pid for lease in launcher._leases]
+        if served:
+            break
+        exec_ = await launcher.spawn(make_spec("/usr/bin/id", "-u", stdin="null"), own_pidns=True)
+        assert exec_.nested and exec_.pid == spare  # the next exec took it
+        assert exec_.stdout is not None and await read_all(exec_.stdout) == b"1000\n"  # as the agent
+        assert await exec_.wait_status() == 0
+        deadline = time.monotonic() + 10
+        while spare not in [lease.pid for lease in launcher._leases]:  # back as a spare
+            assert time.monotonic() < deadline, "the exec-init did not come back"
+            launcher.workload_pids()
+            await trio.sleep(0.01)
 
 
 async def test_host_pid_matches_pidfd(launcher: Launcher) -> None:

@@ -119,8 +119,8 @@ async def main():
         out["probe_status"] = await spawned.wait_status()
         out["probe"] = json.loads(text or b"null")
         out["probe_ns_pid"] = spawned.ns_pid
-    # The init's spare exec-inits and their waiting children, as the probe names them: the init leases spares
-    # to the launcher once their children are ready (after the probe's spawn), which files them as it drains.
+    # The init's spare exec-inits (and any children), as the probe names them: the init leases spares to the
+    # launcher once they are ready (after the probe's spawn), which files them as it drains.
     out["spare_ns"] = []
     for _ in range(500):
         if launcher.workload_pids() is not None and len(launcher._leases) >= zygote.SPARES:

@@ -2,9 +2,9 @@
 
 Rules of this module:
 
-1. The order is the table ``STAGES`` and nothing else (a spare's child runs it in two parts, ``AHEAD`` and
-   ``ON_COMMAND``, each in table order); the workload's first instruction runs only after the last stage, with
-   every control in force (invariant 2).
+1. The order is the table ``STAGES`` and nothing else (a spare exec-init runs ``SELF`` on itself once, its
+   children ``IN_CHILD``, each in table order); the workload's first instruction runs only after the last stage,
+   with every control in force (invariant 2).
 2. A stage that fails ends the child: it writes ``{"stage", "errno", "detail"}`` as one JSON line to the
    status pipe (close-on-exec, so EOF with no failure line means ``execve`` succeeded) and ``_exit``s.
    Non-fatal degradations (``best_effort`` Landlock) are written as ``{"note"}`` lines first.
@@ -26,9 +26,9 @@ import resource
 import signal
 import socket
 import termios
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, NoReturn, TypedDict, cast
+from typing import Any, Final, Literal, NoReturn, TypedDict, TypeVar, cast
 
 from supervisor.protocol.exit_codes import ExitCode
 
@@ -166,15 +166,16 @@ def exec_candidates(name: str, env: Mapping[str, str]) -> list[str]:
 
 
 _NOT_THERE: Final = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG)  # try the next PATH entry
+_T = TypeVar("_T")
 
 
-def _execve(argv: tuple[str, ...], env: Mapping[str, str]) -> NoReturn:
-    """``execve`` the first ``PATH`` candidate that runs. A candidate ``stat`` says is not there is skipped
-    without trying it (``execve`` would fail the same way): under the connect-notify filter every ``execve``
-    is a round trip to the boundary (seccomp.NOTIFY_RULES), and ``true`` is in the fourth default entry."""
+def exec_first(argv: tuple[str, ...], env: Mapping[str, str], start: Callable[[str], _T]) -> _T:
+    """``start`` (an ``execve``, or a spawn of it) on the first ``PATH`` candidate that runs. A candidate ``stat``
+    says is not there is skipped without trying it (``execve`` would fail the same way): under the connect-notify
+    filter every ``execve`` is a round trip to the boundary (seccomp.NOTIFY_RULES), and ``true`` is in the fourth
+    default entry."""
     denied: OSError | None = None
     search = "/" not in argv[0]
-    argv_list, env_dict = list(argv), dict(env)
     for path in exec_candidates(argv[0], env):
         if search:
             try:
@@ -183,7 +184,7 @@ def _execve(argv: tuple[str, ...], env: Mapping[str, str]) -> NoReturn:
                 if exc.errno in _NOT_THERE:
                     continue
         try:
-            os.execve(path, argv_list, env_dict)
+            return start(path)
         except OSError as exc:
             if exc.errno == errno.EACCES:
                 denied = denied or exc
@@ -194,10 +195,16 @@ def _execve(argv: tuple[str, ...], env: Mapping[str, str]) -> NoReturn:
     raise FileNotFoundError(errno.ENOENT, f"{argv[0]}: not found in PATH")
 
 
+def _execve(argv: tuple[str, ...], env: Mapping[str, str]) -> NoReturn:
+    argv_list, env_dict = list(argv), dict(env)
+    exec_first(argv, env, lambda path: os.execve(path, argv_list, env_dict))
+    raise OSError(errno.EINVAL, "execve returned")  # unreachable: it replaces us or raises
+
+
 class Confinement(TypedDict):
-    """The part of a launch a spare child applies before its command exists (``AHEAD``), as it goes on the wire:
-    the ids, the Landlock rules (``SpawnSpec.to_wire``'s), the deny list, and whether the connect-notify filter is
-    installed."""
+    """What a spare exec-init is made for, as it goes on the wire: the ids its commands get, the Landlock rules
+    (``SpawnSpec.to_wire``'s), the deny list and whether the connect-notify filter is installed — the last three
+    applied to the exec-init itself before any command exists (``SELF``)."""
 
     uid: int
     gid: int
@@ -225,7 +232,7 @@ def confinement(spec: SpawnSpec, notify: bool) -> Confinement:
 
 
 def confinement_spec(confinement: Confinement) -> SpawnSpec:
-    """A spec carrying only ``confinement`` (what the ``AHEAD`` stages read); no command to run."""
+    """A spec carrying only ``confinement`` (what the ``SELF`` stages read); no command to run."""
     return SpawnSpec.from_wire({"argv": [], "env": {}, "cwd": "/", **cast(dict[str, Any], confinement)})
 
 
@@ -240,14 +247,10 @@ class ChildContext:
     notes: list[str] = field(default_factory=list)
     mount_ns: int | None = None  # fd of the agent's mount namespace, entered while still privileged
     notify_fd: int | None = None  # socket to the boundary: the connect-notify listener is sent over it
-    # A spare (``AHEAD``): under the connect-notify filter, its listener kept here for the init to pass on. Its
-    # exec-init installed the filter for all its children (``build_ahead``: ``notify_inherited``) or failed to.
+    # A spare exec-init (``SELF``): under the connect-notify filter, its listener kept here to pass on with its
+    # first lease.
     keep_listener: bool = False
     listener: int | None = None
-    notify_inherited: bool | Exception = False
-    # A spare exec-init's Landlock ruleset for ``spec.landlock``, built once for every child it forks
-    # (``build_ahead``), or why it could not be: that child's LANDLOCK stage fails with it.
-    ruleset: landlock.Ruleset | Exception | None = None
 
 
 def _reset_signals(ctx: ChildContext) -> None:
@@ -325,6 +328,13 @@ def _chdir(ctx: ChildContext) -> None:
     os.chdir(ctx.spec.cwd)
 
 
+def _capbset(ctx: ChildContext) -> None:
+    """The bounding and ambient sets emptied, and the inheritable set: nothing can come back at ``execve`` even
+    where the ids do not change (a spare exec-init keeps its effective and permitted sets, ``spawn.py``)."""
+    privilege.clear_bounding_set()
+    privilege.clear_inheritable()
+
+
 def _caps(ctx: ChildContext) -> None:
     if ctx.spec.uid != 0:
         privilege.clear_capabilities()
@@ -344,16 +354,7 @@ def _pdeathsig(ctx: ChildContext) -> None:
 def _landlock(ctx: ChildContext) -> None:
     if ctx.spec.landlock is None:
         return
-    built = ctx.ruleset
-    if built is None:
-        notes: Iterable[str] = landlock.restrict_self(ctx.spec.landlock)
-    elif isinstance(built, Exception):
-        raise built
-    else:
-        landlock.enforce(built)
-        built.close()  # this child's copy
-        notes = built.notes
-    for note in notes:
+    for note in landlock.restrict_self(ctx.spec.landlock):
         if ctx.status_fd < 0:  # a spare: no status pipe yet, the notes go with its ready message
             ctx.notes.append(note)
         else:
@@ -361,11 +362,7 @@ def _landlock(ctx: ChildContext) -> None:
 
 
 def _seccomp(ctx: ChildContext) -> None:
-    if isinstance(ctx.notify_inherited, Exception):
-        raise ctx.notify_inherited
-    if ctx.notify_inherited:
-        pass  # the filter came with the fork; its listener, if this child is to pass it on, is in ctx.listener
-    elif ctx.keep_listener:  # first: the deny list refuses seccomp(2) (docs/design.md "Identity")
+    if ctx.keep_listener:  # first: the deny list refuses seccomp(2) (docs/design.md "Identity")
         ctx.listener = seccomp.install_listener(seccomp.notify_program())
     elif ctx.notify_fd is not None:
         listener = seccomp.install_listener(seccomp.notify_program())
@@ -394,7 +391,7 @@ STAGES: Final[tuple[tuple[Stage, Callable[[ChildContext], object]], ...]] = (
     (Stage.UMASK, lambda ctx: os.umask(privilege.DEFAULT_CHILD_MODE)),
     (Stage.SETGROUPS, lambda ctx: privilege.set_groups(ctx.spec.groups)),
     (Stage.SETRESGID, lambda ctx: privilege.set_gid(ctx.spec.gid)),
-    (Stage.CAPBSET, lambda ctx: privilege.clear_bounding_set()),
+    (Stage.CAPBSET, _capbset),
     (Stage.SETRESUID, lambda ctx: privilege.set_uid(ctx.spec.uid)),
     (Stage.CAPS, _caps),
     (Stage.SETUID0, _setuid0),
@@ -409,37 +406,15 @@ STAGES: Final[tuple[tuple[Stage, Callable[[ChildContext], object]], ...]] = (
 )
 
 
-# A spare's command child (zygote.py "Spares") runs the stages of ``AHEAD`` while it waits, with the init's
-# credentials and before its command exists, and the rest (``ON_COMMAND``, in ``STAGES`` order) once the command
-# arrived. Each part keeps the table's order; only stages that need no command and no credential change move
-# ahead, and every control is in force before ``execve`` all the same (rule 1). The set-id stages stay with the
-# command: a waiting child keeps the init's uid, so the agent can neither signal nor trace it.
-_AHEAD: Final = frozenset({
-    Stage.SIGNALS, Stage.SETSID, Stage.UMASK, Stage.CAPBSET, Stage.RLIMIT_CORE, Stage.NO_NEW_PRIVS, Stage.LANDLOCK,
-    Stage.SECCOMP,
+# A spare exec-init (zygote.py "Spares") applies the stages of ``SELF`` to itself, in table order, once and before
+# any command exists: everything it forks or spawns inherits them, so its commands skip them (``IN_CHILD``: what a
+# child it forks still runs; ``spawn.py``: the same for a command it starts with ``posix_spawn``). None of them
+# changes its ids: it waits with the init's credentials, so the agent can neither signal nor trace it.
+_SELF: Final = frozenset({
+    Stage.UMASK, Stage.CAPBSET, Stage.RLIMIT_CORE, Stage.NO_NEW_PRIVS, Stage.LANDLOCK, Stage.SECCOMP,
 })  # fmt: skip
-AHEAD: Final = tuple((stage, action) for stage, action in STAGES if stage in _AHEAD)
-ON_COMMAND: Final = tuple((stage, action) for stage, action in STAGES if stage not in _AHEAD)
-
-
-def build_ahead(ctx: ChildContext) -> None:
-    """In a spare exec-init, before its first child: do once what each child's ``AHEAD`` stages would otherwise
-    redo. Build the Landlock ruleset (``landlock.build``, rule 3 there), and install the connect-notify filter on
-    the exec-init itself, so every child it forks is under it from the fork on and one listener serves them all
-    (the first child passes it on; the exec-init makes no trapped call: no ``connect``, no ``execve``). A failure
-    is each child's, at the stage that would have met it."""
-    if ctx.spec.landlock is not None and ctx.ruleset is None:
-        try:
-            ctx.ruleset = landlock.build(ctx.spec.landlock)
-        except Exception as exc:  # the children's LANDLOCK stage reports it, as if each had failed to build it
-            ctx.ruleset = exc
-    if ctx.keep_listener and not ctx.notify_inherited:
-        try:
-            linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)  # it never execs: nothing to lose
-            ctx.listener = seccomp.install_listener(seccomp.notify_program())
-            ctx.notify_inherited = True
-        except Exception as exc:
-            ctx.notify_inherited = exc
+SELF: Final = tuple((stage, action) for stage, action in STAGES if stage in _SELF)
+IN_CHILD: Final = tuple((stage, action) for stage, action in STAGES if stage not in _SELF)
 
 
 def _failure(stage: Stage, exc: BaseException) -> Failure:
@@ -448,11 +423,12 @@ def _failure(stage: Stage, exc: BaseException) -> Failure:
     return Failure(stage=stage.value, errno=errno.EINVAL, detail=repr(exc))  # a bug: still a report
 
 
-def run_ahead(ctx: ChildContext) -> Failure | None:
-    """The ``AHEAD`` stages of a spare; ``None`` once all ran, else the failure record."""
-    stage = Stage.SIGNALS
+def run_self(ctx: ChildContext) -> Failure | None:
+    """The ``SELF`` stages, on the calling process (a spare exec-init); ``None`` once all ran, else the failure
+    record."""
+    stage = SELF[0][0]
     try:
-        for current, action in AHEAD:
+        for current, action in SELF:
             stage = current
             action(ctx)
     except BaseException as exc:
@@ -469,8 +445,8 @@ def _write_status(ctx: ChildContext, record: Mapping[str, Any]) -> None:
 
 
 def run(ctx: ChildContext, stages: tuple[tuple[Stage, Callable[[ChildContext], object]], ...] = STAGES) -> NoReturn:
-    """Run ``stages`` (every stage; a spare: ``ON_COMMAND``), then ``execve``; on failure report ``(stage,
-    errno)`` and exit."""
+    """Run ``stages`` (every stage; a child of a spare exec-init: ``IN_CHILD``), then ``execve``; on failure
+    report ``(stage, errno)`` and exit."""
     stage = stages[0][0]
     try:
         for current, action in stages:
@@ -483,9 +459,14 @@ def run(ctx: ChildContext, stages: tuple[tuple[Stage, Callable[[ChildContext], o
         os._exit(ExitCode.NOT_FOUND)
 
 
+def report_failure(ctx: ChildContext, stage: Stage, exc: BaseException) -> None:
+    """Write ``exc`` at ``stage`` to the status pipe (rule 2)."""
+    _write_status(ctx, _failure(stage, exc))
+
+
 def fail(ctx: ChildContext, stage: Stage, exc: BaseException) -> NoReturn:
     """Report ``exc`` at ``stage`` on the status pipe and exit (rule 2)."""
     try:
-        _write_status(ctx, _failure(stage, exc))
+        report_failure(ctx, stage, exc)
     finally:
         os._exit(ExitCode.NOT_FOUND)  # the parent reads the status pipe, not this code

@@ -16,6 +16,8 @@ import ctypes
 import errno as _errno
 import os
 import platform
+import sys
+from collections.abc import Iterable
 from typing import Final
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -172,6 +174,32 @@ def reset_reserved_signals() -> None:
             syscall(number, sig, ctypes.cast(action, ctypes.c_void_p), None, 8)
         except OSError:
             pass
+
+
+_SIGSET_WORDS: Final = 1024 // (8 * ctypes.sizeof(ctypes.c_ulong))  # glibc's sigset_t
+_SIGNALFD_SIGINFO: Final = 128  # sizeof(struct signalfd_siginfo); ssi_signo is its first u32
+
+
+def signalfd(signals: Iterable[int]) -> int:
+    """A new close-on-exec, non-blocking signalfd for ``signals`` (readable only while they are blocked)."""
+    mask = (ctypes.c_ulong * _SIGSET_WORDS)()
+    bits = 8 * ctypes.sizeof(ctypes.c_ulong)
+    for sig in signals:
+        mask[(sig - 1) // bits] |= 1 << ((sig - 1) % bits)
+    return _check(_libc.signalfd(-1, ctypes.byref(mask), os.O_CLOEXEC | os.O_NONBLOCK))
+
+
+def read_signals(fd: int) -> list[int]:
+    """The signal numbers a signalfd has pending now (taking them)."""
+    taken: list[int] = []
+    while True:
+        try:
+            data = os.read(fd, _SIGNALFD_SIGINFO * 16)
+        except BlockingIOError:
+            return taken
+        if not data:
+            return taken
+        taken += [int.from_bytes(data[i : i + 4], sys.byteorder) for i in range(0, len(data), _SIGNALFD_SIGINFO)]
 
 
 def close_range(first: int, last: int = 0xFFFFFFFF) -> None:

@@ -107,6 +107,13 @@ def clear_capabilities() -> None:
         raise PermissionError(errno.EPERM, "capabilities remain after the drop")
 
 
+def clear_inheritable() -> None:
+    """Empty the inheritable set, keeping the effective and permitted ones."""
+    effective, permitted, inheritable = linux.capget()
+    if inheritable:
+        linux.capset(effective, permitted, 0)
+
+
 def keep_across_exec() -> None:
     """Keep this process's permitted capabilities through its next ``execve`` (the init's fresh interpreter,
     zygote.py "The init's image"): where its uid is not 0 in its user namespace (model U without root) the

@@ -37,25 +37,26 @@ mounted the namespace's ``/proc``, ``/proc/self`` names nothing for the zygote (
 namespace): the one read of it, a probe's TCP tables, goes through ``/proc/1`` (the init, in the same network
 namespace).
 
-An exec gets a PID namespace of its own (``exec_init``). Spares keep the ``unshare``, both forks and most of the
-child's stages off its path, and the zygote and the init off it altogether (``Spawner.replenish``, ``spare_main``,
-``_await_command``): the init forks an exec-init, already PID 1 of a fresh namespace, which does once what all its
-command children share (``child.build_ahead``: the Landlock ruleset built, the connect-notify filter installed on
-itself) and whose command child runs the stages that need no command (``child.AHEAD``: signals, session, umask,
-bounding set, core limit, ``no_new_privs``, Landlock, the deny list) for the confinement of the last spawn, then
-waits on a socket for its command with the init's credentials. Once it is ready the init *leases* it to the
-boundary: ``{"spare": host_pid, "ns_pid", "confinement", "notes"}`` with the command socket, a pidfd of the
-exec-init, the boundary's end of its report socket and, under the connect-notify filter, the filter's listener; the
-init keeps none of them. The boundary sends the next nested spawn whose confinement matches straight to that socket
-(the command child checks the match again) and reads the command's status from the report socket itself. Then the
-exec-init, its namespace emptied, makes itself a spare again (``_renew``): it forks the next command child and
-leases it to the boundary over the report socket, without a listener (the boundary serves the one the first lease
-brought for as long as the exec-init lives) — no fork of the init per exec. The init keeps SPARES spare exec-inits
-*available*: waiting, or whose exec began less than SPARE_BUSY_S ago (a state pipe carries "t" from the child when
-its command arrives and "b" from the exec-init when it is back), and makes another when fewer are; it reaps them
-without a report. One let go before any command ends (no byte on the child's "taken" pipe to its exec-init) and is
-replaced after the next spawn, or at once if a spawn changed the confinement since it was made. While a spare is
-leased and unused (or coming back) the boundary leaves it out of the workload's processes.
+An exec gets a PID namespace of its own (``exec_init``). Spares keep the ``unshare``, the forks and the stages
+that need no command off its path, and the zygote and the init off it altogether (``Spawner.replenish``,
+``spare_main``, ``_serve``): the init forks a spare exec-init, already PID 1 of a fresh namespace, which applies to
+itself, once, what all its commands share (``child.SELF``: umask, capability sets, core limit, ``no_new_privs``,
+Landlock, the connect-notify filter and the deny list) for the confinement of the last spawn, and then waits on a
+socket for its command with the init's credentials. Once it is ready the init *leases* it to the boundary:
+``{"spare": host_pid, "ns_pid", "confinement", "notes"}`` with the command socket, a pidfd of the exec-init, the
+boundary's end of its report socket and, under the connect-notify filter, the filter's listener; the init keeps
+none of them. The boundary sends the next nested spawn whose confinement matches straight to that socket (the
+exec-init checks the match again), and reads the command's status from the report socket itself. The exec-init
+starts the command with ``posix_spawn`` (``spawn.py``: no fork of Python, no copied pages), or, with a terminal,
+in a forked child that runs the rest of the stages (``child.IN_CHILD``). Once the command ended and its namespace
+is empty, it reports and leases itself again over the report socket, with a new command socket and without a
+listener (the boundary serves the one the first lease brought for as long as the exec-init lives): no fork of the
+init, of an exec-init or of a waiting child per exec. The init keeps SPARES spare exec-inits *available*:
+waiting, or whose exec began less than SPARE_BUSY_S ago (a state pipe carries "t" when a command arrives and "b"
+when the exec-init is back), and makes another when fewer are; it reaps them without a report. One let go (EOF
+on its command socket) ends, and is replaced after the next spawn, or at once if a spawn changed the confinement
+since it was made. While a spare is leased and unused (or coming back) the boundary leaves it out of the
+workload's processes.
 """
 
 from __future__ import annotations
@@ -64,7 +65,6 @@ import array
 import contextlib
 import errno
 import fcntl
-import functools
 import gc
 import json
 import os
@@ -79,7 +79,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, NoReturn, Protocol
 
-from . import child, landlock, linux, privilege, rootfs, seccomp
+from supervisor.protocol.exit_codes import ExitCode
+
+from . import child, linux, privilege, rootfs, seccomp, spawn
 
 MAX_MESSAGE: Final = 1 << 20
 MAX_SPEC: Final = 256 * 1024  # argv + env + the rest, encoded; below any default socket send buffer
@@ -403,17 +405,15 @@ class Spawner:
         ours, theirs = socket_pair()
         report, report_theirs = socket_pair()  # the exec-init's statuses and its next leases, to the boundary
         report_r, report_w = report.detach(), report_theirs.detach()
-        taken_r, taken_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # both the exec-init's: its child writes
-        state_r, state_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # the exec-init's and its children's, to us
-        its = [report_w, taken_w, taken_r, state_w]  # the spare's alone once it is forked
+        state_r, state_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # the exec-init's, to us
+        its = [report_w, state_w]  # the spare's alone once it is forked
         pid: int | None = None
         out: list[int] = []
-        # Made here once, not in each spare: what the spare's child starts from (its forks inherit it built).
+        # Made here once, not in each spare: what a spare starts from (its fork inherits it built).
         if self._spare_ctx is None or self._spare_ctx[0] != confinement:
             spec, notify = child.confinement_spec(confinement), bool(confinement["notify"])
             self._spare_ctx = confinement, child.ChildContext(spec, (-1, -1, -1), -1, 0, keep_listener=notify)
         spare_ctx = self._spare_ctx[1]
-        _may_lower_priority()  # decided (and cached) here, before the fork: each spare's child reads the answer
         try:
             linux.unshare(linux.CLONE_NEWPID)
             try:
@@ -422,7 +422,7 @@ class Spawner:
                 with contextlib.suppress(OSError):  # the child's namespace is made; ours is ours again
                     self._own_pidns_again()
             if pid == 0:  # pragma: no cover - PID 1 of its own namespace
-                spare_main(theirs.fileno(), report_w, taken_w, taken_r, state_w, confinement, spare_ctx)
+                spare_main(theirs.fileno(), report_w, state_w, confinement, spare_ctx)
             self.leased.add(pid)  # from now on reaped without a report, whatever happens to it
             close_all([theirs.detach(), *its])
             its = []
@@ -548,72 +548,45 @@ _FORWARDED: Final = tuple(
 _WAITED: Final = frozenset({*_FORWARDED, signal.SIGCHLD})  # what an exec-init waits for (sigwaitinfo)
 
 
-def exec_init(  # pragma: no cover - own pid ns
-    ctx: child.ChildContext, report_r: int, report_w: int, spare: child.Confinement | None = None
-) -> NoReturn:
+def exec_init(ctx: child.ChildContext, report_r: int, report_w: int) -> NoReturn:  # pragma: no cover - own pid ns
     """PID 1 of one exec's own PID namespace (issue 15 item 2): fork the command (``child.run``), forward every
     catchable signal to it, reap everything, and when the command ends write its raw wait status to
     ``report_w`` and exit — the kernel then kills whatever it left in the namespace (setsid, double forks).
-    SIGKILL to this process (terminate's last step) ends the namespace, the command included.
-
-    ``spare``: a spare's (``spare_main``): the command's child is forked now, runs its stages ahead for that
-    confinement (``ctx`` carries its spec) and waits on fd 3 for its command (``_await_command``); its "taken"
-    pipe is fd 6. Once the command ended, its namespace is empty and its status is out on the report socket
-    (fd 4), the exec-init is a spare again instead of exiting (``_renew``): the next exec's command child, in the
-    same namespace, leased to the boundary over that socket — no fork of the init and no new exec-init per exec.
-    A child let go before any command (no byte on the "taken" pipe) ends it: the init makes a new one."""
+    SIGKILL to this process (terminate's last step) ends the namespace, the command included. (A spare's is
+    ``spare_main``.)"""
     try:
         if report_r >= 0:
             os.close(report_r)
-        os.setsid()  # a group of our own: a group signal to this handle never reaches the workload's init
-        # Signals are taken with sigwaitinfo, not caught: no handler per signal to install here (and none for the
-        # command's SIGNALS stage to reset). Blocked first; then what the init ignores or catches goes back to
-        # default, since an ignored signal is dropped even while blocked (and a blocked one is never acted on).
-        signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)  # the command inherits this mask; SIGNALS empties it
-        child.default_dispositions()  # and no wakeup fd (the init's pipe is not ours): its children skip both
-        me = os.getpid()
-        ctx.parent_pid = me  # our copy (a fork): the caller's object is not touched
+        _become_exec_init()
+        ctx.parent_pid = os.getpid()  # our copy (a fork): the caller's object is not touched
         pid = os.fork()
         if pid == 0:
             os.close(report_w)
-            if spare is not None:
-                os.close(_TAKEN_R)
-                _await_command(ctx, spare)
             child.run(ctx)
-        ctx.listener = None  # a spare's first child passes it on; our copy closes with the rest below
-        # Every fd but the report (and a spare's "taken" and state pipes): the command's ends (EOF on its pipes
-        # once it and its children are done), and what we inherited from the init (its socket to the zygote, the
-        # host procfs; a spare: the command socket and the write end of the "taken" pipe, now its child's).
-        keep_set = {report_w, *((_TAKEN_R, _STATE_W) if spare is not None else ())}
-        if isinstance(ctx.ruleset, landlock.Ruleset) and ctx.ruleset.fd is not None:
-            keep_set.add(ctx.ruleset.fd)  # a spare's, for its next command children
-        keep = sorted(keep_set)
-        low = 3
-        for fd in keep:
-            if low < fd:
-                linux.close_range(low, fd - 1)
-            low = fd + 1
-        linux.close_range(low)
-        report = socket.socket(fileno=report_w) if spare is not None else None
-        while True:
-            status = _wait_command(pid)
-            _empty_namespace()
-            if spare is not None and not _taken():
-                os._exit(0)  # let go before its command: nobody waits for a report
-            with contextlib.suppress(OSError):
-                if report is not None:
-                    report.send(str(status).encode(), socket.MSG_NOSIGNAL)
-                else:
-                    os.write(report_w, str(status).encode())
-            if report is None or spare is None:
-                os._exit(0)
-            pid = _renew(ctx, spare, report)
+        # Every fd but the report: the command's ends (EOF on its pipes once it and its children are done), and
+        # what we inherited from the init (its socket to the zygote, the host procfs).
+        if report_w > 3:
+            linux.close_range(3, report_w - 1)
+        linux.close_range(report_w + 1)
+        status = _wait_command(pid)
+        _empty_namespace()
+        with contextlib.suppress(OSError):
+            os.write(report_w, str(status).encode())
+        os._exit(0)
     finally:
         os._exit(1)
 
 
-_TAKEN_R: Final = 6  # a spare exec-init's end of its command child's "taken" pipe (spare_main's layout)
-_STATE_W: Final = 7  # a spare's state pipe to the init: "t" from its child (exec began), "b" from it (back)
+def _become_exec_init() -> None:  # pragma: no cover - an exec-init
+    os.setsid()  # a group of our own: a group signal to this handle never reaches the workload's init
+    # Signals are taken with sigwaitinfo, not caught: no handler per signal to install here (and none for the
+    # command's SIGNALS stage to reset). Blocked first; then what the init ignores or catches goes back to
+    # default, since an ignored signal is dropped even while blocked (and a blocked one is never acted on).
+    signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)  # a forked command inherits this mask; SIGNALS empties it
+    child.default_dispositions()  # and no wakeup fd (the init's pipe is not ours): its children skip both
+
+
+_STATE_W: Final = 5  # a spare's state pipe to the init: "t" when its exec began, "b" when it is a spare again
 
 
 def _wait_command(pid: int) -> int:  # pragma: no cover - an exec-init
@@ -636,50 +609,6 @@ def _wait_command(pid: int) -> int:  # pragma: no cover - an exec-init
                 return status
 
 
-def _taken() -> bool:  # pragma: no cover - a spare exec-init
-    """Whether the command child that just ended had received its command (one byte on its "taken" pipe)."""
-    try:
-        return os.read(_TAKEN_R, 1) == b"t"
-    except OSError:
-        return False
-
-
-def _renew(ctx: child.ChildContext, confinement: child.Confinement, report: socket.socket) -> int:  # pragma: no cover
-    """Make this exec-init a spare again, in its emptied namespace: fork the next command child (fds 3 and 5
-    as ``spare_main`` laid them out the first time; our end of its "taken" pipe on fd 6), wait until its stages
-    ahead ran, and lease it to the boundary over the report socket: ``{"spare": true, "notes"}`` with the command
-    socket (no listener: under the connect-notify filter the child is under ours, whose listener the boundary
-    has had since our first lease). Its pid; exits if there is to be no spare."""
-    made = socket_pair()
-    taken_r, taken_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-    # Lifted first: a new fd may sit on 3, 5 or 6 already, and a dup2 onto itself then a close would lose it.
-    lifted = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (made[1].fileno(), taken_w, taken_r)]
-    ours = socket.socket(fileno=fcntl.fcntl(made[0].fileno(), fcntl.F_DUPFD_CLOEXEC, 10))
-    for sock in made:
-        sock.close()
-    close_all([taken_w, taken_r])
-    for fd, target in zip(lifted, (3, 5, _TAKEN_R), strict=True):
-        os.dup2(fd, target, inheritable=False)
-    close_all(lifted)
-    pid = os.fork()
-    if pid == 0:
-        ours.close()
-        close_all([report.detach(), _TAKEN_R])
-        _await_command(ctx, confinement)
-    close_all([3, 5])
-    try:
-        message, fds = _await_ready(ours)
-        if not message.get("ready") or fds:  # the boundary has the listener (our filter's) since our first lease
-            raise OSError(errno.EIO, "spare child not ready")
-        send(report, {"spare": True, "notes": message.get("notes") or []}, [ours.fileno(), *fds])
-        close_all(fds)
-        os.write(_STATE_W, b"b")
-    except OSError:
-        os._exit(0)  # the boundary is gone or the child failed: the init replaces this spare
-    ours.close()
-    return pid
-
-
 def _empty_namespace() -> None:  # pragma: no cover - an exec-init, PID 1 of its namespace
     """End and reap whatever the command left in our namespace (setsid, double forks) before the report goes
     out, so a report means the exec is over: its reader need not wait for our own exit (``kill(-1)`` from a
@@ -692,88 +621,126 @@ def _empty_namespace() -> None:  # pragma: no cover - an exec-init, PID 1 of its
 
 
 def spare_main(  # pragma: no cover - own pid ns
-    sock_fd: int,
-    report_w: int,
-    taken_w: int,
-    taken_r: int,
-    state_w: int,
-    confinement: child.Confinement,
-    ctx: child.ChildContext,
+    sock_fd: int, report_w: int, state_w: int, confinement: child.Confinement, ctx: child.ChildContext
 ) -> NoReturn:
-    """PID 1 of a PID namespace made ahead of its exec (``Spawner.replenish``): that exec's ``exec_init``, whose
-    command child is already forked, runs its stages ahead and waits for the command on the socket the boundary
-    holds the other end of once the spare is leased.
+    """PID 1 of a PID namespace made ahead of its exec (``Spawner.replenish``): a spare exec-init. It confines
+    itself for ``confinement`` (``child.SELF``: Landlock, ``no_new_privs``, both seccomp filters, the umask, the
+    capability sets and the core limit, all inherited by its commands), tells the init it is ready on the command
+    socket (``{"ready": true, "notes"}`` with the connect-notify listener, or ``{"ready": false}`` with the failed
+    stage), then serves the boundary's commands one at a time (``_serve``).
 
-    While they wait, the pair holds only that socket (fd 3) and the write end of the "taken" pipe (fd 5), both the
-    child's, the report socket (fd 4) and the read end of the "taken" pipe (fd 6), the exec-init's, and the state
-    pipe to the init (fd 7, both); neither is dumpable and both run with the init's credentials (the
-    child confined by Landlock and seccomp already): only the boundary's side can signal them (root, or the user
-    namespace's owner; the agent has no capability and another uid). A signal from there (end-all's SIGTERM)
-    is forwarded to the waiting child, whose default action ends it, and with it the spare."""
+    It holds the command socket (fd 3), the report socket (fd 4) and the state pipe to the init (fd 5). It is not
+    dumpable and waits with the init's credentials: only the boundary's side can signal it (root, or the user
+    namespace's owner; the agent has no capability and another uid)."""
     try:
-        # The init's process state but its fds (its 0-2 are /dev/null already; exec_init blocks the signals it
-        # forwards and defaults the ones the init ignores).
-        _keep_fds([sock_fd, report_w, taken_w, taken_r, state_w])
+        # The init's process state but its fds (its 0-2 are /dev/null already).
+        _keep_fds([sock_fd, report_w, state_w])
         linux.prctl(linux.PR_SET_DUMPABLE, 0)
-        child.build_ahead(ctx)  # once for every command child this exec-init forks (on fd 8, kept)
-        exec_init(ctx, -1, 4, confinement)
+        _become_exec_init()
+        ctx.parent_pid = os.getpid()
+        failure = child.run_self(ctx)
+        signals = linux.signalfd(_FORWARDED)  # what ends us while we wait (``_await_command``)
+        sock = socket.socket(fileno=3)
+        listener = [] if ctx.listener is None else [ctx.listener]
+        ctx.listener = None
+        send(sock, {"ready": True, "notes": ctx.notes} if failure is None else {"ready": False, **failure}, listener)
+        close_all(listener)
+        if failure is None:
+            _serve(ctx, confinement, sock, socket.socket(fileno=4), signals)
     finally:
         os._exit(1)
 
 
-def _await_command(ctx: child.ChildContext, confinement: child.Confinement) -> NoReturn:  # pragma: no cover
-    """The stages ahead (``child.AHEAD``) for ``confinement``, ``{"ready"}`` to the init or our exec-init (with the
-    listener, under the connect-notify filter, if the exec-init handed us its own to pass on), then the command from
-    the boundary on fd 3 (spec, stdio layout, fds: checked as the init checks a spawn's, and its confinement must be
-    the one prepared), one byte on the "taken" pipe, and the rest of the stages (``child.ON_COMMAND``). A failure
-    before the command is the ready message's; after it, the status pipe's, as for any child.
-
-    The stages ahead run at the lowest priority where the priority can be restored before the command's stages
-    (``_may_lower_priority``): a spare is made while an exec is in flight and must not take its CPU."""
-    sock = socket.socket(fileno=3)
-    try:
-        lowered = _may_lower_priority()
-        if lowered:
-            os.nice(19)
-        failure = child.run_ahead(ctx)
-        listener = [] if ctx.listener is None else [ctx.listener]
-        send(sock, {"ready": True, "notes": ctx.notes} if failure is None else {"ready": False, **failure}, listener)
-        close_all(listener)
-        got = receive(sock) if failure is None else None
-        if got is None:  # not ready, or the boundary let the spare go
+def _serve(  # pragma: no cover - a spare exec-init
+    ctx: child.ChildContext, confinement: child.Confinement, sock: socket.socket, report: socket.socket, signals: int
+) -> NoReturn:
+    """A spare's life: take the command the boundary sends on ``sock`` (``_await_command``; none: we end), run
+    it (``_run``), and once it ended and our namespace is empty, send its raw status on the report socket and
+    lease ourselves again over it: ``{"spare": true, "notes"}`` with a new command socket (no listener: the
+    boundary has ours since the first lease). One namespace serves one exec handle at a time, and no fork of the
+    init or of a new exec-init is made per exec."""
+    notes = list(ctx.notes)
+    while True:
+        got = _await_command(sock, signals)
+        sock.close()
+        if got is None:
             os._exit(0)
         with contextlib.suppress(OSError):
-            os.write(5, b"t")  # our exec-init: this child had its command (it reports, then is a spare again)
-        with contextlib.suppress(OSError):
-            os.write(_STATE_W, b"t")  # the init: the spare's exec began (if it runs long, the init makes another)
-        close_all([5, _STATE_W])
-        request, fds = got
-        spec = child.SpawnSpec.from_wire(request["spec"])
-        stdio, status_fd = _stdio_fds(request, fds)
-    except BaseException:
-        os._exit(1)
-    ctx.spec, ctx.stdio, ctx.status_fd, ctx.notes = spec, stdio, status_fd, []
-    if child.confinement(spec, ctx.keep_listener) != confinement:
-        child.fail(ctx, child.Stage.VALIDATE, OSError(errno.EPERM, "the spare was prepared for another confinement"))
-    if lowered:
+            os.write(_STATE_W, b"t")  # the init: our exec began (if it runs long, the init makes another spare)
+        status = _run(ctx, confinement, *got)
+        _empty_namespace()
         try:
-            os.setpriority(os.PRIO_PROCESS, 0, 0)  # the command starts at the usual priority, or not at all
-        except OSError as exc:
-            child.fail(ctx, child.Stage.FORK, exc)
-    child.run(ctx, child.ON_COMMAND)
+            report.send(str(status).encode(), socket.MSG_NOSIGNAL)
+            sock, theirs = socket_pair()
+            try:
+                send(report, {"spare": True, "notes": notes}, [theirs.fileno()])
+            finally:
+                theirs.close()
+            os.write(_STATE_W, b"b")
+        except OSError:
+            os._exit(0)  # the boundary is gone: the init replaces this spare
 
 
-@functools.cache
-def _may_lower_priority() -> bool:
-    """Whether a spare's child may lower its priority for the stages ahead: only where it can raise it again,
-    with CAP_SYS_NICE in the initial user namespace (a user namespace's root lacks it where it counts; a
-    container may not grant it). Decided once, in the init, before its first spare."""
+# Signals whose default action would not end a process: a spare that waits for its command is left alone by them.
+_LEFT_ALONE: Final = frozenset({
+    signal.SIGCONT, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGURG, signal.SIGWINCH,
+})  # fmt: skip
+
+
+def _await_command(sock: socket.socket, signals: int) -> tuple[dict[str, Any], list[int]] | None:  # pragma: no cover
+    """The next command on ``sock``, or ``None``: EOF (the boundary let the spare go), or a signal from the
+    boundary's side (end-all's SIGTERM) whose default action would end a process. As PID 1 of its namespace a
+    spare exec-init is spared every signal it neither catches nor blocks; it blocks them (``_WAITED``), so a
+    signalfd (``signals``) says when one is pending while it waits."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    poller.register(signals, select.POLLIN)
+    while True:
+        for fd, _ in poller.poll():
+            if fd == signals:
+                if any(signum not in _LEFT_ALONE for signum in linux.read_signals(signals)):
+                    return None
+            else:
+                try:
+                    return receive(sock)
+                except OSError:
+                    return None
+
+
+def _run(  # pragma: no cover - a spare exec-init
+    ctx: child.ChildContext, confinement: child.Confinement, request: dict[str, Any], fds: list[int]
+) -> int:
+    """One command: checked as the init checks a spawn's, its confinement the one we applied to ourselves; then
+    started with ``posix_spawn`` (``spawn.launch``), or with a terminal in a forked child that runs what is left
+    of the stages (``child.IN_CHILD``). Its raw wait status, or 127's where it did not start (the failure is on
+    its status pipe, as a forked child reports it)."""
     try:
-        with open("/proc/self/uid_map") as fh:
-            initial = fh.read().split() == ["0", "0", "4294967295"]
-    except OSError:
-        return False
-    return initial and linux.has_effective_cap(linux.CAP_SYS_NICE)
+        spec = child.SpawnSpec.from_wire(request["spec"])
+        ctx.stdio, ctx.status_fd = _stdio_fds(request, fds)
+    except (KeyError, TypeError, ValueError, OSError):
+        close_all(fds)
+        return ExitCode.NOT_FOUND << 8
+    ctx.spec, ctx.notes = spec, []
+    try:
+        if child.confinement(spec, ctx.keep_listener) != confinement:
+            raise spawn.StageFailure(
+                child.Stage.VALIDATE, PermissionError(errno.EPERM, "the spare was prepared for another confinement")
+            )
+        if spec.tty:
+            pid = os.fork()
+            if pid == 0:
+                child.run(ctx, child.IN_CHILD)
+        else:
+            pid = spawn.launch(ctx)
+    except spawn.StageFailure as failed:
+        child.report_failure(ctx, failed.stage, failed.error)
+        return ExitCode.NOT_FOUND << 8
+    except OSError as exc:  # the fork
+        child.report_failure(ctx, child.Stage.FORK, exc)
+        return ExitCode.NOT_FOUND << 8
+    finally:
+        close_all(fds)  # our copies of its stdio and status pipe: EOF on the latter now means it execs
+    return _wait_command(pid)
 
 
 def _stdio_fds(request: Mapping[str, Any], fds: list[int]) -> tuple[tuple[int, int, int], int]:

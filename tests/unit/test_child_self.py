@@ -1,5 +1,6 @@
-"""A spare's two parts of the child's stages (child.py ``AHEAD``, ``ON_COMMAND``) and the confinement a lease is
-matched on (``child.confinement``; zygote.py "Spares", launcher.py rule 5). Pure: no process is started."""
+"""The stages a spare exec-init applies to itself and those left to its commands (child.py ``SELF``,
+``IN_CHILD``), and the confinement a lease is matched on (``child.confinement``; zygote.py "Spares", launcher.py
+rule 5). Pure: no process is started."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from typing import Any
 import pytest
 
 from supervisor.boundary.process import LandlockSpec, SpawnSpec, child
-from supervisor.boundary.process.child import AHEAD, ON_COMMAND, STAGES, Stage
+from supervisor.boundary.process.child import IN_CHILD, SELF, STAGES, Stage
 
 BASE = SpawnSpec(argv=("/bin/true",), env={"PATH": "/bin"}, cwd="/", uid=1000, gid=1000, groups=(2000,))
 LANDLOCK = LandlockSpec(read_only=("/usr",), read_write=("/tmp",))
 
-# Each of these changes what a spare's child has already applied before its command arrives.
+# Each of these changes what a spare exec-init has already applied (to itself) before its command arrives.
 CONFINING: dict[str, dict[str, Any]] = {
     "uid": {"uid": 1001},
     "gid": {"gid": 1001},
@@ -52,7 +53,7 @@ def test_the_connect_notify_filter_is_part_of_the_confinement() -> None:
 
 
 def test_the_confinement_round_trips_through_the_spec_a_spare_runs_ahead_with() -> None:
-    """The spare's child rebuilds a spec from the confinement alone (``confinement_spec``) for its stages ahead,
+    """A spare exec-init rebuilds a spec from the confinement alone (``confinement_spec``) for its own stages,
     then checks the command's against it: the rebuilt spec must carry the same confinement back."""
     for spec in (BASE, replace(BASE, landlock=LANDLOCK, seccomp=False, groups=())):
         for notify in (False, True):
@@ -60,37 +61,38 @@ def test_the_confinement_round_trips_through_the_spec_a_spare_runs_ahead_with() 
             assert child.confinement(child.confinement_spec(conf), notify) == conf
 
 
-def test_ahead_and_on_command_split_the_stages_each_in_order() -> None:
+def test_self_and_in_child_split_the_stages_each_in_order() -> None:
     names = [stage for stage, _ in STAGES]
-    ahead = [stage for stage, _ in AHEAD]
-    rest = [stage for stage, _ in ON_COMMAND]
-    assert sorted(ahead + rest) == sorted(names) and len(ahead + rest) == len(names)  # a partition
-    assert ahead == [stage for stage in names if stage in ahead]  # each part keeps the table's order
+    own = [stage for stage, _ in SELF]
+    rest = [stage for stage, _ in IN_CHILD]
+    assert sorted(own + rest) == sorted(names) and len(own + rest) == len(names)  # a partition
+    assert own == [stage for stage in names if stage in own]  # each part keeps the table's order
     assert rest == [stage for stage in names if stage in rest]
-    assert dict(AHEAD) == {stage: action for stage, action in STAGES if stage in ahead}  # the same actions
-    assert dict(ON_COMMAND) == {stage: action for stage, action in STAGES if stage in rest}
+    assert dict(SELF) == {stage: action for stage, action in STAGES if stage in own}  # the same actions
+    assert dict(IN_CHILD) == {stage: action for stage, action in STAGES if stage not in own}
     assert rest[-1] == Stage.EXECVE  # the workload's first instruction comes after every stage (rule 1)
 
 
-# Ahead of its command a spare's child keeps the init's uid (so the agent cannot signal or trace it): no set-id
-# stage may run ahead, nor what a credential change resets (dumpable, the parent-death signal), nor anything
-# that needs the command (its terminal, stdio, fds, directory, the execve).
-NEVER_AHEAD = (
+# A spare exec-init keeps the init's uid while it waits (so the agent cannot signal or trace it): no set-id stage
+# may be its own, nor what a credential change resets (dumpable, the parent-death signal), nor what its commands
+# need apart from it (an empty signal mask: it blocks what it forwards; a session of their own; their terminal,
+# stdio, fds, directory, the execve).
+NEVER_SELF = (
     Stage.SETGROUPS, Stage.SETRESGID, Stage.SETRESUID, Stage.CAPS, Stage.SETUID0,
-    Stage.DUMPABLE, Stage.PDEATHSIG,
+    Stage.DUMPABLE, Stage.PDEATHSIG, Stage.SIGNALS, Stage.SETSID,
     Stage.CTTY, Stage.STDIO, Stage.CLOSE_FDS, Stage.CHDIR, Stage.EXECVE,
 )  # fmt: skip
 
 
-@pytest.mark.parametrize("stage", NEVER_AHEAD)
-def test_no_stage_that_needs_the_command_or_changes_credentials_runs_ahead(stage: Stage) -> None:
-    assert stage not in dict(AHEAD)
-    assert stage in dict(ON_COMMAND)
+@pytest.mark.parametrize("stage", NEVER_SELF)
+def test_no_stage_that_needs_the_command_or_changes_credentials_is_the_exec_inits(stage: Stage) -> None:
+    assert stage not in dict(SELF)
+    assert stage in dict(IN_CHILD)
 
 
-def test_the_filters_are_ahead_and_installed_last_there() -> None:
-    """no_new_privs, Landlock and both seccomp filters are in force while the child waits; seccomp is the last
-    stage ahead (its deny list refuses what any later stage ahead would need, e.g. seccomp(2) itself)."""
-    ahead = [stage for stage, _ in AHEAD]
-    assert {Stage.NO_NEW_PRIVS, Stage.LANDLOCK, Stage.SECCOMP, Stage.CAPBSET} <= set(ahead)
-    assert ahead[-1] == Stage.SECCOMP
+def test_the_filters_are_the_exec_inits_and_installed_last() -> None:
+    """no_new_privs, Landlock and both seccomp filters are in force on the exec-init before any command exists;
+    seccomp is the last of its stages (its deny list refuses what a later one would need, e.g. seccomp(2))."""
+    own = [stage for stage, _ in SELF]
+    assert {Stage.NO_NEW_PRIVS, Stage.LANDLOCK, Stage.SECCOMP, Stage.CAPBSET} <= set(own)
+    assert own[-1] == Stage.SECCOMP
