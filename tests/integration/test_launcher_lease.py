@@ -28,7 +28,7 @@ import pytest
 import trio
 
 from supervisor.boundary.process import LandlockSpec, Launcher, NamespacePlan, SpawnSpec, child, landlock, zygote
-from supervisor.boundary.process.launcher import Lease, Spawned
+from supervisor.boundary.process.launcher import Lease, Spawned, SpawnError
 
 from .test_launcher_spawn import PY, READ_ONLY, STATUS_PROBE, alive, make_spec, read_all, read_pty, run_spawned
 
@@ -264,6 +264,59 @@ async def test_an_exec_of_the_agent_cannot_reach_the_next_spare(launcher: Launch
     assert (spawned.pid in {*spares, lease.pid}, status, out) == (True, 0, b"1000\n")
 
 
+@pytest.fixture
+def landlock_dirs() -> Iterator[Path]:
+    """``rw`` and ``other``, both the workload uid's, in a directory it can reach (pytest's is root-only)."""
+    base = Path(tempfile.mkdtemp(prefix="lease-landlock-"))
+    base.chmod(0o755)
+    for name in ("rw", "other"):
+        (base / name).mkdir()
+        os.chown(base / name, 1000, 1000)
+    yield base
+    shutil.rmtree(base)
+
+
+# --- launch failures through a spare (spawn.py) ---------------------------------------------------------------
+async def test_a_spare_fails_a_launch_as_a_forked_child_would(
+    launcher: Launcher, landlock_dirs: Path, tmp_path: Path
+) -> None:
+    """posix_spawn's failures carry the stage a forked child would name: not found (127), not executable (126),
+    and a working directory the agent's uid cannot enter, which the exec-init's own (root) could: the ids are
+    the agent's before ``chdir`` (spawn.py rule 2). After each, the same exec-init is a spare again (the
+    launcher takes its lease back, ``Launcher._take_back``: no spare is lost to a typo) and the next exec runs as
+    the agent."""
+    workdir = landlock_dirs / "rw"  # the agent's
+    script = workdir / "not-executable"
+    script.write_text("#!/bin/sh\necho nope\n")
+    script.chmod(0o644)
+    private = tmp_path / "root-only"  # under pytest's root-only tree too
+    private.mkdir(mode=0o700)
+    cases = [
+        (make_spec("/no/such/program", stdin="null"), ("execve", errno.ENOENT, 127)),
+        (make_spec("no-such-program-here", stdin="null"), ("execve", errno.ENOENT, 127)),
+        (make_spec(str(script), stdin="null"), ("execve", errno.EACCES, 126)),
+        (make_spec("not-executable", stdin="null", env={"PATH": str(workdir)}), ("execve", errno.EACCES, 126)),
+        (make_spec("/bin/true", stdin="null", cwd=str(private)), ("chdir", errno.EACCES, 125)),
+    ]
+    await prime(launcher)
+    spares = {held.pid for held in launcher._leases}
+    for spec, expected in cases:
+        lease = await await_lease(launcher)
+        with pytest.raises(SpawnError) as info:
+            await launcher.spawn(spec, own_pidns=True)
+        assert (info.value.stage, info.value.errno, info.value.exit_code) == expected, spec.argv
+        deadline = time.monotonic() + 10
+        while lease.pid not in [held.pid for held in launcher._leases]:
+            assert time.monotonic() < deadline, f"the exec-init did not come back after {spec.argv}"
+            launcher.workload_pids()
+            await trio.sleep(0.005)
+        assert status_of(lease.pid)["Uid"] == ["0"] * 4  # its own ids back
+    assert not (workdir / "nope").exists()
+    assert {held.pid for held in launcher._leases} == spares  # no spare was lost to a failed launch
+    spawned, status, out, _ = await run_exec(launcher, make_spec("/usr/bin/id", "-u", stdin="null"))
+    assert (spawned.pid in spares, status, out) == (True, 0, b"1000\n")
+
+
 # --- 4: stdio and a terminal --------------------------------------------------------------------------------
 async def test_a_leased_exec_reads_stdin_and_writes_both_streams(launcher: Launcher) -> None:
     lease = await prime(launcher)
@@ -429,18 +482,6 @@ for name in ("rw", "other"):
         out[name] = exc.errno
 print(json.dumps(out))
 """
-
-
-@pytest.fixture
-def landlock_dirs() -> Iterator[Path]:
-    """``rw`` and ``other``, both the workload uid's, in a directory it can reach (pytest's is root-only)."""
-    base = Path(tempfile.mkdtemp(prefix="lease-landlock-"))
-    base.chmod(0o755)
-    for name in ("rw", "other"):
-        (base / name).mkdir()
-        os.chown(base / name, 1000, 1000)
-    yield base
-    shutil.rmtree(base)
 
 
 @pytest.mark.skipif(landlock.abi_version() < 2, reason="Landlock ABI >= 2 not available")

@@ -471,6 +471,8 @@ class Launcher:
             if failure is not None:
                 if lease is None:
                     self._forget(sid)
+                else:
+                    await self._take_back(lease, ours)
                 os.close(pidfd)
                 raise SpawnError(
                     str(failure.get("stage", "unknown")), int(failure.get("errno") or 0), str(failure.get("detail", ""))
@@ -492,6 +494,17 @@ class Launcher:
             _lease=lease,
             **ends,
         )
+
+    async def _take_back(self, lease: Lease, ours: list[int]) -> None:
+        """A launch through ``lease`` failed before its command ran: its exec-init reports at once (127's status)
+        and comes back as a spare (zygote ``_serve``), as after any exec; its report socket and pidfd stay ours."""
+        for fd in (lease.report, lease.pidfd):
+            ours.remove(fd)
+        _, renewing = await _leased_status(lease.report, lease.pidfd)
+        if renewing and not self._closed:
+            self._returning.append(lease)
+        else:
+            zygote.close_all([lease.report, lease.pidfd])
 
     def _use_lease(self, spec: SpawnSpec, layout: list[int], fds: list[int]) -> Lease | None:
         """Send this spawn to the leased spare if it was prepared for the spec's confinement (rule 5); ``None``:
