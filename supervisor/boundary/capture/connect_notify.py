@@ -5,7 +5,7 @@ Rules:
 
 1. Each workload child installs the filter after fork and before ``execve`` and sends its listener fd over the
    hand-off socket (:meth:`ConnectNotifier.child_end`, one copy per spawn). A spare exec-init installs it on itself
-   once for all the command children it forks, and its one listener comes over the same socket, sent by the launcher
+   once for all the commands it starts, and its one listener comes over the same socket, sent by the launcher
    when it files the exec-init's first lease (its later leases carry none); served until every process under it is
    gone. The launcher, the workload's init and the fence probe never get one. :meth:`ConnectNotifier.serve` receives
    listeners and serves each in its own task without ever blocking trio: it waits on the fd with

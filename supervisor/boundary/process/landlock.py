@@ -8,8 +8,8 @@ Rules of this module:
 2. ``read_only`` paths get execute + read-file + read-dir; ``read_write`` paths get every handled right; a path
    that is a file (not a directory) gets only the file rights (the kernel refuses directory rights on files).
 3. Paths are opened (``O_PATH``) by the caller: a fresh child *after* the uid drop, so a path the workload uid
-   cannot reach is simply not granted; a spare exec-init, once for the children it forks (``build``; each applies it
-   ahead, child.py ``AHEAD``), with the init's credentials, which may grant such a path and gives nothing by it —
+   cannot reach is simply not granted; a spare exec-init, once, for itself and every command it starts (child.py
+   ``SELF``), with the init's credentials, which may grant such a path and gives nothing by it —
    every access is still checked against the workload's uid, and Landlock only ever narrows what that allows. A
    missing path is skipped and noted.
 4. ``hard_requirement`` turns any degradation (no Landlock, ABI < 2, a path that could not be opened, nothing
@@ -119,7 +119,7 @@ class LandlockError(OSError):
 @dataclass
 class Ruleset:
     """A ruleset built ahead of its use (``build``): every path opened and added, so that applying it is one
-    call (``enforce``). A spare exec-init builds one for all the command children it forks."""
+    call (``enforce``)."""
 
     fd: int | None  # None: nothing to apply (``off``, Landlock missing and ``best_effort``)
     notes: tuple[str, ...]  # the degradations found while building it (rule 4)

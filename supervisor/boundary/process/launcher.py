@@ -13,7 +13,7 @@ Rules of this module:
    arrive here as messages (``Spawned.wait_status``), except an exec's through a leased spare: its exec-init
    sends its command's status, once nothing else is left in its namespace, on a report socket whose other end
    came with the lease (and if it is killed before, its pidfd says when the kernel has emptied the namespace);
-   its next lease then comes on the same socket (zygote ``_renew``).
+   its next lease then comes on the same socket (zygote ``_serve``), also after a launch that failed.
 5. A lease (zygote.py "Spares") is used for one nested spawn whose confinement is the one it was prepared for,
    and only while the launcher can pass listeners to the connect-notify socket; any other lease is let go
    (closing its socket ends the waiting spare).
@@ -100,7 +100,7 @@ class Spawned:
                 lease, self._lease = self._lease, None
                 self._status, renewing = await _leased_status(lease.report, lease.pidfd)
                 if renewing and self._launcher is not None and not self._launcher._closed:
-                    self._launcher._returning.append(lease)  # it makes itself a spare again (zygote._renew)
+                    self._launcher._returning.append(lease)  # it makes itself a spare again (zygote._serve)
                 else:
                     zygote.close_all([lease.report, lease.pidfd])
             else:
@@ -124,7 +124,7 @@ class Lease:
     notes: tuple[str, ...]
 
     def close(self) -> None:
-        """Let it go: the waiting child sees EOF and ends, its exec-init with it."""
+        """Let it go: the waiting exec-init sees EOF on its command socket and ends."""
         if self.sock is not None:
             self.sock.close()
         zygote.close_all([self.pidfd, self.report])
@@ -176,7 +176,7 @@ class Launcher:
         # The spares the init leased us, oldest first (rule 5): no workload code runs there until we hand one a
         # command, so they are left out of ``workload_pids`` while we hold them.
         self._leases: list[Lease] = []
-        self._returning: list[Lease] = []  # used, their exec-init coming back as a spare (zygote._renew)
+        self._returning: list[Lease] = []  # used, their exec-init coming back as a spare (zygote._serve)
         # The connect-notify hand-off socket (capture/connect_notify.py): when set, every spawned child gets a
         # copy, installs the notify filter and sends its listener over it before exec (a spare exec-init's one
         # listener, from its first lease, is sent over it here).
@@ -271,7 +271,7 @@ class Launcher:
             zygote.close_all(fds)
 
     def _collect_returning(self) -> None:
-        """File the leases of exec-inits that served an exec and made themselves spares again (zygote._renew):
+        """File the leases of exec-inits that served an exec and made themselves spares again (zygote._serve):
         ``{"spare": true, "notes"}`` on their report socket, with the command socket (the exec-init's listener came
         with its first lease and is served still). One that ended instead (let go, killed) is forgotten; the init
         makes its successor."""

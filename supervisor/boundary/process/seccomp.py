@@ -239,8 +239,9 @@ DENY_RULES: Final[tuple[Rule, ...]] = (
 )
 
 # The connect-notify filter (docs/design.md "Identity"): installed in each workload child after fork and before
-# execve (a spare exec-init's children: in the exec-init, once, before their fork, ``child.build_ahead``; it makes
-# no trapped call), never in the launcher, the workload's init or the fence probe. ``connect`` and
+# execve (a spare exec-init's commands: in the exec-init, once, before any command exists, ``child.SELF``; it makes
+# no trapped call itself, its commands' ``posix_spawn`` children do), never in the launcher, the workload's init or
+# the fence probe. ``connect`` and
 # ``execve``/``execveat`` wait for the boundary's answer (supervisor/boundary/capture/connect_notify.py); a TCP Fast
 # Open send (a connect without ``connect``) and a workload's own listener are refused; io_uring (which connects
 # without a syscall) stays denied even where the deny list is off.

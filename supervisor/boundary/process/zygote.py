@@ -96,7 +96,7 @@ UNOWNED_REPORT_S: Final = 1.0
 UNOWNED_PIDS: Final = 10  # the first pids of a report; the count is all of them
 SPARE_IDLE_MS: Final = 5  # the init forks the next spare exec-init after an exit report or this long idle
 SPARE_BUSY_S: Final = 0.5  # a spare's exec running longer than this no longer counts: the init makes another
-SPARE_READY_S: Final = 2.0  # a spare's child that has not finished its stages ahead by then is let go
+SPARE_READY_S: Final = 2.0  # a spare exec-init that has not confined itself by then is let go
 SPARES: Final = 2  # leases out at once: one exec takes one while the next is made, back-to-back execs find one
 _INT_SIZE: Final = array.array("i").itemsize
 _SIOCGIFFLAGS: Final = 0x8913
@@ -319,7 +319,7 @@ class Spawner:
         self.exit_reports: dict[int, int] = {}  # exec-init pid -> read end of its command's status report
         self.unowned: list[int] = []  # reaped orphans nobody launched, not yet reported
         # Spares (module docstring): the confinement of the last spawn (the next spare is prepared for it), the
-        # one whose stages ahead failed (not tried again), and the exec-inits leased to the boundary (reaped
+        # one whose own stages failed (not tried again), and the exec-inits leased to the boundary (reaped
         # without a report: the boundary reads their report sockets); their state pipes are below.
         self.confinement: child.Confinement | None = None
         self.failed_confinement: child.Confinement | None = None
@@ -328,7 +328,7 @@ class Spawner:
         # child), None while it waits as a spare (a byte "b" from the exec-init, back after its exec).
         self.busy_since: dict[int, float | None] = {}
         self.made_for: dict[int, child.Confinement] = {}  # the same pipes: the confinement each was made for
-        self._spare_ctx: tuple[child.Confinement, child.ChildContext] | None = None  # what a spare's child starts from
+        self._spare_ctx: tuple[child.Confinement, child.ChildContext] | None = None  # what a spare starts from
 
     def _enter_root(self) -> None:
         if self.root_error is not None:
@@ -510,9 +510,8 @@ class Spawner:
 
 
 def _await_ready(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    """A spare child's message once its stages ahead ran: ``{"ready": true, "notes"}`` with the connect-notify
-    listener if it has one to pass on (its exec-init's first child), or ``{"ready": false, "stage", "errno",
-    "detail"}``; a timeout is an error."""
+    """A spare exec-init's message once it confined itself: ``{"ready": true, "notes"}`` with the connect-notify
+    listener if it has one, or ``{"ready": false, "stage", "errno", "detail"}``; a timeout is an error."""
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     if not poller.poll(int(SPARE_READY_S * 1000)):
