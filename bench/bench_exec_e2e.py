@@ -72,7 +72,8 @@ def dev_sandbox() -> Iterator[tuple[Api, dict[str, str], subprocess.Popen[bytes]
     """A dev sandbox (agent: ``sleep``) in a private runtime directory, ready: its API, the environment that
     finds it, and the ``dev`` process; stopped and cleaned up on exit."""
     runtime = tempfile.mkdtemp(prefix="osr-bench-", dir="/tmp")
-    env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
+    # dev keeps its events log and workdir under XDG_STATE_HOME after it exits: here, removed with the rest.
+    env = {**os.environ, "XDG_RUNTIME_DIR": runtime, "XDG_STATE_HOME": os.path.join(runtime, "state")}
     dev = subprocess.Popen([*CLI, "dev", "--", "sleep", "100000"], env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:

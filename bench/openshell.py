@@ -178,6 +178,7 @@ class OpenShell(Contender):
             **os.environ,
             **self.extra_env,
             "XDG_RUNTIME_DIR": str(self.runtime),
+            "XDG_STATE_HOME": str(self.runtime / "state"),  # dev keeps its log and workdir there: gone with it
             "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
         }
         self._seen = {}
