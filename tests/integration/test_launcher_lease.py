@@ -276,6 +276,36 @@ def landlock_dirs() -> Iterator[Path]:
     shutil.rmtree(base)
 
 
+# --- how many spares the init keeps ---------------------------------------------------------------------------
+async def test_a_long_exec_stops_counting_as_a_spare_and_the_init_makes_another(launcher: Launcher) -> None:
+    """An exec that runs past SPARE_BUSY_S (an interactive shell) tells the init, which makes another spare: the
+    launcher holds SPARES leases again while it runs, all of other exec-inits; once it ends its exec-init is back
+    (the launcher then holds the newest SPARES). A short exec tells the init nothing (it is not woken per exec)."""
+    await prime(launcher)
+    spawned = await launcher.spawn(make_spec("/bin/sleep", "3", stdin="null"), own_pidns=True)
+    before = time.monotonic()
+    with trio.fail_after(10):
+        await all_leased(launcher, child.confinement(make_spec("/bin/true", stdin="null"), False), {spawned.pid})
+    assert time.monotonic() - before >= zygote.SPARE_BUSY_S * 0.9  # not before it ran long
+    signal.pidfd_send_signal(spawned.pidfd, signal.SIGKILL)
+    assert os.WTERMSIG(await spawned.wait_status()) == signal.SIGKILL
+
+
+async def test_a_spare_killed_in_a_short_exec_is_replaced_at_once(launcher: Launcher) -> None:
+    """Terminate kills an exec's exec-init (its pidfd, SIGKILL) before it ran long: the init, which reaps it,
+    makes another at once — without waiting for a spawn through it."""
+    lease = await prime(launcher)
+    others = {held.pid for held in launcher._leases} - {lease.pid}
+    spawned = await launcher.spawn(make_spec("/bin/sleep", "100", stdin="null"), own_pidns=True)
+    assert spawned.pid == lease.pid
+    signal.pidfd_send_signal(spawned.pidfd, signal.SIGKILL)
+    assert os.WTERMSIG(await spawned.wait_status()) == signal.SIGKILL
+    with trio.fail_after(zygote.SPARE_BUSY_S * 0.9):  # sooner than a long exec would have been noticed
+        fresh = await all_leased(launcher, lease.confinement, {lease.pid})
+    assert fresh.pid in others  # the oldest is the one that was there; the new one is behind it
+    assert {held.pid for held in launcher._leases} - others - {lease.pid}
+
+
 # --- launch failures through a spare (spawn.py) ---------------------------------------------------------------
 async def test_a_spare_fails_a_launch_as_a_forked_child_would(
     launcher: Launcher, landlock_dirs: Path, tmp_path: Path

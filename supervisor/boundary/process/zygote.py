@@ -52,8 +52,9 @@ in a forked child that runs the rest of the stages (``child.IN_CHILD``). Once th
 is empty, it reports and leases itself again over the report socket, with a new command socket and without a
 listener (the boundary serves the one the first lease brought for as long as the exec-init lives): no fork of the
 init, of an exec-init or of a waiting child per exec. The init keeps SPARES spare exec-inits *available*:
-waiting, or whose exec began less than SPARE_BUSY_S ago (a state pipe carries "t" when a command arrives and "b"
-when the exec-init is back), and makes another when fewer are; it reaps them without a report. One let go (EOF
+waiting, or whose exec began less than SPARE_BUSY_S ago (a state pipe carries "t" from the exec-init once its exec
+has run that long, "b" when it is back: nothing for a short exec, so the init is not woken per exec), and makes
+another when fewer are, or at once when one is killed in its exec; it reaps them without a report. One let go (EOF
 on its command socket) ends, and is replaced after the next spawn, or at once if a spawn changed the confinement
 since it was made. While a spare is leased and unused (or coming back) the boundary leaves it out of the
 workload's processes.
@@ -65,6 +66,7 @@ import array
 import contextlib
 import errno
 import fcntl
+import functools
 import gc
 import json
 import os
@@ -324,10 +326,14 @@ class Spawner:
         self.confinement: child.Confinement | None = None
         self.failed_confinement: child.Confinement | None = None
         self.leased: set[int] = set()
-        # Each live spare exec-init's "state" pipe, read end: when its exec began (a byte "t" from its command
-        # child), None while it waits as a spare (a byte "b" from the exec-init, back after its exec).
-        self.busy_since: dict[int, float | None] = {}
-        self.made_for: dict[int, child.Confinement] = {}  # the same pipes: the confinement each was made for
+        # Each live spare exec-init's "state" pipe, read end -> whether its exec runs long (a byte "t" from it once
+        # its exec has run SPARE_BUSY_S, "b" when it is a spare again): nothing is written for a short exec, so
+        # the init is not woken per exec. The same pipes: the confinement each was made for, and its pid.
+        self.running_long: dict[int, bool] = {}
+        self.made_for: dict[int, child.Confinement] = {}
+        self.spare_pid: dict[int, int] = {}
+        self.spares_killed: set[int] = set()  # reaped, killed (in an exec: terminate), their pipes not yet at EOF
+        self.spare_killed = False  # one was killed since the caller last looked: replace it at once
         self._spare_ctx: tuple[child.Confinement, child.ChildContext] | None = None  # what a spare starts from
 
     def _enter_root(self) -> None:
@@ -443,27 +449,26 @@ class Spawner:
             raise
         finally:
             theirs.close()
-        self.busy_since[state_r] = None
+        self.running_long[state_r] = False
         self.made_for[state_r] = confinement
+        self.spare_pid[state_r] = pid
         message = {"spare": host_pid, "ns_pid": pid, "confinement": confinement, "notes": ready[0].get("notes") or []}
         return message, out, state_r
 
     def available(self) -> int:
         """Spare exec-inits that wait, or whose exec began less than SPARE_BUSY_S ago (it comes back soon)."""
-        now = time.monotonic()
-        return sum(1 for since in self.busy_since.values() if since is None or now - since < SPARE_BUSY_S)
-
-    def next_busy_deadline(self) -> float | None:
-        """When the next exec still counted as coming back stops counting (then the init makes another)."""
-        now = time.monotonic()
-        ends = [since + SPARE_BUSY_S for since in self.busy_since.values() if since is not None]
-        return min((end for end in ends if end > now), default=None)
+        return sum(
+            1
+            for state_r, long in self.running_long.items()
+            if not long and self.spare_pid.get(state_r) not in self.spares_killed
+        )
 
     def spare_state(self, state_r: int) -> bool | None:
-        """One event on a spare's state pipe. ``None`` while the spare lives; once it is gone (EOF: it and its
-        child ended), whether to replace it: yes if it was in an exec (killed), or was made for a confinement a
-        spawn has changed since (the boundary let it go for that spawn, which may have been served before this
-        was read); a spare let go otherwise is replaced after the next spawn."""
+        """One event on a spare's state pipe. ``None`` while the spare lives; once it is gone (EOF: it ended),
+        whether to replace it: yes if its exec ran long, or it was made for a confinement a spawn has changed
+        since (the boundary let it go for that spawn, which may have been served before this was read). One
+        killed in a short exec is replaced once reaped (``reap``: ``spare_killed``); one let go otherwise is
+        replaced after the next spawn."""
         try:
             event = os.read(state_r, 1)
         except BlockingIOError:
@@ -473,11 +478,10 @@ class Spawner:
         if not event:
             os.close(state_r)
             made_for = self.made_for.pop(state_r, None)
-            return self.busy_since.pop(state_r, None) is not None or made_for != self.confinement
-        if event == b"t" and self.busy_since.get(state_r) is None:
-            self.busy_since[state_r] = time.monotonic()
-        elif event == b"b":
-            self.busy_since[state_r] = None
+            self.spares_killed.discard(self.spare_pid.pop(state_r, -1))
+            return self.running_long.pop(state_r, False) or made_for != self.confinement
+        if event in (b"t", b"b"):
+            self.running_long[state_r] = event == b"t"
         return None
 
     def _own_pidns_again(self) -> None:
@@ -497,6 +501,10 @@ class Spawner:
                 break
             if pid in self.leased:  # the boundary has its report socket: nothing to say here
                 self.leased.discard(pid)
+                if os.WIFSIGNALED(status):  # killed (a terminate, mid-exec): not coming back, replace it now
+                    self.spare_killed = True
+                    if pid in self.spare_pid.values():
+                        self.spares_killed.add(pid)
                 continue
             sid = self.live.pop(pid, None)
             report = self.exit_reports.pop(pid, None)
@@ -585,14 +593,24 @@ def _become_exec_init() -> None:  # pragma: no cover - an exec-init
     child.default_dispositions()  # and no wakeup fd (the init's pipe is not ours): its children skip both
 
 
-_STATE_W: Final = 5  # a spare's state pipe to the init: "t" when its exec began, "b" when it is a spare again
+_STATE_W: Final = 5  # a spare's state pipe to the init: "t" once its exec runs long, "b" when it is back
 
 
-def _wait_command(pid: int) -> int:  # pragma: no cover - an exec-init
+def _wait_command(pid: int, on_long: Callable[[], None] | None = None) -> int:  # pragma: no cover - an exec-init
     """Forward every signal but SIGCHLD to ``pid`` until it ends; its raw wait status (other children, the
-    command's orphans, are reaped on the way)."""
+    command's orphans, are reaped on the way). ``on_long`` is called once if it runs SPARE_BUSY_S."""
+    deadline = None if on_long is None else time.monotonic() + SPARE_BUSY_S
     while True:
-        signum = signal.sigwaitinfo(_WAITED).si_signo
+        if deadline is None:
+            signum = signal.sigwaitinfo(_WAITED).si_signo
+        else:
+            info = signal.sigtimedwait(_WAITED, max(0.0, deadline - time.monotonic()))
+            if info is None:
+                deadline = None
+                assert on_long is not None
+                on_long()
+                continue
+            signum = info.si_signo
         if signum != signal.SIGCHLD:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
@@ -664,9 +682,8 @@ def _serve(  # pragma: no cover - a spare exec-init
         sock.close()
         if got is None:
             os._exit(0)
-        with contextlib.suppress(OSError):
-            os.write(_STATE_W, b"t")  # the init: our exec began (if it runs long, the init makes another spare)
-        status = _run(ctx, confinement, *got)
+        ran_long: list[bool] = []
+        status = _run(ctx, confinement, *got, functools.partial(_tell_long, ran_long))
         _empty_namespace()
         try:
             report.send(str(status).encode(), socket.MSG_NOSIGNAL)
@@ -675,7 +692,8 @@ def _serve(  # pragma: no cover - a spare exec-init
                 send(report, {"spare": True, "notes": notes}, [theirs.fileno()])
             finally:
                 theirs.close()
-            os.write(_STATE_W, b"b")
+            if ran_long:
+                os.write(_STATE_W, b"b")
         except OSError:
             os._exit(0)  # the boundary is gone: the init replaces this spare
 
@@ -706,8 +724,20 @@ def _await_command(sock: socket.socket, signals: int) -> tuple[dict[str, Any], l
                     return None
 
 
+def _tell_long(ran_long: list[bool]) -> None:  # pragma: no cover - a spare exec-init
+    """Our exec has run SPARE_BUSY_S: tell the init, which makes another spare (an interactive shell must not
+    hold one); "b" follows when we are back."""
+    with contextlib.suppress(OSError):
+        os.write(_STATE_W, b"t")
+        ran_long.append(True)
+
+
 def _run(  # pragma: no cover - a spare exec-init
-    ctx: child.ChildContext, confinement: child.Confinement, request: dict[str, Any], fds: list[int]
+    ctx: child.ChildContext,
+    confinement: child.Confinement,
+    request: dict[str, Any],
+    fds: list[int],
+    on_long: Callable[[], None],
 ) -> int:
     """One command: checked as the init checks a spawn's, its confinement the one we applied to ourselves; then
     started with ``posix_spawn`` (``spawn.launch``), or with a terminal in a forked child that runs what is left
@@ -739,7 +769,7 @@ def _run(  # pragma: no cover - a spare exec-init
         return ExitCode.NOT_FOUND << 8
     finally:
         close_all(fds)  # our copies of its stdio and status pipe: EOF on the latter now means it execs
-    return _wait_command(pid)
+    return _wait_command(pid, on_long)
 
 
 def _stdio_fds(request: Mapping[str, Any], fds: list[int]) -> tuple[tuple[int, int, int], int]:
@@ -878,16 +908,10 @@ def init_main(  # pragma: no cover - own pid ns
             timeout = None if report_at is None else max(0, int((report_at - time.monotonic()) * 1000) + 1)
             if spare_due:
                 timeout = SPARE_IDLE_MS if timeout is None else min(timeout, SPARE_IDLE_MS)
-            busy_until = spawner.next_busy_deadline()
-            if busy_until is not None:
-                wait = max(0, int((busy_until - time.monotonic()) * 1000) + 1)
-                timeout = wait if timeout is None else min(timeout, wait)
             ready = poller.poll(timeout)
             if spare_due and not ready:
                 spare_due = False
                 lease()
-            if busy_until is not None and time.monotonic() >= busy_until:
-                lease()  # an exec runs long: its exec-init no longer counts as a spare coming back
             if spawner.unowned and report_at is not None and time.monotonic() >= report_at:
                 send(sock, {"unowned": len(spawner.unowned), "pids": spawner.unowned[:UNOWNED_PIDS]})
                 spawner.unowned.clear()
@@ -897,17 +921,22 @@ def init_main(  # pragma: no cover - own pid ns
                     _drain(wake)
                     for sid, status in spawner.reap():
                         send(sock, {"exit": sid, "status": status})
+                    if spawner.spare_killed:
+                        spawner.spare_killed = False
+                        spare_due = True
                     if spare_due:
                         spare_due = False
                         lease()
                     if spawner.unowned and report_at is None:
                         report_at = time.monotonic() + UNOWNED_REPORT_S
-                elif fd in spawner.busy_since:
+                elif fd in spawner.running_long:
                     ended = spawner.spare_state(fd)
                     if ended is not None:
                         poller.unregister(fd)
                         # Replaced after SPARE_IDLE_MS of quiet or the next exit, not at once (``spare_state``).
                         spare_due = spare_due or ended
+                    elif spawner.available() < SPARES:
+                        lease()  # an exec runs long: its exec-init no longer counts as a spare coming back
                 elif fd == sock.fileno():
                     got = receive(sock)
                     if got is None:
