@@ -1,12 +1,15 @@
 """``linux.signalfd`` / ``linux.read_signals``: how a waiting spare exec-init learns of a signal it blocks
-(zygote ``_await_command``). In this process, no child: a blocked signal raised at ourselves is pending, and the
-signalfd reports it (and takes it); one outside its set is left alone."""
+(zygote ``_await_command``). In this process, no child: a blocked signal raised at this thread is pending, and the
+signalfd reports it (and takes it); one outside its set is left alone. Thread-directed (``pthread_kill``), never
+process-directed: another thread of the test process (trio's worker threads) does not block them, and would be
+killed by their default action."""
 
 from __future__ import annotations
 
 import os
 import select
 import signal
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -31,7 +34,7 @@ def test_a_pending_signal_of_its_set_is_read_once(blocked: set[int]) -> None:
     fd = linux.signalfd([signal.SIGUSR1])
     try:
         assert linux.read_signals(fd) == []  # nothing pending: non-blocking, empty
-        os.kill(os.getpid(), signal.SIGUSR1)
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
         poller = select.poll()
         poller.register(fd, select.POLLIN)
         assert poller.poll(5000), "the signalfd did not become readable"
@@ -45,7 +48,7 @@ def test_a_pending_signal_of_its_set_is_read_once(blocked: set[int]) -> None:
 def test_a_signal_outside_its_set_stays_pending_and_unread(blocked: set[int]) -> None:
     fd = linux.signalfd([signal.SIGUSR1])
     try:
-        os.kill(os.getpid(), signal.SIGUSR2)
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR2)
         assert signal.SIGUSR2 in signal.sigpending()
         assert linux.read_signals(fd) == []
         assert signal.SIGUSR2 in signal.sigpending()  # still there for whoever waits for it
