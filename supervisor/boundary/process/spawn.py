@@ -22,9 +22,9 @@ Rules of this module:
    inheritable, ambient and bounding sets — none. Then the exec-init takes its ids back (its saved ones allow it)
    and is non-dumpable again; it does not go on with the agent's ids if that fails.
 3. While the ids are the agent's the exec-init is stopped in the call (``CLONE_VFORK``) and its namespace holds no
-   process of the agent's. A process of the agent's elsewhere could signal it in that window (its real uid is the
-   agent's) — what it could do to the command anyway — but never trace it: the saved uid is not the agent's and
-   the process is not dumpable (the kernel clears it when the effective uid changes).
+   process of the agent's. A process of the agent's elsewhere could signal it, or lower its priority, in that
+   window (its real uid is the agent's) — what it could do to the command anyway — but never trace it: the saved
+   uid is not the agent's and the process is not dumpable (the kernel clears it when the effective uid changes).
 4. No ``PR_SET_PDEATHSIG``: the exec-init is PID 1 of the command's namespace, whose end kills the command.
 """
 
