@@ -24,8 +24,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-SCRIPTS = ("bench_policy.py", "bench_exec.py", "bench_exec_e2e.py", "bench_handshake.py", "bench_l7.py",
-           "bench_connect_identity.py", "bench_link.py")  # fmt: skip
+SCRIPTS = ("bench_policy.py", "bench_exec.py", "bench_exec_e2e.py", "bench_exec_cpu.py", "bench_handshake.py",
+           "bench_l7.py", "bench_connect_identity.py", "bench_link.py")  # fmt: skip
 NUMBER_FIELDS = ("p50", "p99", "min", "max", "target")
 
 

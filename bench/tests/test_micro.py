@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.bench_exec_cpu import rows
 from bench.micro import MicroRow, parse_rows, run_all, run_script
 
 
@@ -94,8 +95,25 @@ def test_run_all_names_missing_scripts(tmp_path: Path) -> None:
         "bench_policy.py": "printed no row",
         "bench_exec.py": "not written yet",
         "bench_exec_e2e.py": "not written yet",
+        "bench_exec_cpu.py": "not written yet",
         "bench_handshake.py": "not written yet",
         "bench_l7.py": "not written yet",
         "bench_connect_identity.py": "not written yet",
         "bench_link.py": "not written yet",
     }
+
+
+def test_exec_cpu_rows_follow_the_contract() -> None:
+    """bench_exec_cpu's --json rows parse as micro rows, one per figure, with the values it measured."""
+    result = {
+        "bench": "exec_cpu", "runs": 7, "load": [0.1, 0.2], "api_p50_ms": 5.5,
+        "sandbox_cpu_ms_per_exec": {"boundary": 2.8, "control": 2.1, "dev": 0.0, "init_and_below": 1.9, "total": 6.8},
+        "client_cpu_ms_per_exec": 0.7,
+    }  # fmt: skip
+    parsed, problems = parse_rows("bench_exec_cpu.py", "\n".join(json.dumps(row) for row in rows(result)))
+    assert problems == []
+    assert {row.name.split(": ", 1)[1]: row.value for row in parsed} == {
+        "sandbox CPU per exec": 6.8, "control CPU per exec": 2.1, "boundary CPU per exec": 2.8,
+        "init_and_below CPU per exec": 1.9, "client CPU per exec": 0.7, "p50 of the CPU loop": 5.5,
+    }  # fmt: skip
+    assert all(row.unit == "ms" and row.extra.get("runs") == 7 for row in parsed)
