@@ -117,9 +117,8 @@ class LandlockError(OSError):
 
 
 @dataclass
-class Ruleset:
-    """A ruleset built ahead of its use (``build``): every path opened and added, so that applying it is one
-    call (``enforce``)."""
+class _Ruleset:
+    """A ruleset built (``_build``: every path opened and added) and not yet applied (``_enforce``)."""
 
     fd: int | None  # None: nothing to apply (``off``, Landlock missing and ``best_effort``)
     notes: tuple[str, ...]  # the degradations found while building it (rule 4)
@@ -130,11 +129,11 @@ class Ruleset:
             self.fd = None
 
 
-def build(spec: LandlockSpec) -> Ruleset:
+def _build(spec: LandlockSpec) -> _Ruleset:
     """The ruleset ``spec`` asks for, not yet applied; raises ``LandlockError`` on a degradation under
     ``hard_requirement`` (rule 4)."""
     if spec.mode == "off":
-        return Ruleset(None, ())
+        return _Ruleset(None, ())
     hard = spec.mode == "hard_requirement"
     notes: list[str] = []
 
@@ -146,7 +145,7 @@ def build(spec: LandlockSpec) -> Ruleset:
     abi = abi_version()
     if abi < 1:
         degrade(errno.EOPNOTSUPP, "landlock unavailable")
-        return Ruleset(None, tuple(notes))
+        return _Ruleset(None, tuple(notes))
     requested = spec.read_only + spec.read_write
     fs = handled_fs(abi) if requested else 0
     if fs and abi < MIN_FS_ABI:
@@ -172,7 +171,7 @@ def build(spec: LandlockSpec) -> Ruleset:
                 fs = 0
         scoped = scopes(abi)
         if not fs and not scoped:
-            return Ruleset(None, tuple(notes))
+            return _Ruleset(None, tuple(notes))
         attr = _RulesetAttr(fs, 0, scoped)
         ruleset = linux.syscall(
             linux.SYS_LANDLOCK_CREATE_RULESET, ctypes.c_void_p(ctypes.addressof(attr)), _attr_size(abi), 0
@@ -191,13 +190,13 @@ def build(spec: LandlockSpec) -> Ruleset:
         except BaseException:
             os.close(ruleset)
             raise
-        return Ruleset(ruleset, tuple(notes))
+        return _Ruleset(ruleset, tuple(notes))
     finally:
         for fd, _ in rules:
             os.close(fd)
 
 
-def enforce(ruleset: Ruleset) -> None:
+def _enforce(ruleset: _Ruleset) -> None:
     """Apply a built ruleset to the calling thread (``no_new_privs`` first, or CAP_SYS_ADMIN)."""
     if ruleset.fd is not None:
         linux.syscall(linux.SYS_LANDLOCK_RESTRICT_SELF, ruleset.fd, 0)
@@ -205,9 +204,9 @@ def enforce(ruleset: Ruleset) -> None:
 
 def restrict_self(spec: LandlockSpec) -> list[str]:
     """Apply ``spec`` to the calling thread; return notes describing any best-effort degradation."""
-    ruleset = build(spec)
+    ruleset = _build(spec)
     try:
-        enforce(ruleset)
+        _enforce(ruleset)
     finally:
         ruleset.close()
     return list(ruleset.notes)
