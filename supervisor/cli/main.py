@@ -222,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     if any(a == "--mode" or a.startswith("--mode=") for a in head):
         return run_daemon(argv)
     try:
-        return run_command(argv)
+        code = run_command(argv)
+        sys.stdout.flush()  # a pipe's buffered output is written here, inside this handler, not at exit
+        return code
     except BrokenPipeError:
         # the reader went away (`status --json | head`): not our failure, and no traceback; stdout is pointed at
         # /dev/null so the interpreter's final flush does not raise again

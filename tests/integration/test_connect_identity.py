@@ -397,6 +397,7 @@ def test_the_filter_denies_what_it_must_without_a_boundary() -> None:
         "pid = os.fork()\n"
         "if pid == 0:\n"
         f"    exec({code!r})\n"
+        "    sys.stdout.flush()\n"  # os._exit does not (a pipe's stdout is buffered unless PYTHONUNBUFFERED)
         "    os._exit(0)\n"
         "os.waitpid(pid, 0)\n"
     )
