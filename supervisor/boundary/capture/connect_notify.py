@@ -231,10 +231,8 @@ class ConnectNotifier:
         answered = False  # _connect answers the caller itself (a second answer would be one more failing ioctl)
         try:
             if note.nr in (self._syscalls["execve"], self._syscalls["execveat"]):
-                tgid = self.resolver.thread_group(note.pid)
-                self.resolver.note_exec(tgid)
                 envp = note.args[2] if note.nr == self._syscalls["execve"] else note.args[3]
-                self.resolver.note_exec_env(note.pid, tgid, envp)
+                self.resolver.note_execve(note.pid, self._thread_group(note.pid), envp)
             elif note.nr == self._syscalls["connect"]:
                 pending = self._connect(listener, note)
                 answered = pending is None
@@ -246,6 +244,15 @@ class ConnectNotifier:
             if pending is None and not answered:
                 self._release(listener, note)
         return pending
+
+    def _thread_group(self, tid: int) -> int:
+        """The process of task ``tid``: itself when it leads its thread group (a pidfd opens, the usual case, two
+        system calls), else read from its status."""
+        try:
+            os.close(os.pidfd_open(tid))  # succeeds for a thread group leader only
+            return tid
+        except OSError:
+            return self.resolver.thread_group(tid)
 
     def _release(self, listener: int, note: Notification) -> None:
         if listener in self._listeners:  # else closed: the kernel failed the call already

@@ -278,15 +278,23 @@ class IdentityResolver:
             loader_env=loader_env,
         )
 
-    def note_exec(self, pid: int) -> None:
-        """``pid`` is about to ``execve``: its children so far were created under its current image."""
+    def note_execve(self, tid: int, pid: int, envp: int) -> None:
+        """Task ``tid`` of process ``pid`` is about to ``execve`` with the environment at ``envp``: the exec log
+        notes the process's children so far (created under its current image) and the loader variables of that
+        environment (read from its memory while it waits). One ``stat`` read serves both: the caller waits."""
         if self.exec_log is None:
             return
-        try:
-            exe = self._exe_path(pid)
-            tasks = os.listdir(f"{self._proc}/{pid}/task")
-        except (IdentityUnresolved, OSError):
+        fields = self._stat_fields(pid)
+        self._note_children(pid, threads=int(fields[17]))  # field 20 of proc(5)
+        self.exec_log.note_loader(pid, int(fields[19]), self._envp_loader_env(tid, envp))
+
+    def _note_children(self, pid: int, *, threads: int) -> None:
+        assert self.exec_log is not None
+        try:  # a single-threaded process (the usual caller, a fork about to exec) has one task: itself
+            tasks = [str(pid)] if threads == 1 else os.listdir(f"{self._proc}/{pid}/task")
+        except OSError:
             return
+        exe: str | None = None
         for tid in tasks:
             try:
                 children = procfs.read(f"{self._proc}/{pid}/task/{tid}/children").split()
@@ -294,16 +302,10 @@ class IdentityResolver:
                 continue
             for child in children:
                 try:
+                    exe = exe or self._exe_path(pid)
                     self.exec_log.note_child(int(child), self._start_time(int(child)), exe)
                 except (IdentityUnresolved, ValueError):
                     continue
-
-    def note_exec_env(self, tid: int, pid: int, envp: int) -> None:
-        """Record the loader variables of the environment ``tid`` (of process ``pid``) passes to ``execve``."""
-        if self.exec_log is None:
-            return
-        names = self._envp_loader_env(tid, envp)
-        self.exec_log.note_loader(pid, self._start_time(pid), names)
 
     def _envp_loader_env(self, tid: int, envp: int) -> tuple[str, ...]:
         """Loader variables in the ``envp`` array of a caller blocked in ``execve``, read from its memory.
