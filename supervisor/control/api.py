@@ -31,7 +31,7 @@ from supervisor.control.events import EventBuffer
 from supervisor.control.policy import PolicyInvalid, PolicyStore
 from supervisor.jsonlog import JsonLog
 from supervisor.link.h2link import Link
-from supervisor.link.relay import relay
+from supervisor.link.relay import close_now, relay
 from supervisor.link.rpc import call, open_channel
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.event_names import EventName
@@ -169,7 +169,7 @@ class ApiServer:
         except (h11.RemoteProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
             return
         finally:
-            await trio.aclose_forcefully(stream)
+            await close_now(stream)
 
     def _log_action(self, request: h11.Request, body: bytes, operator: dict[str, str], peer: str | None) -> None:
         """One ``api.operator`` line per request from a remote operator, naming its certificate and what it asks."""
@@ -319,6 +319,7 @@ class _HangupAware(trio.abc.HalfCloseableStream):
 
     def __init__(self, stream: trio.abc.HalfCloseableStream, finished: Callable[[], bool] = lambda: False) -> None:
         self._stream = stream
+        self.closes_at_once = isinstance(stream, trio.SocketStream)  # relay.close_now
         self._finished = finished
         self.transport_stream = stream  # what relay.abort_stream unwraps to reach the socket
         sock = getattr(stream, "socket", None)

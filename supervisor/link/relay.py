@@ -44,7 +44,7 @@ from typing import Any
 
 import trio
 
-__all__ = ["ChunkFilter", "Flow", "RelayEnd", "RelayStats", "abort_stream", "relay"]
+__all__ = ["ChunkFilter", "Flow", "RelayEnd", "RelayStats", "abort_stream", "close_now", "relay"]
 
 # What a broken peer looks like through trio's stream ABC.
 _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
@@ -213,9 +213,19 @@ async def relay(
 
 
 async def _close_both(a: trio.abc.AsyncResource, b: trio.abc.AsyncResource) -> None:
-    with trio.CancelScope(shield=True):
-        for s in (a, b):
-            await trio.aclose_forcefully(s)
+    for s in (a, b):
+        await close_now(s)
+
+
+async def close_now(stream: trio.abc.AsyncResource) -> None:
+    """``trio.aclose_forcefully`` without its price where nothing could wait: a socket (its close only closes) or
+    a stream that says so (``closes_at_once``) is closed under a shield. Forcing means cancelling the close and
+    catching the ``Cancelled`` it raises, ~25 µs a stream here, and every connection closes two in each daemon."""
+    if isinstance(stream, trio.SocketStream) or getattr(stream, "closes_at_once", False):
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
+    else:
+        await trio.aclose_forcefully(stream)
 
 
 async def _abort_both(a: trio.abc.AsyncResource, b: trio.abc.AsyncResource) -> None:
