@@ -141,7 +141,7 @@ class EgressService:
         return L4Request(host, port, identity, relaxed=self.relaxed)
 
     async def _reply(self, stream: LinkStream, reply: EgressReply) -> None:
-        await stream.send_headers(encode_reply_headers(reply), end_stream=reply.status != 200)
+        await stream.send_headers(encode_reply_headers(reply), end_stream=reply.status != 200, now=True)
 
     async def _connect(self, stream: LinkStream) -> None:
         with ConnectionResult(self.log, self.counters, None, relaxed=self.relaxed) as result:

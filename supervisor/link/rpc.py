@@ -171,7 +171,8 @@ class Router:
         async def accept(reply: dict[str, Any]) -> None:
             nonlocal accepted
             accepted = True
-            await stream.send_headers([(":status", "200"), (REPLY_HEADER, json.dumps(reply, separators=(",", ":")))])
+            reply_header = (REPLY_HEADER, json.dumps(reply, separators=(",", ":")))
+            await stream.send_headers([(":status", "200"), reply_header], now=True)  # the channel's data may wait
 
         try:
             await self._channel[path](body, stream, accept)

@@ -33,6 +33,10 @@ Rules:
    zero-filled 256 KiB per receive cost more than the small messages most receives carry.
 8. Each call is one schedule point, not two: a call that waited for the socket does not yield again before it
    returns (the link's reader woke, read and then went once more round trio's run loop for every record burst).
+9. ``try_send`` writes from synchronous code, without waiting and without a schedule point (the link's write of
+   a message on a quiet link, from its sender). If the socket fills mid-record, OpenSSL holds the record and must
+   be handed the same bytes again: the stream keeps them and the next send finishes them first (the caller sees
+   ``False`` and must make sure a send follows; ``send_all(b"")`` is enough).
 """
 
 from __future__ import annotations
@@ -92,6 +96,7 @@ class SocketTLSStream(trio.abc.Stream):
         self._closed = False
         self._buffer: bytearray | None = None  # rule 7
         self._send_conflict = _OneAtATime("another task is sending on this TLS stream")
+        self._unfinished: bytes | None = None  # rule 9
         self._receive_conflict = _OneAtATime("another task is receiving on this TLS stream")
 
     # -- what verify_peer reads (supervisor.protocol.tls.TLSConnection) ----------------------------------------
@@ -192,8 +197,33 @@ class SocketTLSStream(trio.abc.Stream):
             if not waited:
                 await trio.lowlevel.cancel_shielded_checkpoint()
 
+    def try_send(self, data: bytes) -> bool:
+        """Rule 9: ``True`` when ``data`` went whole now; ``False`` when the socket filled (kept for the next send).
+        Raises ``BusyResourceError`` during another send, ``BrokenResourceError``/``ClosedResourceError`` as a send."""
+        with self._send_conflict:
+            self._check_open()
+            if self._unfinished is not None:
+                raise trio.BusyResourceError("a record is still being written")
+            try:
+                sent = self._ssl.send(data)
+            except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                sent = 0
+            except (ssl.SSLError, OSError) as exc:
+                raise trio.BrokenResourceError(f"TLS send failed: {exc}") from exc
+            if sent < len(data):
+                self._unfinished = data[sent:]
+                return False
+            return True
+
     async def _send(self, data: bytes | bytearray | memoryview) -> bool:
-        """Write ``data`` whole; whether it had to wait for the socket."""
+        """Write ``data`` whole, after what ``try_send`` left unfinished; whether it had to wait for the socket."""
+        waited = False
+        if self._unfinished is not None:
+            waited = await self._write(self._unfinished)
+            self._unfinished = None
+        return await self._write(data) or waited
+
+    async def _write(self, data: bytes | bytearray | memoryview) -> bool:
         waited = False
         with memoryview(data) as view, view.cast("B") as flat:
             sent = 0

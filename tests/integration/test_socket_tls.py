@@ -190,3 +190,40 @@ async def test_a_received_chunk_is_not_changed_by_the_next_receive() -> None:
         await client.send_all(b"B" * 1000)
         second = await server.receive_some()
     assert first == b"A" * 1000 and second == b"B" * 1000
+
+
+async def test_try_send_writes_now_and_a_full_socket_keeps_the_record_for_the_next_send() -> None:
+    async with _tls_pair() as (server, client):
+        assert client.try_send(b"at once")  # from synchronous code: no schedule point, no wait
+        assert await server.receive_some() == b"at once"
+        # the peer reads nothing until the socket fills mid-record
+        client.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        sent: list[bytes] = []
+        for _ in range(10_000):
+            record = os.urandom(16 * 1024)
+            sent.append(record)
+            if not client.try_send(record):
+                break
+        else:
+            raise AssertionError("the socket never filled")
+        with pytest.raises(trio.BusyResourceError):  # the unfinished record must be handed over first
+            client.try_send(b"jumping the queue")
+        expected = b"".join(sent) + b"after"
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.send_all, b"after")  # finishes the kept record, then its own bytes
+            got, _largest = await _read_exactly(server, len(expected))
+    assert got == expected  # nothing lost, doubled or reordered
+
+
+async def test_try_send_on_a_closed_or_busy_stream_raises_what_a_send_raises() -> None:
+    async with _tls_pair() as (server, client):
+        client.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.send_all, os.urandom(4 << 20))  # waits: the peer reads nothing yet
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(trio.BusyResourceError):
+                client.try_send(b"during another send")
+            await _read_exactly(server, 4 << 20)
+        await client.aclose()
+        with pytest.raises(trio.ClosedResourceError):
+            client.try_send(b"after close")

@@ -163,3 +163,114 @@ def test_pack_joins_small_frames_and_fills_a_record_with_a_large_payloads_head()
     # small chunks that overflow a record start another one; none is larger than a record
     pieces = _pack([b"x" * 9000, b"y" * 9000, b"z" * 9000])
     assert [len(p) for p in pieces] == [9000, 9000, 9000]
+
+
+class SyncWire(trio.abc.Stream):
+    """One end of an in-memory transport that, like TLS on a socket, can also write from synchronous code
+    (``try_send``); each write is recorded as ``(how, frames)``, ``how`` being ``through`` (the sender wrote it)
+    or ``writer`` (the link's writer task did). ``full``: the next ``try_send`` finds the socket full."""
+
+    def __init__(self, incoming: trio.testing.MemoryReceiveStream) -> None:
+        self.incoming = incoming
+        self.peer: SyncWire | None = None
+        self.writes: list[tuple[str, list[str]]] = []
+        self.full = False
+        self._unfinished: bytes | None = None
+
+    def _deliver(self, data: bytes, how: str) -> None:
+        assert self.peer is not None
+        if data:
+            self.writes.append((how, _frames(data)))
+            self.peer.incoming.put_data(data)
+
+    def try_send(self, data: bytes) -> bool:
+        assert self._unfinished is None, "a write before the unfinished one was finished"
+        if self.full:
+            self.full, self._unfinished = False, data
+            return False
+        self._deliver(data, "through")
+        return True
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if self._unfinished is not None:
+            self._deliver(self._unfinished, "finished")
+            self._unfinished = None
+        self._deliver(bytes(data), "writer")
+        await trio.lowlevel.checkpoint()
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self.incoming.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        self.incoming.put_eof()
+        if self.peer is not None:
+            self.peer.incoming.put_eof()
+        await trio.lowlevel.checkpoint()
+
+
+@asynccontextmanager
+async def sync_pair() -> AsyncIterator[tuple[Link, SyncWire, Link, SyncWire]]:
+    client_wire = SyncWire(trio.testing.MemoryReceiveStream())
+    server_wire = SyncWire(trio.testing.MemoryReceiveStream())
+    client_wire.peer, server_wire.peer = server_wire, client_wire
+    router = Router()
+    router.unary("/v1/status", _status)
+    router.channel("/v1/exec", _exec)
+    client = Link(client_wire, client=True, name="client")
+    server = Link(server_wire, client=False, handler=router.handle, name="server")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(client.run)
+        await nursery.start(server.run)
+        await call(client, "/v1/status")
+        await trio.testing.wait_all_tasks_blocked()
+        client_wire.writes.clear()
+        server_wire.writes.clear()
+        yield client, client_wire, server, server_wire
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_whole_message_on_a_quiet_link_is_written_by_its_sender() -> None:
+    async with sync_pair() as (client, client_wire, _server, server_wire):
+        for _ in range(5):
+            stream, reply = await open_channel(client, "/v1/exec", {"argv": ["true"]})
+            assert reply == {"handle": "x_0123456789abcdef"}
+            assert await stream.receive_some() == b"\x01output and the exit frame"
+            assert await stream.receive_some() == b""
+            await stream.aclose()
+            await trio.testing.wait_all_tasks_blocked()
+    # the request (headers and its first bytes) and the accept leave at once, each from its sender; the output
+    # and the handler's end, two calls with a checkpoint in between, are gathered by the writer as before, and so
+    # is the END_STREAM of aclose (not a message of its own)
+    assert client_wire.writes == [("through", ["Headers", "Data"]), ("writer", ["Data/E"])] * 5
+    assert server_wire.writes == [("through", ["Headers"]), ("writer", ["Data", "Data/E"])] * 5
+
+
+async def test_a_busy_link_gathers_and_a_full_socket_finishes_the_record_first() -> None:
+    async with sync_pair() as (client, client_wire, _server, server_wire):
+        # twenty calls started in one scheduling round: the first goes through, the writer gathers the rest
+        results: list[dict[str, Any]] = []
+
+        async def one(n: int) -> None:
+            results.append(await call(client, "/v1/status", {"n": n}))
+
+        async with trio.open_nursery() as nursery:
+            for n in range(20):
+                nursery.start_soon(one, n)
+        assert sorted(r["n"] for r in results) == list(range(20))
+        requests = [frames for _how, frames in client_wire.writes if "Headers" in frames]
+        assert client_wire.writes[0][0] == "through" and len(requests) < 20
+        assert sum(frames.count("Headers") for frames in requests) == 20
+
+        # a socket that fills mid-record: the writer finishes that record, with nothing else queued, and the
+        # peer reads the exchange whole
+        await trio.testing.wait_all_tasks_blocked()
+        client_wire.writes.clear()
+        server_wire.writes.clear()
+        client_wire.full = True
+        assert await call(client, "/v1/status", {"n": 99}) == {"state": "running", "n": 99}
+        assert client_wire.writes == [("finished", ["Headers", "Data/E"])]
+        # a unary reply's headers are not a whole message (its body follows): the writer gathers both, as before
+        assert server_wire.writes == [("writer", ["Headers", "Data/E"])]
