@@ -603,7 +603,11 @@ class Link:
         self.client = client
         self.name = name
         self._handler = handler
-        config = h2.config.H2Configuration(client_side=client, header_encoding="utf-8")
+        # Outbound headers are normalised (lower-case names, surrounding whitespace and connection headers gone)
+        # but not validated: what validation adds (pseudo-header order, :path, :authority against host, te) is
+        # fixed in the protocol layer's builders, and it was a third of building a header block. The peer still
+        # validates what it receives.
+        config = h2.config.H2Configuration(client_side=client, header_encoding="utf-8", validate_outbound_headers=False)
         self._h2 = _H2Connection(config=config)
         self._streams: dict[int, LinkStream] = {}
         self._kicked = trio.Event()

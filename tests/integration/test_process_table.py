@@ -117,6 +117,9 @@ class FakeLauncher:
         self.roots.add(proc.pid)
         return FakeSpawned(proc.pid, os.pidfd_open(proc.pid), *fds)
 
+    def collect_returning(self) -> None:
+        pass  # no spares here
+
     def workload_pids(self) -> set[int]:
         """Descendants of what this fake spawned, and whatever stays in their sessions (orphans reparent
         away from the test process). Never the test's other children, such as real launchers."""

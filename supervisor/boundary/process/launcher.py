@@ -270,11 +270,12 @@ class Launcher:
         finally:
             zygote.close_all(fds)
 
-    def _collect_returning(self) -> None:
+    def collect_returning(self) -> None:
         """File the leases of exec-inits that served an exec and made themselves spares again (zygote._serve):
         ``{"spare": true, "notes"}`` on their report socket, with the command socket (the exec-init's listener came
         with its first lease and is served still). One that ended instead (let go, killed) is forgotten; the init
-        makes its successor."""
+        makes its successor. The process table calls it once an exec's exit is out (its exec-init is back by then,
+        usually), so that the next exec does not file it on its way."""
         for lease in list(self._returning):
             sock = _seqpacket(lease.report)
             try:
@@ -509,7 +510,7 @@ class Launcher:
     def _use_lease(self, spec: SpawnSpec, layout: list[int], fds: list[int]) -> Lease | None:
         """Send this spawn to the leased spare if it was prepared for the spec's confinement (rule 5); ``None``:
         there is none, or it is let go, and the launcher forks the exec-init."""
-        self._collect_returning()
+        self.collect_returning()
         if not self._leases:
             return None
         lease = self._leases.pop(0)
@@ -562,7 +563,7 @@ class Launcher:
         parents, zombies = zygote.proc_scan()
         found = zygote.descendants(self._pid, parents) - zombies
         found.discard(self._init_pid or -1)
-        self._collect_returning()
+        self.collect_returning()
         for lease in (*self._leases, *self._returning):
             found -= {lease.pid, *zygote.descendants(lease.pid, parents)}
         return found

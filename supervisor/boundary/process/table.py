@@ -79,6 +79,8 @@ class LauncherLike(Protocol):
 
     async def kill_all(self) -> None: ...
 
+    def collect_returning(self) -> None: ...
+
 
 def render_result(handle: str, status: int | None, reason: EndReason) -> ExitResult:
     """The §2.5 wait object from a raw wait status (``None``: the status was lost; reported as KILL)."""
@@ -397,6 +399,9 @@ class ProcessTable:
         self._finished_entry(entry, status)
         result = await entry.wait_result()
         entry.log_event(EventName.PROCESS_EXITED, code=result.code, signal=result.signal, reason=str(result.reason))
+        if entry.kind == "exec":  # its exec-init is back as a spare by now, usually: filed off the next exec's path
+            await trio.lowlevel.checkpoint()  # the exit's stream goes first
+            self.launcher.collect_returning()
         if entry.kind == "agent":
             self.agent_exited.set()
             await self.end_all(EndReason.AGENT_EXIT)
