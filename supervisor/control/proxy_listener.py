@@ -88,7 +88,10 @@ class ProxyClientStream(trio.abc.HalfCloseableStream):
             self._body = target.body()
             self._pending = target.request_head + self._body.feed(target.leftover)
 
-    async def send_headers(self, headers: Sequence[tuple[str, str]], *, end_stream: bool = False) -> None:
+    async def send_headers(
+        self, headers: Sequence[tuple[str, str]], *, end_stream: bool = False, now: bool = False
+    ) -> None:
+        """The egress pipeline's reply, rendered for the proxy client (``now``: it is always written at once)."""
         reply = decode_reply_headers(headers)
         self.answered = True
         self.allowed = reply.allowed

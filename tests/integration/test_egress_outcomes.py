@@ -53,7 +53,9 @@ class _AgentSide(trio.abc.HalfCloseableStream):
     def header(self, name: str, default: str | None = None) -> str | None:
         return next((v for k, v in self.headers if k == name), default)
 
-    async def send_headers(self, headers: Sequence[tuple[str, str]], *, end_stream: bool = False) -> None:
+    async def send_headers(
+        self, headers: Sequence[tuple[str, str]], *, end_stream: bool = False, now: bool = False
+    ) -> None:
         if self._broken_reply:
             raise trio.BrokenResourceError("the boundary reset the stream")
         self.reply = list(headers)

@@ -39,7 +39,9 @@ class _ForwardStream(trio.abc.HalfCloseableStream):
         self.ended = trio.Event()
         self._sent_head = False
 
-    async def send_headers(self, headers: Sequence[tuple[str, str]], *, end_stream: bool = False) -> None:
+    async def send_headers(
+        self, headers: Sequence[tuple[str, str]], *, end_stream: bool = False, now: bool = False
+    ) -> None:
         self.reply = list(headers)
         await trio.lowlevel.checkpoint()
 
