@@ -244,24 +244,40 @@ class ExecOutput:
 
 
 class _Sender:
+    """One frame at a time on the stream (stdout, stderr and EXIT come from different tasks)."""
+
     def __init__(self, stream: trio.abc.HalfCloseableStream) -> None:
         self._stream = stream
         self._lock = trio.Lock()
 
+    async def _acquire(self) -> None:
+        # Uncontended (the usual case) without the schedule point ``Lock.acquire`` makes: a frame that is ready
+        # is not sent a scheduling round late (the send itself is a schedule point).
+        try:
+            self._lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self._lock.acquire()
+
     async def send(self, event: Event) -> None:
-        async with self._lock:
+        await self._acquire()
+        try:
             await self._stream.send_all(encode_frame(event))
+        finally:
+            self._lock.release()
 
     async def send_last(self, event: Event) -> None:
         """The stream's last frame and its half-close together: on the link, END_STREAM rides on that frame's
         DATA (one record for both, where a ``send_eof`` after the nursery's teardown was a record of its own)."""
-        async with self._lock:
+        await self._acquire()
+        try:
             data = encode_frame(event)
             if isinstance(self._stream, LinkStream):
                 await self._stream.send_final(data)
             else:
                 await self._stream.send_all(data)
                 await self._stream.send_eof()
+        finally:
+            self._lock.release()
 
 
 async def _forward_output(out: OutputStream, sender: _Sender) -> None:

@@ -398,9 +398,10 @@ class ProcessTable:
             await entry.swept.wait()
         self._finished_entry(entry, status)
         result = await entry.wait_result()
+        if entry.kind == "exec":
+            await trio.lowlevel.checkpoint()  # the stream's EXIT goes first; the event and the spare can wait
         entry.log_event(EventName.PROCESS_EXITED, code=result.code, signal=result.signal, reason=str(result.reason))
         if entry.kind == "exec":  # its exec-init is back as a spare by now, usually: filed off the next exec's path
-            await trio.lowlevel.checkpoint()  # the exit's stream goes first
             self.launcher.collect_returning()
         if entry.kind == "agent":
             self.agent_exited.set()
