@@ -424,6 +424,7 @@ class BoundaryDaemon:
                 resolver, on_event=lambda name, fields: self.log.emit(name, **fields)
             )
             self.launcher.notify_socket = notifier.child_end()
+            self.launcher.first_execs = notifier.first_execs
             assert self._nursery is not None
             self._nursery.start_soon(notifier.serve)
         self.capture = EgressCapture(

@@ -207,8 +207,16 @@ def boundary_gone(port: int) -> dict[str, object]:
     return {"connect": "ok"}
 
 
+def reexec_preload_scrubbed(port: int) -> dict[str, object]:
+    """Re-execute ourselves (the same pid) under LD_PRELOAD as ``scrub_inner``, which erases the variable from its
+    own environment block before it connects: only the execve's notification can tell."""
+    env = dict(os.environ, LD_PRELOAD="/nonexistent/preload.so")
+    os.execve(sys.executable, [sys.executable, __file__, "scrub_inner", str(port)], env)
+
+
 CASES = {
     "plain": plain,
+    "reexec_preload_scrubbed": reexec_preload_scrubbed,
     "descendant": descendant,
     "scm_rights_then_exec": scm_rights_then_exec,
     "fork_before_exec": fork_before_exec,

@@ -89,6 +89,7 @@ class World:
         )
         self.notifier = notifier_cls(self.resolver, **kw)
         launcher.notify_socket = self.notifier.child_end()
+        launcher.first_execs = self.notifier.first_execs  # as the boundary wires them
         self.verdicts: list[dict[str, Any]] = []
 
     async def serve(self, listener: trio.SocketListener) -> None:
@@ -249,6 +250,27 @@ async def test_an_exec_through_a_leased_spare_is_identified_at_connect(
     assert report["verdict"].get("binary") == PYTHON, (report, world.verdicts)
     assert world.verdicts == [report["verdict"]]
     assert world.notifier.counters["recorded"] >= 1
+    # its first execve was one the launcher vouched for (connect_record.py rule 6): the same identity, nothing read
+    assert world.notifier.counters["vouched_execs"] == 1, world.notifier.counters
+
+
+@pytest.mark.parametrize("model", ["R", "U"])  # P has no PID namespace, so no spare
+async def test_a_command_that_execs_itself_under_ld_preload_in_its_window_is_read_from_memory(
+    launcher: Launcher, script_dir: Path, model: str
+) -> None:
+    """connect_record.py rule 6 from the agent's side, in the worst case: the window of first execs held open for
+    the command's whole life (as if the boundary never got to read its status pipe). The command's own first
+    execve is the one vouched for; it then re-executes itself, same pid, under LD_PRELOAD and erases the variable
+    from its environment block before it connects, so only that execve's notification can name the preload: it
+    is read from its memory, and the connection names it."""
+    world = World(launcher)
+    closed: list[int] = []
+    world.notifier.first_execs.close = closed.append  # type: ignore[method-assign]  # never closes
+    [(_pid, report)] = await world.run_leased(model, "reexec_preload_scrubbed", script_dir)
+    assert report["scrubbed"] is True  # the attack happened: /proc/PID/environ no longer shows it
+    assert report["verdict"]["loader_env"] == ["LD_PRELOAD"], (report, world.verdicts)
+    assert world.notifier.counters["vouched_execs"] == 1, world.notifier.counters  # the first exec's, only
+    assert closed, "the launcher never ended the window"
 
 
 @MODELS

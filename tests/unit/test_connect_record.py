@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog
+from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog, FirstExecs
 from supervisor.protocol.identity import ConnectionIdentity
 
 
@@ -67,3 +67,18 @@ def test_loader_variables_only_accumulate() -> None:
     assert log.loader(7, 100) == ("LD_PRELOAD",)
     log.note_loader(7, 100, ("LD_AUDIT",))
     assert log.loader(7, 100) == ("LD_AUDIT", "LD_PRELOAD")
+
+
+def test_first_execs_vouch_once_per_window_for_a_child_of_its_exec_init_and_never_under_loader_variables() -> None:
+    first = FirstExecs()
+    assert first.vouches_for({"PATH": "/usr/bin", "LD_BIND_NOW": "1"})
+    for name in ("LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH"):
+        assert not first.vouches_for({"PATH": "/usr/bin", name: ""}), name  # even empty: read it as usual
+    assert not first.take(100)  # no window
+    first.open(100)
+    assert not first.take(200)  # a child of another process
+    assert first.take(100)  # the launch's child
+    assert not first.take(100)  # spent: the next one (another candidate, a re-exec, an orphan) is read
+    first.open(100)
+    first.close(100)
+    assert not first.take(100)  # the launch is over

@@ -46,6 +46,7 @@ from typing import Final
 
 import trio
 
+from supervisor.boundary.capture.connect_record import FirstExecs
 from supervisor.boundary.capture.identity import IdentityResolver
 from supervisor.boundary.process import linux, seccomp
 from supervisor.protocol.event_names import EventName
@@ -160,7 +161,11 @@ class ConnectNotifier:
         self._ours.setblocking(False)
         self._syscalls = seccomp.SYSCALLS[linux.MACHINE]
         self._listeners: dict[int, trio.CancelScope] = {}
-        self.counters = {"listeners": 0, "notifications": 0, "recorded": 0, "unrecorded": 0, "timed_out": 0}
+        #: the launcher's windows of first execs it vouches for (connect_record.py rule 6), shared with it
+        self.first_execs = FirstExecs()
+        self.counters = {
+            "listeners": 0, "notifications": 0, "recorded": 0, "unrecorded": 0, "timed_out": 0, "vouched_execs": 0,
+        }  # fmt: skip
 
     def child_end(self) -> socket.socket:
         """The end workload children send their listener over (the launcher gives each spawn a copy)."""
@@ -232,7 +237,8 @@ class ConnectNotifier:
         try:
             if note.nr in (self._syscalls["execve"], self._syscalls["execveat"]):
                 envp = note.args[2] if note.nr == self._syscalls["execve"] else note.args[3]
-                self.resolver.note_execve(note.pid, self._thread_group(note.pid), envp)
+                if self.resolver.note_execve(note.pid, self._thread_group(note.pid), envp, self.first_execs):
+                    self.counters["vouched_execs"] += 1
             elif note.nr == self._syscalls["connect"]:
                 pending = self._connect(listener, note)
                 answered = pending is None

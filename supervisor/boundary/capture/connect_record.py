@@ -14,12 +14,22 @@ Rules:
    by the ancestor walk so a parent's later ``exec`` grants nothing. The first entry for a child wins.
 5. It also keeps, per process, the loader variables of every environment it passed to ``execve`` (read from
    its memory at the notification). They only accumulate: an ``execve`` that then fails cannot clear them.
+6. :class:`FirstExecs`: the one ``execve`` whose environment the boundary knows without reading it. A spare's
+   exec-init starts each command the boundary sends it in a child of its own (``posix_spawn``'s, or the forked
+   child of a terminal exec) that runs none of the agent's code before its ``execve``, which passes the spec's
+   environment; nothing else lives in the exec-init's namespace then (it is emptied before each report). So from
+   the send until the status pipe says the launch is over (a window), the first ``execve`` notification from a
+   child of that exec-init is that launch's, and where the spec's environment holds no loader variable the exec
+   log takes it as such without reading the caller's memory. One per window: every later one (another ``PATH``
+   candidate, the command re-executing itself, an orphan of it adopted by the exec-init while the boundary has
+   not yet read the status) is read like any other, and so is every ``execve`` outside a window.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from supervisor.protocol.identity import ConnectionIdentity
@@ -27,6 +37,7 @@ from supervisor.protocol.identity import ConnectionIdentity
 DEFAULT_TTL = 120.0
 MAX_RECORDS = 65_536
 MAX_EXEC_LOG = 65_536
+LOADER_VARIABLES = frozenset({"LD_AUDIT", "LD_LIBRARY_PATH", "LD_PRELOAD"})  # what the exec log looks for (rule 5)
 
 
 @dataclass(frozen=True)
@@ -104,3 +115,29 @@ class ExecLog:
     def loader(self, pid: int, start_time: int) -> tuple[str, ...] | None:
         """The loader variables ``pid`` ever exec'd with; ``None`` if it never exec'd under the filter."""
         return self._loader.get((pid, start_time))
+
+
+class FirstExecs:
+    """Rule 6. The launcher opens a window per launch through a spare's exec-init and closes it when the launch
+    is over; the connect notifier asks :meth:`take` for each ``execve`` notification."""
+
+    def __init__(self) -> None:
+        self._open: set[int] = set()  # exec-inits (pids) whose window is open and not yet spent
+
+    def vouches_for(self, env: Mapping[str, str]) -> bool:
+        """Whether a launch with ``env`` opens a window: one without loader variables (rule 6)."""
+        return LOADER_VARIABLES.isdisjoint(env)
+
+    def open(self, exec_init: int) -> None:
+        self._open.add(exec_init)
+
+    def close(self, exec_init: int) -> None:
+        self._open.discard(exec_init)
+
+    def take(self, ppid: int) -> bool:
+        """Whether an ``execve`` by a child of ``ppid`` (a thread group leader) is the vouched first one of a
+        window; the window is spent by it."""
+        if ppid not in self._open:
+            return False
+        self._open.discard(ppid)
+        return True

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from supervisor.boundary import procfs
 from supervisor.boundary.capture import _procnet
 from supervisor.boundary.capture._sockdiag import SockDiag
-from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog
+from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog, FirstExecs
 from supervisor.protocol.identity import ConnectionIdentity
 
 MAX_ANCESTORS = 64
@@ -278,15 +278,21 @@ class IdentityResolver:
             loader_env=loader_env,
         )
 
-    def note_execve(self, tid: int, pid: int, envp: int) -> None:
+    def note_execve(self, tid: int, pid: int, envp: int, first_execs: FirstExecs | None = None) -> bool:
         """Task ``tid`` of process ``pid`` is about to ``execve`` with the environment at ``envp``: the exec log
         notes the process's children so far (created under its current image) and the loader variables of that
-        environment (read from its memory while it waits). One ``stat`` read serves both: the caller waits."""
+        environment (read from its memory while it waits). One ``stat`` read serves both: the caller waits. A first
+        exec ``first_execs`` vouches for has neither children nor loader variables (connect_record.py rule 6):
+        nothing is read but the ``stat``. Whether it was one."""
         if self.exec_log is None:
-            return
+            return False
         fields = self._stat_fields(pid)
+        if tid == pid and first_execs is not None and first_execs.take(int(fields[1])):  # field 4: the parent
+            self.exec_log.note_loader(pid, int(fields[19]), ())
+            return True
         self._note_children(pid, threads=int(fields[17]))  # field 20 of proc(5)
         self.exec_log.note_loader(pid, int(fields[19]), self._envp_loader_env(tid, envp))
+        return False
 
     def _note_children(self, pid: int, *, threads: int) -> None:
         assert self.exec_log is not None

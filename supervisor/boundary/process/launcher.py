@@ -34,7 +34,7 @@ import termios
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import trio
 
@@ -43,6 +43,9 @@ from supervisor.protocol.exit_codes import ExitCode, for_launch_errno
 from . import capture_calls, child, privilege, zygote
 from .child import SpawnSpec, Stage
 from .zygote import NamespacePlan
+
+if TYPE_CHECKING:
+    from supervisor.boundary.capture.connect_record import FirstExecs
 
 CLOSE_GRACE = 2.0
 
@@ -181,6 +184,9 @@ class Launcher:
         # copy, installs the notify filter and sends its listener over it before exec (a spare exec-init's one
         # listener, from its first lease, is sent over it here).
         self.notify_socket: socket.socket | None = None
+        # The notifier's record of first execs we vouch for (connect_record.py rule 6): a launch through a spare
+        # opens a window for its exec-init until its status pipe says it is over.
+        self.first_execs: FirstExecs | None = None
         self.on_unowned: Callable[[int, list[int]], None] | None = None  # (count, first pids in the namespace)
 
     @classmethod
@@ -469,6 +475,9 @@ class Launcher:
                     self._forget(sid)
                 os.close(pidfd)
                 raise
+            finally:
+                if lease is not None and self.first_execs is not None:
+                    self.first_execs.close(lease.pid)
             if failure is not None:
                 if lease is None:
                     self._forget(sid)
@@ -520,9 +529,13 @@ class Launcher:
                 stale.close()
             self._leases.clear()
             return None
+        if self.first_execs is not None and self.first_execs.vouches_for(spec.env):
+            self.first_execs.open(lease.pid)  # before the command can reach its execve
         try:
             zygote.send(lease.sock, {"spec": spec.to_wire(), "stdio": layout}, fds)
         except OSError:  # it ended while waiting (only a signal from our side can do that)
+            if self.first_execs is not None:
+                self.first_execs.close(lease.pid)
             lease.close()
             return None
         lease.sock.close()
