@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 
 from . import child, linux, privilege
 from .child import Stage
@@ -46,8 +47,10 @@ class StageFailure(Exception):
         self.error = error
 
 
-def launch(ctx: child.ChildContext) -> int:
-    """Start ``ctx.spec``'s command on ``ctx.stdio`` (rule 1); its pid. Raises ``StageFailure``."""
+def launch(ctx: child.ChildContext, started: Callable[[], None] = lambda: None) -> int:
+    """Start ``ctx.spec``'s command on ``ctx.stdio`` (rule 1); its pid. Raises ``StageFailure``. ``started`` runs
+    as soon as the command has exec'd, before our ids come back: closing our copy of its status pipe there tells
+    the boundary now (the restore is ours alone, and if it fails we end, which ends the command too)."""
     spec = ctx.spec
     if spec.tty:
         raise StageFailure(Stage.CTTY, OSError(errno.EINVAL, "a terminal needs a forked child"))
@@ -71,11 +74,13 @@ def launch(ctx: child.ChildContext) -> int:
             stage = Stage.EXECVE
             argv, env = list(spec.argv), dict(spec.env)
             dup2 = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(ctx.stdio)]
-            return child.exec_first(
+            pid = child.exec_first(
                 spec.argv,
                 spec.env,
                 lambda path: os.posix_spawn(path, argv, env, file_actions=dup2, setsid=True, setsigmask=()),
             )
+            started()
+            return pid
         finally:
             _restore(uid, gid, groups)
     except OSError as exc:

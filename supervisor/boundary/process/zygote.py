@@ -760,7 +760,7 @@ def _run(  # pragma: no cover - a spare exec-init
             if pid == 0:
                 child.run(ctx, child.IN_CHILD)
         else:
-            pid = spawn.launch(ctx)
+            pid = spawn.launch(ctx, started=functools.partial(close_all, fds))
     except spawn.StageFailure as failed:
         child.report_failure(ctx, failed.stage, failed.error)
         return ExitCode.NOT_FOUND << 8
