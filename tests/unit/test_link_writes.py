@@ -63,9 +63,9 @@ async def _status(body: dict[str, Any]) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def recorded_pair() -> AsyncIterator[tuple[Link, Recorder, Link, Recorder]]:
-    left, right = trio.testing.memory_stream_pair()
-    client_wire, server_wire = Recorder(left), Recorder(right)
+async def _linked(client_wire: Any, server_wire: Any) -> AsyncIterator[tuple[Link, Link]]:
+    """A client and a server link over the two wires (each records its writes), both running, the prefaces and
+    SETTINGS acknowledgements behind them and the records cleared."""
     router = Router()
     router.unary("/v1/status", _status)
     router.channel("/v1/exec", _exec)
@@ -74,12 +74,20 @@ async def recorded_pair() -> AsyncIterator[tuple[Link, Recorder, Link, Recorder]
     async with trio.open_nursery() as nursery:
         await nursery.start(client.run)
         await nursery.start(server.run)
-        await call(client, "/v1/status")  # the prefaces and SETTINGS acknowledgements are behind us
+        await call(client, "/v1/status")
         await trio.testing.wait_all_tasks_blocked()
         client_wire.writes.clear()
         server_wire.writes.clear()
-        yield client, client_wire, server, server_wire
+        yield client, server
         nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def recorded_pair() -> AsyncIterator[tuple[Link, Recorder, Link, Recorder]]:
+    left, right = trio.testing.memory_stream_pair()
+    client_wire, server_wire = Recorder(left), Recorder(right)
+    async with _linked(client_wire, server_wire) as (client, server):
+        yield client, client_wire, server, server_wire
 
 
 async def test_a_unary_call_is_one_write_each_way() -> None:
@@ -93,15 +101,20 @@ async def test_a_unary_call_is_one_write_each_way() -> None:
     assert server_wire.writes == [["Headers", "Data/E"]] * 20
 
 
+async def _exec_exchanges(client: Link, count: int) -> None:
+    """``count`` exec channels one after the other: accept, the output, the end; each stream closed, all quiet."""
+    for _ in range(count):
+        stream, reply = await open_channel(client, "/v1/exec", {"argv": ["true"]})
+        assert reply == {"handle": "x_0123456789abcdef"}
+        assert await stream.receive_some() == b"\x01output and the exit frame"
+        assert await stream.receive_some() == b""
+        await stream.aclose()
+        await trio.testing.wait_all_tasks_blocked()
+
+
 async def test_a_channel_reply_and_its_end_leave_in_one_write() -> None:
     async with recorded_pair() as (client, client_wire, _server, server_wire):
-        for _ in range(20):
-            stream, reply = await open_channel(client, "/v1/exec", {"argv": ["true"]})
-            assert reply == {"handle": "x_0123456789abcdef"}
-            assert await stream.receive_some() == b"\x01output and the exit frame"
-            assert await stream.receive_some() == b""
-            await stream.aclose()
-            await trio.testing.wait_all_tasks_blocked()
+        await _exec_exchanges(client, 20)
     # the accept (HEADERS), the output and the handler's end are three calls with checkpoints in between: the
     # writer's coalescing round gathers them
     assert server_wire.writes == [["Headers", "Data", "Data/E"]] * 20
@@ -216,31 +229,13 @@ async def sync_pair() -> AsyncIterator[tuple[Link, SyncWire, Link, SyncWire]]:
     client_wire = SyncWire(trio.testing.MemoryReceiveStream())
     server_wire = SyncWire(trio.testing.MemoryReceiveStream())
     client_wire.peer, server_wire.peer = server_wire, client_wire
-    router = Router()
-    router.unary("/v1/status", _status)
-    router.channel("/v1/exec", _exec)
-    client = Link(client_wire, client=True, name="client")
-    server = Link(server_wire, client=False, handler=router.handle, name="server")
-    async with trio.open_nursery() as nursery:
-        await nursery.start(client.run)
-        await nursery.start(server.run)
-        await call(client, "/v1/status")
-        await trio.testing.wait_all_tasks_blocked()
-        client_wire.writes.clear()
-        server_wire.writes.clear()
+    async with _linked(client_wire, server_wire) as (client, server):
         yield client, client_wire, server, server_wire
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_whole_message_on_a_quiet_link_is_written_by_its_sender() -> None:
     async with sync_pair() as (client, client_wire, _server, server_wire):
-        for _ in range(5):
-            stream, reply = await open_channel(client, "/v1/exec", {"argv": ["true"]})
-            assert reply == {"handle": "x_0123456789abcdef"}
-            assert await stream.receive_some() == b"\x01output and the exit frame"
-            assert await stream.receive_some() == b""
-            await stream.aclose()
-            await trio.testing.wait_all_tasks_blocked()
+        await _exec_exchanges(client, 5)
     # the request (headers and its first bytes) and the accept leave at once, each from its sender; the output
     # and the handler's end, two calls with a checkpoint in between, are gathered by the writer as before, and so
     # is the END_STREAM of aclose (not a message of its own)
