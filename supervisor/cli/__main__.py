@@ -1,7 +1,5 @@
 """``python -m supervisor.cli``: the same entrypoint as the ``openshell-sandbox`` console script."""
 
-import sys
+from supervisor.cli.entry import run
 
-from supervisor.cli.main import main
-
-sys.exit(main())
+run()

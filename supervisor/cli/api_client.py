@@ -1,7 +1,8 @@
 """The CLI's client for control's operator API (h11 over the Unix socket, or over TCP with mutual TLS).
 
 Finding the socket (docs/design.md "Finding the API"): ``--api``, else ``$OPENSHELL_SANDBOX_API``, else the only live
-socket under ``${XDG_RUNTIME_DIR:-/run}/openshell-sandbox/*/api.sock``, else an error listing the candidates.
+socket under ``<runtime directory>/*/api.sock`` (supervisor/protocol/runtime_dir.py), else an error listing
+the candidates.
 
 An API given as ``https://HOST:PORT`` is control's TCP listener (``--api-listen``; docs/design.md "Remote
 operators"): the client presents the operator certificate in ``--cert DIR`` (else ``$OPENSHELL_SANDBOX_CERT``),
@@ -24,6 +25,8 @@ from typing import Any
 import h11
 import trio
 
+from supervisor.protocol.runtime_dir import runtime_base
+
 UPGRADE_TOKEN = "openshell-channel"
 CONNECT_TIMEOUT_S = 15.0
 
@@ -35,10 +38,6 @@ class ApiError(Exception):
         super().__init__(message)
         self.status = status
         self.body = body or {}
-
-
-def _runtime_base() -> Path:
-    return Path(os.environ.get("XDG_RUNTIME_DIR") or "/run") / "openshell-sandbox"
 
 
 def _is_live(path: Path) -> bool:
@@ -105,7 +104,7 @@ def find_api(explicit: str | None = None, cert: str | None = None) -> Api:
     env = os.environ.get("OPENSHELL_SANDBOX_API")
     if env:
         return parse_api_url(env, cert) if env.startswith("https:") else Path(env)
-    base = _runtime_base()
+    base = runtime_base()
     candidates = sorted(base.glob("*/api.sock")) if base.is_dir() else []
     live = [p for p in candidates if _is_live(p)]
     if len(live) == 1:

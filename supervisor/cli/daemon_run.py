@@ -172,6 +172,7 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     from supervisor.control.upstream import UpstreamConfig, parse_dns_server
     from supervisor.protocol.attach import CaptureMode
     from supervisor.protocol.fence_canary import parse_canary
+    from supervisor.protocol.runtime_dir import RuntimeDirError
 
     proxy = _proxy_topology(args)
     if isinstance(proxy, int):
@@ -239,10 +240,15 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     upstream = UpstreamConfig(
         dns_servers=dns_servers, is_local=local_net.is_local, ipv6_egress=lambda: local_net.ipv6_egress
     )
+    try:
+        api_path = args.api or runtime_socket_path(bundle.claims.sandbox)
+    except RuntimeDirError as exc:
+        _err(f"--api: {exc}")
+        return ExitCode.SELF_FAILED
     cfg = daemon.ControlConfig(
         bundle=bundle, boundary_host=host, boundary_port=port, policy=store, local_net=local_net,
         upstream=upstream, interception=interception,
-        api_path=args.api or runtime_socket_path(bundle.claims.sandbox), api_listen=api_listen,
+        api_path=api_path, api_listen=api_listen,
         agent_uid=agent_uid, agent_gid=agent_gid,
         capture_mode=CaptureMode(args.capture_mode), acknowledge_external_fence=args.acknowledge_external_fence,
         fence_canary=fence_canary, acknowledge_unprobed_fence=args.acknowledge_unprobed_fence,

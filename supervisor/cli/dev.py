@@ -16,20 +16,30 @@ no process, no socket, no temporary directory.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor.cli.dev_common import DevOptions, _die_with_dev, _entry, _stop, dev_claims, start_sandbox
+from supervisor.cli.dev_common import (
+    DevOptions,
+    _die_with_dev,
+    _entry,
+    _stop,
+    daemon_environment,
+    dev_claims,
+    installation_refusal,
+    start_sandbox,
+)
 from supervisor.cli.dev_confinement import DevSetupError, prepare, resolve_model
 from supervisor.cli.state_dirs import events_path
 from supervisor.protocol.certs import issue_bundle
 from supervisor.protocol.exit_codes import ExitCode
+from supervisor.protocol.runtime_dir import RuntimeDirError, ensure_runtime_base
 
 PORT_WAIT_S = 30.0
 CONTROL_RESTARTS = 5
@@ -40,6 +50,14 @@ def run_dev(opts: DevOptions) -> int:
         from supervisor.cli.dev_proxy_pod import run_proxy_pod
 
         return run_proxy_pod(opts)
+    if (refusal := installation_refusal()) is not None:
+        print(f"openshell-sandbox: {refusal}", file=sys.stderr)
+        return ExitCode.SELF_FAILED
+    try:
+        runtime_base = ensure_runtime_base()  # hidden from the agent by a tmpfs (supervisor/cli/dev_confinement.py)
+    except RuntimeDirError as exc:
+        print(f"openshell-sandbox: {exc}", file=sys.stderr)
+        return ExitCode.SELF_FAILED
     start = start_sandbox(opts, "openshell-dev-")  # events.jsonl must also be hidden from the agent's view (U, P)
     if start is None:
         return ExitCode.SELF_FAILED
@@ -58,9 +76,9 @@ def run_dev(opts: DevOptions) -> int:
     try:
         # Bundle directories must be traversable by the daemons' uid only: both are ours here.
         issue_bundle(tmp / "bundle", dev_claims(sandbox), operator=opts.api_listen is not None)
-        runtime = Path(os.environ.get("XDG_RUNTIME_DIR") or "/run") / "openshell-sandbox" / sandbox
+        runtime = runtime_base / sandbox
         port_file = tmp / "boundary.port"
-        runtime.parent.mkdir(parents=True, exist_ok=True, mode=0o755)  # hidden from the agent by a tmpfs
+        env = daemon_environment(opts)
         try:
             plan = prepare(
                 sandbox=sandbox, tmp=tmp, runtime_parent=runtime.parent, model=resolve_model(opts.privilege_model)[0],
@@ -84,7 +102,7 @@ def run_dev(opts: DevOptions) -> int:
             *([f"--pids-limit={opts.pids_limit}"] if opts.pids_limit is not None else []),
             "--", *opts.argv,
         ]  # fmt: skip
-        procs.append(subprocess.Popen(boundary_cmd, preexec_fn=_die_with_dev))
+        procs.append(subprocess.Popen(boundary_cmd, env=env, preexec_fn=_die_with_dev))
         port = _wait_for_port(port_file, procs[0])
         if port is None:
             return _finish(procs, received, default=ExitCode.SELF_FAILED, tick=tick, say=say)
@@ -104,8 +122,9 @@ def run_dev(opts: DevOptions) -> int:
             host, _, api_port = opts.api_listen.rpartition(":")
             say(f"openshell-sandbox: operator API on https://{host}:{api_port} --cert {tmp / 'bundle' / 'operator'}"
                 " (removed when dev exits)")  # fmt: skip
-        procs.append(subprocess.Popen(control_cmd, stdin=subprocess.DEVNULL, preexec_fn=_die_with_dev))
-        return _finish(procs, received, default=ExitCode.SELF_FAILED, restart_control=control_cmd, tick=tick, say=say)
+        procs.append(subprocess.Popen(control_cmd, env=env, stdin=subprocess.DEVNULL, preexec_fn=_die_with_dev))
+        restart = Restart(control_cmd, env, runtime / "api.sock")
+        return _finish(procs, received, default=ExitCode.SELF_FAILED, restart_control=restart, tick=tick, say=say)
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -133,37 +152,53 @@ def _to_stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+@dataclass(frozen=True)
+class Restart:
+    """How dev mode restarts control, and how it tells that control had come up: its API socket appeared."""
+
+    argv: list[str]
+    env: dict[str, str]
+    api: Path
+
+
 def _finish(
     procs: list[subprocess.Popen[bytes]],
     received: list[int],
     *,
     default: int,
-    restart_control: list[str] | None = None,
+    restart_control: Restart | None = None,
     tick: Callable[[], None] = lambda: None,
     say: Callable[[str], None] | None = None,
 ) -> int:
     """Wait for the boundary (its exit code is the agent's), then stop control.
 
-    Control is restarted when it dies on its own (as its Deployment would restart it): the agent keeps running,
-    its connections fail closed meanwhile, and the new control resumes the boundary. After
-    ``CONTROL_RESTARTS`` deaths the sandbox is stopped and our own failure reported. ``tick`` runs on every
-    turn (and once after the end) to print what the events file has to say.
+    Control is restarted when it dies on its own after it had come up (as its Deployment would restart it): the
+    agent keeps running, its connections fail closed meanwhile, and the new control resumes the boundary. A
+    control that dies before its API ever listened failed at start-up (a permission, a bad file, a port in use):
+    a restart cannot fix that, so its one error stands and the sandbox stops. After ``CONTROL_RESTARTS`` deaths
+    the sandbox is stopped and our own failure reported. ``tick`` runs on every turn (and once after the end) to
+    print what the events file has to say.
     """
     boundary = procs[0]
     restarts = 0
+    came_up = False
     while boundary.poll() is None:
         tick()
         control = procs[1] if len(procs) > 1 else None
+        if control is not None and control.poll() is None and restart_control is not None and not came_up:
+            came_up = restart_control.api.exists()
         if control is not None and control.poll() is not None and not received:
-            if restart_control is None or restarts >= CONTROL_RESTARTS:
-                print(f"openshell-sandbox: control exited ({control.returncode}); stopping the sandbox",
+            if restart_control is None or restarts >= CONTROL_RESTARTS or not came_up:
+                why = "" if came_up or restart_control is None else " at start-up (its error is above)"
+                print(f"openshell-sandbox: control exited ({control.returncode}){why}; stopping the sandbox",
                       file=sys.stderr)  # fmt: skip
                 _stop(boundary)
                 return default
             restarts += 1
             (say or _to_stderr)(f"openshell-sandbox: control exited ({control.returncode}); restarting it ({restarts})")
             time.sleep(min(0.2 * restarts, 2.0))
-            procs[1] = subprocess.Popen(restart_control, stdin=subprocess.DEVNULL, preexec_fn=_die_with_dev)
+            procs[1] = subprocess.Popen(restart_control.argv, env=restart_control.env, stdin=subprocess.DEVNULL,
+                                        preexec_fn=_die_with_dev)  # fmt: skip
         time.sleep(0.05)
     code = boundary.returncode
     for proc in procs[1:]:

@@ -13,9 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from supervisor.cli.dev_console import Console, EventsTail
 from supervisor.cli.state_dirs import StateDirError, ensure_sandbox_state_dir, events_path
 from supervisor.protocol.claims import Claims
+from supervisor.protocol.interpreter import cli_argv, composed_environment, installation_problem
 
 
 @dataclass
@@ -62,7 +65,40 @@ def _die_with_dev() -> None:
 
 
 def _entry() -> list[str]:
-    return [sys.executable, "-m", "supervisor.cli"]
+    """The daemons' interpreter: isolated, on the installation's import path (docs/design.md "Our own
+    interpreters"); their flags follow."""
+    return cli_argv()
+
+
+def daemon_environment(opts: DevOptions) -> dict[str, str]:
+    """The daemons' environment, composed (supervisor/protocol/interpreter.py rule 4): what control documents it
+    reads — the ``secret_env`` variables the credentials file names, upstream trust, time zone, locale."""
+    return composed_environment(extra=secret_env_names(opts.credentials))
+
+
+def secret_env_names(credentials: Path | None) -> list[str]:
+    """The variables a credentials file names with ``secret_env`` (control reports a file it cannot read)."""
+    if credentials is None:
+        return []
+    try:
+        data = yaml.safe_load(credentials.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return []
+    if not isinstance(data, dict):
+        return []
+    entries = [raw for raw in data.values() if isinstance(raw, dict)]
+    return [raw["secret_env"] for raw in entries if isinstance(raw.get("secret_env"), str)]
+
+
+def installation_refusal() -> str | None:
+    """Why dev mode must not start its daemons from this installation, if it must not (rule 3 of
+    supervisor/protocol/interpreter.py): whoever can write there could run code as them."""
+    problem = installation_problem()
+    if problem is None:
+        return None
+    return (f"refusing to start: {problem}, and the daemons import from there (uid {os.geteuid()} would run code "
+            "that someone else can change); install openshell-sandbox where only root"
+            f"{' and you' if os.geteuid() else ''} can write")  # fmt: skip
 
 
 def _default_policy_file() -> Path:

@@ -31,12 +31,22 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from supervisor.cli.dev_common import DevOptions, _die_with_dev, _entry, _stop, dev_claims, start_sandbox
+from supervisor.cli.dev_common import (
+    DevOptions,
+    _die_with_dev,
+    _entry,
+    _stop,
+    daemon_environment,
+    dev_claims,
+    installation_refusal,
+    start_sandbox,
+)
 from supervisor.cli.state_dirs import events_path
 from supervisor.protocol.certs import issue_bundle
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_codes import ExitCode
 from supervisor.protocol.proxy_head import proxy_environment, proxy_url
+from supervisor.protocol.runtime_dir import RuntimeDirError, ensure_runtime_base
 
 PROXY_PORT = 3128
 START_WAIT_S = 30.0
@@ -182,6 +192,9 @@ def control_command(opts: DevOptions, *, tmp: Path, control_ip: str, token_file:
 
 
 def run_proxy_pod(opts: DevOptions) -> int:
+    if (refusal := installation_refusal()) is not None:
+        print(f"openshell-sandbox: {refusal}", file=sys.stderr)
+        return ExitCode.SELF_FAILED
     if os.geteuid() != 0:
         print("openshell-sandbox: dev --topology proxy-pod needs root: it creates the agent's network namespace, "
               "a veth pair and its filter (the boundary topology runs without)", file=sys.stderr)  # fmt: skip
@@ -208,6 +221,11 @@ def run_proxy_pod(opts: DevOptions) -> int:
     if uid == 0 or gid == 0:
         print("openshell-sandbox: --agent-user must not be root in the proxy-pod topology", file=sys.stderr)
         return ExitCode.USAGE
+    try:
+        runtime_base = ensure_runtime_base()
+    except RuntimeDirError as exc:
+        print(f"openshell-sandbox: {exc}", file=sys.stderr)
+        return ExitCode.SELF_FAILED
     start = start_sandbox(opts, "openshell-dev-pp-")
     if start is None:
         return ExitCode.SELF_FAILED
@@ -223,8 +241,8 @@ def run_proxy_pod(opts: DevOptions) -> int:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
 
+    runtime = runtime_base / sandbox
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    runtime = Path(os.environ.get("XDG_RUNTIME_DIR") or "/run") / "openshell-sandbox" / sandbox
     try:
         issue_bundle(tmp / "bundle", dev_claims(sandbox))
         token = secrets.token_urlsafe(24)
@@ -240,7 +258,8 @@ def run_proxy_pod(opts: DevOptions) -> int:
         log_file = events_path(sandbox)
         control_cmd = control_command(opts, tmp=tmp, control_ip=control_ip, token_file=token_file,
                                       api=runtime / "api.sock", log_file=log_file)  # fmt: skip
-        procs.append(subprocess.Popen(control_cmd, stdin=subprocess.DEVNULL, preexec_fn=_die_with_dev))
+        procs.append(subprocess.Popen(control_cmd, env=daemon_environment(opts), stdin=subprocess.DEVNULL,
+                                      preexec_fn=_die_with_dev))  # fmt: skip
         if not _wait_listening(log_file, procs[0]):
             print("openshell-sandbox: control did not start its proxy listener", file=sys.stderr)
             return ExitCode.SELF_FAILED

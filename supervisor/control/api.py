@@ -35,6 +35,7 @@ from supervisor.link.relay import close_now, relay
 from supervisor.link.rpc import call, open_channel
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.runtime_dir import ensure_runtime_base
 
 
 class ControlState(Protocol):
@@ -61,9 +62,9 @@ FORWARDED_UNARY = {"/v1/wait": 0, "/v1/signal": 0, "/v1/terminate": 0}
 
 
 def runtime_socket_path(sandbox: str) -> Path:
-    """docs/design.md "Finding the API": ``${XDG_RUNTIME_DIR:-/run}/openshell-sandbox/<sandbox>/api.sock``."""
-    base = os.environ.get("XDG_RUNTIME_DIR") or "/run"
-    return Path(base) / "openshell-sandbox" / sandbox / "api.sock"
+    """docs/design.md "Finding the API": ``<runtime directory>/<sandbox>/api.sock``, the runtime directory made
+    and checked (supervisor/protocol/runtime_dir.py)."""
+    return ensure_runtime_base() / sandbox / "api.sock"
 
 
 def _prepare_socket_dir(path: Path) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from supervisor.cli import main
 from supervisor.cli.certs import parse_bound, resolve_bounds
+from supervisor.cli.main import main
 from supervisor.protocol.certs import NOT_BEFORE_SKEW, issue_bundle
 from tests.certs_fixtures import SAMPLE_CLAIMS
 

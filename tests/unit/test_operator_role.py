@@ -123,7 +123,7 @@ def test_https_api_needs_a_cert(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_certs_issue_operator_bound_needs_operator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from supervisor.cli import main
+    from supervisor.cli.main import main
 
     claims = [f"--{k.replace('_', '-')}={v}" for k, v in SAMPLE_CLAIMS.to_dict().items()]
     assert main(["certs", "issue", f"--out={tmp_path / 'a'}", *claims, "--not-after=operator=+1h"]) == 2

@@ -82,6 +82,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, NoReturn, Protocol
 
 from supervisor.protocol.exit_codes import ExitCode
+from supervisor.protocol.interpreter import import_path
 
 from . import child, linux, privilege, rootfs, seccomp, spawn
 
@@ -805,19 +806,11 @@ def _init_request(spawner: Spawner, request: dict[str, Any], fds: list[int]) -> 
 # the init's child ``execve``s a fresh interpreter that imports this module and nothing of the boundary's, and
 # carries no copy of the boundary's memory (its keys included) either; the capture's pyroute2 (~13 MB) runs in
 # the zygote for the same reason. ``-I -S``: no environment variable, user site or ``.pth`` file has a say; the
-# module path is the boundary's own, the package's root first.
+# module path is the boundary's own installation's (supervisor/protocol/interpreter.py rule 2).
 _INIT_BOOT: Final = (
     "import sys, json; sys.path[:0] = json.loads(sys.argv[1]); "
     "from supervisor.boundary.process.zygote import init_entry; init_entry(sys.argv[2])"
 )
-
-
-def _package_root() -> str:
-    """The directory holding the ``supervisor`` package this module is part of."""
-    here = os.path.abspath(__file__)  # <root>/supervisor/boundary/process/zygote.py
-    for _ in range(4):
-        here = os.path.dirname(here)
-    return here
 
 
 def exec_init_image(  # pragma: no cover - the init before its execve
@@ -834,7 +827,7 @@ def exec_init_image(  # pragma: no cover - the init before its execve
         os.set_inheritable(4, True)
         if not sys.executable:
             raise OSError(errno.ENOEXEC, "this interpreter does not know its own executable")
-        path = json.dumps([_package_root(), *(entry for entry in sys.path if entry)])
+        path = json.dumps(import_path())
         args = json.dumps({"mount_proc": mount_proc, "root": root})
         os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", _INIT_BOOT, path, args])
     except BaseException as exc:
