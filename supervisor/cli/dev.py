@@ -50,7 +50,7 @@ def run_dev(opts: DevOptions) -> int:
         from supervisor.cli.dev_proxy_pod import run_proxy_pod
 
         return run_proxy_pod(opts)
-    if (refusal := installation_refusal()) is not None:
+    if (refusal := installation_refusal(opts.workdir)) is not None:
         print(f"openshell-sandbox: {refusal}", file=sys.stderr)
         return ExitCode.SELF_FAILED
     try:

@@ -18,7 +18,7 @@ import yaml
 from supervisor.cli.dev_console import Console, EventsTail
 from supervisor.cli.state_dirs import StateDirError, ensure_sandbox_state_dir, events_path
 from supervisor.protocol.claims import Claims
-from supervisor.protocol.interpreter import cli_argv, composed_environment, installation_problem
+from supervisor.protocol.interpreter import cli_argv, composed_environment, import_path, installation_problem
 
 
 @dataclass
@@ -90,9 +90,16 @@ def secret_env_names(credentials: Path | None) -> list[str]:
     return [raw["secret_env"] for raw in entries if isinstance(raw.get("secret_env"), str)]
 
 
-def installation_refusal() -> str | None:
+def installation_refusal(workdir: str | None = None) -> str | None:
     """Why dev mode must not start its daemons from this installation, if it must not (rule 3 of
-    supervisor/protocol/interpreter.py): whoever can write there could run code as them."""
+    supervisor/protocol/interpreter.py): whoever can write there could run code as them — the agent too, when
+    its workdir holds a directory of the daemons' import path."""
+    if workdir is not None:
+        top = os.path.realpath(workdir)
+        for entry in import_path():
+            if os.path.commonpath([top, os.path.realpath(entry)]) == top:
+                return (f"refusing --workdir={workdir}: the agent can write it, and the daemons import from {entry} "
+                        "below it")  # fmt: skip
     problem = installation_problem()
     if problem is None:
         return None

@@ -35,10 +35,6 @@ import os
 import stat
 import sys
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
-
 __all__ = [
     "CLI_MAIN",
     "DAEMON_PATH",
@@ -118,9 +114,11 @@ def denied_variable(name: str) -> bool:
     return name in _DENIED or name.startswith(_DENIED_PREFIXES)
 
 
-def composed_environment(extra: Iterable[str] = (), environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def composed_environment(
+    extra: list[str] | tuple[str, ...] = (), environ: dict[str, str] | None = None
+) -> dict[str, str]:
     """Rule 4: the environment of a process of ours, from ``environ`` (default: ours)."""
-    source = os.environ if environ is None else environ
+    source = dict(os.environ) if environ is None else environ
     names = {*PASSED_THROUGH, *extra, *(n for n in source if n.startswith("LC_"))}
     env = {name: source[name] for name in sorted(names) if name in source and not denied_variable(name)}
     env["PATH"] = DAEMON_PATH

@@ -88,12 +88,21 @@ class Origin:
             return []
         return [json.loads(line) for line in self.log.read_text().splitlines()]
 
-    def dev(self, script: str) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+    def dev(
+        self,
+        script: str,
+        *,
+        credentials: Path | None = None,
+        upstream_ca: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+        trust = [f"--upstream-ca={self.ca_file}"] if upstream_ca else []
         result = subprocess.run(
             [*CLI, "dev", "--log-format=json", f"--policy={self.policy}",
-             f"--dns-server={self.dns.address[0]}:{self.dns.address[1]}", f"--credentials={self.credentials}",
-             f"--upstream-ca={self.ca_file}", "--", "sh", "-c", script],
-            capture_output=True, text=True, timeout=120, env={**os.environ, "XDG_RUNTIME_DIR": self.runtime},
+             f"--dns-server={self.dns.address[0]}:{self.dns.address[1]}",
+             f"--credentials={credentials or self.credentials}", *trust, "--", "sh", "-c", script],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "XDG_RUNTIME_DIR": self.runtime, **(env or {})},
         )  # fmt: skip
         events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
         return result, events
@@ -192,6 +201,22 @@ def test_placeholder_becomes_the_secret_only_where_bound(origin: Origin) -> None
     assert [r["authorization"] for r in bound] == [f"Bearer {SECRET}"]
     assert not any(r["path"] == "/unbound" for r in seen), "nothing may reach the unbound host"
     assert SECRET not in result.stderr, "the secret must never appear in events or logs"
+
+
+def test_control_reads_what_it_documents_from_its_environment(origin: Origin, tmp_path: Path) -> None:
+    """Control's environment is composed (docs/design.md "Our own interpreters"): a ``secret_env`` credential and
+    ``SSL_CERT_FILE`` as upstream trust still reach it from dev's environment."""
+    credentials = tmp_path / "credentials.yaml"
+    credentials.write_text('API_TOKEN:\n  secret_env: OSB_TEST_TOKEN\n  hosts: ["secure.test"]\n')
+    credentials.chmod(0o644)
+    before = len(origin.requests())
+    script = f'curl -sS -f -H "Authorization: Bearer $API_TOKEN" https://secure.test:{PORT}/from-env && echo'
+    env = {"OSB_TEST_TOKEN": f"{SECRET}-env", "SSL_CERT_FILE": str(origin.ca_file)}
+    result, _events = origin.dev(script, credentials=credentials, upstream_ca=False, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith('{"ok": true'), result.stdout
+    seen = [r for r in origin.requests()[before:] if r["path"] == "/from-env"]
+    assert [r["authorization"] for r in seen] == [f"Bearer {SECRET}-env"], "the secret_env variable reached control"
 
 
 def test_domain_fronting_and_smuggling_are_refused(origin: Origin) -> None:

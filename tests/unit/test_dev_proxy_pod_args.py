@@ -12,14 +12,16 @@ from supervisor.cli.dev_common import DevOptions
 from supervisor.cli.dev_proxy_pod import control_command
 from supervisor.cli.main import command_parser, main
 from supervisor.protocol.exit_codes import ExitCode
+from supervisor.protocol.interpreter import cli_argv
 
 
 def _control_args(tmp_path: Path, cap: int | None) -> list[str]:
     opts = DevOptions(argv=["true"], topology="proxy-pod", proxy_max_connections=cap)
     cmd = control_command(opts, tmp=tmp_path, control_ip="169.254.20.1", token_file=tmp_path / "token",
                           api=tmp_path / "api.sock", log_file=tmp_path / "events.jsonl")  # fmt: skip
-    assert cmd[1:3] == ["-m", "supervisor.cli"]
-    return cmd[3:]
+    prefix = cli_argv()
+    assert cmd[: len(prefix)] == prefix and cmd[1:3] == ["-I", "-S"], "control runs isolated"
+    return cmd[len(prefix) :]
 
 
 def test_the_cap_sets_both_of_controls_limits(tmp_path: Path) -> None:
