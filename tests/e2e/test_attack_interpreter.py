@@ -98,7 +98,8 @@ def _run_dev(prefix: list[str], entry: list[str], env: dict[str, str], cwd: Path
     seen = ""
     while "is ready" not in seen:
         line = dev.stderr.readline()
-        assert line or dev.poll() is None, f"dev ended before ready: {seen}"
+        markers = _markers(cwd.parent) if (cwd.parent / "markers").is_dir() else []
+        assert line or dev.poll() is None, f"dev ended before ready; planted modules imported: {markers}; {seen}"
         assert time.monotonic() < deadline, f"dev not ready: {seen}"
         seen += line
     return dev, _our_processes(dev)
