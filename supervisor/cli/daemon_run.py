@@ -26,8 +26,13 @@ def _raise_nofile_limit() -> None:
 def run_daemon(argv: list[str]) -> int:
     from supervisor.protocol.certs import BundleError, load_bundle
     from supervisor.protocol.claims import Role
+    from supervisor.protocol.interpreter import installation_problem
 
     args = daemon_parser().parse_args(argv)
+    if (problem := installation_problem()) is not None:  # docs/design.md "Our own interpreters"
+        _err(f"refusing to start: {problem}, and this daemon imports from there (whoever can write it could run "
+             f"code as uid {os.geteuid()})")  # fmt: skip
+        return ExitCode.SELF_FAILED
     _raise_nofile_limit()
     stream = sys.stderr if args.log_stream == "stderr" else sys.stdout
     role = Role(args.mode)
