@@ -55,7 +55,7 @@ from supervisor.control.l7.idle import IdleClock
 from supervisor.control.l7.memory_tls import MemoryTLSStream
 from supervisor.control.l7.record import CloseReason, InspectStats, RequestRecord, display_path
 from supervisor.control.l7.rewrite import CredentialRefusal, redact_path, redact_query, rewrite_request
-from supervisor.control.l7.scrub import Scrubber
+from supervisor.control.l7.scrub import Scrubber, bound_request_headers, unscrubbable, valid_name
 from supervisor.control.l7.sniff import TunnelProtocol, sniff
 from supervisor.control.l7.streams import Outbox, PrefixedStream, abort_all
 from supervisor.control.l7.upstream_tls import check_upstream_context
@@ -110,6 +110,15 @@ class _UpstreamFailed(Exception):
     def __init__(self, message: str, *, timed_out: bool = False) -> None:
         super().__init__(message)
         self.timed_out = timed_out
+
+
+class _ResponseRefused(_UpstreamFailed):
+    """The upstream's response cannot reach the agent without handing it a secret (``scrub``): answered 502 with
+    ``reason`` in the event, never retried (the upstream did answer)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def _authority_text(host: str, port: int, tls: bool) -> str:
@@ -667,6 +676,8 @@ class _Session:
                                       reason=str(exc.code), detail=exc.detail)  # fmt: skip
         rec.credentials = rewritten.used
         headers = [(n.encode("ascii"), v.encode("utf-8")) for n, v in rewritten.headers]
+        if self.creds.secrets_at(self.name, self.port):  # every request there, not only those that carried one
+            headers = bound_request_headers(headers)
         if head.host is None:
             headers.append((b"Host", _authority_text(self.name, self.port, self.tls).encode("ascii")))
         request = h11.Request(method=rec.method.encode("ascii"), target=rewritten.target.encode("ascii"),
@@ -787,19 +798,22 @@ class _Session:
             failure, self.failure = self.failure, None
             if failure is None:
                 break
-            retry = (isinstance(failure, _UpstreamFailed) and not fresh and attempt == 0 and not rec.has_body
-                     and not rec.response_started)  # fmt: skip
+            retry = (isinstance(failure, _UpstreamFailed) and not isinstance(failure, _ResponseRefused) and not fresh
+                     and attempt == 0 and not rec.has_body and not rec.response_started)  # fmt: skip
             await self._drop_upstream()
             if retry:
                 continue
             rec.error = str(failure)
             if isinstance(failure, _UpstreamFailed) and not rec.response_started:
                 late = failure.timed_out
-                what = "did not answer in time" if late else "failed to answer"
+                refused = isinstance(failure, _ResponseRefused)
+                what = "did not answer in time" if late else "answered what cannot be passed on" if refused else (
+                    "failed to answer")  # fmt: skip
                 answer = ErrorResponse(504 if late else 502,
                                        ErrorCode.UPSTREAM_TIMEOUT if late else ErrorCode.UPSTREAM_PROTOCOL_ERROR,
                                        f"{self.name}:{self.port} {what}: {failure}")  # fmt: skip
-                reason = "upstream-timeout" if late else "upstream-failed"
+                reason = failure.reason if isinstance(failure, _ResponseRefused) else (
+                    "upstream-timeout" if late else "upstream-failed")  # fmt: skip
                 return await self._upstream_refusal(conn, rec, answer, reason)
             self._request_event(rec)
             self._end(CloseReason.AGENT if isinstance(failure, _AgentFailed) else CloseReason.UPSTREAM_FAILED,
@@ -892,13 +906,25 @@ class _Session:
         """For each response from a host where a credential is bound: the secret becomes its placeholder."""
         return Scrubber(self.creds.secrets_at(self.name, self.port))
 
-    def _response_headers(self, scrub: Scrubber, event: h11.Response | h11.InformationalResponse,
-                          rec: RequestRecord) -> list[tuple[bytes, bytes]]:  # fmt: skip
-        headers = [(name, scrub.header(value)) for name, value in event.headers.raw_items()]
+    def _response_head(self, scrub: Scrubber, event: h11.Response | h11.InformationalResponse,
+                       rec: RequestRecord) -> dict[str, Any]:  # fmt: skip
+        """The event's fields for the agent, scrubbed: reason phrase, header names and values. A response whose
+        secret cannot be replaced (in a header name, where a placeholder is no valid token; a 206 slice; a
+        compressed body) raises ``_ResponseRefused`` rather than reach the agent."""
+        headers = []
+        for raw_name, value in event.headers.raw_items():
+            name = scrub.name(raw_name)
+            if not valid_name(name):
+                raise _ResponseRefused("a response header name held a credential's secret", "secret-in-header-name")
+            headers.append((name, scrub.header(value)))
         has_body = not rec.head_method and event.status_code >= 200 and event.status_code not in (204, 304)
+        if scrub and event.status_code >= 200:
+            why = unscrubbable(event.status_code, headers, has_body=has_body)
+            if why is not None:
+                raise _ResponseRefused(f"{why}, from a host a credential is bound to", "response-not-scrubbable")
         if scrub and has_body:  # a placeholder is not as long as its secret: h11 frames the scrubbed body itself
             headers = [(n, v) for n, v in headers if n.lower() not in (b"content-length", b"transfer-encoding")]
-        return headers
+        return {"status_code": event.status_code, "headers": headers, "reason": scrub.reason(event.reason)}
 
     async def _pump_response(self, conn: h11.Connection, rec: RequestRecord) -> str | None:
         up = self.up
@@ -917,24 +943,22 @@ class _Session:
                 continue
             if isinstance(event, h11.InformationalResponse):
                 out.add(conn.send_with_data_passthrough(h11.InformationalResponse(
-                    status_code=event.status_code, headers=self._response_headers(scrub, event, rec),
-                    reason=event.reason,
-                )))  # fmt: skip
+                    **self._response_head(scrub, event, rec))))  # fmt: skip
                 if event.status_code == 101:
                     if rec.upgrade != "websocket" or not rec.request_done:
                         raise _UpstreamFailed("upstream: unexpected 101 Switching Protocols")
                     rec.status = 101
                     rec.response_started = True
+                    if scrub.replaced:
+                        rec.extra["secrets_scrubbed"] = scrub.replaced
                     await self._agent_send(out.take())
                     return "switched"
                 continue
             if isinstance(event, h11.Response):
+                head = self._response_head(scrub, event, rec)  # before anything of the answer is counted as sent
                 rec.status = event.status_code
                 rec.response_started = True
-                out.add(conn.send_with_data_passthrough(h11.Response(
-                    status_code=event.status_code, headers=self._response_headers(scrub, event, rec),
-                    reason=event.reason,
-                )))  # fmt: skip
+                out.add(conn.send_with_data_passthrough(h11.Response(**head)))
                 continue
             if isinstance(event, h11.Data):
                 rec.bytes_down += len(event.data)
