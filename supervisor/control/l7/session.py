@@ -26,9 +26,11 @@ endpoint but ``tls: skip``. It owns both streams from then on.
 4. **Bodies stream** through both h11 state machines with one bounded chunk in flight per direction; the
    request body and the response are pumped concurrently (an upstream may answer before the upload ends,
    ``100 Continue`` passes through). Responses from a host a credential is bound to carry its placeholder
-   where the secret was echoed (``scrub``). A ``101`` to a websocket upgrade (allowed on endpoints without L7
-   rules and on ``protocol: websocket`` ones) turns the rest of the connection into a raw relay. The
-   connection is idle only when no byte moved either way for the idle timeout (``idle``).
+   where the secret was echoed — reason phrase, header names and values, ``1xx`` heads, body (``scrub``);
+   requests there go without ``Range``/``If-Range`` and ask for identity encoding, and a ``206``, a compressed
+   body or a secret in a header name is answered ``502`` instead. A ``101`` to a websocket upgrade (allowed on
+   endpoints without L7 rules and on ``protocol: websocket`` ones) turns the rest of the connection into a raw
+   relay. The connection is idle only when no byte moved either way for the idle timeout (``idle``).
 5. **Between requests** the policy generation is checked: a revision re-decides the connection
    (``current``) and closes it only if the new generation denies it (§3.15); an upstream connection that
    cannot be reused is dropped and a new one dialled for the next request (a reused one that fails before
