@@ -937,7 +937,10 @@ class _Session:
             try:
                 event = up.next_event()
             except h11.RemoteProtocolError as exc:
-                raise _UpstreamFailed(f"upstream: malformed response: {exc}"[:300]) from None
+                # the parser's message quotes the bytes it refused (escaped, so past the scrubber): from a host a
+                # credential is bound to they may be an echoed secret, and this text reaches the agent and events
+                said = " (the parser's message is withheld: it may quote an echoed secret)" if scrub else f": {exc}"
+                raise _UpstreamFailed(f"upstream: malformed response{said}"[:300]) from None
             if event is h11.NEED_DATA:
                 if out.size:
                     await self._agent_send(out.take())
