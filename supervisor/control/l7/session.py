@@ -916,7 +916,7 @@ class _Session:
         headers = []
         for raw_name, value in event.headers.raw_items():
             name = scrub.name(raw_name)
-            if not valid_name(name):
+            if name != raw_name and not valid_name(name):  # h11 validated the name as it arrived
                 raise _ResponseRefused("a response header name held a credential's secret", "secret-in-header-name")
             headers.append((name, scrub.header(value)))
         has_body = not rec.head_method and event.status_code >= 200 and event.status_code not in (204, 304)
