@@ -2,14 +2,16 @@
 ``python3 tests/https_recorder.py ADDRESS PORT CERT_PEM KEY_PEM LOG_FILE`` (``- -`` for plain HTTP).
 
 Every request is appended to LOG_FILE as one JSON line (method, path, Host, Authorization, X-Api-Key, body
-size), so a test can assert what a credential became upstream — and that nothing reached it at all. GET and
-POST answer 200 with a small JSON body; git's dumb-HTTP paths (and a pip simple index, ``/simple/`` and
-``/packages/``) are served from the directory in ``$RECORDER_ROOT`` when set. No name lookups (``http.server``
-would do a reverse DNS lookup on bind).
+size, Range, Accept-Encoding), so a test can assert what a credential became upstream — and that nothing
+reached it at all. GET and POST answer 200 with a small JSON body; git's dumb-HTTP paths (and a pip simple
+index, ``/simple/`` and ``/packages/``) are served from the directory in ``$RECORDER_ROOT`` when set;
+``/echo/...`` hands back the last ``X-Api-Key`` it received where a response scrubber could miss it
+(``_echo``). No name lookups (``http.server`` would do a reverse DNS lookup on bind).
 """
 
 from __future__ import annotations
 
+import gzip
 import http.server
 import json
 import os
@@ -20,6 +22,7 @@ import threading
 import time
 
 _lock = threading.Lock()
+_stored = {"key": b""}  # the last X-Api-Key received: an origin that keeps what request one carried
 
 
 class _Server(http.server.ThreadingHTTPServer):
@@ -43,6 +46,8 @@ class _Recorder(http.server.SimpleHTTPRequestHandler):
             "authorization": self.headers.get("Authorization"),
             "x_api_key": self.headers.get("X-Api-Key"),
             "body": len(body),
+            "range": self.headers.get("Range"),
+            "accept_encoding": self.headers.get("Accept-Encoding"),
         }
         with _lock, open(self.log_file, "a") as out:
             out.write(json.dumps(entry) + "\n")
@@ -55,8 +60,50 @@ class _Recorder(http.server.SimpleHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(payload)
 
+    def _echo(self) -> None:
+        """``/echo/reason``: the key in the reason phrase; ``/echo/name``: in a header name; ``/echo/hints``: in a
+        ``103 Early Hints`` head; ``/echo/doc``: ``token=<key>;``, in ``Range`` slices (``206``) when asked, gzipped
+        when accepted."""
+        with _lock:
+            if self.headers.get("X-Api-Key"):
+                _stored["key"] = self.headers["X-Api-Key"].encode()
+            key = _stored["key"]
+        what = self.path[len("/echo/") :]
+        body = b"ok\n"
+        if what == "hints":
+            self.wfile.write(b"HTTP/1.1 103 Early Hints " + key + b"\r\nLink: </" + key + b">\r\n\r\n")
+        if what == "doc":
+            body = b"token=" + key + b";"
+            wanted = self.headers.get("Range", "")
+            if wanted.startswith("bytes="):
+                first, last = (int(n) for n in wanted[6:].split("-"))
+                piece = body[first : last + 1]
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes {first}-{last}/{len(body)}")
+                self.send_header("Content-Length", str(len(piece)))
+                self.end_headers()
+                self.wfile.write(piece)
+                return
+            if "gzip" in self.headers.get("Accept-Encoding", ""):
+                body = gzip.compress(body)
+                self.send_response(200)
+                self.send_header("Content-Encoding", "gzip")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+        self.send_response(200, "OK " + key.decode() if what == "reason" else None)
+        if what == "name":
+            self.send_header("X-" + key.decode(), "1")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def do_GET(self) -> None:
         self._record(b"")
+        if self.path.startswith("/echo/"):
+            self._echo()
+            return
         if self.path.startswith("/slow/"):  # /slow/N: N KiB, one every 0.2 s (a streamed response)
             count = int(self.path.split("/")[2])
             self.send_response(200)

@@ -57,7 +57,7 @@ class ErrorCode(enum.StrEnum):
     UNSUPPORTED_PROXY_SCHEME = "unsupported_proxy_scheme"  # 400
     UPSTREAM_UNREACHABLE = "upstream_unreachable"  # 502: resolution or connection failed
     UPSTREAM_TLS_FAILED = "upstream_tls_failed"  # 502: the upstream certificate did not verify (never downgraded)
-    UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"  # 502: the upstream answered with malformed HTTP
+    UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"  # 502: malformed HTTP, or unscrubbable from a bound host
     UPSTREAM_TIMEOUT = "upstream_timeout"  # 504
     # the proxy listeners' own
     INVALID_REQUEST = "invalid_request"  # 400: control found the request malformed

@@ -257,3 +257,35 @@ def test_credentials_are_injected_on_an_endpoint_without_l7_rules(origin: Origin
     assert result.returncode == 0, result.stderr[-3000:]
     seen = [r for r in origin.requests()[before:] if r["path"] == "/plain-bound"]
     assert [r["x_api_key"] for r in seen] == [f"{SECRET}-plain"]
+
+
+def test_an_echoing_bound_origin_never_hands_curl_the_secret(origin: Origin) -> None:
+    """The origin echoes the injected secret in its reason phrase, a ``103`` head, a header name, and serves the
+    stored echo in ``Range`` slices each shorter than the secret, or gzipped: curl never reads the secret."""
+    before = len(origin.requests())
+    url = f"https://secure.test:{PORT}/echo"
+    doc = f"token={SECRET};"
+    cut = doc.index(SECRET) + len(SECRET) // 2
+    script = "; ".join([
+        f'curl -sS -i -H "X-Api-Key: $API_TOKEN" {url}/reason; echo',
+        f'curl -sS -i -H "X-Api-Key: $API_TOKEN" {url}/hints; echo',
+        f"curl -s -o /dev/null -w '%{{http_code}}\\n' -H \"X-Api-Key: $API_TOKEN\" {url}/name",
+        f"curl -sS -r 0-{cut - 1} {url}/doc; echo",
+        f"curl -sS -r {cut}-{len(doc) - 1} {url}/doc; echo",
+        f"curl -sS --compressed {url}/doc; echo",
+    ])  # fmt: skip
+    result, events = origin.dev(script)
+    out = result.stdout
+    placeholder = "openshell:resolve:env:API_TOKEN"
+    assert SECRET not in out and SECRET not in result.stderr, out
+    half = len(SECRET) // 2
+    assert not any(SECRET[i : i + half] in out for i in range(len(SECRET) - half + 1)), out
+    assert f"200 OK {placeholder}" in out, out
+    assert f"</{placeholder}>" in out, out  # the 103's Link, scrubbed
+    lines = out.splitlines()
+    assert "502" in lines, result.stderr[-3000:]  # the header name: refused, not forwarded
+    assert lines[-3:] == [f"token={placeholder};"] * 3, out  # two slices asked, whole answers; one uncompressed
+    docs = [r for r in origin.requests()[before:] if r["path"] == "/echo/doc"]
+    assert [(r["range"], r["accept_encoding"]) for r in docs] == [(None, "identity")] * 3
+    refused = [e for e in events if e.get("event") == "http" and e.get("status") == 502]
+    assert [e["reason"] for e in refused] == ["secret-in-header-name"], refused

@@ -26,9 +26,11 @@ endpoint but ``tls: skip``. It owns both streams from then on.
 4. **Bodies stream** through both h11 state machines with one bounded chunk in flight per direction; the
    request body and the response are pumped concurrently (an upstream may answer before the upload ends,
    ``100 Continue`` passes through). Responses from a host a credential is bound to carry its placeholder
-   where the secret was echoed (``scrub``). A ``101`` to a websocket upgrade (allowed on endpoints without L7
-   rules and on ``protocol: websocket`` ones) turns the rest of the connection into a raw relay. The
-   connection is idle only when no byte moved either way for the idle timeout (``idle``).
+   where the secret was echoed — reason phrase, header names and values, ``1xx`` heads, body (``scrub``);
+   requests there go without ``Range``/``If-Range`` and ask for identity encoding, and a ``206``, a compressed
+   body or a secret in a header name is answered ``502`` instead. A ``101`` to a websocket upgrade (allowed on
+   endpoints without L7 rules and on ``protocol: websocket`` ones) turns the rest of the connection into a raw
+   relay. The connection is idle only when no byte moved either way for the idle timeout (``idle``).
 5. **Between requests** the policy generation is checked: a revision re-decides the connection
    (``current``) and closes it only if the new generation denies it (§3.15); an upstream connection that
    cannot be reused is dropped and a new one dialled for the next request (a reused one that fails before
@@ -55,7 +57,7 @@ from supervisor.control.l7.idle import IdleClock
 from supervisor.control.l7.memory_tls import MemoryTLSStream
 from supervisor.control.l7.record import CloseReason, InspectStats, RequestRecord, display_path
 from supervisor.control.l7.rewrite import CredentialRefusal, redact_path, redact_query, rewrite_request
-from supervisor.control.l7.scrub import Scrubber
+from supervisor.control.l7.scrub import Scrubber, bound_request_headers, unscrubbable, valid_name
 from supervisor.control.l7.sniff import TunnelProtocol, sniff
 from supervisor.control.l7.streams import Outbox, PrefixedStream, abort_all
 from supervisor.control.l7.upstream_tls import check_upstream_context
@@ -110,6 +112,15 @@ class _UpstreamFailed(Exception):
     def __init__(self, message: str, *, timed_out: bool = False) -> None:
         super().__init__(message)
         self.timed_out = timed_out
+
+
+class _ResponseRefused(_UpstreamFailed):
+    """The upstream's response cannot reach the agent without handing it a secret (``scrub``): answered 502 with
+    ``reason`` in the event, never retried (the upstream did answer)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def _authority_text(host: str, port: int, tls: bool) -> str:
@@ -667,6 +678,8 @@ class _Session:
                                       reason=str(exc.code), detail=exc.detail)  # fmt: skip
         rec.credentials = rewritten.used
         headers = [(n.encode("ascii"), v.encode("utf-8")) for n, v in rewritten.headers]
+        if self.creds.secrets_at(self.name, self.port):  # every request there, not only those that carried one
+            headers = bound_request_headers(headers)
         if head.host is None:
             headers.append((b"Host", _authority_text(self.name, self.port, self.tls).encode("ascii")))
         request = h11.Request(method=rec.method.encode("ascii"), target=rewritten.target.encode("ascii"),
@@ -787,19 +800,22 @@ class _Session:
             failure, self.failure = self.failure, None
             if failure is None:
                 break
-            retry = (isinstance(failure, _UpstreamFailed) and not fresh and attempt == 0 and not rec.has_body
-                     and not rec.response_started)  # fmt: skip
+            retry = (isinstance(failure, _UpstreamFailed) and not isinstance(failure, _ResponseRefused) and not fresh
+                     and attempt == 0 and not rec.has_body and not rec.response_started)  # fmt: skip
             await self._drop_upstream()
             if retry:
                 continue
             rec.error = str(failure)
             if isinstance(failure, _UpstreamFailed) and not rec.response_started:
                 late = failure.timed_out
-                what = "did not answer in time" if late else "failed to answer"
+                refused = isinstance(failure, _ResponseRefused)
+                what = "did not answer in time" if late else "answered what cannot be passed on" if refused else (
+                    "failed to answer")  # fmt: skip
                 answer = ErrorResponse(504 if late else 502,
                                        ErrorCode.UPSTREAM_TIMEOUT if late else ErrorCode.UPSTREAM_PROTOCOL_ERROR,
                                        f"{self.name}:{self.port} {what}: {failure}")  # fmt: skip
-                reason = "upstream-timeout" if late else "upstream-failed"
+                reason = failure.reason if isinstance(failure, _ResponseRefused) else (
+                    "upstream-timeout" if late else "upstream-failed")  # fmt: skip
                 return await self._upstream_refusal(conn, rec, answer, reason)
             self._request_event(rec)
             self._end(CloseReason.AGENT if isinstance(failure, _AgentFailed) else CloseReason.UPSTREAM_FAILED,
@@ -892,13 +908,25 @@ class _Session:
         """For each response from a host where a credential is bound: the secret becomes its placeholder."""
         return Scrubber(self.creds.secrets_at(self.name, self.port))
 
-    def _response_headers(self, scrub: Scrubber, event: h11.Response | h11.InformationalResponse,
-                          rec: RequestRecord) -> list[tuple[bytes, bytes]]:  # fmt: skip
-        headers = [(name, scrub.header(value)) for name, value in event.headers.raw_items()]
+    def _response_head(self, scrub: Scrubber, event: h11.Response | h11.InformationalResponse,
+                       rec: RequestRecord) -> dict[str, Any]:  # fmt: skip
+        """The event's fields for the agent, scrubbed: reason phrase, header names and values. A response whose
+        secret cannot be replaced (in a header name, where a placeholder is no valid token; a 206 slice; a
+        compressed body) raises ``_ResponseRefused`` rather than reach the agent."""
+        headers = []
+        for raw_name, value in event.headers.raw_items():
+            name = scrub.name(raw_name)
+            if name != raw_name and not valid_name(name):  # h11 validated the name as it arrived
+                raise _ResponseRefused("a response header name held a credential's secret", "secret-in-header-name")
+            headers.append((name, scrub.header(value)))
         has_body = not rec.head_method and event.status_code >= 200 and event.status_code not in (204, 304)
+        if scrub and event.status_code >= 200:
+            why = unscrubbable(event.status_code, headers, has_body=has_body)
+            if why is not None:
+                raise _ResponseRefused(f"{why}, from a host a credential is bound to", "response-not-scrubbable")
         if scrub and has_body:  # a placeholder is not as long as its secret: h11 frames the scrubbed body itself
             headers = [(n, v) for n, v in headers if n.lower() not in (b"content-length", b"transfer-encoding")]
-        return headers
+        return {"status_code": event.status_code, "headers": headers, "reason": scrub.reason(event.reason)}
 
     async def _pump_response(self, conn: h11.Connection, rec: RequestRecord) -> str | None:
         up = self.up
@@ -909,7 +937,10 @@ class _Session:
             try:
                 event = up.next_event()
             except h11.RemoteProtocolError as exc:
-                raise _UpstreamFailed(f"upstream: malformed response: {exc}"[:300]) from None
+                # the parser's message quotes the bytes it refused (escaped, so past the scrubber): from a host a
+                # credential is bound to they may be an echoed secret, and this text reaches the agent and events
+                said = " (the parser's message is withheld: it may quote an echoed secret)" if scrub else f": {exc}"
+                raise _UpstreamFailed(f"upstream: malformed response{said}"[:300]) from None
             if event is h11.NEED_DATA:
                 if out.size:
                     await self._agent_send(out.take())
@@ -917,24 +948,22 @@ class _Session:
                 continue
             if isinstance(event, h11.InformationalResponse):
                 out.add(conn.send_with_data_passthrough(h11.InformationalResponse(
-                    status_code=event.status_code, headers=self._response_headers(scrub, event, rec),
-                    reason=event.reason,
-                )))  # fmt: skip
+                    **self._response_head(scrub, event, rec))))  # fmt: skip
                 if event.status_code == 101:
                     if rec.upgrade != "websocket" or not rec.request_done:
                         raise _UpstreamFailed("upstream: unexpected 101 Switching Protocols")
                     rec.status = 101
                     rec.response_started = True
+                    if scrub.replaced:
+                        rec.extra["secrets_scrubbed"] = scrub.replaced
                     await self._agent_send(out.take())
                     return "switched"
                 continue
             if isinstance(event, h11.Response):
+                head = self._response_head(scrub, event, rec)  # before anything of the answer is counted as sent
                 rec.status = event.status_code
                 rec.response_started = True
-                out.add(conn.send_with_data_passthrough(h11.Response(
-                    status_code=event.status_code, headers=self._response_headers(scrub, event, rec),
-                    reason=event.reason,
-                )))  # fmt: skip
+                out.add(conn.send_with_data_passthrough(h11.Response(**head)))
                 continue
             if isinstance(event, h11.Data):
                 rec.bytes_down += len(event.data)
