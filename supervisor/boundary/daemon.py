@@ -889,25 +889,34 @@ class BoundaryDaemon:
         )  # fmt: skip
 
     def _oom_score(self, pidns: bool) -> None:
-        """Where we hold CAP_SYS_RESOURCE: the workload's init — and so every workload process, forked below it
-        — at oom_score_adj 1000 with that as its floor, the launcher at -1000, so any OOM kill, the memory
-        cgroup's or the host's, picks a workload process first and never the launcher (memory_cgroup.py rule
-        5). Without a workload init (model P) the launcher forks the workload itself and is left alone."""
-        why = privileged_for_oom_score() if pidns else "model P: the workload has no init of its own to set it on"
+        """The workload's init — and so every workload process, forked below it — at oom_score_adj 1000, so any
+        OOM kill, the memory cgroup's or the host's, picks a workload process before the launcher (raising needs
+        no capability). Where we hold CAP_SYS_RESOURCE the kernel also makes 1000 their floor, and the launcher
+        goes to -1000: never picked (memory_cgroup.py rule 5). Without a workload init (model P) the launcher
+        forks the workload itself and is left alone."""
         init_pid = self.launcher.init_pid
+        why = None if pidns else "model P: the workload has no init of its own to set it on"
         if why is None and init_pid is None:
             why = "the launcher did not name the workload's init"
         if why is None:
             assert init_pid is not None
             try:
                 set_oom_score_adj(init_pid, WORKLOAD_OOM_SCORE_ADJ)
+            except OSError as exc:
+                why = f"cannot set the workload's oom_score_adj: {exc.strerror or exc}"
+        if why is not None:
+            self.limits.update(oom_score_adj="unenforced", oom_score_adj_reason=why)
+            return
+        self.limits.update(oom_score_adj=WORKLOAD_OOM_SCORE_ADJ)
+        no_floor = privileged_for_oom_score()
+        if no_floor is None:
+            try:
                 set_oom_score_adj(self.launcher.pid, LAUNCHER_OOM_SCORE_ADJ)
             except OSError as exc:
-                why = f"cannot set oom_score_adj: {exc.strerror or exc}"
-        if why is None:
-            self.limits.update(oom_score_adj=WORKLOAD_OOM_SCORE_ADJ)
-        else:
-            self.limits.update(oom_score_adj="unenforced", oom_score_adj_reason=why)
+                no_floor = f"cannot set the launcher's oom_score_adj: {exc.strerror or exc}"
+        self.limits.update(oom_score_adj_floor=no_floor is None)
+        if no_floor is not None:  # R and U mount the agent's /proc read-only: it cannot write it there either
+            self.limits.update(oom_score_adj_floor_reason=no_floor)
 
     # -- failure ------------------------------------------------------------------------------------------------
     def _fatal(self, reason: str) -> None:

@@ -14,9 +14,10 @@ Rules:
 4. The OOM-kill counter (v1 ``memory.oom_control``'s ``oom_kill``, else ``memory.failcnt``; v2
    ``memory.events``' ``oom_kill``) tells a workload process the kernel killed for memory from one killed
    otherwise: the process table compares it before and after (``table.py``).
-5. The workload's ``oom_score_adj`` (:func:`set_oom_score_adj`) is raised to 1000 only by a boundary with
-   ``CAP_SYS_RESOURCE`` in the initial user namespace: the kernel then also makes 1000 the process's floor
-   (``oom_score_adj_min``), inherited at fork, so the agent cannot lower it without that capability.
+5. The workload's ``oom_score_adj`` (:func:`set_oom_score_adj`) is raised to 1000 (no capability needed to
+   raise it). Written by a boundary with ``CAP_SYS_RESOURCE`` in the initial user namespace, the kernel also makes
+   1000 the process's floor (``oom_score_adj_min``), inherited at fork, so the agent cannot lower it without that
+   capability (:func:`privileged_for_oom_score` says whether we have it).
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ __all__ = [
     "MemoryCgroup",
     "create_memory_cgroup",
     "default_memory_limit",
-    "format_size",
     "parse_size",
     "privileged_for_oom_score",
     "set_oom_score_adj",
@@ -60,14 +60,6 @@ def parse_size(text: str) -> int:
     if match is None:
         raise ValueError(f"{text!r} is not a size like 256M, 4G or 1073741824")
     return int(match.group(1)) << _UNITS[match.group(2).lower()]
-
-
-def format_size(size: int) -> str:
-    """``size`` bytes for people: the largest binary unit that divides it, else MiB with one decimal."""
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if size >= 1 << shift and size % (1 << shift) == 0:
-            return f"{size >> shift} {unit}"
-    return f"{size / (1 << 20):.1f} MiB" if size >= 1 << 20 else f"{size} bytes"
 
 
 def default_memory_limit(physical: int | None = None) -> int:
