@@ -32,6 +32,7 @@ from typing import Any
 
 from supervisor.cli.human import clean, format_size
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.exit_result import EndReason
 
 PREFIX = "openshell-sandbox: "
 REFUSED = {"deny", "denied", "refused"}
@@ -84,7 +85,7 @@ class Console:
             self._memory_limit = event.get("limit")
         elif kind == EventName.AGENT_EXITED and event.get("component") == "boundary":
             result = event.get("result")
-            if isinstance(result, Mapping) and result.get("reason") == "oom-killed":
+            if isinstance(result, Mapping) and result.get("reason") == EndReason.OOM_KILLED:
                 return [self._oom_line()]
         elif kind == EventName.DNS and event.get("decision") == "refused":
             name = str(event.get("name", ""))
