@@ -177,3 +177,29 @@ def test_memory_hog_is_oom_killed_at_the_limit_while_the_sandbox_answers(hog: Bo
         result = event["result"]
         assert (result["signal"], result["rendered"], result["reason"]) == ("KILL", 137, "oom-killed"), result
     assert sorted(p.name for p in hog.workdir.iterdir()) == ["go", "go-on", "near"]  # all the hog wrote
+
+
+LOWER = """\
+for value in 0 -1000 999; do echo "$value" > /proc/self/oom_score_adj 2>/dev/null && echo "took $value"; done
+cat /proc/self/oom_score_adj
+"""
+
+
+def test_the_agent_cannot_lower_its_oom_score_and_the_boundary_is_never_in_its_memory_cgroup(hog: Box) -> None:
+    lowered = hog.cli("exec", f"--api={hog.api}", "--", "sh", "-c", LOWER)
+    assert lowered.returncode == 0, lowered.stderr
+    assert lowered.stdout.split() == ["1000"], lowered.stdout  # no write took; still the workload's score
+    _, code, body = hog.status()
+    assert code == 0 and body is not None
+    limits = body["boundary"]["limits"]
+    assert limits["oom_score_adj"] == 1000, limits
+    group = Path(limits["memory_cgroup"].split(" ", 2)[2])
+    members = _members(group)
+    boundary = [pid for pid in map(int, Path(f"/proc/{hog.dev.pid}/task/{hog.dev.pid}/children").read_text().split())
+                if b"--mode=boundary" in Path(f"/proc/{pid}/cmdline").read_bytes()]  # fmt: skip
+    assert len(boundary) == 1 and boundary[0] not in members, (boundary, members)
+    # the launcher (the boundary's child, its argv) is the one member that is not the workload's: never at 1000
+    scores = {pid: int(Path(f"/proc/{pid}/oom_score_adj").read_text()) for pid in members}
+    launchers = [pid for pid in members if b"--mode=boundary" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(launchers) == 1 and scores[launchers[0]] <= 0, scores
+    assert {score for pid, score in scores.items() if pid not in launchers} == {1000}, scores
