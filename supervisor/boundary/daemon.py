@@ -64,6 +64,15 @@ from supervisor.boundary.process.cgroups import (
 from supervisor.boundary.process.environment import account, build_process_spec, managed_env
 from supervisor.boundary.process.exec_session import pump_exec
 from supervisor.boundary.process.landlock import LandlockSpec
+from supervisor.boundary.process.memory_cgroup import (
+    LAUNCHER_OOM_SCORE_ADJ,
+    WORKLOAD_OOM_SCORE_ADJ,
+    MemoryCgroup,
+    create_memory_cgroup,
+    default_memory_limit,
+    privileged_for_oom_score,
+    set_oom_score_adj,
+)
 from supervisor.boundary.process.rootfs import DEFAULT_SHM_SIZE, DEFAULT_TMP_SIZE, TRUST_PATH, RootError, under
 from supervisor.boundary.process.table import ProcessTable
 from supervisor.boundary.trust import TrustError, install_trust
@@ -122,6 +131,7 @@ class BoundaryConfig:
     tmp_size: str = DEFAULT_TMP_SIZE  # the agent's private /tmp (R, U)
     shm_size: str = DEFAULT_SHM_SIZE  # the agent's private /dev/shm (R, U)
     pids_limit: int = DEFAULT_PIDS_LIMIT  # the workload's cgroup pids.max; 0: none (reported unenforced)
+    memory_limit: int = field(default_factory=default_memory_limit)  # bytes; 0: none (reported unenforced)
     test_landlock_off: bool = False  # tests only: prove the mount layer alone holds (OPENSHELL_TEST_LANDLOCK_OFF)
     log: JsonLog = field(default_factory=lambda: JsonLog("boundary"))
 
@@ -151,10 +161,11 @@ class BoundaryDaemon:
         self._landlock_memo: tuple[object, int, LandlockSpec] | None = None
         self.capture: EgressCapture | None = None
         self.pids_cgroup: PidsCgroup | None = None
+        self.memory_cgroup: MemoryCgroup | None = None
         self.terminating = 0  # terminate calls in flight: their replies go out before the daemon ends
         self.terminates_done = trio.Event()
         self.enforcement_lost: str | None = None  # the watched fence changed: why (issue 15 item 3)
-        self.limits: dict[str, Any] = {"pids": None}  # set at attach
+        self.limits: dict[str, Any] = {"pids": None, "memory": None, **self._fixed_limits()}  # set at attach
         self.canary_probe: ProbeResult | None = None  # the last probe of control's canary (proxy-env)
         self.router = self._make_router()
         self._nursery: trio.Nursery | None = None
@@ -187,10 +198,12 @@ class BoundaryDaemon:
             nursery.start_soon(self._watch_agent, nursery)
             nursery.start_soon(trio.serve_listeners, functools.partial(self._connection, ctx=ctx), listeners)
         code = self.exit_code if self.exit_code is not None else ExitCode.SELF_FAILED
-        if self.pids_cgroup is not None:  # the launcher is its last member: stop it, then the cgroup can go
-            self.launcher.close()
-            if not self.pids_cgroup.remove(wait_s=END_WORKLOAD_S):
-                self.log.emit(EventName.LIMITS_PIDS_CGROUP_LEFT, cgroup=self.pids_cgroup.describe())
+        if self.pids_cgroup is not None or self.memory_cgroup is not None:
+            self.launcher.close()  # the launcher is their last member: stop it, then the cgroups can go
+        if self.memory_cgroup is not None and not self.memory_cgroup.remove(wait_s=END_WORKLOAD_S):
+            self.log.emit(EventName.LIMITS_MEMORY_CGROUP_LEFT, cgroup=self.memory_cgroup.describe())
+        if self.pids_cgroup is not None and not self.pids_cgroup.remove(wait_s=END_WORKLOAD_S):
+            self.log.emit(EventName.LIMITS_PIDS_CGROUP_LEFT, cgroup=self.pids_cgroup.describe())
         self.log.emit(EventName.BOUNDARY_EXIT, code=code)
         return code
 
@@ -372,11 +385,13 @@ class BoundaryDaemon:
             agent_ids=self._agent_ids(attach) if model == "U" and os.geteuid() == 0 else None,
         )
         self._limit_pids()
+        self._limit_memory()
         try:
             self.prepared = await self.launcher.prepare(plan)
         except (LauncherError, OSError) as exc:
             self._fatal(f"namespace setup failed: {exc}")
             raise OpError(ErrorKind.FAILED, f"namespace setup failed: {exc}", stage="prepare") from exc
+        self._oom_score(plan.pidns)
         if attach.interception_ca_pem is not None:
             try:
                 self.trust = install_trust(self.cfg.tls_dir, attach.interception_ca_pem)
@@ -691,10 +706,34 @@ class BoundaryDaemon:
             "agent": None if agent is None else {"handle": agent.handle, "result": result},
             "processes": self.table.live(),
             "links": len(self.links),
-            "limits": {**self.limits, **({"pids_current": self.pids_cgroup.current()} if self.pids_cgroup else {})},
+            "limits": self._limits_now(),
             # The CA the agent was given to trust: a control that resumes with another one says so.
             "interception_ca_sha256": self._interception_ca_sha256(),
         }
+
+    def _limits_now(self) -> dict[str, Any]:
+        """Every limit, whether it is enforced (and why not), and the cgroups' counters now."""
+        now = dict(self.limits)
+        if self.pids_cgroup is not None:
+            now["pids_current"] = self.pids_cgroup.current()
+        if self.memory_cgroup is not None:
+            now["memory_current"] = self.memory_cgroup.current()
+            now["memory_oom_kills"] = self.memory_cgroup.oom_kills()
+        return now
+
+    def _fixed_limits(self) -> dict[str, Any]:
+        """The limits the configuration alone decides: the workdir's size and the private /tmp and /dev/shm."""
+        fixed: dict[str, Any] = {
+            "workdir_size": "unenforced",
+            "workdir_size_reason": "the workdir is a host directory (dev mode) or the pod's volume, given to the "
+            "agent as it is: it has no filesystem of its own whose size could be capped",
+        }
+        if self.cfg.privilege_model == "P":
+            shared = "model P: the agent shares the pod's own, sized by the pod"
+            fixed.update(tmp_size="unenforced", tmp_size_reason=shared, shm_size="unenforced", shm_size_reason=shared)
+        else:
+            fixed.update(tmp_size=self.cfg.tmp_size, shm_size=self.cfg.shm_size)  # tmpfs size= (rootfs.py)
+        return fixed
 
     def _interception_ca_sha256(self) -> str | None:
         pem = self.attach.interception_ca_pem if self.attach else None
@@ -813,14 +852,71 @@ class BoundaryDaemon:
                 group.remove()
                 raise CgroupError(f"cannot move the launcher into {group.directory}: {exc.strerror}") from None
         except CgroupError as exc:
-            self.limits = {"pids": "unenforced", "pids_reason": str(exc)}
+            self.limits.update(pids="unenforced", pids_reason=str(exc))
             self.log.emit(EventName.LIMITS_PIDS, enforced=False, limit=None, reason=str(exc))
             return
         self.pids_cgroup = group
         if group.stale_removed:  # a SIGKILLed boundary's leftovers (cgroups.py rule 5)
             self.log.emit(EventName.LIMITS_PIDS_CGROUP_STALE_REMOVED, cgroups=list(group.stale_removed))
-        self.limits = {"pids": limit, "pids_cgroup": group.describe()}
+        self.limits.update(pids=limit, pids_cgroup=group.describe())
         self.log.emit(EventName.LIMITS_PIDS, enforced=True, limit=limit, cgroup=group.describe())
+
+    def _limit_memory(self) -> None:
+        """The launcher joins the workload's memory cgroup before it forks anything, as the pids one
+        (memory_cgroup.py rule 1); where none can be made the limit is reported unenforced (inside a pod: the
+        container's limit)."""
+        limit = self.cfg.memory_limit
+        try:
+            if limit <= 0:
+                raise CgroupError("disabled by --memory-limit=0")
+            group = create_memory_cgroup(workload_cgroup_name(os.getpid(), self.instance), limit)
+            if not group.shares_pids_child:
+                try:
+                    group.add(self.launcher.pid)
+                except OSError as exc:
+                    group.remove()
+                    raise CgroupError(f"cannot move the launcher into {group.directory}: {exc.strerror}") from None
+        except CgroupError as exc:
+            self.limits.update(memory="unenforced", memory_reason=str(exc))
+            self.log.emit(EventName.LIMITS_MEMORY, enforced=False, limit=None, reason=str(exc))
+            return
+        self.memory_cgroup = group
+        self.table.oom_kills = group.oom_kills
+        self.limits.update(memory=group.limit, memory_cgroup=group.describe(), memory_swap=group.swap)
+        self.log.emit(
+            EventName.LIMITS_MEMORY, enforced=True, limit=group.limit, cgroup=group.describe(), swap=group.swap,
+            stale_removed=list(group.stale_removed),
+        )  # fmt: skip
+
+    def _oom_score(self, pidns: bool) -> None:
+        """The workload's init — and so every workload process, forked below it — at oom_score_adj 1000, so any
+        OOM kill, the memory cgroup's or the host's, picks a workload process before the launcher (raising needs
+        no capability). Where we hold CAP_SYS_RESOURCE the kernel also makes 1000 their floor, and the launcher
+        goes to -1000: never picked (memory_cgroup.py rule 5). Without a workload init (model P) the launcher
+        forks the workload itself and is left alone."""
+        init_pid = self.launcher.init_pid
+        why = None if pidns else "model P: the workload has no init of its own to set it on"
+        if why is None and init_pid is None:
+            why = "the launcher did not name the workload's init"
+        if why is None:
+            assert init_pid is not None
+            try:
+                set_oom_score_adj(init_pid, WORKLOAD_OOM_SCORE_ADJ)
+            except OSError as exc:
+                why = f"cannot set the workload's oom_score_adj: {exc.strerror or exc}"
+        if why is not None:
+            self.limits.update(oom_score_adj="unenforced", oom_score_adj_reason=why)
+            return
+        self.limits.update(oom_score_adj=WORKLOAD_OOM_SCORE_ADJ)
+        no_floor = privileged_for_oom_score()
+        if no_floor is None:
+            try:
+                set_oom_score_adj(self.launcher.pid, LAUNCHER_OOM_SCORE_ADJ)
+            except OSError as exc:
+                no_floor = f"cannot set the launcher's oom_score_adj: {exc.strerror or exc}"
+        self.limits.update(oom_score_adj_floor=no_floor is None)
+        if no_floor is not None:  # R and U mount the agent's /proc read-only: it cannot write it there either
+            self.limits.update(oom_score_adj_floor_reason=no_floor)
 
     # -- failure ------------------------------------------------------------------------------------------------
     def _fatal(self, reason: str) -> None:

@@ -12,6 +12,7 @@ import trio
 
 from supervisor.cli.api_client import Api, ApiError, find_api, open_channel, request_json
 from supervisor.cli.exec_client import run_exec_client
+from supervisor.cli.human import clean, format_size
 from supervisor.link.relay import relay
 from supervisor.protocol.exit_codes import ExitCode, for_launch_errno
 from supervisor.protocol.exit_result import ExitResult, ExitResultError
@@ -109,6 +110,7 @@ async def _status(api: Api, raw: bool) -> int:
         f"agent       {agent.get('handle', '-')}  {json.dumps(agent.get('result')) if agent.get('result') else ''}",
         f"processes   {len(boundary.get('processes') or [])} running",
         _fence_line(boundary.get("fence")),
+        *_limit_lines(boundary.get("limits")),
     ]
     interception = body.get("interception") or {}
     if interception.get("ca_sha256"):
@@ -123,6 +125,51 @@ async def _status(api: Api, raw: bool) -> int:
         lines.append(f"certificate {item}")
     print("\n".join(lines))
     return 0
+
+
+def _limit_lines(limits: Any) -> list[str]:
+    """One line per limit: its value and how it is held, or ``unenforced`` and why."""
+    if not isinstance(limits, dict):
+        return []
+
+    def one(label: str, key: str, shown: str, how: str) -> str:
+        value = limits.get(key)
+        if value == "unenforced":
+            return f"{label:<18}unenforced: {clean(limits.get(f'{key}_reason') or 'no reason given')}"
+        if value is None:
+            return f"{label:<18}not set up yet"
+        return f"{label:<18}{shown}  {how}".rstrip()
+
+    memory = limits.get("memory")
+    oom = limits.get("oom_score_adj")
+    memory_now = limits.get("memory_current")
+    memory_how = ", ".join(
+        part
+        for part in (
+            clean(limits.get("memory_cgroup") or ""),
+            f"{format_size(memory_now)} now" if isinstance(memory_now, int) else "",
+            f"{limits['memory_oom_kills']} OOM kills" if isinstance(limits.get("memory_oom_kills"), int) else "",
+            f"swap {clean(limits['memory_swap'])}" if limits.get("memory_swap") else "",
+            f"workload oom_score_adj {oom}" + ("" if limits.get("oom_score_adj_floor") else " (no floor)")
+            if isinstance(oom, int)
+            else "",
+        )
+        if part
+    )
+    pids_now = limits.get("pids_current")
+    lines = [
+        one("pids", "pids", str(limits.get("pids")), clean(limits.get("pids_cgroup") or "")
+            + (f", {pids_now} now" if isinstance(pids_now, int) else "")),
+        one("memory", "memory", format_size(memory) if isinstance(memory, int) else str(memory), memory_how),
+        one("workdir size", "workdir_size", str(limits.get("workdir_size")), ""),
+        one("/tmp size", "tmp_size", str(limits.get("tmp_size")), "tmpfs"),
+        one("/dev/shm size", "shm_size", str(limits.get("shm_size")), "tmpfs"),
+    ]  # fmt: skip
+    if oom == "unenforced":
+        lines.append(one("oom_score_adj", "oom_score_adj", "", ""))
+    elif isinstance(oom, int) and limits.get("oom_score_adj_floor") is False:
+        lines.append(f"{'oom_score_adj':<18}{oom}, no floor: {clean(limits.get('oom_score_adj_floor_reason') or '?')}")
+    return [f"limits      {line}" if i == 0 else f"            {line}" for i, line in enumerate(lines)]
 
 
 def _fence_line(fence: Any) -> str:

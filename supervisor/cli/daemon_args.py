@@ -10,6 +10,17 @@ import argparse
 import sys
 from pathlib import Path
 
+
+def memory_size(text: str) -> int:
+    """``--memory-limit``'s value in bytes (argparse type): a number with an optional binary suffix."""
+    from supervisor.boundary.process.memory_cgroup import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 DAEMON_HELP = """\
 daemons:
   openshell-sandbox --mode=boundary --bootstrap DIR [--listen ADDR:PORT] -- AGENT ARGV...
@@ -93,6 +104,14 @@ def daemon_parser() -> argparse.ArgumentParser:
         "--pids-limit", type=int, default=1024, metavar="N",
         help="at most N workload processes (a cgroup's pids.max under the boundary's own cgroup, v1 or delegated "
         "v2; default %(default)s); where no cgroup is writable, or with 0, status reports limits.pids: unenforced",
+    )  # fmt: skip
+    b.add_argument(
+        "--memory-limit", type=memory_size, metavar="SIZE",
+        help="at most SIZE bytes of memory for the workload (256M, 4G; a memory cgroup under the boundary's own, "
+        "v1 or delegated v2; the kernel OOM-kills a workload process at the limit, its result says oom-killed). "
+        "Default: half of physical memory or 4G, whichever is smaller (a runaway agent leaves the machine half of "
+        "itself; few agents need more than 4G); where no cgroup is writable, or with 0, status reports "
+        "limits.memory: unenforced",
     )  # fmt: skip
     b.add_argument(
         "--agent-stdio", choices=["inherit", "pipe"], default="inherit",

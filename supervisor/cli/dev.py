@@ -100,6 +100,7 @@ def run_dev(opts: DevOptions) -> int:
             f"--port-file={port_file}", *plan.boundary_flags,
             f"--tls-dir={tmp / 'tls'}", "--exit-linger=5", *log_flags, *fence_flags,
             *([f"--pids-limit={opts.pids_limit}"] if opts.pids_limit is not None else []),
+            *([f"--memory-limit={opts.memory_limit}"] if opts.memory_limit is not None else []),
             "--", *opts.argv,
         ]  # fmt: skip
         procs.append(subprocess.Popen(boundary_cmd, env=env, preexec_fn=_die_with_dev))

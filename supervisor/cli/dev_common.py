@@ -38,6 +38,7 @@ class DevOptions:
     self_addresses: tuple[str, ...] = ()  # control's --self-address
     api_listen: str | None = None  # control's --api-listen ADDR:PORT; an operator bundle is minted for it
     pids_limit: int | None = None  # the boundary's --pids-limit (None: its default)
+    memory_limit: int | None = None  # the boundary's --memory-limit in bytes (None: its default)
     topology: str = "boundary"  # "proxy-pod": supervisor/cli/dev_proxy_pod.py
     # proxy-pod only: control's --proxy-max-connections and --proxy-per-client (None: control's defaults)
     proxy_max_connections: int | None = None

@@ -9,7 +9,8 @@ prints, on stderr, a few human lines instead of the JSON:
   binary, the destination, the reason, and the ``policy decide`` command that explains the decision;
 * one line per name the DNS stub refused, once per name;
 * one line when the boundary refused the sandbox's set-up (it then exits) or lost enforcement (the fence
-  changed under a running workload: every workload process was killed).
+  changed under a running workload: every workload process was killed);
+* one line when the kernel killed the agent at the workload's memory limit (its result says ``oom-killed``).
 
 Rules:
 
@@ -29,8 +30,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from supervisor.cli.human import clean
+from supervisor.cli.human import clean, format_size
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.exit_result import EndReason
 
 PREFIX = "openshell-sandbox: "
 REFUSED = {"deny", "denied", "refused"}
@@ -55,6 +57,7 @@ class Console:
         self._policy_generation: object = None
         self._fence: Mapping[str, Any] = {}
         self._dns_refused: set[str] = set()
+        self._memory_limit: object = None
 
     def lines_for(self, event: Mapping[str, Any]) -> list[str]:
         kind = event.get("event")
@@ -78,12 +81,25 @@ class Console:
         elif kind == EventName.ENFORCEMENT_LOST and event.get("component") == "boundary":
             reason = clean(event.get("reason") or "the fence changed")
             return [f"{PREFIX}enforcement lost, every workload process was killed: {reason}"]
+        elif kind == EventName.LIMITS_MEMORY:
+            self._memory_limit = event.get("limit")
+        elif kind == EventName.AGENT_EXITED and event.get("component") == "boundary":
+            result = event.get("result")
+            if isinstance(result, Mapping) and result.get("reason") == EndReason.OOM_KILLED:
+                return [self._oom_line()]
         elif kind == EventName.DNS and event.get("decision") == "refused":
             name = str(event.get("name", ""))
             if name not in self._dns_refused:
                 self._dns_refused.add(name)
                 return [f"{PREFIX}refused DNS name {clean(name)}: {clean(event.get('reason', 'refused'))}"]
         return []
+
+    def _oom_line(self) -> str:
+        limit = self._memory_limit
+        size = f" ({format_size(limit)})" if isinstance(limit, int) and not isinstance(limit, bool) else ""
+        return f"{PREFIX}the agent was killed by the kernel: out of memory at the workload's memory limit{size}" + (
+            "; --memory-limit to raise it"
+        )
 
     def _ready_line(self) -> str:
         fence = self._fence

@@ -203,6 +203,7 @@ def run_proxy_pod(opts: DevOptions) -> int:
         ("--api-listen", opts.api_listen is not None),
         ("--acknowledge-external-fence", opts.acknowledge_external_fence),
         ("--privilege-model", opts.privilege_model != "auto"), ("--pids-limit", opts.pids_limit is not None),
+        ("--memory-limit", opts.memory_limit is not None),
     ) if given]  # fmt: skip
     if unsupported:
         print(f"openshell-sandbox: dev --topology proxy-pod: not for this topology: {', '.join(unsupported)} "

@@ -26,6 +26,14 @@ def clean(value: object) -> str:
     return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
+def format_size(size: int) -> str:
+    """``size`` bytes for people: the largest binary unit that divides it, else MiB with one decimal."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if size >= 1 << shift and size % (1 << shift) == 0:
+            return f"{size >> shift} {unit}"
+    return f"{size / (1 << 20):.1f} MiB" if size >= 1 << 20 else f"{size} bytes"
+
+
 def summary(event: Mapping[str, Any]) -> str:
     """One line for ``openshell-sandbox logs``: time, component, event, then what matters for that event."""
     stamp = str(event.get("time", ""))

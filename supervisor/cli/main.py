@@ -15,7 +15,7 @@ from pathlib import Path
 
 import trio
 
-from supervisor.cli.daemon_args import DAEMON_HELP, _err, _host_port
+from supervisor.cli.daemon_args import DAEMON_HELP, _err, _host_port, memory_size
 from supervisor.cli.daemon_run import _workdir_problem, run_daemon
 from supervisor.protocol.exit_codes import ExitCode, for_signal
 
@@ -79,6 +79,12 @@ def command_parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--pids-limit", type=int, metavar="N",
         help="the boundary's --pids-limit: at most N workload processes (default 1024; 0: no limit, reported)",
+    )  # fmt: skip
+    dev.add_argument(
+        "--memory-limit", type=memory_size, metavar="SIZE",
+        help="the boundary's --memory-limit: at most SIZE of memory for the workload (256M, 4G; default half of "
+        "physical memory or 4G, whichever is smaller: a runaway agent leaves the machine half of itself; 0: no "
+        "limit, reported); at the limit the kernel kills the agent and dev exits 137 saying so",
     )  # fmt: skip
     dev.add_argument(
         "--topology", choices=["boundary", "proxy-pod"], default="boundary",
@@ -174,6 +180,7 @@ def run_command(argv: list[str]) -> int:
             upstream_ca=args.upstream_ca, log_format=args.log_format, quiet=args.quiet,
             ipv6_egress=args.ipv6_egress, self_addresses=tuple(args.self_address), api_listen=args.api_listen,
             pids_limit=args.pids_limit, topology=args.topology, proxy_max_connections=args.proxy_max_connections,
+            memory_limit=args.memory_limit,
         )  # fmt: skip
         if args.api_listen is not None:
             try:

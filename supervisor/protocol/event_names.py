@@ -89,6 +89,8 @@ class EventName(enum.StrEnum):
     LIMITS_PIDS = "limits.pids"
     LIMITS_PIDS_CGROUP_LEFT = "limits.pids-cgroup-left"
     LIMITS_PIDS_CGROUP_STALE_REMOVED = "limits.pids-cgroup-stale-removed"
+    LIMITS_MEMORY = "limits.memory"
+    LIMITS_MEMORY_CGROUP_LEFT = "limits.memory-cgroup-left"
     # link
     LINK_DOWN = "link.down"
     LINK_FAILED = "link.failed"

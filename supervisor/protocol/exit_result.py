@@ -36,6 +36,7 @@ class EndReason(enum.StrEnum):
     TIMEOUT = "timeout"
     AGENT_EXIT = "agent-exit"
     ENFORCEMENT_LOST = "enforcement-lost"  # the fence changed: every workload process was killed
+    OOM_KILLED = "oom-killed"  # SIGKILLed by the kernel: the workload's memory cgroup hit its limit
 
 
 class ExitResultError(ValueError):

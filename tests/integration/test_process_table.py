@@ -633,3 +633,40 @@ def test_read_stat_parses_hostile_command_names(tmp_path: Any) -> None:
         proc.wait()
     assert read_stat(proc.pid) is None
     assert read_stat(2**22 + 7) is None
+
+
+class OomCounter:
+    """The memory cgroup's OOM-kill counter as the table reads it (``ProcessTable.oom_kills``)."""
+
+    def __init__(self) -> None:
+        self.kills = 0
+
+    def __call__(self) -> int:
+        return self.kills
+
+
+async def test_sigkill_with_an_oom_kill_counted_meanwhile_is_oom_killed(fake_table: ProcessTable) -> None:
+    counter = OomCounter()
+    fake_table.oom_kills = counter
+    entry = await fake_table.start(Spec(["sleep", "30"]), kind="exec")
+    counter.kills += 1  # the kernel's OOM kill of this process, as the cgroup counts it
+    os.kill(entry.pid, signal.SIGKILL)
+    result = (await fake_table.wait(entry.handle, 5)).to_wire()
+    assert (result["signal"], result["rendered"], result["reason"]) == ("KILL", 137, "oom-killed")
+
+
+async def test_sigkill_without_an_oom_kill_or_another_death_is_not_oom_killed(fake_table: ProcessTable) -> None:
+    counter = OomCounter()
+    counter.kills = 3  # kills before these processes started never count
+    fake_table.oom_kills = counter
+    killed = await fake_table.start(Spec(["sleep", "30"]), kind="exec")
+    os.kill(killed.pid, signal.SIGKILL)
+    assert (await fake_table.wait(killed.handle, 5)).reason == "exited"
+    termed = await fake_table.start(Spec(["sleep", "30"]), kind="exec")
+    counter.kills += 1
+    os.kill(termed.pid, signal.SIGTERM)  # counted meanwhile, but not a SIGKILL: not the kernel's OOM kill
+    assert (await fake_table.wait(termed.handle, 5)).reason == "exited"
+    ours = await fake_table.start(Spec(["sh", "-c", "trap '' TERM; sleep 30"]), kind="exec")
+    counter.kills += 1
+    result = await fake_table.terminate(ours.handle, 0.1)  # our own SIGKILL after the grace: terminated
+    assert (result.signal, result.reason) == ("KILL", "terminated")

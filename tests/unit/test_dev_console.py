@@ -122,3 +122,38 @@ def test_the_tail_returns_complete_lines_only_and_skips_garbage(tmp_path: Path) 
         f.write("}\n")
     assert tail.read() == [{"event": "b"}]
     assert tail.read() == []
+
+
+def test_the_agents_oom_kill_is_said_with_the_limit_and_only_then() -> None:
+    c = console()
+    assert c.lines_for({"event": "limits.memory", "component": "boundary", "enforced": True, "limit": 256 << 20}) == []
+    result = {"signal": "KILL", "rendered": 137, "reason": "oom-killed"}
+    assert c.lines_for({"event": "agent.exited", "component": "control", "result": result}) == []  # once: boundary's
+    [line] = c.lines_for({"event": "agent.exited", "component": "boundary", "result": result})
+    assert "out of memory at the workload's memory limit (256 MiB)" in line and "--memory-limit" in line
+    killed = {"signal": "KILL", "rendered": 137, "reason": "exited"}  # a SIGKILL that was no OOM kill
+    assert c.lines_for({"event": "agent.exited", "component": "boundary", "result": killed}) == []
+
+
+def test_status_shows_every_limit_and_why_one_is_unenforced() -> None:
+    from supervisor.cli.client_commands import _limit_lines
+
+    lines = _limit_lines({
+        "pids": 64, "pids_cgroup": "cgroup v1 /sys/fs/cgroup/pids/x", "pids_current": 3,
+        "memory": 256 << 20, "memory_cgroup": "cgroup v1 /sys/fs/cgroup/memory/x", "memory_current": 10 << 20,
+        "memory_oom_kills": 1, "memory_swap": "capped", "oom_score_adj": 1000, "oom_score_adj_floor": True,
+        "workdir_size": "unenforced", "workdir_size_reason": "no filesystem of its own",
+        "tmp_size": "256m", "shm_size": "64m",
+    })  # fmt: skip
+    text = "\n".join(lines)
+    assert lines[0].startswith("limits      pids") and len(lines) == 5, text
+    for part in ("64  cgroup v1 /sys/fs/cgroup/pids/x, 3 now", "256 MiB  cgroup v1 /sys/fs/cgroup/memory/x",
+                 "10 MiB now", "1 OOM kills", "oom_score_adj 1000", "unenforced: no filesystem of its own",
+                 "/tmp size         256m", "/dev/shm size     64m"):  # fmt: skip
+        assert part in text
+    unenforced = _limit_lines({"pids": "unenforced", "pids_reason": "not writable", "memory": "unenforced",
+                               "memory_reason": "memory is not delegated\x1b[2J", "oom_score_adj": "unenforced",
+                               "oom_score_adj_reason": "model P"})  # fmt: skip
+    text = "\n".join(unenforced)
+    assert "pids              unenforced: not writable" in text and "\\x1b[2J" in text and "\x1b" not in text
+    assert "oom_score_adj     unenforced: model P" in text

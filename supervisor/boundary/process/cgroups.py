@@ -41,7 +41,9 @@ __all__ = [
     "create_pids_cgroup",
     "locate",
     "remove_stale_children",
+    "v2_enable",
     "workload_cgroup_name",
+    "write",
 ]
 
 DEFAULT_PIDS_LIMIT: Final = 1024
@@ -128,8 +130,9 @@ def _join(mountpoint: str, mount_root: str, path: str) -> Path | None:
     return Path(mountpoint) / rel.lstrip("/")
 
 
-def locate(self_cgroup: str, mountinfo: str) -> Location:
-    """The boundary's cgroup directory for ``pids``: v1's hierarchy if mounted, else v2's. Raises CgroupError."""
+def locate(self_cgroup: str, mountinfo: str, controller: str = "pids") -> Location:
+    """The boundary's cgroup directory for ``controller``: v1's hierarchy if mounted, else v2's. Raises
+    CgroupError."""
     v1_path: str | None = None
     v2_path: str | None = None
     for line in self_cgroup.splitlines():
@@ -138,20 +141,20 @@ def locate(self_cgroup: str, mountinfo: str) -> Location:
             continue
         if parts[0] == "0" and parts[1] == "":
             v2_path = parts[2]
-        elif "pids" in parts[1].split(","):
+        elif controller in parts[1].split(","):
             v1_path = parts[2]
     mounts = _mounts(mountinfo)
     if v1_path is not None:
         for root, point, fstype, options in mounts:
-            if fstype == "cgroup" and "pids" in options and (where := _join(point, root, v1_path)) is not None:
+            if fstype == "cgroup" and controller in options and (where := _join(point, root, v1_path)) is not None:
                 return Location(1, where)
-        raise CgroupError(f"the pids hierarchy (cgroup v1, {v1_path}) is not mounted where we can see it")
+        raise CgroupError(f"the {controller} hierarchy (cgroup v1, {v1_path}) is not mounted where we can see it")
     if v2_path is not None:
         for root, point, fstype, _options in mounts:
             if fstype == "cgroup2" and (where := _join(point, root, v2_path)) is not None:
                 return Location(2, where)
         raise CgroupError(f"the cgroup v2 hierarchy ({v2_path}) is not mounted where we can see it")
-    raise CgroupError("no pids cgroup: neither a cgroup v1 pids hierarchy nor cgroup v2")
+    raise CgroupError(f"no {controller} cgroup: neither a cgroup v1 {controller} hierarchy nor cgroup v2")
 
 
 @dataclass(frozen=True)
@@ -190,32 +193,33 @@ class PidsCgroup:
                 time.sleep(0.02)
 
 
-def _write(path: Path, text: str) -> None:
+def write(path: Path, text: str) -> None:
     with open(path, "w") as fh:
         fh.write(text)
 
 
-def _v2_enable_pids(parent: Path, name: str) -> None:
-    """Rule 2 for v2: ``+pids`` in the parent's subtree_control; on EBUSY our processes move to a leaf first."""
+def v2_enable(parent: Path, name: str, controller: str = "pids") -> None:
+    """Rule 2 for v2: ``+controller`` in the parent's subtree_control; on EBUSY our processes move to a leaf
+    first."""
     control = parent / "cgroup.subtree_control"
     with contextlib.suppress(OSError):
-        if "pids" in control.read_text().split():
+        if controller in control.read_text().split():
             return
     try:
-        _write(control, "+pids")
+        write(control, f"+{controller}")
         return
     except OSError as exc:
         if exc.errno != errno.EBUSY:
-            raise CgroupError(f"cannot enable pids in {control}: {exc.strerror}") from None
+            raise CgroupError(f"cannot enable {controller} in {control}: {exc.strerror}") from None
     leaf = parent / f"{name}-supervisor"
     try:
         leaf.mkdir(exist_ok=True)
         for pid in (parent / "cgroup.procs").read_text().split():
             with contextlib.suppress(ProcessLookupError, OSError):
-                _write(leaf / "cgroup.procs", pid)
-        _write(control, "+pids")
+                write(leaf / "cgroup.procs", pid)
+        write(control, f"+{controller}")
     except OSError as exc:
-        raise CgroupError(f"cannot enable pids in {control}: {exc.strerror or exc}") from None
+        raise CgroupError(f"cannot enable {controller} in {control}: {exc.strerror or exc}") from None
 
 
 def create_pids_cgroup(
@@ -245,14 +249,14 @@ def create_pids_cgroup(
         raise CgroupError(f"{where.directory} is not writable (cgroup v{where.version})")
     stale = tuple(remove_stale_children(where.directory))
     if where.version == 2:
-        _v2_enable_pids(where.directory, name)
+        v2_enable(where.directory, name)
     child = where.directory / name
     try:
         child.mkdir()
     except OSError as exc:
         raise CgroupError(f"cannot create {child}: {exc.strerror}") from None
     try:
-        _write(child / "pids.max", str(limit))
+        write(child / "pids.max", str(limit))
         if (child / "pids.max").read_text().strip() != str(limit):
             raise OSError(errno.EIO, "pids.max did not take the value")
     except OSError as exc:

@@ -208,6 +208,11 @@ class Launcher:
         return self._pid
 
     @property
+    def init_pid(self) -> int | None:
+        """The host pid of the workload's init (PID 1 of its PID namespace), once prepared with one."""
+        return self._init_pid
+
+    @property
     def prepared(self) -> Prepared | None:
         return self._prepared
 

@@ -17,6 +17,10 @@ Rules:
 5. Results are retained for ``retention_s`` after exit or for the newest ``retention_count`` exits, whichever
    keeps more (the agent's forever); a pruned handle answers ``terminated`` with reason ``not-retained``.
 6. Live exec processes are capped at ``max_execs``; beyond it ``start`` answers ``unavailable``.
+7. A process that died of SIGKILL nobody here sent, while the workload memory cgroup's OOM-kill counter
+   (``oom_kills``) went up since it started, ends with reason ``oom-killed``: the kernel killed it at the
+   workload's memory limit. (Another workload process killed for memory while this one was SIGKILLed by one of
+   its own is read the same way: both need the agent's doing.)
 """
 
 from __future__ import annotations
@@ -156,6 +160,7 @@ class ProcessEntry:
         # set once the sweep that ends it (terminate, timeout, end_all) is over: a result that says we ended the
         # process is published only then, never while a member of its tree still runs (rule 4)
         self.swept = trio.Event()
+        self.oom_baseline: int | None = None  # the memory cgroup's OOM kills before it started (rule 7)
 
     # -- state ----------------------------------------------------------------------------------------------
 
@@ -289,6 +294,7 @@ class ProcessTable:
         self._starting_agent = False
         self._ended: str | None = None
         self._nursery: trio.Nursery | None = None
+        self.oom_kills: Callable[[], int | None] | None = None  # the memory cgroup's OOM-kill counter (rule 7)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the per-process tasks (watchers, output readers, timeouts) for the table's lifetime."""
@@ -323,6 +329,7 @@ class ProcessTable:
         self._prune()
         self._starting += 1
         self._starting_agent = self._starting_agent or kind == "agent"
+        oom_baseline = self.oom_kills() if self.oom_kills is not None else None
         try:
             # An exec gets a PID namespace of its own: terminate ends all it started (setsid, double forks).
             spawned = await self.launcher.spawn(spec, own_pidns=kind == "exec")
@@ -333,6 +340,7 @@ class ProcessTable:
         finally:
             self._starting -= 1
         entry = ProcessEntry(self, self._new_handle(), kind, spawned)
+        entry.oom_baseline = oom_baseline
         self._entries[entry.handle] = entry
         if kind == "exec":
             self._live_execs += 1
@@ -396,6 +404,8 @@ class ProcessTable:
             status = None
         if entry.end_reason is not None:  # we are ending it: its members may still be going
             await entry.swept.wait()
+        elif self._oom_killed(entry, status):
+            entry.end_reason = EndReason.OOM_KILLED
         self._finished_entry(entry, status)
         result = await entry.wait_result()
         if entry.kind == "exec":
@@ -406,6 +416,15 @@ class ProcessTable:
         if entry.kind == "agent":
             self.agent_exited.set()
             await self.end_all(EndReason.AGENT_EXIT)
+
+    def _oom_killed(self, entry: ProcessEntry, status: int | None) -> bool:
+        """Rule 7: a SIGKILL we did not send, and the memory cgroup counted an OOM kill since it started."""
+        if status is None or not os.WIFSIGNALED(status) or os.WTERMSIG(status) != _signal.SIGKILL:
+            return False
+        if self.oom_kills is None or entry.oom_baseline is None:
+            return False
+        now = self.oom_kills()
+        return now is not None and now > entry.oom_baseline
 
     def _finished_entry(self, entry: ProcessEntry, status: int | None) -> None:
         if entry.result is not None:
