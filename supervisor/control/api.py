@@ -33,8 +33,11 @@ from supervisor.jsonlog import JsonLog
 from supervisor.link.h2link import Link
 from supervisor.link.relay import close_now, relay
 from supervisor.link.rpc import call, open_channel
+from supervisor.protocol.agent_ended import after_agent_end
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.exit_result import ExitResult
+from supervisor.protocol.lifecycle import Op
 from supervisor.protocol.runtime_dir import ensure_runtime_base
 
 
@@ -49,6 +52,8 @@ class ControlState(Protocol):
     @property
     def policy(self) -> PolicyStore: ...
     @property
+    def agent_result(self) -> ExitResult | None: ...  # the last agent result the boundary told control
+    @property
     def topology(self) -> str: ...
     def readiness(self) -> list[str]: ...
     def status(self) -> dict[str, Any]: ...
@@ -59,6 +64,9 @@ UPGRADE_TOKEN = "openshell-channel"
 MAX_BODY = 4 * 1024 * 1024
 DEFAULT_EVENTS_TAIL = 100
 FORWARDED_UNARY = {"/v1/wait": 0, "/v1/signal": 0, "/v1/terminate": 0}
+# the lifecycle operation each forwarded request is (attach-stream is checked as exec, as the boundary does)
+_OPS = {"/v1/wait": Op.WAIT, "/v1/signal": Op.SIGNAL, "/v1/terminate": Op.TERMINATE, "/v1/exec": Op.EXEC,
+        "/v1/forward": Op.FORWARD, "/v1/attach-stream": Op.EXEC}  # fmt: skip
 
 
 def runtime_socket_path(sandbox: str) -> Path:
@@ -221,11 +229,14 @@ class ApiServer:
             elif method == "GET" and target == "/v1/policy":
                 await http.respond_json(200, self.daemon.policy.status_json())
             elif method == "POST" and target in FORWARDED_UNARY:
-                await http.respond_json(200, await call(self._link(), target, parsed))
+                ended = self._after_agent_end(target, parsed)
+                reply = ended.to_wire() if ended is not None else await call(self._link(), target, parsed)
+                await http.respond_json(200, reply)
             elif method == "POST" and target in ("/v1/exec", "/v1/forward", "/v1/attach-stream"):
                 if target == "/v1/attach-stream" and "handle" not in parsed:  # also ?handle=
                     query = urllib.parse.parse_qs(urllib.parse.urlsplit(raw_target).query)
                     parsed = {"handle": query.get("handle", [""])[-1]}
+                self._after_agent_end(target, parsed)  # once the agent has ended: terminated, naming why
                 return await self._channel(http, request, target, parsed)
             else:
                 raise OpError(ErrorKind.INVALID, f"no endpoint {method} {target}")
@@ -255,6 +266,17 @@ class ApiServer:
                     if events:
                         await http.send(h11.Data(data=_json_lines(events)))
         await http.send(h11.EndOfMessage())
+
+    def _after_agent_end(self, target: str, body: dict[str, Any]) -> ExitResult | None:
+        """Once the boundary told us the agent's result, we answer from it, present boundary or not
+        (protocol/agent_ended.py): the result itself, or ``terminated``; ``None``: ask the boundary."""
+        result = self.daemon.agent_result
+        if result is None or self.daemon.topology == "proxy-pod":
+            return None
+        handle = body.get("handle")
+        link = self.daemon.ops
+        return after_agent_end(_OPS[target], handle if isinstance(handle, str) else None, result,
+                               boundary_attached=link is not None and not link.closed)  # fmt: skip
 
     def _link(self) -> Any:
         if self.daemon.topology == "proxy-pod":  # no supervisor next to the workload (docs/design.md)

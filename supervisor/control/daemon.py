@@ -7,11 +7,13 @@ Control always dials; the boundary only listens. The ops link is redialled with 
 whenever it drops. On a fresh boundary control runs ``attach → confirm → start``; on a boundary that is
 already bound (control restarted, or the link dropped) it calls ``resume`` instead — never a second attach.
 While the agent runs, control keeps a long ``wait`` on it; the result is logged and acknowledged, which lets
-the boundary exit with the agent's code.
+the boundary exit with the agent's code. Control keeps that result and answers later operations from it
+(``api.py``, ``protocol/agent_ended.py``) until it attaches a fresh boundary.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
 import signal
@@ -309,6 +311,7 @@ class ControlDaemon:
                                   reason="the boundary refused the attach descriptor and exits non-zero")  # fmt: skip
                 raise
             self.boundary_refused = None
+            self.agent_result = None  # a fresh boundary, a new agent: an earlier one's result no longer answers
             self._backoffs.reset()  # progress: only a successful attach or resume resets the backoff
             self.boundary_ca_sha256 = self.certificates.interception_ca_sha256
             self.log.emit(EventName.LIFECYCLE_BOUND, reply=reply)
@@ -469,9 +472,11 @@ class ControlDaemon:
             return
         reply = await call(link, "/v1/wait", {"handle": agent})
         try:
-            self.agent_result = ExitResult.from_wire(reply)
+            told = ExitResult.from_wire(reply)
         except ExitResultError as exc:
             raise OpError(ErrorKind.FAILED, f"the boundary's /v1/wait reply: {exc}") from None
+        # kept: the API answers every later operation from it, boundary gone or not (protocol/agent_ended.py)
+        self.agent_result = told if told.handle == agent else dataclasses.replace(told, handle=agent)
         result = self.agent_result.to_wire()
         self.log.emit(EventName.AGENT_EXITED, handle=agent, result=result)
         self.boundary = await call(link, "/v1/status")

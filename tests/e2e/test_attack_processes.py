@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from tests.sandbox_api import api_env
 from tests.waiting import wait_until
 
 CLI = [sys.executable, "-m", "supervisor.cli"]
@@ -37,11 +38,11 @@ BOMB = "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OS
 
 @dataclass
 class Sandbox:
-    env: dict[str, str]
+    env: dict[str, str]  # once ready: OPENSHELL_SANDBOX_API names this sandbox's socket (tests/sandbox_api.py)
     dev: subprocess.Popen[str]
 
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=self.env)
+        return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=api_env(self.env))
 
     def status(self) -> dict[str, Any]:
         result = self.cli("status", "--json", timeout=STATUS_BOUND_S + 20)
@@ -71,6 +72,7 @@ def _start(argv: list[str], *flags: str) -> Iterator[Sandbox]:
             assert dev.poll() is None, dev.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "the sandbox never became ready"
             time.sleep(0.2)
+        box.env = api_env(env)
         yield box
     finally:
         if dev.poll() is None:

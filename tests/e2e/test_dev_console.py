@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from tests.sandbox_api import api_env
+
 CLI = [sys.executable, "-m", "supervisor.cli"]
 REFUSED_URL = "http://198.51.100.7:8080/refused-by-policy"
 PREFIX = "openshell-sandbox: "
@@ -143,8 +145,9 @@ def test_logs_follow_shows_a_running_sandboxs_refusals_from_another_process(env:
     assert sandbox.stdin is not None
     follower: subprocess.Popen[str] | None = None
     try:
-        _wait_for(lambda: subprocess.run([*CLI, "readyz"], env=env, capture_output=True).returncode == 0, "ready")
-        follower = subprocess.Popen([*CLI, "logs", "-f", "--event", "egress"], env=env, text=True,
+        _wait_for(lambda: subprocess.run([*CLI, "readyz"], env=api_env(env), capture_output=True).returncode == 0,
+                  "ready")  # fmt: skip
+        follower = subprocess.Popen([*CLI, "logs", "-f", "--event", "egress"], env=api_env(env), text=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
         assert follower.stdout is not None
         lines = []
@@ -153,7 +156,7 @@ def test_logs_follow_shows_a_running_sandboxs_refusals_from_another_process(env:
             sandbox.stdin.flush()
             lines.append(follower.stdout.readline())
         assert all(" egress  deny /usr/bin/curl → 198.51.100.7:8080  no-network-policies" in x for x in lines), lines
-        tail = subprocess.run([*CLI, "logs", "-n", "2", "--json", "--event", "egress"], env=env,
+        tail = subprocess.run([*CLI, "logs", "-n", "2", "--json", "--event", "egress"], env=api_env(env),
                               capture_output=True, text=True, timeout=30)  # fmt: skip
         assert tail.returncode == 0, tail.stderr
         assert [e["decision"] for e in json_lines(tail.stdout)] == ["deny", "deny"]

@@ -162,6 +162,8 @@ def test_sigterm_tears_everything_down() -> None:
 
 
 def test_status_and_exec_find_the_running_sandbox() -> None:
+    """The clients' own search for the sandbox (no ``--api``): the one test that relies on it, in this test's own
+    runtime directory (``_private_runtime_dir``), where its sandbox is the only one there can be."""
     marker = f"openshell-e2e-{uuid.uuid4().hex}"
     proc = subprocess.Popen(
         [*CLI, "dev", "--", "sleep", f"{1000}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

@@ -19,6 +19,7 @@ import pexpect
 import pytest
 
 from tests.interrupt import interruptible
+from tests.sandbox_api import api_env
 
 CLI = [sys.executable, "-m", "supervisor.cli"]
 WORKLOAD_PORT = 8000
@@ -37,10 +38,10 @@ AGENT = (
 
 @dataclass
 class Sandbox:
-    env: dict[str, str]
+    env: dict[str, str]  # once ready: OPENSHELL_SANDBOX_API names this sandbox's socket (tests/sandbox_api.py)
 
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=self.env)
+        return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=api_env(self.env))
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +59,7 @@ def sandbox() -> Iterator[Sandbox]:
             assert dev.poll() is None, dev.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "the sandbox never became ready"
             time.sleep(0.2)
+        box.env = api_env(env)
         yield box
     finally:
         dev.terminate()

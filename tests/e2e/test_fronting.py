@@ -29,6 +29,7 @@ import pytest
 import trustme
 
 from tests.netns_hosts import DnsServer, NetnsHost, open_test_host, require_netns
+from tests.sandbox_api import api_env
 
 CLI = [sys.executable, "-m", "supervisor.cli"]
 RECORDER = Path(__file__).parent.parent / "https_recorder.py"
@@ -405,7 +406,7 @@ def test_a_streamed_response_survives_an_unrelated_policy_reload(world: World, h
         revised = world.workdir.parent / f"revised-{host}.yaml"
         revised.write_text(world.policy.read_text() + UNRELATED_RULE)
         applied = subprocess.run([*CLI, "policy", "apply", str(revised)], capture_output=True, text=True,
-                                 timeout=30, env=env)  # fmt: skip
+                                 timeout=30, env=api_env(env))  # fmt: skip
         assert applied.returncode == 0, applied.stderr
         (world.workdir / f"reloaded-{host}").touch()
         out, err = dev.communicate(timeout=60)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tests.e2e.egress_world import CLI, PORT, World, world
 from tests.e2e.safe_dirs import safe_dir
+from tests.sandbox_api import api_env
 
 __all__ = ["world"]
 
@@ -22,7 +23,7 @@ DENY_ALL = "version: 1\nnetwork_policies: {}\n"
 
 
 def _cli(world: World, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "XDG_RUNTIME_DIR": world.runtime}
+    env = api_env({**os.environ, "XDG_RUNTIME_DIR": world.runtime})  # the world's one sandbox, by name
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=30, env=env)
 
 

@@ -92,7 +92,9 @@ def test_invalid_policy_file_names_the_field(tmp_path: Path) -> None:
 
 
 def test_client_without_a_running_sandbox_says_so(tmp_path: Path) -> None:
+    """The one test of looking for the sandbox in an empty runtime directory (its own, with no API named)."""
     env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
+    env.pop("OPENSHELL_SANDBOX_API", None)
     result = subprocess.run([*CLI, "status"], capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode == 125
     assert "no running sandbox" in result.stderr

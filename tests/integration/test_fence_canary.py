@@ -75,8 +75,10 @@ class Sandbox:
     api: Path
     canary: str
 
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*CLI, *args, f"--api={self.api}"], capture_output=True, text=True, timeout=60)
+    def cli(self, command: str, *args: str) -> subprocess.CompletedProcess[str]:
+        """``openshell-sandbox COMMAND --api=OURS ARGS…``: the API named before any ``--``, so this sandbox is asked."""
+        return subprocess.run([*CLI, command, f"--api={self.api}", *args], capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
 
     def status(self) -> dict[str, Any]:
         result = self.cli("status", "--json")

@@ -3,8 +3,9 @@
 A veth pair (a dummy link where veth is unavailable) appears in the agent's network namespace while the agent
 runs — what an attacker with a way to CAP_NET_ADMIN there would do. Within 5 s every workload process is
 killed, the agent's result says ``{signal: KILL, reason: enforcement-lost}``, the boundary logs
-``enforcement-lost``, control's ``/readyz`` fails naming it, and nothing more can be started. A netlink event
-that leaves the fingerprint unchanged (lo set up again) ends nothing.
+``enforcement-lost``, control's ``/readyz`` fails naming it, and once the boundary has gone control answers from
+the agent's result: ``wait`` gives it, ``exec`` and ``signal`` are ``terminated`` naming why, and nothing runs. A
+netlink event that leaves the fingerprint unchanged (lo set up again) ends nothing.
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ class Daemons:
     control_log: Path
     api: Path
 
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*CLI, *args, f"--api={self.api}"], capture_output=True, text=True, timeout=60)
+    def cli(self, command: str, *args: str) -> subprocess.CompletedProcess[str]:
+        """``openshell-sandbox COMMAND --api=OURS ARGS…``: the API named before any ``--``, so this sandbox is asked."""
+        return subprocess.run([*CLI, command, f"--api={self.api}", *args], capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
 
     def launcher_pid(self) -> int:
         """The zygote: the boundary's one child, living in the agent's network namespace after attach."""
@@ -144,9 +147,20 @@ def test_a_link_added_in_the_agents_namespace_ends_the_workload(daemons: Daemons
         assert time.monotonic() < deadline, ready
         time.sleep(0.1)
     assert ready.returncode == 1
-    assert daemons.cli("exec", "--", "true").returncode != 0, "nothing starts after enforcement is lost"
     assert daemons.boundary.wait(timeout=60) == 128 + 9  # the agent's rendered code
     assert [e for e in _events(daemons.control_log) if e["event"] == "enforcement-lost"]
+
+    # The boundary has gone; control answers for the ended sandbox from the agent's result (spec §1.3–1.4).
+    waited = daemons.cli("wait")
+    assert waited.returncode == 128 + 9, waited
+    answer = json.loads(waited.stdout)
+    assert (answer["signal"], answer["reason"]) == ("KILL", "enforcement-lost"), answer
+    started = daemons.cli("exec", "--", "echo", "ran")
+    assert started.returncode == 125 and "ran" not in started.stdout, started  # refused, and nothing ran
+    why = "the agent has terminated: reason enforcement-lost (signal KILL)"
+    assert f"openshell-sandbox: terminated: exec: {why}" in started.stderr, started
+    signalled = daemons.cli("signal", "TERM")
+    assert signalled.returncode == 125 and f"terminated: signal: {why}" in signalled.stderr, signalled
 
 
 NFT_ACCEPT_ALL_OUT = (

@@ -87,7 +87,7 @@ class StandIn:
                 self.waiting = True
                 if self.agent_exits:
                     self.state = "ended"
-                    return {"handle": AGENT, "exit_code": 0, "rendered": 0}
+                    return {"handle": AGENT, "code": 0, "rendered": 0, "reason": "exited"}
                 await trio.sleep_forever()
             elif name == "agent/exit-ack":
                 self.exit_acked = True
@@ -97,7 +97,7 @@ class StandIn:
         return handler
 
     def status(self) -> dict[str, Any]:
-        agent = {"handle": AGENT, "result": None} if self.state == "running" else None
+        agent = {"handle": AGENT, "result": None} if self.state in ("running", "ended") else None
         return {"state": self.state, "agent": agent, "fence": {"mode": "netns"} if self.state != "idle" else None}
 
     async def hang_up(self) -> None:
@@ -352,7 +352,8 @@ async def test_not_yet_valid_leaf_comes_up_once_valid(tmp_path: Path) -> None:
 
 
 async def test_workload_gone_control_stays_up_not_ready(tmp_path: Path) -> None:
-    """The agent exits, the boundary goes away with it: control stays up, not ready, redialling with backoff."""
+    """The agent exits, the boundary goes away with it: control stays up, not ready, redialling with backoff, and
+    answers for the ended sandbox from the agent's result (docs/reference/boundary.md §1.4)."""
     ca = make_ca(validity=datetime.timedelta(days=1))
     _control, boundary = _bundles(tmp_path, ca)
     stand_in = StandIn(boundary, agent_exits=True)
@@ -374,4 +375,17 @@ async def test_workload_gone_control_stays_up_not_ready(tmp_path: Path) -> None:
                                        capture_stdout=True, capture_stderr=True)  # fmt: skip
         assert ready.returncode == 1, ready
         assert b"not attached" in ready.stdout + ready.stderr, ready
+
+        async def cli(command: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+            return await trio.run_process([*CLI, command, f"--api={tmp_path / 'api.sock'}", *args], check=False,
+                                          capture_stdout=True, capture_stderr=True)  # fmt: skip
+
+        waited = await cli("wait")  # the agent's handle from status, its result from control's memory
+        assert waited.returncode == 0, waited
+        assert json.loads(waited.stdout)["handle"] == AGENT and json.loads(waited.stdout)["reason"] == "exited"
+        started = await cli("exec", "--", "echo", "ran")
+        assert started.returncode == 125 and b"ran" not in started.stdout, started
+        assert b"terminated: exec: the agent has terminated: reason exited (code 0)" in started.stderr, started
+        signalled = await cli("signal", "TERM")
+        assert signalled.returncode == 125 and b"terminated: signal: the agent has terminated" in signalled.stderr
         control.alive()
