@@ -1,7 +1,7 @@
 """The whole run's sandboxes and clients live in directories of the run's own.
 
 A CLI client without ``--api`` or ``OPENSHELL_SANDBOX_API`` looks for "the running sandbox" under
-``${XDG_RUNTIME_DIR:-/run}/openshell-sandbox`` (docs/design.md "Finding the API"), and dev mode keeps its events and
+the runtime directory (docs/design.md "Finding the API"), and dev mode keeps its events and
 default workdir under ``$XDG_STATE_HOME``. On a machine where another sandbox runs, a test could then ask that one,
 or pass without asking its own. So for the whole session: ``XDG_RUNTIME_DIR`` and ``XDG_STATE_HOME`` are fresh
 0700 directories of this run (removed after it), and ``OPENSHELL_SANDBOX_API`` is unset. Tests that need their own
