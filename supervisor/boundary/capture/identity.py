@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from supervisor.boundary import procfs
 from supervisor.boundary.capture import _procnet
 from supervisor.boundary.capture._sockdiag import SockDiag
-from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog, FirstExecs
+from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog, ExecLogGap, FirstExecs
 from supervisor.protocol.identity import ConnectionIdentity
 
 MAX_ANCESTORS = 64
@@ -347,7 +347,10 @@ class IdentityResolver:
             return ()
         current = pid
         for _ in range(MAX_ANCESTORS):
-            found = self.exec_log.loader(current, self._start_time(current))
+            try:
+                found = self.exec_log.loader(current, self._start_time(current))
+            except ExecLogGap as exc:  # connect_record.py rule 3: not "never exec'd", which would ask the parent
+                raise IdentityUnresolved(IdentityStage.ANCESTORS, str(exc)) from exc
             if found is not None:
                 return found
             parent = self._ppid(current)
@@ -611,6 +614,8 @@ class IdentityResolver:
                 logged = self.exec_log.parent_exe(child, self._start_time(child))
             except IdentityUnresolved as exc:
                 raise IdentityUnresolved(IdentityStage.ANCESTORS, f"process {child}: {exc.detail}") from exc
+            except ExecLogGap as exc:  # connect_record.py rule 3: no answer is no identity, never "the current"
+                raise IdentityUnresolved(IdentityStage.ANCESTORS, str(exc)) from exc
             if logged is not None:
                 return logged
         return self._exe_path(parent)
