@@ -120,15 +120,13 @@ def preload_scrubbed(port: int) -> dict[str, object]:
 
 
 def scrub_environ() -> bool:
-    """Rename LD_PRELOAD in our own environment block; whether /proc/self/environ no longer shows it."""
+    """Rename LD_PRELOAD in our own environment block (in place, where a read-only /proc leaves ``mem`` closed);
+    whether /proc/self/environ no longer shows it."""
     with open("/proc/self/stat") as handle:
         fields = handle.read().rsplit(")", 1)[1].split()
     start, end = int(fields[47]), int(fields[48])  # env_start, env_end (proc(5) fields 50, 51)
-    with open("/proc/self/mem", "r+b", buffering=0) as mem:
-        mem.seek(start)
-        block = mem.read(end - start)
-        mem.seek(start)
-        mem.write(block.replace(b"LD_PRELOAD=", b"XX_PRELOAD="))
+    block = ctypes.string_at(start, end - start)
+    ctypes.memmove(start, block.replace(b"LD_PRELOAD=", b"XX_PRELOAD="), end - start)
     with open("/proc/self/environ", "rb") as handle:
         return b"LD_PRELOAD" not in handle.read()
 
