@@ -1,4 +1,4 @@
-"""What the connect-time notification learned, kept until accept (docs/design.md "Identity").
+"""What the connect-time notification learned, kept until accept (docs/design.md "Identity", "Bounded tables").
 
 Rules:
 

@@ -35,7 +35,8 @@ between ``connect`` and resolution is reported as its new image.
 With a connect-time record store (``records``, filled by capture/connect_notify.py; docs/design.md "Identity"),
 rules 2-7 run at ``connect`` instead, on the process that called it (:meth:`IdentityResolver.connector`), and
 ``resolve`` only finds the record by the accepted peer's inode and cookie: a connection without one is
-``no-record``. With an exec log, every ancestor counts with the image it had when its child was created.
+``no-record``. With an exec log, every ancestor counts with the image it had when its child was created; where
+the log cannot answer for a process (connect_record.py rule 3) there is no identity.
 """
 
 from __future__ import annotations
