@@ -36,7 +36,7 @@ import trio
 
 from supervisor.boundary.capture import connect_notify
 from supervisor.boundary.capture.canary import ProbeResult, probe_canary
-from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog
+from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog, live_bound
 from supervisor.boundary.capture.fence_watch import (
     NETLINK_NETFILTER,
     FenceWatch,
@@ -432,7 +432,7 @@ class BoundaryDaemon:
             budget_us=IDENTITY_BUDGET_US,
             sock_diag=socket.socket(fileno=diag_fd) if diag_fd is not None else None,
             records=ConnectRecords() if at_connect else None,
-            exec_log=ExecLog() if at_connect else None,
+            exec_log=ExecLog(limit=live_bound(self._pids_limit())) if at_connect else None,
         )
         if at_connect:
             notifier = connect_notify.ConnectNotifier(
@@ -837,6 +837,11 @@ class BoundaryDaemon:
         if self.attach is not None:
             ports.update(self.attach.capture_ports)
         return ports
+
+    def _pids_limit(self) -> int | None:
+        """The workload's ``pids.max`` where it is enforced (the exec log's bound on live processes), else None."""
+        limit = self.limits.get("pids")
+        return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
 
     def _limit_pids(self) -> None:
         """The launcher joins the workload's pids cgroup before it forks anything (cgroups.py rule 4); where no

@@ -53,10 +53,14 @@ HANDSHAKE_TIMEOUT_S = 10.0
 FAILURE_LIMIT = 5
 FAILURE_WINDOW_S = 60.0
 MAX_HANDSHAKES = 32
+MAX_SOURCES = 4096  # sources whose failures are kept apart; past it, the others' count together (never forgotten)
+_OVERFLOW = "*"
 
 
 class HandshakeLimiter:
-    """Failed handshakes per source address in a sliding window; pure (the clock is passed in)."""
+    """Failed handshakes per source address in a sliding window; pure (the clock is passed in). A source's
+    failures are dropped only once its window is over: with :data:`MAX_SOURCES` sources failing within one window,
+    a further source's failures count in one shared window, which blocks every source not tracked on its own."""
 
     def __init__(self, limit: int = FAILURE_LIMIT, window_s: float = FAILURE_WINDOW_S) -> None:
         self.limit = limit
@@ -74,16 +78,20 @@ class HandshakeLimiter:
         return times
 
     def blocked(self, address: str, now: float) -> bool:
-        return len(self._recent(address, now)) >= self.limit
+        if len(self._recent(address, now)) >= self.limit:
+            return True
+        return address not in self._failures and len(self._recent(_OVERFLOW, now)) >= self.limit
 
     def failed(self, address: str, now: float) -> bool:
         """Record a failure; True when this one blocks the address (the transition, logged once)."""
         times = self._recent(address, now)
+        if address not in self._failures and len(self._failures) >= MAX_SOURCES:
+            for other in list(self._failures):  # a spray of sources: drop only windows that are over
+                self._recent(other, now)
+            if len(self._failures) >= MAX_SOURCES:
+                address, times = _OVERFLOW, self._recent(_OVERFLOW, now)
         times.append(now)
         self._failures[address] = times
-        if len(self._failures) > 4096:  # a spray of sources: forget the quietest, never grow without bound
-            oldest = min(self._failures, key=lambda a: self._failures[a][-1])
-            del self._failures[oldest]
         return len(times) == self.limit
 
 

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import inspect
 import os
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from supervisor.boundary.capture import connect_notify
-from tests.e2e.attack_world import AttackWorld, attack_world
+from tests.e2e.attack_world import AGENT_PYTHON, AttackWorld, attack_world
+from tests.integration import connect_attacks
 
 __all__ = ["attack_world"]
 
@@ -153,3 +157,99 @@ def test_every_borrowed_allowance_is_decided_as_the_connector(attack_world: Atta
     assert agent.probes["fastopen"]["send"] in ("EOPNOTSUPP", "ENOTSUP"), agent.explain()
     # only the two allowed connections reached the test host
     assert len(w.accepts(w.p1)) - before == 2, agent.explain()
+
+
+CHURN_ROUNDS = 100_000  # short-lived processes: far more than the 65,536 entries a count-bounded exec log kept
+RSS_GROWTH_BOUND_KIB = 16 * 1024  # what the boundary may grow by while they come and go
+
+CHURN_AGENT = (
+    "import ctypes, subprocess\n"
+    f"SH = {os.path.realpath('/bin/sh')!r}\n"
+    f"CHURN = {connect_attacks.CHURN!r}\n"
+    f"ROUNDS = {CHURN_ROUNDS}\n"
+    + inspect.getsource(connect_attacks.scrub_environ)
+    + inspect.getsource(connect_attacks.churn)
+    + r"""
+def probe():
+    sock = dial(HOST, CONFIG["p1"])
+    return echo_check(sock) if not isinstance(sock, str) else {"connect": sock}
+
+if sys.argv[1:] == ["preloaded"]:  # python under sh, exec'd with LD_PRELOAD, which it erases
+    print(json.dumps({"scrubbed": scrub_environ(), **probe()}), flush=True)
+    sys.stdin.readline()
+    print(json.dumps(probe()), flush=True)
+    sys.exit(0)
+
+read_end, write_end = os.pipe()
+if os.fork() == 0:  # the victim's parent: it forks the victim, then becomes sh, an allowed binary
+    if os.fork() == 0:
+        os.close(read_end)
+        deadline = time.monotonic() + 20
+        while os.path.realpath(f"/proc/{os.getppid()}/exe") != SH and time.monotonic() < deadline:
+            time.sleep(0.01)
+        report("victim-before", parent=os.path.realpath(f"/proc/{os.getppid()}/exe"), **probe())
+        code = f"LD_PRELOAD=/nonexistent/preload.so {sys.executable} {os.path.abspath(__file__)} preloaded; true"
+        preloaded = subprocess.Popen([SH, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        report("preloaded-before", **json.loads(preloaded.stdout.readline()))
+        report("churning")
+        started = time.monotonic()
+        churn(ROUNDS)
+        report("churned", seconds=round(time.monotonic() - started, 1))
+        preloaded.stdin.write(b"go\n")
+        preloaded.stdin.flush()
+        report("preloaded-after", **json.loads(preloaded.stdout.readline()))
+        preloaded.wait(30)
+        report("victim-after", **probe())
+        os._exit(0)
+    os.close(write_end)
+    os.dup2(read_end, 0)
+    os.execv(SH, ["sh", "-c", "cat >/dev/null"])
+os.close(read_end)
+os.close(write_end)
+os.wait()
+"""
+)
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def test_no_churn_of_short_lived_processes_makes_the_boundary_forget(attack_world: AttackWorld) -> None:
+    """A child made before its parent became sh, and a python under sh exec'd with LD_PRELOAD (erased from its
+    environment block since), are denied before and after 100,000 short-lived processes that each leave the
+    boundary's exec log two entries; nothing reaches the host; the boundary's memory stays within a bound."""
+    w = _world(attack_world)
+    before = len(w.accepts(w.p1))
+    run = w.start([AGENT_PYTHON, w.script(CHURN_AGENT)])
+    try:
+        boundary = run.child("boundary")
+        seen: dict[str, dict[str, Any]] = {}
+        rss: list[int] = []
+        deadline = time.monotonic() + 200
+        while "victim-after" not in seen and time.monotonic() < deadline:
+            line = run.next_probe(timeout=0.5)
+            if line is not None:
+                seen[line.pop("probe")] = line
+            elif run.proc.poll() is not None:
+                break  # the sandbox ended: what the agent said is in ``finish``
+            if "churning" in seen:
+                rss.append(_rss_kib(boundary))  # from the churn's start, every half second or probe
+        agent = run.finish(60)
+    finally:
+        run.kill()
+    assert agent.result.returncode == 0 and "victim-after" in seen, (seen, agent.explain())
+    assert seen["victim-before"]["parent"] == SH  # the attack happened: its parent is sh when it connects
+    assert agent.probes["preloaded-before"]["scrubbed"] is True  # and /proc/PID/environ no longer shows it
+    decisions = _by_start(agent.egress(f"{w.host.address}:{w.p1}"))
+    summary = [(e["decision"], e.get("binary"), e.get("reason")) for e in decisions]
+    assert summary == [("deny", PYTHON, "binary-not-allowed")] * 4, agent.explain()
+    assert [e.get("ancestors", [])[:1] for e in (decisions[0], decisions[3])] == [[PYTHON]] * 2, agent.explain()
+    assert all("LD_PRELOAD" in e["detail"] for e in decisions[1:3]), agent.explain()
+    assert len(w.accepts(w.p1)) == before, agent.explain()  # nothing reached the host
+    growth = max(rss) - rss[0]
+    print(f"churn {seen['churned']['seconds']} s; boundary VmRSS {rss[0]} KiB, peak +{growth} KiB")
+    assert growth < RSS_GROWTH_BOUND_KIB, (rss[0], max(rss))

@@ -119,17 +119,20 @@ def preload_scrubbed(port: int) -> dict[str, object]:
     return dict(json.loads(out.stdout.decode().strip().splitlines()[-1]))
 
 
-def scrub_inner(port: int) -> dict[str, object]:
+def scrub_environ() -> bool:
+    """Rename LD_PRELOAD in our own environment block (in place, where a read-only /proc leaves ``mem`` closed);
+    whether /proc/self/environ no longer shows it."""
     with open("/proc/self/stat") as handle:
         fields = handle.read().rsplit(")", 1)[1].split()
     start, end = int(fields[47]), int(fields[48])  # env_start, env_end (proc(5) fields 50, 51)
-    with open("/proc/self/mem", "r+b", buffering=0) as mem:
-        mem.seek(start)
-        block = mem.read(end - start)
-        mem.seek(start)
-        mem.write(block.replace(b"LD_PRELOAD=", b"XX_PRELOAD="))
+    block = ctypes.string_at(start, end - start)
+    ctypes.memmove(start, block.replace(b"LD_PRELOAD=", b"XX_PRELOAD="), end - start)
     with open("/proc/self/environ", "rb") as handle:
-        scrubbed = b"LD_PRELOAD" not in handle.read()
+        return b"LD_PRELOAD" not in handle.read()
+
+
+def scrub_inner(port: int) -> dict[str, object]:
+    scrubbed = scrub_environ()
     verdict = ask(dial(port))
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -214,6 +217,88 @@ def reexec_preload_scrubbed(port: int) -> dict[str, object]:
     os.execve(sys.executable, [sys.executable, __file__, "scrub_inner", str(port)], env)
 
 
+# One batch of the churn, run by sh: ``batch`` forks that each try to exec what does not exist (the boundary is told
+# of the execve before the kernel fails it), then the shell's own failed exec while they are its children (or
+# zombies): each fork leaves the exec log a loader entry and an image-at-creation entry, for two cheap syscalls.
+CHURN = """i=0
+while [ $i -lt {batch} ]; do
+  (exec /nonexistent/churn) 2>/dev/null &
+  i=$((i+1))
+done
+exec /nonexistent/churn 2>/dev/null
+"""
+
+
+def churn(rounds: int, batch: int = 250) -> None:
+    """``rounds`` short-lived processes (:data:`CHURN`), reaped by a subreaper forked for the purpose."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: a batch's orphans come back here
+            for _ in range(-(-rounds // batch)):
+                os.posix_spawn(SH, [SH, "-c", CHURN.format(batch=batch)], dict(os.environ))
+                while True:
+                    try:
+                        os.waitpid(-1, 0)
+                    except ChildProcessError:
+                        break
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def churn_then_connect(port: int) -> dict[str, object]:
+    """A child forked before its parent execs sh, and a process exec'd under LD_PRELOAD that erases it from its
+    environment block, each connect before and after ``$CHURN_ROUNDS`` short-lived processes (far more than a
+    log that forgets the oldest would hold)."""
+    rounds = int(os.environ.get("CHURN_ROUNDS", "100000"))
+    read_end, write_end = os.pipe()
+    result_r, result_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        os.close(result_r)
+        deadline = time.monotonic() + 20
+        while os.path.realpath(f"/proc/{os.getppid()}/exe") != os.path.realpath(SH) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        report: dict[str, object] = {"parent_exe": os.path.realpath(f"/proc/{os.getppid()}/exe")}
+        report["before"] = ask(dial(port))
+        env = dict(os.environ, LD_PRELOAD="/nonexistent/preload.so")
+        preloaded = subprocess.Popen(
+            [sys.executable, __file__, "scrub_wait", str(port)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        assert preloaded.stdin is not None and preloaded.stdout is not None
+        report["preloaded_before"] = json.loads(preloaded.stdout.readline())
+        started = time.monotonic()
+        churn(rounds)
+        report["churn_s"] = round(time.monotonic() - started, 1)
+        preloaded.stdin.write(b"go\n")
+        preloaded.stdin.flush()
+        report["preloaded_after"] = json.loads(preloaded.stdout.readline())
+        preloaded.wait(timeout=30)
+        report["after"] = ask(dial(port))
+        os.write(result_w, json.dumps(report).encode())
+        os._exit(0)
+    os.close(write_end)
+    os.close(result_w)
+    os.dup2(read_end, 0)
+    os.dup2(result_r, 4)
+    os.execv(SH, ["sh", "-c", "cat >/dev/null; cat <&4"])  # the parent becomes sh; reports for its child at the end
+    raise AssertionError("unreachable")
+
+
+def scrub_wait(port: int) -> dict[str, object]:
+    """``scrub_inner``'s erasure, then one connection now and one once told on stdin (each verdict a line)."""
+    scrubbed = scrub_environ()
+    print(json.dumps({"scrubbed": scrubbed, "verdict": ask(dial(port))}), flush=True)
+    sys.stdin.readline()
+    return {"scrubbed": scrubbed, "verdict": ask(dial(port))}
+
+
 CASES = {
     "plain": plain,
     "reexec_preload_scrubbed": reexec_preload_scrubbed,
@@ -229,6 +314,8 @@ CASES = {
     "held_fds": held_fds,
     "stalled": stalled,
     "boundary_gone": boundary_gone,
+    "churn_then_connect": churn_then_connect,
+    "scrub_wait": scrub_wait,
 }
 
 if __name__ == "__main__":

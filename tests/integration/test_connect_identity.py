@@ -28,7 +28,7 @@ import trio
 
 from supervisor.boundary.capture import connect_notify
 from supervisor.boundary.capture.connect_notify import ConnectNotifier
-from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog
+from supervisor.boundary.capture.connect_record import SWEEP_AT, ConnectRecords, ExecLog
 from supervisor.boundary.capture.identity import IdentityResolver, IdentityUnresolved
 from supervisor.boundary.process import Launcher, NamespacePlan, SpawnSpec
 
@@ -119,18 +119,20 @@ class World:
                 pass
 
     async def run(
-        self, model: str, case: str, script_dir: Path, *, stdin_after: Any = None, leased: bool = False
+        self, model: str, case: str, script_dir: Path, *, stdin_after: Any = None, leased: bool = False, **kw: Any
     ) -> dict[str, Any]:
         """Prepare ``model``, run ``case`` as the agent, and return its report. ``leased``: run it as an exec
         through a spare the init leased (zygote.py "Spares"), after one exec through the init that prepares it:
         the spare's filter and listener were installed before its command existed."""
-        return (await self.run_leased(model, case, script_dir, stdin_after=stdin_after, leased=leased))[0][1]
+        return (await self.run_leased(model, case, script_dir, stdin_after=stdin_after, leased=leased, **kw))[0][1]
 
     async def run_leased(
-        self, model: str, case: str, script_dir: Path, *, stdin_after: Any = None, leased: bool = True, times: int = 1
-    ) -> list[tuple[int, dict[str, Any]]]:
+        self, model: str, case: str, script_dir: Path, *, stdin_after: Any = None, leased: bool = True, times: int = 1,
+        env: dict[str, str] | None = None, budget_s: float = 60,
+    ) -> list[tuple[int, dict[str, Any]]]:  # fmt: skip
         """``run``, repeated (``leased``) until the first spare's exec-init has served ``times`` execs (the other
-        spare serves those in between): each exec's ``(pid, report)``."""
+        spare serves those in between): each exec's ``(pid, report)``. ``env``: added to the agent's environment;
+        ``budget_s``: how long it all may take."""
         await self.launcher.prepare(plan(model))
         raw = await self.launcher.socket_in_netns(socket.AF_INET, socket.SOCK_STREAM)
         raw.bind(("127.0.0.1", 0))
@@ -139,9 +141,9 @@ class World:
         listener = trio.SocketListener(trio.socket.from_stdlib_socket(raw))
         spec = SpawnSpec(
             argv=(PY, str(script_dir / SCRIPT.name), case, str(port)),
-            env=ENV, cwd="/", uid=UID, gid=GID, stderr="pipe",
+            env={**ENV, **(env or {})}, cwd="/", uid=UID, gid=GID, stderr="pipe",
         )  # fmt: skip
-        with trio.fail_after(60):
+        with trio.fail_after(budget_s):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.notifier.serve)
                 nursery.start_soon(self.serve, listener)
@@ -294,6 +296,48 @@ async def test_child_forked_before_its_parent_execs_is_not_the_new_images_descen
     assert report["parent_exe"] == SH  # the attack happened: the parent is sh when its child connects
     assert report["verdict"]["binary"] == PYTHON
     assert report["verdict"]["ancestors"] == [PYTHON], report  # the parent as it was when the child was forked
+
+
+CHURN_ROUNDS = 100_000  # short-lived processes: far more than the 65,536 entries a count-bounded log kept
+
+
+class PeakExecLog(ExecLog):
+    """The exec log, remembering the most entries either table held."""
+
+    peak = 0
+
+    def note_child(self, pid: int, start_time: int, parent_exe: str) -> None:
+        super().note_child(pid, start_time, parent_exe)
+        self.peak = max(self.peak, *self.sizes)
+
+    def note_loader(self, pid: int, start_time: int, names: tuple[str, ...]) -> None:
+        super().note_loader(pid, start_time, names)
+        self.peak = max(self.peak, *self.sizes)
+
+
+@pytest.mark.parametrize("model", ["R", "U"])
+async def test_no_churn_of_short_lived_processes_makes_the_exec_log_forget(
+    launcher: Launcher, script_dir: Path, model: str
+) -> None:
+    """The agent makes a child, then its parent execs sh; it starts a process under LD_PRELOAD that erases the
+    variable from its environment block. Both connect, then the agent makes 100,000 short-lived processes that
+    each leave the exec log two entries, then both connect again: each is still what it was (the parent as it
+    was when the child was made, the preload named), and the log held about what was alive, not what churned."""
+    world = World(launcher)
+    log = world.resolver.exec_log = PeakExecLog()
+    report = await world.run(model, "churn_then_connect", script_dir, env={"CHURN_ROUNDS": str(CHURN_ROUNDS)},
+                             budget_s=240)  # fmt: skip
+    assert report["parent_exe"] == SH  # the attack happened: the parent is sh when its child connects
+    for when in ("before", "after"):
+        verdict = report[when]
+        assert (verdict["binary"], verdict["ancestors"]) == (PYTHON, [PYTHON]), (when, report)
+        preloaded = report[f"preloaded_{when}"]
+        assert preloaded["scrubbed"] is True, report  # /proc/PID/environ no longer shows it
+        assert preloaded["verdict"]["loader_env"] == ["LD_PRELOAD"], (when, report)
+    counters = world.notifier.counters
+    assert counters["notifications"] >= CHURN_ROUNDS, counters  # the churn was seen
+    print(f"churn {report['churn_s']} s, exec log peak {log.peak} entries, {counters['notifications']} notifications")
+    assert log.peak <= SWEEP_AT + SWEEP_AT // 3 + 2 * 250, (log.peak, report["churn_s"])
 
 
 @MODELS

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
-from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog, FirstExecs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from supervisor.boundary.capture.connect_record import (
+    PID_MAX_LIMIT,
+    SWEEP_STEP,
+    ConnectRecords,
+    ExecLog,
+    ExecLogGap,
+    FirstExecs,
+    live_bound,
+    proc_alive,
+)
 from supervisor.protocol.identity import ConnectionIdentity
 
 
@@ -47,14 +60,132 @@ def test_records_expire_and_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_the_exec_log_keeps_the_image_at_creation() -> None:
-    log = ExecLog(limit=2)
+    log = ExecLog(limit=2, alive=lambda pid, start: pid != 7)
     log.note_child(7, 100, "/usr/bin/python3.11")
     log.note_child(7, 100, "/usr/bin/dash")  # the parent's second exec: the child was made before the first
     assert log.parent_exe(7, 100) == "/usr/bin/python3.11"
     assert log.parent_exe(7, 101) is None  # a recycled pid is another process
     log.note_child(8, 1, "a")
-    log.note_child(9, 1, "b")
+    log.note_child(9, 1, "b")  # full: 7 has exited, so its entry makes the room
     assert log.parent_exe(7, 100) is None and len(log) == 2
+    assert (log.parent_exe(8, 1), log.parent_exe(9, 1)) == ("a", "b")
+
+
+class Processes:
+    """A fake process table for the exec log's liveness checks: (pid, start time) → alive, and the checks made."""
+
+    def __init__(self) -> None:
+        self.live: set[tuple[int, int]] = set()
+        self.checks = 0
+
+    def alive(self, pid: int, start_time: int) -> bool:
+        self.checks += 1
+        return (pid, start_time) in self.live
+
+
+def test_live_entries_outlast_any_churn_of_short_lived_processes() -> None:
+    """The attack that loosened the old count-bounded log: a child made before its parent's exec, then far more
+    short-lived children than the log holds. The child's entry (and a preloaded process's) is still there."""
+    procs = Processes()
+    log = ExecLog(limit=1024, alive=procs.alive, sweep_at=64)
+    procs.live |= {(50, 5), (60, 6)}
+    log.note_child(50, 5, "/usr/bin/python3")  # forked before its parent exec'd curl
+    log.note_loader(60, 6, ("LD_PRELOAD",))  # exec'd under LD_PRELOAD
+    for n in range(100_000):  # each child lives through its own exec, then is gone
+        procs.live.add((1000 + n, 7))
+        log.note_child(1000 + n, 7, "/usr/bin/python3")
+        log.note_loader(1000 + n, 7, ())
+        procs.live.discard((1000 + n, 7))
+    assert log.parent_exe(50, 5) == "/usr/bin/python3"
+    assert log.loader(60, 6) == ("LD_PRELOAD",)
+    assert max(log.sizes) <= 64 + 64 // 3 + 2  # the dead were swept as it went...
+    assert procs.checks <= 2 * 100_000 * SWEEP_STEP  # ...a few checks per new entry, never a full pass
+
+
+def test_a_full_log_refuses_rather_than_evicts_and_then_cannot_answer_for_older_processes() -> None:
+    procs = Processes()
+    log = ExecLog(limit=3, alive=procs.alive)
+    for pid in (1, 2, 3):
+        procs.live.add((pid, 10 * pid))
+        log.note_child(pid, 10 * pid, "/usr/bin/python3")
+        log.note_loader(pid, 10 * pid, ("LD_PRELOAD",))
+    procs.live.add((4, 40))
+    log.note_child(4, 40, "/usr/bin/python3")  # every entry is a live process's: refused, none evicted
+    log.note_loader(4, 40, ("LD_PRELOAD",))
+    assert [log.parent_exe(pid, 10 * pid) for pid in (1, 2, 3)] == ["/usr/bin/python3"] * 3
+    assert [log.loader(pid, 10 * pid) for pid in (1, 2, 3)] == [("LD_PRELOAD",)] * 3
+    for ask in (log.parent_exe, log.loader):
+        with pytest.raises(ExecLogGap):
+            ask(4, 40)  # not "its parent never exec'd" / "it never exec'd": that would be the loose answer
+        with pytest.raises(ExecLogGap):
+            ask(5, 35)  # nor for any other process as old: the refused entry may have been its
+        assert ask(6, 41) is None  # one started after the refusal cannot have been refused
+    procs.live.discard((2, 20))  # once a process is gone there is room again
+    log.note_child(7, 50, "/usr/bin/dash")
+    assert log.parent_exe(7, 50) == "/usr/bin/dash" and log.parent_exe(1, 10) == "/usr/bin/python3"
+
+
+def test_a_process_refused_once_is_never_noted_later() -> None:
+    """Its first note (the image it was created under, a preloaded exec) was lost to the full log: a later one,
+    once there is room, would be taken for the first (the parent's next image, a clean exec)."""
+    procs = Processes()
+    log = ExecLog(limit=2, alive=procs.alive)
+    procs.live |= {(1, 10), (2, 20), (3, 30)}
+    for pid in (1, 2, 3):
+        log.note_child(pid, 10 * pid, "/usr/bin/python3")  # 3 is refused
+        log.note_loader(pid, 10 * pid, ("LD_PRELOAD",))
+    procs.live.discard((1, 10))
+    log.note_child(3, 30, "/usr/bin/curl")  # the parent's later exec, with room now
+    log.note_loader(3, 30, ())
+    for ask in (log.parent_exe, log.loader):
+        with pytest.raises(ExecLogGap):
+            ask(3, 30)
+
+
+def test_an_unreadable_process_counts_as_alive(tmp_path: Path) -> None:
+    (tmp_path / "sys" / "kernel").mkdir(parents=True)
+    (tmp_path / "sys" / "kernel" / "pid_max").write_text("32768\n")
+    (tmp_path / "9").mkdir()
+    (tmp_path / "9" / "stat").write_text("9 (a) b) S " + " ".join(["0"] * 18) + " 777 0 0\n")
+    assert proc_alive(9, 777, str(tmp_path))
+    assert not proc_alive(9, 778, str(tmp_path))  # the pid names another process now
+    assert not proc_alive(10, 777, str(tmp_path))  # gone
+    (tmp_path / "11").mkdir()
+    (tmp_path / "11" / "stat").mkdir()  # reading fails, but not as "no such process"
+    assert proc_alive(11, 1, str(tmp_path))
+    assert live_bound(None, str(tmp_path)) == 32768 and live_bound(1024, str(tmp_path)) == 1024
+    assert live_bound(0, str(tmp_path / "none")) == PID_MAX_LIMIT
+
+
+EVENTS = st.tuples(st.sampled_from(["fork", "fork", "exec", "exec", "exit"]), st.integers(0, 7))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(EVENTS, min_size=60, max_size=200))  # long enough to fill the log: refusals are what is tested
+def test_no_sequence_of_events_evicts_a_live_entry_or_answers_loosely(events: list[tuple[str, int]]) -> None:
+    """Against a model: a live process's entries are always answered as noted (or, past the cap, the log says it
+    cannot answer), whatever forks, execs and exits came before; the table never exceeds its cap."""
+    procs = Processes()
+    log = ExecLog(limit=4, alive=procs.alive, sweep_at=2)
+    noted: dict[tuple[int, int], str] = {}
+    for clock, (kind, pid) in enumerate(events, 1):
+        key = next((k for k in procs.live if k[0] == pid), None)
+        if kind == "fork" and key is None:
+            procs.live.add((pid, clock))
+        elif kind == "exec" and key is not None:
+            log.note_child(*key, f"/image/{clock}")
+            log.note_loader(*key, ("LD_PRELOAD",))
+            noted.setdefault(key, f"/image/{clock}")
+        elif kind == "exit" and key is not None:
+            procs.live.discard(key)
+        assert max(log.sizes) <= 4
+        for live in procs.live:
+            loader = ("LD_PRELOAD",) if live in noted else None
+            for ask, want in ((log.parent_exe, noted.get(live)), (log.loader, loader)):
+                try:
+                    assert ask(*live) == want
+                except ExecLogGap:
+                    pass  # refused at the cap: no identity, the strictest answer
 
 
 def test_loader_variables_only_accumulate() -> None:

@@ -92,7 +92,20 @@ def test_limiter_state_is_bounded() -> None:
     limiter = HandshakeLimiter(limit=2, window_s=60)
     for i in range(5000):
         limiter.failed(f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}", float(i) / 1000)
-    assert len(limiter._failures) <= 4096
+    assert len(limiter._failures) <= 4096 + 1
+
+
+def test_a_spray_of_sources_never_unblocks_one() -> None:
+    """Thousands of other sources failing cannot make the limiter forget a blocked one; sources past its bound
+    are blocked together rather than not at all."""
+    limiter = HandshakeLimiter(limit=2, window_s=60)
+    assert [limiter.failed("192.0.2.1", t) for t in (0, 0.1)] == [False, True]
+    for i in range(5000):
+        limiter.failed(f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}", 1 + i / 1000)
+    assert limiter.blocked("192.0.2.1", 7)
+    assert limiter.blocked("198.51.100.7", 7)  # a source not tracked on its own, while the spray lasts
+    assert not limiter.blocked("10.0.0.1", 7)  # a tracked source with one failure
+    assert not limiter.blocked("192.0.2.1", 70) and not limiter.blocked("198.51.100.7", 70)  # windows over
 
 
 # --- the client's API URL ----------------------------------------------------------------------------------------

@@ -35,7 +35,8 @@ between ``connect`` and resolution is reported as its new image.
 With a connect-time record store (``records``, filled by capture/connect_notify.py; docs/design.md "Identity"),
 rules 2-7 run at ``connect`` instead, on the process that called it (:meth:`IdentityResolver.connector`), and
 ``resolve`` only finds the record by the accepted peer's inode and cookie: a connection without one is
-``no-record``. With an exec log, every ancestor counts with the image it had when its child was created.
+``no-record``. With an exec log, every ancestor counts with the image it had when its child was created; where
+the log cannot answer for a process (connect_record.py rule 3) there is no identity.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from dataclasses import dataclass
 from supervisor.boundary import procfs
 from supervisor.boundary.capture import _procnet
 from supervisor.boundary.capture._sockdiag import SockDiag
-from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog, FirstExecs
+from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog, ExecLogGap, FirstExecs
 from supervisor.protocol.identity import ConnectionIdentity
 
 MAX_ANCESTORS = 64
@@ -347,7 +348,10 @@ class IdentityResolver:
             return ()
         current = pid
         for _ in range(MAX_ANCESTORS):
-            found = self.exec_log.loader(current, self._start_time(current))
+            try:
+                found = self.exec_log.loader(current, self._start_time(current))
+            except ExecLogGap as exc:  # connect_record.py rule 3: not "never exec'd", which would ask the parent
+                raise IdentityUnresolved(IdentityStage.ANCESTORS, str(exc)) from exc
             if found is not None:
                 return found
             parent = self._ppid(current)
@@ -611,6 +615,8 @@ class IdentityResolver:
                 logged = self.exec_log.parent_exe(child, self._start_time(child))
             except IdentityUnresolved as exc:
                 raise IdentityUnresolved(IdentityStage.ANCESTORS, f"process {child}: {exc.detail}") from exc
+            except ExecLogGap as exc:  # connect_record.py rule 3: no answer is no identity, never "the current"
+                raise IdentityUnresolved(IdentityStage.ANCESTORS, str(exc)) from exc
             if logged is not None:
                 return logged
         return self._exe_path(parent)
