@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import secrets
 import socket
 import struct
@@ -35,6 +34,7 @@ from supervisor.boundary.capture.dns_stub import TcpFramer, encode_tcp, servfail
 from supervisor.boundary.capture.identity import Identity, IdentityResolver, IdentityStage, IdentityUnresolved
 from supervisor.jsonlog import JsonLog
 from supervisor.link.h2link import Link, LinkClosed, LinkStream
+from supervisor.link.head_read import read_proxy_head
 from supervisor.link.relay import Flow, RelayEnd, abort_stream, relay
 from supervisor.protocol.egress import (
     CaptureKind,
@@ -48,14 +48,15 @@ from supervisor.protocol.event_names import EventName
 from supervisor.protocol.proxy_head import (
     CONNECT_ESTABLISHED,
     HEAD_READ_DEADLINE_S,
+    MAX_HEAD_BYTES,
     ForwardBody,
     ProxyReject,
     ProxyTarget,
-    parse_head,
     render_reply,
     render_response,
     render_unavailable,
 )
+from supervisor.protocol.request_head import HeadReader
 
 LINK_WAIT_S = 0.25  # how long a connection may wait for an egress link before it is refused
 REPLY_TIMEOUT_S = 30.0
@@ -140,24 +141,6 @@ def _reset(sock_stream: trio.SocketStream) -> None:
         sock_stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     except OSError:
         pass
-
-
-def _arrived_by_now(sock_stream: trio.SocketStream, buffer: bytes) -> tuple[bytes, ProxyTarget | ProxyReject | None]:
-    """At the head deadline, the bytes the kernel already holds for this connection, read without waiting.
-    The deadline bounds the agent's slowness, not the boundary's: in a burst of connections on a loaded
-    machine a task can first look at its socket after the deadline, and the cancelled read would have left a
-    head that arrived in time unread (a ``400`` for a well-formed CONNECT)."""
-    parsed: ProxyTarget | ProxyReject | None = None
-    while parsed is None:
-        try:
-            data = os.read(sock_stream.socket.fileno(), 65536)  # non-blocking: trio's sockets are
-        except OSError:  # BlockingIOError: nothing more has arrived; a reset: nothing will
-            break
-        if not data:
-            break
-        buffer += data
-        parsed = parse_head(buffer)
-    return buffer, parsed
 
 
 def _addr(sock: Any, peer: bool) -> tuple[str, int]:
@@ -315,22 +298,10 @@ class EgressCapture:
     async def _proxy(self, agent: trio.SocketStream) -> None:
         self.counters["accepted"] += 1
         identity = await self._identify(agent)
-        buffer = b""
-        parsed: ProxyTarget | ProxyReject | None = None
-        with trio.move_on_after(HEAD_READ_DEADLINE_S):
-            while parsed is None:
-                try:
-                    data = await agent.receive_some(65536)
-                except trio.BrokenResourceError:
-                    data = b""
-                if not data:
-                    break
-                buffer += data
-                parsed = parse_head(buffer)
+        reader = HeadReader(MAX_HEAD_BYTES)
+        parsed = await read_proxy_head(agent, reader, HEAD_READ_DEADLINE_S)
         if parsed is None:
-            buffer, parsed = _arrived_by_now(agent, buffer)
-        if parsed is None:
-            await self._answer(agent, render_response(408 if buffer else 400))
+            await self._answer(agent, render_response(408 if reader.received else 400))
             return
         if isinstance(parsed, ProxyReject):
             await self._answer(agent, parsed.render())
@@ -346,7 +317,8 @@ class EgressCapture:
             await self._answer(agent, body)
             return
         # Handed off: the head's bytes and the identity (now control's) are not held for the tunnel's life.
-        identity, buffer, data = None, b"", b""
+        identity = None
+        del reader
         if target.kind is CaptureKind.CONNECT:
             leftover = target.leftover
             del target, parsed, reply  # the parsed head is not held for the tunnel's life either

@@ -11,7 +11,8 @@ This listener faces untrusted bytes directly, so before any policy work:
 
 1. at most ``max_connections`` connections at once and ``per_client`` per source address (over: ``503``);
 2. ``--proxy-clients`` CIDRs, when given, are the only sources served (else: closed with ``403``);
-3. the head must arrive within :data:`HEAD_READ_DEADLINE_S` (else ``408``), at most ``MAX_HEAD_BYTES``;
+3. the head must arrive within :data:`HEAD_READ_DEADLINE_S` (else ``408``), at most ``MAX_HEAD_BYTES``, read and
+   checked by the reader the boundary's listener and the inspected path share (``supervisor/link/head_read.py``);
 4. exactly one ``Proxy-Authorization: Basic sandbox:<token>`` matching this sandbox's proxy token (else
    ``407``, logged as ``proxy.refused``).
 
@@ -33,20 +34,22 @@ import trio
 
 from supervisor.control.egress import EgressService
 from supervisor.jsonlog import JsonLog
+from supervisor.link.head_read import read_proxy_head
 from supervisor.protocol.egress import CaptureKind, EgressRequest, decode_reply_headers
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.proxy_head import (
     HEAD_READ_DEADLINE_S,
+    MAX_HEAD_BYTES,
     ForwardBody,
     ProxyReject,
     ProxyTarget,
     Refusal,
-    parse_head,
     proxy_token_matches,
     render_proxy_auth_required,
     render_reply,
     render_response,
 )
+from supervisor.protocol.request_head import HeadReader
 from supervisor.protocol.responses import ErrorCode
 
 DEFAULT_MAX_CONNECTIONS = 1024
@@ -201,21 +204,11 @@ class ProxyListener:
 
     async def _serve_one(self, client: trio.SocketStream, peer: str, src_port: int) -> None:
         self.counters["accepted"] += 1
-        buffer = b""
-        parsed: ProxyTarget | ProxyReject | None = None
-        with trio.move_on_after(self.cfg.head_timeout):
-            while parsed is None:
-                try:
-                    data = await client.receive_some(65536)
-                except trio.BrokenResourceError:
-                    data = b""
-                if not data:
-                    break
-                buffer += data
-                parsed = parse_head(buffer)
+        reader = HeadReader(MAX_HEAD_BYTES)
+        parsed = await read_proxy_head(client, reader, self.cfg.head_timeout)
         if parsed is None:
-            self._refuse(peer, "head-timeout" if buffer else "no-request")
-            await self._answer(client, render_response(408 if buffer else 400))
+            self._refuse(peer, "head-timeout" if reader.received else "no-request")
+            await self._answer(client, render_response(408 if reader.received else 400))
             return
         if isinstance(parsed, ProxyReject):
             self._refuse(peer, "malformed-head", status=parsed.status)

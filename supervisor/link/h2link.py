@@ -5,7 +5,8 @@ machine and change together.
 
 Both daemons speak it: control is the HTTP/2 client on ``openshell-ops/1`` links and the boundary is the client
 on ``openshell-egress/1`` links. The h2 state machine is sans-I/O; this module owns the I/O around it and turns
-h2 events into a small vocabulary once, so that everything above speaks only :class:`LinkStream`.
+h2 events into a small vocabulary once, so that everything above speaks only :class:`LinkStream`. What it
+needs from h2 below its public API lives in :mod:`supervisor.link.h2_hooks`.
 
 Theory of operation
 -------------------
@@ -33,7 +34,6 @@ Theory of operation
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -43,76 +43,10 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
-import hpack
-import hyperframe.frame
 import trio
 import trio.lowlevel
 
-# h2 logs ``repr(frame)`` for every received frame even with its dummy logger, and hyperframe's DATA frame repr
-# re-serialises and hex-encodes the whole payload before truncating it: 20 % of a bulk transfer's CPU in the
-# profile. The repr is only ever for debugging, so make the DATA one cheap (length only).
-hyperframe.frame.DataFrame._body_repr = lambda self: f"<{len(self.data)} bytes>"  # type: ignore[method-assign,attr-defined]
-
-
-class _PlainEncoder(hpack.Encoder):
-    """HPACK without Huffman coding. Both ends of a link are ours and a link's headers are a few dozen bytes, while
-    hpack codes each literal bit by bit in Python, both ways: about a fifth of h2's cost per exchange (a stream's
-    request and reply). Indexing is unchanged."""
-
-    def encode(self, headers: Any, huffman: bool = True) -> bytes:
-        return super().encode(headers, huffman=False)
-
-
-class _H2Connection(h2.connection.H2Connection):
-    """h2's connection with DATA frames kept out of its output buffer.
-
-    h2 serialises every outgoing frame into one ``bytearray`` and ``data_to_send()`` copies it out: a DATA frame's
-    payload is copied four times (body join, header + body, the frames' join, the buffer) before TLS reads it, a
-    fifth of a bulk transfer's CPU on the sending side. Here a DATA frame without padding is queued as its 9-byte
-    header and the payload object itself; everything else still goes through h2's serialisation, in order.
-    h2's state machine, flow control and frame-size checks are untouched (they run before this hook).
-    """
-
-    def __init__(self, config: h2.config.H2Configuration) -> None:
-        super().__init__(config=config)
-        self.encoder = _PlainEncoder()  # before any SETTINGS: h2 sizes its table from them later
-        self._chunks: list[bytes] = []
-
-    def _prepare_for_sending(self, frames: list[Any]) -> None:
-        for frame in frames:
-            if isinstance(frame, hyperframe.frame.DataFrame) and not frame.pad_length and len(frame.data) >= 4096:
-                if frame.body_len > self.max_outbound_frame_size:  # h2 checked it already; keep its invariant
-                    raise h2.exceptions.FrameTooLargeError(f"DATA frame of {len(frame.data)} bytes")
-                if self._data_to_send:
-                    self._chunks.append(bytes(self._data_to_send))
-                    self._data_to_send = bytearray()
-                flags = 0x1 if "END_STREAM" in frame.flags else 0
-                size = len(frame.data)
-                self._chunks.append(_FRAME_HEADER.pack(size >> 8, size & 0xFF, 0x0, flags, frame.stream_id))
-                self._chunks.append(frame.data)
-            else:
-                super()._prepare_for_sending([frame])
-
-    @property
-    def has_output(self) -> bool:
-        """Whether anything waits to be written."""
-        return bool(self._chunks or self._data_to_send)
-
-    @property
-    def output_size(self) -> int:
-        return sum(map(len, self._chunks)) + len(self._data_to_send)
-
-    def chunks_to_send(self) -> list[bytes]:
-        """Everything to write, in order, as a list of buffers (``data_to_send()`` for this subclass)."""
-        chunks = self._chunks
-        self._chunks = []
-        if self._data_to_send:
-            chunks.append(bytes(self._data_to_send))
-            self._data_to_send = bytearray()
-        return chunks
-
-
-_FRAME_HEADER = struct.Struct(">HBBBL")  # RFC 9113 §4.1: length (24 bits), type, flags, stream id
+from supervisor.link.h2_hooks import H2Connection
 
 Headers = list[tuple[str, str]]
 StreamHandler = Callable[["LinkStream"], Awaitable[None]]
@@ -608,7 +542,7 @@ class Link:
         # fixed in the protocol layer's builders, and it was a third of building a header block. The peer still
         # validates what it receives.
         config = h2.config.H2Configuration(client_side=client, header_encoding="utf-8", validate_outbound_headers=False)
-        self._h2 = _H2Connection(config=config)
+        self._h2 = H2Connection(config=config)
         self._streams: dict[int, LinkStream] = {}
         self._kicked = trio.Event()
         # :meth:`flush` bookkeeping: every kick is numbered; the writer records the last number whose frames it

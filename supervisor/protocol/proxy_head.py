@@ -7,13 +7,14 @@ Rules (docs/reference/policy.md §3.1, §3.17; the listener parses only to learn
 
 1. Nothing is decided here. A head becomes a :class:`ProxyTarget` (CONNECT or absolute-form plain HTTP) or a
    :class:`ProxyReject`; policy, DNS, L7 and credentials stay in control.
-2. The head is read until CRLFCRLF, at most :data:`MAX_HEAD_BYTES` (else ``431``), within
-   :data:`HEAD_READ_DEADLINE_S` (the caller's cancel scope; on expiry close without a response). Bytes that can
-   never start a valid head (a TLS ClientHello, a bare LF) are refused as soon as they are seen.
-3. Strict head validation before h11 sees it: UTF-8, CRLF line ends only, no obs-fold, no control bytes except
-   HTAB, framing unambiguous (no ``Content-Length`` with ``Transfer-Encoding``, TE exactly ``chunked``),
-   ``Connection`` never nominates ``host``/``content-length``/``transfer-encoding``. h11 then checks the
-   request-line and header grammar (and ``Host`` on HTTP/1.1).
+2. The head is read by the shared :class:`supervisor.protocol.request_head.HeadReader` (one set of rules for
+   both listeners and the inspected path), at most :data:`MAX_HEAD_BYTES` (else ``431``), within
+   :data:`HEAD_READ_DEADLINE_S` (``supervisor/link/head_read.py``: on expiry ``408``, or ``400`` when nothing
+   came, after reading what had already arrived). Bytes that can never start a valid head (a TLS ClientHello, a
+   bare LF) are refused as soon as they are seen.
+3. Every refusal of that reader (line ends, obs-fold, control bytes, framing — identical ``Content-Length``
+   spellings, ``Transfer-Encoding`` exactly ``chunked`` and never on HTTP/1.0 —, ``Host``, ``Connection``
+   nominating a framing header) is a plain ``400``.
 4. CONNECT authorities follow :func:`supervisor.protocol.egress.parse_authority`: bracketed IPv6, port
    required, no userinfo, at most 255 characters of host.
 5. Absolute-form is rewritten to origin-form for upstream: every ``Host`` replaced by the target's authority,
@@ -40,6 +41,7 @@ from typing import Any
 import h11
 
 from supervisor.protocol.egress import CaptureKind, EgressHeaderError, EgressReply, parse_authority
+from supervisor.protocol.request_head import HeadError, HeadProblem, HeadReader, RequestHead
 from supervisor.protocol.responses import REASON_PHRASES, ErrorCode
 
 MAX_HEAD_BYTES = 8192
@@ -60,9 +62,6 @@ _UPSTREAM_ERRORS = {
 _HOP_HEADERS = frozenset(
     {b"host", b"connection", b"upgrade", b"proxy-connection", b"proxy-authorization", b"proxy-authenticate"}
 )
-_FRAMING_HEADERS = frozenset({b"host", b"content-length", b"transfer-encoding"})
-_TOKEN_RE = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-_HEAD_START_RE = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]")
 
 
 @dataclass(frozen=True)
@@ -241,90 +240,37 @@ def proxy_environment(url: str = f"http://{PROXY_HOST}:{PROXY_PORT}") -> dict[st
 # --- head parsing ----------------------------------------------------------------------------------------
 
 
-def parse_head(buffer: bytes) -> ProxyTarget | ProxyReject | None:
-    """Parse the accumulated bytes of one connection; ``None`` means "read more" (the head is incomplete,
-    plausible so far and under the limit)."""
-    end = buffer.find(b"\r\n\r\n")
-    if end < 0:
-        if len(buffer) >= MAX_HEAD_BYTES:
-            return ProxyReject(431)
-        return _early_reject(buffer)
-    head_len = end + 4
-    if head_len > MAX_HEAD_BYTES:
-        return ProxyReject(431)
-    head, rest = buffer[:head_len], buffer[head_len:]
-    problem = _lexical_problem(head)
-    if problem is not None:
-        return ProxyReject(400)
-    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
-    conn.receive_data(head)
+def proxy_event(reader: HeadReader) -> ProxyTarget | ProxyReject | None:
+    """The proxy's reading of the head ``reader`` holds; ``None`` means "read more" (the head is incomplete,
+    plausible so far and under the limit). The head's rules are the shared reader's (rule 3)."""
     try:
-        event = conn.next_event()
-    except h11.RemoteProtocolError:
-        return ProxyReject(400)
-    if not isinstance(event, h11.Request) or event.http_version not in (b"1.0", b"1.1"):
-        return ProxyReject(400)
-    headers = list(event.headers.raw_items())
-    framing = _framing(headers)
-    if isinstance(framing, ProxyReject):
-        return framing
-    chunked, length = framing
-    if event.method == b"CONNECT":
-        parsed = _connect(event, rest, has_body=chunked or length > 0)
+        head = reader.next_event()
+    except HeadError as exc:
+        return ProxyReject(431 if exc.problem is HeadProblem.TOO_LARGE else 400)
+    if not isinstance(head, RequestHead):
+        return None
+    rest = reader.trailing_data()
+    chunked, length = head.chunked, head.content_length or 0
+    if head.method == "CONNECT":
+        parsed = _connect(head, rest, has_body=chunked or length > 0)
     else:
-        parsed = _forward(event, headers, rest, chunked=chunked, length=length)
-    auth = tuple(v for n, v in headers if n.lower() == b"proxy-authorization")
+        parsed = _forward(head, rest, chunked=chunked, length=length)
+    auth = tuple(v for n, v in head.raw_headers if n.lower() == b"proxy-authorization")
     if isinstance(parsed, ProxyTarget) and auth:
         parsed = dataclasses.replace(parsed, proxy_authorization=auth)
     return parsed
 
 
-def _early_reject(partial: bytes) -> ProxyReject | None:
-    """Refuse at once what can never become a valid head, instead of waiting for the deadline."""
-    if partial and not _HEAD_START_RE.match(partial):
-        return ProxyReject(400)
-    if re.search(rb"(?<!\r)\n|\r(?!\n|$)", partial) or re.search(rb"[\x00-\x08\x0b-\x0c\x0e-\x1f\x7f]", partial):
-        return ProxyReject(400)
-    return None
+def parse_head(buffer: bytes) -> ProxyTarget | ProxyReject | None:
+    """:func:`proxy_event` for the bytes of one connection received so far."""
+    reader = HeadReader(MAX_HEAD_BYTES)
+    reader.receive_data(buffer)
+    return proxy_event(reader)
 
 
-def _lexical_problem(head: bytes) -> str | None:
+def _connect(head: RequestHead, rest: bytes, *, has_body: bool) -> ProxyTarget | ProxyReject:
     try:
-        text = head.decode("utf-8")
-    except UnicodeDecodeError:
-        return "not UTF-8"
-    lines = text[:-4].split("\r\n")
-    for line in lines:
-        if "\n" in line or "\r" in line:
-            return "bare CR or LF"
-        if any((ord(ch) < 0x20 and ch != "\t") or ord(ch) == 0x7F for ch in line):
-            return "control character"
-    if any(line[:1] in (" ", "\t") for line in lines[1:]):
-        return "obs-fold"
-    return None
-
-
-def _framing(headers: list[tuple[bytes, bytes]]) -> tuple[bool, int] | ProxyReject:
-    lengths = [v.strip() for n, v in headers if n.lower() == b"content-length"]
-    encodings = [v.strip().lower() for n, v in headers if n.lower() == b"transfer-encoding"]
-    if lengths and encodings:
-        return ProxyReject(400)
-    if encodings and encodings != [b"chunked"]:
-        return ProxyReject(400)
-    if lengths and (len(set(lengths)) != 1 or not lengths[0].isdigit() or len(lengths[0]) > 15):
-        return ProxyReject(400)
-    for name, value in headers:
-        if name.lower() == b"connection":
-            for token in (t.strip().lower() for t in value.split(b",")):
-                if not _TOKEN_RE.fullmatch(token) or token in _FRAMING_HEADERS:
-                    return ProxyReject(400)
-    return bool(encodings), int(lengths[0]) if lengths else 0
-
-
-def _connect(event: h11.Request, rest: bytes, *, has_body: bool) -> ProxyTarget | ProxyReject:
-    target = event.target.decode("ascii", "replace")
-    try:
-        host, port = parse_authority(target)
+        host, port = parse_authority(head.target)
     except EgressHeaderError as exc:
         return ProxyReject(400, ErrorCode.INVALID_CONNECT_TARGET, str(exc))
     if has_body:
@@ -332,11 +278,8 @@ def _connect(event: h11.Request, rest: bytes, *, has_body: bool) -> ProxyTarget 
     return ProxyTarget(host=host, port=port, kind=CaptureKind.CONNECT, request_head=None, leftover=rest)
 
 
-def _forward(
-    event: h11.Request, headers: list[tuple[bytes, bytes]], rest: bytes, *, chunked: bool, length: int
-) -> ProxyTarget | ProxyReject:
-    target = event.target.decode("ascii", "replace")
-    scheme, sep, after = target.partition("://")
+def _forward(head: RequestHead, rest: bytes, *, chunked: bool, length: int) -> ProxyTarget | ProxyReject:
+    scheme, sep, after = head.target.partition("://")
     if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
         return ProxyReject(400)  # origin-form or asterisk-form: this is a proxy, not a server
     scheme = scheme.lower()
@@ -356,14 +299,13 @@ def _forward(
         return ProxyReject(400, ErrorCode.INVALID_REQUEST_TARGET, str(exc))
     if not path.startswith("/"):
         path = "/" + path
-    method = event.method.decode("ascii")
-    head = _origin_head(method, path, event.http_version, headers, host, port)
+    origin = _origin_head(head.method, path, head.version.encode(), head.raw_headers, host, port)
     return ProxyTarget(
         host=host,
         port=port,
         kind=CaptureKind.HTTP_FORWARD,
-        request_head=head,
-        method=method,
+        request_head=origin,
+        method=head.method,
         path=path,
         leftover=rest,
         chunked=chunked,
@@ -372,7 +314,7 @@ def _forward(
 
 
 def _origin_head(
-    method: str, path: str, version: bytes, headers: list[tuple[bytes, bytes]], host: str, port: int
+    method: str, path: str, version: bytes, headers: tuple[tuple[bytes, bytes], ...], host: str, port: int
 ) -> bytes:
     nominated: set[bytes] = set()
     for name, value in headers:

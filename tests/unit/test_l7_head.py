@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.control.l7.head import MAX_HEAD_BYTES, HeadError, HeadProblem, check_head, find_head_end
+from supervisor.protocol.request_head import MAX_HEAD_BYTES, HeadError, HeadProblem, check_head, find_head_end
 
 OK = b"GET /a?b=1 HTTP/1.1\r\nHost: api.test\r\nAccept: */*\r\n\r\n"
 

@@ -6,7 +6,7 @@
 - :mod:`.identity` resolves the binary behind an accepted connection (the boundary, before reading a byte).
 - The proxy listener's head parser and answers live in :mod:`supervisor.protocol.proxy_head` (shared with
   control's proxy-pod listener).
-- :mod:`.dns_stub` decides which DNS queries may be forwarded and frames DNS over TCP.
+- :mod:`.dns_stub` frames DNS over TCP and answers SERVFAIL without control; control decides every query.
 
 Nothing is imported here: the launcher imports :mod:`.setup` alone, before the event loop and inside the
 agent's namespaces, and must not pull in dnspython, trio or the identity resolver with it.

@@ -2,14 +2,14 @@
 
 The entry point is :func:`inspect` (one admitted connection); :class:`InterceptionCA` mints the CA and its
 leaves; :func:`upstream_context` builds the verifying client context for the upstream leg. Everything but
-``session``, ``upgrade`` and the stream helpers is pure: ``head`` (smuggling checks), ``authority``
+``session``, ``upgrade`` and the stream helpers is pure: ``authority``
 (domain-fronting defence), ``sniff`` (what the agent speaks), ``rewrite`` (placeholders to secrets),
-``websocket`` (the client-frame filter), ``answers`` (refusals) and ``record`` (events and totals).
+``websocket`` (the client-frame filter), ``answers`` (refusals) and ``record`` (events and totals). Request heads
+are read by the one reader every listener shares, :mod:`supervisor.protocol.request_head`.
 """
 
 from .authority import AuthorityError, AuthoritySource, RequestAuthority, request_authority, same_authority
 from .ca import ALPN_HTTP1, InterceptionCA, LeafError
-from .head import MAX_HEAD_BYTES, HeadError, HeadProblem, RequestHead, check_head, find_head_end
 from .record import CloseReason, InspectStats
 from .rewrite import REDACTED, CredentialRefusal, Rewritten, redact_path, redact_query, rewrite_request
 from .session import Limits, inspect
@@ -18,25 +18,19 @@ from .upstream_tls import UnsafeUpstreamContext, upstream_context
 
 __all__ = [
     "ALPN_HTTP1",
-    "MAX_HEAD_BYTES",
     "REDACTED",
     "AuthorityError",
     "AuthoritySource",
     "CloseReason",
     "CredentialRefusal",
-    "HeadError",
-    "HeadProblem",
     "InspectStats",
     "InterceptionCA",
     "LeafError",
     "Limits",
     "RequestAuthority",
-    "RequestHead",
     "Rewritten",
     "TunnelProtocol",
     "UnsafeUpstreamContext",
-    "check_head",
-    "find_head_end",
     "inspect",
     "redact_path",
     "redact_query",

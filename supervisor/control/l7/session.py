@@ -2,7 +2,7 @@
 
 Size (over ~500 lines on purpose): one connection's state machine — TLS, sniffing, each request, the upstream,
 upgrades — whose methods share that connection's state (streams, idle clock, policy generation); the pure pieces are
-already beside it (record, answers, rewrite, websocket, sniff, head).
+already beside it (record, answers, rewrite, websocket, sniff; request heads: protocol/request_head).
 
 Theory of operation
 -------------------
@@ -17,7 +17,7 @@ endpoint but ``tls: skip``. It owns both streams from then on.
    a transparent capture, a name issued for its address: ``choose_name``). It is terminated with a leaf for
    that host from the sandbox CA; TLS toward the upstream is opened for the first admitted request, and
    always verified (``upstream_tls``).
-3. **Each request** (§3.12), on a kept-alive connection, in order: raw head validation (``head``: the
+3. **Each request** (§3.12), on a kept-alive connection, in order: raw head validation (``protocol/request_head``: the
    smuggling shapes h11 tolerates) → h11 parse → authority binding (``authority``) → protocol checks (CONNECT,
    h2c and non-websocket upgrades refused) → canonical target, placeholders redacted → ``decide_l7`` (allow,
    audit, deny) → credential rewrite (``rewrite``, only now, scoped to this endpoint) → upstream write. A
@@ -52,7 +52,6 @@ from supervisor.control.l7 import answers
 from supervisor.control.l7.authority import AuthorityError, AuthoritySource, request_authority, same_authority
 from supervisor.control.l7.ca import InterceptionCA, LeafError
 from supervisor.control.l7.client_hello import ClientHelloError, Pending, server_name
-from supervisor.control.l7.head import MAX_HEAD_BYTES, HeadError, check_head, find_head_end
 from supervisor.control.l7.idle import IdleClock
 from supervisor.control.l7.memory_tls import MemoryTLSStream
 from supervisor.control.l7.record import CloseReason, InspectStats, RequestRecord, display_path
@@ -83,6 +82,7 @@ from supervisor.control.upstream import UpstreamError, UpstreamReason
 from supervisor.jsonlog import JsonLog
 from supervisor.link.relay import Flow, RelayEnd, relay
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.request_head import MAX_HEAD_BYTES, HeadError, HeadReader, RequestHead
 from supervisor.protocol.responses import ErrorCode, ErrorResponse
 
 __all__ = ["Limits", "inspect"]
@@ -524,16 +524,19 @@ class _Session:
                                  **rec.event_fields(trio.current_time())})  # fmt: skip
 
     # --- one request -------------------------------------------------------------------------------------------
-    async def _read_head(self, rec: RequestRecord) -> bytes | None:
-        """The next head, or ``None`` when the connection ends cleanly (EOF or idle) before one starts."""
+    async def _read_head(self, rec: RequestRecord) -> RequestHead | None:
+        """The next head, checked (:class:`HeadError` otherwise), or ``None`` when the connection ends cleanly (EOF
+        or idle) before one starts. What follows the head is left in ``self.buffer``."""
+        reader = HeadReader(MAX_HEAD_BYTES)
+        reader.receive_data(self.buffer)
+        self.buffer.clear()
         deadline: float | None = None
         while True:
-            end = find_head_end(self.buffer)
-            if end is not None:
-                head = bytes(self.buffer[:end])
-                del self.buffer[:end]
+            head = reader.next_event()
+            if isinstance(head, RequestHead):
+                self.buffer += reader.trailing_data()
                 return head
-            if self.buffer and deadline is None:
+            if reader.buffered and deadline is None:
                 deadline = trio.current_time() + self.limits.head_timeout
             data = await self._agent_recv(None if deadline is None else deadline - trio.current_time())
             if data is None:
@@ -542,11 +545,11 @@ class _Session:
                     return None
                 self._malformed(rec, "head-timeout", "request head not complete in time")
             if not data:
-                if self.buffer:
+                if reader.buffered:
                     self._malformed(rec, "truncated-head", "connection closed inside a request head")
                 self._end(CloseReason.AGENT)
                 return None
-            self.buffer += data
+            reader.receive_data(data)
 
     def _malformed(self, rec: RequestRecord, reason: str, detail: str) -> NoReturn:
         rec.reason = reason
@@ -564,22 +567,18 @@ class _Session:
 
     async def _request(self, rec: RequestRecord) -> bool:
         try:
-            raw = await self._read_head(rec)
+            head = await self._read_head(rec)
         except HeadError as exc:
             self._malformed(rec, str(exc.problem), exc.detail)
-        if raw is None:
+        if head is None:
             return False
         rec.started = trio.current_time()
-        try:
-            head = check_head(raw)
-        except HeadError as exc:
-            self._malformed(rec, str(exc.problem), exc.detail)
         rec.method = head.method.upper()
         rec.has_body = head.chunked or bool(head.content_length)
         rec.expects_continue = "100-continue" in head.tokens("expect")
         rec.head_method = rec.method == "HEAD"
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES + 1)
-        conn.receive_data(raw + bytes(self.buffer))
+        conn.receive_data(head.raw + bytes(self.buffer))
         self.buffer.clear()
         try:
             event = conn.next_event()

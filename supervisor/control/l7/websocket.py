@@ -16,7 +16,7 @@ import enum
 import os
 import struct
 
-from supervisor.control.l7.head import RequestHead
+from supervisor.protocol.request_head import RequestHead
 
 __all__ = [
     "ClientFrameFilter",

@@ -1,23 +1,34 @@
-"""Strict validation of one request head inside an inspected connection (docs/reference/policy.md §3.1, §3.8.1, §3.8.2).
+"""The one front door for HTTP/1.x request heads: read, check and refuse, sans-I/O (h11 style).
+
+Every request head the agent's bytes can make is read here: the boundary's proxy listener, control's proxy-pod
+listener (both through :mod:`supervisor.protocol.proxy_head`) and each request of an inspected connection
+(``supervisor/control/l7/session.py``). :class:`HeadReader` keeps the buffer: ``receive_data(bytes)``, then
+``next_event()`` gives a :class:`RequestHead`, :data:`NEED_DATA`, or raises :class:`HeadError`; bytes after a head
+stay buffered for the next one (keep-alive) or are taken with :meth:`HeadReader.trailing_data`.
 
 h11 parses heads well but is lenient where a proxy must not be: it accepts bare LF line ends, obs-fold
 continuation lines, ``Content-Length`` together with ``Transfer-Encoding`` and ``Transfer-Encoding`` on
 HTTP/1.0. Each of these is a request-smuggling shape (two parsers disagreeing about where a request ends), so
-every head is checked here, on its raw bytes, *before* h11 sees it. Rules:
+every head is checked here, on its raw bytes, before anything else reads it. Rules (docs/reference/policy.md
+§3.1, §3.8.1, §3.8.2; docs/design.md "Request heads"):
 
-1. The head is at most :data:`MAX_HEAD_BYTES` and ends at the first CRLFCRLF; line ends are CRLF only (a bare
-   LF or a bare CR anywhere in the head is refused as soon as it is seen, not after a timeout).
-2. Request line: exactly ``METHOD SP target SP HTTP/1.0|HTTP/1.1``; the method a token; the target without
-   spaces, control bytes or DEL.
+1. The head is at most ``limit`` bytes (the reader's) and ends at the first CRLFCRLF; line ends are CRLF only.
+   What can never become a valid head is refused as soon as it is seen, not after a timeout: a first byte that
+   cannot start a method (a TLS ClientHello), a bare LF or CR, a control byte other than HTAB, too many bytes.
+2. Request line: exactly ``METHOD SP target SP HTTP/1.0|HTTP/1.1``; the method a token; the target visible
+   ASCII (no spaces, control bytes or DEL).
 3. Header lines: no leading whitespace (obs-fold), ``name:`` with a token name and nothing between name and
    colon; values valid UTF-8 without control bytes other than HTAB.
-4. Framing: every ``Content-Length`` a plain decimal, all equal; ``Transfer-Encoding`` only once, exactly
-   ``chunked``, never together with ``Content-Length`` and never on HTTP/1.0.
-5. ``Host``: at most one; exactly one on HTTP/1.1. ``Connection`` lists tokens and never nominates ``host``,
-   ``content-length`` or ``transfer-encoding`` (a hop-by-hop strip of those would change the framing).
+4. Framing: every ``Content-Length`` a plain decimal of at most 15 digits, all of them spelled identically
+   (``5`` and ``05`` together are refused: a hop that compares them as text, or forwards both, would see two
+   lengths); ``Transfer-Encoding`` only once, exactly ``chunked``, never together with ``Content-Length`` and
+   never on HTTP/1.0 (RFC 9112 §6.1: such framing is faulty).
+5. ``Host``: at most one; exactly one on HTTP/1.1. ``Connection`` lists tokens (empty elements ignored) and
+   never nominates ``host``, ``content-length`` or ``transfer-encoding`` (a hop-by-hop strip of those would
+   change the framing).
 
 A violation raises :class:`HeadError` whose ``problem`` value is the string logged; inside a tunnel the
-connection is then closed without a response (§3.8.1).
+connection is then closed without a response (§3.8.1), a proxy listener answers ``400`` (``431`` when too large).
 """
 
 from __future__ import annotations
@@ -26,14 +37,23 @@ import enum
 import re
 from dataclasses import dataclass
 
-__all__ = ["MAX_HEAD_BYTES", "HeadError", "HeadProblem", "RequestHead", "check_head", "find_head_end"]
+__all__ = [
+    "MAX_HEAD_BYTES",
+    "NEED_DATA",
+    "HeadError",
+    "HeadProblem",
+    "HeadReader",
+    "RequestHead",
+    "check_head",
+    "find_head_end",
+]
 
-MAX_HEAD_BYTES = 16 * 1024  # in-tunnel request heads (the proxy's own head limit is 8 KiB)
+MAX_HEAD_BYTES = 16 * 1024  # in-tunnel request heads (the proxy listeners' limit is 8 KiB: proxy_head)
 
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _REQUEST_LINE = re.compile(rb"([^ ]+) ([^ ]+) HTTP/(1\.[01])")
 _VERSION_LIKE = re.compile(rb"[^ ]+ [^ ]+ HTTP/\d+\.\d+")
-_TARGET_BAD = re.compile(rb"[\x00-\x20\x7f]")
+_TARGET_BAD = re.compile(rb"[^\x21-\x7e]")
 _VALUE_BAD = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _DIGITS = re.compile(rb"[0-9]{1,15}")
 _FRAMING = frozenset({b"host", b"content-length", b"transfer-encoding"})
@@ -74,6 +94,8 @@ class RequestHead:
     host: str | None
     content_length: int | None
     chunked: bool
+    raw_headers: tuple[tuple[bytes, bytes], ...] = ()  # names as sent, values trimmed, in order
+    raw: bytes = b""  # the head's bytes, CRLFCRLF included
 
     def values(self, name: str) -> list[str]:
         lower = name.lower()
@@ -99,21 +121,13 @@ def _line_end_problem(region: bytes) -> HeadError | None:
 
 
 def find_head_end(buffer: bytes | bytearray, limit: int = MAX_HEAD_BYTES) -> int | None:
-    """Index just past the head's CRLFCRLF, or ``None`` while more bytes are needed.
-
-    Raises :class:`HeadError` as soon as the buffered prefix can no longer become a valid head: too long, or a
-    bare LF / bare CR before the end (an attacker cannot make us wait for a terminator that will never come).
-    """
-    end = buffer.find(b"\r\n\r\n", 0, limit + 4)
-    region = bytes(buffer[: end + 4] if end >= 0 else buffer[:limit])
-    problem = _line_end_problem(region)
-    if problem is not None:
-        raise problem
-    if end >= 0 and end + 4 <= limit:
-        return end + 4
-    if len(buffer) >= limit:
-        raise HeadError(HeadProblem.TOO_LARGE, f"request head longer than {limit} bytes")
-    return None
+    """Index just past the first head's CRLFCRLF, or ``None`` while more bytes are needed; what
+    :class:`HeadReader` would refuse raises :class:`HeadError` here too (it is that reader, once)."""
+    reader = HeadReader(limit)
+    reader.receive_data(buffer)
+    if reader.next_event() is NEED_DATA:
+        return None
+    return len(buffer) - reader.buffered
 
 
 def _framing(version: str, headers: list[tuple[bytes, bytes]]) -> tuple[int | None, bool]:
@@ -122,7 +136,7 @@ def _framing(version: str, headers: list[tuple[bytes, bytes]]) -> tuple[int | No
     for value in lengths:
         if not _DIGITS.fullmatch(value):
             raise HeadError(HeadProblem.CONTENT_LENGTH, "Content-Length must be one plain decimal number")
-    if len({int(v) for v in lengths}) > 1:
+    if len(set(lengths)) > 1:  # identical spellings only: rule 4
         raise HeadError(HeadProblem.CONTENT_LENGTH_CONFLICT, "Content-Length headers disagree")
     if encodings:
         if len(encodings) > 1 or encodings[0].lower() != b"chunked":
@@ -192,4 +206,92 @@ def check_head(raw: bytes) -> RequestHead:
         host=hosts[0] if hosts else None,
         content_length=content_length,
         chunked=chunked,
+        raw_headers=tuple(raw_headers),
+        raw=raw,
     )
+
+
+class _NeedData:
+    """What :meth:`HeadReader.next_event` returns while the head is incomplete (h11's ``NEED_DATA``)."""
+
+    def __repr__(self) -> str:
+        return "NEED_DATA"
+
+
+NEED_DATA = _NeedData()
+
+_HEAD_START = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]")
+# in a partial head: a bare LF, a CR followed by anything but LF, or a control byte other than HTAB
+_EARLY_BAD = re.compile(rb"(?<!\r)\n|\r(?!\n|\Z)|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+class HeadReader:
+    """One connection's request heads, read from the bytes fed to it (buffer inside, as in h11).
+
+    ``limit`` bounds each head (CRLFCRLF included). A head is checked by :func:`check_head` once it is whole;
+    while it is partial, each new byte is looked at once (no re-scan of what was seen), and a prefix that can no
+    longer become a valid head raises :class:`HeadError` at once (rule 1).
+    """
+
+    __slots__ = ("_buffer", "_limit", "_seen", "received")
+
+    def __init__(self, limit: int = MAX_HEAD_BYTES) -> None:
+        self._buffer = bytearray()
+        self._limit = limit
+        self._seen = 0  # bytes of the current partial head already looked at
+        self.received = False  # any byte at all arrived (a proxy answers 408 then, 400 for nothing)
+
+    def receive_data(self, data: bytes | bytearray) -> None:
+        if data:
+            self._buffer += data
+            self.received = True
+
+    def trailing_data(self) -> bytes:
+        """Take the bytes buffered after the last head (a tunnel's first bytes, a body's start)."""
+        data = bytes(self._buffer)
+        self._buffer.clear()
+        self._seen = 0
+        return data
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def next_event(self) -> RequestHead | _NeedData:
+        buffer = self._buffer
+        if not buffer:
+            return NEED_DATA
+        start = max(self._seen - 3, 0)
+        end = buffer.find(b"\r\n\r\n", start, self._limit)
+        if end >= 0:
+            raw = bytes(buffer[: end + 4])
+            del buffer[: end + 4]
+            self._seen = 0
+            return check_head(raw)
+        if not _HEAD_START.match(buffer):
+            raise HeadError(HeadProblem.REQUEST_LINE, "not the start of a request line")
+        bad = _EARLY_BAD.search(buffer, max(self._seen - 1, 0))
+        if bad is not None:
+            raise _early_problem(bytes(buffer), bad.start())
+        if len(buffer) >= self._limit:
+            raise HeadError(HeadProblem.TOO_LARGE, f"request head longer than {self._limit} bytes")
+        self._seen = len(buffer)
+        return NEED_DATA
+
+
+def _early_problem(partial: bytes, at: int) -> HeadError:
+    """Name what is wrong at ``at`` in a partial head as :func:`check_head` would for the whole one."""
+    byte = partial[at]
+    if byte == 0x0A:
+        return HeadError(HeadProblem.BARE_LF, "line ends must be CRLF")
+    if byte == 0x0D:
+        return HeadError(HeadProblem.BARE_CR, "a CR not followed by LF")
+    line_start = partial.rfind(b"\r\n", 0, at)
+    if line_start < 0:
+        return HeadError(HeadProblem.REQUEST_LINE, "control character in the request line")
+    line = partial[line_start + 2 : at]
+    if line[:1] in (b" ", b"\t"):
+        return HeadError(HeadProblem.OBS_FOLD, "obsolete line folding (a header line starting with whitespace)")
+    if b":" in line:
+        return HeadError(HeadProblem.HEADER_VALUE, "control character in a header value")
+    return HeadError(HeadProblem.HEADER_LINE, "header line must be 'name: value' with a token name")
