@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..k8s.names import LABEL_SANDBOX_ID
+from ..k8s.names import delete_commands
 from ..k8s.quantity import Resources
 from ..k8s.spec import (
     DEFAULT_CONTROL_RESOURCES,
@@ -358,15 +358,6 @@ def _cluster_cidrs(items: list[str] | None) -> tuple[str, ...] | None:
     if "none" in items:
         raise RenderError("--cluster-cidr", "none cannot be combined with a CIDR")
     return tuple(parse_cidr(c, "--cluster-cidr") for c in items)
-
-
-def delete_commands(namespace: str, sandbox_uid: str) -> list[str]:
-    """Pods first, waiting until they are gone, then the rest: the fences and Secrets outlive every process."""
-    where = f"-n {namespace} -l {LABEL_SANDBOX_ID}={sandbox_uid}"
-    return [
-        f"kubectl delete {where} pods,deployments --cascade=foreground --wait=true",
-        f"kubectl delete {where} services,networkpolicies,configmaps,secrets",
-    ]
 
 
 def _print_delete(args: argparse.Namespace) -> int:
