@@ -16,6 +16,8 @@ for model in R U P; do
       --owner agents.x-k8s.io/v1alpha1/Sandbox/review-bot/7c0e2d4a-5b6f-4e1d-9a3c-2f8b1e0d6c5a \
       --image registry.example/agents/review-bot@sha256:2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881 \
       --control-image registry.example/openshell/openshell-sandbox:0.1.0 \
+      --cluster-cidr 10.244.0.0/16 --service-cidr 10.96.0.0/12 \
+      $([ "$model" = P ] && echo --networkpolicy-enforced) \
       --privilege-model "$model" --policy docs/manifests/policy.yaml --redact-secrets \
       -- python3 /opt/review-bot/main.py
   } >"$file.tmp"
@@ -29,6 +31,7 @@ file="$out/proxy-pod.yaml"
     --owner agents.x-k8s.io/v1alpha1/Sandbox/review-bot/7c0e2d4a-5b6f-4e1d-9a3c-2f8b1e0d6c5a \
     --image registry.example/agents/review-bot@sha256:2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881 \
     --control-image registry.example/openshell/openshell-sandbox:0.1.0 \
+    --cluster-cidr 10.244.0.0/16 --service-cidr 10.96.0.0/12 --networkpolicy-enforced \
     --topology proxy-pod --proxy-uid 1000:1000 --affinity preferred --policy docs/manifests/policy.yaml \
     --redact-secrets -- python3 /opt/review-bot/main.py
 } >"$file.tmp"

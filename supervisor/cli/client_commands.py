@@ -89,6 +89,16 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gone_lines(gone: dict[str, Any] | None) -> list[str]:
+    """Past --workload-gone-after without a link: since when, and the commands that remove the sandbox."""
+    if not gone:
+        return []
+    return [
+        f"workload    gone since {gone.get('since')} ({int(gone.get('seconds') or 0) // 60} min); remove the sandbox:",
+        *(f"  {command}" for command in gone.get("delete") or []),
+    ]
+
+
 async def _status(api: Api, raw: bool) -> int:
     status, body = await request_json(api, "GET", "/v1/status")
     if status != 200:
@@ -103,6 +113,7 @@ async def _status(api: Api, raw: bool) -> int:
         f"sandbox     {body.get('namespace')}/{body.get('sandbox')} (generation {body.get('generation')})",
         f"ready       {'yes' if body.get('ready') else 'no'}",
         f"link        {'up' if (body.get('link') or {}).get('up') else 'down'}",
+        *_gone_lines((body.get("link") or {}).get("workload_gone")),
         f"lifecycle   {boundary.get('state', 'unknown')}  model {boundary.get('privilege_model', '?')}"
         f"  capture {boundary.get('capture_mode', '?')}",
         f"policy      generation {policy.get('generation')} {policy.get('status')}  ({policy.get('source')})"

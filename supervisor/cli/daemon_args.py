@@ -266,6 +266,14 @@ def daemon_parser() -> argparse.ArgumentParser:
         "without its fence",
     )
     c.add_argument(
+        "--workload-gone-after",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="without a link to the boundary for this long (since start or the last link), readyz says the "
+        "workload is gone, with the time, and status what to delete (default %(default)g)",
+    )
+    c.add_argument(
         "--fence-canary-interval",
         type=float,
         default=30.0,

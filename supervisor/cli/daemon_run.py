@@ -234,6 +234,9 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     except ValueError as exc:
         _err(f"--fence-canary: {exc}")
         return 2
+    if not 1.0 <= args.workload_gone_after <= 30 * 86400.0:
+        _err(f"--workload-gone-after: {args.workload_gone_after:g} is not 1..2592000 seconds")
+        return 2
     if not 1.0 <= args.fence_canary_interval <= 3600.0:
         _err(f"--fence-canary-interval: {args.fence_canary_interval:g} is not 1..3600 seconds")
         return 2
@@ -263,6 +266,7 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
         policy_digest=_policy_digest(args.policy),
         proxy=proxy, relaxed_identity=args.binary_identity == "relaxed",
         networkpolicy_acknowledged=args.acknowledge_networkpolicy_enforcement,
+        workload_gone_after_s=args.workload_gone_after,
     )  # fmt: skip
     return daemon.run(cfg)
 

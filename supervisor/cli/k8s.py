@@ -11,11 +11,29 @@ import argparse
 import sys
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..k8s.spec import Affinity, Model, RenderError, RenderSpec, Topology, parse_dns_peer, parse_owner
+from ..k8s.names import delete_commands
+from ..k8s.quantity import Resources
+from ..k8s.spec import (
+    DEFAULT_CONTROL_RESOURCES,
+    DEFAULT_ENTRYPOINT,
+    DEFAULT_WORKLOAD_RESOURCES,
+    Affinity,
+    Model,
+    RenderError,
+    RenderSpec,
+    Topology,
+    parse_cidr,
+    parse_dns_peer,
+    parse_owner,
+)
 from ..protocol.certs import DEFAULT_VALIDITY, BundleError
 from ..protocol.exit_codes import ExitCode
 from .certs import parse_validity
+
+if TYPE_CHECKING:
+    from ..k8s.render import Rendered
 
 SECRETS_FILE = "secrets.yaml"  # supervisor.k8s.secrets.SECRETS_FILE, without importing it for --help
 
@@ -73,7 +91,20 @@ def add_k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     )
     who.add_argument("--generation", type=int, default=1, metavar="N", help="Sandbox spec generation (default 1)")
     what = r.add_argument_group("the pods")
-    what.add_argument("--image", required=True, metavar="IMG", help="workload image (by digest): the `image` claim")
+    what.add_argument(
+        "--image", required=True, metavar="IMG@sha256:DIGEST", help="workload image, by digest: the `image` claim"
+    )
+    what.add_argument(
+        "--allow-mutable-image",
+        action="store_true",
+        help="accept an --image that is a tag (a warning says what the `image` claim then no longer proves)",
+    )
+    what.add_argument(
+        "--entrypoint",
+        default=DEFAULT_ENTRYPOINT,
+        metavar="PATH",
+        help="where the workload image keeps openshell-sandbox (the container's command; default %(default)s)",
+    )
     what.add_argument("--control-image", required=True, metavar="IMG", help="the openshell-sandbox image for control")
     what.add_argument(
         "--privilege-model",
@@ -132,13 +163,7 @@ def add_k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
         action="store_true",
         help="the agent's root filesystem is read-only (where the image allows it; /tmp and --workdir are emptyDirs)",
     )
-    proxy.add_argument(
-        "--dns-peer",
-        action="append",
-        metavar="NS/KEY=VALUE[,KEY=VALUE]",
-        help="pods the workload may send DNS to, by namespace and labels (repeatable; default "
-        "kube-system/k8s-app=kube-dns): the proxy Service's name must resolve",
-    )
+    _add_cluster_arguments(r)
     what.add_argument(
         "--validity",
         type=parse_validity,
@@ -163,11 +188,85 @@ def add_k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
         "`--api https://HOST:PORT --cert DIR`; not with --reuse-secrets (the CA key is not kept)",
     )
     out.add_argument(
+        "--print-delete",
+        action="store_true",
+        help="print the kubectl commands that remove this sandbox (by its id label) and nothing else",
+    )
+    out.add_argument(
         "--redact-secrets",
         action="store_true",
         help="print the Secrets redacted with the objects instead (documentation); nothing is minted",
     )
     r.add_argument("agent_argv", nargs="*", metavar="AGENT", help="the agent's argv, after --")
+
+
+def _add_cluster_arguments(r: argparse.ArgumentParser) -> None:
+    """The knobs every chart has, and what only the operator knows about the cluster."""
+    res = r.add_argument_group("resources")
+    res.add_argument(
+        "--resources",
+        action="append",
+        default=[],
+        metavar="ROLE=cpu=Q,memory=Q,limit-memory=Q",
+        help="requests and memory limit of workload or control (repeatable; any subset; defaults workload "
+        "cpu=250m,memory=512Mi,limit-memory=2Gi, control cpu=100m,memory=128Mi,limit-memory=512Mi). The workload "
+        "container's limit holds --memory-limit plus 256Mi for the boundary",
+    )
+    res.add_argument(
+        "--memory-limit",
+        metavar="SIZE",
+        help="the workload's memory limit (the boundary's --memory-limit, a cgroup inside the container; default "
+        "the workload container's limit less 256Mi); the container's limit is raised to it plus 256Mi",
+    )
+    res.add_argument(
+        "--workspace-size",
+        default="10Gi",
+        metavar="SIZE",
+        help="the workspace emptyDir's sizeLimit (default %(default)s); the workload container's ephemeral-storage "
+        "limit is this plus 1Gi",
+    )
+    cluster = r.add_argument_group("the cluster (what only you know)")
+    cluster.add_argument(
+        "--cluster-cidr",
+        action="append",
+        metavar="CIDR|none",
+        help="a pod or node CIDR of the cluster (repeatable): control's egress excludes it, with the metadata "
+        "addresses. Required; `none` renders control's egress excluding the metadata addresses only",
+    )
+    cluster.add_argument(
+        "--service-cidr", action="append", default=[], metavar="CIDR", help="a Service CIDR to exclude (repeatable)"
+    )
+    cluster.add_argument(
+        "--dns-peer",
+        action="append",
+        metavar="NS/KEY=VALUE[,KEY=VALUE][:PORT]",
+        help="the cluster DNS pods, by namespace, labels and their own port (repeatable; default "
+        "kube-system/k8s-app=kube-dns:53): control resolves there, and so does the proxy-pod workload",
+    )
+    cluster.add_argument(
+        "--networkpolicy-enforced",
+        action="store_true",
+        help="you state that this cluster's CNI enforces NetworkPolicy, egress and ingress, in this namespace. "
+        "Required by model P and the proxy-pod topology, whose only fence it is; recorded as an annotation",
+    )
+    cluster.add_argument(
+        "--unprobed-fence",
+        action="store_true",
+        help="model P: no canary (control's pod address, which the workload's fence must stop): the fence is "
+        "stated, never observed",
+    )
+    cluster.add_argument("--canary-port", type=int, default=7445, metavar="PORT", help="model P's canary port")
+    cluster.add_argument(
+        "--assigned-uids",
+        action="store_true",
+        help="the cluster assigns each pod's uid, gid and fsGroup (OpenShift restricted-v2): non-root pods get none "
+        "of their own",
+    )
+    cluster.add_argument(
+        "--block-owner-deletion",
+        action="store_true",
+        help="with --owner: blockOwnerDeletion on every ownerReference (needs the right to set finalizers on it)",
+    )
 
 
 def _read_text(path: Path, flag: str) -> str:
@@ -202,6 +301,7 @@ def _spec(args: argparse.Namespace) -> tuple[RenderSpec, bytes | None]:
             raise RenderError("--credentials", str(exc)) from None
     if args.agent_argv[:1] == ["--"]:
         args.agent_argv = args.agent_argv[1:]
+    role_resources = _resources(args.resources)
     spec = RenderSpec(
         namespace=args.namespace, sandbox=args.sandbox, sandbox_uid=uid, image=args.image,
         control_image=args.control_image, agent_argv=tuple(args.agent_argv), policy_text=policy_text,
@@ -213,10 +313,78 @@ def _spec(args: argparse.Namespace) -> tuple[RenderSpec, bytes | None]:
         runtime_class=args.runtime_class, affinity=Affinity(args.affinity), proxy_port=args.proxy_port,
         proxy_user=args.proxy_uid, read_only_root=args.read_only_root,
         dns_peers=tuple(parse_dns_peer(p) for p in args.dns_peer) if args.dns_peer is not None else None,
+        workload_resources=role_resources.get("workload"), control_resources=role_resources.get("control",
+        DEFAULT_CONTROL_RESOURCES), memory_limit=_size(args.memory_limit, "--memory-limit"),
+        workspace_size=_size(args.workspace_size, "--workspace-size") or 0,
+        allow_mutable_image=args.allow_mutable_image, entrypoint=args.entrypoint,
+        block_owner_deletion=args.block_owner_deletion, cluster_cidrs=_cluster_cidrs(args.cluster_cidr),
+        service_cidrs=tuple(parse_cidr(c, "--service-cidr") for c in args.service_cidr),
+        networkpolicy_enforced=args.networkpolicy_enforced, unprobed_fence=args.unprobed_fence,
+        canary_port=args.canary_port, assigned_uids=args.assigned_uids,
     )  # fmt: skip
     if spec.topology is Topology.PROXY_POD and args.privilege_model is not None:
         raise RenderError("--privilege-model", "the proxy-pod workload runs no boundary, hence no privilege model")
     return spec, credentials
+
+
+def _size(text: str | None, flag: str) -> int | None:
+    from ..k8s.quantity import parse_bytes
+
+    try:
+        return None if text is None else parse_bytes(text, flag)
+    except ValueError as exc:
+        raise RenderError(flag, str(exc).removeprefix(f"{flag}: ")) from None
+
+
+def _resources(items: list[str]) -> dict[str, Resources]:
+    defaults = {"workload": DEFAULT_WORKLOAD_RESOURCES, "control": DEFAULT_CONTROL_RESOURCES}
+    out: dict[str, Resources] = {}
+    for item in items:
+        role, eq, rest = item.partition("=")
+        if not eq or role not in defaults:
+            raise RenderError("--resources", f"{item!r} is not workload=… or control=…")
+        try:
+            out[role] = out.get(role, defaults[role]).with_text(rest, "--resources")
+        except ValueError as exc:
+            raise RenderError("--resources", str(exc).removeprefix("--resources: ")) from None
+    return out
+
+
+def _cluster_cidrs(items: list[str] | None) -> tuple[str, ...] | None:
+    if items is None:
+        return None
+    if items == ["none"]:
+        return ()
+    if "none" in items:
+        raise RenderError("--cluster-cidr", "none cannot be combined with a CIDR")
+    return tuple(parse_cidr(c, "--cluster-cidr") for c in items)
+
+
+def _print_delete(args: argparse.Namespace) -> int:
+    from ..k8s.names import is_dns_label, is_label_value
+
+    owner = parse_owner(args.owner) if args.owner else None
+    uid = args.sandbox_uid or (owner.uid if owner else None)
+    if uid is None:
+        raise RenderError("--sandbox-uid", "required (or --owner, whose UID is the default)")
+    if not is_dns_label(args.namespace):
+        raise RenderError("--namespace", f"{args.namespace!r} is not a DNS label")
+    if not is_label_value(uid):
+        raise RenderError("--sandbox-uid", f"{uid!r} is not a Kubernetes UID (a label value)")
+    print(" && \\\n  ".join(delete_commands(args.namespace, uid)))
+    return ExitCode.OK
+
+
+def _summary(spec: RenderSpec, rendered: Rendered) -> None:
+    """What the operator should know about this render, on stderr (the objects may be on stdout)."""
+    if spec.allow_mutable_image:
+        print(f"k8s render: warning: --image {spec.image} is a tag: the `image` claim names a reference that can "
+              "move, so it no longer proves which image was admitted", file=sys.stderr)  # fmt: skip
+    for cidr, ports in rendered.internal_allows:
+        print(f"k8s render: control's egress admits {cidr} on {','.join(map(str, ports))} inside an excluded range "
+              "(the policy's allowed_ips)", file=sys.stderr)  # fmt: skip
+    print("k8s render: to remove this sandbox: " + " && ".join(delete_commands(spec.namespace, spec.sandbox_uid)),
+          file=sys.stderr)  # fmt: skip
 
 
 def _render(args: argparse.Namespace) -> int:
@@ -231,6 +399,8 @@ def _render(args: argparse.Namespace) -> int:
         write_secrets_file,
     )
 
+    if args.print_delete:
+        return _print_delete(args)
     if args.redact_secrets and (args.secrets_dir or args.reuse_secrets):
         raise RenderError("--redact-secrets", "cannot be combined with --secrets-dir or --reuse-secrets")
     if not args.redact_secrets and args.secrets_dir is None:
@@ -270,6 +440,7 @@ def _render(args: argparse.Namespace) -> int:
             write_operator_dir(args.operator_cert_out, material.operator)
             print(f"k8s render: wrote the operator certificate to {args.operator_cert_out} "
                   f"(--api https://HOST:{spec.api_port} --cert {args.operator_cert_out})", file=sys.stderr)  # fmt: skip
+    _summary(spec, rendered)
     if args.out is None or str(args.out) == "-":
         sys.stdout.write(text)
     else:

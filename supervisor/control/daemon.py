@@ -35,6 +35,7 @@ from supervisor.control.local_net import LocalNetwork
 from supervisor.control.policy import PolicyStore
 from supervisor.control.proxy_listener import ProxyListenConfig, ProxyListener
 from supervisor.control.upstream import UpstreamConfig
+from supervisor.control.workload_gone import DEFAULT_GONE_AFTER_S, WorkloadGone
 from supervisor.jsonlog import JsonLog
 from supervisor.link.h2link import Link
 from supervisor.link.rpc import call
@@ -108,6 +109,7 @@ class ControlConfig:
     proxy: ProxyListenConfig | None = None
     relaxed_identity: bool = False
     networkpolicy_acknowledged: bool = False
+    workload_gone_after_s: float = DEFAULT_GONE_AFTER_S  # --workload-gone-after: readyz and status say so
     log: JsonLog = field(default_factory=lambda: JsonLog("control"))
 
 
@@ -125,6 +127,8 @@ class ControlDaemon:
         self.agent_result: ExitResult | None = None
         self.last_link_error: str | None = None
         self.boundary_refused: str | None = None  # the boundary refused our attach (and exits): why
+        claims = cfg.bundle.claims
+        self.workload_gone = WorkloadGone(cfg.workload_gone_after_s, claims.namespace, claims.sandbox_uid)
         self.egress = EgressService(
             cfg.policy, cfg.upstream, self.log, interception=cfg.interception, relaxed=cfg.relaxed_identity
         )
@@ -249,6 +253,7 @@ class ControlDaemon:
                 self.ops = None
                 self.ops_ready = trio.Event()
                 self.peer_claims_ok = False
+                self.workload_gone.lost()
             self.last_link_error = failure.describe()
             await backoff.sleep(self._link_failed(ALPN_OPS, backoff, failure))
 
@@ -260,6 +265,7 @@ class ControlDaemon:
         async with trio.open_nursery() as nursery:
             await nursery.start(link.run)
             self.ops = link
+            self.workload_gone.seen()
             self.peer_claims_ok = True
             self.ops_ready.set()
             self.log.emit(EventName.LINK_UP, peer=self._peer, alpn=ALPN_OPS)
@@ -513,6 +519,9 @@ class ControlDaemon:
             failing.append(f"enforcement lost: {self.boundary['enforcement_lost']}")
         if self.ops is None or self.ops.closed or not self.peer_claims_ok:
             failing.append(f"boundary: not attached ({self.last_link_error or 'no link yet'})")
+            gone = self.workload_gone.readiness()
+            if gone is not None:
+                failing.append(gone)
         state = self.boundary.get("state")
         if state not in (State.READY, State.RUNNING):
             failing.append(f"boundary: state {state or 'unknown'}, need ready or running")
@@ -543,6 +552,8 @@ class ControlDaemon:
                 "up": self.ops is not None and not self.ops.closed,
                 "last_error": self.last_link_error,
                 "boundary_refused": self.boundary_refused,
+                # past --workload-gone-after without a link: since when, and the commands that remove the sandbox
+                "workload_gone": None if self.proxy is not None else self.workload_gone.status(),
             },
             "boundary": self.boundary,
             "agent_result": self.agent_result.to_wire() if self.agent_result is not None else None,

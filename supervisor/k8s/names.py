@@ -26,6 +26,7 @@ __all__ = [
     "LABEL_SANDBOX_ID",
     "MAX_NAME",
     "SandboxNames",
+    "delete_commands",
     "is_dns_label",
     "is_label_value",
     "sandbox_hash",
@@ -49,6 +50,16 @@ def is_dns_label(text: str) -> bool:
 def is_label_value(text: str) -> bool:
     """A non-empty Kubernetes label value."""
     return 0 < len(text) <= MAX_NAME and _LABEL_VALUE.fullmatch(text) is not None
+
+
+def delete_commands(namespace: str, sandbox_uid: str) -> list[str]:
+    """Removing a sandbox by its id label: the pods first, waiting until they are gone, then the rest, so the
+    fences and Secrets outlive every process of the sandbox."""
+    where = f"-n {namespace} -l {LABEL_SANDBOX_ID}={sandbox_uid}"
+    return [
+        f"kubectl delete {where} pods,deployments --cascade=foreground --wait=true",
+        f"kubectl delete {where} services,networkpolicies,configmaps,secrets",
+    ]
 
 
 def sandbox_hash(sandbox_uid: str) -> str:

@@ -37,7 +37,8 @@ from typing import Any
 from supervisor.protocol.proxy_head import proxy_environment, proxy_url
 
 from .names import LABEL_NAME, LABEL_ROLE, LABEL_SANDBOX_ID, SandboxNames
-from .spec import DEFAULT_DNS_PEERS, DEFAULT_PROXY_PORT, Affinity, Model, RenderSpec, Topology
+from .quantity import CONTAINER_STORAGE_HEADROOM, Resources, format_bytes
+from .spec import DEFAULT_ENTRYPOINT, DEFAULT_PROXY_PORT, Affinity, Model, RenderSpec, Topology
 
 __all__ = [
     "BOOTSTRAP_DIR",
@@ -63,7 +64,6 @@ __all__ = [
     "control_deployment",
     "labels",
     "metadata",
-    "network_policies",
     "policy_configmap",
     "proxy_service",
     "workload_pod",
@@ -107,6 +107,8 @@ MODEL_R_CAPABILITIES = (
 )  # fmt: skip
 
 _RUNTIME_DEFAULT = {"type": "RuntimeDefault"}
+ANNOTATION_NETWORKPOLICY = "openshell.ai/networkpolicy-enforced"
+CANARY_ADDRESS_ENV = "OPENSHELL_POD_IP"
 
 
 class FileMode(int):
@@ -114,7 +116,18 @@ class FileMode(int):
 
 
 def labels(spec: RenderSpec, role: str) -> dict[str, str]:
-    return {LABEL_SANDBOX_ID: spec.sandbox_uid, LABEL_NAME: spec.sandbox, LABEL_ROLE: role}
+    """Ours (every selector uses the id and the role) and the recommended ``app.kubernetes.io`` ones, which
+    selectors never use: tools group and show by them."""
+    return {
+        LABEL_SANDBOX_ID: spec.sandbox_uid,
+        LABEL_NAME: spec.sandbox,
+        LABEL_ROLE: role,
+        "app.kubernetes.io/name": "openshell-sandbox",
+        "app.kubernetes.io/instance": spec.sandbox,
+        "app.kubernetes.io/component": role,
+        "app.kubernetes.io/part-of": "openshell-sandbox",
+        "app.kubernetes.io/managed-by": "openshell-sandbox-render",
+    }
 
 
 def selector(spec: RenderSpec, role: str) -> dict[str, str]:
@@ -123,10 +136,14 @@ def selector(spec: RenderSpec, role: str) -> dict[str, str]:
 
 def metadata(spec: RenderSpec, name: str, role: str, annotations: dict[str, str] | None = None) -> Doc:
     meta: Doc = {"name": name, "namespace": spec.namespace, "labels": labels(spec, role)}
+    annotations = dict(annotations or {})
+    if spec.networkpolicy_enforced:
+        # The operator's statement, on every object it vouches for: the fence holds only if the CNI enforces it.
+        annotations[ANNOTATION_NETWORKPOLICY] = "stated by the operator at render"
     if annotations:
-        meta["annotations"] = dict(annotations)
+        meta["annotations"] = annotations
     if spec.owner is not None:
-        meta["ownerReferences"] = [spec.owner.reference()]
+        meta["ownerReferences"] = [spec.owner.reference(spec.block_owner_deletion)]
     return meta
 
 
@@ -153,7 +170,11 @@ def _restricted_container_context(*, read_only_root: bool) -> Doc:
     }
 
 
-def _non_root_pod_context() -> Doc:
+def _non_root_pod_context(spec: RenderSpec) -> Doc:
+    """With ``--assigned-uids`` the cluster picks the uid, gid and fsGroup (OpenShift restricted-v2 refuses a fixed
+    id outside the namespace's range, and defaults all three from it)."""
+    if spec.assigned_uids:
+        return {"runAsNonRoot": True, "seccompProfile": dict(_RUNTIME_DEFAULT)}
     return {
         "runAsNonRoot": True,
         "runAsUser": NON_ROOT_UID,
@@ -162,6 +183,17 @@ def _non_root_pod_context() -> Doc:
         "fsGroup": NON_ROOT_UID,
         "seccompProfile": dict(_RUNTIME_DEFAULT),
     }
+
+
+def _resources(res: Resources, storage: int | None = None) -> Doc:
+    limits: Doc = {"memory": res.limit_memory}
+    if storage is not None:
+        limits["ephemeral-storage"] = format_bytes(storage)
+    return {"requests": {"cpu": res.cpu, "memory": res.memory}, "limits": limits}
+
+
+def _workspace(spec: RenderSpec) -> Doc:
+    return {"name": "workspace", "emptyDir": {"sizeLimit": format_bytes(spec.workspace_size)}}
 
 
 def _copy_init_container(image: str, secrets: list[tuple[str, str]]) -> Doc:
@@ -193,12 +225,16 @@ def boundary_args(spec: RenderSpec) -> list[str]:
         f"--bootstrap={BOOTSTRAP_DIR}",
         f"--listen=[::]:{spec.boundary_port}",
         f"--privilege-model={spec.model}",
+        # The workload's memory cgroup; the container's limit is this plus the boundary's headroom, so the
+        # container's OOM killer meets the workload's limit first.
+        f"--memory-limit={spec.workload_memory_limit}",
     ]
     if spec.model is Model.P:
         # No mount namespace in P: the trust files live where the agent reads them, on a writable emptyDir.
-        # The acknowledgement says "no probe" (status: acknowledged-unprobed): a canary needs control's own
-        # NetworkPolicy to admit the pod on the canary port, which this release does not render.
-        args += ["--acknowledge-external-fence", "--acknowledge-unprobed-fence", f"--tls-dir={TLS_DIR}"]
+        # The fence is the operator's statement; control's canary observes it unless --unprobed-fence.
+        args += ["--acknowledge-external-fence", f"--tls-dir={TLS_DIR}"]
+        if spec.unprobed_fence:
+            args.append("--acknowledge-unprobed-fence")
     args += [f"--workdir={spec.workdir}", "--", *spec.agent_argv]
     return args
 
@@ -229,10 +265,12 @@ def workload_pod(spec: RenderSpec, names: SandboxNames) -> Doc:
     container: Doc = {
         "name": "agent",
         "image": spec.image,
+        # Explicit: the agent's image, built FROM ours, may set an ENTRYPOINT of its own.
+        "command": [spec.entrypoint],
         "args": boundary_args(spec),
         # No probe: the boundary speaks only mTLS with its own control; readiness lives in control.
         "ports": [{"name": "boundary", "containerPort": spec.boundary_port, "protocol": "TCP"}],
-        "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        "resources": _resources(spec.workload_container_resources, spec.workspace_size + CONTAINER_STORAGE_HEADROOM),
     }
     volumes: list[Doc] = []
     mounts: list[Doc] = []
@@ -264,7 +302,7 @@ def workload_pod(spec: RenderSpec, names: SandboxNames) -> Doc:
     else:
         if model is Model.U:
             pod["hostUsers"] = False  # a user namespace for the pod; the boundary nests the agent's inside it
-        pod["securityContext"] = _non_root_pod_context()
+        pod["securityContext"] = _non_root_pod_context(spec)
         context = _restricted_container_context(read_only_root=False)
         if model is Model.U:
             # A fresh /proc for the agent's PID namespace cannot be mounted over a masked one.
@@ -278,7 +316,7 @@ def workload_pod(spec: RenderSpec, names: SandboxNames) -> Doc:
             _memory_dir("openshell-run", "1Mi"),
         ]
         mounts.append({"name": "openshell-run", "mountPath": COPY_DIR})
-    volumes += [_memory_dir("boundary-state", "16Mi"), {"name": "workspace", "emptyDir": {}}]
+    volumes += [_memory_dir("boundary-state", "16Mi"), _workspace(spec)]
     mounts += [
         {"name": "boundary-state", "mountPath": STATE_DIR},
         {"name": "workspace", "mountPath": spec.workdir},
@@ -342,7 +380,7 @@ def _proxy_workload_pod(spec: RenderSpec, names: SandboxNames) -> Doc:
         "workingDir": spec.workdir,
         "env": workload_environment(spec, names),
         "securityContext": _restricted_container_context(read_only_root=spec.read_only_root),
-        "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        "resources": _resources(spec.workload_container_resources, spec.workspace_size + CONTAINER_STORAGE_HEADROOM),
         "volumeMounts": [
             {"name": "trust", "mountPath": TRUST_DIR, "readOnly": True},
             {"name": "workspace", "mountPath": spec.workdir},
@@ -352,7 +390,7 @@ def _proxy_workload_pod(spec: RenderSpec, names: SandboxNames) -> Doc:
         # 0444: a certificate, nothing secret; no fsGroup needed to read it
         _secret_volume("proxy-ca-secret", names.proxy_ca_secret, 0o444),
         _memory_dir("trust", "1Mi"),
-        {"name": "workspace", "emptyDir": {}},
+        _workspace(spec),
     ]
     if spec.read_only_root:
         container["volumeMounts"].append({"name": "tmp", "mountPath": "/tmp"})
@@ -401,7 +439,7 @@ def control_args(spec: RenderSpec, names: SandboxNames) -> list[str]:
             f"--proxy-listen=*:{proxy_port(spec)}",  # every address of the pod, IPv4 and IPv6
             f"--proxy-token-file={PROXY_TOKEN_DIR}/{PROXY_TOKEN_KEY}",
             "--binary-identity=relaxed",
-            # render writes the NetworkPolicies; that the cluster enforces them is the operator's to know
+            # the operator's --networkpolicy-enforced (RenderSpec refuses proxy-pod without it)
             "--acknowledge-networkpolicy-enforcement",
         ]
     else:
@@ -412,7 +450,12 @@ def control_args(spec: RenderSpec, names: SandboxNames) -> list[str]:
     if spec.model is Model.R and spec.agent_user != "1000:1000":
         args.append(f"--agent-user={spec.agent_user}")
     if spec.model is Model.P:
-        args += ["--capture-mode=proxy-env", "--acknowledge-external-fence", "--acknowledge-unprobed-fence"]
+        args += ["--capture-mode=proxy-env", "--acknowledge-external-fence"]
+        if spec.unprobed_fence:
+            args.append("--acknowledge-unprobed-fence")
+        else:
+            # control's own pod address (Downward API): the workload reaches it only if its fence is missing
+            args.append(f"--fence-canary=$({CANARY_ADDRESS_ENV}):{spec.canary_port}")
     if spec.api_listen:
         args.append(f"--api-listen=*:{spec.api_port}")  # every address of the pod, IPv4 and IPv6
     return args
@@ -442,6 +485,7 @@ def control_deployment(spec: RenderSpec, names: SandboxNames) -> Doc:
     container: Doc = {
         "name": "control",
         "image": spec.control_image,
+        "command": [DEFAULT_ENTRYPOINT],
         "args": control_args(spec, names),
         # Semantic readiness (policy valid, boundary attached with matching claims, fence confirmed); the API
         # is a Unix socket, hence exec probes. Liveness only asks whether the API answers.
@@ -459,7 +503,7 @@ def control_deployment(spec: RenderSpec, names: SandboxNames) -> Doc:
             "failureThreshold": 3,
         },
         "securityContext": _restricted_container_context(read_only_root=True),
-        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        "resources": _resources(spec.control_resources),
         "volumeMounts": [
             {"name": "openshell-run", "mountPath": COPY_DIR, "readOnly": True},
             {"name": "api", "mountPath": API_DIR},
@@ -472,13 +516,17 @@ def control_deployment(spec: RenderSpec, names: SandboxNames) -> Doc:
         ports.append({"name": "proxy", "containerPort": proxy_port(spec), "protocol": "TCP"})
     if spec.api_listen:
         ports.append({"name": "operator-api", "containerPort": spec.api_port, "protocol": "TCP"})
+    if spec.model is Model.P and not spec.unprobed_fence and spec.topology is Topology.BOUNDARY:
+        ports.append({"name": "fence-canary", "containerPort": spec.canary_port, "protocol": "TCP"})
+        address = {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}
+        container["env"] = [{"name": CANARY_ADDRESS_ENV, "valueFrom": address}]
     if ports:
         container["ports"] = ports
     pod: Doc = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 15,
-        "securityContext": _non_root_pod_context(),
+        "securityContext": _non_root_pod_context(spec),
         "initContainers": [_copy_init_container(spec.control_image, secrets)],
         "containers": [container],
         "volumes": volumes,
@@ -540,62 +588,3 @@ def policy_configmap(spec: RenderSpec, names: SandboxNames) -> Doc:
         ),
         "data": {POLICY_FILE: spec.policy_text},
     }
-
-
-def network_policies(spec: RenderSpec, names: SandboxNames) -> list[Doc]:
-    """The workload's fence (boundary topology: ingress only from its control on the boundary port, no egress,
-    not even DNS; proxy-pod: no ingress, egress only to its control's proxy port and the cluster DNS peers) and
-    control's (egress open: the sandbox policy decides; ingress to the operator API port only with --api-listen,
-    from the operator namespace if named, else from anywhere: mutual TLS with an operator certificate guards it;
-    proxy-pod: also the proxy port, from its workload only)."""
-    from_control = [{"podSelector": {"matchLabels": selector(spec, ROLE_CONTROL)}}]
-    from_workload = [{"podSelector": {"matchLabels": selector(spec, ROLE_WORKLOAD)}}]
-    ingress: list[Doc] = []
-    if spec.topology is Topology.PROXY_POD:
-        # proxy-pod: no ingress to the agent at all; egress only to its control's proxy port and cluster DNS
-        workload_ingress: list[Doc] = []
-        dns_ports = [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
-        dns = [
-            {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": peer.namespace}},
-                "podSelector": {"matchLabels": dict(peer.labels)},
-            }
-            for peer in (spec.dns_peers if spec.dns_peers is not None else DEFAULT_DNS_PEERS)
-        ]
-        workload_egress: list[Doc] = [
-            {"to": from_control, "ports": [{"protocol": "TCP", "port": proxy_port(spec)}]},
-            {"to": dns, "ports": dns_ports},
-        ]
-        ingress.append({"from": from_workload, "ports": [{"protocol": "TCP", "port": proxy_port(spec)}]})
-    else:
-        workload_ingress = [{"from": from_control, "ports": [{"protocol": "TCP", "port": spec.boundary_port}]}]
-        workload_egress = []
-    workload = {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": metadata(spec, names.workload_network_policy, ROLE_WORKLOAD),
-        "spec": {
-            "podSelector": {"matchLabels": selector(spec, ROLE_WORKLOAD)},
-            "policyTypes": ["Ingress", "Egress"],
-            "ingress": workload_ingress,
-            "egress": workload_egress,
-        },
-    }
-    if spec.api_listen:
-        rule: Doc = {"ports": [{"protocol": "TCP", "port": spec.api_port}]}
-        if spec.operator_namespace is not None:
-            namespace = {"matchLabels": {"kubernetes.io/metadata.name": spec.operator_namespace}}
-            rule = {"from": [{"namespaceSelector": namespace}], **rule}
-        ingress.append(rule)
-    control = {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": metadata(spec, names.control_network_policy, ROLE_CONTROL),
-        "spec": {
-            "podSelector": {"matchLabels": selector(spec, ROLE_CONTROL)},
-            "policyTypes": ["Ingress", "Egress"],
-            "ingress": ingress,
-            "egress": [{}],
-        },
-    }
-    return [workload, control]

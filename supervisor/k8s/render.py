@@ -14,6 +14,7 @@ import yaml
 
 from supervisor.protocol.claims import Claims
 
+from .fences import InternalAllow, internal_allows, network_policies
 from .names import LABEL_ROLE, SandboxNames
 from .objects import (
     PROXY_TOKEN_ENV,
@@ -21,7 +22,6 @@ from .objects import (
     FileMode,
     boundary_service,
     control_deployment,
-    network_policies,
     policy_configmap,
     proxy_service,
     workload_pod,
@@ -29,7 +29,7 @@ from .objects import (
 from .secrets import SecretMaterial, redacted_secrets, secret_objects
 from .spec import RenderError, RenderSpec, Topology
 
-__all__ = ["Rendered", "check_policy", "claims_for", "render", "to_yaml"]
+__all__ = ["Rendered", "check_policy", "claims_for", "policy_destinations", "render", "to_yaml"]
 
 Doc = dict[str, Any]
 
@@ -71,6 +71,7 @@ class Rendered:
     claims: Claims
     objects: list[Doc]  # apply order: policy, fences, Service (the boundary's or the proxy's), control, workload
     secrets: list[Doc]  # real (for --secrets-dir) or redacted
+    internal_allows: tuple[InternalAllow, ...] = ()  # allowed_ips ranges control's egress admits inside the cluster
 
 
 def claims_for(spec: RenderSpec, names: SandboxNames) -> Claims:
@@ -97,6 +98,17 @@ def check_policy(text: str, source: str) -> None:
         raise RenderError("--policy", str(exc)) from None
 
 
+def policy_destinations(text: str) -> list[InternalAllow]:
+    """Every ``allowed_ips`` range of the policy with its endpoint's ports (the policy is valid: render checked)."""
+    from supervisor.control.policy import load_policy_text
+
+    out: list[InternalAllow] = []
+    for rule in load_policy_text(text).network_policies:
+        for endpoint in rule.endpoints:
+            out += [(cidr, tuple(endpoint.ports)) for cidr in endpoint.allowed_ips]
+    return out
+
+
 def render(spec: RenderSpec, material: SecretMaterial | None) -> Rendered:
     """``material`` ``None`` renders redacted Secrets (documentation)."""
     names = SandboxNames.of(spec.sandbox, spec.sandbox_uid)
@@ -104,15 +116,16 @@ def render(spec: RenderSpec, material: SecretMaterial | None) -> Rendered:
     if material is not None and (material.credentials is not None) != spec.has_credentials:
         raise RenderError("--credentials", "the Secret material and the spec disagree on credentials")
     service = proxy_service if spec.topology is Topology.PROXY_POD else boundary_service
+    allows = internal_allows(spec, policy_destinations(spec.policy_text))
     objects = [
         policy_configmap(spec, names),
-        *network_policies(spec, names),  # the fence exists before the pod it fences
+        *network_policies(spec, names, allows),  # the fence exists before the pod it fences
         service(spec, names),
         control_deployment(spec, names),
         workload_pod(spec, names),
     ]
     secrets = redacted_secrets(spec, names, claims) if material is None else secret_objects(spec, names, material)
-    return Rendered(names=names, claims=claims, objects=objects, secrets=secrets)
+    return Rendered(names=names, claims=claims, objects=objects, secrets=secrets, internal_allows=tuple(allows))
 
 
 class _Dumper(yaml.SafeDumper):

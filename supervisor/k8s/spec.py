@@ -8,16 +8,24 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import ipaddress
 import re
 from dataclasses import dataclass
 
 from .names import MAX_NAME, is_dns_label, is_label_value
+from .quantity import BOUNDARY_MEMORY_HEADROOM, Resources, format_bytes, parse_bytes
 
 __all__ = [
     "DEFAULT_API_PORT",
     "DEFAULT_BOUNDARY_PORT",
+    "DEFAULT_CANARY_PORT",
+    "DEFAULT_CONTROL_RESOURCES",
     "DEFAULT_DNS_PEERS",
+    "DEFAULT_ENTRYPOINT",
     "DEFAULT_PROXY_PORT",
+    "DEFAULT_WORKLOAD_RESOURCES",
+    "DEFAULT_WORKSPACE_SIZE",
+    "METADATA_CIDRS",
     "Affinity",
     "DnsPeer",
     "Model",
@@ -25,6 +33,7 @@ __all__ = [
     "RenderError",
     "RenderSpec",
     "Topology",
+    "parse_cidr",
     "parse_dns_peer",
     "parse_owner",
 ]
@@ -32,6 +41,15 @@ __all__ = [
 DEFAULT_BOUNDARY_PORT = 7443
 DEFAULT_API_PORT = 7444
 DEFAULT_PROXY_PORT = 3128
+DEFAULT_CANARY_PORT = 7445  # model P: control's fence canary listener
+DEFAULT_ENTRYPOINT = "/usr/local/bin/openshell-sandbox"  # images/Containerfile's ENTRYPOINT, by path
+DEFAULT_WORKLOAD_RESOURCES = Resources(cpu="250m", memory="512Mi", limit_memory="2Gi")
+DEFAULT_CONTROL_RESOURCES = Resources(cpu="100m", memory="128Mi", limit_memory="512Mi")
+DEFAULT_WORKSPACE_SIZE = 10 * 2**30
+# Cloud metadata services, excluded from control's egress in every cluster: link-local IPv4 (AWS, GCP, Azure,
+# OpenStack), AWS's IPv6 one, Alibaba's.
+METADATA_CIDRS = ("169.254.0.0/16", "100.100.100.200/32", "fd00:ec2::254/128")
+_DIGEST = re.compile(r"[^@\s]+@sha256:[0-9a-f]{64}")
 _API_VERSION = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?v[0-9]+((alpha|beta)[0-9]+)?")
 _KIND = re.compile(r"[A-Z][A-Za-z0-9]{0,62}")
 _UID = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?")
@@ -78,19 +96,28 @@ class DnsPeer:
 
     namespace: str
     labels: tuple[tuple[str, str], ...]
+    port: int = 53  # the DNS pods' own port (OpenShift's listen on 5353 behind the Service's 53)
 
     def __str__(self) -> str:
-        return f"{self.namespace}/" + ",".join(f"{k}={v}" for k, v in self.labels)
+        text = f"{self.namespace}/" + ",".join(f"{k}={v}" for k, v in self.labels)
+        return text if self.port == 53 else f"{text}:{self.port}"
 
 
 DEFAULT_DNS_PEERS = (DnsPeer("kube-system", (("k8s-app", "kube-dns"),)),)
 
 
 def parse_dns_peer(text: str) -> DnsPeer:
-    """``NAMESPACE/KEY=VALUE[,KEY=VALUE…]``, e.g. ``kube-system/k8s-app=kube-dns``."""
+    """``NAMESPACE/KEY=VALUE[,KEY=VALUE…][:PORT]``, e.g. ``kube-system/k8s-app=kube-dns`` or
+    ``openshift-dns/dns.operator.openshift.io/daemonset-dns=default:5353`` (a label value holds no ``:``)."""
+    port = 53
+    head, colon, tail = text.rpartition(":")
+    if colon:
+        if not tail.isdigit() or not 1 <= int(tail) <= 65535:
+            raise RenderError("--dns-peer", f"{text!r}: port {tail!r} is not 1..65535")
+        text, port = head, int(tail)
     namespace, sep, selector = text.partition("/")
     if not sep or not is_dns_label(namespace):
-        raise RenderError("--dns-peer", f"{text!r} is not NAMESPACE/KEY=VALUE[,KEY=VALUE...]")
+        raise RenderError("--dns-peer", f"{text!r} is not NAMESPACE/KEY=VALUE[,KEY=VALUE...][:PORT]")
     labels = []
     for item in selector.split(","):
         key, eq, value = item.partition("=")
@@ -98,7 +125,15 @@ def parse_dns_peer(text: str) -> DnsPeer:
         if not eq or not _LABEL_KEY.fullmatch(key) or not is_label_value(value):
             raise RenderError("--dns-peer", f"{text!r}: {item!r} is not KEY=VALUE (a label key and a label value)")
         labels.append((key, value))
-    return DnsPeer(namespace, tuple(labels))
+    return DnsPeer(namespace, tuple(labels), port)
+
+
+def parse_cidr(text: str, flag: str) -> str:
+    """A network in canonical form (``10.244.0.0/16``); host bits set are refused, not masked."""
+    try:
+        return str(ipaddress.ip_network(text, strict=True))
+    except ValueError as exc:
+        raise RenderError(flag, f"{text!r} is not a CIDR ({exc})") from None
 
 
 @dataclass(frozen=True)
@@ -110,15 +145,18 @@ class Owner:
     name: str
     uid: str
 
-    def reference(self) -> dict[str, object]:
-        return {
+    def reference(self, block_owner_deletion: bool = False) -> dict[str, object]:
+        """``blockOwnerDeletion`` needs the right to set finalizers on the owner, which many appliers lack."""
+        ref: dict[str, object] = {
             "apiVersion": self.api_version,
             "kind": self.kind,
             "name": self.name,
             "uid": self.uid,
             "controller": True,
-            "blockOwnerDeletion": True,
         }
+        if block_owner_deletion:
+            ref["blockOwnerDeletion"] = True
+        return ref
 
 
 def parse_owner(text: str) -> Owner:
@@ -171,7 +209,23 @@ class RenderSpec:
     proxy_port: int | None = None  # control's proxy listener and headless Service port
     proxy_user: str | None = None  # UID[:GID] the agent's image runs as (--proxy-uid)
     read_only_root: bool = False  # the agent's image works on a read-only root filesystem
-    dns_peers: tuple[DnsPeer, ...] | None = None  # where the workload may send DNS (the Service name resolves)
+    dns_peers: tuple[DnsPeer, ...] | None = None  # the cluster DNS pods (control's egress; proxy-pod: the workload's)
+    # Chart knobs: resources, the workload's memory limit (the boundary's --memory-limit), the workspace's size.
+    workload_resources: Resources | None = None  # None: DEFAULT_WORKLOAD_RESOURCES, limit raised for memory_limit
+    control_resources: Resources = DEFAULT_CONTROL_RESOURCES
+    memory_limit: int | None = None  # bytes; None: the workload container's limit less BOUNDARY_MEMORY_HEADROOM
+    workspace_size: int = DEFAULT_WORKSPACE_SIZE  # bytes: the workspace emptyDir's sizeLimit
+    allow_mutable_image: bool = False  # --image may be a tag (the `image` claim then proves less)
+    entrypoint: str = DEFAULT_ENTRYPOINT  # where the workload image keeps openshell-sandbox
+    block_owner_deletion: bool = False
+    # Control's egress fence: None means not stated (refused); () with --cluster-cidr none.
+    cluster_cidrs: tuple[str, ...] | None = None
+    service_cidrs: tuple[str, ...] = ()
+    # What only the operator knows: the cluster's CNI enforces NetworkPolicy (required for proxy-pod and P).
+    networkpolicy_enforced: bool = False
+    unprobed_fence: bool = False  # model P without the canary
+    canary_port: int = DEFAULT_CANARY_PORT
+    assigned_uids: bool = False  # the cluster assigns pod uids (OpenShift restricted-v2): no fixed runAsUser
 
     def __post_init__(self) -> None:
         for flag, value in (("--namespace", self.namespace), ("--sandbox", self.sandbox)):
@@ -219,6 +273,65 @@ class RenderSpec:
             raise RenderError("--agent-user", f"{self.agent_user!r} is not UID:GID")
         if not _WORKDIR.fullmatch(self.workdir) or self.workdir.rstrip("/") == "" or ".." in self.workdir.split("/"):
             raise RenderError("--workdir", f"{self.workdir!r} must be an absolute path other than /")
+        self._check_knobs()
+        self._check_fences()
+
+    def _check_knobs(self) -> None:
+        if not self.allow_mutable_image and not _DIGEST.fullmatch(self.image):
+            raise RenderError(
+                "--image",
+                f"{self.image!r} is not pinned by digest (NAME@sha256:<64 hex>): the `image` claim names what was "
+                "admitted only if the reference cannot move (or pass --allow-mutable-image)",
+            )
+        if not _WORKDIR.fullmatch(self.entrypoint) or ".." in self.entrypoint.split("/"):
+            raise RenderError("--entrypoint", f"{self.entrypoint!r} is not an absolute path")
+        if self.block_owner_deletion and self.owner is None:
+            raise RenderError("--block-owner-deletion", "given without --owner")
+        if self.workspace_size < 2**20:
+            raise RenderError("--workspace-size", f"{format_bytes(self.workspace_size)} is below 1Mi")
+        if self.topology is Topology.PROXY_POD:
+            if self.memory_limit is not None:
+                raise RenderError("--memory-limit", "the proxy-pod workload runs no boundary: use --resources")
+            return
+        if self.memory_limit is not None and self.memory_limit < 16 * 2**20:
+            raise RenderError("--memory-limit", f"{format_bytes(self.memory_limit)} is below 16Mi")
+        container = parse_bytes(self.workload_container_resources.limit_memory, "--resources")
+        if container - self.workload_memory_limit < BOUNDARY_MEMORY_HEADROOM or self.workload_memory_limit <= 0:
+            raise RenderError(
+                "--resources",
+                f"workload limit-memory={format_bytes(container)} leaves the boundary less than "
+                f"{format_bytes(BOUNDARY_MEMORY_HEADROOM)} above the workload's --memory-limit "
+                f"{format_bytes(self.workload_memory_limit)}",
+            )
+
+    def _check_fences(self) -> None:
+        if self.cluster_cidrs is None:
+            raise RenderError(
+                "--cluster-cidr",
+                "required: the cluster's pod and node CIDRs (--cluster-cidr, repeatable) and its Service CIDRs "
+                "(--service-cidr), which control's egress excludes with the metadata addresses; render does not "
+                "guess them. --cluster-cidr none renders control's egress without that exclusion",
+            )
+        if self.service_cidrs and not self.cluster_cidrs:
+            raise RenderError("--service-cidr", "given with --cluster-cidr none")
+        needs_statement = self.topology is Topology.PROXY_POD or self.model is Model.P
+        if needs_statement and not self.networkpolicy_enforced:
+            what = "the proxy-pod topology" if self.topology is Topology.PROXY_POD else "model P"
+            raise RenderError(
+                "--networkpolicy-enforced",
+                f"required for {what}: its only fence is the workload's NetworkPolicy, so you must state that this "
+                "cluster's CNI enforces NetworkPolicy (egress and ingress) for the namespace; render cannot know",
+            )
+        if self.unprobed_fence and self.model is not Model.P:
+            raise RenderError("--unprobed-fence", "only for model P (the only model with a canary)")
+        if isinstance(self.canary_port, bool) or not 1 <= self.canary_port <= 65535:
+            raise RenderError("--canary-port", f"{self.canary_port!r} is not a TCP port")
+        if (
+            self.model is Model.P
+            and not self.unprobed_fence
+            and self.canary_port in (self.api_port, self.boundary_port)
+        ):
+            raise RenderError("--canary-port", f"{self.canary_port} is also another port of the sandbox")
 
     def _check_topology(self) -> None:
         if self.runtime_class is not None and not (
@@ -227,8 +340,14 @@ class RenderSpec:
             raise RenderError("--runtime-class", f"{self.runtime_class!r} is not a RuntimeClass name")
         proxy_only = (
             ("--proxy-port", self.proxy_port is not None), ("--proxy-uid", self.proxy_user is not None),
-            ("--read-only-root", self.read_only_root), ("--dns-peer", self.dns_peers is not None),
+            ("--read-only-root", self.read_only_root),
         )  # fmt: skip
+        if self.dns_peers is not None and not self.dns_peers:
+            raise RenderError(
+                "--dns-peer",
+                "an empty list: control resolves through the cluster DNS, and the proxy-pod workload resolves its "
+                f"proxy's Service name there (default {DEFAULT_DNS_PEERS[0]})",
+            )
         if self.topology is Topology.BOUNDARY:
             for flag, given in proxy_only:
                 if given:
@@ -252,12 +371,29 @@ class RenderSpec:
                 raise RenderError("--proxy-uid", f"{user!r} is not UID or UID:GID")
             if int(match.group(1)) == 0 or int(match.group(1)) >= 2**31 or int(match.group(3) or 1) >= 2**31:
                 raise RenderError("--proxy-uid", f"{user!r}: the uid must be non-zero (Pod Security restricted)")
-        if self.dns_peers is not None and not self.dns_peers:
-            raise RenderError(
-                "--dns-peer",
-                "an empty list: the workload must resolve control's Service name through the cluster DNS "
-                f"(default {DEFAULT_DNS_PEERS[0]})",
-            )
+
+    @property
+    def workload_container_resources(self) -> Resources:
+        """The workload container's resources: its memory limit holds the workload's and the boundary's headroom."""
+        if self.workload_resources is not None:
+            return self.workload_resources
+        if self.memory_limit is None or self.topology is Topology.PROXY_POD:
+            return DEFAULT_WORKLOAD_RESOURCES
+        limit = format_bytes(self.memory_limit + BOUNDARY_MEMORY_HEADROOM)
+        return Resources(DEFAULT_WORKLOAD_RESOURCES.cpu, DEFAULT_WORKLOAD_RESOURCES.memory, limit)
+
+    @property
+    def workload_memory_limit(self) -> int:
+        """The boundary's ``--memory-limit``: given, or the container's limit less the boundary's headroom."""
+        if self.memory_limit is not None:
+            return self.memory_limit
+        limit = parse_bytes(self.workload_container_resources.limit_memory, "--resources")
+        return limit - BOUNDARY_MEMORY_HEADROOM
+
+    @property
+    def excluded_cidrs(self) -> tuple[str, ...]:
+        """What control's egress may not reach, in every cluster: its own ranges and the metadata addresses."""
+        return (*(self.cluster_cidrs or ()), *self.service_cidrs, *METADATA_CIDRS)
 
     @property
     def proxy_ids(self) -> tuple[int, int]:

@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 UID = "7c0e2d4a-5b6f-4e1d-9a3c-2f8b1e0d6c5a"
+CLUSTER = ["--cluster-cidr", "10.244.0.0/16", "--service-cidr", "10.96.0.0/12", "--networkpolicy-enforced"]
 BASE = [
-    "k8s", "render", "--namespace", "agents-team-a", "--sandbox", "review-bot",
+    "k8s", "render", "--namespace", "agents-team-a", "--sandbox", "review-bot", *CLUSTER,
     "--image", "registry.example/agents/review-bot@sha256:" + "2d" * 32,
     "--control-image", "registry.example/openshell/openshell-sandbox:0.1.0",
 ]  # fmt: skip

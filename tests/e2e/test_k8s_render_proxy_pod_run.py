@@ -163,6 +163,7 @@ def _run(tmp: Path, host: NetnsHost, dns: DnsServer, origin_ca: Path, logs: tupl
         [*CLI, "k8s", "render", "--namespace", "agents", "--sandbox", "rendered", "--sandbox-uid", UID,
          "--image", "registry.example/agent@sha256:" + "ab" * 32, "--control-image", "registry.example/osb:1",
          "--topology", "proxy-pod", "--policy", str(policy), "--secrets-dir", str(tmp / "sec"),
+         "--cluster-cidr", "none", "--networkpolicy-enforced",
          "--", "curl", "https://api.test"],
         capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip

@@ -20,6 +20,7 @@ BASE = [
     "k8s", "render", "--namespace", "agents-team-a", "--sandbox", "review-bot", "--sandbox-uid", UID,
     "--image", "registry.example/agents/review-bot@sha256:" + "2d" * 32,
     "--control-image", "registry.example/openshell/openshell-sandbox:0.1.0",
+    "--cluster-cidr", "10.244.0.0/16", "--service-cidr", "10.96.0.0/12", "--networkpolicy-enforced",
 ]  # fmt: skip
 AGENT = ["--", "python3", "/opt/review-bot/main.py"]
 

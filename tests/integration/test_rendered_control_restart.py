@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -83,7 +84,7 @@ class Sandbox:
         self.spec = RenderSpec(
             namespace="agents-team-a", sandbox="review-bot", sandbox_uid="0f9e8d7c-1111-4222-8333-944455556666",
             image="registry.example/agent@sha256:" + "ab" * 32, control_image="registry.example/os:1",
-            agent_argv=("sleep", "1000"), policy_text=policy, model=Model.R,
+            agent_argv=("sleep", "1000"), policy_text=policy, model=Model.R, cluster_cidrs=(),
         )  # fmt: skip
         names = SandboxNames.of(self.spec.sandbox, self.spec.sandbox_uid)
         self.material = issue_material(claims_for(self.spec, names), self.spec.policy_digest, validity=validity)
@@ -220,3 +221,31 @@ def test_a_bundle_ending_within_seven_days_is_an_event_and_keeps_control_not_rea
         assert status["certificates"]["expiring"] and status["interception"]["match"] is True
     finally:
         box.close()
+
+
+def test_a_workload_gone_too_long_is_named_in_readyz_with_the_time_and_status_says_what_to_delete(
+    sandbox: Sandbox,
+) -> None:
+    """The workload ends (its boundary exits) and control stays, redialling: past --workload-gone-after readyz
+    names the time it went, and status the commands that remove the sandbox by its id label."""
+    box = sandbox
+    box.control_args = ("--workload-gone-after=2",)
+    box.start_boundary()
+    box.start_control(box.root / "ca")
+    _wait("the agent running", lambda: _running(box))
+    assert "workload: gone" not in box.readyz().stdout + box.readyz().stderr
+    box.stop(box.procs[0])  # the workload pod is gone
+    ready = _wait("readyz to name the gone workload", lambda: (r := box.readyz()).returncode == 1
+                  and "workload: gone since " in r.stdout + r.stderr and r)  # fmt: skip
+    assert re.search(r"workload: gone since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \(0 min without a link\)",
+                     ready.stdout + ready.stderr), ready  # fmt: skip
+    gone = box.status()["link"]["workload_gone"]
+    uid = box.spec.sandbox_uid
+    assert gone["delete"] == [
+        f"kubectl delete -n agents-team-a -l openshell.ai/sandbox-id={uid} pods,deployments --cascade=foreground "
+        "--wait=true",
+        f"kubectl delete -n agents-team-a -l openshell.ai/sandbox-id={uid} services,networkpolicies,configmaps,secrets",
+    ]
+    human = subprocess.run([*CLI, "status", f"--api={box.root / 'api.sock'}"], capture_output=True, text=True,
+                           timeout=30)  # fmt: skip
+    assert "workload    gone since" in human.stdout and gone["delete"][0] in human.stdout

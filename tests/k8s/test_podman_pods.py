@@ -213,10 +213,16 @@ class Sandbox:
         self.workload_ip = world.network.address(first_address + 1)
         self.policy = (PROXY_POD_POLICY if proxy_pod else POLICY).format(port=PORT, address=world.origin, extra="")
         (self.root / "policy.yaml").write_text(self.policy)
+        # No NetworkPolicy is enforced here (the internal network stands in for the cluster): the statement is
+        # the run's, and P runs without its canary, which would rightly find no fence.
+        statement = ["--networkpolicy-enforced"] if proxy_pod or model == "P" else []
+        statement += ["--unprobed-fence"] if model == "P" and not proxy_pod else []
         rendered = subprocess.run(
             [*CLI, "k8s", "render", "--namespace", NAMESPACE, "--sandbox", self.name,
-             "--sandbox-uid", str(uuid.uuid4()), "--image", world.agent_image if proxy_pod else world.image,
-             "--control-image", world.image, "--topology", topology,
+             "--sandbox-uid", str(uuid.uuid4()),
+             "--image", pinned(world.podman, world.agent_image if proxy_pod else world.image),
+             "--control-image", world.image, "--topology", topology, "--cluster-cidr", str(world.network.subnet),
+             *statement,
              *([] if proxy_pod else ["--privilege-model", model]), "--policy", str(self.root / "policy.yaml"),
              "--secrets-dir", str(self.root / "secrets"), "--out", str(self.root / "objects.yaml"),
              "--", "/usr/bin/sleep", "100000"],
@@ -302,6 +308,13 @@ class Sandbox:
     def control_events(self) -> list[dict[str, Any]]:
         logs = self.world.podman.run("logs", self.control_container, check=False)
         return [json.loads(line) for line in (logs.stdout + logs.stderr).splitlines() if line.startswith("{")]
+
+
+def pinned(podman: Podman, image: str) -> str:
+    """``image`` by the digest of the local copy (render refuses a mutable reference)."""
+    digest = podman.run("image", "inspect", "--format", "{{.Digest}}", image).stdout.strip()
+    assert digest.startswith("sha256:"), (image, digest)
+    return f"{image.rsplit(':', 1)[0]}@{digest}"
 
 
 def _entrypoint_runs(world: World, container: str, mode: str) -> None:

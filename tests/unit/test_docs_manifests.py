@@ -53,9 +53,10 @@ def test_every_daemon_command_line_in_the_manifests_parses_with_the_real_flags(n
             continue
         spec = doc["spec"]["template"]["spec"] if doc["kind"] == "Deployment" else doc["spec"]
         for container in spec["containers"]:
-            if "command" in container:  # the proxy-pod workload: the agent's own argv, nothing of ours
-                assert name == "proxy-pod.yaml" and "args" not in container
+            if "args" not in container:  # the proxy-pod workload: the agent's own argv, nothing of ours
+                assert name == "proxy-pod.yaml" and container["command"][0] == "python3"
                 continue
+            assert container["command"] == ["/usr/local/bin/openshell-sandbox"]
             err = io.StringIO()
             with contextlib.redirect_stderr(err):
                 try:

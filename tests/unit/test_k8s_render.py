@@ -27,7 +27,7 @@ from supervisor.k8s.names import MAX_NAME, SandboxNames, is_dns_label
 from supervisor.k8s.objects import BOOTSTRAP_DIR, COPY_DIR, MODEL_R_CAPABILITIES, SECRETS_MOUNT, TLS_DIR
 from supervisor.k8s.render import claims_for, render, to_yaml
 from supervisor.k8s.secrets import SecretMaterial, check_material, issue_material
-from supervisor.k8s.spec import Model, Owner, RenderError, RenderSpec, parse_owner
+from supervisor.k8s.spec import Model, Owner, RenderError, RenderSpec, Topology, parse_owner
 from supervisor.protocol.certs import POLICY_DIGEST_FILE, load_bundle, read_policy_digest
 from supervisor.protocol.claims import Role, parse_claims_json
 
@@ -53,6 +53,8 @@ network_policies:
       - path: /usr/bin/python3*
 """
 SCHEMA_VERSIONS = ("1.35.0", "1.37.0")
+CLUSTER_CIDRS = ("10.244.0.0/16", "fd00:10:244::/56")
+SERVICE_CIDRS = ("10.96.0.0/12",)
 MODELS = tuple(Model)
 
 
@@ -60,6 +62,8 @@ def make_spec(model: Model = Model.R, **changes: Any) -> RenderSpec:
     fields: dict[str, Any] = dict(
         namespace="agents-team-a", sandbox="review-bot", sandbox_uid=UID, image=IMAGE, control_image=CONTROL_IMAGE,
         agent_argv=("python3", "/opt/review-bot/main.py"), policy_text=POLICY, model=model,
+        cluster_cidrs=CLUSTER_CIDRS, service_cidrs=SERVICE_CIDRS,
+        networkpolicy_enforced=model is Model.P or changes.get("topology") == Topology.PROXY_POD,
     )  # fmt: skip
     fields.update(changes)
     return RenderSpec(**fields)
@@ -489,7 +493,7 @@ def test_control_network_policy_has_no_ingress_unless_the_api_listens() -> None:
     """Issue 18: the API port is admitted only when control serves it (--api-listen), and only that port."""
     docs = objects(Model.R)
     spec = one(docs, "NetworkPolicy", "os-npc-")["spec"]
-    assert spec["ingress"] == [] and spec["egress"] == [{}]
+    assert spec["ingress"] == []
     control = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert not [a for a in control["args"] if a.startswith("--api-listen")] and "ports" not in control
     docs = objects(Model.R, api_listen=True, api_port=7555)

@@ -332,7 +332,8 @@ def test_control_admits_the_proxy_port_from_its_workload_only() -> None:
     (peer,) = rule["from"]
     assert set(peer) == {"podSelector"}
     assert peer["podSelector"]["matchLabels"].items() <= pod_labels(one(objs, "Pod")).items()
-    assert rule["ports"] == [{"protocol": "TCP", "port": 3128}] and spec["egress"] == [{}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 3128}]
+    assert spec["egress"][0]["to"][0]["ipBlock"]["cidr"] == "0.0.0.0/0", "the internet, less the cluster"
 
 
 def test_dns_peers_are_configurable_and_an_empty_list_is_refused_naming_the_flag() -> None:

@@ -39,7 +39,8 @@ def _translation(tmp_path: Path, **changes: Any) -> Translation:
     spec = RenderSpec(**{
         "namespace": "ostk", "sandbox": "r-unit", "sandbox_uid": "0b7c5a52-3f64-4c47-9d0e-6b1e1c2d3e4f",
         "image": "localhost/openshell-sandbox:test-k8s", "control_image": "localhost/openshell-sandbox:test-k8s",
-        "agent_argv": ("/usr/bin/sleep", "100000"), "policy_text": POLICY, **changes,
+        "agent_argv": ("/usr/bin/sleep", "100000"), "policy_text": POLICY, "allow_mutable_image": True,
+        "cluster_cidrs": (), "networkpolicy_enforced": True, **changes,
     })  # fmt: skip
     names = SandboxNames.of(spec.sandbox, spec.sandbox_uid)
     material = issue_material(claims_for(spec, names), spec.policy_digest, proxy_pod=spec.topology == "proxy-pod")
