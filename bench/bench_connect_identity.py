@@ -1,4 +1,4 @@
-"""What recording identity at ``connect()`` costs a connection's setup (issue 16, docs/design.md "Identity").
+"""What recording identity at ``connect()`` costs a connection's setup (docs/design.md "Identity").
 
     python3 bench/bench_connect_identity.py [--json] [--quick] [-n N] [--rounds R]
 

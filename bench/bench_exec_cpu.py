@@ -1,4 +1,4 @@
-"""CPU time per ``exec true`` through the operator API, for the whole sandbox (issue 22).
+"""CPU time per ``exec true`` through the operator API, for the whole sandbox.
 
 Wall time on a shared, loaded machine mostly measures the wait for a core; CPU time does not. This starts a
 dev sandbox (as ``bench_exec_e2e`` does), runs ``exec true`` from an already-running client, and reads from

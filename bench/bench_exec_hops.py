@@ -1,4 +1,4 @@
-"""Where an exec's time goes on the boundary's process side, per hop, in wall time and in CPU time (issue 22).
+"""Where an exec's time goes on the boundary's process side, per hop, in wall time and in CPU time.
 
 From an already-running launcher (model R as root: the workload's network, mount and PID namespaces), each run
 launches ``true`` the way an operator exec is launched (``own_pidns``: a PID namespace of its own) and times:

@@ -13,7 +13,7 @@ certificate), the mediator under test (this process, trio), and the client (stdl
   with a leaf from the sandbox CA, every request parsed by h11, judged by ``decide_l7`` (a REST rule set),
   its ``Authorization: Bearer <placeholder>`` replaced by the secret, sent over a verified TLS connection to
   the origin, one JSON event per request (written to /dev/null);
-* ``terminated``: the default for an endpoint without L7 rules (issue 14): dialled first, the first bytes
+* ``terminated``: the default for an endpoint without L7 rules: dialled first, the first bytes
   sniffed, TLS terminated, every request's authority bound to the tunnel and its placeholder resolved — no
   rules to judge. ``tunnel`` is what a ``tls: skip`` endpoint costs.
 

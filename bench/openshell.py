@@ -60,8 +60,8 @@ STOP_TIMEOUT = 20.0
 
 def render_policy(address: str, ports: list[int], binary: str, https_port: int | None = None) -> str:
     """The bench's policy: the upstream host's address and ports, for the driver's interpreter only, raw
-    (``tls: skip``: relayed, never terminated); and, given ``https_port`` (the HTTPS origin of the intercepted rows,
-    issue 22), that port intercepted: ``protocol: rest`` with a rule allowing every GET, so that control terminates
+    (``tls: skip``: relayed, never terminated); and, given ``https_port`` (the HTTPS origin of the intercepted rows),
+    that port intercepted: ``protocol: rest`` with a rule allowing every GET, so that control terminates
     the agent's TLS with a leaf from its interception CA, parses and judges every request, and verifies the origin
     against ``dev --upstream-ca`` (as ``bench/bench_l7.py``'s "intercepted" mode)."""
     port_list = ", ".join(str(p) for p in sorted(set(ports)))

@@ -1,4 +1,4 @@
-"""The HTTPS origin of the intercepted scenarios, and the run's TLS material (issue 22).
+"""The HTTPS origin of the intercepted scenarios, and the run's TLS material.
 
 ``python3 -m bench.origin --host ADDR --cert C --key K`` serves HTTPS/1.1 on ADDR (the harness's upstream host,
 inside its namespace, like ``bench.upstream``), prints ``READY <port>`` once bound and exits when its stdin

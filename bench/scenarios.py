@@ -44,7 +44,7 @@ class Config:
     idle_hold: float = 1.0  # seconds the idle connections are held before the peak is read
     idle_open_concurrency: int = 256
     timeout: float = 60.0  # per socket operation (bulk) or per connection (setup, idle)
-    https_sequential: int = 300  # HTTPS exchanges per intercepted-setup measurement (issue 22)
+    https_sequential: int = 300  # HTTPS exchanges per intercepted-setup measurement
     https_bulk_bytes: int = 0  # the intercepted download's size; 0 leaves that row out (--quick)
 
 
@@ -109,7 +109,7 @@ IDLE = (
     Metric("boundary peak", "MiB", ratio=False),
 )
 DAEMONS = ("control", "boundary")
-# The intercepted rows (issue 22): HTTPS through each contender's interception, as ratios against these peers.
+# The intercepted rows: HTTPS through each contender's interception, as ratios against these peers.
 INTERCEPT_REFERENCES = ("mitmproxy", "squid-bump")
 
 

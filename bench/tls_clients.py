@@ -1,4 +1,4 @@
-"""The intercepted-HTTPS client: HTTPS to the bench's origin through a proxy's CONNECT tunnel (issue 22).
+"""The intercepted-HTTPS client: HTTPS to the bench's origin through a proxy's CONNECT tunnel.
 
 The same client for every contender, as :mod:`bench.clients` is for the raw path: a CONNECT (or none, for
 direct), then TLS verified against the one CA this contender's client trusts, then HTTP/1.1.

@@ -1,4 +1,4 @@
-"""The intercepted-HTTPS rows (issue 22): the client's parsing and name check, the peers' configurations, the
+"""The intercepted-HTTPS rows: the client's parsing and name check, the peers' configurations, the
 sandbox's policy, the rows and their ratios, and one real origin on loopback verified (or refused) by the client."""
 
 from __future__ import annotations

@@ -164,7 +164,7 @@ class BoundaryDaemon:
         self.memory_cgroup: MemoryCgroup | None = None
         self.terminating = 0  # terminate calls in flight: their replies go out before the daemon ends
         self.terminates_done = trio.Event()
-        self.enforcement_lost: str | None = None  # the watched fence changed: why (issue 15 item 3)
+        self.enforcement_lost: str | None = None  # the watched fence changed: why (capture/fence_watch.py)
         self.limits: dict[str, Any] = {"pids": None, "memory": None, **self._fixed_limits()}  # set at attach
         self.canary_probe: ProbeResult | None = None  # the last probe of control's canary (proxy-env)
         self.router = self._make_router()

@@ -227,7 +227,7 @@ async def _exec(api: Api, args: argparse.Namespace) -> int:
 
 def _launch_failure(exc: ApiError) -> int:
     body = exc.body
-    field = body.get("field")  # e.g. env.KEY: the refused key by name (issue 15)
+    field = body.get("field")  # e.g. env.KEY: the refused key by name, so the operator can fix it
     where = f" ({field})" if isinstance(field, str) and field not in str(exc) else ""
     print(f"openshell-sandbox: {body.get('kind', 'error')}: {exc}{where}", file=sys.stderr)
     err = body.get("errno")

@@ -241,7 +241,7 @@ class ControlDaemon:
 
     async def _maintain_ops_link(self) -> None:
         """Dial, drive the lifecycle, follow the agent; on any failure log it once and back off. Nothing that
-        happens on a link ends the daemon (issue 10): control stays up, not ready, and keeps redialling."""
+        happens on a link ends the daemon: control stays up, not ready, and keeps redialling."""
         backoff = self._backoffs.new()
         while True:
             failure = LinkFailure()
@@ -311,7 +311,7 @@ class ControlDaemon:
             try:
                 reply = await call(link, "/v1/attach", self._descriptor().to_wire())
             except OpError as exc:
-                if exc.kind is not ErrorKind.UNAVAILABLE:  # a refused attach ends the boundary (issue 15)
+                if exc.kind is not ErrorKind.UNAVAILABLE:  # a refused attach ends the boundary (boundary spec §1.2)
                     self.boundary_refused = f"{exc.kind}: {exc.reason}" + (f" ({exc.field})" if exc.field else "")
                     self.log.emit(EventName.BOUNDARY_REFUSED, step="attach", error=exc.to_json(),
                                   reason="the boundary refused the attach descriptor and exits non-zero")  # fmt: skip

@@ -1,5 +1,5 @@
 """What control answers to a DNS query from the agent's stub, before any resolving (docs/design.md "DNS and
-transparent capture"; issue 10). Pure: a query in, a plan out; ``egress.EgressService.answer`` carries it out.
+transparent capture"). Pure: a query in, a plan out; ``egress.EgressService.answer`` carries it out.
 
 The table, first match wins:
 

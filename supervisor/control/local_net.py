@@ -1,6 +1,6 @@
 """What control knows of its own network namespace: its own addresses (never dialled) and whether it has IPv6 egress.
 
-Rules this file enforces (issue 10):
+Rules this file enforces:
 
 1. **Never dial yourself.** Every address of every interface in control's namespace, plus each
    ``--self-address`` (render passes the Service address, which no interface holds), is *control-local*:

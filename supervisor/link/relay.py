@@ -81,7 +81,7 @@ class RelayStats:
 
 
 class _Relay:
-    # one per relayed connection in each daemon for as long as it lasts (idle memory per connection, issue 22)
+    # one per relayed connection in each daemon for as long as it lasts: slots keep idle memory per connection low
     __slots__ = ("a", "b", "chunk", "filter_a", "half_close", "idle_scope", "idle_timeout", "pumps", "slack", "stats")
 
     def __init__(
@@ -193,7 +193,7 @@ async def relay(
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(r.pump, RelayEnd.A, RelayEnd.B)
                     # b → a in the caller's own task: one task fewer per relay (~2 KB each, and every connection
-                    # holds one relay in each daemon: docs/performance.md "Issue 22: setup, memory, decision")
+                    # holds one relay in each daemon: docs/performance.md "Where each target stands", idle memory)
                     await r.pump(RelayEnd.B, RelayEnd.A)
         if r.idle_scope.cancelled_caught and r.stats.error is None:
             r.stats.closed_by = RelayEnd.IDLE

@@ -6,7 +6,7 @@ and writes the socket directly; Python is entered once per call, and a receive d
 available into one buffer.
 
 Memory BIOs of our own (``supervisor/control/l7/memory_tls.py``, one ``recv`` for many records where OpenSSL
-here reads each record's header and body with a ``read`` each) were measured on the link for issue 22: no less
+here reads each record's header and body with a ``read`` each) were measured on the link: no less
 CPU per small exchange and 8-10 % more per MB in bulk (each byte is copied into and out of two BIOs), with
 ``bench/bench_link.py`` — so the link keeps OpenSSL on the socket, and saves system calls by writing less often
 (``h2link.py``: one write per wake-up of its writer, small frames packed into one record).

@@ -21,7 +21,7 @@ from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.fence_canary import parse_canary
 
 BACKEND_NAME = "openshell.boundary"
-CONTRACT_VERSION = 2  # 2: fence_canary and acknowledge_unprobed_fence (issue 15 item 4)
+CONTRACT_VERSION = 2  # 2: fence_canary and acknowledge_unprobed_fence (protocol/fence_canary.py)
 
 
 class CaptureMode(enum.StrEnum):

@@ -1,4 +1,4 @@
-"""Model P's fence observed through a canary (issue 15 item 4; docs/reference/boundary.md §1.2 and §5, proxy-env).
+"""Model P's fence observed through a canary (docs/reference/boundary.md §1.2 and §5, proxy-env).
 
 In ``proxy-env`` the only fence is the pod's NetworkPolicy. It is *observed*, not only acknowledged, like this:
 

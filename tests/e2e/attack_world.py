@@ -1,4 +1,4 @@
-"""E2e fixtures for attacking the egress path from the agent's side (issue 4, "Bad input and attacks").
+"""E2e fixtures for attacking the egress path from the agent's side.
 
 One module-scoped :class:`AttackWorld` per test module:
 

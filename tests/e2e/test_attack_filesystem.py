@@ -1,4 +1,4 @@
-"""The agent's view of the filesystem, attacked from inside (issue 13, models R and U, dev mode run as root).
+"""The agent's view of the filesystem, attacked from inside (models R and U, dev mode run as root).
 
 Part of the project's attack list: each test has the agent (Debian's ``/usr/bin/python3``) try a route out and
 print what the kernel answered, then asserts the attempt failed *and* that nothing changed on the host.

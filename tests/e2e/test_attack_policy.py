@@ -1,4 +1,4 @@
-"""The agent attacks its own policy and control's secrets (issue 13, part of the project's attack list).
+"""The agent attacks its own policy and control's secrets (part of the project's attack list).
 
 Each run starts ``openshell-sandbox dev`` with a policy file that control *does* hot-reload (a 0755 directory
 under /var/tmp owned by the operator) and a credentials file readable by the operator's group and others

@@ -1,4 +1,4 @@
-"""The agent attacks with processes (issue 15): a fork bomb is held by the workload's pids cgroup while the
+"""The agent attacks with processes: a fork bomb is held by the workload's pids cgroup while the
 boundary keeps answering, and ``terminate`` ends it; an exec's setsid + double-fork child does not outlive
 ``terminate``.
 
@@ -275,7 +275,7 @@ def _exec_until_first_line(box: Sandbox, script: str) -> tuple[subprocess.Popen[
 
 def test_reattach_after_the_cli_is_killed_shows_the_tail_and_the_exit_code(quiet: Sandbox) -> None:
     """The CLI dies mid-exec (SIGKILL): control resets the boundary's stream at once, so the output that comes
-    after is buffered for ``attach`` instead of being sent into a dead client (issue 15)."""
+    after is buffered for ``attach`` instead of being sent into a dead client."""
     first, handle = _exec_until_first_line(quiet, TAIL_ON_CUE)
     first.kill()
     first.wait()

@@ -1,4 +1,5 @@
-"""Identity fixed at connect (issue 16), attacked from the agent's side through dev mode and control's policy.
+"""Identity fixed at connect (docs/design.md "Identity"), attacked from the agent's side through dev mode and
+control's policy.
 
 The policy lets only curl and sh (with their descendants) reach the test host's echo port; the agent is
 python. Each attack makes python's connection look like curl's or sh's to an accept-time resolver; control must

@@ -1,4 +1,4 @@
-"""Control never dials itself, and its DNS answers say what they mean (issue 10) — from the agent's side.
+"""Control never dials itself, and its DNS answers say what they mean — from the agent's side.
 
 Control runs in this test's (root) network namespace, which holds the test host's veth gateway address. The
 policy names ``self.test`` exactly, with ``allowed_ips`` covering that address, and a hostless endpoint on the

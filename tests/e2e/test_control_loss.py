@@ -1,4 +1,4 @@
-"""Control killed mid-transfer (issue 4, "Bad input and attacks"): the agent's connection fails, nothing goes
+"""Control killed mid-transfer: the agent's connection fails, nothing goes
 direct, new connections are refused while control is down, and once dev mode has restarted control (which
 resumes the boundary) new connections work again — all within one agent process that never restarts.
 

@@ -111,7 +111,7 @@ def test_agent_runs_as_another_uid_with_only_loopback() -> None:
     result = run_cli("dev", "--", "sh", "-c", script)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.split()
-    # issue 13: a dedicated unused uid (61000-61183), printed at start; never root, never a real user's 1000
+    # dev's agent: a dedicated unused uid (61000-61183), printed at start; never root, never a real user's 1000
     assert f"agent uid:gid {lines[0]}:" in result.stderr, result.stderr
     assert 61000 <= int(lines[0]) < 61184
     assert lines[1:-1] == ["lo"], "the agent must have nothing but loopback"

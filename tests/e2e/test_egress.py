@@ -23,7 +23,7 @@ def test_curl_through_the_proxy_plain_and_connect(world: World) -> None:
     assert kinds == ["connect", "http-forward"]
     for event in allowed:
         assert event["binary"] == "/usr/bin/curl"
-        assert event["pid"] > 0 and event["start_time"] > 0  # the process instance (issue 15)
+        assert event["pid"] > 0 and event["start_time"] > 0  # the process instance: pid and start time
         assert event["rule"] == "test-api"
         assert event["resolved"] == world.host.address
         assert event["bytes_in"] > 0 and event["duration_ms"] > 0

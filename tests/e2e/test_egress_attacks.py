@@ -1,4 +1,4 @@
-"""Attacks on the egress path from the agent's side (issue 4, "Bad input and attacks").
+"""Attacks on the egress path from the agent's side.
 
 Every test runs real attack code as the agent (uid 1000, in its own network namespace) in dev mode and
 asserts two things: the attack failed where the agent can see it, and the daemons' events say so. Where the

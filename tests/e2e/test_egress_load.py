@@ -1,4 +1,4 @@
-"""1,000 parallel transfers of random sizes through the full egress path (issue 4, "Done when").
+"""1,000 parallel transfers of random sizes through the full egress path.
 
 The agent (an asyncio script under ``/usr/bin/python3``) opens 1,000 connections at once to an echo server on
 the test host — half through the proxy listener (CONNECT), half transparently to the address the DNS stub
@@ -43,7 +43,7 @@ async def open_stream(i):
 
 
 async def transfer(i):
-    # a first byte 0x16 is TLS to control whatever follows (issue 14): random bytes must not start like that
+    # a first byte 0x16 is TLS to control whatever follows (design "Sniffing"): random bytes must not start like that
     payload = b"\\x00" + random.randbytes(sizes[i] - 1)
     try:
         reader, writer = await asyncio.wait_for(open_stream(i), 60)

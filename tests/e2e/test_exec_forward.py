@@ -73,7 +73,7 @@ def test_exec_it_answers_an_interactive_shell(sandbox: Sandbox) -> None:
     try:
         child.expect(r"\$ ")
         child.sendline("stty size; id -u")
-        child.expect(r"24 80\s+610\d\d")  # dev's dedicated agent uid (61000-61183), issue 13
+        child.expect(r"24 80\s+610\d\d")  # dev's dedicated agent uid (61000-61183)
         child.setwinsize(40, 132)  # SIGWINCH → RESIZE frame → TIOCSWINSZ on the workload's terminal
         deadline = time.monotonic() + 60  # the frame is asynchronous: ask until the new size shows
         while True:

@@ -1,4 +1,4 @@
-"""Domain fronting from inside the agent, on every kind of endpoint (issue 14; docs/reference/policy.md §3.7, §3.9).
+"""Domain fronting from inside the agent, on every kind of endpoint (docs/reference/policy.md §3.7, §3.9).
 
 Every endpoint but ``tls: skip`` is TLS-terminated and every HTTP request in it is bound to the tunnel's
 ``host:port``. The agent tries to reach ``other.test`` through a tunnel admitted for ``plain.test`` (no L7

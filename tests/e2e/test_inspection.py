@@ -1,4 +1,4 @@
-"""HTTPS inspection end to end in dev mode (issue 6): real clients trust the per-sandbox CA through the
+"""HTTPS inspection end to end in dev mode: real clients trust the per-sandbox CA through the
 environment alone; L7 rules per request; a placeholder becomes the secret only toward its bound host (asserted
 at the origin); domain fronting and smuggling refused, with nothing reaching the origin.
 """

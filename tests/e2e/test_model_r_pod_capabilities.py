@@ -1,6 +1,6 @@
 """Model R runs with exactly the workload pod's capabilities (docs/kubernetes.md "Model R").
 
-The rendered pod drops ALL and adds nine capabilities; the first real pod (tests/k8s, issue 17) showed the
+The rendered pod drops ALL and adds nine capabilities; the first real pod (tests/k8s) showed the
 agent's root failing with ``chown /run/user/1000: Operation not permitted`` because building it needed
 CAP_CHOWN. Here the whole sandbox runs with the bounding set cut to those nine (what the container runtime
 gives a root process in that pod), and the agent still starts as its own uid with its private runtime

@@ -1,4 +1,4 @@
-"""``dev --topology proxy-pod`` end to end (issue 19): an unmodified agent command — curl, ``python3 -m pip
+"""``dev --topology proxy-pod`` end to end: an unmodified agent command — curl, ``python3 -m pip
 download`` — in a network namespace whose only route is control's proxy listener. The origin (an HTTPS server
 with a pip simple index) lives on a test host in a namespace this module creates; the index is
 ``PIP_INDEX_URL`` there, never the real one.

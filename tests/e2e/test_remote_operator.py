@@ -1,4 +1,4 @@
-"""The operator API from outside the pod (issue 18): the real CLI over ``--api https://127.0.0.1:PORT --cert DIR``
+"""The operator API from outside the pod: the real CLI over ``--api https://127.0.0.1:PORT --cert DIR``
 against hand-run daemons (control with ``--api-listen``), and every certificate that is not this sandbox's
 operator's refused by control's TCP listener and logged.
 

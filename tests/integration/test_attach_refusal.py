@@ -1,4 +1,5 @@
-"""A refused attach ends the boundary (issue 15 item 5): it replies, exits non-zero, and control reports it.
+"""A refused attach ends the boundary (docs/reference/boundary.md §1.2): it replies, exits non-zero, and control
+reports it.
 
 Real daemons by hand: control asks for proxy-env with the external-fence acknowledgement, the boundary was
 not configured with it. Before, the boundary answered ``denied`` and stayed idle for ever; now it exits 125

@@ -1,4 +1,4 @@
-"""Identity fixed at ``connect()`` (issue 16), attacked from the agent's side with the real launcher.
+"""Identity fixed at ``connect()`` (docs/design.md "Identity"), attacked from the agent's side with the real launcher.
 
 The test is the boundary: it prepares the launcher (models R, U and P, as root), gives it the connect-notify
 hand-off socket, opens a listener inside the agent's network namespace and, for every connection accepted,

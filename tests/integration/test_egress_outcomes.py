@@ -237,7 +237,7 @@ async def test_allowed_connection_recorded_once_when_it_closes(nursery: trio.Nur
 
 async def test_a_relayed_tunnel_keeps_its_decoded_request_not_the_raw_headers(nursery: trio.Nursery) -> None:
     """The CONNECT headers are decoded once; the raw list (~1.5 KB of strings) is not held while the tunnel
-    lives (docs/performance.md "Issue 22: setup, memory, decision")."""
+    lives (docs/performance.md "Where each target stands")."""
 
     async def echo_once(upstream: trio.SocketStream) -> None:
         await upstream.send_all(await upstream.receive_some(100))

@@ -1,4 +1,4 @@
-"""Model P's fence observed through control's canary (issue 15 item 4), with the real daemons by hand.
+"""Model P's fence observed through control's canary (docs/reference/boundary.md §1.2), with the real daemons by hand.
 
 The "pod" is a test host's network namespace (tests/netns_hosts.py): the boundary runs there in model P
 (proxy-env), control in the test's namespace with its canary on the veth's test-side address. Nothing leaves

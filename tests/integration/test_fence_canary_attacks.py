@@ -1,4 +1,4 @@
-"""Model P's canary from the agent's side (issue 15 item 4; H10 review): the agent shares the pod's network
+"""Model P's canary from the agent's side (docs/reference/boundary.md §1.2): the agent shares the pod's network
 namespace and uid with the boundary, so it can shape what the boundary's probe sees without any privilege.
 
 - Every ephemeral port held by ``bind()`` (no capability needed: ~28k sockets over two processes): the

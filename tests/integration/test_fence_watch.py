@@ -1,4 +1,4 @@
-"""The fence is watched after confirm (issue 15 item 3), with the real daemons by hand.
+"""The fence is watched after confirm (docs/reference/boundary.md §1.2), with the real daemons by hand.
 
 A veth pair (a dummy link where veth is unavailable) appears in the agent's network namespace while the agent
 runs — what an attacker with a way to CAP_NET_ADMIN there would do. Within 5 s every workload process is

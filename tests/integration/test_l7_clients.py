@@ -255,7 +255,7 @@ async def test_curl_get_allowed_post_denied_with_placeholder_injected(world: Wor
     got = await world.run(["curl", "-sS", "-H", f"Authorization: Bearer {PLACEHOLDER}", "https://forge.test/user"])
     assert got.returncode == 0, got.stderr
     assert world.origin.seen[0][2] == f"Bearer {SECRET}"  # the origin got the secret
-    # it echoed it, and the agent reads its placeholder back: a secret never flows back (issue 14)
+    # it echoed it, and the agent reads its placeholder back: a secret never flows back (design "No secret flows back")
     assert json.loads(got.stdout)["authorization"] == f"Bearer {PLACEHOLDER}" and SECRET.encode() not in got.stdout
     denied = await world.run(["curl", "-sS", "-w", "\n%{http_code}", "-d", "x=1", "https://forge.test/user"])
     body, status = denied.stdout.rsplit(b"\n", 1)

@@ -1,5 +1,5 @@
 """One idle rule on the inspected paths, in virtual time (``autojump_clock``): a connection is idle only when
-no byte moved in either direction for the idle timeout (issue 14; ``supervisor/control/l7/idle.py``).
+no byte moved in either direction for the idle timeout (``supervisor/control/l7/idle.py``).
 
 Both streams are in-memory pairs, so the test controls every byte and the clock jumps over the waits:
 

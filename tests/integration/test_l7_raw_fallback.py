@@ -1,6 +1,6 @@
 """Endpoints without L7 rules (``raw_fallback``): what is neither TLS nor HTTP is relayed raw, an origin that
 speaks first makes the connection raw — but an HTTP origin's unsolicited answer (a 408) never does, and
-anything HTTP is still bound to the tunnel's authority (issue 14). In-memory streams, virtual time.
+anything HTTP is still bound to the tunnel's authority (docs/design.md "Sniffing"). In-memory streams, virtual time.
 """
 
 from __future__ import annotations

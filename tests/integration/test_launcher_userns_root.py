@@ -1,4 +1,4 @@
-"""Model U forced as root: the user namespace maps the agent to its own uid, never to host root (issue 13).
+"""Model U forced as root: the user namespace maps the agent to its own uid, never to host root.
 
 Before, the namespace mapped the caller's uid (0) and the agent — capabilities dropped or not — owned root's
 files: it read root's 0600 secrets and wrote root-owned files. Here the workload runs as ``AGENT`` (mapped to

@@ -1,4 +1,4 @@
-"""Control survives its link (issue 10): a real control process against a boundary that fails on purpose.
+"""Control survives its link: a real control process against a boundary that fails on purpose.
 
 The boundary here is a stand-in served by this test with the project's own link code (``accept_link`` with its
 claim check and GOAWAY refusal, ``Link``, ``Router``), so that each fault happens exactly where the test says:

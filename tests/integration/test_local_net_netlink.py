@@ -1,4 +1,4 @@
-"""Control's reading of its namespace follows netlink changes (issue 10), in a network namespace this test makes.
+"""Control's reading of its namespace follows netlink changes, in a network namespace this test makes.
 
 A child process in a fresh namespace runs ``LocalNetwork.watch`` with the periodic re-read pushed out to an hour,
 so only the netlink wake-up can make it see what the test then changes from outside: an address added to an

@@ -1,4 +1,4 @@
-"""Control run by hand decides at start whether its policy file may be hot-reloaded, and says so (issue 13).
+"""Control run by hand decides at start whether its policy file may be hot-reloaded, and says so.
 
 A policy under ``/tmp`` (the agent's) is loaded once; the same policy named by ``--policy-source`` in an
 operator-owned directory under ``/var/tmp`` is watched; ``--no-policy-watch`` turns the watch off. Control

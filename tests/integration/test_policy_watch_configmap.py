@@ -1,4 +1,4 @@
-"""A Kubernetes ConfigMap volume is safe to hot-reload, and its atomic ``..data`` swap is a revision (issue 13).
+"""A Kubernetes ConfigMap volume is safe to hot-reload, and its atomic ``..data`` swap is a revision.
 
 The test builds the tree kubelet writes — a root-owned 0777 directory, a timestamped data directory, ``..data``
 a symlink to it and ``policy.yaml`` a symlink through ``..data`` — and mounts it read-only (a bind mount

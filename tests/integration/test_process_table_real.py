@@ -213,8 +213,8 @@ async def test_exit_reported_when_a_background_child_holds_the_output(table: Pro
     t0 = trio.current_time()
     out, entry = await run_exec(table, sh("sleep 30 & echo last; exit 6", tty=tty))
     elapsed = trio.current_time() - t0
-    # The exec has its own PID namespace (issue 15): the background child ends with it, and the output with
-    # it, so EXIT comes at once with or without a PTY.
+    # The exec has its own PID namespace (docs/design.md "Limits"): the background child ends with it, and the
+    # output with it, so EXIT comes at once with or without a PTY.
     assert elapsed < 8
     assert bytes(out.stdout).replace(b"\r\n", b"\n") == b"last\n"
     assert out.exit is not None and out.exit["code"] == 6
@@ -228,7 +228,7 @@ async def test_resize_on_non_pty_is_invalid(table: ProcessTable) -> None:
     with pytest.raises(OpError) as info:
         table.resize(entry.handle, 80, 24)
     assert info.value.kind is ErrorKind.INVALID
-    # and as a channel frame (issue 15): an ``invalid`` error, never silently ignored; the process lives on
+    # and as a channel frame: an ``invalid`` error, never silently ignored; the process lives on
     client, server = trio.testing.memory_stream_pair()
     out = Collected()
     async with trio.open_nursery() as n:
@@ -312,7 +312,7 @@ async def test_setsid_after_being_seen_is_still_terminated(table: ProcessTable) 
 
     def left_the_session() -> bool:
         stats = [s for s in map(read_stat, table.launcher.workload_pids()) if s is not None and s.alive]
-        command = next(s for s in stats if s.ppid == entry.pid)  # under its namespace's init (issue 15)
+        command = next(s for s in stats if s.ppid == entry.pid)  # under its namespace's init
         return any(s.sid == s.pid != command.pid for s in stats if s.pid != entry.pid)
 
     await await_until(left_the_session, "the daemon left the session")
@@ -481,7 +481,7 @@ async def test_forward_attacks_refused(table: ProcessTable, host: str, port: int
 
 async def test_unowned_reaps_are_reported_aggregated(table: ProcessTable) -> None:
     # Orphans reparented to the workload's init are reaped there and reported once per second at most, as a
-    # count with the first pids (issue 15): three double-forked children of the agent, one report.
+    # count with the first pids: three double-forked children of the agent, one report.
     reports: list[tuple[int, list[int]]] = []
     table.launcher.on_unowned = lambda count, pids: reports.append((count, pids))  # type: ignore[attr-defined]
     await table.start(sh("(sleep 0.1 &); (sleep 0.1 &); (sleep 0.1 &); sleep 30"), kind="agent")

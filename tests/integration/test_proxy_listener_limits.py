@@ -1,4 +1,4 @@
-"""Control's proxy-pod listener before any policy work (issue 19), in process over loopback sockets: the head
+"""Control's proxy-pod listener before any policy work, in process over loopback sockets: the head
 deadline, the total connection cap, ``--proxy-clients`` and malformed heads — each answered without a decision
 and logged as ``proxy.refused``."""
 

@@ -1,4 +1,4 @@
-"""Control in the proxy-pod topology (issue 19): no boundary; real clients (curl, requests) on loopback use
+"""Control in the proxy-pod topology: no boundary; real clients (curl, requests) on loopback use
 control's own proxy listener with the sandbox's proxy token. The origins live on a test host in a network
 namespace this module creates; names are answered by the test's DNS server.
 

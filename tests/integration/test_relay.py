@@ -301,7 +301,7 @@ async def test_an_idle_relay_keeps_none_of_what_it_relayed() -> None:
 
 async def test_a_relay_holds_one_task_of_its_own() -> None:
     """b → a runs in the caller's task: an idle connection holds one relay in each daemon, and a task is ~2 KB
-    of its memory (docs/performance.md "Issue 22: setup, memory, decision")."""
+    of its memory (docs/performance.md "Where each target stands")."""
     client, a = trio.testing.memory_stream_pair()
     b, server = trio.testing.memory_stream_pair()
     caller: list[trio.lowlevel.Task] = []

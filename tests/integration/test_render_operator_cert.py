@@ -1,5 +1,5 @@
-"""``k8s render --api-listen --operator-cert-out DIR`` (issue 18): an operator bundle of the rendered sandbox, from
-the same CA as the rendered control Secret, written beside the Secrets and never into them."""
+"""``k8s render --api-listen --operator-cert-out DIR`` (remote operators): an operator bundle of the rendered sandbox,
+from the same CA as the rendered control Secret, written beside the Secrets and never into them."""
 
 from __future__ import annotations
 

@@ -415,7 +415,7 @@ async def test_non_tls_traffic_fails_the_handshake_cleanly(pair: tuple[Bundle, B
     assert not reply or reply[0] == 0x15, bytes(reply[:40])
 
 
-# --- the operator role (issue 18): accepted by control's TCP API only, never on a link -----------------------
+# --- the operator role: accepted by control's TCP API only, never on a link ----------------------------------
 
 
 @pytest.mark.parametrize("alpn", [ALPN_OPS, ALPN_EGRESS])

@@ -1,4 +1,4 @@
-"""Real pods: the companion set ``k8s render`` writes, run under podman (``make test-k8s``; issue 17).
+"""Real pods: the companion set ``k8s render`` writes, run under podman (``make test-k8s``).
 
 One run: the image built from images/Containerfile on a debootstrap base (images/build-local.sh, base cached),
 an internal podman network on TEST-NET-1, a DNS container and an HTTPS origin container on it (the origin's

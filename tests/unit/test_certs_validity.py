@@ -1,4 +1,4 @@
-"""Per-certificate validity for ``certs issue`` (issue 10): ``--not-before`` / ``--not-after``, and the clock
+"""Per-certificate validity for ``certs issue``: ``--not-before`` / ``--not-after``, and the clock
 the issuing function takes."""
 
 from __future__ import annotations

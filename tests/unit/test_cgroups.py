@@ -1,4 +1,4 @@
-"""The workload's pids cgroup on a fake cgroupfs (issue 15 item 1): v1 where writable, v2 where delegated."""
+"""The workload's pids cgroup on a fake cgroupfs: v1 where writable, v2 where delegated."""
 
 from __future__ import annotations
 

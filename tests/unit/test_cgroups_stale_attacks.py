@@ -1,4 +1,4 @@
-"""Stale pids-cgroup removal (boundary/process/cgroups.py rule 5) from the attacker's side (H10 review): whatever
+"""Stale pids-cgroup removal (boundary/process/cgroups.py rule 5) from the attacker's side: whatever
 an agent or another local user can put in the directory the boundary sweeps, only an empty directory of our
 name shape is removed — never what a name or a symlink points at, never a directory with content."""
 

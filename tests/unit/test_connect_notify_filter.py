@@ -1,4 +1,4 @@
-"""The connect-notify filter program (issue 16), run through the seccomp tests' BPF interpreter."""
+"""The connect-notify filter program, run through the seccomp tests' BPF interpreter."""
 
 from __future__ import annotations
 

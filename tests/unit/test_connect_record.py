@@ -1,4 +1,4 @@
-"""The connect-time record store and exec log (pure; issue 16)."""
+"""The connect-time record store and exec log (pure)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Never dial yourself (issue 10): control's own addresses are refused as ``control-local`` whatever the policy
+"""Never dial yourself: control's own addresses are refused as ``control-local`` whatever the policy
 says, and control's reading of its namespace (addresses, IPv6 egress) — pure parts, with a fake reader."""
 
 from __future__ import annotations

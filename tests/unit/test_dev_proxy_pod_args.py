@@ -1,4 +1,4 @@
-"""``dev --topology proxy-pod --proxy-max-connections N`` (issue 22): how dev hands the cap to control, and the
+"""``dev --topology proxy-pod --proxy-max-connections N``: how dev hands the cap to control, and the
 usage errors that refuse it before anything is started."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Control's redial backoff (issue 10): doubling from 50 ms to a 30 s cap, reset only on demand, and a reset
+"""Control's redial backoff: doubling from 50 ms to a 30 s cap, reset only on demand, and a reset
 cuts a wait short. Virtual time (``MockClock``), so the cap costs nothing to reach."""
 
 from __future__ import annotations

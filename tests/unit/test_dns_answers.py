@@ -1,6 +1,6 @@
-"""What control answers before resolving (issue 10): REFUSED for names no endpoint allows (whatever the type),
-NOTIMP for an eligible name with a type control does not serve, NOERROR without records for AAAA when control
-has no IPv6 egress. One table of cases over ``dns_answers.plan_answer``."""
+"""What control answers before resolving (docs/design.md "DNS and transparent capture"): REFUSED for names no
+endpoint allows (whatever the type), NOTIMP for an eligible name with a type control does not serve, NOERROR
+without records for AAAA when control has no IPv6 egress. One table of cases over ``dns_answers.plan_answer``."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 The pick takes the least busy live link at once when one is up, waits at most ``LINK_WAIT_S`` for one to appear
 otherwise, and never returns a closed link. Control's per-connection records have no instance ``__dict__``
-(``ConnectionResult`` and ``_Live`` live as long as the connection: issue 22's idle memory).
+(``ConnectionResult`` and ``_Live`` live as long as the connection: idle memory per connection).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A dead egress link is skipped, not a refusal: the connection goes to the next live link.
 
-Found by the real pods of tests/k8s (issue 17): when control's pod is deleted, its connections never get a FIN
+Found by the real pods of tests/k8s: when control's pod is deleted, its connections never get a FIN
 (the pod's network namespace is gone), so the boundary still holds them; the agent's first request after the
 new control resumed picked one and got 503 ``link-failed``. Here one link's control "vanishes" on first use (the
 transport closes without an answer) and another answers; the hand-off must end at the live one.

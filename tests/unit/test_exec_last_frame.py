@@ -1,6 +1,6 @@
 """An exec stream's EXIT frame carries the stream's end (supervisor/boundary/process/exec_session.py ``send_last``):
 on the link, END_STREAM rides on EXIT's DATA frame, where a separate half-close after the handler's teardown was a
-frame and a TLS record of its own for every exec (issue 22)."""
+frame and a TLS record of its own for every exec."""
 
 from __future__ import annotations
 

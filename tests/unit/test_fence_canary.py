@@ -105,7 +105,7 @@ def test_status_and_dev_say_how_the_fence_was_confirmed() -> None:
 def test_parse_canary_refuses_loopback(text: str) -> None:
     """A loopback canary is the pod's own loopback to the boundary (where the agent may listen, or nothing does:
     a refused connect that would pass for the fence while nothing crossed the pod's network) and control's own to
-    its self-check: it observes no fence at all, so neither daemon takes one (H10 review)."""
+    its self-check: it observes no fence at all, so neither daemon takes one."""
     with pytest.raises(ValueError, match="loopback"):
         parse_canary(text)
     with pytest.raises(OpError) as info:

@@ -1,5 +1,5 @@
 """No import cycles in supervisor/ — not at module level, not inside functions, not under ``TYPE_CHECKING``
-(issue 20: a cycle kept only for typing is still a cycle; the shared type belongs where both can import it).
+(a cycle kept only for typing is still a cycle; the shared type belongs where both can import it).
 
 The graph is read from the source (AST), so an import inside a function or a ``TYPE_CHECKING`` block counts.
 ``from package import submodule`` is an edge to the submodule only, not to the package's ``__init__``."""

@@ -1,4 +1,4 @@
-"""Interfaces say what they mean: no untyped JSON objects cross a module seam (issue 20).
+"""Interfaces say what they mean: no untyped JSON objects cross a module seam.
 
 The bar: no public function or method in ``supervisor/protocol``, ``supervisor/link`` or any module that one of the
 daemons' packages (control, boundary, protocol, link) imports from another package takes or returns a

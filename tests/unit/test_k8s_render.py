@@ -490,7 +490,7 @@ def test_workload_network_policy_admits_only_its_control_on_the_boundary_port_an
 
 
 def test_control_network_policy_has_no_ingress_unless_the_api_listens() -> None:
-    """Issue 18: the API port is admitted only when control serves it (--api-listen), and only that port."""
+    """Remote operators: the API port is admitted only when control serves it (--api-listen), and only that port."""
     docs = objects(Model.R)
     spec = one(docs, "NetworkPolicy", "os-npc-")["spec"]
     assert spec["ingress"] == []

@@ -1,6 +1,6 @@
 """Link sockets carry TCP keepalive and a user timeout, so a peer that vanished without a FIN is noticed.
 
-Found with real pods (tests/k8s, issue 17): a deleted workload pod never closed control's links, and control,
+Found with real pods (tests/k8s): a deleted workload pod never closed control's links, and control,
 which sends nothing while the agent runs, stayed attached (and ready) to a boundary that was gone.
 """
 

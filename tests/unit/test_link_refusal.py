@@ -1,4 +1,4 @@
-"""A refused or lost link, on in-memory transports (issue 10): every rpc exchange turns a lost link into
+"""A refused or lost link, on in-memory transports: every rpc exchange turns a lost link into
 ``OpError(unavailable)`` wherever it is lost, and a refusal after the handshake reaches the refused side as a
 GOAWAY naming the field, never a value."""
 

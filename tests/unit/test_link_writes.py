@@ -1,4 +1,4 @@
-"""How the link writes (supervisor/link/h2link.py, issue 22): one transport write per wake-up of its writer, the
+"""How the link writes (supervisor/link/h2link.py): one transport write per wake-up of its writer, the
 frames of one exchange gathered into it, small frames packed into one TLS record; flow control unchanged."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Always-blocked stays blocked through the NAT64 local-use prefix (RFC 8215 ``64:ff9b:1::/48``; H10 review).
+"""Always-blocked stays blocked through the NAT64 local-use prefix (RFC 8215 ``64:ff9b:1::/48``).
 
 A translator configured with a /96 out of the local-use prefix turns ``64:ff9b:1::a9fe:a9fe`` into a packet to
 169.254.169.254 on its side, exactly as the well-known ``64:ff9b::a9fe:a9fe`` does. The well-known spelling was

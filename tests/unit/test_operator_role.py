@@ -1,4 +1,4 @@
-"""The operator role (issue 18): its certificates, the handshake limiter of control's TCP API, the client's URL."""
+"""The operator role: its certificates, the handshake limiter of control's TCP API, the client's URL."""
 
 from __future__ import annotations
 

@@ -302,7 +302,7 @@ def test_decide_loader_env_names_only_loader_variables(good: Path) -> None:
 
 
 def test_decide_relaxed_identity_ignores_binaries(good: Path) -> None:
-    """Issue 19: the proxy-pod topology decides destinations only; without it, no identity is a denial."""
+    """The proxy-pod topology decides destinations only; without it, no identity is a denial."""
     argv = ["policy", "decide", "--policy", str(good), "--host", "pypi.org", "--port", "443", "--json"]
     code, out, _ = run(*argv)
     assert code == 1 and json.loads(out)["reason"] == "identity-missing"

@@ -648,7 +648,7 @@ def test_endpoints_for_name_for_the_dns_side() -> None:
 
 
 def test_relaxed_identity_decides_destinations_only() -> None:
-    """Issue 19 (proxy-pod): binaries and pins are not decided on; destinations, ports and L7 still are."""
+    """Proxy-pod topology: binaries and pins are not decided on; destinations, ports and L7 still are."""
     policy = compiled({"a": rule({"host": "a.example.com", "port": 443}, binaries=(CURL,)),
                        "b": rule({"host": "b.example.com", "port": 443, **REST_ENFORCE, "access": "read-only"},
                                  binaries=(PY,))})  # fmt: skip

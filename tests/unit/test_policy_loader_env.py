@@ -1,6 +1,6 @@
-"""``allow_loader_env`` (issue 16): a process started with loader variables matches only binary entries that
-opt in, by its own path or an ancestor's; validation locates a bad value; the digest of a policy without the
-key is unchanged."""
+"""``allow_loader_env`` (docs/design.md "Identity"): a process started with loader variables matches only binary
+entries that opt in, by its own path or an ancestor's; validation locates a bad value; the digest of a policy
+without the key is unchanged."""
 
 from __future__ import annotations
 

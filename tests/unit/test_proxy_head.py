@@ -372,7 +372,7 @@ def test_any_connect_target_parses_or_rejects(target: str) -> None:
         assert "@" not in result.host
 
 
-# --- the proxy token (issue 19: control's proxy-pod listener) -------------------------------------------------
+# --- the proxy token (control's proxy-pod listener) -----------------------------------------------------------
 
 TOKEN = "t0ken-abcdefghijklmnop"
 

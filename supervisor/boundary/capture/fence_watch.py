@@ -1,4 +1,4 @@
-"""The fence, watched after ``confirm`` (issue 15 item 3; docs/reference/boundary.md §1.2, capture/setup.py rule 2).
+"""The fence, watched after ``confirm`` (docs/reference/boundary.md §1.2, capture/setup.py rule 2).
 
 Rules:
 

@@ -1,4 +1,4 @@
-"""A pids limit for the workload: a cgroup of its own under the boundary's (issue 15, docs/reference/boundary.md §2).
+"""A pids limit for the workload: a cgroup of its own under the boundary's (docs/reference/boundary.md §2.10).
 
 Rules:
 

@@ -557,7 +557,7 @@ _WAITED: Final = frozenset({*_FORWARDED, signal.SIGCHLD})  # what an exec-init w
 
 
 def exec_init(ctx: child.ChildContext, report_r: int, report_w: int) -> NoReturn:  # pragma: no cover - own pid ns
-    """PID 1 of one exec's own PID namespace (issue 15 item 2): fork the command (``child.run``), forward every
+    """PID 1 of one exec's own PID namespace (docs/design.md "Limits"): fork the command (``child.run``), forward every
     catchable signal to it, reap everything, and when the command ends write its raw wait status to
     ``report_w`` and exit — the kernel then kills whatever it left in the namespace (setsid, double forks).
     SIGKILL to this process (terminate's last step) ends the namespace, the command included. (A spare's is

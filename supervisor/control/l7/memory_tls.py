@@ -6,7 +6,7 @@ same, but pays per call for what this path never needs (a lock and a conflict ch
 record per receive, renegotiation support). **Toward the upstream** (client side) there is a socket, but OpenSSL
 on it (``supervisor/link/socket_tls.py``) reads each record with two ``read`` calls (header, then body: no
 read-ahead): a 64 KiB chunk of a download cost eight system calls, where one ``recv`` into the BIO serves it here.
-Measured in docs/performance.md ("Issue 22: intercepted HTTPS"). Here:
+``strace -c`` of one 64 MiB download: ~8,850 ``read`` calls upstream with OpenSSL on the socket, 1,051 here. Here:
 
 * a receive feeds the transport's bytes into the incoming BIO and reads every record already decryptable, up to
   ``max_bytes``, in one call (one record: no join, no copy);
