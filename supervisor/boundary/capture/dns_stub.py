@@ -127,12 +127,15 @@ def refused(query: dns.message.Message) -> bytes:
 
 
 def servfail(query: dns.message.Message | bytes) -> bytes | None:
-    """SERVFAIL for a query (no link to control, control failed); ``None`` when the bytes are unreadable."""
+    """SERVFAIL for a query (no link to control, control failed); ``None`` when the bytes are unreadable or a
+    response (rule 3: responses sent to the stub are dropped)."""
     if isinstance(query, bytes):
         try:
             query = dns.message.from_wire(query)
         except (dns.exception.DNSException, ValueError, IndexError, struct.error):
             return None
+    if query.flags & dns.flags.QR:
+        return None
     return _reply(query, dns.rcode.SERVFAIL)
 
 

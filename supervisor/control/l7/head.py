@@ -7,8 +7,8 @@ every head is checked here, on its raw bytes, *before* h11 sees it. Rules:
 
 1. The head is at most :data:`MAX_HEAD_BYTES` and ends at the first CRLFCRLF; line ends are CRLF only (a bare
    LF or a bare CR anywhere in the head is refused as soon as it is seen, not after a timeout).
-2. Request line: exactly ``METHOD SP target SP HTTP/1.0|HTTP/1.1``; the method a token; the target without
-   spaces, control bytes or DEL.
+2. Request line: exactly ``METHOD SP target SP HTTP/1.0|HTTP/1.1``; the method a token; the target visible
+   ASCII (no spaces, control bytes, DEL or bytes above it).
 3. Header lines: no leading whitespace (obs-fold), ``name:`` with a token name and nothing between name and
    colon; values valid UTF-8 without control bytes other than HTAB.
 4. Framing: every ``Content-Length`` a plain decimal, all equal; ``Transfer-Encoding`` only once, exactly
@@ -33,7 +33,7 @@ MAX_HEAD_BYTES = 16 * 1024  # in-tunnel request heads (the proxy's own head limi
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _REQUEST_LINE = re.compile(rb"([^ ]+) ([^ ]+) HTTP/(1\.[01])")
 _VERSION_LIKE = re.compile(rb"[^ ]+ [^ ]+ HTTP/\d+\.\d+")
-_TARGET_BAD = re.compile(rb"[\x00-\x20\x7f]")
+_TARGET_BAD = re.compile(rb"[\x00-\x20\x7f-\xff]")  # ASCII only, as h11 (RFC 9112 §3.2)
 _VALUE_BAD = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _DIGITS = re.compile(rb"[0-9]{1,15}")
 _FRAMING = frozenset({b"host", b"content-length", b"transfer-encoding"})
