@@ -4,7 +4,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: venv test-venv demo test lint bench
+.PHONY: venv test-venv demo test lint bench fuzz test-controls
 
 venv:
 	@sh scripts/venv.sh $(VENV) ""
@@ -16,8 +16,8 @@ demo: venv
 	$(VENV)/bin/openshell-sandbox dev -- sh -c 'echo "hello from the agent: $$(id)"; echo "its network interfaces:"; tail -n +3 /proc/net/dev | cut -d: -f1'
 
 lint: test-venv
-	$(PY) -m ruff check supervisor tests bench
-	$(PY) -m ruff format --check supervisor tests bench
+	$(PY) -m ruff check supervisor tests bench fuzz
+	$(PY) -m ruff format --check supervisor tests bench fuzz
 	$(PY) -m mypy
 
 # as root, a missing python3-venv is installed (CI); otherwise the message says how
@@ -25,9 +25,21 @@ test:
 	bash scripts/install-test-deps.sh
 	@sh scripts/venv.sh $(VENV) test --install-missing
 	$(PY) -m pytest -q -p no:cacheprovider
-	$(PY) -m ruff check supervisor tests bench
-	$(PY) -m ruff format --check supervisor tests bench
+	$(PY) -m ruff check supervisor tests bench fuzz
+	$(PY) -m ruff format --check supervisor tests bench fuzz
 	$(PY) -m mypy
+
+# The protection-off twins of the attacker-side tests (tests/controls.py): each must fail on its assertion, which
+# the runner counts as a pass (xfail, strict); `make test` leaves them out.
+test-controls: test-venv
+	$(PY) -m pytest -q -p no:cacheprovider --controls
+
+# Coverage-guided fuzzing with atheris (fuzz/, docs/design.md "Testing"): every target, or TARGET=name, for
+# FUZZ_SECONDS each; resumes from fuzz/corpus/<target>, merges what it found back there and adds its executions to
+# fuzz/progress.json. A failing input is kept in fuzz/findings/ and the run exits 1.
+FUZZ_SECONDS ?= 60
+fuzz: test-venv
+	$(PY) -m fuzz.run $(TARGET) --seconds $(FUZZ_SECONDS)
 
 # the benchmarks (docs/performance.md); extra arguments with BENCH_ARGS="--quick"
 bench: test-venv

@@ -41,3 +41,21 @@ def _the_runs_own_runtime_and_state_dirs() -> Iterator[None]:
             else:
                 os.environ[name] = value
         shutil.rmtree(root, ignore_errors=True)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--controls", action="store_true",
+        help="run only the protection-off twins (tests/controls.py; make test-controls)",
+    )  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``make test`` leaves the protection-off twins out; ``--controls`` runs them alone."""
+    controls = config.getoption("--controls")
+    keep, dropped = [], []
+    for item in items:
+        (keep if (item.get_closest_marker("protection_off") is not None) == controls else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep

@@ -36,7 +36,7 @@ import dns.rcode
 import dns.rdataclass
 import dns.rdatatype
 
-__all__ = ["DnsAction", "DnsPlan", "plan_answer", "reply"]
+__all__ = ["DnsAction", "DnsPlan", "plan_answer", "read_query", "reply"]
 
 
 class DnsAction(enum.StrEnum):
@@ -68,6 +68,18 @@ _RCODES = {
     DnsAction.NOTIMP: dns.rcode.NOTIMP,
     DnsAction.FORMERR: dns.rcode.FORMERR,
 }
+
+
+def read_query(wire: bytes) -> dns.message.Message | None:
+    """The query ``wire`` holds, or ``None`` for what is answered with a header-only FORMERR: bytes dnspython
+    cannot read, and a response (QR set), which has no answer (``reply`` could not build one)."""
+    try:
+        query = dns.message.from_wire(wire)
+    except Exception:  # dnspython raises many kinds for garbage; any of them is FORMERR
+        return None
+    if query.flags & dns.flags.QR:
+        return None
+    return query
 
 
 def plan_answer(query: dns.message.Message, *, eligible: Callable[[str], bool], ipv6_egress: bool) -> DnsPlan:

@@ -41,7 +41,7 @@ import trio
 
 from supervisor.control.connection_result import ConnectionResult
 from supervisor.control.credentials import Credentials
-from supervisor.control.dns_answers import DnsAction, plan_answer
+from supervisor.control.dns_answers import DnsAction, plan_answer, read_query
 from supervisor.control.dns_answers import reply as dns_reply
 from supervisor.control.l7 import InterceptionCA, inspect
 from supervisor.control.policy import BinaryIdentity, Decision, DigestPins, L4Request, PolicySnapshot, PolicyStore
@@ -378,9 +378,8 @@ class EgressService:
             await self._reply(stream, EgressReply(400, reason="malformed-dns-request", detail=str(exc)[:200]))
             return
         wire = await stream.read_all(min(length, DNS_MAX))
-        try:
-            query = dns.message.from_wire(wire)
-        except Exception:  # dnspython raises many kinds for garbage; any of them is FORMERR
+        query = read_query(wire)
+        if query is None:
             await self._dns_answer(stream, wire[:2] + b"\x81\x01" + b"\x00" * 8 if len(wire) >= 2 else b"")
             return
         response = await self.answer(query)

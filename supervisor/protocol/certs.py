@@ -62,6 +62,8 @@ __all__ = [
     "Bundle",
     "BundleError",
     "CertificateAuthority",
+    "claims_extension_value",
+    "claims_from_extension_value",
     "issue_bundle",
     "issue_operator",
     "load_bundle",
@@ -140,6 +142,16 @@ def _der_utf8string_content(der: bytes) -> bytes:
     if len(der) - start != length:
         raise ClaimsError("claims extension length does not match its content")
     return der[start:]
+
+
+def claims_extension_value(claims: Claims, role: Role) -> bytes:
+    """The DER content of the claims extension a leaf carries."""
+    return _der_utf8string(encode_claims(claims, role))
+
+
+def claims_from_extension_value(der: bytes) -> tuple[Claims, Role]:
+    """The claims and role of a claims extension's DER content; ``ClaimsError`` if malformed."""
+    return decode_claims(_der_utf8string_content(der))
 
 
 # --- issuing ------------------------------------------------------------------------------------------------
@@ -280,7 +292,7 @@ def make_leaf(
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
         .add_extension(
-            x509.UnrecognizedExtension(CLAIMS_OID, _der_utf8string(encode_claims(claims, role))),
+            x509.UnrecognizedExtension(CLAIMS_OID, claims_extension_value(claims, role)),
             critical=False,
         )
         .sign(ca.key, hashes.SHA256())
@@ -544,7 +556,7 @@ def _claims_from_cert(cert: x509.Certificate) -> tuple[Claims, Role]:
     value = ext.value
     if not isinstance(value, x509.UnrecognizedExtension):
         raise ClaimsError("claims extension has an unexpected type")
-    return decode_claims(_der_utf8string_content(value.value))
+    return claims_from_extension_value(value.value)
 
 
 def read_peer_certificate(der: bytes) -> tuple[Claims, Role]:

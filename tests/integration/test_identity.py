@@ -34,6 +34,7 @@ from supervisor.boundary.capture.identity import (
     IdentityUnresolved,
 )
 from supervisor.protocol.identity import ConnectionIdentity
+from tests.controls import protection_off
 
 PY = os.path.realpath(sys.executable)
 SH = os.path.realpath("/bin/sh")
@@ -204,6 +205,18 @@ def test_socket_shared_by_two_binaries_is_ambiguous(scene: Scene) -> None:
         resolver_for(None, agent.pid).resolve(local, remote)
     assert info.value.stage is IdentityStage.AMBIGUOUS
     assert info.value.reason == "identity-unresolved: ambiguous"
+
+
+@pytest.fixture
+def one_owner_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Protection off: the resolver looks at the first owner of the socket only, never comparing the others."""
+    owners = IdentityResolver._owners
+    monkeypatch.setattr(IdentityResolver, "_owners", lambda self, inode, workload: owners(self, inode, workload)[:1])
+
+
+@protection_off("the comparison of every owner of a shared socket")
+def test_socket_shared_by_two_binaries_is_ambiguous_twin(scene: Scene, one_owner_only: None) -> None:
+    test_socket_shared_by_two_binaries_is_ambiguous(scene)
 
 
 def test_socket_held_outside_the_workload_is_foreign_owner(scene: Scene) -> None:

@@ -564,6 +564,7 @@ SMUGGLING = {
     "bad-chunk-size": b"POST /upload HTTP/1.1\r\nHost: plain.test\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
     "http2-version": b"GET / HTTP/2.0\r\nHost: plain.test\r\n\r\n",
     "nul-in-value": b"GET / HTTP/1.1\r\nHost: plain.test\r\nX: a\x00b\r\n\r\n",
+    "non-ascii-target": b"GET /\x89 HTTP/1.1\r\nHost: plain.test\r\n\r\n",
 }
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.responses import STATUS, ErrorCode
 from supervisor.protocol.upstream_reasons import UpstreamReason
+from tests.tracked import tracked
 
 REPO = Path(__file__).resolve().parents[2]
 SUPERVISOR = REPO / "supervisor"
@@ -21,7 +22,7 @@ EMITTERS = {"emit", "_event", "log_event", "_on_event", "on_event"}
 
 
 def _modules() -> Iterator[tuple[Path, ast.Module]]:
-    for path in sorted(SUPERVISOR.rglob("*.py")):
+    for path in tracked("supervisor"):
         yield path, ast.parse(path.read_text(), str(path))
 
 

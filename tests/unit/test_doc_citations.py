@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.tracked import tracked
+
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = sorted((ROOT / "supervisor").rglob("*.py"))
+SOURCES = tracked("supervisor")
 # tests and benchmarks cite the design too; this file names the forbidden forms on purpose
-ALL_PYTHON = sorted(
-    p for d in ("supervisor", "tests", "bench") for p in (ROOT / d).rglob("*.py") if p != Path(__file__).resolve()
-)
+ALL_PYTHON = [p for p in tracked("supervisor", "tests", "bench", "fuzz") if p != Path(__file__).resolve()]
 
 DOC_PATH = re.compile(r"(?<![\w/.])docs/[\w./-]*\w\.(?:md|yaml|yml)")
 SPEC_CLAUSE = re.compile(r"(?<![\w/.])(docs/reference/\w+\.md)([^;)\"\n]*)")

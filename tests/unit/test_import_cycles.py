@@ -9,12 +9,14 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.tracked import tracked
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _modules() -> dict[str, Path]:
     found: dict[str, Path] = {}
-    for path in (ROOT / "supervisor").rglob("*.py"):
+    for path in tracked("supervisor"):
         parts = path.relative_to(ROOT).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         found[name] = path

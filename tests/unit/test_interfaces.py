@@ -28,6 +28,8 @@ from typing import Any
 
 import pytest
 
+from tests.tracked import tracked
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "supervisor"
 
@@ -84,7 +86,7 @@ def _imported_modules(path: Path, module: str) -> Iterator[str]:
 
 
 def _all_modules() -> dict[str, Path]:
-    return {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+    return {_module_name(path): path for path in tracked("supervisor")}
 
 
 def modules_in_scope() -> list[str]:

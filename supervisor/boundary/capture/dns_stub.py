@@ -31,10 +31,13 @@ class DnsFramingError(ValueError):
 
 
 def servfail(query: bytes) -> bytes | None:
-    """SERVFAIL for a query (no link to control, control failed); ``None`` when the bytes are unreadable."""
+    """SERVFAIL for a query (no link to control, control failed); ``None`` when the bytes are unreadable or a
+    response (make_response would raise on one: a response sent to the stub is dropped)."""
     try:
         message = dns.message.from_wire(query)
     except (dns.exception.DNSException, ValueError, IndexError, struct.error):
+        return None
+    if message.flags & dns.flags.QR:
         return None
     response = dns.message.make_response(message)
     response.set_rcode(dns.rcode.SERVFAIL)

@@ -111,25 +111,57 @@ class SpawnSpec:
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> SpawnSpec:
+        """Strict: each field of the type ``to_wire`` writes, else ``TypeError``/``ValueError`` (the readers turn
+        those into a refused spawn; nothing later meets a wrong type)."""
+        if not isinstance(data, Mapping):
+            raise TypeError("a spawn spec is an object")
         ll = data.get("landlock")
+        env = data["env"]
+        if not isinstance(env, Mapping) or not all(isinstance(v, str) for v in env.values()):
+            raise TypeError("env must map strings to strings")
+        if ll is not None and not isinstance(ll, Mapping):
+            raise TypeError("landlock must be an object")
         return cls(
-            argv=tuple(data["argv"]),
-            env=dict(data["env"]),
-            cwd=data["cwd"],
-            uid=int(data["uid"]),
-            gid=int(data["gid"]),
-            groups=tuple(int(g) for g in data.get("groups", ())),
+            argv=_strings(data["argv"]),
+            env=dict(env),
+            cwd=_string(data["cwd"]),
+            uid=_integer(data["uid"]),
+            gid=_integer(data["gid"]),
+            groups=tuple(_integer(g) for g in _array(data.get("groups", ()))),
             tty=bool(data.get("tty", False)),
-            cols=int(data.get("cols", 80)),
-            rows=int(data.get("rows", 24)),
+            cols=_integer(data.get("cols", 80)),
+            rows=_integer(data.get("rows", 24)),
             stdin=data.get("stdin", "pipe"),
             stdout=data.get("stdout", "pipe"),
             stderr=data.get("stderr", "pipe"),
             seccomp=bool(data.get("seccomp", True)),
             landlock=None
             if ll is None
-            else LandlockSpec(tuple(ll["read_only"]), tuple(ll["read_write"]), ll.get("mode", "best_effort")),
+            else LandlockSpec(_strings(ll["read_only"]), _strings(ll["read_write"]), ll.get("mode", "best_effort")),
         )
+
+
+def _string(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _array(value: object) -> list[Any] | tuple[Any, ...]:
+    if not isinstance(value, list | tuple):
+        raise TypeError(f"expected an array, got {type(value).__name__}")
+    return value
+
+
+def _strings(value: object) -> tuple[str, ...]:
+    return tuple(_string(item) for item in _array(value))
+
+
+def _integer(value: object) -> int:
+    """An int as JSON carries it: never a bool, a float (``Infinity`` included) or a string."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    return value
 
 
 def validate(spec: SpawnSpec) -> str | None:

@@ -140,7 +140,7 @@ class NamespacePlan:
             hide_paths=tuple(data["hide_paths"]),
             capture=data["capture"],
             root=data.get("root"),
-            agent_ids=(int(data["agent_ids"][0]), int(data["agent_ids"][1])) if data.get("agent_ids") else None,
+            agent_ids=_id_pair(data["agent_ids"]) if data.get("agent_ids") else None,
         )
 
     def effective(self) -> NamespacePlan:
@@ -148,6 +148,13 @@ class NamespacePlan:
         if self.model == "P":
             return NamespacePlan("P", False, False, False, self.hide_paths, self.capture, None)
         return self
+
+
+def _id_pair(value: Any) -> tuple[int, int]:
+    """``[uid, gid]``; anything else is a ``ValueError`` (the request is answered with an error)."""
+    if not isinstance(value, list) or len(value) != 2 or not all(type(i) is int for i in value):
+        raise ValueError("agent_ids must be [uid, gid]")
+    return value[0], value[1]
 
 
 # --- wire ------------------------------------------------------------------------------------------------
@@ -171,7 +178,7 @@ def decode(data: bytes, fds: list[int], flags: int) -> tuple[dict[str, Any], lis
         message = json.loads(data)
         if not isinstance(message, dict):
             raise ValueError("not an object")
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply for json
         close_all(fds)
         raise OSError(errno.EPROTO, f"bad launcher message: {exc}") from None
     return message, fds

@@ -1,0 +1,38 @@
+"""The launcher wire (``boundary.process.zygote``): one JSON object per message, and the spawn request a spare
+exec-init or the workload's init reads from it.
+
+Oracles beyond "no crash":
+
+* ``decode`` returns an object or raises ``OSError`` (the receivers treat that as a dead or broken peer);
+* reading a spawn request raises only what its readers handle (``KeyError``, ``TypeError``, ``ValueError``,
+  ``OSError``: the exec-init answers 127 and the init replies an error); ``validate`` and ``confinement`` of a
+  spec that was read never raise;
+* a namespace plan that is read round-trips through ``to_wire``.
+"""
+
+from __future__ import annotations
+
+from supervisor.boundary.process import child, zygote
+
+_HANDLED = (KeyError, TypeError, ValueError, OSError)
+
+
+def one_input(data: bytes) -> None:
+    try:
+        message, fds = zygote.decode(data, [], 0)
+    except OSError:
+        return
+    assert isinstance(message, dict) and fds == []
+    try:
+        spec = child.SpawnSpec.from_wire(message["spec"])
+    except _HANDLED:
+        spec = None
+    if spec is not None and child.validate(spec) is None:
+        child.confinement(spec, False)
+    try:
+        plan = zygote.NamespacePlan.from_wire(message["plan"])
+    except _HANDLED:
+        return
+    plan.effective()
+    again = zygote.NamespacePlan.from_wire(plan.to_wire())
+    assert again == plan, (again, plan)
