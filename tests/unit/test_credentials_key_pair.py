@@ -3,8 +3,11 @@ choice by key id, scrubbing of all three values, and never being placed in a req
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from supervisor.cli.dev_common import secret_env_names
 from supervisor.control.credentials import Credentials, CredentialsError, Resolution
 from supervisor.control.l7.rewrite import CredentialRefusal, rewrite_request
 
@@ -99,3 +102,10 @@ def test_a_pair_and_a_plain_credential_may_not_claim_the_same_variable() -> None
             "AWS": {"access_key_id": KEY_ID, "secret_access_key": SECRET, "hosts": ["s3.test"]},
             "AWS_ACCESS_KEY_ID": {"secret": "other-secret-value", "hosts": ["s3.test"]},
         }, environ={})  # fmt: skip
+
+
+def test_dev_mode_passes_control_the_variables_a_key_pair_names(tmp_path: Path) -> None:
+    path = tmp_path / "creds.yaml"
+    path.write_text("AWS:\n  access_key_id_env: REAL_ID\n  secret_access_key_env: REAL_SECRET\n"
+                    "  session_token_env: REAL_TOKEN\n  hosts: [s3.test]\nGH:\n  secret_env: REAL_GH\n")  # fmt: skip
+    assert sorted(secret_env_names(path)) == ["REAL_GH", "REAL_ID", "REAL_SECRET", "REAL_TOKEN"]
