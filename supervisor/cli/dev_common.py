@@ -73,12 +73,13 @@ def _entry() -> list[str]:
 
 def daemon_environment(opts: DevOptions) -> dict[str, str]:
     """The daemons' environment, composed (supervisor/protocol/interpreter.py rule 4): what control documents it
-    reads — the ``secret_env`` variables the credentials file names, upstream trust, time zone, locale."""
+    reads — the ``*_env`` variables the credentials file names, upstream trust, time zone, locale."""
     return composed_environment(extra=secret_env_names(opts.credentials))
 
 
 def secret_env_names(credentials: Path | None) -> list[str]:
-    """The variables a credentials file names with ``secret_env`` (control reports a file it cannot read)."""
+    """The variables a credentials file names with ``secret_env`` (or, for an access key pair, ``access_key_id_env``,
+    ``secret_access_key_env``, ``session_token_env``); control reports a file it cannot read."""
     if credentials is None:
         return []
     try:
@@ -88,7 +89,8 @@ def secret_env_names(credentials: Path | None) -> list[str]:
     if not isinstance(data, dict):
         return []
     entries = [raw for raw in data.values() if isinstance(raw, dict)]
-    return [raw["secret_env"] for raw in entries if isinstance(raw.get("secret_env"), str)]
+    keys = ("secret_env", "access_key_id_env", "secret_access_key_env", "session_token_env")
+    return [raw[key] for raw in entries for key in keys if isinstance(raw.get(key), str)]
 
 
 def installation_refusal(workdir: str | None = None) -> str | None:

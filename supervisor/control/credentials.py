@@ -18,6 +18,12 @@ Rules:
    error message. A ``secret_env`` variable that is not set leaves the credential *unavailable* (using it is
    ``500 credential_unavailable``) with a warning, rather than failing control's start.
 6. Secrets never appear in ``repr``, in errors or in events; errors name the credential, never its value.
+7. An access key pair (AWS and compatibles: ``access_key_id[_env]``, ``secret_access_key[_env]``, optional
+   ``session_token[_env]``, ``hosts``) gives the agent three placeholders, ``NAME_ACCESS_KEY_ID``,
+   ``NAME_SECRET_ACCESS_KEY`` and ``NAME_SESSION_TOKEN`` (the last only with a token), so an SDK signs with them as
+   with real keys. Control never places a key pair in a request: it re-signs requests to the endpoints that say
+   ``credential_signing`` (``l7.signing``), choosing the pair by the key id the agent signed with. The key id, the
+   secret key and the token are all scrubbed from responses of the hosts the pair is bound to.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ __all__ = [
     "Credential",
     "Credentials",
     "CredentialsError",
+    "KeyPair",
     "Resolution",
 ]
 
@@ -55,6 +62,8 @@ _SECRET = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
 # Every spelling the agent could use for a placeholder: the canonical one and the provider-shaped alias (§3.13).
 _GENERIC = r"openshell:resolve:env:[A-Za-z0-9_]+|[A-Za-z0-9_.~\-]*OPENSHELL-RESOLVE-ENV-[A-Za-z0-9_]+"
 _ENTRY_KEYS = frozenset({"secret", "secret_env", "hosts", "placeholder"})
+_PAIR_FIELDS = ("access_key_id", "secret_access_key", "session_token")
+_PAIR_KEYS = frozenset({*_PAIR_FIELDS, *(f"{f}_env" for f in _PAIR_FIELDS), "hosts"})
 _BINDING_KEYS = frozenset({"host", "port", "ports", "path"})
 
 
@@ -102,15 +111,55 @@ class Binding:
 
 
 @dataclass(frozen=True)
+class KeyPair:
+    """Rule 7: what an access key pair adds to its :class:`Credential` (whose ``secret`` is the secret key)."""
+
+    id_placeholder: str
+    token_placeholder: str | None  # None: the pair has no session token
+    access_key_id: str | None = field(default=None, repr=False)  # None: unavailable
+    session_token: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
 class Credential:
     name: str
     placeholder: str
     bindings: tuple[Binding, ...]
     secret: str | None = field(default=None, repr=False)  # None: unavailable (secret_env not set)
     source: str = ""  # "file" or "env:VAR", for status output
+    key_pair: KeyPair | None = None
 
     def bound_to(self, host: str, port: int, path: str) -> bool:
         return any(b.matches(host, port, path) for b in self.bindings)
+
+    @property
+    def available(self) -> bool:
+        if self.key_pair is not None and self.key_pair.access_key_id is None:
+            return False
+        if self.key_pair is not None and self.key_pair.token_placeholder and self.key_pair.session_token is None:
+            return False
+        return self.secret is not None
+
+    def env(self) -> dict[str, str]:
+        """Environment variable -> placeholder: what the agent gets for this credential (rules 2 and 7)."""
+        pair = self.key_pair
+        if pair is None:
+            return {self.name: self.placeholder}
+        out = {f"{self.name}_ACCESS_KEY_ID": pair.id_placeholder, f"{self.name}_SECRET_ACCESS_KEY": self.placeholder}
+        if pair.token_placeholder is not None:
+            out[f"{self.name}_SESSION_TOKEN"] = pair.token_placeholder
+        return out
+
+    def secret_pairs(self) -> list[tuple[str, str]]:
+        """``(value, placeholder)`` of everything this credential must never hand back to the agent."""
+        out = [(self.secret, self.placeholder)] if self.secret else []
+        if self.key_pair is not None:
+            pair = self.key_pair
+            if pair.access_key_id:
+                out.append((pair.access_key_id, pair.id_placeholder))
+            if pair.session_token and pair.token_placeholder:
+                out.append((pair.session_token, pair.token_placeholder))
+        return out
 
 
 def _port(value: Any, where: str) -> int:
@@ -185,6 +234,8 @@ def _credential(name: Any, raw: Any, where: str, environ: Mapping[str, str], war
         raise CredentialsError(f"{where}: {name!r} is reserved")
     if not isinstance(raw, Mapping):
         raise CredentialsError(f"{where}: expected a mapping with secret or secret_env, and hosts")
+    if any(key.startswith(_PAIR_FIELDS) for key in raw if isinstance(key, str)):
+        return _key_pair(name, raw, where, environ, warnings)
     unknown = set(raw) - _ENTRY_KEYS
     if unknown:
         raise CredentialsError(f"{where}: unknown keys {sorted(unknown)}")
@@ -216,6 +267,11 @@ def _credential(name: Any, raw: Any, where: str, environ: Mapping[str, str], war
         raise CredentialsError(f"{where}.placeholder: 12..256 characters of [A-Za-z0-9_.~:-]")
     if secret is not None and (placeholder in secret or secret in placeholder):
         raise CredentialsError(f"{where}.placeholder: must not overlap the secret")
+    bindings = _bindings(raw, where, warnings)
+    return Credential(name=name, placeholder=placeholder, bindings=bindings, secret=secret, source=source)
+
+
+def _bindings(raw: Mapping[str, Any], where: str, warnings: list[str]) -> tuple[Binding, ...]:
     hosts = raw.get("hosts", [])
     if hosts is None:
         hosts = []
@@ -224,7 +280,59 @@ def _credential(name: Any, raw: Any, where: str, environ: Mapping[str, str], war
     bindings = tuple(_binding(h, f"{where}.hosts[{i}]") for i, h in enumerate(hosts))
     if not bindings:
         warnings.append(f"{where}: no hosts: the credential is bound to no endpoint and is never injected")
-    return Credential(name=name, placeholder=placeholder, bindings=bindings, secret=secret, source=source)
+    return bindings
+
+
+def _secret_value(raw: Mapping[str, Any], key: str, where: str, environ: Mapping[str, str],
+                  warnings: list[str], *, required: bool) -> tuple[bool, str | None]:  # fmt: skip
+    """``(present, value)`` of ``key`` or ``key_env`` (rules 1 and 5); ``value`` None when its variable is unset."""
+    if key in raw and f"{key}_env" in raw:
+        raise CredentialsError(f"{where}: {key} and {key}_env are mutually exclusive")
+    if key not in raw and f"{key}_env" not in raw:
+        if required:
+            raise CredentialsError(f"{where}: missing {key} (or {key}_env)")
+        return False, None
+    if key in raw:
+        value = raw[key]
+        if not isinstance(value, str):
+            raise CredentialsError(f"{where}.{key}: expected a string")
+    else:
+        var = raw[f"{key}_env"]
+        if not isinstance(var, str) or not _NAME.fullmatch(var):
+            raise CredentialsError(f"{where}.{key}_env: expected an environment variable name")
+        value = environ.get(var)
+        if value is None:
+            warnings.append(f"{where}: {var} is not set in control's environment; the credential is unavailable")
+            return True, None
+    if not _SECRET.fullmatch(value) or MARKER in value.lower() or ALIAS_MARKER.lower() in value.lower():
+        raise CredentialsError(f"{where}.{key}: must be printable ASCII without surrounding whitespace "
+                               "or placeholder markers")  # fmt: skip
+    return True, value
+
+
+def _key_pair(name: str, raw: Mapping[str, Any], where: str, environ: Mapping[str, str],
+              warnings: list[str]) -> Credential:  # fmt: skip
+    """Rule 7."""
+    unknown = set(raw) - _PAIR_KEYS
+    if unknown:
+        raise CredentialsError(f"{where}: unknown keys {sorted(unknown)} (an access key pair takes "
+                               f"{', '.join(sorted(_PAIR_KEYS))})")  # fmt: skip
+    _, key_id = _secret_value(raw, "access_key_id", where, environ, warnings, required=True)
+    _, secret = _secret_value(raw, "secret_access_key", where, environ, warnings, required=True)
+    has_token, token = _secret_value(raw, "session_token", where, environ, warnings, required=False)
+    pair = KeyPair(
+        id_placeholder=f"{MARKER}{name}_ACCESS_KEY_ID",
+        token_placeholder=f"{MARKER}{name}_SESSION_TOKEN" if has_token else None,
+        access_key_id=key_id,
+        session_token=token,
+    )
+    values = [v for v in (key_id, secret, token) if v]
+    placeholders = [pair.id_placeholder, f"{MARKER}{name}_SECRET_ACCESS_KEY", pair.token_placeholder or ""]
+    if any(p and (p in v or v in p) for v in values for p in placeholders):
+        raise CredentialsError(f"{where}: a value overlaps a placeholder")
+    return Credential(name=name, placeholder=f"{MARKER}{name}_SECRET_ACCESS_KEY",
+                      bindings=_bindings(raw, where, warnings), secret=secret, source="key-pair",
+                      key_pair=pair)  # fmt: skip
 
 
 class Credentials:
@@ -232,9 +340,12 @@ class Credentials:
 
     def __init__(self, credentials: tuple[Credential, ...] = (), *, warnings: tuple[str, ...] = ()) -> None:
         self._by_name = {c.name: c for c in credentials}
-        self._by_placeholder = {c.placeholder: c for c in credentials}
-        if len(self._by_placeholder) != len(credentials):
+        self._by_placeholder = {p: c for c in credentials for p in c.env().values()}
+        if len(self._by_placeholder) != sum(len(c.env()) for c in credentials):
             raise CredentialsError("two credentials share a placeholder")
+        self._env = {var: p for c in credentials for var, p in c.env().items()}
+        if len(self._env) != sum(len(c.env()) for c in credentials):
+            raise CredentialsError("two credentials give the agent the same environment variable")
         self.warnings = warnings
         custom = sorted((re.escape(p) for p in self._by_placeholder if not p.startswith(MARKER)), key=len,
                         reverse=True)  # fmt: skip
@@ -264,7 +375,10 @@ class Credentials:
         env = os.environ if environ is None else environ
         warnings: list[str] = []
         creds = tuple(_credential(name, raw, f"{source}: {name}", env, warnings) for name, raw in data.items())
-        placeholders = [c.placeholder for c in creds]
+        variables = [var for c in creds for var in c.env()]
+        if len(set(variables)) != len(variables):
+            raise CredentialsError(f"{source}: two credentials give the agent the same environment variable")
+        placeholders = [p for c in creds for p in c.env().values()]
         for i, a in enumerate(placeholders):
             for b in placeholders[i + 1 :]:
                 if a in b or b in a:
@@ -291,20 +405,20 @@ class Credentials:
     # --- what the boundary gets ------------------------------------------------------------------------------
     def placeholders(self) -> dict[str, str]:
         """Environment variable name -> placeholder, for ``attach`` (rule 1: no secret in here)."""
-        return {name: c.placeholder for name, c in sorted(self._by_name.items())}
+        return dict(sorted(self._env.items()))
 
     def injects_at(self, host: str, port: int) -> bool:
         """Whether some available credential is bound to ``host:port`` (on some path): such a connection needs
         inspection even when its endpoint has no L7 rules (§3.7 passthrough-with-credentials)."""
         host = normalize_request_host(host) or host
-        return any(c.secret is not None and any(b.matches_endpoint(host, port) for b in c.bindings) for c in self)
+        return any(c.available and any(b.matches_endpoint(host, port) for b in c.bindings) for c in self)
 
     def secrets_at(self, host: str, port: int) -> list[tuple[str, str]]:
         """``(secret, placeholder)`` of every available credential bound to ``host:port`` (on some path): what
         a response from there must never carry back to the agent (``l7.scrub``)."""
         host = normalize_request_host(host) or host
-        return [(c.secret, c.placeholder) for c in self
-                if c.secret and any(b.matches_endpoint(host, port) for b in c.bindings)]  # fmt: skip
+        return [pair for c in self if any(b.matches_endpoint(host, port) for b in c.bindings)
+                for pair in c.secret_pairs()]  # fmt: skip
 
     # --- resolution ---------------------------------------------------------------------------------------------
     def tokens(self, text: str) -> Iterator[re.Match[str]]:
@@ -330,9 +444,20 @@ class Credentials:
         host = normalize_request_host(host) or host
         if not cred.bound_to(host, port, path):
             return Resolution.ENDPOINT_MISMATCH, cred
-        if cred.secret is None:
+        if cred.secret is None or cred.key_pair is not None:  # a key pair only signs (rule 7)
             return Resolution.UNAVAILABLE, cred
         return Resolution.RESOLVED, cred
+
+    def key_pair_for(self, key_id: str, host: str, port: int, path: str) -> tuple[Resolution, Credential | None]:
+        """The key pair whose key-id placeholder the agent signed with, for a request to ``host:port`` + ``path``
+        (rule 7): ``ENDPOINT_MISMATCH`` when no pair of that id is bound there (the agent chose another
+        credential, or none of ours), ``UNAVAILABLE`` when its values are not set."""
+        cred = self._by_placeholder.get(key_id)
+        if cred is None or cred.key_pair is None or cred.key_pair.id_placeholder != key_id:
+            return Resolution.ENDPOINT_MISMATCH, None
+        if not cred.bound_to(normalize_request_host(host) or host, port, path):
+            return Resolution.ENDPOINT_MISMATCH, cred
+        return (Resolution.RESOLVED if cred.available else Resolution.UNAVAILABLE), cred
 
     def _named(self, token: str) -> Credential | None:
         """The credential a non-issued spelling refers to, if any (for the refusal's wording only)."""

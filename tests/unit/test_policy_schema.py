@@ -280,13 +280,6 @@ NOT_YET: list[tuple[str, dict[str, Any], str, str]] = [
         f"{EP}.rules[0].allow.operation_type",
         "GraphQL",
     ),
-    (
-        "V28-sigv4",
-        {"host": "s3.example.com", "port": 443, "credential_signing": "sigv4"},
-        f"{EP}.credential_signing",
-        "SigV4",
-    ),
-    ("V28-service", {"host": "s3.example.com", "port": 443, "signing_service": "s3"}, f"{EP}.signing_service", "SigV4"),
     ("V29-mcp", {"host": "a.example.com", "port": 443, "mcp": {"strict_tool_names": True}}, f"{EP}.mcp", "MCP"),
     ("V30-jsonrpc", {"host": "a.example.com", "port": 443, "protocol": "json-rpc"}, f"{EP}.protocol", "JSON-RPC"),
     (

@@ -7,7 +7,8 @@ Rules:
 2. :func:`rewrite_request` runs only after the request was admitted, and resolves every token against the
    request's own endpoint (normalised host, port, canonical query-less path, redacted). Any token bound
    elsewhere refuses the whole request with ``403 credential_endpoint_mismatch``; an unknown spelling or a
-   credential without a secret with ``500 credential_unavailable``. Nothing is partially rewritten: a refusal
+   credential without a secret with ``500 credential_unavailable``, and so is an access key pair's placeholder
+   (a pair only signs: ``signing``). Nothing is partially rewritten: a refusal
    happens before a byte goes upstream, so the secret never leaves.
 3. Where tokens are replaced: header values (anywhere in the value, and inside ``Basic base64(user:pass)``,
    decoded, substituted, re-encoded), path segments (the secret percent-encoded; a secret holding ``/``,
@@ -151,6 +152,7 @@ class _Resolver:
         self.unbound: dict[str, None] = {}  # credentials bound to no endpoint at all: never injected
         self.no_host = False  # a placeholder in a request without Host (HTTP/1.0): no authority, no credential
         self.unavailable: dict[str, None] = {}
+        self.signing_only: dict[str, None] = {}  # an access key pair: control signs with it, never places it
         self.used: dict[str, None] = {}
         self.secrets: dict[str, str] = {}
 
@@ -172,6 +174,8 @@ class _Resolver:
             self.unbound[name] = None
         elif resolution is Resolution.ENDPOINT_MISMATCH:
             self.mismatched[name] = None
+        elif cred is not None and cred.key_pair is not None:
+            self.signing_only[name] = None
         elif resolution is Resolution.UNAVAILABLE or cred is None:
             self.unavailable[name] = None
         else:
@@ -233,6 +237,14 @@ def rewrite_request(
             Resolution.ENDPOINT_MISMATCH,
             f"credential {', '.join(names)} is bound to no endpoint, so it is never injected: ask the sandbox "
             "operator to bind it to the hosts it is meant for",
+            names,
+        )
+    if resolver.signing_only:
+        names = list(resolver.signing_only)
+        raise CredentialRefusal(
+            Resolution.UNAVAILABLE,
+            f"credential {', '.join(names)} is an access key pair: control signs requests with it on endpoints with "
+            "credential_signing and never places it in a request",
             names,
         )
     if resolver.unavailable:

@@ -39,6 +39,7 @@ endpoint but ``tls: skip``. It owns both streams from then on.
 
 from __future__ import annotations
 
+import hashlib
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
@@ -57,6 +58,7 @@ from supervisor.control.l7.memory_tls import MemoryTLSStream
 from supervisor.control.l7.record import CloseReason, InspectStats, RequestRecord, display_path
 from supervisor.control.l7.rewrite import CredentialRefusal, redact_path, redact_query, rewrite_request
 from supervisor.control.l7.scrub import Scrubber, bound_request_headers, unscrubbable, valid_name
+from supervisor.control.l7.signing import Payload, Plan, SigningConfig, SigningRefusal, plan, signed_headers
 from supervisor.control.l7.sniff import TunnelProtocol, sniff
 from supervisor.control.l7.streams import Outbox, PrefixedStream, abort_all
 from supervisor.control.l7.upstream_tls import check_upstream_context
@@ -128,6 +130,20 @@ def _authority_text(host: str, port: int, tls: bool) -> str:
     return shown if port == (443 if tls else 80) else f"{shown}:{port}"
 
 
+def _endpoint_signing(snapshot: PolicySnapshot, decision: Decision) -> SigningConfig | None:
+    """The admitting endpoint's ``credential_signing``, else that of another endpoint of this host:port that has one
+    (the ambiguity check makes overlapping signing endpoints agree)."""
+    policy = snapshot.policy
+    if policy is None:
+        return None
+    candidates = sorted(policy.endpoints_for(decision.host, decision.port), key=lambda c: c.label != decision.endpoint)
+    for cep in candidates:
+        ep = cep.endpoint
+        if ep.credential_signing is not None and ep.signing_service is not None:
+            return SigningConfig(ep.credential_signing, ep.signing_service, ep.signing_region)
+    return None
+
+
 def _endpoint_protocol(snapshot: PolicySnapshot, decision: Decision) -> Protocol | None:
     if snapshot.policy is None or decision.endpoint is None:
         return None
@@ -190,6 +206,7 @@ class _Session:
         self.choose_name = choose_name
         self._handed_off = False
         self.idle = IdleClock(limits.idle_timeout)
+        self._prebody = b""  # a request body read before forwarding, to be signed by its hash (``_sign``)
 
     # --- the connection --------------------------------------------------------------------------------------
     async def run(self, tls: bool | None) -> InspectStats:
@@ -663,11 +680,26 @@ class _Session:
             rec.detail = display_path(decision.detail)
         assert canon is not None
 
+        # credential_signing: the agent's signature is dropped here and the final request signed below (signing)
+        sign_plan: Plan | None = None
+        if (signing := _endpoint_signing(self.snapshot, decision)) is not None:
+            try:
+                sign_plan = plan(signing, self.creds, host=self.name, port=self.port,
+                                 path=redact_path(self.creds, canon.path), query=canon.query, headers=head.headers,
+                                 has_body=rec.has_body, content_length=None if head.chunked else head.content_length
+                                 )  # fmt: skip
+            except SigningRefusal as exc:
+                if exc.code is ErrorCode.CREDENTIAL_ENDPOINT_MISMATCH:
+                    rec.extra["finding"] = "openshell.http.credential_endpoint_mismatch"
+                return await self._refuse(conn, rec, ErrorResponse(exc.code.status, exc.code, exc.detail),
+                                          reason=str(exc.code), detail=exc.detail)  # fmt: skip
+
         # credentials: resolved only now, for this endpoint only
         try:
             rewritten = rewrite_request(
                 self.creds, host=self.name, port=self.port, path=canon.path, query=canon.query,
-                headers=head.headers, credentials_enabled=authority.source is not AuthoritySource.NONE,
+                headers=head.headers if sign_plan is None else sign_plan.headers,
+                credentials_enabled=authority.source is not AuthoritySource.NONE,
             )  # fmt: skip
         except CredentialRefusal as exc:
             rec.decision = "deny"
@@ -681,9 +713,46 @@ class _Session:
             headers = bound_request_headers(headers)
         if head.host is None:
             headers.append((b"Host", _authority_text(self.name, self.port, self.tls).encode("ascii")))
+        self._prebody = b""
+        if sign_plan is not None:
+            headers = await self._sign(conn, rec, sign_plan, rewritten.target, headers)
         request = h11.Request(method=rec.method.encode("ascii"), target=rewritten.target.encode("ascii"),
                               headers=headers)  # fmt: skip
         return await self._forward(conn, rec, request)
+
+    async def _sign(self, conn: h11.Connection, rec: RequestRecord, p: Plan, target: str,
+                    headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:  # fmt: skip
+        """Sign the final request (``signing``): a body signed by its hash is read whole first (answering ``Expect:
+        100-continue`` here, so the client sends it) and forwarded from ``self._prebody``."""
+        payload_hash = hashlib.sha256(b"").hexdigest() if p.payload is Payload.HASHED else p.payload.value
+        if p.payload is Payload.HASHED and rec.has_body:
+            if rec.expects_continue:
+                await self._agent_send(conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
+                headers = [(n, v) for n, v in headers if n.lower() != b"expect"]
+            body = bytearray()
+            while True:
+                try:
+                    event = conn.next_event()
+                except h11.RemoteProtocolError as exc:
+                    raise _AgentFailed(f"agent: malformed request body: {exc}") from None
+                if event is h11.NEED_DATA:
+                    data = await self._agent_recv(None)
+                    if not data:
+                        raise _AgentFailed("agent: request body ended or stalled before it was signed")
+                    conn.receive_data(data)
+                elif isinstance(event, h11.Data):
+                    body += event.data  # at most Content-Length, which plan() bounded
+                elif isinstance(event, h11.EndOfMessage):
+                    break
+                else:
+                    raise _AgentFailed(f"agent: connection ended inside the request ({type(event).__name__})")
+            self._prebody, rec.request_done, rec.bytes_up = bytes(body), True, len(body)
+            payload_hash = hashlib.sha256(body).hexdigest()
+        text = [(n.decode("utf-8"), v.decode("utf-8")) for n, v in headers]
+        out = signed_headers(p, method=rec.method, target=target, headers=text, payload_hash=payload_hash)
+        rec.credentials = (*rec.credentials, p.credential.name)
+        rec.extra["signed"] = p.payload.value
+        return [(n.encode("utf-8"), v.encode("utf-8")) for n, v in out]
 
     def _l7_denied(self, decision: Decision, rec: RequestRecord) -> ErrorResponse:
         binary = self.fields.get("binary")
@@ -873,7 +942,9 @@ class _Session:
         assert up is not None
         out = Outbox()
         out.add(up.send_with_data_passthrough(request))
-        if rec.request_done:  # a retry of a bodiless request: its end was read already
+        if rec.request_done:  # a retry of a bodiless request, or a body read to be signed: its end was read already
+            if self._prebody:
+                out.add(up.send_with_data_passthrough(h11.Data(data=self._prebody)))
             out.add(up.send_with_data_passthrough(h11.EndOfMessage()))
             await self._up_send(out.take())
             return None

@@ -38,7 +38,7 @@ def _conn_sig(ep: Endpoint) -> tuple[bool, bool, frozenset[str]]:
 
 
 def _contributes(ep: Endpoint) -> bool:
-    return ep.extended or ep.credential_binding is not None
+    return ep.extended or ep.credential_binding is not None or ep.credential_signing is not None
 
 
 def _pipe_sig(ep: Endpoint) -> tuple[object, ...]:
@@ -49,6 +49,9 @@ def _pipe_sig(ep: Endpoint) -> tuple[object, ...]:
         ep.websocket_credential_rewrite,
         ep.request_body_credential_rewrite,
         ep.credential_binding,
+        ep.credential_signing,
+        ep.signing_service,
+        ep.signing_region,
     )
 
 
@@ -76,6 +79,9 @@ def _describe_pipe(ep: Endpoint) -> str:
             parts.append(flag)
     if ep.credential_binding:
         parts.append(f"credential_binding {ep.credential_binding}")
+    if ep.credential_signing:
+        parts.append(f"credential_signing {ep.credential_signing} ({ep.signing_service}, "
+                     f"{ep.signing_region or 'region from host'})")  # fmt: skip
     return ", ".join(parts)
 
 

@@ -89,6 +89,9 @@ class Endpoint:
     request_body_credential_rewrite: bool = False
     allow_uninspected_credentials: bool = False
     credential_binding: str | None = None  # provider name
+    credential_signing: str | None = None  # sigv4, sigv4:body, sigv4:no_body (l7/signing.py)
+    signing_service: str | None = None
+    signing_region: str | None = None  # None: from the host name
 
     @property
     def tls_skip(self) -> bool:
@@ -130,6 +133,9 @@ class Endpoint:
                 body[flag] = True
         if self.credential_binding is not None:
             body["credential_binding"] = {"provider": self.credential_binding}
+        for key in ("credential_signing", "signing_service", "signing_region"):
+            if getattr(self, key) is not None:
+                body[key] = getattr(self, key)
         return body
 
 

@@ -12,8 +12,10 @@ Rules:
    here rather than per connection (D12), an L7 protocol with ``tls: skip`` is an error (D13: its rules would
    never be enforced), and so is ``rules``/``access`` on an endpoint without an L7 protocol (it would silently
    allow everything).
-3. Features this project has not built (middleware, GraphQL, MCP, JSON-RPC, SQL, SigV4) are refused with a
-   "not supported yet" error naming the field (D16), never silently ignored.
+3. Features this project has not built (middleware, GraphQL, MCP, JSON-RPC, SQL) are refused with a
+   "not supported yet" error naming the field (D16), never silently ignored. ``credential_signing`` (V28) needs
+   ``signing_service``, excludes ``request_body_credential_rewrite`` and ``tls: skip`` (nothing would be signed);
+   a host ``inference.local`` is refused (control's inference router serves that name, §3.16).
 4. Warnings (accepted but suspicious) ride along on ``Policy.warnings``: L7 endpoints left in audit mode (D14),
    deprecated ``tls`` values, unknown HTTP methods, broad CIDRs, rules that can never match.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import re
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
@@ -68,11 +71,11 @@ ENDPOINT_KEYS = (
     "request_body_credential_rewrite",
     "allow_uninspected_credentials",
     "credential_binding",
+    "credential_signing",
+    "signing_service",
+    "signing_region",
 )
 ENDPOINT_NOT_YET = {
-    "credential_signing": "SigV4 request signing (credential_signing)",
-    "signing_service": "SigV4 request signing (signing_service)",
-    "signing_region": "SigV4 request signing (signing_region)",
     "persisted_queries": "GraphQL (persisted_queries)",
     "graphql_persisted_queries": "GraphQL (graphql_persisted_queries)",
     "graphql_max_body_bytes": "GraphQL (graphql_max_body_bytes)",
@@ -92,7 +95,15 @@ TCP_FORBIDDEN = (
     "websocket_credential_rewrite",
     "request_body_credential_rewrite",
     "credential_binding",
+    "credential_signing",
+    "signing_service",
+    "signing_region",
 )
+SIGNING_MODES = ("sigv4", "sigv4:body", "sigv4:no_body")
+# what a signing service or region may be: it goes into the signature's scope and the SigV4 string to sign
+_SIGNING_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+# served by control's inference router (docs/reference/policy.md §3.16), never by a policy endpoint
+INFERENCE_HOST = "inference.local"
 _RULE_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}")
 Node = yaml.Node
 
@@ -331,6 +342,10 @@ class _Schema:
                 if problem:
                     r.error(where("host"), h_node, problem)
                     host_error = True
+                elif host == INFERENCE_HOST:
+                    r.error(where("host"), h_node, f"{INFERENCE_HOST} is served by control's inference routes "
+                            "(--inference-routes), never by a policy endpoint", "another host")  # fmt: skip
+                    host_error = True
         if not host and not host_error:
             at = h_node if h_node is not None else node
             if tcp:
@@ -434,6 +449,8 @@ class _Schema:
                 else:
                     r.error(f"{where('credential_binding')}.provider", b_node, "missing required key 'provider'")
 
+        signing, signing_service, signing_region = self.signing(items, where, field, flags)
+
         # cross-field rules
         inspected = protocol.inspected
         if tcp:
@@ -474,6 +491,10 @@ class _Schema:
                     field("protocol"),
                     f"protocol {protocol} requires rules or access to define allowed traffic",
                 )
+            if signing is not None and tls is TlsMode.SKIP:
+                r.error(where("credential_signing"), field("credential_signing"),
+                        "credential_signing with tls: skip would never sign: control does not see the requests",
+                        "no tls (auto)")  # fmt: skip
             if inspected and tls is TlsMode.SKIP:
                 r.error(
                     where("tls"),
@@ -518,9 +539,45 @@ class _Schema:
             request_body_credential_rewrite=flags["request_body_credential_rewrite"],
             allow_uninspected_credentials=flags["allow_uninspected_credentials"],
             credential_binding=binding,
+            credential_signing=signing,
+            signing_service=signing_service,
+            signing_region=signing_region,
         )
         self.located.append(Located(base, line_of(node), endpoint))
         return endpoint
+
+    def signing(self, items: dict[str, tuple[Node, Node]], where: Callable[[str], str],
+                field: Callable[[str], Node | None], flags: dict[str, bool]) -> tuple[str | None, str | None,
+                                                                                      str | None]:  # fmt: skip
+        """V28: ``credential_signing`` one of the modes, with ``signing_service``, without
+        ``request_body_credential_rewrite``; service and region are lower-case names."""
+        r = self.r
+        values: dict[str, str | None] = {}
+        for key in ("credential_signing", "signing_service", "signing_region"):
+            node = field(key)
+            values[key] = None if node is None else r.string(node, where(key), allow_empty=False)
+        mode = values["credential_signing"]
+        if mode is not None and mode not in SIGNING_MODES:
+            r.error(where("credential_signing"), field("credential_signing"), f"unknown credential_signing {mode!r}",
+                    ", ".join(SIGNING_MODES))  # fmt: skip
+            mode = None
+        for key in ("signing_service", "signing_region"):
+            value = values[key]
+            if value is not None and not _SIGNING_NAME.fullmatch(value):
+                r.error(where(key), field(key), f"invalid {key} {value!r}", "a lower-case name such as s3 or us-east-1")
+        if "credential_signing" in items:
+            if "signing_service" not in items:
+                r.error(where("signing_service"), field("credential_signing"),
+                        "credential_signing requires signing_service", "e.g. signing_service: s3")  # fmt: skip
+            if flags.get("request_body_credential_rewrite"):
+                r.error(where("request_body_credential_rewrite"), field("request_body_credential_rewrite"),
+                        "credential_signing and request_body_credential_rewrite are mutually exclusive: the body "
+                        "is signed as the agent sent it", "one of them")  # fmt: skip
+        else:
+            for key in ("signing_service", "signing_region"):
+                if key in items:
+                    r.warn(where(key), field(key), f"{key} has no effect without credential_signing")
+        return mode, values["signing_service"], values["signing_region"]
 
     def port(self, where: str, node: Node) -> int | None:
         value = self.r.integer(node, where)
