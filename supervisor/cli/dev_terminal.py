@@ -125,12 +125,18 @@ class Gate:
         if not data:
             return
         with self._lock:
-            self.write_out(data)
-            self.at_line_start = data.endswith(b"\n")
             on = max(data.rfind(seq) for seq in _ALT_ON)
             off = max(data.rfind(seq) for seq in _ALT_OFF)
             if on != off:
                 self.alternate = on > off
+            end = data.rfind(b"\n") + 1  # held lines go out right after the chunk's last complete line
+            if self.held and 0 < end < len(data) and not self.alternate:
+                self.write_out(data[:end])
+                self.at_line_start = True
+                self._flush()
+                data = data[end:]
+            self.write_out(data)
+            self.at_line_start = data.endswith(b"\n")
             self._flush()
 
     def say(self, line: str) -> None:
