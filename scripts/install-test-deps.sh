@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
-for tool in ip:iproute2 curl:curl git:git nft:nftables setpriv:util-linux; do
+for tool in ip:iproute2 curl:curl git:git nft:nftables setpriv:util-linux tmux:tmux; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 # a real client for the HTTPS-inspection e2e tests, importable by the agent's /usr/bin/python3

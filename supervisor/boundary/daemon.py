@@ -119,8 +119,9 @@ class BoundaryConfig:
     listen_port: int = 7443
     port_file: Path | None = None
     workdir: str = "/"
-    agent_tty: bool = False
-    agent_stdio: str = "inherit"  # "inherit" (dev mode, container stdout) or "pipe"
+    agent_stdio: str = "inherit"  # "inherit" (container stdout), "pipe", or "tty" (dev mode's terminal)
+    agent_tty_size: tuple[int, int] = (80, 24)  # "tty": (cols, rows) until the attached client resizes it
+    agent_term: str = "xterm-256color"  # "tty": the agent's TERM (dev mode passes its caller's)
     privilege_model: str = "R"
     model_reason: str = ""
     hide_paths: tuple[str, ...] = ()
@@ -208,18 +209,25 @@ class BoundaryDaemon:
         return code
 
     async def _signals(self, nursery: trio.Nursery) -> None:
+        """The first SIGTERM or SIGINT ends the workload and then the daemon; later ones are logged and taken
+        here until the end (Ctrl-C on dev reaches us with dev's own SIGTERM right behind: a receiver closed with
+        one pending would deliver it to the default action, killing us before the agent's result is recorded
+        and its cgroups removed)."""
+        ending = False
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
                 self.log.emit(EventName.BOUNDARY_SIGNAL, signal=signal.Signals(signum).name)
+                if ending:
+                    continue
+                ending = True
                 agent_running = self.table.agent is not None and self.table.agent.result is None
                 await self._end_workload("shutdown")
                 if agent_running:
                     # _watch_agent records the agent's result and ends the daemon; no ack will come now.
                     self.exit_acked.set()
-                    return
+                    continue
                 self.exit_code = for_signal(signum)
                 nursery.cancel_scope.cancel()
-                return
 
     async def _end_workload(self, reason: str) -> None:
         """Terminate every workload process; never let a stuck launcher keep the daemon from exiting."""
@@ -664,7 +672,11 @@ class BoundaryDaemon:
         self.lifecycle.check(Op.START)
         assert self.attach is not None
         uid, gid = self._agent_ids(self.attach)
-        request = parse_exec_request({"argv": list(self.cfg.agent_argv), "cwd": self.cfg.workdir, "tty": False})
+        agent: dict[str, Any] = {"argv": list(self.cfg.agent_argv), "cwd": self.cfg.workdir, "tty": False}
+        if self.cfg.agent_stdio == "tty":  # its own terminal, streamed to whoever attaches (dev mode's terminal)
+            cols, rows = self.cfg.agent_tty_size
+            agent.update(tty=True, cols=cols, rows=rows, env={"TERM": self.cfg.agent_term})
+        request = parse_exec_request(agent)
         spec = build_process_spec(
             request, agent_uid=uid, agent_gid=gid, managed_env=self._managed_env(), default_cwd=self.cfg.workdir,
             landlock=self._landlock(uid), home=self._home(uid),
@@ -807,14 +819,15 @@ class BoundaryDaemon:
 
     async def op_attach_stream(self, body: dict[str, Any], stream: LinkStream, accept: Accept) -> None:
         """Re-attach to an exec's output after its client or control went away (spec §2.3): the buffered tail
-        (a ``lagged`` frame first if some was dropped), then live output, then ``exit``."""
+        (a ``lagged`` frame first if some was dropped), then live output, then ``exit``. An agent with a terminal
+        of its own (``--agent-stdio=tty``) is attached the same way: that is how dev mode's terminal reaches it."""
         self.lifecycle.check(Op.EXEC)
         handle = body.get("handle")
         if not isinstance(handle, str) or set(body) - {"handle"}:
             raise OpError(ErrorKind.INVALID, "body must be {handle}", field="handle")
         entry = self.table.entry(handle)
-        if entry.kind != "exec" or entry.output is None:
-            raise OpError(ErrorKind.INVALID, "only an exec's output can be attached", field="handle")
+        if entry.output is None or (entry.kind != "exec" and not entry.tty):
+            raise OpError(ErrorKind.INVALID, "only an exec's or a terminal agent's output can be attached", "handle")
         if entry.output.attached:
             raise OpError(ErrorKind.UNAVAILABLE, "a stream is already attached to this process", field="handle")
         await accept({"handle": entry.handle, "tty": entry.tty})

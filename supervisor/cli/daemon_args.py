@@ -21,6 +21,14 @@ def memory_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _tty_size(text: str) -> tuple[int, int]:
+    """``COLSxROWS`` (argparse type): a terminal's size, each 1-65535."""
+    cols, sep, rows = text.lower().partition("x")
+    if not sep or not cols.isdigit() or not rows.isdigit() or not (0 < int(cols) < 0x10000 and 0 < int(rows) < 0x10000):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a terminal size like 80x24")
+    return int(cols), int(rows)
+
+
 DAEMON_HELP = """\
 daemons:
   openshell-sandbox --mode=boundary --bootstrap DIR [--listen ADDR:PORT] -- AGENT ARGV...
@@ -114,9 +122,18 @@ def daemon_parser() -> argparse.ArgumentParser:
         "limits.memory: unenforced",
     )  # fmt: skip
     b.add_argument(
-        "--agent-stdio", choices=["inherit", "pipe"], default="inherit",
+        "--agent-stdio", choices=["inherit", "pipe", "tty"], default="inherit",
         help="inherit (default): the agent writes to the boundary's stdin/stdout/stderr; pipe: the boundary "
-        "reads its output and logs it as process.output events",
+        "reads its output and logs it as process.output events; tty: the agent gets a terminal of its own, "
+        "served to the one client that attaches to its handle (attach-stream; dev mode's terminal)",
+    )  # fmt: skip
+    b.add_argument(
+        "--agent-tty-size", type=_tty_size, default=(80, 24), metavar="COLSxROWS",
+        help="with --agent-stdio=tty: the terminal's size until the client resizes it (default 80x24)",
+    )  # fmt: skip
+    b.add_argument(
+        "--agent-term", default="xterm-256color", metavar="TERM",
+        help="with --agent-stdio=tty: the agent's TERM (dev mode passes its caller's; default %(default)s)",
     )  # fmt: skip
     b.add_argument(
         "--tls-dir",

@@ -105,6 +105,7 @@ def _run_boundary(args: argparse.Namespace, stream: Any) -> int:
         cfg = daemon.BoundaryConfig(
             bundle=bundle, agent_argv=tuple(args.agent_argv), listen_host=host, listen_port=port,
             port_file=args.port_file, workdir=args.workdir, agent_stdio=args.agent_stdio, privilege_model=model,
+            agent_tty_size=args.agent_tty_size, agent_term=args.agent_term,
             model_reason=reason, hide_paths=tuple(args.hide_path), exit_linger_s=args.exit_linger,
             acknowledge_external_fence=args.acknowledge_external_fence, tls_dir=args.tls_dir,
             acknowledge_unprobed_fence=args.acknowledge_unprobed_fence,

@@ -2,7 +2,9 @@
 
 ``openshell-sandbox dev -- CMD`` mints a throwaway bootstrap bundle in a private temporary directory, starts
 the boundary (which holds the agent until ``start``) on an ephemeral loopback port, then control pointed at
-it. The agent inherits this terminal's stdin, stdout and stderr; stdout carries only the agent's output.
+it. Without a terminal the agent inherits dev's stdin, stdout and stderr; stdout carries only the agent's output.
+With one (stdin and stdout a terminal, or ``-t``) the agent gets a terminal of its own and dev is its client
+(``supervisor/cli/dev_terminal.py``).
 
 Talking to a person (docs/design.md "Events"): both daemons append their JSON events to
 ``$XDG_STATE_HOME/openshell-sandbox/<sandbox>/events.jsonl`` (kept after exit; ``supervisor/cli/state_dirs.py``),
@@ -10,8 +12,9 @@ and dev mode tails that file to print a ready line and one human line per refusa
 (``supervisor/cli/dev_console.py``). ``--log-format json`` streams the JSON to stderr instead of those lines;
 ``-q`` prints nothing of ours (fatal errors aside). The file is opened by each daemon close-on-exec, so no
 workload process inherits it. The exit code is the agent's (128+N for a signal; 125 when the
-sandbox itself failed). On Ctrl-C or SIGTERM the agent is terminated and both daemons stop. Nothing is left:
-no process, no socket, no temporary directory.
+sandbox itself failed). On Ctrl-C or SIGTERM the agent is terminated and both daemons stop; Ctrl-C without a
+terminal of the agent's exits 130 (with one, Ctrl-C is the agent's). Nothing is left: no process, no socket, no
+temporary directory, no cgroup.
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ from supervisor.cli.dev_common import (
     start_sandbox,
 )
 from supervisor.cli.dev_confinement import DevSetupError, prepare, resolve_model
+from supervisor.cli.dev_terminal import TerminalSession, agent_terminal_flags, wants_terminal
 from supervisor.cli.state_dirs import events_path
 from supervisor.protocol.certs import issue_bundle
-from supervisor.protocol.exit_codes import ExitCode
+from supervisor.protocol.exit_codes import ExitCode, for_signal
 from supervisor.protocol.runtime_dir import RuntimeDirError, ensure_runtime_base
 
 PORT_WAIT_S = 30.0
@@ -62,6 +66,7 @@ def run_dev(opts: DevOptions) -> int:
     if start is None:
         return ExitCode.SELF_FAILED
     sandbox, tick, say, tmp = start.sandbox, start.tick, start.say, start.tmp
+    terminal = wants_terminal(opts.tty)
     procs: list[subprocess.Popen[bytes]] = []
     received: list[int] = []
     runtime: Path | None = None
@@ -98,12 +103,13 @@ def run_dev(opts: DevOptions) -> int:
         boundary_cmd = [
             *_entry(), "--mode=boundary", f"--bootstrap={tmp / 'bundle' / 'boundary'}", "--listen=127.0.0.1:0",
             f"--port-file={port_file}", *plan.boundary_flags,
-            f"--tls-dir={tmp / 'tls'}", "--exit-linger=5", *log_flags, *fence_flags,
+            f"--tls-dir={tmp / 'tls'}", "--exit-linger=5", *log_flags, *fence_flags, *agent_terminal_flags(terminal),
             *([f"--pids-limit={opts.pids_limit}"] if opts.pids_limit is not None else []),
             *([f"--memory-limit={opts.memory_limit}"] if opts.memory_limit is not None else []),
             "--", *opts.argv,
         ]  # fmt: skip
-        procs.append(subprocess.Popen(boundary_cmd, env=env, preexec_fn=_die_with_dev))
+        stdin = subprocess.DEVNULL if terminal else None  # the terminal is dev's to read (dev_terminal.py)
+        procs.append(subprocess.Popen(boundary_cmd, env=env, stdin=stdin, preexec_fn=_die_with_dev))
         port = _wait_for_port(port_file, procs[0])
         if port is None:
             return _finish(procs, received, default=ExitCode.SELF_FAILED, tick=tick, say=say)
@@ -125,7 +131,18 @@ def run_dev(opts: DevOptions) -> int:
                 " (removed when dev exits)")  # fmt: skip
         procs.append(subprocess.Popen(control_cmd, env=env, stdin=subprocess.DEVNULL, preexec_fn=_die_with_dev))
         restart = Restart(control_cmd, env, runtime / "api.sock")
-        return _finish(procs, received, default=ExitCode.SELF_FAILED, restart_control=restart, tick=tick, say=say)
+
+        def finish() -> int:
+            return _finish(procs, received, default=ExitCode.SELF_FAILED, restart_control=restart, tick=tick, say=say)
+
+        if terminal:
+            session = TerminalSession(
+                api=runtime / "api.sock", escape=opts.escape, stop=lambda: on_signal(signal.SIGTERM, None),
+                wait_for_ready_line=not opts.quiet and opts.log_format == "text",
+            )  # fmt: skip
+            return session.run(finish)
+        code = finish()
+        return for_signal(signal.SIGINT) if received and received[0] == signal.SIGINT else code
     finally:
         for proc in procs:
             if proc.poll() is None:

@@ -42,6 +42,8 @@ class DevOptions:
     topology: str = "boundary"  # "proxy-pod": supervisor/cli/dev_proxy_pod.py
     # proxy-pod only: control's --proxy-max-connections and --proxy-per-client (None: control's defaults)
     proxy_max_connections: int | None = None
+    tty: bool | None = None  # the agent's own terminal: -t True, -T False, None: when stdin and stdout are one
+    escape: int | None = ord("~")  # with a terminal: the escape character (supervisor/cli/dev_terminal.py)
 
 
 def dev_claims(sandbox: str) -> Claims:

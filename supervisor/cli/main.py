@@ -99,6 +99,20 @@ def command_parser() -> argparse.ArgumentParser:
         "source; default control's, 1024)",
     )  # fmt: skip
     dev.add_argument("-q", "--quiet", action="store_true", help="print nothing of ours on stderr (errors aside)")
+    dev.add_argument(
+        "-t", "--tty", dest="tty", action="store_const", const=True, default=None,
+        help="give the agent a terminal of its own, dev's terminal raw and every key the agent's (the default when "
+        "stdin and stdout are a terminal); ~. at the start of a line stops the sandbox",
+    )  # fmt: skip
+    dev.add_argument("-T", "--no-tty", dest="tty", action="store_const", const=False,
+                     help="no terminal for the agent: it inherits dev's stdin, stdout and stderr")  # fmt: skip
+    dev.add_argument("-i", "--interactive", action="store_true",
+                     help="accepted for -it (the agent always has dev's input)")  # fmt: skip
+    dev.add_argument(
+        "--escape", default="~", metavar="CHAR",
+        help="with a terminal: the escape character (default ~; ^X for a control character; none: no escapes). "
+        "At the start of a line: CHAR. stops the sandbox, CHAR? lists the escapes, CHARCHAR sends CHAR",
+    )  # fmt: skip
     dev.add_argument("argv", nargs="+", metavar="CMD", help="the agent command (after --)")
 
     def with_api(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -155,6 +169,7 @@ def run_command(argv: list[str]) -> int:
     if args.command == "dev":
         from supervisor.cli.dev import run_dev
         from supervisor.cli.dev_common import DevOptions
+        from supervisor.cli.dev_terminal import parse_escape
 
         if args.privilege_model == "P" and not args.acknowledge_external_fence:
             _err(
@@ -164,6 +179,11 @@ def run_command(argv: list[str]) -> int:
             return ExitCode.USAGE
         if args.workdir is not None and (problem := _workdir_problem(args.workdir)) is not None:
             _err(f"dev --workdir: {problem}")
+            return ExitCode.USAGE
+        try:
+            escape = parse_escape(args.escape)
+        except ValueError as exc:
+            _err(f"dev {exc}")
             return ExitCode.USAGE
         if args.proxy_max_connections is not None:
             if args.topology != "proxy-pod":
@@ -180,7 +200,7 @@ def run_command(argv: list[str]) -> int:
             upstream_ca=args.upstream_ca, log_format=args.log_format, quiet=args.quiet,
             ipv6_egress=args.ipv6_egress, self_addresses=tuple(args.self_address), api_listen=args.api_listen,
             pids_limit=args.pids_limit, topology=args.topology, proxy_max_connections=args.proxy_max_connections,
-            memory_limit=args.memory_limit,
+            memory_limit=args.memory_limit, tty=args.tty, escape=escape,
         )  # fmt: skip
         if args.api_listen is not None:
             try:

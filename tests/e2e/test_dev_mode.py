@@ -194,14 +194,16 @@ def test_status_and_exec_find_the_running_sandbox() -> None:
 
 
 def test_ctrl_c_in_a_terminal_tears_everything_down() -> None:
-    """Ctrl-C reaches the whole foreground process group (dev, both daemons, the launcher): the launcher must
-    not die of it, the boundary ends the agent, and nothing is left."""
+    """Without a terminal of the agent's (``-T``), Ctrl-C reaches the whole foreground process group (dev, both
+    daemons, the launcher): the launcher must not die of it, the boundary ends the agent and records its result
+    (a second signal right behind the first must not kill it), dev exits 130, and nothing is left, cgroups
+    included."""
     import pexpect
 
     seconds = 900000 + uuid.uuid4().int % 99999
     marker = f"sleep {seconds}"
     child = pexpect.spawn(
-        CLI[0], [*CLI[1:], "dev", "--", "sh", "-c", f"echo started; sleep $(({seconds}+0))"],
+        CLI[0], [*CLI[1:], "dev", "-T", "--", "sh", "-c", f"echo started; sleep $(({seconds}+0))"],
         env={**os.environ}, encoding="utf-8", timeout=30,
     )  # fmt: skip
     try:
@@ -214,7 +216,17 @@ def test_ctrl_c_in_a_terminal_tears_everything_down() -> None:
         child.sendcontrol("c")
         child.expect(pexpect.EOF, timeout=30)
         child.close()
-        assert child.exitstatus not in (None, 0)
+        assert child.exitstatus == 130, child.before
+        logs = Path(os.environ["XDG_STATE_HOME"], "openshell-sandbox").glob("*/events.jsonl")
+        events = [json.loads(line) for log in logs for line in log.read_text().splitlines() if line.strip()]
+        mine = [e for e in events if any(str(seconds) in str(a) for a in e.get("argv") or [])]
+        sandbox = mine[0]["sandbox"] if mine else None
+        kinds = [e["event"] for e in events if e.get("sandbox") == sandbox]
+        assert "agent.exited" in kinds and "boundary.exit" in kinds, kinds
+        assert "limits.pids-cgroup-left" not in kinds
+        for event in events:
+            if event.get("sandbox") == sandbox and event["event"] == "limits.pids" and event.get("cgroup"):
+                assert not Path(str(event["cgroup"]).split()[-1]).exists()
         wait_until(lambda: processes_with(marker) == [], "every workload process gone after Ctrl-C", within_s=10)
         wait_until(lambda: not [pid for pid in tree if alive(pid)], "every sandbox process gone after Ctrl-C",
                    within_s=10)  # fmt: skip

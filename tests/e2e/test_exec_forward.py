@@ -90,6 +90,32 @@ def test_exec_it_answers_an_interactive_shell(sandbox: Sandbox) -> None:
             child.terminate(force=True)
 
 
+def test_exec_it_terminal_is_the_agents_own(sandbox: Sandbox) -> None:
+    """The PTY comes from the agent's own devpts: `tty` and ``ttyname`` name it, it is the agent's, and the only
+    terminal in the agent's /dev/pts besides ptmx is its own (no host terminal is visible or reachable)."""
+    script = (
+        "import os; name = os.ttyname(0); st = os.stat(name);"
+        "fd = lambda n: '/proc/self/fd/%d' % n;"
+        "fds = [os.readlink(fd(n)) for n in range(64) if os.path.lexists(fd(n))];"
+        "print('TTY', name, st.st_uid == os.getuid(), os.ttyname(1) == name, sorted(os.listdir('/dev/pts')));"
+        "print('MASTERS', sum('ptmx' in f for f in fds))"
+    )
+    child = pexpect.spawn(CLI[0], [*CLI[1:], "exec", "-it", "--", "sh", "-c", f"tty; python3 -c \"{script}\""],
+                          env=sandbox.env, encoding="utf-8", timeout=30)  # fmt: skip
+    try:
+        child.expect(r"(/dev/pts/\d+|not a tty)\r\n")
+        assert child.match.group(1).startswith("/dev/pts/"), child.match.group(1)
+        child.expect(r"TTY (/dev/pts/(\d+)) True True \[(.*)\]")
+        listed = {name.strip(" '") for name in child.match.group(3).split(",")}
+        assert child.match.group(2) in listed and "ptmx" in listed
+        child.expect(r"MASTERS (\d+)")
+        assert child.match.group(1) == "0"  # no master reached the agent
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+
+
 def test_exec_keeps_streams_apart_and_seq_is_complete(sandbox: Sandbox) -> None:
     result = sandbox.cli("exec", "--", "sh", "-c", "seq 1 100000; echo done >&2; exit 3")
     assert result.returncode == 3

@@ -24,13 +24,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno as _errno
-import fcntl
 import itertools
 import os
 import signal
 import socket
-import struct
-import termios
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -465,12 +462,22 @@ class Launcher:
             lease = self._use_lease(spec, layout, theirs) if own_pidns else None
             if lease is not None:
                 zygote.close_all(theirs)  # the child has them: EOF on the status pipe is its execve
+                if spec.tty:  # the exec-init opened the terminal in the agent's namespace (terminal.py)
+                    ends["pty_master"] = await _pty_from(lease)
+                    if ends["pty_master"] is not None:
+                        ours.append(ends["pty_master"])
+                else:
+                    assert lease.sock is not None
+                    lease.sock.close()
                 ours.append(lease.report)
                 pidfd, reply = lease.pidfd, {"pid": lease.pid, "ns_pid": lease.ns_pid, "nested": True}
                 lease.pidfd = os.dup(pidfd)  # the lease's own, for its exec-init's next lease (Spawned's is closed)
                 ours.append(lease.pidfd)
             else:
-                pidfd, reply = await self._spawn_via_launcher(spec, sid, layout, theirs, own_pidns)
+                pidfd, reply, master = await self._spawn_via_launcher(spec, sid, layout, theirs, own_pidns)
+                if master is not None:
+                    ours.append(master)
+                    ends["pty_master"] = master
             try:
                 notes, failure = await _read_status(status_r)
             except BaseException:
@@ -543,13 +550,13 @@ class Launcher:
                 self.first_execs.close(lease.pid)
             lease.close()
             return None
-        lease.sock.close()
-        return lease
+        return lease  # its command socket is closed by the caller (it brings a terminal's master back first)
 
     async def _spawn_via_launcher(
         self, spec: SpawnSpec, sid: int, layout: list[int], theirs: list[int], own_pidns: bool
-    ) -> tuple[int, dict[str, Any]]:
-        """The spawn request to the zygote (and on to the init): the child's pidfd and the reply."""
+    ) -> tuple[int, dict[str, Any], int | None]:
+        """The spawn request to the zygote (and on to the init): the child's pidfd, the reply and, with a
+        terminal, the PTY master the forking process opened in the agent's namespace (terminal.py)."""
         notify: int | None = None
         if self.notify_socket is not None:
             theirs.append(os.dup(self.notify_socket.fileno()))
@@ -563,11 +570,11 @@ class Launcher:
             raise
         finally:
             zygote.close_all(theirs)
-        if not reply.get("ok") or len(fds) != 1:
+        if not reply.get("ok") or len(fds) != (2 if spec.tty else 1) or bool(reply.get("pty")) != spec.tty:
             zygote.close_all(fds)
             self._raise(reply, "spawn")
-            raise LauncherError("spawn: no pidfd received")
-        return fds[0], reply
+            raise LauncherError("spawn: no pidfd (or no terminal) received")
+        return fds[0], reply, fds[1] if spec.tty else None
 
     def _forget(self, sid: int) -> None:
         """A launch that failed: drop its exit status whenever it arrives."""
@@ -627,14 +634,8 @@ class Launcher:
 def _make_stdio(spec: SpawnSpec, ours: list[int], theirs: list[int]) -> tuple[dict[str, int | None], list[int]]:
     """Create the child's stdio; returns the boundary ends for ``Spawned`` and the stdio layout indexes."""
     ends: dict[str, int | None] = {"stdin": None, "stdout": None, "stderr": None, "pty_master": None}
-    if spec.tty:
-        master, slave = os.openpty()
-        ours.append(master)
-        theirs.append(slave)
-        rows, cols = (max(1, min(v, 65535)) for v in (spec.rows, spec.cols))
-        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-        ends["pty_master"] = master
-        return ends, [0, 0, 0]
+    if spec.tty:  # opened by the forking process, in the agent's mount namespace (terminal.py)
+        return ends, []
     layout: list[int] = []
     for name in ("stdin", "stdout", "stderr"):
         mode = getattr(spec, name)
@@ -650,6 +651,31 @@ def _make_stdio(spec: SpawnSpec, ours: list[int], theirs: list[int]) -> tuple[di
             ends[name] = mine
         layout.append(len(theirs) - 1)
     return ends, layout
+
+
+async def _pty_from(lease: Lease) -> int | None:
+    """The PTY master a leased exec-init sends back on the command socket before it starts a command with a
+    terminal; ``None`` when it closed the socket instead (its failure is then on the status pipe)."""
+    sock = lease.sock
+    assert sock is not None
+    try:
+        while True:
+            try:
+                got = zygote.receive(sock, nowait=True)
+                break
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(sock)
+            except OSError:
+                return None
+    finally:
+        sock.close()
+    if got is None:
+        return None
+    message, fds = got
+    if message.get("pty") is not True or len(fds) != 1:
+        zygote.close_all(fds)
+        return None
+    return fds[0]
 
 
 async def _leased_status(report: int, pidfd: int) -> tuple[int, bool]:

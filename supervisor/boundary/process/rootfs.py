@@ -23,6 +23,9 @@ Rules of this module:
    the root there and stays in it, so every workload child is forked inside. Only ``CAP_SYS_ADMIN`` is needed
    (no ``setns``, which would also need ``CAP_SYS_CHROOT``, absent from model R's pod). Nothing is imported
    after it: the capture setup and its calls all ran before the agent was started.
+6. The agent has an account: ``/etc/passwd`` and ``/etc/group`` are the host's with a ``sandbox`` user and group
+   for the agent's uid and gid (home: the workdir) where the host names none — dev mode's dedicated ids are
+   nobody's, and a prompt must not read ``I have no name!``. Read-only files of our own bound over the host's.
 
 Theory of operation (``build``): after ``unshare(CLONE_NEWNS)`` everything is made private, a tmpfs is mounted
 on ``/tmp`` and becomes the root with ``pivot_root`` — the old root then sits, complete, at ``/.oldroot``
@@ -84,6 +87,7 @@ class RootPlan:
     agent_gid: int
     tmp_size: str = DEFAULT_TMP_SIZE
     shm_size: str = DEFAULT_SHM_SIZE
+    home: str | None = None  # the agent's home in its /etc/passwd entry (the workdir); None: no entry written
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -94,6 +98,7 @@ class RootPlan:
             "agent_gid": self.agent_gid,
             "tmp_size": self.tmp_size,
             "shm_size": self.shm_size,
+            "home": self.home,
         }
 
     @classmethod
@@ -106,6 +111,7 @@ class RootPlan:
             agent_gid=int(data["agent_gid"]),
             tmp_size=check_size(str(data["tmp_size"]), "tmp_size"),
             shm_size=check_size(str(data["shm_size"]), "shm_size"),
+            home=str(data["home"]) if data.get("home") is not None else None,
         )
 
 
@@ -217,6 +223,7 @@ def plan_root(
         agent_gid=agent_gid,
         tmp_size=check_size(tmp_size, "tmp_size"),
         shm_size=check_size(shm_size, "shm_size"),
+        home=os.path.normpath(workdir),
     )
 
 
@@ -249,11 +256,12 @@ def _build_here(plan: RootPlan) -> None:
     for path, text in plan.symlinks:
         os.symlink(text, path)
     _proc()
-    _dev(plan.shm_size)
+    _dev(plan.shm_size, plan.agent_uid, plan.agent_gid)
     _tmpfs("/tmp", 0o1777, plan.tmp_size, linux.MS_NOSUID | linux.MS_NODEV)
     _run(plan.agent_uid, plan.agent_gid)
     for bind in plan.binds:
         _bind(bind)
+    _accounts(plan)
     _hide(plan.hide)
     _step("detach", _OLD, linux.umount2, _OLD, linux.MNT_DETACH)
     os.rmdir(_OLD)
@@ -333,7 +341,9 @@ def _proc() -> None:
     _readonly("/proc", recursive=False)
 
 
-def _dev(shm_size: str) -> None:
+def _dev(shm_size: str, uid: int, gid: int) -> None:
+    """The synthetic ``/dev`` (rule 2). Its devpts instance gives every new terminal to the agent's uid and gid,
+    so the terminal a launch gets (terminal.py) is the agent's own to reopen by name (``tty``, ssh, gpg)."""
     _tmpfs("/dev", 0o755, "256k", linux.MS_NOSUID | linux.MS_NOEXEC)
     for name in DEVICES:
         source = f"{_OLD}/dev/{name}"
@@ -342,7 +352,13 @@ def _dev(shm_size: str) -> None:
         _mountpoint(f"/dev/{name}", directory=False)
         _mount(source, f"/dev/{name}", None, linux.MS_BIND)
     _mkdirs("/dev/pts")
-    _mount("devpts", "/dev/pts", "devpts", linux.MS_NOSUID | linux.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
+    _mount(
+        "devpts",
+        "/dev/pts",
+        "devpts",
+        linux.MS_NOSUID | linux.MS_NOEXEC,
+        f"newinstance,ptmxmode=0666,mode=0620,uid={uid},gid={gid}",
+    )
     os.symlink("pts/ptmx", "/dev/ptmx")
     _tmpfs("/dev/shm", 0o1777, shm_size, linux.MS_NOSUID | linux.MS_NODEV)
     os.symlink("/proc/self/fd", "/dev/fd")
@@ -360,6 +376,57 @@ def _run(uid: int, gid: int) -> None:
     os.mkdir(f"/run/user/{uid}", 0o700)
     flags = linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
     _mount("tmpfs", f"/run/user/{uid}", "tmpfs", flags, f"mode=0700,uid={uid},gid={gid},size=4m")
+
+
+AGENT_NAME: Final = "sandbox"
+
+
+def account_lines(passwd: str, group: str, *, uid: int, gid: int, home: str, shell: str) -> tuple[str, str]:
+    """The agent's ``/etc/passwd`` and ``/etc/group`` (rule 6): the host's, plus a ``sandbox`` entry for its uid
+    and gid when the host has none (a host entry of that name for other ids is left out, so the name is one
+    account's). Pure: tests give it any text."""
+
+    def fields(line: str) -> list[str]:
+        return line.split(":")
+
+    def numbered(lines: list[str], number: int) -> bool:
+        return any(len(f := fields(line)) > 2 and f[2] == str(number) for line in lines)
+
+    users = [line for line in passwd.splitlines() if line.strip()]
+    groups = [line for line in group.splitlines() if line.strip()]
+    if not numbered(users, uid):
+        users = [line for line in users if fields(line)[0] != AGENT_NAME]
+        users.append(f"{AGENT_NAME}:x:{uid}:{gid}:openshell-sandbox agent:{home}:{shell}")
+    if not numbered(groups, gid):
+        groups = [line for line in groups if fields(line)[0] != AGENT_NAME]
+        groups.append(f"{AGENT_NAME}:x:{gid}:")
+    return "\n".join(users) + "\n", "\n".join(groups) + "\n"
+
+
+def _accounts(plan: RootPlan) -> None:
+    """Rule 6: read-only files of our own over the bound ``/etc/passwd`` and ``/etc/group``; the sources are
+    unlinked at once (the mounts keep them), so nothing of them stays in the root's own tmpfs."""
+    if plan.home is None:
+        return
+    texts: list[str] = []
+    for path in ("/etc/passwd", "/etc/group"):
+        if not os.path.isfile(path) or os.path.realpath(path) != path:
+            return
+        with open(path, encoding="utf-8", errors="surrogateescape") as fh:
+            texts.append(fh.read())
+    shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"  # as the environment's SHELL, where it exists
+    made = account_lines(texts[0], texts[1], uid=plan.agent_uid, gid=plan.agent_gid, home=plan.home, shell=shell)
+    for path, text in zip(("/etc/passwd", "/etc/group"), made, strict=True):
+        source = "/.account-" + os.path.basename(path)
+        fd = os.open(source, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, text.encode("utf-8", "surrogateescape"))
+            os.fchmod(fd, 0o644)
+        finally:
+            os.close(fd)
+        _mount(source, path, None, linux.MS_BIND)
+        _mount(None, path, None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY | _flags_of(path))
+        os.unlink(source)
 
 
 def _hide(paths: Iterable[str]) -> None:

@@ -347,8 +347,11 @@ class ProcessTable:
         if kind == "agent":
             self.agent = entry
         if entry.output is not None:
-            entry.output.set_lossy(kind == "agent")  # nobody streams the agent's output; it goes to the log
-            if kind == "agent":
+            # Nobody streams a piped agent's output: it goes to the log. An agent's terminal is streamed to the
+            # client that attaches to it (dev mode's terminal): held for it, never logged (keystrokes echo there).
+            logged = kind == "agent" and not entry.tty
+            entry.output.set_lossy(logged)
+            if logged:
                 for s in entry.output.streams:
                     s.on_chunk = self._agent_output_logger(entry, s.frame.__name__.lower())
             nursery.start_soon(self._run_output, entry)

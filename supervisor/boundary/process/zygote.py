@@ -84,7 +84,7 @@ from typing import Any, Final, Literal, NoReturn, Protocol
 from supervisor.protocol.exit_codes import ExitCode
 from supervisor.protocol.interpreter import import_path
 
-from . import child, linux, privilege, rootfs, seccomp, spawn
+from . import child, linux, privilege, rootfs, seccomp, spawn, terminal
 
 MAX_MESSAGE: Final = 1 << 20
 MAX_SPEC: Final = 256 * 1024  # argv + env + the rest, encoded; below any default socket send buffer
@@ -357,6 +357,7 @@ class Spawner:
 
     def spawn(self, request: Mapping[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
         rid, sid = request["id"], int(request["sid"])
+        out: list[int] = []
         try:
             self._enter_root()
         except OSError as exc:
@@ -364,7 +365,8 @@ class Spawner:
             return error_reply(rid, exc, stage=child.Stage.MOUNT_NS.value), []
         try:
             spec = child.SpawnSpec.from_wire(request["spec"])
-            stdio, status_fd = _stdio_fds(request, fds)
+            stdio, status_fd, master = _stdio_fds(request, fds, spec)
+            out = [] if master is None else [master]  # the PTY's master goes up with the reply (terminal.py)
             notify = _notify_fd(request, fds)
             self.confinement = child.confinement(spec, notify is not None)
             parent = os.getpid()
@@ -393,8 +395,10 @@ class Spawner:
             self.live[pid] = sid
             pidfd = os.pidfd_open(pid)
             host_pid = pid if self.host_proc_fd is None else linux.pidfd_pid(pidfd, dir_fd=self.host_proc_fd)
-            return {"id": rid, "ok": True, "pid": host_pid, "ns_pid": pid, "nested": nested}, [pidfd]
+            reply = {"id": rid, "ok": True, "pid": host_pid, "ns_pid": pid, "nested": nested, "pty": bool(out)}
+            return reply, [pidfd, *out]
         except Exception as exc:
+            close_all(out)
             return error_reply(rid, exc, stage=child.Stage.FORK.value), []
         finally:
             close_all(fds)
@@ -687,11 +691,10 @@ def _serve(  # pragma: no cover - a spare exec-init
     notes = list(ctx.notes)
     while True:
         got = _await_command(sock, signals)
-        sock.close()
         if got is None:
             os._exit(0)
         ran_long: list[bool] = []
-        status = _run(ctx, confinement, *got, functools.partial(_tell_long, ran_long))
+        status = _run(ctx, confinement, *got, functools.partial(_tell_long, ran_long), sock)
         _empty_namespace()
         try:
             report.send(str(status).encode(), socket.MSG_NOSIGNAL)
@@ -746,17 +749,37 @@ def _run(  # pragma: no cover - a spare exec-init
     request: dict[str, Any],
     fds: list[int],
     on_long: Callable[[], None],
+    sock: socket.socket,
 ) -> int:
     """One command: checked as the init checks a spawn's, its confinement the one we applied to ourselves; then
     started with ``posix_spawn`` (``spawn.launch``), or with a terminal in a forked child that runs what is left
-    of the stages (``child.IN_CHILD``). Its raw wait status, or 127's where it did not start (the failure is on
-    its status pipe, as a forked child reports it)."""
+    of the stages (``child.IN_CHILD``). A terminal is opened here, in the agent's mount namespace, and its master
+    sent back on the command socket ``sock`` (closed here) before the command starts (terminal.py). Its raw wait
+    status, or 127's where it did not start (the failure is on its status pipe, as a forked child reports it)."""
     try:
-        spec = child.SpawnSpec.from_wire(request["spec"])
-        ctx.stdio, ctx.status_fd = _stdio_fds(request, fds)
-    except (KeyError, TypeError, ValueError, OSError):
-        close_all(fds)
-        return ExitCode.NOT_FOUND << 8
+        try:
+            spec = child.SpawnSpec.from_wire(request["spec"])
+            ctx.stdio, ctx.status_fd, master = _stdio_fds(request, fds, spec)
+        except (KeyError, TypeError, ValueError):
+            close_all(fds)
+            return ExitCode.NOT_FOUND << 8
+        except OSError as exc:
+            if len(request.get("stdio") or ()) == 1 and 0 <= request["stdio"][0] < len(fds):
+                ctx.status_fd = fds[request["stdio"][0]]
+                child.report_failure(ctx, child.Stage.STDIO, exc)
+            close_all(fds)
+            return ExitCode.NOT_FOUND << 8
+        if master is not None:  # the slave is in fds: ours is closed once the command has it
+            try:
+                send(sock, {"pty": True}, [master])
+            except OSError as exc:
+                child.report_failure(ctx, child.Stage.STDIO, exc)
+                close_all(fds)
+                return ExitCode.NOT_FOUND << 8
+            finally:
+                os.close(master)
+    finally:
+        sock.close()
     ctx.spec, ctx.notes = spec, []
     try:
         if child.confinement(spec, ctx.keep_listener) != confinement:
@@ -780,11 +803,21 @@ def _run(  # pragma: no cover - a spare exec-init
     return _wait_command(pid, on_long)
 
 
-def _stdio_fds(request: Mapping[str, Any], fds: list[int]) -> tuple[tuple[int, int, int], int]:
-    layout = request["stdio"]  # indexes into fds for stdin, stdout, stderr, status
-    if len(layout) != 4 or not all(isinstance(i, int) and 0 <= i < len(fds) for i in layout):
+def _stdio_fds(
+    request: Mapping[str, Any], fds: list[int], spec: child.SpawnSpec
+) -> tuple[tuple[int, int, int], int, int | None]:
+    """``(stdin, stdout, stderr), status, PTY master or None``. The layout indexes ``fds``: stdin, stdout,
+    stderr and status; with a terminal, status alone, and the PTY is opened here (terminal.py rule 1): the slave
+    is appended to ``fds`` (closed with them), the master is the caller's."""
+    layout = request["stdio"]
+    want = 1 if spec.tty else 4
+    if len(layout) != want or not all(isinstance(i, int) and 0 <= i < len(fds) for i in layout):
         raise OSError(errno.EINVAL, "bad stdio layout")
-    return (fds[layout[0]], fds[layout[1]], fds[layout[2]]), fds[layout[3]]
+    if not spec.tty:
+        return (fds[layout[0]], fds[layout[1]], fds[layout[2]]), fds[layout[3]], None
+    master, slave = terminal.open_pty(spec.rows, spec.cols)
+    fds.append(slave)
+    return (slave, slave, slave), fds[layout[0]], master
 
 
 def _notify_fd(request: Mapping[str, Any], fds: list[int]) -> int | None:
