@@ -79,7 +79,8 @@ def test_check_lists_all_three_errors_with_paths_and_lines(tmp_path: Path) -> No
         f"{path}:7: network_policies.github.endpoints[0].protocl: unknown key 'protocl'; did you mean 'protocol'? "
         "(expected one of host, port, ports, path, protocol, tls, enforcement, access, rules, deny_rules, "
         "allowed_ips, allow_encoded_slash, websocket_credential_rewrite, request_body_credential_rewrite, "
-        "allow_uninspected_credentials, credential_binding)",
+        "allow_uninspected_credentials, credential_binding, persisted_queries, graphql_persisted_queries, "
+        "graphql_max_body_bytes, json_rpc, mcp)",
         f"{path}:9: network_policies.github.binaries[0].path: binary path 'git' is not absolute "
         "(expected an absolute path such as /usr/bin/git)",
     ]

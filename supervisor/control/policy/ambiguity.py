@@ -49,6 +49,8 @@ def _pipe_sig(ep: Endpoint) -> tuple[object, ...]:
         ep.websocket_credential_rewrite,
         ep.request_body_credential_rewrite,
         ep.credential_binding,
+        ep.body_limit if ep.protocol.reads_body else None,
+        ep.strict_tool_names if ep.protocol.reads_body else None,
     )
 
 
