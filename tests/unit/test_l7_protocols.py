@@ -141,8 +141,8 @@ def test_mcp_client_responses_and_stream() -> None:
     assert reply.allowed and reply.l7_rule == "mcp:response"
     stream = evaluate(mcp_route(method="GET"), BodyRequest("GET", None, None, False, b""))
     assert stream.allowed and stream.l7_rule == "mcp:stream"
-    smuggled = evaluate(mcp_route(method="GET"), BodyRequest("GET", None, "application/json", False,
-                                                             json.dumps(call("tools/call", name="rm")).encode()))  # fmt: skip
+    hidden = json.dumps(call("tools/call", name="rm")).encode()
+    smuggled = evaluate(mcp_route(method="GET"), BodyRequest("GET", None, "application/json", False, hidden))
     assert not smuggled.allowed and smuggled.reason is DenyReason.BODY_INVALID
 
 
