@@ -50,6 +50,7 @@ import trio
 from supervisor.control.credentials import Credentials
 from supervisor.control.l7 import answers
 from supervisor.control.l7.authority import AuthorityError, AuthoritySource, request_authority, same_authority
+from supervisor.control.l7.body import BodyRequest, evaluate, refused
 from supervisor.control.l7.ca import InterceptionCA, LeafError
 from supervisor.control.l7.client_hello import ClientHelloError, Pending, server_name
 from supervisor.control.l7.idle import IdleClock
@@ -617,6 +618,8 @@ class _Session:
         else:
             policy_target = head.target
         decision = self.snapshot.decide_l7(self.l4, rec.method, policy_target)
+        if decision.reason is DenyReason.L7_BODY_PENDING:  # JSON-RPC, MCP, GraphQL: the body decides
+            decision = await self._decide_body(conn, rec, head, policy_target, decision)
         rec.rule, rec.endpoint, rec.l7_rule = decision.rule, decision.endpoint, decision.l7_rule
         rec.path = display_path(decision.path) if decision.path is not None else (
             display_path(redact_path(self.creds, canon.path)) if canon is not None else None)  # fmt: skip
@@ -681,9 +684,49 @@ class _Session:
             headers = bound_request_headers(headers)
         if head.host is None:
             headers.append((b"Host", _authority_text(self.name, self.port, self.tls).encode("ascii")))
+        if rec.body is not None:  # read whole already, and its 100 Continue answered by us
+            headers = [(n, v) for n, v in headers if n.lower() != b"expect"]
         request = h11.Request(method=rec.method.encode("ascii"), target=rewritten.target.encode("ascii"),
                               headers=headers)  # fmt: skip
         return await self._forward(conn, rec, request)
+
+    async def _decide_body(self, conn: h11.Connection, rec: RequestRecord, head: RequestHead, target: str,
+                           pending: Decision) -> Decision:  # fmt: skip
+        """The agent's own protocols (``body``): read the whole body, up to the endpoint's limit, and decide it. What
+        was read is what is forwarded (``rec.body``), so the server executes exactly what was judged."""
+        route = self.snapshot.body_route(self.l4, rec.method, target)
+        if route is None:
+            return pending
+        if rec.expects_continue and conn.they_are_waiting_for_100_continue:
+            await self._agent_send(conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
+        body = bytearray()
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                self._malformed(rec, "invalid-body", str(exc)[:200])
+            if event is h11.NEED_DATA:
+                data = await self._agent_recv(None)
+                if not data:
+                    raise _AgentFailed("agent: request body ended or stalled")
+                conn.receive_data(data)
+            elif isinstance(event, h11.Data):
+                body += event.data
+                if len(body) > route.limit:
+                    return refused(route, f"request body is over the endpoint's limit of {route.limit} bytes",
+                                   reason=DenyReason.BODY_TOO_LARGE)  # fmt: skip
+            elif isinstance(event, h11.EndOfMessage):
+                break
+            else:
+                raise _AgentFailed(f"agent: connection ended inside the request ({type(event).__name__})")
+        rec.body, rec.request_done = bytes(body), True
+        content_type = head.values("content-type")
+        media = content_type[0].split(";", 1)[0].strip().lower() if len(content_type) == 1 else None
+        encoded = any(v.strip().lower() not in ("", "identity") for v in head.values("content-encoding"))
+        decision = evaluate(route, BodyRequest(rec.method, route.query, media, encoded, rec.body))
+        if decision.operation is not None:
+            rec.extra["operation"] = decision.operation
+        return decision
 
     def _l7_denied(self, decision: Decision, rec: RequestRecord) -> ErrorResponse:
         binary = self.fields.get("binary")
@@ -873,7 +916,10 @@ class _Session:
         assert up is not None
         out = Outbox()
         out.add(up.send_with_data_passthrough(request))
-        if rec.request_done:  # a retry of a bodiless request: its end was read already
+        if rec.request_done:  # a retry of a bodiless request, or a body read whole to decide it (``rec.body``)
+            if rec.body:
+                out.add(up.send_with_data_passthrough(h11.Data(data=rec.body)))
+                rec.bytes_up += len(rec.body)
             out.add(up.send_with_data_passthrough(h11.EndOfMessage()))
             await self._up_send(out.take())
             return None
