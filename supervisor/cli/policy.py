@@ -3,9 +3,11 @@
 * ``policy check FILE [--json]`` — exit 0 and ``ok: N rules, M endpoints``, or exit 1 with every error as
   ``FILE:LINE: PATH: message (expected ...)``. Warnings go to stderr and never change the exit code.
 * ``policy decide --policy FILE --host H --port N [--binary PATH] [--ancestor PATH]... [--sha256 HEX]
-  [--loader-env NAME]... [--binary-identity relaxed] [--method M --path P] [--json]`` — one readable line (or
-  JSON with result, rule, endpoint, reason); exit 0 when allowed (audit included), 1 when denied, 2 for a usage
-  error or an invalid policy.
+  [--loader-env NAME]... [--binary-identity relaxed] [--method M --path P] [--rpc-method NAME | --mcp-tool NAME |
+  --graphql DOC|@FILE] [--json]`` — one readable line (or JSON with result, rule, endpoint, reason and, for the
+  agent's own protocols, the operation); exit 0 when allowed (audit included), 1 when denied, 2 for a usage error
+  or an invalid policy. ``--rpc-method``, ``--mcp-tool`` and ``--graphql`` build the request body a client would
+  POST (to ``--path``, default the endpoint's own path) and decide it as control does on the inspected path.
 
 Pure presentation over ``supervisor.control.policy``; no daemon, no network.
 """
@@ -17,17 +19,22 @@ import json
 import sys
 from pathlib import Path
 from typing import Any, TextIO
+from urllib.parse import urlencode
 
 from supervisor.cli.api_client import add_api_arguments
 from supervisor.control.policy import (
     BinaryIdentity,
+    CompiledPolicy,
+    Decision,
     L4Request,
     PolicyInvalid,
+    body_route,
     compile_policy,
     decide_l4,
     decide_l7,
     load_policy_file,
 )
+from supervisor.control.policy.globs import has_glob_chars
 from supervisor.protocol.exit_codes import ExitCode
 
 EXIT_ALLOW = 0
@@ -79,6 +86,10 @@ def add_policy_parser(subparsers: Any) -> None:
                              "ignored (default strict)")  # fmt: skip
     decide.add_argument("--method", help="HTTP method, for an L7 decision (needs --path)")
     decide.add_argument("--path", help="HTTP request target, for an L7 decision (needs --method)")
+    body = decide.add_mutually_exclusive_group()
+    body.add_argument("--rpc-method", metavar="NAME", help="decide a JSON-RPC call of method NAME")
+    body.add_argument("--mcp-tool", metavar="NAME", help="decide an MCP tools/call of tool NAME")
+    body.add_argument("--graphql", metavar="DOC", help="decide a GraphQL document (or @FILE to read it from FILE)")
     decide.add_argument("--json", action="store_true", help="print one JSON object")
 
     get = sub.add_parser(
@@ -144,7 +155,8 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _decide(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    if (args.method is None) != (args.path is None):
+    rpc = args.rpc_method is not None or args.mcp_tool is not None or args.graphql is not None
+    if (args.method is None) != (args.path is None) and not rpc:
         print("policy decide: --method and --path go together", file=err)
         return ExitCode.USAGE
     if not 1 <= args.port <= 65535:
@@ -166,7 +178,12 @@ def _decide(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if relaxed and any(rule.binaries for rule in policy.network_policies):
         print("policy decide: binary identity is relaxed: the policy's binaries lists are ignored", file=err)
     decision = decide_l4(compiled, L4Request(args.host, args.port, identity, relaxed=relaxed))
-    if args.method is not None and decision.allowed:
+    if rpc and decision.allowed:
+        decided = _decide_body(args, compiled, decision, err)
+        if decided is None:
+            return ExitCode.USAGE
+        decision = decided
+    elif args.method is not None and decision.allowed:
         decision = decide_l7(compiled, decision, args.method, args.path)
     if args.json:
         body = decision.to_json()
@@ -176,6 +193,40 @@ def _decide(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     else:
         print(decision.describe(), file=out)
     return EXIT_ALLOW if decision.allowed else EXIT_DENY
+
+
+def _decide_body(args: argparse.Namespace, policy: CompiledPolicy, l4: Decision, err: TextIO) -> Decision | None:
+    """``--rpc-method``, ``--mcp-tool``, ``--graphql``: the body a client would send, decided as control does."""
+    from supervisor.control.l7.body import BodyRequest, evaluate
+
+    path = args.path
+    if path is None:  # the endpoint's own path, when it names one literally
+        paths = [c.endpoint.path for c in policy.endpoints_for(l4.host, l4.port) if c.endpoint.protocol.reads_body]
+        path = next((p for p in paths if p and not has_glob_chars(p)), "/")
+    method = (args.method or "POST").upper()
+    route = body_route(policy, l4, method, path)
+    if route is None:
+        print(f"policy decide: {method} {path} on {l4.host}:{l4.port} reaches no graphql, json-rpc or mcp "
+              "endpoint (try --path)", file=err)  # fmt: skip
+        return None
+    ctype = "application/json"
+    if args.graphql is not None:
+        document = args.graphql
+        if document.startswith("@"):
+            try:
+                document = Path(document[1:]).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                print(f"policy decide: cannot read {document[1:]}: {exc}", file=err)
+                return None
+        body: Any = {"query": document}
+    elif args.mcp_tool is not None:
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": args.mcp_tool, "arguments": {}}}
+    else:
+        body = {"jsonrpc": "2.0", "id": 1, "method": args.rpc_method}
+    if method in ("GET", "DELETE"):  # GraphQL over GET: the document in the query string
+        query = urlencode({"query": body["query"]}) if args.graphql is not None else None
+        return evaluate(route, BodyRequest(method, query, None, False, b""))
+    return evaluate(route, BodyRequest(method, None, ctype, False, json.dumps(body).encode()))
 
 
 def _dump(out: TextIO, body: dict[str, Any]) -> None:

@@ -79,7 +79,8 @@ def test_check_lists_all_three_errors_with_paths_and_lines(tmp_path: Path) -> No
         f"{path}:7: network_policies.github.endpoints[0].protocl: unknown key 'protocl'; did you mean 'protocol'? "
         "(expected one of host, port, ports, path, protocol, tls, enforcement, access, rules, deny_rules, "
         "allowed_ips, allow_encoded_slash, websocket_credential_rewrite, request_body_credential_rewrite, "
-        "allow_uninspected_credentials, credential_binding)",
+        "allow_uninspected_credentials, credential_binding, credential_signing, signing_service, signing_region, "
+        "persisted_queries, graphql_persisted_queries, graphql_max_body_bytes, json_rpc, mcp)",
         f"{path}:9: network_policies.github.binaries[0].path: binary path 'git' is not absolute "
         "(expected an absolute path such as /usr/bin/git)",
     ]
@@ -314,3 +315,63 @@ def test_decide_relaxed_identity_ignores_binaries(good: Path) -> None:
     code, out, _ = run("policy", "decide", "--policy", str(good), "--host", "evil.example.com", "--port", "443",
                        "--binary-identity", "relaxed", "--json")  # fmt: skip
     assert code == 1 and json.loads(out)["reason"] == "no-matching-endpoint"
+
+
+PROTOCOLS = """\
+version: 1
+network_policies:
+  tools:
+    endpoints:
+      - host: mcp.example.com
+        port: 443
+        path: /mcp
+        protocol: mcp
+        enforcement: enforce
+        mcp: {allow_all_known_mcp_methods: true}
+        rules:
+          - allow: {tool: {any: [echo, get_weather]}}
+      - host: node.example.com
+        port: 443
+        protocol: json-rpc
+        enforcement: enforce
+        rules:
+          - allow: {method: eth_blockNumber}
+      - host: api.github.com
+        port: 443
+        path: /graphql
+        protocol: graphql
+        enforcement: enforce
+        access: read-only
+    binaries:
+      - path: /usr/bin/python3
+"""
+
+
+@pytest.mark.parametrize(
+    ("host", "flag", "value", "code", "shown"),
+    [
+        ("mcp.example.com", "--mcp-tool", "echo", 0, "[tools/call echo]"),
+        ("mcp.example.com", "--mcp-tool", "delete_repo", 1, "[tools/call delete_repo]"),
+        ("node.example.com", "--rpc-method", "eth_blockNumber", 0, "[eth_blockNumber]"),
+        ("node.example.com", "--rpc-method", "eth_sendTransaction", 1, "[eth_sendTransaction]"),
+        ("api.github.com", "--graphql", "query Me { viewer { login } }", 0, "[query Me]"),
+        ("api.github.com", "--graphql", "mutation { addStar(input: {}) { clientMutationId } }", 1, "[mutation"),
+    ],
+)
+def test_decide_protocol_bodies(tmp_path: Path, host: str, flag: str, value: str, code: int, shown: str) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(PROTOCOLS)
+    got, out, err = run("policy", "decide", "--policy", str(path), "--host", host, "--port", "443",
+                        "--binary", "/usr/bin/python3", flag, value)  # fmt: skip
+    assert got == code and shown in out, (out, err)
+
+
+def test_decide_graphql_file_json(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(PROTOCOLS)
+    doc = tmp_path / "q.graphql"
+    doc.write_text("query Viewer { viewer { login } }")
+    got, out, _ = run("policy", "decide", "--policy", str(path), "--host", "api.github.com", "--port", "443",
+                      "--binary", "/usr/bin/python3", "--graphql", f"@{doc}", "--json")  # fmt: skip
+    body = json.loads(out)
+    assert got == 0 and body["operation"] == "query Viewer" and body["l7_rule"] == "access:read-only"

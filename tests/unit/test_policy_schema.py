@@ -254,65 +254,9 @@ def test_endpoint_rule_rejected(row: str, endpoint: dict[str, Any], path: str, f
     assert all(e.source == "test.yaml" and e.line is not None for e in errors)
 
 
-# D16 and the V25-V32, V35, V38, V39 rows: features not built yet are refused by name.
+# D16 and the V35, V38, V39 rows: features not built yet are refused by name (the GraphQL, JSON-RPC and MCP
+# rows are in test_policy_protocols.py).
 NOT_YET: list[tuple[str, dict[str, Any], str, str]] = [
-    ("V25-graphql", {"host": "a.example.com", "port": 443, "protocol": "graphql"}, f"{EP}.protocol", "GraphQL"),
-    (
-        "V25-persisted",
-        {"host": "a.example.com", "port": 443, "persisted_queries": "deny"},
-        f"{EP}.persisted_queries",
-        "GraphQL",
-    ),
-    (
-        "V26-body",
-        {"host": "a.example.com", "port": 443, "graphql_max_body_bytes": 10},
-        f"{EP}.graphql_max_body_bytes",
-        "GraphQL",
-    ),
-    (
-        "V27-optype",
-        {
-            "host": "a.example.com",
-            "port": 443,
-            **REST,
-            "rules": [{"allow": {"method": "GET", "path": "**", "operation_type": "query"}}],
-        },
-        f"{EP}.rules[0].allow.operation_type",
-        "GraphQL",
-    ),
-    ("V29-mcp", {"host": "a.example.com", "port": 443, "mcp": {"strict_tool_names": True}}, f"{EP}.mcp", "MCP"),
-    ("V30-jsonrpc", {"host": "a.example.com", "port": 443, "protocol": "json-rpc"}, f"{EP}.protocol", "JSON-RPC"),
-    (
-        "V30-jsonrpc-key",
-        {"host": "a.example.com", "port": 443, "json_rpc": {"max_body_bytes": 1}},
-        f"{EP}.json_rpc",
-        "JSON-RPC",
-    ),
-    ("V31-mcp-proto", {"host": "a.example.com", "port": 443, "protocol": "mcp"}, f"{EP}.protocol", "MCP"),
-    (
-        "V31-tool",
-        {
-            "host": "a.example.com",
-            "port": 443,
-            **REST,
-            "rules": [{"allow": {"method": "GET", "path": "**", "tool": "x"}}],
-        },
-        f"{EP}.rules[0].allow.tool",
-        "MCP",
-    ),
-    (
-        "V14-jsonrpc-access",
-        {"host": "a.example.com", "port": 443, "protocol": "json-rpc", "access": "full"},
-        f"{EP}.protocol",
-        "JSON-RPC",
-    ),
-    (
-        "V15-jsonrpc-no-rules",
-        {"host": "a.example.com", "port": 443, "protocol": "json-rpc"},
-        f"{EP}.protocol",
-        "JSON-RPC",
-    ),
-    ("V17-mcp-no-rules", {"host": "a.example.com", "port": 443, "protocol": "mcp"}, f"{EP}.protocol", "MCP"),
     (
         "V32-ws-graphql",
         {
@@ -323,7 +267,7 @@ NOT_YET: list[tuple[str, dict[str, Any], str, str]] = [
             "rules": [{"allow": {"operation_type": "subscription"}}],
         },
         f"{EP}.rules[0].allow.operation_type",
-        "GraphQL",
+        "GraphQL over WebSocket",
     ),
     (
         "V35-sql",

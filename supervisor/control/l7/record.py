@@ -88,6 +88,7 @@ class RequestRecord:
     has_body: bool = False
     expects_continue: bool = False  # the agent waits for 100 Continue before sending its body
     head_method: bool = False
+    body: bytes | None = None  # a JSON-RPC, MCP or GraphQL body, read whole to decide it: forwarded as read
 
     def event_fields(self, now: float) -> dict[str, Any]:
         return {

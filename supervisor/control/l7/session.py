@@ -51,6 +51,7 @@ import trio
 from supervisor.control.credentials import Credentials
 from supervisor.control.l7 import answers
 from supervisor.control.l7.authority import AuthorityError, AuthoritySource, request_authority, same_authority
+from supervisor.control.l7.body import BodyRequest, evaluate, refused
 from supervisor.control.l7.ca import InterceptionCA, LeafError
 from supervisor.control.l7.client_hello import ClientHelloError, Pending, server_name
 from supervisor.control.l7.idle import IdleClock
@@ -206,7 +207,6 @@ class _Session:
         self.choose_name = choose_name
         self._handed_off = False
         self.idle = IdleClock(limits.idle_timeout)
-        self._prebody = b""  # a request body read before forwarding, to be signed by its hash (``_sign``)
 
     # --- the connection --------------------------------------------------------------------------------------
     async def run(self, tls: bool | None) -> InspectStats:
@@ -634,6 +634,8 @@ class _Session:
         else:
             policy_target = head.target
         decision = self.snapshot.decide_l7(self.l4, rec.method, policy_target)
+        if decision.reason is DenyReason.L7_BODY_PENDING:  # JSON-RPC, MCP, GraphQL: the body decides
+            decision = await self._decide_body(conn, rec, head, policy_target, decision)
         rec.rule, rec.endpoint, rec.l7_rule = decision.rule, decision.endpoint, decision.l7_rule
         rec.path = display_path(decision.path) if decision.path is not None else (
             display_path(redact_path(self.creds, canon.path)) if canon is not None else None)  # fmt: skip
@@ -713,9 +715,10 @@ class _Session:
             headers = bound_request_headers(headers)
         if head.host is None:
             headers.append((b"Host", _authority_text(self.name, self.port, self.tls).encode("ascii")))
-        self._prebody = b""
         if sign_plan is not None:
             headers = await self._sign(conn, rec, sign_plan, rewritten.target, headers)
+        if rec.body is not None:  # read whole already, and its 100 Continue answered by us
+            headers = [(n, v) for n, v in headers if n.lower() != b"expect"]
         request = h11.Request(method=rec.method.encode("ascii"), target=rewritten.target.encode("ascii"),
                               headers=headers)  # fmt: skip
         return await self._forward(conn, rec, request)
@@ -723,36 +726,80 @@ class _Session:
     async def _sign(self, conn: h11.Connection, rec: RequestRecord, p: Plan, target: str,
                     headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:  # fmt: skip
         """Sign the final request (``signing``): a body signed by its hash is read whole first (answering ``Expect:
-        100-continue`` here, so the client sends it) and forwarded from ``self._prebody``."""
+        100-continue`` here, so the client sends it) and forwarded from ``rec.body``; one read whole already to decide
+        it (``_decide_body``) is hashed as it is."""
         payload_hash = hashlib.sha256(b"").hexdigest() if p.payload is Payload.HASHED else p.payload.value
         if p.payload is Payload.HASHED and rec.has_body:
-            if rec.expects_continue:
-                await self._agent_send(conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
-                headers = [(n, v) for n, v in headers if n.lower() != b"expect"]
-            body = bytearray()
-            while True:
-                try:
-                    event = conn.next_event()
-                except h11.RemoteProtocolError as exc:
-                    raise _AgentFailed(f"agent: malformed request body: {exc}") from None
-                if event is h11.NEED_DATA:
-                    data = await self._agent_recv(None)
-                    if not data:
-                        raise _AgentFailed("agent: request body ended or stalled before it was signed")
-                    conn.receive_data(data)
-                elif isinstance(event, h11.Data):
-                    body += event.data  # at most Content-Length, which plan() bounded
-                elif isinstance(event, h11.EndOfMessage):
-                    break
-                else:
-                    raise _AgentFailed(f"agent: connection ended inside the request ({type(event).__name__})")
-            self._prebody, rec.request_done, rec.bytes_up = bytes(body), True, len(body)
-            payload_hash = hashlib.sha256(body).hexdigest()
+            if rec.body is None:
+                rec.body, rec.request_done = await self._read_body_to_sign(conn, rec), True
+            payload_hash = hashlib.sha256(rec.body).hexdigest()
+        if rec.body is not None:  # its 100 Continue was answered here: the origin is not asked again
+            headers = [(n, v) for n, v in headers if n.lower() != b"expect"]
         text = [(n.decode("utf-8"), v.decode("utf-8")) for n, v in headers]
         out = signed_headers(p, method=rec.method, target=target, headers=text, payload_hash=payload_hash)
         rec.credentials = (*rec.credentials, p.credential.name)
         rec.extra["signed"] = p.payload.value
         return [(n.encode("utf-8"), v.encode("utf-8")) for n, v in out]
+
+    async def _read_body_to_sign(self, conn: h11.Connection, rec: RequestRecord) -> bytes:
+        """The whole request body, at most its ``Content-Length`` (which ``plan`` bounded)."""
+        if rec.expects_continue:
+            await self._agent_send(conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
+        body = bytearray()
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise _AgentFailed(f"agent: malformed request body: {exc}") from None
+            if event is h11.NEED_DATA:
+                data = await self._agent_recv(None)
+                if not data:
+                    raise _AgentFailed("agent: request body ended or stalled before it was signed")
+                conn.receive_data(data)
+            elif isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                return bytes(body)
+            else:
+                raise _AgentFailed(f"agent: connection ended inside the request ({type(event).__name__})")
+
+    async def _decide_body(self, conn: h11.Connection, rec: RequestRecord, head: RequestHead, target: str,
+                           pending: Decision) -> Decision:  # fmt: skip
+        """The agent's own protocols (``body``): read the whole body, up to the endpoint's limit, and decide it. What
+        was read is what is forwarded (``rec.body``), so the server executes exactly what was judged."""
+        route = self.snapshot.body_route(self.l4, rec.method, target)
+        if route is None:
+            return pending
+        if rec.expects_continue and conn.they_are_waiting_for_100_continue:
+            await self._agent_send(conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
+        body = bytearray()
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                self._malformed(rec, "invalid-body", str(exc)[:200])
+            if event is h11.NEED_DATA:
+                data = await self._agent_recv(None)
+                if not data:
+                    raise _AgentFailed("agent: request body ended or stalled")
+                conn.receive_data(data)
+            elif isinstance(event, h11.Data):
+                body += event.data
+                if len(body) > route.limit:
+                    return refused(route, f"request body is over the endpoint's limit of {route.limit} bytes",
+                                   reason=DenyReason.BODY_TOO_LARGE)  # fmt: skip
+            elif isinstance(event, h11.EndOfMessage):
+                break
+            else:
+                raise _AgentFailed(f"agent: connection ended inside the request ({type(event).__name__})")
+        rec.body, rec.request_done = bytes(body), True
+        content_type = head.values("content-type")
+        media = content_type[0].split(";", 1)[0].strip().lower() if len(content_type) == 1 else None
+        encoded = any(v.strip().lower() not in ("", "identity") for v in head.values("content-encoding"))
+        decision = evaluate(route, BodyRequest(rec.method, route.query, media, encoded, rec.body))
+        if decision.operation is not None:
+            rec.extra["operation"] = decision.operation
+        return decision
 
     def _l7_denied(self, decision: Decision, rec: RequestRecord) -> ErrorResponse:
         binary = self.fields.get("binary")
@@ -942,9 +989,10 @@ class _Session:
         assert up is not None
         out = Outbox()
         out.add(up.send_with_data_passthrough(request))
-        if rec.request_done:  # a retry of a bodiless request, or a body read to be signed: its end was read already
-            if self._prebody:
-                out.add(up.send_with_data_passthrough(h11.Data(data=self._prebody)))
+        if rec.request_done:  # a retry of a bodiless request, or a body read whole to decide it (``rec.body``)
+            if rec.body:
+                out.add(up.send_with_data_passthrough(h11.Data(data=rec.body)))
+                rec.bytes_up += len(rec.body)
             out.add(up.send_with_data_passthrough(h11.EndOfMessage()))
             await self._up_send(out.take())
             return None

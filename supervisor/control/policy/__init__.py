@@ -4,7 +4,7 @@ Everything here is pure except ``store`` (which reads the policy file and, in ``
 """
 
 from .compiled import CompiledEndpoint, CompiledPolicy, compile_policy
-from .decide import decide_l4, decide_l7, quarantine_decision
+from .decide import BodyRoute, body_route, decide_l4, decide_l7, quarantine_decision
 from .decision import Decision, DenyReason, L4Request, Verdict
 from .errors import PolicyError, PolicyInvalid, PolicyWarning
 from .hosts import normalize_request_host
@@ -32,6 +32,7 @@ __all__ = [
     "AccessPreset",
     "Binary",
     "BinaryIdentity",
+    "BodyRoute",
     "CanonicalTarget",
     "CompiledEndpoint",
     "CompiledPolicy",
@@ -61,6 +62,7 @@ __all__ = [
     "TargetError",
     "TlsMode",
     "Verdict",
+    "body_route",
     "canonicalize_target",
     "compile_policy",
     "decide_l4",

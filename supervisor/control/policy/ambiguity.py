@@ -52,6 +52,8 @@ def _pipe_sig(ep: Endpoint) -> tuple[object, ...]:
         ep.credential_signing,
         ep.signing_service,
         ep.signing_region,
+        ep.body_limit if ep.protocol.reads_body else None,
+        ep.strict_tool_names if ep.protocol.reads_body else None,
     )
 
 

@@ -18,7 +18,9 @@ decision is a few dictionary probes and one pass over the candidates at 10 rules
 and every candidate list is in (rule key, endpoint index) order, so nothing a decision returns depends on the
 order of rules in the file.
 
-Access presets are expanded here (§1.6), after validation, into ordinary allow rules.
+Access presets are expanded here (§1.6), after validation, into ordinary allow rules, and so is the MCP method
+profile: with ``mcp.allow_all_known_mcp_methods`` and no rules, every method; with rules, the known MCP methods
+other than ``tools/call`` (which the rules' tool selectors keep deciding) beside those rules.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from typing import TypeVar, cast
 
 from .decision import Decision
-from .globs import Glob, HostGlob, compile_host_glob, compile_path_glob, compile_value_glob
+from .globs import Glob, HostGlob, compile_host_glob, compile_path_glob, compile_value_glob, has_glob_chars
 from .identity import BinaryIdentity
 from .model import AccessPreset, Endpoint, L7Rule, NetworkRule, Policy, Protocol
 
@@ -43,14 +45,43 @@ _PRESETS: dict[tuple[Protocol, AccessPreset], tuple[str, ...]] = {
     (Protocol.WEBSOCKET, AccessPreset.READ_WRITE): ("GET", "WEBSOCKET_TEXT"),
     (Protocol.WEBSOCKET, AccessPreset.FULL): ("*",),
 }
+_GRAPHQL_PRESETS: dict[AccessPreset, tuple[str, ...]] = {
+    AccessPreset.READ_ONLY: ("query",),
+    AccessPreset.READ_WRITE: ("query", "mutation"),
+    AccessPreset.FULL: ("*",),
+}
+#: the client-to-server methods of MCP (2025-06-18) but ``tools/call``: what the method profile adds beside rules
+MCP_PROFILE_METHODS = (
+    "initialize",
+    "ping",
+    "notifications/initialized",
+    "notifications/cancelled",
+    "notifications/progress",
+    "notifications/roots/list_changed",
+    "tools/list",
+    "resources/list",
+    "resources/templates/list",
+    "resources/read",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "prompts/list",
+    "prompts/get",
+    "completion/complete",
+    "logging/setLevel",
+)
 
 
 @dataclass(frozen=True, slots=True)
 class CompiledL7Rule:
     label: str  # "rules[2]", "deny_rules[0]" or "access:read-only"
-    method: str  # upper-case or "*"
+    method: str  # upper-case or "*" (REST); the RPC method, exact or "*" (JSON-RPC, MCP); "" (GraphQL)
     path: Glob | None  # None: "**", every path
     query: tuple[tuple[str, tuple[Glob, ...]], ...]
+    method_glob: Glob | None = None  # MCP: a tools/ glob such as tools/*
+    tool: tuple[Glob, ...] | None = None  # MCP: params.name of tools/call
+    operation_type: str | None = None  # GraphQL: query, mutation, subscription or "*"
+    operation_name: Glob | None = None
+    fields: tuple[Glob, ...] | None = None
 
     def method_matches(self, method: str) -> bool:
         # HEAD is implied by GET, in allows and in denies (§3.10.3)
@@ -126,18 +157,37 @@ class CompiledEndpoint:
     transparent: bool  # protocol tcp
 
 
+def _compile_rule(rule: L7Rule, label: str) -> CompiledL7Rule:
+    if rule.operation_type is not None:
+        return CompiledL7Rule(
+            label, "", None, (), operation_type=rule.operation_type,
+            operation_name=None if rule.operation_name is None else compile_value_glob(rule.operation_name),
+            fields=None if rule.fields is None else tuple(compile_value_glob(f) for f in rule.fields),
+        )  # fmt: skip
+    if not rule.path:  # JSON-RPC, MCP
+        glob = compile_value_glob(rule.method) if rule.method != "*" and has_glob_chars(rule.method) else None
+        tool = None if rule.tool is None else tuple(compile_value_glob(g) for g in rule.tool.globs)
+        return CompiledL7Rule(label, rule.method, None, (), method_glob=glob, tool=tool)
+    query = tuple((name, tuple(compile_value_glob(g) for g in m.globs)) for name, m in rule.query)
+    path = None if rule.path == "**" else compile_path_glob(rule.path)
+    return CompiledL7Rule(label, rule.method, path, query)
+
+
 def _compile_l7(rules: Iterable[L7Rule], prefix: str) -> tuple[CompiledL7Rule, ...]:
-    out = []
-    for i, rule in enumerate(rules):
-        query = tuple((name, tuple(compile_value_glob(g) for g in m.globs)) for name, m in rule.query)
-        path = None if rule.path == "**" else compile_path_glob(rule.path)
-        out.append(CompiledL7Rule(f"{prefix}[{i}]", rule.method, path, query))
-    return tuple(out)
+    return tuple(_compile_rule(rule, f"{prefix}[{i}]") for i, rule in enumerate(rules))
 
 
 def _allows(ep: Endpoint) -> tuple[CompiledL7Rule, ...]:
+    profile: tuple[CompiledL7Rule, ...] = ()
+    if ep.protocol is Protocol.MCP and ep.mcp_allow_all_known_methods:
+        if ep.rules is None:
+            return (CompiledL7Rule("mcp:profile", "*", None, ()),)
+        profile = tuple(CompiledL7Rule("mcp:profile", m, None, ()) for m in MCP_PROFILE_METHODS)
     if ep.rules is not None:
-        return _compile_l7(ep.rules, "rules")
+        return _compile_l7(ep.rules, "rules") + profile
+    if ep.access is not None and ep.protocol is Protocol.GRAPHQL:
+        label = f"access:{ep.access}"
+        return tuple(CompiledL7Rule(label, "", None, (), operation_type=t) for t in _GRAPHQL_PRESETS[ep.access])
     if ep.access is not None and ep.protocol.inspected:
         methods = _PRESETS[(ep.protocol, ep.access)]
         return tuple(CompiledL7Rule(f"access:{ep.access}", m, None, ()) for m in methods)

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .compiled import CompiledEndpoint, CompiledL7Rule, CompiledPolicy
 from .decision import Decision, DenyReason, L4Request, Verdict
 from .hosts import normalize_request_host
 from .identity import BinaryIdentity, DigestPins
-from .model import Enforcement
+from .model import Enforcement, Protocol
 from .paths import TargetError, canonicalize_target, parse_query
 
 _METHOD = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -210,8 +211,62 @@ def _first(
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class BodyRoute:
+    """A request routed to a JSON-RPC, MCP or GraphQL endpoint: its body decides (``supervisor/control/l7``'s
+    ``jsonrpc``, ``mcp`` and ``graphql``). ``configs`` are the routed endpoints of the selected one's protocol and
+    path rank: a GraphQL (or RPC) endpoint whose path matched is authoritative over broader REST rules (§3.10.5),
+    and its allows are the union over every rule that admitted the connection."""
+
+    l4: Decision
+    protocol: Protocol
+    selected: CompiledEndpoint
+    configs: tuple[CompiledEndpoint, ...]
+    method: str
+    path: str
+    query: str | None
+
+    @property
+    def limit(self) -> int:
+        return min(c.endpoint.body_limit for c in self.configs)
+
+    @property
+    def enforce(self) -> bool:
+        return self.selected.endpoint.enforcement is Enforcement.ENFORCE
+
+    def decision(self, verdict: Verdict, reason: DenyReason | None, detail: str, *, hard: bool = False,
+                 cep: CompiledEndpoint | None = None, l7_rule: str | None = None,
+                 operation: str | None = None) -> Decision:  # fmt: skip
+        """The request's decision: a denial that is not ``hard`` is allowed-but-flagged under ``audit``."""
+        where = cep or self.selected
+        audit = verdict is Verdict.DENY and not hard and not self.enforce
+        return Decision(
+            Verdict.ALLOW if audit else verdict, where.rule.key, where.label, reason, audit=audit, l7=True,
+            detail=detail, host=self.l4.host, port=self.l4.port, rules=self.l4.rules, method=self.method,
+            path=self.path, query=self.query, l7_rule=l7_rule, operation=operation,
+        )  # fmt: skip
+
+
 def decide_l7(policy: CompiledPolicy, l4: Decision, method: str, raw_target: str) -> Decision:
-    """Decide one HTTP request inside a connection that ``l4`` admitted (same policy generation)."""
+    """Decide one HTTP request inside a connection that ``l4`` admitted (same policy generation).
+
+    A request to a JSON-RPC, MCP or GraphQL endpoint is denied ``l7-body-pending`` here, whatever the
+    enforcement: only its body decides it (:func:`body_route`)."""
+    routed = route_l7(policy, l4, method, raw_target)
+    if isinstance(routed, Decision):
+        return routed
+    detail = f"{routed.method} {routed.path}: the {routed.protocol} request body decides"
+    return routed.decision(Verdict.DENY, DenyReason.L7_BODY_PENDING, detail, hard=True)
+
+
+def body_route(policy: CompiledPolicy, l4: Decision, method: str, raw_target: str) -> BodyRoute | None:
+    """Where a request whose body decides goes; ``None`` when :func:`decide_l7` decides it alone."""
+    routed = route_l7(policy, l4, method, raw_target)
+    return None if isinstance(routed, Decision) else routed
+
+
+def route_l7(policy: CompiledPolicy, l4: Decision, method: str, raw_target: str) -> Decision | BodyRoute:
+    """The request's decision, or the body route of the agent's own protocols."""
     if not l4.allowed:
         return l4 if l4.reason is not None else _deny(DenyReason.L4_DENIED, "connection not allowed", l4.host, l4.port)
     admitted = set(l4.rules)
@@ -293,6 +348,11 @@ def decide_l7(policy: CompiledPolicy, l4: Decision, method: str, raw_target: str
             l4.port,
             **where,
         )
+    protocol = selected.endpoint.protocol
+    if protocol.reads_body:
+        same = tuple(c for c in routed if c.endpoint.protocol is protocol and c.rank == selected.rank)
+        return BodyRoute(l4, protocol, selected, same, method, path, target.query)
+    routed = [c for c in routed if not c.endpoint.protocol.reads_body]  # their rules say nothing of REST requests
     try:
         params = parse_query(target.query)
     except TargetError as exc:

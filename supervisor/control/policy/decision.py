@@ -37,6 +37,12 @@ class DenyReason(enum.StrEnum):
     ENCODED_SLASH = "encoded-slash"
     QUERY_INVALID = "query-invalid"
     METHOD_INVALID = "method-invalid"
+    # the agent's own protocols (§3.10.5): decided on the request body
+    L7_BODY_PENDING = "l7-body-pending"  # decide_l7's answer until the body is read: never forwarded on its own
+    BODY_INVALID = "body-invalid"  # unparseable or ambiguous body: a hard deny, in audit too
+    BODY_TOO_LARGE = "body-too-large"
+    RESPONSE_FRAME = "response-frame"  # a JSON-RPC response sent client to server
+    PERSISTED_QUERY_UNREGISTERED = "persisted-query-unregistered"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +73,8 @@ class Decision:
     path: str | None = None  # L7 only: the canonical path, which is what must be sent upstream
     query: str | None = None  # L7 only: verbatim query (never logged by to_json)
     l7_rule: str | None = field(default=None)  # L7 only: "rules[1]", "deny_rules[0]", "access:read-only"
+    # JSON-RPC, MCP, GraphQL: what was called, bounded ("tools/call read_file", "query Viewer"); never arguments
+    operation: str | None = None
 
     def __init__(
         self,
@@ -88,6 +96,7 @@ class Decision:
         path: str | None = None,
         query: str | None = None,
         l7_rule: str | None = None,
+        operation: str | None = None,
     ) -> None:
         # The fields and defaults above, in order (tests/unit/test_policy_index.py compares the two). A frozen
         # dataclass's generated __init__ stores each field through object.__setattr__; the slots' own setters do
@@ -111,6 +120,7 @@ class Decision:
         _set_path(self, path)
         _set_query(self, query)
         _set_l7_rule(self, l7_rule)
+        _set_operation(self, operation)
 
     @property
     def allowed(self) -> bool:
@@ -136,6 +146,8 @@ class Decision:
             body["path"] = self.path  # query-free: query strings are never logged (§4.1)
             if self.l7_rule is not None:
                 body["l7_rule"] = self.l7_rule
+            if self.operation is not None:
+                body["operation"] = self.operation
         return body
 
     def describe(self) -> str:
@@ -143,6 +155,8 @@ class Decision:
         where = f"{self.host}:{self.port}" if self.host else "-"
         if self.method is not None:
             where += f" {self.method}" + (f" {self.path}" if self.path is not None else "")
+        if self.operation is not None:
+            where += f" [{self.operation}]"
         if self.allowed and not self.audit:
             if self.l7_rule is not None:
                 return f"allow {self.rule} ({self.endpoint}) {where} by {self.l7_rule}"
@@ -175,3 +189,4 @@ _set_method = _slot_setter("method")
 _set_path = _slot_setter("path")
 _set_query = _slot_setter("query")
 _set_l7_rule = _slot_setter("l7_rule")
+_set_operation = _slot_setter("operation")

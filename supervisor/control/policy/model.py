@@ -21,10 +21,18 @@ class Protocol(enum.StrEnum):
     TCP = "tcp"  # L4 through policy DNS and transparent capture
     REST = "rest"
     WEBSOCKET = "websocket"
+    GRAPHQL = "graphql"
+    JSON_RPC = "json-rpc"
+    MCP = "mcp"
 
     @property
     def inspected(self) -> bool:
-        return self in (Protocol.REST, Protocol.WEBSOCKET)
+        return self is not Protocol.L4 and self is not Protocol.TCP
+
+    @property
+    def reads_body(self) -> bool:
+        """The agent's own protocols: decided on the request body, which control buffers first (§3.10.5)."""
+        return self in (Protocol.GRAPHQL, Protocol.JSON_RPC, Protocol.MCP)
 
 
 class Enforcement(enum.StrEnum):
@@ -58,16 +66,40 @@ class QueryMatcher:
         return self.globs[0] if len(self.globs) == 1 else {"any": list(self.globs)}
 
 
+DEFAULT_BODY_LIMIT = 65536  # graphql_max_body_bytes, json_rpc.max_body_bytes, mcp.max_body_bytes (§1.4)
+
+
 @dataclass(frozen=True)
 class L7Rule:
-    method: str  # upper-case, or "*"
-    path: str
+    """One allow or deny rule. REST/WebSocket use ``method`` (upper-case or ``*``), ``path`` and ``query``;
+    JSON-RPC and MCP use ``method`` (the RPC method, exact, or ``*``; MCP also ``tools/…`` globs) and, for MCP,
+    ``tool`` (``params.name``); GraphQL uses ``operation_type`` (lower-case or ``*``), ``operation_name`` and
+    ``fields`` (root-field globs). Fields a protocol does not use stay empty."""
+
+    method: str
+    path: str = ""
     query: tuple[tuple[str, QueryMatcher], ...] = ()
+    tool: QueryMatcher | None = None
+    operation_type: str | None = None
+    operation_name: str | None = None
+    fields: tuple[str, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"method": self.method, "path": self.path}
+        body: dict[str, Any] = {}
+        if self.method:
+            body["method"] = self.method
+        if self.path:
+            body["path"] = self.path
         if self.query:
             body["query"] = {name: matcher.to_json() for name, matcher in self.query}
+        if self.tool is not None:
+            body["tool"] = self.tool.to_json()
+        if self.operation_type is not None:
+            body["operation_type"] = self.operation_type
+        if self.operation_name is not None:
+            body["operation_name"] = self.operation_name
+        if self.fields is not None:
+            body["fields"] = list(self.fields)
         return body
 
 
@@ -92,6 +124,27 @@ class Endpoint:
     credential_signing: str | None = None  # sigv4, sigv4:body, sigv4:no_body (l7/signing.py)
     signing_service: str | None = None
     signing_region: str | None = None  # None: from the host name
+    persisted_queries: str | None = None  # graphql: "deny" (the default) or "allow_registered"
+    graphql_persisted_queries: tuple[tuple[str, L7Rule], ...] = ()  # registry id -> what the stored query is
+    graphql_max_body_bytes: int | None = None
+    json_rpc_max_body_bytes: int | None = None
+    mcp_max_body_bytes: int | None = None
+    mcp_strict_tool_names: bool | None = None  # None: not written (true)
+    mcp_allow_all_known_methods: bool = False
+
+    @property
+    def body_limit(self) -> int:
+        """How many request-body bytes control buffers to decide a request of this endpoint's protocol."""
+        value = {
+            Protocol.GRAPHQL: self.graphql_max_body_bytes,
+            Protocol.JSON_RPC: self.json_rpc_max_body_bytes,
+            Protocol.MCP: self.mcp_max_body_bytes,
+        }.get(self.protocol)
+        return DEFAULT_BODY_LIMIT if value is None else value
+
+    @property
+    def strict_tool_names(self) -> bool:
+        return self.mcp_strict_tool_names is not False
 
     @property
     def tls_skip(self) -> bool:
@@ -136,6 +189,23 @@ class Endpoint:
         for key in ("credential_signing", "signing_service", "signing_region"):
             if getattr(self, key) is not None:
                 body[key] = getattr(self, key)
+        if self.persisted_queries is not None:
+            body["persisted_queries"] = self.persisted_queries
+        if self.graphql_persisted_queries:
+            body["graphql_persisted_queries"] = {key: entry.to_json() for key, entry in self.graphql_persisted_queries}
+        if self.graphql_max_body_bytes is not None:
+            body["graphql_max_body_bytes"] = self.graphql_max_body_bytes
+        if self.json_rpc_max_body_bytes is not None:
+            body["json_rpc"] = {"max_body_bytes": self.json_rpc_max_body_bytes}
+        mcp: dict[str, Any] = {}
+        if self.mcp_max_body_bytes is not None:
+            mcp["max_body_bytes"] = self.mcp_max_body_bytes
+        if self.mcp_strict_tool_names is not None:
+            mcp["strict_tool_names"] = self.mcp_strict_tool_names
+        if self.mcp_allow_all_known_methods:
+            mcp["allow_all_known_mcp_methods"] = True
+        if mcp:
+            body["mcp"] = mcp
         return body
 
 

@@ -12,10 +12,11 @@ Rules:
    here rather than per connection (D12), an L7 protocol with ``tls: skip`` is an error (D13: its rules would
    never be enforced), and so is ``rules``/``access`` on an endpoint without an L7 protocol (it would silently
    allow everything).
-3. Features this project has not built (middleware, GraphQL, MCP, JSON-RPC, SQL) are refused with a
-   "not supported yet" error naming the field (D16), never silently ignored. ``credential_signing`` (V28) needs
-   ``signing_service``, excludes ``request_body_credential_rewrite`` and ``tls: skip`` (nothing would be signed);
-   a host ``inference.local`` is refused (control's inference router serves that name, §3.16).
+3. Features this project has not built (middleware, GraphQL over WebSocket, SQL) are refused with a "not
+   supported yet" error naming the field (D16), never silently ignored. The GraphQL, JSON-RPC and MCP rule shapes
+   and options are read by ``schema_rpc``. ``credential_signing`` (V28) needs ``signing_service``, excludes
+   ``request_body_credential_rewrite`` and ``tls: skip`` (nothing would be signed); a host ``inference.local`` is
+   refused (control's inference router serves that name, §3.16).
 4. Warnings (accepted but suspicious) ride along on ``Policy.warnings``: L7 endpoints left in audit mode (D14),
    deprecated ``tls`` values, unknown HTTP methods, broad CIDRs, rules that can never match.
 """
@@ -42,12 +43,14 @@ from .model import (
     Binary,
     Endpoint,
     Enforcement,
+    L7Rule,
     NetworkRule,
     Policy,
     Protocol,
     TlsMode,
 )
 from .schema_l7 import read_l7_rules
+from .schema_rpc import method_covers_call, read_options
 from .schema_static import read_filesystem, read_landlock, read_process
 from .yamlnodes import Reader, line_of
 
@@ -74,17 +77,17 @@ ENDPOINT_KEYS = (
     "credential_signing",
     "signing_service",
     "signing_region",
+    "persisted_queries",
+    "graphql_persisted_queries",
+    "graphql_max_body_bytes",
+    "json_rpc",
+    "mcp",
 )
 ENDPOINT_NOT_YET = {
-    "persisted_queries": "GraphQL (persisted_queries)",
-    "graphql_persisted_queries": "GraphQL (graphql_persisted_queries)",
-    "graphql_max_body_bytes": "GraphQL (graphql_max_body_bytes)",
-    "json_rpc": "JSON-RPC (json_rpc)",
-    "mcp": "MCP (mcp)",
     "provider_credentialed": "the gateway-internal field provider_credentialed",
     "advisor_proposed": "the gateway-internal field advisor_proposed",
 }
-PROTOCOL_NOT_YET = {"graphql": "GraphQL", "json-rpc": "JSON-RPC", "mcp": "MCP", "sql": "SQL inspection"}
+PROTOCOL_NOT_YET = {"sql": "SQL inspection"}
 TCP_FORBIDDEN = (
     "path",
     "enforcement",
@@ -98,6 +101,11 @@ TCP_FORBIDDEN = (
     "credential_signing",
     "signing_service",
     "signing_region",
+    "persisted_queries",
+    "graphql_persisted_queries",
+    "graphql_max_body_bytes",
+    "json_rpc",
+    "mcp",
 )
 SIGNING_MODES = ("sigv4", "sigv4:body", "sigv4:no_body")
 # what a signing service or region may be: it goes into the signature's scope and the SigV4 string to sign
@@ -317,7 +325,7 @@ class _Schema:
                             where("protocol"),
                             p_node,
                             f"unknown protocol {raw!r}",
-                            "tcp, rest or websocket (or no protocol for plain L4)",
+                            "tcp, rest, websocket, graphql, json-rpc or mcp (or no protocol for plain L4)",
                         )
         tcp = protocol is Protocol.TCP
 
@@ -425,8 +433,11 @@ class _Schema:
                         where("access"), a_node, f"unknown access preset {raw_a!r}", "read-only, read-write or full"
                     )
 
-        rules = read_l7_rules(self.r, base, items, protocol, allow=True)
-        deny_rules = read_l7_rules(self.r, base, items, protocol, allow=False)
+        options = read_options(self.r, base, items, protocol)
+        profile = bool(options.get("mcp_allow_all_known_methods"))
+        strict = options.get("mcp_strict_tool_names") is not False
+        rules = read_l7_rules(self.r, base, items, protocol, allow=True, profile=profile, strict=strict)
+        deny_rules = read_l7_rules(self.r, base, items, protocol, allow=False, profile=profile, strict=strict)
 
         flags: dict[str, bool] = {}
         for flag in (
@@ -479,18 +490,18 @@ class _Schema:
                     "deny_rules require protocol",
                     "protocol: rest or protocol: websocket",
                 )
-            elif deny_rules is not None and access is None and rules is None:
+            elif (
+                deny_rules is not None
+                and access is None
+                and rules is None
+                and not (protocol is Protocol.MCP and profile)
+            ):
                 r.error(
                     where("deny_rules"),
                     field("deny_rules"),
                     "deny_rules require rules or access to define the base allow set",
                 )
-            if inspected and access is None and rules is None and "rules" not in items:
-                r.error(
-                    where("protocol"),
-                    field("protocol"),
-                    f"protocol {protocol} requires rules or access to define allowed traffic",
-                )
+            self.protocol_rules(base, items, node, protocol, access, rules, profile)
             if signing is not None and tls is TlsMode.SKIP:
                 r.error(where("credential_signing"), field("credential_signing"),
                         "credential_signing with tls: skip would never sign: control does not see the requests",
@@ -542,6 +553,7 @@ class _Schema:
             credential_signing=signing,
             signing_service=signing_service,
             signing_region=signing_region,
+            **options,
         )
         self.located.append(Located(base, line_of(node), endpoint))
         return endpoint
@@ -578,6 +590,40 @@ class _Schema:
                 if key in items:
                     r.warn(where(key), field(key), f"{key} has no effect without credential_signing")
         return mode, values["signing_service"], values["signing_region"]
+
+    def protocol_rules(
+        self,
+        base: str,
+        items: dict[str, tuple[Node, Node]],
+        node: Node,
+        protocol: Protocol,
+        access: AccessPreset | None,
+        rules: tuple[L7Rule, ...] | None,
+        profile: bool,
+    ) -> None:
+        """What each L7 protocol needs to define its allowed traffic (V14-V17, V31's broad tools/call)."""
+        r = self.r
+        p_node = items["protocol"][1] if "protocol" in items else None
+        explicit = rules is not None or "rules" in items
+        if protocol in (Protocol.JSON_RPC, Protocol.MCP):
+            if access is not None:
+                r.error(f"{base}.access", items["access"][1], f"protocol {protocol} does not support access presets",
+                        "rules with allow.method")  # fmt: skip
+            elif protocol is Protocol.JSON_RPC and not explicit:
+                r.error(f"{base}.protocol", p_node, "protocol json-rpc requires explicit rules with allow.method")
+            elif protocol is Protocol.MCP and not explicit and not profile:
+                r.error(f"{base}.protocol", p_node,
+                        "protocol mcp requires rules when mcp.allow_all_known_mcp_methods is false",
+                        "rules, or mcp: {allow_all_known_mcp_methods: true}")  # fmt: skip
+        elif protocol.inspected and access is None and not explicit:
+            r.error(f"{base}.protocol", p_node,
+                    f"protocol {protocol} requires rules or access to define allowed traffic")  # fmt: skip
+        if protocol is Protocol.MCP and rules:
+            broad = any(rule.tool is None and method_covers_call(rule.method) for rule in rules)
+            if broad and any(rule.tool is not None for rule in rules):
+                r.error(f"{base}.rules", items["rules"][1], "an allow rule matching every tools/call (no tool "
+                        "selector) cannot be combined with tool-specific allows: the tool selectors would not "
+                        "limit anything", "tool selectors on every rule whose method matches tools/call")  # fmt: skip
 
     def port(self, where: str, node: Node) -> int | None:
         value = self.r.integer(node, where)

@@ -1,8 +1,9 @@
 """L7 allow and deny rules of an endpoint (docs/reference/policy.md §1.5): method, path glob and query matchers.
 
-Allow rules are wrapped (``rules: [{allow: {...}}]``), deny rules are flat (``deny_rules: [{...}]``); both
-require ``method`` and ``path``. GraphQL, MCP, JSON-RPC and SQL rule fields are refused as not supported yet.
-Query matchers are a glob string, ``{glob: ...}`` or ``{any: [...]}`` (V33).
+Allow rules are wrapped (``rules: [{allow: {...}}]``), deny rules are flat (``deny_rules: [{...}]``); REST and
+WebSocket rules require ``method`` and ``path``; the GraphQL, JSON-RPC and MCP rule shapes are read by
+``schema_rpc``. GraphQL over WebSocket and SQL rule fields are refused as not supported yet. Query matchers are a
+glob string, ``{glob: ...}`` or ``{any: [...]}`` (V33).
 """
 
 from __future__ import annotations
@@ -13,17 +14,13 @@ import yaml
 
 from .globs import GlobSyntaxError, compile_path_glob, compile_value_glob
 from .model import L7Rule, Protocol, QueryMatcher
+from .schema_rpc import GRAPHQL_KEYS, read_graphql_rule, read_jsonrpc_rule, read_mcp_rule
 from .yamlnodes import Reader
 
 L7_RULE_KEYS = ("method", "path", "query")
-L7_RULE_NOT_YET = {
-    "operation_type": "GraphQL rules (operation_type)",
-    "operation_name": "GraphQL rules (operation_name)",
-    "fields": "GraphQL rules (fields)",
-    "tool": "MCP rules (tool)",
-    "params": "JSON-RPC/MCP rules (params)",
-    "command": "SQL rules (command)",
-}
+L7_RULE_NOT_YET = {"command": "SQL rules (command)"}
+L7_RULE_ELSEWHERE = {"operation_type": "graphql", "operation_name": "graphql", "fields": "graphql", "tool": "mcp",
+                     "params": "mcp or json-rpc"}  # fmt: skip
 KNOWN_METHODS = {
     Protocol.REST: {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "*"},
     Protocol.WEBSOCKET: {"GET", "WEBSOCKET_TEXT", "*"},
@@ -34,7 +31,14 @@ Node = yaml.Node
 
 
 def read_l7_rules(
-    r: Reader, base: str, items: dict[str, tuple[Node, Node]], protocol: Protocol, *, allow: bool
+    r: Reader,
+    base: str,
+    items: dict[str, tuple[Node, Node]],
+    protocol: Protocol,
+    *,
+    allow: bool,
+    profile: bool = False,
+    strict: bool = True,
 ) -> tuple[L7Rule, ...] | None:
     key = "rules" if allow else "deny_rules"
     if key not in items:
@@ -62,7 +66,7 @@ def read_l7_rules(
                 continue
             body_node = wrapper["allow"][1]
             entry_path = f"{entry_path}.allow"
-        rule = read_l7_rule(r, entry_path, body_node, protocol)
+        rule = read_rule(r, entry_path, body_node, protocol, allow=allow, profile=profile, strict=strict)
         if rule is not None:
             out.append(rule)
     if allow and lacking_allow == len(seq):
@@ -70,11 +74,38 @@ def read_l7_rules(
     return tuple(out)
 
 
+def read_rule(
+    r: Reader, where: str, node: Node, protocol: Protocol, *, allow: bool, profile: bool, strict: bool
+) -> L7Rule | None:
+    """One rule body in the shape its endpoint's protocol takes."""
+    if protocol is Protocol.GRAPHQL:
+        return read_graphql_rule(r, where, node, allow=allow)
+    if protocol is Protocol.JSON_RPC:
+        return read_jsonrpc_rule(r, where, node)
+    if protocol is Protocol.MCP:
+        return read_mcp_rule(r, where, node, profile=profile, strict=strict)
+    if protocol is Protocol.WEBSOCKET and isinstance(node, yaml.MappingNode):
+        keys = {k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
+        graphql = sorted(keys & set(GRAPHQL_KEYS))
+        if graphql and keys & {"method", "path", "query"}:
+            r.error(f"{where}.{graphql[0]}", node, "a websocket rule must not mix method/path/query with GraphQL "
+                    "fields", "either method/path/query or operation_type/operation_name/fields")  # fmt: skip
+            return None
+        if graphql:
+            r.error(f"{where}.{graphql[0]}", node, "GraphQL over WebSocket rules are not supported yet")
+            return None
+    return read_l7_rule(r, where, node, protocol)
+
+
 def read_l7_rule(r: Reader, where: str, node: Node, protocol: Protocol) -> L7Rule | None:
     items = r.mapping(node, where)
     if items is None:
         return None
-    r.check_keys(items, where, L7_RULE_KEYS, L7_RULE_NOT_YET)
+    for key, (key_node, _) in items.items():
+        if key in L7_RULE_ELSEWHERE:
+            r.error(f"{where}.{key}", key_node, f"{key!r} is a rule field of protocol {L7_RULE_ELSEWHERE[key]}, "
+                    f"not {protocol or 'plain L4'}")  # fmt: skip
+    r.check_keys({k: v for k, v in items.items() if k not in L7_RULE_ELSEWHERE}, where, L7_RULE_KEYS, L7_RULE_NOT_YET)
     method = path = None
     if "method" not in items:
         r.error(f"{where}.method", node, "missing required key 'method'", "an HTTP method or '*'")

@@ -37,7 +37,7 @@ from typing import Any, Literal
 import trio
 
 from .compiled import CompiledPolicy, compile_policy
-from .decide import decide_l4, decide_l7, quarantine_decision
+from .decide import BodyRoute, body_route, decide_l4, decide_l7, quarantine_decision
 from .decision import Decision, L4Request
 from .errors import PolicyError, PolicyInvalid, PolicyWarning
 from .identity import DigestPins
@@ -69,6 +69,10 @@ class PolicySnapshot:
         if self.policy is None:
             return quarantine_decision(L4Request(l4.host, l4.port, None))
         return decide_l7(self.policy, l4, method, raw_target)
+
+    def body_route(self, l4: Decision, method: str, raw_target: str) -> BodyRoute | None:
+        """Where a request to a JSON-RPC, MCP or GraphQL endpoint goes (``decide.body_route``)."""
+        return None if self.policy is None else body_route(self.policy, l4, method, raw_target)
 
 
 Subscriber = Callable[[PolicySnapshot], None]
