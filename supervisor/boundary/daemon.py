@@ -53,6 +53,7 @@ from supervisor.boundary.process import (
     LauncherError,
     NamespacePlan,
     Prepared,
+    capabilities,
 )
 from supervisor.boundary.process.cgroups import (
     DEFAULT_PIDS_LIMIT,
@@ -482,7 +483,23 @@ class BoundaryDaemon:
         self.log.emit(EventName.LIFECYCLE_READY, fence=fence)
         if self.attach.capture_mode is CaptureMode.NETNS and fence.get("fingerprint"):
             await self._watch_fence(str(fence["fingerprint"]))
+        if self.cfg.privilege_model == "R":
+            self._narrow_capabilities()
         return {"state": str(self.lifecycle.state), "fence": fence}
+
+    def _narrow_capabilities(self) -> None:
+        """Model R, ready: the namespaces, listeners, fence watch and trust files are built; keep only what the
+        running sandbox uses (process/capabilities.py). A drop that does not take ends the sandbox."""
+        keep = capabilities.mask(capabilities.BOUNDARY_KEEPS)
+        try:
+            kept, dropped = capabilities.restrict(keep)
+        except OSError as exc:
+            self._fatal(f"capabilities: {exc}")
+            raise OpError(ErrorKind.FAILED, f"capabilities: {exc}", stage="confirm") from None
+        self.log.emit(
+            EventName.BOUNDARY_CAPABILITIES, kept=capabilities.names(kept), dropped=capabilities.names(dropped),
+            threads_beyond=capabilities.threads_beyond(keep),
+        )  # fmt: skip
 
     def _canary_observed(self, raw: Any) -> dict[str, Any]:
         """Model P's fence counts as observed only if our last probe's connect failed and control's report of
