@@ -491,6 +491,9 @@ class BoundaryDaemon:
         """Model R, ready: the namespaces, listeners, fence watch and trust files are built; keep only what the
         running sandbox uses (process/capabilities.py). A drop that does not take ends the sandbox."""
         keep = capabilities.mask(capabilities.BOUNDARY_KEEPS)
+        groups = [group.directory.parent for group in (self.pids_cgroup, self.memory_cgroup) if group is not None]
+        if not all(capabilities.owner_writes(str(parent)) for parent in groups):
+            keep |= capabilities.mask(capabilities.BOUNDARY_CLEANUP_KEEPS)
         try:
             kept, dropped = capabilities.restrict(keep)
         except OSError as exc:

@@ -65,6 +65,11 @@ EXEC_INIT_KEEPS: Final[Mapping[str, str]] = {
     "KILL": "signal: forwarding a signal to its command; ending what the command left in its namespace",
 }
 
+# Kept by the boundary only where it holds it and needs it: dev mode as root, never the rendered pod (which has none).
+BOUNDARY_CLEANUP_KEEPS: Final[Mapping[str, str]] = {
+    "DAC_OVERRIDE": "exit: removing the workload's cgroups, where their parent is not writable by its owner",
+}
+
 PR_CAP_AMBIENT_IS_SET: Final = 1
 
 
@@ -154,3 +159,13 @@ def threads_beyond(keep: int, proc: str = "/proc/self") -> list[int]:
         if any(bits & ~keep for bits in sets.values()):
             found.append(int(tid))
     return found
+
+
+def owner_writes(directory: str) -> bool:
+    """Whether uid 0 may remove an entry of ``directory`` without ``CAP_DAC_OVERRIDE``: it owns it, with write and
+    search permission for its owner."""
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return True  # gone: nothing to remove there
+    return st.st_uid == os.geteuid() and st.st_mode & 0o300 == 0o300
