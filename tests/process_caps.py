@@ -10,6 +10,7 @@ exec-inits (the init's children still uid 0: spares and those of running execs) 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -123,10 +124,32 @@ def summary(census: Census, boundary_pid: int) -> str:
     return "\n".join(lines)
 
 
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    import time
-
+def check(
+    read: Callable[[], Census], boundary_pid: int, held: int, *, workload: int = 1, timeout: float = 60
+) -> Census:
+    """Read censuses until the tree has its shape (the launcher's one child is the init: a fence re-read's short-lived
+    ``nft`` is a second one; at least ``workload`` workload processes; the spare exec-inits back) and every task
+    has its role's sets; fail with the last census's mismatches after ``timeout``. The settled census."""
     deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
+    while True:
+        census = read()
+        try:
+            found = roles(census, boundary_pid)
+            problems = mismatches(census, boundary_pid, held)
+            shaped = len(found["workload"]) >= workload and len(found["exec-init"]) >= 1
+        except AssertionError as exc:
+            problems, shaped = [str(exc)], False
+        if shaped and not problems:
+            return census
+        if time.monotonic() >= deadline:
+            raise AssertionError(
+                "capabilities after ready:\n" + "\n".join(problems) + "\n" + _safe_summary(census, boundary_pid)
+            )
+        time.sleep(0.3)
+
+
+def _safe_summary(census: Census, boundary_pid: int) -> str:
+    try:
+        return summary(census, boundary_pid)
+    except (AssertionError, KeyError):
+        return json.dumps(census)[:4000]

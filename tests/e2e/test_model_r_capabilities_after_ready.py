@@ -94,15 +94,7 @@ def test_every_boundary_process_keeps_only_its_documented_capabilities_after_rea
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         boundary = box.boundary_pid()
-
-        def settled() -> bool:
-            """The agent, the exec's command and the spares are up (spares come back in ms after an exec)."""
-            found = process_caps.roles(box.census(), boundary)
-            return len(found["workload"]) >= 2 and len(found["exec-init"]) >= 2
-
-        process_caps.wait_for(settled, 60, "the agent, an exec and the spare exec-inits")
-        census = box.census()
-        assert process_caps.mismatches(census, boundary, POD) == [], process_caps.summary(census, boundary)
+        census = process_caps.check(box.census, boundary, POD, workload=2)  # the agent and the exec's command
         found = process_caps.roles(census, boundary)
         # What the drop took away, by name, where it mattered most.
         boundary_eff = found["boundary"][0]["tasks"][0]["CapEff"]
