@@ -439,7 +439,12 @@ code=0; $osb exec --timeout 1 -- /bin/sh -c "trap '' TERM; sleep 300" || code=$?
 [ "$code" = 124 ] || { echo "terminated exec exited $code"; exit 1; }
 $osb exec -- /usr/bin/python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &
 server=$!
-$osb forward 18000:8000 >/dev/null 2>&1 &
+listening='import socket; socket.create_connection(("127.0.0.1", 8000), timeout=5).close()'
+for i in $(seq 1 100); do  # forward checks its target once at start: the server must listen by then
+  $osb exec -- /usr/bin/python3 -c "$listening" 2>/dev/null && break
+  sleep 0.3
+done
+$osb forward 18000:8000 >&2 &
 forward=$!
 fetch='import urllib.request; urllib.request.urlopen("http://127.0.0.1:18000/", timeout=5)'
 for i in $(seq 1 100); do
@@ -495,8 +500,8 @@ def test_r_4_control_pod_replaced_resumes_the_same_agent_with_the_same_ca(box_r:
 FENCE_CHANGE = r"""
 import ctypes, sys
 from pyroute2 import IPRoute
-fd = open(f"/proc/{sys.argv[1]}/ns/net").fileno()
-if ctypes.CDLL(None, use_errno=True).setns(fd, 0x40000000) != 0:
+ns = open(f"/proc/{sys.argv[1]}/ns/net")
+if ctypes.CDLL(None, use_errno=True).setns(ns.fileno(), 0x40000000) != 0:
     raise OSError(ctypes.get_errno(), "setns")
 IPRoute().addr("add", index=1, address="192.0.2.77", prefixlen=32)
 """
@@ -506,7 +511,8 @@ def test_r_4b_after_resume_still_narrowed_and_a_fence_change_ends_the_workload(b
     _capabilities_after_ready(box_r)
     launcher = box_r.world.podman.run("exec", box_r.workload_container, "cat", "/proc/1/task/1/children").stdout.split()
     assert len(launcher) == 1, launcher
-    changed = box_r.world.podman.run("exec", box_r.workload_container, "/usr/bin/python3", "-c", FENCE_CHANGE,
+    changed = box_r.world.podman.run("exec", box_r.workload_container, "/opt/openshell-sandbox/bin/python3", "-c",
+                                     FENCE_CHANGE,
                                      launcher[0], check=False)  # fmt: skip
     assert changed.returncode == 0, changed.stderr
     wait_for("control to log enforcement-lost",
