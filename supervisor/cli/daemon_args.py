@@ -266,6 +266,22 @@ def daemon_parser() -> argparse.ArgumentParser:
         "without its fence",
     )
     c.add_argument(
+        "--egress-excluded",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="a range control's NetworkPolicy excludes from its egress (repeatable; k8s render writes them): a "
+        "policy whose allowed_ips reaches into one is warned about at load",
+    )
+    c.add_argument(
+        "--egress-admitted",
+        action="append",
+        default=[],
+        metavar="CIDR:PORT[,PORT]",
+        help="an explicit allow of control's NetworkPolicy inside an excluded range (repeatable; k8s render writes "
+        "one per allowed_ips range of the policy it rendered): no warning for it",
+    )
+    c.add_argument(
         "--workload-gone-after",
         type=float,
         default=600.0,

@@ -32,6 +32,7 @@ The proxy-pod topology (docs/kubernetes.md "Choosing a topology"; docs/design.md
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from supervisor.protocol.proxy_head import proxy_environment, proxy_url
@@ -431,7 +432,10 @@ def _proxy_workload_pod(spec: RenderSpec, names: SandboxNames) -> Doc:
     }
 
 
-def control_args(spec: RenderSpec, names: SandboxNames) -> list[str]:
+def control_args(
+    spec: RenderSpec, names: SandboxNames, admitted: Sequence[tuple[str, Sequence[int]]] = ()
+) -> list[str]:
+    """``admitted``: the explicit allows of control's NetworkPolicy inside its excluded ranges (fences.py)."""
     args = ["--mode=control", f"--bootstrap={BOOTSTRAP_DIR}"]
     if spec.topology is Topology.PROXY_POD:
         args += [
@@ -458,10 +462,16 @@ def control_args(spec: RenderSpec, names: SandboxNames) -> list[str]:
             args.append(f"--fence-canary=$({CANARY_ADDRESS_ENV}):{spec.canary_port}")
     if spec.api_listen:
         args.append(f"--api-listen=*:{spec.api_port}")  # every address of the pod, IPv4 and IPv6
+    # What control's NetworkPolicy keeps it out of: a policy revision allowing one of them is warned about.
+    args += [f"--egress-excluded={cidr}" for cidr in dict.fromkeys(spec.excluded_cidrs)]
+    # CIDR:PORT[,PORT], as control's EgressFence.parse reads it (the ports follow the last colon)
+    args += [f"--egress-admitted={cidr}:{','.join(str(p) for p in ports)}" for cidr, ports in admitted]
     return args
 
 
-def control_deployment(spec: RenderSpec, names: SandboxNames) -> Doc:
+def control_deployment(
+    spec: RenderSpec, names: SandboxNames, admitted: Sequence[tuple[str, Sequence[int]]] = ()
+) -> Doc:
     """Control: one replica, never two at once, non-root, no capabilities, read-only root, no token."""
     secrets = [
         ("bootstrap-secret", "bootstrap"),
@@ -486,7 +496,7 @@ def control_deployment(spec: RenderSpec, names: SandboxNames) -> Doc:
         "name": "control",
         "image": spec.control_image,
         "command": [DEFAULT_ENTRYPOINT],
-        "args": control_args(spec, names),
+        "args": control_args(spec, names, admitted),
         # Semantic readiness (policy valid, boundary attached with matching claims, fence confirmed); the API
         # is a Unix socket, hence exec probes. Liveness only asks whether the API answers.
         "readinessProbe": {
