@@ -34,6 +34,7 @@ from typing import Any
 
 import trio
 
+from supervisor.boundary import state_file
 from supervisor.boundary.capture import connect_notify
 from supervisor.boundary.capture.canary import ProbeResult, probe_canary
 from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog, live_bound
@@ -133,6 +134,7 @@ class BoundaryConfig:
     shm_size: str = DEFAULT_SHM_SIZE  # the agent's private /dev/shm (R, U)
     pids_limit: int = DEFAULT_PIDS_LIMIT  # the workload's cgroup pids.max; 0: none (reported unenforced)
     memory_limit: int = field(default_factory=default_memory_limit)  # bytes; 0: none (reported unenforced)
+    state_file: Path | None = None  # --state-file: our lifecycle state for the pod's readiness probe
     test_landlock_off: bool = False  # tests only: prove the mount layer alone holds (OPENSHELL_TEST_LANDLOCK_OFF)
     log: JsonLog = field(default_factory=lambda: JsonLog("boundary"))
 
@@ -142,7 +144,7 @@ class BoundaryDaemon:
         self.cfg = cfg
         self.log = cfg.log
         self.launcher = launcher
-        self.lifecycle = Lifecycle()
+        self.lifecycle = Lifecycle(on_change=self._publish_state)
         self.instance = str(uuid.uuid4())
         self.table = ProcessTable(launcher, log=self.log)
         launcher.on_unowned = lambda count, pids: self.log.emit(
@@ -942,6 +944,11 @@ class BoundaryDaemon:
         self.limits.update(oom_score_adj_floor=no_floor is None)
         if no_floor is not None:  # R and U mount the agent's /proc read-only: it cannot write it there either
             self.limits.update(oom_score_adj_floor_reason=no_floor)
+
+    def _publish_state(self, state: State) -> None:
+        """Every lifecycle state to ``--state-file`` (state_file.py); the probe fails closed on a failed write."""
+        if self.cfg.state_file is not None:
+            state_file.publish(self.cfg.state_file, str(state))
 
     # -- failure ------------------------------------------------------------------------------------------------
     def _fatal(self, reason: str) -> None:

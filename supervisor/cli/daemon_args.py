@@ -98,6 +98,11 @@ def daemon_parser() -> argparse.ArgumentParser:
         "--shm-size", default="64m", help="R and U: size of the agent's private /dev/shm (default %(default)s)"
     )
     b.add_argument(
+        "--state-file", type=Path, metavar="PATH",
+        help="write the lifecycle state here at every transition, for a local readiness probe "
+        "(openshell-sandbox boundary-ready PATH); in a directory only the boundary can write",
+    )  # fmt: skip
+    b.add_argument(
         "--exit-linger", type=float, default=60.0, help="seconds to wait for control's exit ack (default %(default)g)"
     )
     b.add_argument(

@@ -108,7 +108,7 @@ def _run_boundary(args: argparse.Namespace, stream: Any) -> int:
             model_reason=reason, hide_paths=tuple(args.hide_path), exit_linger_s=args.exit_linger,
             acknowledge_external_fence=args.acknowledge_external_fence, tls_dir=args.tls_dir,
             acknowledge_unprobed_fence=args.acknowledge_unprobed_fence,
-            tmp_size=args.tmp_size, shm_size=args.shm_size, pids_limit=args.pids_limit,
+            tmp_size=args.tmp_size, shm_size=args.shm_size, pids_limit=args.pids_limit, state_file=args.state_file,
             **({"memory_limit": args.memory_limit} if args.memory_limit is not None else {}),
             test_landlock_off=os.environ.get("OPENSHELL_TEST_LANDLOCK_OFF") == "1", log=log,
         )  # fmt: skip

@@ -56,6 +56,7 @@ __all__ = [
     "ROLE_WORKLOAD",
     "SECRETS_MOUNT",
     "STATE_DIR",
+    "STATE_FILE",
     "TLS_DIR",
     "TRUST_BUNDLE",
     "TRUST_CA",
@@ -83,6 +84,7 @@ POLICY_DIR = "/etc/openshell/policy"
 POLICY_FILE = "policy.yaml"
 STATE_DIR = "/run/openshell-boundary"
 TLS_DIR = f"{STATE_DIR}/tls"
+STATE_FILE = f"{STATE_DIR}/state"  # the boundary's lifecycle state, for the workload's readiness probe
 API_DIR = "/run/openshell-sandbox"
 NON_ROOT_UID = 10001
 PROXY_TOKEN_KEY = "token"  # the proxy token Secret's key (no newline: it goes into a URL)
@@ -229,6 +231,7 @@ def boundary_args(spec: RenderSpec) -> list[str]:
         # The workload's memory cgroup; the container's limit is this plus the boundary's headroom, so the
         # container's OOM killer meets the workload's limit first.
         f"--memory-limit={spec.workload_memory_limit}",
+        f"--state-file={STATE_FILE}",
     ]
     if spec.model is Model.P:
         # No mount namespace in P: the trust files live where the agent reads them, on a writable emptyDir.
@@ -269,7 +272,14 @@ def workload_pod(spec: RenderSpec, names: SandboxNames) -> Doc:
         # Explicit: the agent's image, built FROM ours, may set an ENTRYPOINT of its own.
         "command": [spec.entrypoint],
         "args": boundary_args(spec),
-        # No probe: the boundary speaks only mTLS with its own control; readiness lives in control.
+        # Readiness from the boundary's own state, read locally (a TCP probe would be a refused peer each period:
+        # the boundary speaks only mTLS with its own control). Control's readyz says more, from its own pod.
+        "readinessProbe": {
+            "exec": {"command": [spec.entrypoint, "boundary-ready", STATE_FILE]},
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
         "ports": [{"name": "boundary", "containerPort": spec.boundary_port, "protocol": "TCP"}],
         "resources": _resources(spec.workload_container_resources, spec.workspace_size + CONTAINER_STORAGE_HEADROOM),
     }

@@ -27,7 +27,7 @@ import pytest
 import trustme
 
 from supervisor.boundary.process import capabilities
-from supervisor.k8s.objects import MODEL_R_CAPABILITIES
+from supervisor.k8s.objects import MODEL_R_CAPABILITIES, STATE_DIR, STATE_FILE
 from tests import process_caps
 from tests.k8s.podman_env import (
     REPO,
@@ -395,6 +395,19 @@ def test_r_1_both_daemons_run_as_entrypoints_from_the_rendered_pods(box_r: Sandb
 
 def test_r_2_allowed_https_verifies_through_inspection_and_a_denied_one_is_refused(box_r: Sandbox) -> None:
     _allowed_and_denied(box_r, "r")
+
+
+def test_r_2b_the_workload_probe_reads_the_boundarys_state_which_the_agent_cannot_touch(box_r: Sandbox) -> None:
+    podman = box_r.world.podman
+    probe = ["openshell-sandbox", "boundary-ready", STATE_FILE]  # what the rendered readinessProbe runs
+    ready = podman.run("exec", box_r.workload_container, *probe, check=False)
+    assert ready.returncode == 0 and ready.stdout.strip() == "boundary: running", ready.stdout + ready.stderr
+    # The agent tries to see and to spoof it (as it would to claim readiness after its fence was lost).
+    spoof = f"ls -A {STATE_DIR}; echo ended > {STATE_FILE} && echo WROTE; rm {STATE_FILE} && echo RM"
+    tried = box_r.ctl("openshell-sandbox", "exec", "--", "/bin/sh", "-c", spoof)
+    assert tried.stdout.split()[:1] == ["tls"], tried.stdout  # "state" would sort first: not in its root
+    again = podman.run("exec", box_r.workload_container, "cat", STATE_FILE, check=False)
+    assert again.stdout == "running\n", again.stdout + again.stderr + tried.stdout + tried.stderr  # the real one
 
 
 def test_r_3_podman_exec_into_control_status_exec_id_policy_apply(box_r: Sandbox) -> None:
