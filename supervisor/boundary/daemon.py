@@ -34,6 +34,7 @@ from typing import Any
 
 import trio
 
+from supervisor.boundary import state_file
 from supervisor.boundary.capture import connect_notify
 from supervisor.boundary.capture.canary import ProbeResult, probe_canary
 from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog, live_bound
@@ -53,6 +54,7 @@ from supervisor.boundary.process import (
     LauncherError,
     NamespacePlan,
     Prepared,
+    capabilities,
 )
 from supervisor.boundary.process.cgroups import (
     DEFAULT_PIDS_LIMIT,
@@ -133,6 +135,7 @@ class BoundaryConfig:
     shm_size: str = DEFAULT_SHM_SIZE  # the agent's private /dev/shm (R, U)
     pids_limit: int = DEFAULT_PIDS_LIMIT  # the workload's cgroup pids.max; 0: none (reported unenforced)
     memory_limit: int = field(default_factory=default_memory_limit)  # bytes; 0: none (reported unenforced)
+    state_file: Path | None = None  # --state-file: our lifecycle state for the pod's readiness probe
     test_landlock_off: bool = False  # tests only: prove the mount layer alone holds (OPENSHELL_TEST_LANDLOCK_OFF)
     log: JsonLog = field(default_factory=lambda: JsonLog("boundary"))
 
@@ -142,7 +145,7 @@ class BoundaryDaemon:
         self.cfg = cfg
         self.log = cfg.log
         self.launcher = launcher
-        self.lifecycle = Lifecycle()
+        self.lifecycle = Lifecycle(on_change=self._publish_state)
         self.instance = str(uuid.uuid4())
         self.table = ProcessTable(launcher, log=self.log)
         launcher.on_unowned = lambda count, pids: self.log.emit(
@@ -490,7 +493,26 @@ class BoundaryDaemon:
         self.log.emit(EventName.LIFECYCLE_READY, fence=fence)
         if self.attach.capture_mode is CaptureMode.NETNS and fence.get("fingerprint"):
             await self._watch_fence(str(fence["fingerprint"]))
+        if self.cfg.privilege_model == "R":
+            self._narrow_capabilities()
         return {"state": str(self.lifecycle.state), "fence": fence}
+
+    def _narrow_capabilities(self) -> None:
+        """Model R, ready: the namespaces, listeners, fence watch and trust files are built; keep only what the
+        running sandbox uses (process/capabilities.py). A drop that does not take ends the sandbox."""
+        keep = capabilities.mask(capabilities.BOUNDARY_KEEPS)
+        groups = [group.directory.parent for group in (self.pids_cgroup, self.memory_cgroup) if group is not None]
+        if not all(capabilities.owner_writes(str(parent)) for parent in groups):
+            keep |= capabilities.mask(capabilities.BOUNDARY_CLEANUP_KEEPS)
+        try:
+            kept, dropped = capabilities.restrict(keep)
+        except OSError as exc:
+            self._fatal(f"capabilities: {exc}")
+            raise OpError(ErrorKind.FAILED, f"capabilities: {exc}", stage="confirm") from None
+        self.log.emit(
+            EventName.BOUNDARY_CAPABILITIES, kept=capabilities.names(kept), dropped=capabilities.names(dropped),
+            threads_beyond=capabilities.threads_beyond(keep),
+        )  # fmt: skip
 
     def _canary_observed(self, raw: Any) -> dict[str, Any]:
         """Model P's fence counts as observed only if our last probe's connect failed and control's report of
@@ -935,6 +957,11 @@ class BoundaryDaemon:
         self.limits.update(oom_score_adj_floor=no_floor is None)
         if no_floor is not None:  # R and U mount the agent's /proc read-only: it cannot write it there either
             self.limits.update(oom_score_adj_floor_reason=no_floor)
+
+    def _publish_state(self, state: State) -> None:
+        """Every lifecycle state to ``--state-file`` (state_file.py); the probe fails closed on a failed write."""
+        if self.cfg.state_file is not None:
+            state_file.publish(self.cfg.state_file, str(state))
 
     # -- failure ------------------------------------------------------------------------------------------------
     def _fatal(self, reason: str) -> None:

@@ -106,6 +106,11 @@ def daemon_parser() -> argparse.ArgumentParser:
         "--shm-size", default="64m", help="R and U: size of the agent's private /dev/shm (default %(default)s)"
     )
     b.add_argument(
+        "--state-file", type=Path, metavar="PATH",
+        help="write the lifecycle state here at every transition, for a local readiness probe "
+        "(openshell-sandbox boundary-ready PATH); in a directory only the boundary can write",
+    )  # fmt: skip
+    b.add_argument(
         "--exit-linger", type=float, default=60.0, help="seconds to wait for control's exit ack (default %(default)g)"
     )
     b.add_argument(
@@ -281,6 +286,22 @@ def daemon_parser() -> argparse.ArgumentParser:
         "it from the pod before confirm, and every --fence-canary-interval after; a connect that succeeds or a "
         "connection control sees refuses confirm (later: enforcement lost). Use an address the pod would reach "
         "without its fence",
+    )
+    c.add_argument(
+        "--egress-excluded",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="a range control's NetworkPolicy excludes from its egress (repeatable; k8s render writes them): a "
+        "policy whose allowed_ips reaches into one is warned about at load",
+    )
+    c.add_argument(
+        "--egress-admitted",
+        action="append",
+        default=[],
+        metavar="CIDR:PORT[,PORT]",
+        help="an explicit allow of control's NetworkPolicy inside an excluded range (repeatable; k8s render writes "
+        "one per allowed_ips range of the policy it rendered): no warning for it",
     )
     c.add_argument(
         "--workload-gone-after",

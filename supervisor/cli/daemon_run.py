@@ -109,7 +109,7 @@ def _run_boundary(args: argparse.Namespace, stream: Any) -> int:
             model_reason=reason, hide_paths=tuple(args.hide_path), exit_linger_s=args.exit_linger,
             acknowledge_external_fence=args.acknowledge_external_fence, tls_dir=args.tls_dir,
             acknowledge_unprobed_fence=args.acknowledge_unprobed_fence,
-            tmp_size=args.tmp_size, shm_size=args.shm_size, pids_limit=args.pids_limit,
+            tmp_size=args.tmp_size, shm_size=args.shm_size, pids_limit=args.pids_limit, state_file=args.state_file,
             **({"memory_limit": args.memory_limit} if args.memory_limit is not None else {}),
             test_landlock_off=os.environ.get("OPENSHELL_TEST_LANDLOCK_OFF") == "1", log=log,
         )  # fmt: skip
@@ -174,6 +174,7 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     from supervisor.control.l7 import upstream_context
     from supervisor.control.local_net import Ipv6Egress, LocalNetwork
     from supervisor.control.policy import PolicyInvalid, PolicyStore, compile_policy, load_policy_file
+    from supervisor.control.policy.egress_fence import EgressFence
     from supervisor.control.policy.schema import load_default_policy
     from supervisor.control.policy.watch_safety import agent_writable_paths, decide_watch
     from supervisor.control.upstream import UpstreamConfig, parse_dns_server
@@ -197,6 +198,11 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
         _err(str(exc))
         return ExitCode.USAGE
     try:
+        fence = EgressFence.parse(args.egress_excluded, args.egress_admitted)
+    except ValueError as exc:
+        _err(str(exc))
+        return ExitCode.USAGE
+    try:
         policy = load_policy_file(args.policy) if args.policy else load_default_policy()
     except PolicyInvalid as exc:
         for error in exc.errors:
@@ -206,7 +212,9 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
         _err(f"--policy: cannot read {args.policy}: {exc.strerror}")
         return ExitCode.SELF_FAILED
     source = str(args.policy) if args.policy else "embedded default (deny all)"
-    store = PolicyStore(compile_policy(policy), failure_mode=args.policy_failure_mode, source=source)
+    store = PolicyStore(
+        compile_policy(policy), failure_mode=args.policy_failure_mode, source=source, egress_fence=fence
+    )
     read_write = policy.filesystem_policy.read_write if policy.filesystem_policy is not None else ()
     agent_writable = agent_writable_paths(args.agent_writable, read_write)
     watch_file, watch_reason = decide_watch(args.policy_source or args.policy, args.no_policy_watch, agent_writable)

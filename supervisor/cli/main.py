@@ -124,6 +124,11 @@ def command_parser() -> argparse.ArgumentParser:
     status = with_api(sub.add_parser("status", help="show the sandbox's status"))
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     with_api(sub.add_parser("readyz", help="exit 0 when the sandbox is ready, 1 with the failing conditions"))
+    probe = sub.add_parser(
+        "boundary-ready",
+        help="the workload pod's readiness probe: exit 0 when the boundary's --state-file says ready or running",
+    )
+    probe.add_argument("state_file", type=Path, metavar="PATH")
 
     ex = with_api(sub.add_parser("exec", help="run a command in the workload"))
     ex.add_argument("-i", "--interactive", action="store_true", help="forward stdin")
@@ -217,6 +222,12 @@ def run_command(argv: list[str]) -> int:
         from supervisor.cli.certs import run_certs
 
         return run_certs(args)
+    if args.command == "boundary-ready":
+        from supervisor.boundary import state_file
+
+        state = state_file.read(args.state_file)
+        print(f"boundary: {state or 'no state'}", file=sys.stdout)
+        return 0 if state in state_file.READY_STATES else 1
     if args.command == "k8s":
         from supervisor.cli.k8s import run_k8s
 

@@ -34,6 +34,7 @@ from supervisor.control.policy import (
     decide_l7,
     load_policy_file,
 )
+from supervisor.control.policy.egress_fence import EgressFence
 from supervisor.control.policy.globs import has_glob_chars
 from supervisor.protocol.exit_codes import ExitCode
 
@@ -59,6 +60,21 @@ def add_policy_parser(subparsers: Any) -> None:
     )
     check.add_argument("file", type=Path, metavar="FILE")
     check.add_argument("--json", action="store_true", help="print one JSON object")
+    check.add_argument(
+        "--egress-excluded",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="a range control's NetworkPolicy excludes (repeatable; as k8s render passes control): warn when an "
+        "allowed_ips entry lies in one",
+    )
+    check.add_argument(
+        "--egress-admitted",
+        action="append",
+        default=[],
+        metavar="CIDR:PORT[,PORT]",
+        help="an explicit allow rendered inside an excluded range (repeatable): no warning for it",
+    )
 
     decide = sub.add_parser(
         "decide",
@@ -125,6 +141,11 @@ def run_policy(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr
 def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     path: Path = args.file
     try:
+        fence = EgressFence.parse(args.egress_excluded, args.egress_admitted)
+    except ValueError as exc:
+        print(f"policy check: {exc}", file=err)
+        return ExitCode.USAGE
+    try:
         policy = load_policy_file(path)
     except PolicyInvalid as exc:
         if args.json:
@@ -135,6 +156,7 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             count = len(exc.errors)
             print(f"{path}: {count} error{'s' if count != 1 else ''}", file=err)
         return 1
+    warnings = [*policy.warnings, *fence.warnings(policy, str(path))]
     if args.json:
         _dump(
             out,
@@ -144,11 +166,11 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 "rules": policy.rule_count,
                 "endpoints": policy.endpoint_count,
                 "hash": policy.digest,
-                "warnings": [w.to_json() for w in policy.warnings],
+                "warnings": [w.to_json() for w in warnings],
             },
         )
     else:
-        for warning in policy.warnings:
+        for warning in warnings:
             print(warning, file=err)
         print(f"ok: {policy.rule_count} rules, {policy.endpoint_count} endpoints", file=out)
     return 0
@@ -259,5 +281,7 @@ def _remote(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             print(f"{where}{error.get('path')}: {error.get('message')}", file=err)
         print(f"policy: {body.get('reason') or f'HTTP {status}'}; nothing changed", file=err)
         return 1
+    for warning in body.get("warnings") or []:  # e.g. an allowed_ips range control's NetworkPolicy excludes
+        print(f"policy: warning: {warning.get('path')}: {warning.get('message')}", file=err)
     print(json.dumps(body, indent=2, sort_keys=True), file=out)
     return 0

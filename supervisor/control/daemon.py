@@ -455,7 +455,10 @@ class ControlDaemon:
 
     # -- policy generations -----------------------------------------------------------------------------------
     def _policy_changed(self, snap: Any) -> None:
-        self.log.emit(EventName.POLICY_GENERATION, generation=snap.generation, status=snap.status, source=snap.source)
+        warnings = {"warnings": [str(w) for w in snap.warnings]} if snap.warnings else {}
+        self.log.emit(
+            EventName.POLICY_GENERATION, generation=snap.generation, status=snap.status, source=snap.source, **warnings
+        )
         try:
             self._acks.send_nowait(snap.generation)
         except trio.WouldBlock:

@@ -32,6 +32,7 @@ The proxy-pod topology (docs/kubernetes.md "Choosing a topology"; docs/design.md
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from supervisor.protocol.proxy_head import proxy_environment, proxy_url
@@ -55,6 +56,7 @@ __all__ = [
     "ROLE_WORKLOAD",
     "SECRETS_MOUNT",
     "STATE_DIR",
+    "STATE_FILE",
     "TLS_DIR",
     "TRUST_BUNDLE",
     "TRUST_CA",
@@ -82,6 +84,7 @@ POLICY_DIR = "/etc/openshell/policy"
 POLICY_FILE = "policy.yaml"
 STATE_DIR = "/run/openshell-boundary"
 TLS_DIR = f"{STATE_DIR}/tls"
+STATE_FILE = f"{STATE_DIR}/state"  # the boundary's lifecycle state, for the workload's readiness probe
 API_DIR = "/run/openshell-sandbox"
 NON_ROOT_UID = 10001
 PROXY_TOKEN_KEY = "token"  # the proxy token Secret's key (no newline: it goes into a URL)
@@ -228,6 +231,7 @@ def boundary_args(spec: RenderSpec) -> list[str]:
         # The workload's memory cgroup; the container's limit is this plus the boundary's headroom, so the
         # container's OOM killer meets the workload's limit first.
         f"--memory-limit={spec.workload_memory_limit}",
+        f"--state-file={STATE_FILE}",
     ]
     if spec.model is Model.P:
         # No mount namespace in P: the trust files live where the agent reads them, on a writable emptyDir.
@@ -268,7 +272,14 @@ def workload_pod(spec: RenderSpec, names: SandboxNames) -> Doc:
         # Explicit: the agent's image, built FROM ours, may set an ENTRYPOINT of its own.
         "command": [spec.entrypoint],
         "args": boundary_args(spec),
-        # No probe: the boundary speaks only mTLS with its own control; readiness lives in control.
+        # Readiness from the boundary's own state, read locally (a TCP probe would be a refused peer each period:
+        # the boundary speaks only mTLS with its own control). Control's readyz says more, from its own pod.
+        "readinessProbe": {
+            "exec": {"command": [spec.entrypoint, "boundary-ready", STATE_FILE]},
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
         "ports": [{"name": "boundary", "containerPort": spec.boundary_port, "protocol": "TCP"}],
         "resources": _resources(spec.workload_container_resources, spec.workspace_size + CONTAINER_STORAGE_HEADROOM),
     }
@@ -431,7 +442,10 @@ def _proxy_workload_pod(spec: RenderSpec, names: SandboxNames) -> Doc:
     }
 
 
-def control_args(spec: RenderSpec, names: SandboxNames) -> list[str]:
+def control_args(
+    spec: RenderSpec, names: SandboxNames, admitted: Sequence[tuple[str, Sequence[int]]] = ()
+) -> list[str]:
+    """``admitted``: the explicit allows of control's NetworkPolicy inside its excluded ranges (fences.py)."""
     args = ["--mode=control", f"--bootstrap={BOOTSTRAP_DIR}"]
     if spec.topology is Topology.PROXY_POD:
         args += [
@@ -458,10 +472,16 @@ def control_args(spec: RenderSpec, names: SandboxNames) -> list[str]:
             args.append(f"--fence-canary=$({CANARY_ADDRESS_ENV}):{spec.canary_port}")
     if spec.api_listen:
         args.append(f"--api-listen=*:{spec.api_port}")  # every address of the pod, IPv4 and IPv6
+    # What control's NetworkPolicy keeps it out of: a policy revision allowing one of them is warned about.
+    args += [f"--egress-excluded={cidr}" for cidr in dict.fromkeys(spec.excluded_cidrs)]
+    # CIDR:PORT[,PORT], as control's EgressFence.parse reads it (the ports follow the last colon)
+    args += [f"--egress-admitted={cidr}:{','.join(str(p) for p in ports)}" for cidr, ports in admitted]
     return args
 
 
-def control_deployment(spec: RenderSpec, names: SandboxNames) -> Doc:
+def control_deployment(
+    spec: RenderSpec, names: SandboxNames, admitted: Sequence[tuple[str, Sequence[int]]] = ()
+) -> Doc:
     """Control: one replica, never two at once, non-root, no capabilities, read-only root, no token."""
     secrets = [
         ("bootstrap-secret", "bootstrap"),
@@ -486,7 +506,7 @@ def control_deployment(spec: RenderSpec, names: SandboxNames) -> Doc:
         "name": "control",
         "image": spec.control_image,
         "command": [DEFAULT_ENTRYPOINT],
-        "args": control_args(spec, names),
+        "args": control_args(spec, names, admitted),
         # Semantic readiness (policy valid, boundary attached with matching claims, fence confirmed); the API
         # is a Unix socket, hence exec probes. Liveness only asks whether the API answers.
         "readinessProbe": {

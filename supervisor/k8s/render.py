@@ -121,7 +121,7 @@ def render(spec: RenderSpec, material: SecretMaterial | None) -> Rendered:
         policy_configmap(spec, names),
         *network_policies(spec, names, allows),  # the fence exists before the pod it fences
         service(spec, names),
-        control_deployment(spec, names),
+        control_deployment(spec, names, allows),
         workload_pod(spec, names),
     ]
     secrets = redacted_secrets(spec, names, claims) if material is None else secret_objects(spec, names, material)

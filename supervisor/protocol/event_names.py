@@ -31,6 +31,7 @@ class EventName(enum.StrEnum):
     # bootstrap
     BOOTSTRAP_POLICY_DIGEST_UNREADABLE = "bootstrap.policy-digest-unreadable"
     # boundary
+    BOUNDARY_CAPABILITIES = "boundary.capabilities"
     BOUNDARY_END_ALL_FAILED = "boundary.end-all-failed"
     BOUNDARY_END_ALL_TIMEOUT = "boundary.end-all-timeout"
     BOUNDARY_EXIT = "boundary.exit"

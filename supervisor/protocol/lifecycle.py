@@ -11,6 +11,7 @@ answer with.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 
 from supervisor.protocol.errors import ErrorKind, OpError
 
@@ -85,8 +86,9 @@ def check(state: State, op: Op) -> None:
 class Lifecycle:
     """The one state variable of a boundary. Transitions consume the previous state."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_change: Callable[[State], None] | None = None) -> None:
         self.state = State.IDLE
+        self._on_change = on_change  # told every new state (the boundary publishes it for its pod's probe)
 
     def check(self, op: Op) -> None:
         check(self.state, op)
@@ -95,10 +97,14 @@ class Lifecycle:
         """Check ``op`` and move to its next state (lifecycle steps only)."""
         self.check(op)
         self.state = _NEXT[op]
+        if self._on_change is not None:
+            self._on_change(self.state)
         return self.state
 
     def end(self) -> None:
         self.state = State.ENDED
+        if self._on_change is not None:
+            self._on_change(self.state)
 
     def at_least(self, state: State) -> bool:
         return self.state is not State.ENDED and _ORDER.index(self.state) >= _ORDER.index(state)

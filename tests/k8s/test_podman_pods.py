@@ -26,6 +26,9 @@ from typing import Any
 import pytest
 import trustme
 
+from supervisor.boundary.process import capabilities
+from supervisor.k8s.objects import MODEL_R_CAPABILITIES, STATE_DIR, STATE_FILE
+from tests import process_caps
 from tests.k8s.podman_env import (
     REPO,
     WHEEL,
@@ -394,6 +397,19 @@ def test_r_2_allowed_https_verifies_through_inspection_and_a_denied_one_is_refus
     _allowed_and_denied(box_r, "r")
 
 
+def test_r_2b_the_workload_probe_reads_the_boundarys_state_which_the_agent_cannot_touch(box_r: Sandbox) -> None:
+    podman = box_r.world.podman
+    probe = ["openshell-sandbox", "boundary-ready", STATE_FILE]  # what the rendered readinessProbe runs
+    ready = podman.run("exec", box_r.workload_container, *probe, check=False)
+    assert ready.returncode == 0 and ready.stdout.strip() == "boundary: running", ready.stdout + ready.stderr
+    # The agent tries to see and to spoof it (as it would to claim readiness after its fence was lost).
+    spoof = f"ls -A {STATE_DIR}; echo ended > {STATE_FILE} && echo WROTE; rm {STATE_FILE} && echo RM"
+    tried = box_r.ctl("openshell-sandbox", "exec", "--", "/bin/sh", "-c", spoof)
+    assert tried.stdout.split()[:1] == ["tls"], tried.stdout  # "state" would sort first: not in its root
+    again = podman.run("exec", box_r.workload_container, "cat", STATE_FILE, check=False)
+    assert again.stdout == "running\n", again.stdout + again.stderr + tried.stdout + tried.stderr  # the real one
+
+
 def test_r_3_podman_exec_into_control_status_exec_id_policy_apply(box_r: Sandbox) -> None:
     status = box_r.ctl("openshell-sandbox", "status")
     assert status.returncode == 0 and box_r.name in status.stdout, status.stdout + status.stderr
@@ -410,6 +426,66 @@ def test_r_3_podman_exec_into_control_status_exec_id_policy_apply(box_r: Sandbox
     assert after != before and after.get("generation") == before.get("generation", 1) + 1, (before, after)
     now = box_r.fetch("denied.test", "/r-after-apply")
     assert now.returncode == 0 and json.loads(now.stdout)["path"] == "/r-after-apply", now.stdout + now.stderr
+
+
+# Every operation after the drop, from control's container as an operator would (one shell run: a forward and a
+# signal need a process in the background): PTY, signal, terminate (--timeout's), forward into the workload.
+OPERATIONS = r"""
+set -e
+osb=openshell-sandbox
+[ "$($osb exec -t -- /bin/sh -c 'stty size')" != "" ]
+$osb exec -- /usr/bin/sleep 300 &
+sleeper=$!
+handle=""
+running='import json, sys
+print(" ".join(p["handle"] for p in json.load(sys.stdin)["boundary"]["processes"]
+               if p["kind"] == "exec" and p["state"] == "running"))'
+for i in $(seq 1 100); do
+  handle=$($osb status --json | python3 -c "$running")
+  [ -n "$handle" ] && break
+  sleep 0.2
+done
+$osb signal TERM $handle
+code=0; wait $sleeper || code=$?
+[ "$code" = 143 ] || { echo "signalled exec exited $code"; exit 1; }
+code=0; $osb exec --timeout 1 -- /bin/sh -c "trap '' TERM; sleep 300" || code=$?
+[ "$code" = 124 ] || { echo "terminated exec exited $code"; exit 1; }
+$osb exec -- /usr/bin/python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &
+server=$!
+listening='import socket; socket.create_connection(("127.0.0.1", 8000), timeout=5).close()'
+for i in $(seq 1 100); do  # forward checks its target once at start: the server must listen by then
+  $osb exec -- /usr/bin/python3 -c "$listening" 2>/dev/null && break
+  sleep 0.3
+done
+$osb forward 18000:8000 >&2 &
+forward=$!
+fetch='import urllib.request; urllib.request.urlopen("http://127.0.0.1:18000/", timeout=5)'
+for i in $(seq 1 100); do
+  python3 -c "$fetch" 2>/dev/null && { echo forwarded; break; }
+  sleep 0.3
+done
+kill $server $forward 2>/dev/null || true
+"""
+
+
+def _capabilities_after_ready(box: Sandbox) -> None:
+    """``podman exec`` into the boundary's container: every task of its processes has its role's sets."""
+    held = capabilities.mask(tuple(MODEL_R_CAPABILITIES))
+
+    def read() -> process_caps.Census:
+        done = box.world.podman.run("exec", box.workload_container, "/usr/bin/python3", "-c", process_caps.CENSUS,
+                                    check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return process_caps.parse(done.stdout)
+
+    process_caps.check(read, 1, held)  # the boundary is the container's PID 1
+
+
+def test_r_3b_boundary_processes_keep_only_their_capabilities_and_every_operation_works(box_r: Sandbox) -> None:
+    _capabilities_after_ready(box_r)
+    done = box_r.ctl("/bin/sh", "-c", OPERATIONS, timeout=180)
+    assert done.returncode == 0 and "forwarded" in done.stdout, done.stdout + done.stderr + box_r.diagnose()
+    _capabilities_after_ready(box_r)
 
 
 def test_r_4_control_pod_replaced_resumes_the_same_agent_with_the_same_ca(box_r: Sandbox) -> None:
@@ -430,6 +506,30 @@ def test_r_4_control_pod_replaced_resumes_the_same_agent_with_the_same_ca(box_r:
     assert again.returncode == 0, f"{again.stderr}\n{box_r.diagnose()}"
     assert json.loads(again.stdout)["path"] == "/r-after-restart"
     _never_restarted(box_r)
+
+
+# The agent's namespace gains an address on lo (what code with CAP_NET_ADMIN there would do): the launcher, which
+# kept only NET_ADMIN, still re-reads the fence and the workload ends.
+FENCE_CHANGE = r"""
+import ctypes, sys
+from pyroute2 import IPRoute
+ns = open(f"/proc/{sys.argv[1]}/ns/net")
+if ctypes.CDLL(None, use_errno=True).setns(ns.fileno(), 0x40000000) != 0:
+    raise OSError(ctypes.get_errno(), "setns")
+IPRoute().addr("add", index=1, address="192.0.2.77", prefixlen=32)
+"""
+
+
+def test_r_4b_after_resume_still_narrowed_and_a_fence_change_ends_the_workload(box_r: Sandbox) -> None:
+    _capabilities_after_ready(box_r)
+    launcher = box_r.world.podman.run("exec", box_r.workload_container, "cat", "/proc/1/task/1/children").stdout.split()
+    assert len(launcher) == 1, launcher
+    changed = box_r.world.podman.run("exec", box_r.workload_container, "/opt/openshell-sandbox/bin/python3", "-c",
+                                     FENCE_CHANGE,
+                                     launcher[0], check=False)  # fmt: skip
+    assert changed.returncode == 0, changed.stderr
+    wait_for("control to log enforcement-lost",
+             lambda: any(e.get("event") == "enforcement-lost" for e in box_r.control_events()), timeout=60)  # fmt: skip
 
 
 def test_r_5_workload_removed_control_stays_up_not_ready_logging(box_r: Sandbox) -> None:

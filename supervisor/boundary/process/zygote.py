@@ -84,7 +84,7 @@ from typing import Any, Final, Literal, NoReturn, Protocol
 from supervisor.protocol.exit_codes import ExitCode
 from supervisor.protocol.interpreter import import_path
 
-from . import child, linux, privilege, rootfs, seccomp, spawn, terminal
+from . import capabilities, child, linux, privilege, rootfs, seccomp, spawn, terminal
 
 MAX_MESSAGE: Final = 1 << 20
 MAX_SPEC: Final = 256 * 1024  # argv + env + the rest, encoded; below any default socket send buffer
@@ -323,6 +323,8 @@ class Spawner:
         self.mount_ns = mount_ns  # a mount namespace fd every child enters (setns) first; None: inherit ours
         self.root = root  # the agent's own root, entered before the first child (rootfs rule 5)
         self.root_error: OSError | None = None  # entering failed: never fork a child in a half-built view
+        # Model R's init: the capabilities it keeps once the agent's root is entered (capabilities.INIT_KEEPS).
+        self.narrow_to: int | None = None
         self.live: dict[int, int] = {}  # local pid -> sid
         # The PID namespace we are init of (its fd), so an exec can get a nested one and we get ours back.
         self.pidns_fd: int | None = None
@@ -353,6 +355,13 @@ class Spawner:
                 rootfs.enter(plan)
             except OSError as exc:
                 self.root_error = OSError(exc.errno or errno.EIO, f"agent root: {exc.strerror or exc}")
+                raise self.root_error from None
+        if self.narrow_to is not None:  # the root was the last thing built with them (capabilities.py)
+            keep, self.narrow_to = self.narrow_to, None
+            try:
+                capabilities.restrict(keep)
+            except OSError as exc:
+                self.root_error = OSError(exc.errno or errno.EPERM, f"capabilities: {exc.strerror or exc}")
                 raise self.root_error from None
 
     def spawn(self, request: Mapping[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
@@ -576,7 +585,10 @@ def exec_init(ctx: child.ChildContext, report_r: int, report_w: int) -> NoReturn
     try:
         if report_r >= 0:
             os.close(report_r)
-        _become_exec_init()
+        try:
+            _become_exec_init()
+        except OSError as exc:
+            child.fail(ctx, child.Stage.CAPS, exc)
         ctx.parent_pid = os.getpid()  # our copy (a fork): the caller's object is not touched
         pid = os.fork()
         if pid == 0:
@@ -596,7 +608,13 @@ def exec_init(ctx: child.ChildContext, report_r: int, report_w: int) -> NoReturn
         os._exit(1)
 
 
+# Model R: what an exec-init keeps of the init's capabilities (capabilities.EXEC_INIT_KEEPS); set in the init.
+_EXEC_INIT_KEEPS: int | None = None
+
+
 def _become_exec_init() -> None:  # pragma: no cover - an exec-init
+    if _EXEC_INIT_KEEPS is not None:  # first: no SYS_ADMIN while it serves the agent's commands
+        capabilities.restrict(_EXEC_INIT_KEEPS)
     os.setsid()  # a group of our own: a group signal to this handle never reaches the workload's init
     # Signals are taken with sigwaitinfo, not caught: no handler per signal to install here (and none for the
     # command's SIGNALS stage to reset). Blocked first; then what the init ignores or catches goes back to
@@ -854,7 +872,7 @@ _INIT_BOOT: Final = (
 
 
 def exec_init_image(  # pragma: no cover - the init before its execve
-    sock_fd: int, host_proc_fd: int, mount_proc: bool, root: Mapping[str, Any] | None
+    sock_fd: int, host_proc_fd: int, mount_proc: bool, root: Mapping[str, Any] | None, narrow: bool = False
 ) -> NoReturn:
     """In the zygote's first child after ``unshare(CLONE_NEWPID)``: ``execve`` the init's own interpreter
     (``init_entry``) with the zygote's socket on fd 3 and the host procfs on 4. A failure is the init's
@@ -868,7 +886,7 @@ def exec_init_image(  # pragma: no cover - the init before its execve
         if not sys.executable:
             raise OSError(errno.ENOEXEC, "this interpreter does not know its own executable")
         path = json.dumps(import_path())
-        args = json.dumps({"mount_proc": mount_proc, "root": root})
+        args = json.dumps({"mount_proc": mount_proc, "root": root, "narrow": narrow})
         os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", _INIT_BOOT, path, args])
     except BaseException as exc:
         with contextlib.suppress(BaseException):
@@ -882,16 +900,18 @@ def init_entry(args: str) -> NoReturn:  # pragma: no cover - own pid ns
     """The init's interpreter, right after its ``execve`` (``_INIT_BOOT``)."""
     try:
         parsed = json.loads(args)
-        init_main(3, 4, bool(parsed["mount_proc"]), parsed["root"])
+        init_main(3, 4, bool(parsed["mount_proc"]), parsed["root"], bool(parsed.get("narrow")))
     finally:
         os._exit(1)
 
 
 def init_main(  # pragma: no cover - own pid ns
-    sock_fd: int, host_proc_fd: int, mount_proc: bool, root: dict[str, Any] | None = None
+    sock_fd: int, host_proc_fd: int, mount_proc: bool, root: dict[str, Any] | None = None, narrow: bool = False
 ) -> NoReturn:
     """PID 1 of the workload PID namespace: mount its ``/proc``, build the agent's root (whose ``/proc`` is
-    that one), then fork and reap on the zygote's behalf."""
+    that one), then fork and reap on the zygote's behalf. ``narrow`` (model R): once the root is entered it keeps
+    only ``capabilities.INIT_KEEPS``, and each exec-init only ``EXEC_INIT_KEEPS``."""
+    global _EXEC_INIT_KEEPS
     try:
         _reset_process([sock_fd, host_proc_fd])  # socket on 3, host procfs on 4
         sock = socket.socket(fileno=3)
@@ -915,6 +935,9 @@ def init_main(  # pragma: no cover - own pid ns
         child.RESERVED_SIGNALS_DEFAULT = True
         wake = _install_sigchld_wakeup()
         spawner = Spawner(host_proc_fd=4, root=plan)
+        if narrow:
+            spawner.narrow_to = capabilities.mask(capabilities.INIT_KEEPS)
+            _EXEC_INIT_KEEPS = capabilities.mask(capabilities.EXEC_INIT_KEEPS)
         with contextlib.suppress(OSError):  # exec handles get nested namespaces only when we can come back
             spawner.pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         send(sock, {"ready": True})
@@ -1174,7 +1197,7 @@ class Zygote:
         if plan.pidns:
             # Before anything else forks: the first child forked after unshare(CLONE_NEWPID) is the init. Before
             # the hiding too: its fresh interpreter starts from files a hidden path could cover.
-            self._start_init(mount_proc=plan.mountns, root=plan.root)
+            self._start_init(mount_proc=plan.mountns, root=plan.root, narrow=plan.model == "R")
         if plan.mountns:
             for path in plan.hide_paths:  # without an agent root; with one, its plan hides them (rootfs rule 4)
                 st = os.lstat(path)
@@ -1199,18 +1222,24 @@ class Zygote:
         elif plan.netns:
             _loopback_up()
         names, report = list(reply["fd_names"]), dict(reply["report"])
+        if plan.model == "R" and plan.pidns:  # the init forks the workload: we only read the fence from now on
+            try:
+                capabilities.restrict(capabilities.mask(capabilities.LAUNCHER_KEEPS))
+            except OSError:
+                close_all(out_fds)
+                raise
         if plan.model == "P":
             # Same uid as the agent: keep it from reading our memory (a copy of the boundary's) via /proc.
             linux.prctl(linux.PR_SET_DUMPABLE, 0)
         return out_fds, names, report
 
-    def _start_init(self, mount_proc: bool, root: dict[str, Any] | None = None) -> None:
+    def _start_init(self, mount_proc: bool, root: dict[str, Any] | None = None, narrow: bool = False) -> None:
         host_proc_fd = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         ours, theirs = socket_pair()
         try:
             pid = os.fork()
             if pid == 0:  # pragma: no cover - becomes PID 1 of the namespace
-                exec_init_image(theirs.fileno(), host_proc_fd, mount_proc, root)
+                exec_init_image(theirs.fileno(), host_proc_fd, mount_proc, root, narrow)
         finally:
             theirs.close()
             os.close(host_proc_fd)

@@ -39,6 +39,7 @@ import trio
 from .compiled import CompiledPolicy, compile_policy
 from .decide import BodyRoute, body_route, decide_l4, decide_l7, quarantine_decision
 from .decision import Decision, L4Request
+from .egress_fence import EgressFence
 from .errors import PolicyError, PolicyInvalid, PolicyWarning
 from .identity import DigestPins
 from .schema import load_policy_text
@@ -86,14 +87,18 @@ class PolicyStore:
         failure_mode: FailureMode = "fail-closed",
         source: str,
         binary_aliases: Mapping[str, Iterable[str]] | None = None,
+        egress_fence: EgressFence | None = None,
     ) -> None:
         if failure_mode not in FAILURE_MODES:
             raise ValueError(f"unknown policy failure mode {failure_mode!r}")
         self.failure_mode: FailureMode = failure_mode
         self._aliases = binary_aliases
+        # The ranges control's NetworkPolicy excludes (--egress-excluded): a revision allowing one is warned about.
+        self._fence = egress_fence or EgressFence()
         self._static = initial.policy.static_json()
         self._started_with_tcp = initial.has_tcp
-        self._snapshot = PolicySnapshot(0, "loaded", initial, initial, source, warnings=initial.policy.warnings)
+        warnings = (*initial.policy.warnings, *self._fence.warnings(initial.policy, source))
+        self._snapshot = PolicySnapshot(0, "loaded", initial, initial, source, warnings=warnings)
         self._subscribers: list[Subscriber] = []
         self._changed = trio.Event()
 
@@ -204,7 +209,7 @@ class PolicyStore:
                 ]
             )
         snap = self._snapshot
-        warnings = list(compiled.policy.warnings)
+        warnings = [*compiled.policy.warnings, *self._fence.warnings(compiled.policy, source)]
         if compiled.policy.static_json() != self._static:
             warnings.append(
                 PolicyWarning(
