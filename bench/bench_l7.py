@@ -15,11 +15,14 @@ certificate), the mediator under test (this process, trio), and the client (stdl
   the origin, one JSON event per request (written to /dev/null);
 * ``terminated``: the default for an endpoint without L7 rules: dialled first, the first bytes
   sniffed, TLS terminated, every request's authority bound to the tunnel and its placeholder resolved — no
-  rules to judge. ``tunnel`` is what a ``tls: skip`` endpoint costs.
+  rules to judge. ``tunnel`` is what a ``tls: skip`` endpoint costs;
+* ``mcp``: a ``protocol: mcp`` endpoint (two tools allowed): each POST's body read whole, parsed as JSON-RPC, its
+  ``tools/call`` judged by method and tool, then forwarded as read.
 
 Workloads, each on both listeners, one after the other: small GETs on kept-alive connections (1 and
 ``--conns`` in parallel), small GETs on a fresh connection each (TLS handshakes: two for intercepted, one
-for tunnel), one large download and one large upload. Reported: requests/s, MB/s, the mediator's CPU per
+for tunnel), one large download and one large upload; and an MCP ``tools/call`` POSTed on a kept-alive connection,
+on ``mcp`` and ``tunnel`` only. Reported: requests/s, MB/s, the mediator's CPU per
 request or per MB (``time.process_time`` of this process), and intercepted/tunnel ratios.
 
 With ``--json`` every result is one JSON row ``{"name", "unit", "value", ...}`` (bench/micro.py's contract).
@@ -93,6 +96,27 @@ network_policies:
         port: 443
     binaries: [{{path: /usr/bin/curl}}]
 """
+# The policy of the "mcp" mode: an MCP server with two of its tools.
+MCP_POLICY = f"""
+version: 1
+network_policies:
+  bench:
+    endpoints:
+      - host: {HOST}
+        port: 443
+        path: /mcp
+        protocol: mcp
+        enforcement: enforce
+        mcp: {{allow_all_known_mcp_methods: true}}
+        rules:
+          - allow: {{tool: {{any: [get_forecast, get_alerts]}}}}
+    binaries: [{{path: /usr/bin/curl}}]
+"""
+MCP_ARGUMENTS = {"city": "Lyon", "days": 3}
+MCP_CALL = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                       "params": {"name": "get_forecast", "arguments": MCP_ARGUMENTS}}).encode()  # fmt: skip
+MCP_RESULT = json.dumps({"jsonrpc": "2.0", "id": 7, "result": {"content": [{"type": "text", "text": "sunny"}],
+                                                              "isError": False}}).encode()  # fmt: skip
 MODES = ("tunnel", "intercepted", "terminated")
 INTERCEPTING = ("intercepted", "terminated")
 
@@ -132,10 +156,12 @@ class _OriginHandler(http.server.BaseHTTPRequestHandler):
             if not data:
                 break
             left -= len(data)
+        answer = MCP_RESULT if self.path == "/mcp" else b"ok"
         self.send_response(200)
-        self.send_header("Content-Length", "2")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
         self.end_headers()
-        self.wfile.write(b"ok")
+        self.wfile.write(answer)
 
 
 def origin_main(cert_pem: bytes, key_pem: bytes, ready: Any) -> None:
@@ -174,6 +200,14 @@ def client_main(workload: str, port: int, ca_pem: str, count: int, size: int) ->
         conn = _connect(port, ctx)
         for _ in range(count):
             conn.request("GET", "/v1/items?page=1", headers=headers)
+            moved += len(conn.getresponse().read())
+        conn.close()
+    elif workload == "mcp":
+        conn = _connect(port, ctx)
+        mcp_headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+                       "Mcp-Session-Id": "bench-session"}  # fmt: skip
+        for _ in range(count):
+            conn.request("POST", "/mcp", body=MCP_CALL, headers=mcp_headers)
             moved += len(conn.getresponse().read())
         conn.close()
     elif workload == "fresh":
@@ -255,7 +289,17 @@ class Mediator:
                           log=log, event_fields={"conn_id": "bench"}, limits=Limits(idle_timeout=60),
                           raw_fallback=True, early_upstream=await dial())  # fmt: skip
 
-        for mode, handler in (("tunnel", tunnel), ("intercepted", intercepted), ("terminated", terminated)):
+        mcp_store = PolicyStore(compile_policy(load_policy_text(MCP_POLICY, "mcp.yaml")), source="mcp.yaml")
+        mcp_snapshot = mcp_store.snapshot()
+        mcp_l4 = mcp_snapshot.decide_l4(L4Request(HOST, 443, BinaryIdentity("/usr/bin/curl", None)))
+
+        async def mcp(stream: trio.SocketStream) -> None:
+            await inspect(stream, host=HOST, port=443, tls=None, snapshot=mcp_snapshot, l4=mcp_l4,
+                          connect_upstream=dial, ca=self.ca, credentials=credentials, upstream_ssl=upstream_ssl,
+                          log=log, event_fields={"conn_id": "bench"}, limits=Limits(idle_timeout=60))  # fmt: skip
+
+        for mode, handler in (("tunnel", tunnel), ("intercepted", intercepted), ("terminated", terminated),
+                              ("mcp", mcp)):  # fmt: skip
             listeners = await nursery.start(functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
             self.ports[mode] = listeners[0].socket.getsockname()[1]
 
@@ -287,7 +331,8 @@ async def run(args: argparse.Namespace) -> list[dict[str, object]]:
         origin_port = await trio.to_thread.run_sync(ready.get, True, 30)
         origin_ca = authority.cert_pem.bytes().decode()
         mediator = Mediator(origin_port, origin_ca, InterceptionCA.generate("bench"), {})
-        ca_for = {"tunnel": origin_ca, "intercepted": mediator.ca.cert_pem, "terminated": mediator.ca.cert_pem}
+        ca_for = {"tunnel": origin_ca, "intercepted": mediator.ca.cert_pem, "terminated": mediator.ca.cert_pem,
+                  "mcp": mediator.ca.cert_pem}  # fmt: skip
         size = args.mib << 20
         plan: list[tuple[str, str, int, int, int, str, Callable[[float, int, int], float], str]] = [
             ("keep-alive GET requests/s, 1 connection", "keepalive", 1, args.n, 0, "req/s",
@@ -321,6 +366,16 @@ async def run(args: argparse.Namespace) -> list[dict[str, object]]:
                     for mode in INTERCEPTING:
                         rows.append(_row(f"l7 {mode}/tunnel ratio: {title}", "ratio",
                                          values[mode] / values["tunnel"]))  # fmt: skip
+                # the agent's own protocols: one MCP tools/call after another on a kept-alive connection
+                title = "keep-alive MCP tools/call requests/s, 1 connection"
+                await _measure(pool, 1, "mcp", mediator.ports["mcp"], ca_for["mcp"], 5, 0)
+                for mode in ("tunnel", "mcp"):
+                    wall, _moved, cpu = await _measure(pool, 1, "mcp", mediator.ports[mode], ca_for[mode], args.n, 0)
+                    values[mode] = args.n / wall
+                    rows.append(_row(f"l7 {mode}: {title}", "req/s", values[mode], runs=args.n))
+                    rows.append(_row(f"l7 {mode}: mediator CPU (MCP tools/call)", "us/req", cpu / args.n * 1e6,
+                                     runs=args.n))  # fmt: skip
+                rows.append(_row(f"l7 mcp/tunnel ratio: {title}", "ratio", values["mcp"] / values["tunnel"]))
                 nursery.cancel_scope.cancel()
     finally:
         origin.kill()

@@ -14,3 +14,5 @@ if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 # the Python packages go into the Makefile's .venv (scripts/venv.sh), never into a system interpreter
+# the real MCP, GraphQL and JSON-RPC SDKs of the e2e tests, readable by the agent's uid
+bash "$(dirname "$0")/install-test-sdks.sh"

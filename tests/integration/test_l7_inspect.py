@@ -67,6 +67,16 @@ network_policies:
         protocol: websocket
         enforcement: enforce
         access: read-write
+      - host: gqlws.test
+        port: 443
+        protocol: websocket
+        enforcement: enforce
+        rules:
+          - allow: {method: GET, path: "/upgrade"}
+          - allow: {operation_type: subscription}
+          - allow: {operation_type: query}
+        deny_rules:
+          - {operation_type: "*", fields: [secret]}
       - host: open.test
         port: 443
       - host: plain.test
@@ -333,7 +343,7 @@ class Env:
 async def env(nursery: trio.Nursery) -> Env:
     authority = trustme.CA()
     server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    names = ("api.test", "other.test", "audit.test", "ws.test", "chat.test", "open.test")
+    names = ("api.test", "other.test", "audit.test", "ws.test", "chat.test", "open.test", "gqlws.test")
     authority.issue_cert(*names).configure_cert(server_ctx)
     tls_origin, plain_origin = Origin(server_ctx), Origin(None)
     await tls_origin.start(nursery)
@@ -672,6 +682,87 @@ async def test_websocket_text_denied_closes_with_1008_and_never_reaches_the_orig
     assert stats.closed_by == "denied"
     event = env.events()[-1]
     assert (event["method"], event["decision"], event["status"]) == ("WEBSOCKET_TEXT", "deny", 1008)
+
+
+def ws_burst(env: Env, host: str, data: bytes) -> Callable[[int], tuple[bytes, bytes]]:
+    """Upgrade offering permessage-deflate, send ``data`` at once, read until its whole echo or the end."""
+
+    def client(port: int) -> tuple[bytes, bytes]:
+        sock = agent_socket(port, env.ca.cert_pem, host)
+        sock.sendall(ws_upgrade(host).replace(b"\r\n\r\n", b"\r\nSec-WebSocket-Extensions: permessage-deflate\r\n\r\n"))
+        received = b""
+        while b"\r\n\r\n" not in received:
+            received += sock.recv(4096)
+        head, _, rest = received.partition(b"\r\n\r\n")
+        body = bytearray(rest)
+        sock.sendall(data)
+        while b"echo:" + data not in body.replace(b"echo:", b"", body.count(b"echo:") - 1) and (
+            chunk := sock.recv(4096)
+        ):
+            body += chunk
+        sock.close()
+        return head, bytes(body)
+
+    return client
+
+
+def upgraded_before_close(origin: Origin) -> bytes:
+    """What the origin received after the 101, less the close frame control sends it when it ends both sides."""
+    data = bytes(origin.upgraded)
+    for start in range(len(data) - 1):  # control's masked close frame ends the stream: 0x88, length, mask, payload
+        if data[start] == 0x88 and data[start + 1] & 0x80 and start + 6 + (data[start + 1] & 0x7F) == len(data):
+            return data[:start]
+    return data
+
+
+def graphql_ws(kind: str, query: str, op_id: str = "1") -> bytes:
+    return json.dumps({"type": kind, "id": op_id, "payload": {"query": query}}).encode()
+
+
+def ws_fragments(opcode: int, payload: bytes, cut: int) -> bytes:
+    key = b"\x05\x06\x07\x08"
+
+    def one(first: int, part: bytes, offset: int = 0) -> bytes:
+        return bytes([first, 0x80 | len(part)]) + key + bytes(b ^ key[i % 4] for i, b in enumerate(part))
+
+    return one(opcode, payload[:cut]) + one(0x80, payload[cut:])
+
+
+async def test_graphql_over_websocket_judges_every_subscribe(env: Env) -> None:
+    """Allowed messages pass as sent (the deflate offer stripped); a subscribe selecting a denied field, sent in two
+    fragments, closes both sides with 1008 before any of it reaches the origin."""
+    init = ws_frame(0x1, json.dumps({"type": "connection_init"}).encode())
+    allowed = ws_frame(0x1, graphql_ws("subscribe", "subscription { ticks }"))
+    (head, received), stats = await env.run(ws_burst(env, "gqlws.test", init + allowed), host="gqlws.test")
+    assert head.startswith(b"HTTP/1.1 101 ") and bytes(env.tls_origin.upgraded) == init + allowed
+    assert "sec-websocket-extensions" not in env.tls_origin.requests[-1].headers
+    event = env.events()[-1]
+    assert (event["method"], event["decision"], event["operation"]) == ("WEBSOCKET_TEXT", "allow",
+                                                                       "subscription (anonymous)")  # fmt: skip
+
+    env.tls_origin.upgraded.clear()
+    hidden = ws_fragments(0x1, graphql_ws("subscribe", "subscription S { ticks harmless: secret }"), cut=40)
+    (head, received), stats = await env.run(ws_burst(env, "gqlws.test", init + hidden), host="gqlws.test")
+    assert received.endswith(b"\x03\xf0message not permitted by policy"), received
+    assert upgraded_before_close(env.tls_origin) == init and stats.closed_by == "denied"
+    event = env.events()[-1]
+    assert (event["decision"], event["status"], event["operation"]) == ("deny", 1008, "subscription S")
+
+
+@pytest.mark.parametrize("name", ["mutation", "legacy start", "unknown type", "not json", "compressed", "binary"])
+async def test_graphql_over_websocket_refusals_reach_nothing(env: Env, name: str) -> None:
+    message = {
+        "mutation": ws_frame(0x1, graphql_ws("subscribe", "mutation { drop }")),
+        "legacy start": ws_frame(0x1, graphql_ws("start", "mutation { drop }")),
+        "unknown type": ws_frame(0x1, graphql_ws("execute", "query { ticks }")),
+        "not json": ws_frame(0x1, b"{subscribe"),
+        "compressed": bytes([0xC1]) + ws_frame(0x1, graphql_ws("subscribe", "query { ticks }"))[1:],  # RSV1 set
+        "binary": ws_frame(0x2, graphql_ws("subscribe", "mutation { drop }")),
+    }[name]
+    (head, received), stats = await env.run(ws_burst(env, "gqlws.test", message), host="gqlws.test")
+    assert head.startswith(b"HTTP/1.1 101 ") and upgraded_before_close(env.tls_origin) == b""
+    code = b"\x03\xea" if name == "compressed" else b"\x03\xf0"
+    assert code in received and stats.closed_by in ("denied", "malformed-request"), received
 
 
 async def test_websocket_upgrade_on_a_rest_endpoint_is_refused_and_nothing_goes_upstream(env: Env) -> None:

@@ -7,7 +7,14 @@ import struct
 
 import pytest
 
-from supervisor.control.l7.websocket import ClientFrameFilter, FilterStop, client_close_frame, server_close_frame
+from supervisor.control.l7.websocket import (
+    MAX_MESSAGE,
+    ClientFrameFilter,
+    FilterStop,
+    MessageFilter,
+    client_close_frame,
+    server_close_frame,
+)
 
 
 def frame(opcode: int, payload: bytes, *, fin: bool = True, masked: bool = True) -> bytes:
@@ -74,3 +81,31 @@ def test_close_frames() -> None:
     key = masked[2:6]
     assert bytes(b ^ key[i % 4] for i, b in enumerate(masked[6:])) == b"\x03\xf0no"
     assert ClientFrameFilter().feed(masked) == masked
+
+
+@pytest.mark.parametrize("step", [1, 5, 1 << 20])
+def test_message_filter_holds_each_message_until_whole_then_forwards_it_as_sent(step: int) -> None:
+    """GraphQL over WebSocket: fragments reassembled and unmasked for the judge; control frames pass at once."""
+    seen: list[bytes] = []
+    first = frame(TEXT, b'{"type": "sub', fin=False)
+    ping = frame(PING, b"p")
+    rest = frame(CONT, b'scribe"}')
+    binary = frame(BINARY, b"x" * 70000)
+    stream = first + ping + rest + binary
+    f = MessageFilter(lambda message: seen.append(message) or True)
+    out = b"".join(f.feed(stream[i : i + step]) for i in range(0, len(stream), step))
+    assert seen == [b'{"type": "subscribe"}', b"x" * 70000]
+    assert out == ping + first + rest + binary
+    assert f.stopped is None
+
+
+def test_message_filter_refusals() -> None:
+    denied = MessageFilter(lambda message: False)
+    assert denied.feed(frame(TEXT, b"{}")) == b"" and denied.stopped is FilterStop.MESSAGE_DENIED
+    compressed = MessageFilter(lambda message: True)
+    data = bytearray(frame(TEXT, b"{}"))
+    data[0] |= 0x40  # RSV1: permessage-deflate, never negotiated here
+    assert compressed.feed(bytes(data)) == b"" and compressed.stopped is FilterStop.PROTOCOL_ERROR
+    head = bytes([0x02, 0x80 | 127]) + struct.pack("!Q", MAX_MESSAGE + 1) + b"mask"
+    big = MessageFilter(lambda message: True)
+    assert big.feed(head) == b"" and big.stopped is FilterStop.MESSAGE_TOO_BIG

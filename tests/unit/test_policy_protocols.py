@@ -19,6 +19,20 @@ MCP = {**H, "protocol": "mcp", "path": "/mcp"}
 PROFILE = {"allow_all_known_mcp_methods": True}
 
 VALID: list[tuple[str, dict[str, Any]]] = [
+    (
+        "websocket-graphql",
+        {
+            **H,
+            "protocol": "websocket",
+            "path": "/graphql",
+            "rules": [
+                {"allow": {"method": "GET", "path": "/graphql"}},
+                {"allow": {"operation_type": "subscription"}},
+                {"allow": {"operation_type": "query", "fields": ["viewer"]}},
+            ],
+            "deny_rules": [{"operation_type": "subscription", "fields": ["secret*"]}],
+        },
+    ),
     ("graphql-allow", {**GQL, "rules": [{"allow": {"operation_type": "query"}}]}),
     (
         "graphql-allow-name-fields",
@@ -80,7 +94,7 @@ VALID: list[tuple[str, dict[str, Any]]] = [
 def test_valid_rule_shape(name: str, endpoint: dict[str, Any]) -> None:
     policy = load({"r": rule(endpoint)})
     ep = policy.network_policies[0].endpoints[0]
-    assert ep.protocol in (Protocol.GRAPHQL, Protocol.JSON_RPC, Protocol.MCP)
+    assert ep.protocol in (Protocol.GRAPHQL, Protocol.JSON_RPC, Protocol.MCP, Protocol.WEBSOCKET)
     compiled = compile_policy(policy)
     assert compiled.endpoints[0].allows, "every valid shape allows something"
     again = load_policy_text(doc({"r": policy.network_policies[0].to_json()}))
@@ -266,6 +280,16 @@ REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
         {**H, "protocol": "rest", "rules": [{"allow": {"method": "GET", "path": "**", "fields": ["a"]}}]},
         f"{EP}.rules[0].allow.fields",
         "is a rule field of protocol graphql",
+    ),
+    (
+        "V32-ws-text-beside-graphql",
+        {
+            **H,
+            "protocol": "websocket",
+            "rules": [{"allow": {"method": "WEBSOCKET_TEXT", "path": "**"}}, {"allow": {"operation_type": "query"}}],
+        },
+        f"{EP}.rules",
+        "allows WEBSOCKET_TEXT on an endpoint with GraphQL policy",
     ),
     (
         "sql-still-refused",

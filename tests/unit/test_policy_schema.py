@@ -258,18 +258,6 @@ def test_endpoint_rule_rejected(row: str, endpoint: dict[str, Any], path: str, f
 # rows are in test_policy_protocols.py).
 NOT_YET: list[tuple[str, dict[str, Any], str, str]] = [
     (
-        "V32-ws-graphql",
-        {
-            "host": "a.example.com",
-            "port": 443,
-            "protocol": "websocket",
-            "enforcement": "enforce",
-            "rules": [{"allow": {"operation_type": "subscription"}}],
-        },
-        f"{EP}.rules[0].allow.operation_type",
-        "GraphQL over WebSocket",
-    ),
-    (
         "V35-sql",
         {"host": "db.example.com", "port": 5432, "protocol": "sql", "enforcement": "enforce"},
         f"{EP}.protocol",

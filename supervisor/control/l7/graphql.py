@@ -22,6 +22,9 @@ Rules:
 6. Allow rules need the type, the name glob (when set) and — when set — *every* root field to match; a deny rule
    fires on the type and name with *any* root field matching. Every operation of every request of a batch must
    be allowed. Parse and shape errors are hard denies, whatever the enforcement.
+7. GraphQL over WebSocket (a ``protocol: websocket`` endpoint with GraphQL rules): every whole client message is
+   read (``websocket.MessageFilter`` reassembles fragments) and each ``subscribe``/``start`` decided as rule 6
+   decides a request (:func:`decide_ws_message`).
 """
 
 from __future__ import annotations
@@ -287,6 +290,35 @@ def decide(route: BodyRoute, request: BodyRequest) -> Decision:
         batches = [(_operations_of(route, req), req) for req in requests]
     except BodyRefused as exc:
         return refused(route, str(exc))
+    return _judge(route, batches)
+
+
+WS_PASSIVE = frozenset({"connection_init", "ping", "pong", "complete", "stop", "connection_terminate"})
+WS_OPERATIONS = frozenset({"subscribe", "start"})
+
+
+def decide_ws_message(route: BodyRoute, message: bytes) -> Decision | None:
+    """Rule 7, GraphQL over WebSocket: one whole client message (graphql-transport-ws or the older
+    subscriptions-transport-ws). ``subscribe``/``start`` carry a GraphQL request in ``payload``, decided as a POSTed
+    one is; the protocol's other client messages execute nothing and pass (``None``); anything else, and a message
+    that is not a JSON object with a string ``type``, is a hard deny."""
+    try:
+        value = strict_json(message)
+        if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+            raise BodyRefused("a GraphQL over WebSocket message is a JSON object with a string type")
+        kind = value["type"]
+        if kind in WS_PASSIVE:
+            return None
+        if kind not in WS_OPERATIONS:
+            raise BodyRefused(f"unknown GraphQL over WebSocket message type {label(kind)!r}")
+        req = _from_json(value.get("payload"))
+        batches = [(_operations_of(route, req), req)]
+    except BodyRefused as exc:
+        return refused(route, str(exc))
+    return _judge(route, batches)
+
+
+def _judge(route: BodyRoute, batches: list[tuple[list[Operation] | None, _Request]]) -> Decision:
     last: tuple[CompiledEndpoint, CompiledL7Rule, Operation] | None = None
     count = 0
     for ops, req in batches:

@@ -39,6 +39,7 @@ endpoint but ``tls: skip``. It owns both streams from then on.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
@@ -54,6 +55,7 @@ from supervisor.control.l7.authority import AuthorityError, AuthoritySource, req
 from supervisor.control.l7.body import BodyRequest, evaluate, refused
 from supervisor.control.l7.ca import InterceptionCA, LeafError
 from supervisor.control.l7.client_hello import ClientHelloError, Pending, server_name
+from supervisor.control.l7.graphql import decide_ws_message
 from supervisor.control.l7.idle import IdleClock
 from supervisor.control.l7.memory_tls import MemoryTLSStream
 from supervisor.control.l7.record import CloseReason, InspectStats, RequestRecord, display_path
@@ -67,11 +69,14 @@ from supervisor.control.l7.websocket import (
     ClientFrameFilter,
     CloseCode,
     FilterStop,
+    MessageFilter,
     client_close_frame,
     server_close_frame,
     websocket_upgrade,
+    without_extensions,
 )
 from supervisor.control.policy import (
+    BodyRoute,
     Decision,
     DenyReason,
     PolicySnapshot,
@@ -198,7 +203,7 @@ class _Session:
         self.clean = True
         self.failure: _AgentFailed | _UpstreamFailed | None = None
         self._scope = trio.CancelScope()
-        self._ws_filter: ClientFrameFilter | None = None
+        self._ws_filter: ClientFrameFilter | MessageFilter | None = None
         self._ws_text_decision: Decision | None = None
         self.raw_fallback = raw_fallback
         self.early_upstream = early_upstream
@@ -677,6 +682,10 @@ class _Session:
             text = self.snapshot.decide_l7(self.l4, "WEBSOCKET_TEXT", policy_target)
             self._ws_text_decision = text
             self._ws_filter = None if text.allowed else ClientFrameFilter()
+            graphql_route = self.snapshot.graphql_ws_route(self.l4, policy_target)
+            if graphql_route is not None:  # GraphQL over WebSocket: its rules judge every whole message
+                self._ws_text_decision = None
+                self._ws_filter = MessageFilter(functools.partial(self._judge_ws_message, graphql_route, rec))
         if decision.audit:
             rec.reason = str(decision.reason) if decision.reason else None
             rec.detail = display_path(decision.detail)
@@ -711,6 +720,8 @@ class _Session:
                                       reason=str(exc.code), detail=exc.detail)  # fmt: skip
         rec.credentials = rewritten.used
         headers = [(n.encode("ascii"), v.encode("utf-8")) for n, v in rewritten.headers]
+        if isinstance(self._ws_filter, MessageFilter):  # no compression: every message must be read as sent
+            headers = without_extensions(headers)
         if self.creds.secrets_at(self.name, self.port):  # every request there, not only those that carried one
             headers = bound_request_headers(headers)
         if head.host is None:
@@ -1134,15 +1145,39 @@ class _Session:
                if relayed.closed_by == RelayEnd.A else CloseReason.UPSTREAM)  # fmt: skip
         self._end(why, relayed.error, clean=self.clean)
 
+    def _judge_ws_message(self, route: BodyRoute, rec: RequestRecord, message: bytes) -> bool:
+        """GraphQL over WebSocket: one whole client message; each subscribe/start decided is an ``http`` event (a
+        denied one is logged by ``_close_websocket``)."""
+        decision = decide_ws_message(route, message)
+        if decision is None:
+            return True
+        self._ws_text_decision = decision
+        if not decision.allowed:
+            return False
+        event = RequestRecord(started=trio.current_time(), method="WEBSOCKET_TEXT", path=rec.path,
+                              decision="audit" if decision.audit else "allow", rule=decision.rule,
+                              endpoint=decision.endpoint, l7_rule=decision.l7_rule,
+                              reason=str(decision.reason) if decision.audit and decision.reason else None,
+                              detail=decision.detail if decision.audit else None)  # fmt: skip
+        if decision.operation is not None:
+            event.extra["operation"] = decision.operation
+        self._request_event(event)
+        return True
+
     async def _close_websocket(self, rec: RequestRecord, stop: FilterStop) -> None:
-        denied = stop is FilterStop.TEXT_DENIED
-        code = CloseCode.POLICY_VIOLATION if denied else CloseCode.PROTOCOL_ERROR
-        reason = "text messages are not permitted by policy" if denied else "protocol error"
+        denied = stop in (FilterStop.TEXT_DENIED, FilterStop.MESSAGE_DENIED)
+        code = CloseCode.POLICY_VIOLATION if denied else (
+            CloseCode.MESSAGE_TOO_BIG if stop is FilterStop.MESSAGE_TOO_BIG else CloseCode.PROTOCOL_ERROR)  # fmt: skip
+        reason = {FilterStop.TEXT_DENIED: "text messages are not permitted by policy",
+                  FilterStop.MESSAGE_DENIED: "message not permitted by policy",
+                  FilterStop.MESSAGE_TOO_BIG: "message too big"}.get(stop, "protocol error")  # fmt: skip
         text = self._ws_text_decision
         event = RequestRecord(started=trio.current_time(), method="WEBSOCKET_TEXT", path=rec.path, decision="deny",
                         rule=text.rule if text else rec.rule, endpoint=text.endpoint if text else rec.endpoint,
                         reason=str(stop), status=int(code),
                         detail=display_path(text.detail) if denied and text else reason)  # fmt: skip
+        if denied and text is not None and text.operation is not None:
+            event.extra["operation"] = text.operation
         self._request_event(event)
         with trio.move_on_after(1.0):
             try:

@@ -265,6 +265,35 @@ def body_route(policy: CompiledPolicy, l4: Decision, method: str, raw_target: st
     return None if isinstance(routed, Decision) else routed
 
 
+def has_graphql_rules(cep: CompiledEndpoint) -> bool:
+    """A websocket endpoint with GraphQL policy: its GraphQL rules judge the messages after the upgrade."""
+    return any(rule.operation_type is not None for rule in (*cep.allows, *cep.denies))
+
+
+def graphql_ws_route(policy: CompiledPolicy, l4: Decision, raw_target: str) -> BodyRoute | None:
+    """GraphQL over WebSocket: the route whose GraphQL rules judge every ``subscribe``/``start`` message of an
+    upgrade to ``raw_target`` (its method/path rules judged the upgrade itself); ``None`` when the endpoint that
+    governs the upgrade has no GraphQL rules."""
+    if not l4.allowed:
+        return None
+    admitted = set(l4.rules)
+    configs = [cep for cep in policy.endpoints_for(l4.host, l4.port) if cep.rule.key in admitted and cep.inspected]
+    try:
+        target = canonicalize_target(raw_target, allow_encoded_slash=any(c.endpoint.allow_encoded_slash
+                                                                         for c in configs))  # fmt: skip
+    except TargetError:
+        return None
+    routed = [c for c in configs if c.path_glob is None or c.path_glob.matches(target.path)]
+    if not routed:
+        return None
+    selected = max(routed, key=lambda c: (c.rank, -c.rule.position, -c.index))
+    if selected.endpoint.protocol is not Protocol.WEBSOCKET or not has_graphql_rules(selected):
+        return None
+    same = tuple(c for c in routed if c.endpoint.protocol is Protocol.WEBSOCKET and c.rank == selected.rank
+                 and has_graphql_rules(c))  # fmt: skip
+    return BodyRoute(l4, Protocol.WEBSOCKET, selected, same, "WEBSOCKET_TEXT", target.path, target.query)
+
+
 def route_l7(policy: CompiledPolicy, l4: Decision, method: str, raw_target: str) -> Decision | BodyRoute:
     """The request's decision, or the body route of the agent's own protocols."""
     if not l4.allowed:

@@ -49,7 +49,7 @@ from .model import (
     Protocol,
     TlsMode,
 )
-from .schema_l7 import read_l7_rules
+from .schema_l7 import check_websocket_graphql, read_l7_rules
 from .schema_rpc import method_covers_call, read_options
 from .schema_static import read_filesystem, read_landlock, read_process
 from .yamlnodes import Reader, line_of
@@ -438,6 +438,8 @@ class _Schema:
         strict = options.get("mcp_strict_tool_names") is not False
         rules = read_l7_rules(self.r, base, items, protocol, allow=True, profile=profile, strict=strict)
         deny_rules = read_l7_rules(self.r, base, items, protocol, allow=False, profile=profile, strict=strict)
+        if protocol is Protocol.WEBSOCKET:
+            check_websocket_graphql(self.r, base, items, rules, deny_rules)
 
         flags: dict[str, bool] = {}
         for flag in (

@@ -2,8 +2,10 @@
 
 Allow rules are wrapped (``rules: [{allow: {...}}]``), deny rules are flat (``deny_rules: [{...}]``); REST and
 WebSocket rules require ``method`` and ``path``; the GraphQL, JSON-RPC and MCP rule shapes are read by
-``schema_rpc``. GraphQL over WebSocket and SQL rule fields are refused as not supported yet. Query matchers are a
-glob string, ``{glob: ...}`` or ``{any: [...]}`` (V33).
+``schema_rpc``. A websocket endpoint may also hold GraphQL rules (GraphQL over WebSocket): they judge each
+``subscribe``/``start`` message after the upgrade, while its method/path rules judge the upgrade; a rule mixing the
+two shapes, or a ``WEBSOCKET_TEXT`` allow beside GraphQL rules, is refused (V32). SQL rule fields are refused as not
+supported yet. Query matchers are a glob string, ``{glob: ...}`` or ``{any: [...]}`` (V33).
 """
 
 from __future__ import annotations
@@ -74,6 +76,21 @@ def read_l7_rules(
     return tuple(out)
 
 
+Rules = tuple[L7Rule, ...] | None
+
+
+def check_websocket_graphql(r: Reader, base: str, items: dict[str, tuple[Node, Node]], rules: Rules,
+                            deny_rules: Rules) -> None:  # fmt: skip
+    """V32: on a websocket endpoint with GraphQL rules the GraphQL rules judge every message, so an allow of
+    ``WEBSOCKET_TEXT`` (which would read as "every text message") contradicts them."""
+    if not any(rule.operation_type is not None for rule in (*(rules or ()), *(deny_rules or ()))):
+        return
+    for i, rule in enumerate(rules or ()):
+        if rule.operation_type is None and rule.method == "WEBSOCKET_TEXT":
+            r.error(f"{base}.rules", items["rules"][1], f"rules[{i}] allows WEBSOCKET_TEXT on an endpoint with "
+                    "GraphQL policy", "GraphQL rules decide its messages: allow GET for the upgrade only")  # fmt: skip
+
+
 def read_rule(
     r: Reader, where: str, node: Node, protocol: Protocol, *, allow: bool, profile: bool, strict: bool
 ) -> L7Rule | None:
@@ -92,8 +109,7 @@ def read_rule(
                     "fields", "either method/path/query or operation_type/operation_name/fields")  # fmt: skip
             return None
         if graphql:
-            r.error(f"{where}.{graphql[0]}", node, "GraphQL over WebSocket rules are not supported yet")
-            return None
+            return read_graphql_rule(r, where, node, allow=allow)
     return read_l7_rule(r, where, node, protocol)
 
 

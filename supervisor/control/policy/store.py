@@ -37,7 +37,7 @@ from typing import Any, Literal
 import trio
 
 from .compiled import CompiledPolicy, compile_policy
-from .decide import BodyRoute, body_route, decide_l4, decide_l7, quarantine_decision
+from .decide import BodyRoute, body_route, decide_l4, decide_l7, graphql_ws_route, quarantine_decision
 from .decision import Decision, L4Request
 from .egress_fence import EgressFence
 from .errors import PolicyError, PolicyInvalid, PolicyWarning
@@ -74,6 +74,10 @@ class PolicySnapshot:
     def body_route(self, l4: Decision, method: str, raw_target: str) -> BodyRoute | None:
         """Where a request to a JSON-RPC, MCP or GraphQL endpoint goes (``decide.body_route``)."""
         return None if self.policy is None else body_route(self.policy, l4, method, raw_target)
+
+    def graphql_ws_route(self, l4: Decision, raw_target: str) -> BodyRoute | None:
+        """The GraphQL rules judging a websocket upgrade's messages (``decide.graphql_ws_route``)."""
+        return None if self.policy is None else graphql_ws_route(self.policy, l4, raw_target)
 
 
 Subscriber = Callable[[PolicySnapshot], None]
