@@ -164,7 +164,8 @@ def measure_protocols(rules: int, decisions: int) -> dict[str, float]:
     import json
 
     from supervisor.control.l7 import graphql
-    from supervisor.control.l7.body import BodyRequest, evaluate
+    from supervisor.control.l7.body import BodyRequest
+    from supervisor.control.l7.body_decide import evaluate
     from supervisor.control.policy import body_route
 
     compiled = compile_policy(load_policy_text(build_protocol_policy(rules)))

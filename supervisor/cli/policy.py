@@ -219,7 +219,8 @@ def _decide(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def _decide_body(args: argparse.Namespace, policy: CompiledPolicy, l4: Decision, err: TextIO) -> Decision | None:
     """``--rpc-method``, ``--mcp-tool``, ``--graphql``: the body a client would send, decided as control does."""
-    from supervisor.control.l7.body import BodyRequest, evaluate
+    from supervisor.control.l7.body import BodyRequest
+    from supervisor.control.l7.body_decide import evaluate
 
     path = args.path
     if path is None:  # the endpoint's own path, when it names one literally

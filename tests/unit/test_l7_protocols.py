@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from supervisor.control.l7 import graphql
-from supervisor.control.l7.body import BodyRequest, evaluate
+from supervisor.control.l7.body import BodyRequest
+from supervisor.control.l7.body_decide import evaluate
 from supervisor.control.policy import BodyRoute, Decision, DenyReason, body_route, decide_l7
 
 from .policy_helpers import compiled, l4, rule

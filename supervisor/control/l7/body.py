@@ -8,7 +8,6 @@ variable or parameter: those may hold secrets); what they report of a call is :f
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,21 +78,3 @@ def refused(route: BodyRoute, why: str, *, reason: DenyReason = DenyReason.BODY_
     """The hard deny of a body that cannot be judged (§3.10.4)."""
     return route.decision(Verdict.DENY, reason, f"{route.protocol} request rejected: {why}", hard=True,
                           operation=operation)  # fmt: skip
-
-
-Evaluator = Callable[[BodyRoute, BodyRequest], Decision]
-
-
-def evaluate(route: BodyRoute, request: BodyRequest) -> Decision:
-    """The decision for ``request`` on ``route``: its protocol's evaluator."""
-    from supervisor.control.l7 import graphql, jsonrpc, mcp
-    from supervisor.control.policy import Protocol
-
-    evaluators: dict[Protocol, Evaluator] = {
-        Protocol.JSON_RPC: jsonrpc.decide,
-        Protocol.MCP: mcp.decide,
-        Protocol.GRAPHQL: graphql.decide,
-    }
-    if request.encoded:
-        return refused(route, "a Content-Encoding other than identity hides the body from inspection")
-    return evaluators[route.protocol](route, request)

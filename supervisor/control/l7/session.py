@@ -52,7 +52,8 @@ import trio
 from supervisor.control.credentials import Credentials
 from supervisor.control.l7 import answers
 from supervisor.control.l7.authority import AuthorityError, AuthoritySource, request_authority, same_authority
-from supervisor.control.l7.body import BodyRequest, evaluate, refused
+from supervisor.control.l7.body import BodyRequest, refused
+from supervisor.control.l7.body_decide import evaluate
 from supervisor.control.l7.ca import InterceptionCA, LeafError
 from supervisor.control.l7.client_hello import ClientHelloError, Pending, server_name
 from supervisor.control.l7.graphql import decide_ws_message
