@@ -73,6 +73,11 @@ def daemon_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap", required=True, type=Path, help="this role's bootstrap bundle directory")
     p.add_argument("--log-stream", choices=["stdout", "stderr", "none"], default="stdout", help="where JSON events go")
     p.add_argument("--log-file", type=Path, help="also append the JSON events to this file (created 0600)")
+    p.add_argument(
+        "--log-format", choices=["json", "ocsf"], default="json",
+        help="json (default): one flat JSON object per event; ocsf: OCSF 1.7.0 objects, one per line (the --log-file "
+        "stays JSON)",
+    )  # fmt: skip
     b = p.add_argument_group("boundary")
     b.add_argument(
         "--listen",

@@ -7,9 +7,9 @@ it. The agent inherits this terminal's stdin, stdout and stderr; stdout carries 
 Talking to a person (docs/design.md "Events"): both daemons append their JSON events to
 ``$XDG_STATE_HOME/openshell-sandbox/<sandbox>/events.jsonl`` (kept after exit; ``supervisor/cli/state_dirs.py``),
 and dev mode tails that file to print a ready line and one human line per refusal on stderr
-(``supervisor/cli/dev_console.py``). ``--log-format json`` streams the JSON to stderr instead of those lines;
-``-q`` prints nothing of ours (fatal errors aside). The file is opened by each daemon close-on-exec, so no
-workload process inherits it. The exit code is the agent's (128+N for a signal; 125 when the
+(``supervisor/cli/dev_console.py``). ``--log-format json`` (or ``ocsf``) streams the events to stderr instead of
+those lines; ``-q`` prints nothing of ours (fatal errors aside). The file is opened by each daemon close-on-exec,
+so no workload process inherits it. The exit code is the agent's (128+N for a signal; 125 when the
 sandbox itself failed). On Ctrl-C or SIGTERM the agent is terminated and both daemons stop. Nothing is left:
 no process, no socket, no temporary directory.
 """
@@ -89,7 +89,8 @@ def run_dev(opts: DevOptions) -> int:
             return ExitCode.SELF_FAILED
         for note in plan.notes:
             say(f"openshell-sandbox: {note}")
-        log_flags = [f"--log-stream={'stderr' if opts.log_format == 'json' and not opts.quiet else 'none'}",
+        log_flags = [f"--log-stream={'stderr' if opts.log_format in ('json', 'ocsf') and not opts.quiet else 'none'}",
+                     f"--log-format={'ocsf' if opts.log_format == 'ocsf' else 'json'}",
                      f"--log-file={events_path(sandbox)}"]  # fmt: skip
         # Dev mode never probes (docs/design.md: no probe leaves the machine): the fence is acknowledged-unprobed.
         fence_flags = (

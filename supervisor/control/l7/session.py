@@ -674,7 +674,7 @@ class _Session:
             if exc.code is ErrorCode.CREDENTIAL_ENDPOINT_MISMATCH:
                 rec.extra["finding"] = "openshell.http.credential_endpoint_mismatch"
             return await self._refuse(conn, rec, ErrorResponse(exc.status, exc.code, exc.detail),
-                                      reason=str(exc.code), detail=exc.detail)  # fmt: skip
+                                      reason=str(exc.code), detail=exc.logged_detail)  # fmt: skip
         rec.credentials = rewritten.used
         headers = [(n.encode("ascii"), v.encode("utf-8")) for n, v in rewritten.headers]
         if self.creds.secrets_at(self.name, self.port):  # every request there, not only those that carried one
