@@ -33,7 +33,7 @@ operator commands (find the running sandbox's API socket by themselves; --api to
 --api https://HOST:PORT --cert DIR for control's --api-listen from outside the pod):
   dev       run CMD as the agent in a local two-process sandbox
   status    show the sandbox's status (readiness, lifecycle, policy)
-  logs      show control's recent events; -f follows them (--event KIND, --json)
+  logs      show control's recent events; -f follows them (--event KIND, --format human|json|ocsf)
   readyz    exit 0 when the sandbox is ready, 1 with the failing conditions
   exec      run a command in the workload (-i for stdin, -t for a terminal)
   attach    re-attach to a running exec by its handle (after its client died): buffered tail, then exit code
