@@ -27,8 +27,9 @@ from supervisor.protocol.ocsf import ocsf_lines
 
 __all__ = ["JsonLog", "LogFormat", "now_rfc3339", "open_log_file"]
 
-# Fields whose text the agent chooses and where it could spell a placeholder (a binary's name, a host, a path).
-_AGENT_TEXT = ("binary", "ancestors", "destination", "path", "name")
+# Fields whose text the agent chooses, or that quote it, where it could spell a placeholder (a binary's name, a
+# host, a path, a decision's explanation naming them).
+_AGENT_TEXT = ("binary", "ancestors", "cmdline_paths", "destination", "path", "name", "reason", "detail")
 
 
 class LogFormat(enum.StrEnum):

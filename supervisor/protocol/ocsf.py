@@ -10,8 +10,9 @@ Rules:
 1. A rendering reads the event's own fields and nothing else, so it says no more than the JSON line does: the
    redaction rules of §4.1 hold for both formats once they hold for the fields (no secret, placeholder, credential
    name, body or query string — the ``http`` event carries ``injected: N``, its path is query-free and redacted).
-2. ``actor.process.cmd_line`` is the binary's absolute path as control resolved it, any placeholder in it shown as
-   ``[CREDENTIAL]``, at most :data:`MAX_CMD_LINE` characters: never the agent's argv.
+2. ``actor.process.cmd_line`` is the binary's absolute path as control resolved it and the absolute paths among its
+   arguments that the boundary reported (``cmdline_paths``), any placeholder shown as ``[CREDENTIAL]``, at most
+   :data:`MAX_CMD_LINE` characters: never the agent's argv.
 3. The decision fields decide the outcome: ``allow`` is Allowed, ``deny`` (or a refusal) Denied/Blocked at Medium,
    ``error`` a Failure. Fields the class has no attribute for go to ``unmapped``, with the sandbox and component.
 """
@@ -217,7 +218,8 @@ _HTTP_ENGINE = {
     ErrorCode.CREDENTIAL_UNAVAILABLE: "credential-binding",
 }
 # fields the rendering places in OCSF attributes (everything else goes to ``unmapped``)
-_MAPPED = frozenset({"decision", "rule", "reason", "destination", "binary", "ancestors", "pid", "method", "path",
+_MAPPED = frozenset({"decision", "rule", "reason", "destination", "binary", "ancestors", "cmdline_paths", "pid",
+                     "method", "path",
                      "status", "bytes_in", "bytes_out", "bytes_up", "bytes_down", "duration_ms", "tls", "name",
                      "finding"})  # fmt: skip
 
@@ -273,6 +275,15 @@ def _endpoints(event: Event) -> dict[str, Any]:
     return out
 
 
+def _cmd_line(binary: str, argv_paths: FieldValue) -> str:
+    """Rule 2: the resolved binary, then the absolute paths of its argv that control was given (never the argv
+    itself), placeholders hidden, bounded."""
+    parts = [binary]
+    if isinstance(argv_paths, list):
+        parts += [str(p) for p in argv_paths[:32] if str(p).startswith("/")]
+    return scrub(" ".join(parts))[:MAX_CMD_LINE]
+
+
 def _actor(fields: Mapping[str, FieldValue]) -> dict[str, Any] | None:
     binary, pid = _text(fields.get("binary")), _int(fields.get("pid"))
     if binary is None and pid is None:
@@ -283,7 +294,7 @@ def _actor(fields: Mapping[str, FieldValue]) -> dict[str, Any] | None:
         process["name"] = posixpath.basename(path) or path
         if path.startswith("/"):
             process["path"] = path
-            process["cmd_line"] = path  # rule 2: the resolved binary, never the argv
+            process["cmd_line"] = _cmd_line(path, fields.get("cmdline_paths"))
     if pid is not None:
         process["pid"] = pid
     ancestors = fields.get("ancestors")

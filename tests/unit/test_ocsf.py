@@ -175,6 +175,9 @@ def test_cmd_line_is_the_resolved_binary_only_bounded_and_without_placeholders()
     line = ocsf_lines(event) + shorthand(event)
     assert "API_TOKEN" not in line and "resolve:env" not in line
     _check(obj)
+    argv = Event.build(EventName.EGRESS, "control", SANDBOX, **DECISION,
+                       cmdline_paths=["/work/in.txt", "-o", "/work/openshell:resolve:env:X"])  # fmt: skip
+    assert _objects(argv)[0]["actor"]["process"]["cmd_line"] == "/usr/bin/python3 /work/in.txt /work/[CREDENTIAL]"
     relative = _objects(Event.build(EventName.EGRESS, "control", SANDBOX, **{**DECISION, "binary": "curl"}))[0]
     assert "cmd_line" not in relative["actor"]["process"]  # only an absolute path control resolved
 
