@@ -20,11 +20,12 @@ Rules:
 from __future__ import annotations
 
 import enum
+import functools
 import ipaddress
 import json
 import posixpath
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -247,9 +248,12 @@ def _endpoint(destination: str | None, *, port: int | None = None) -> dict[str, 
         host = destination
     host = host.strip("[]")
     out: dict[str, Any] = {}
-    try:
-        out["ip"] = str(ipaddress.ip_address(host))
-    except ValueError:
+    if host[:1].isdigit() or ":" in host:  # only these can be IP literals: names skip the parse
+        try:
+            out["ip"] = str(ipaddress.ip_address(host))
+        except ValueError:
+            pass
+    if not out:
         out["hostname"] = scrub(host)
     if port is not None and 0 <= port <= 65535:
         out["port"] = port
@@ -384,15 +388,21 @@ def _message(event: Event) -> str:
     return scrub(" ".join(parts))
 
 
-def _unmapped(event: Event, keep: Callable[[str], bool]) -> dict[str, FieldValue]:
+def _unmapped(event: Event, mapped: frozenset[str]) -> dict[str, FieldValue]:
     out: dict[str, FieldValue] = {"component": event.component}
     if event.sandbox is not None:
         out["sandbox"] = event.sandbox
-    out.update((k, v) for k, v in event.fields.items() if keep(k))
+    out.update({k: v for k, v in event.fields.items() if k not in mapped})
     return out
 
 
 def _base(event: Event, activity: Activity, severity: Severity, time_ms: int) -> dict[str, Any]:
+    return {**_head(activity, severity), "time": time_ms, **_context(event.name, event.component, event.sandbox)}
+
+
+@functools.cache
+def _head(activity: Activity, severity: Severity) -> dict[str, Any]:
+    """The class, activity and severity attributes (a handful of combinations: built once each, never mutated)."""
     cls = activity.ocsf_class
     class_name, category_name, _ = _CLASS[cls]
     return {
@@ -400,12 +410,19 @@ def _base(event: Event, activity: Activity, severity: Severity, time_ms: int) ->
         "category_uid": int(cls) // 1000, "category_name": category_name,
         "activity_id": activity.activity_id, "activity_name": activity.caption,
         "type_uid": int(cls) * 100 + activity.activity_id, "type_name": f"{class_name}: {activity.caption}",
-        "time": time_ms, "severity_id": int(severity), "severity": _SEVERITY_NAME[int(severity)],
+        "severity_id": int(severity), "severity": _SEVERITY_NAME[int(severity)],
+    }  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1024)
+def _context(name: EventName, component: str, sandbox: str | None) -> dict[str, Any]:
+    """``metadata`` and ``device``: the product, the event's own name and who wrote it (shared, never mutated)."""
+    return {
         "metadata": {
             "version": OCSF_VERSION, "product": {"name": PRODUCT, "vendor_name": PRODUCT},
-            "profiles": ["host", "security_control"], "event_code": str(event.name), "log_provider": event.component,
+            "profiles": ["host", "security_control"], "event_code": str(name), "log_provider": component,
         },
-        "device": {"type_id": 0, "name": event.sandbox or event.component},
+        "device": {"type_id": 0, "name": sandbox or component},
     }  # fmt: skip
 
 
@@ -461,7 +478,7 @@ def _objects(event: Event) -> list[dict[str, Any]]:
     mapped = _MAPPED if cls is not OcsfClass.DETECTION_FINDING else frozenset({"reason"})
     if fields.get("method") not in HTTP_METHODS:  # OCSF names nine methods: another one stays in unmapped
         mapped = mapped - {"method"}
-    primary["unmapped"] = _unmapped(event, lambda k: k not in mapped)
+    primary["unmapped"] = _unmapped(event, mapped)
     objects = [primary]
     if finding_type is not None and cls is not OcsfClass.DETECTION_FINDING:
         objects.append(_finding(event, finding_type, primary, time_ms))
