@@ -288,6 +288,23 @@ def _cmd_line(binary: str, argv_paths: FieldValue) -> str:
     return scrub(" ".join(parts))[:MAX_CMD_LINE]
 
 
+def _workload_process(fields: Mapping[str, FieldValue]) -> dict[str, Any]:
+    """Process Activity's ``process``: the workload process by its handle (the boundary never names a pid in its
+    operations), its kind as the name, and its exit code when it ended with one."""
+    process: dict[str, Any] = {"uid": _text(fields.get("handle")) or "workload"}
+    kind, pid = _text(fields.get("kind")), _int(fields.get("pid"))
+    if kind is not None:
+        process["name"] = kind
+    if pid is not None:
+        process["pid"] = pid
+    out: dict[str, Any] = {"process": process}
+    result = fields.get("result")
+    code = _int(result.get("code")) if isinstance(result, dict) else _int(fields.get("code"))
+    if code is not None:
+        out["exit_code"] = code
+    return out
+
+
 def _actor(fields: Mapping[str, FieldValue]) -> dict[str, Any] | None:
     binary, pid = _text(fields.get("binary")), _int(fields.get("pid"))
     if binary is None and pid is None:
@@ -465,11 +482,8 @@ def _objects(event: Event) -> list[dict[str, Any]]:
                 primary["http_response"] = {"code": status}
     actor = _actor(fields)
     if cls is OcsfClass.PROCESS_ACTIVITY:
-        primary["actor"] = actor or {"app_name": event.component}
-        primary["process"] = (actor or {}).get("process") or {
-            "name": event.component,
-            "uid": _text(fields.get("handle")) or "-",
-        }
+        primary["actor"] = {"app_name": event.component}  # the daemon that started or ended it
+        primary.update(_workload_process(fields))
     elif actor is not None and cls is not OcsfClass.DETECTION_FINDING:
         primary["actor"] = actor
     finding_type = mapping.finding or _text(fields.get("finding"))
