@@ -169,7 +169,8 @@ def test_logs_follow_shows_a_running_sandboxs_refusals_from_another_process(env:
         objects = json_lines(ocsf.stdout)
         assert [(o["class_uid"], o["activity_id"], o["action_id"], o["disposition_id"]) for o in objects] == [
             (4001, 1, 2, 2)] * 2  # fmt: skip
-        assert {o["actor"]["process"]["cmd_line"] for o in objects} == {"/usr/bin/curl"}  # never the argv
+        # the binary and the absolute paths among its arguments (curl's -o /dev/null), never the argv (its URL)
+        assert {o["actor"]["process"]["cmd_line"] for o in objects} == {"/usr/bin/curl /dev/null"}
     finally:
         sandbox.stdin.close()  # the agent's loop ends: the sandbox stops
         sandbox.wait(timeout=60)
