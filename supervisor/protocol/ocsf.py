@@ -25,7 +25,7 @@ import ipaddress
 import json
 import posixpath
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,17 @@ from supervisor.protocol.event_record import Event, FieldValue
 from supervisor.protocol.responses import ErrorCode
 from supervisor.protocol.upstream_reasons import UpstreamReason
 
-__all__ = ["OCSF_MAP", "OCSF_VERSION", "Activity", "OcsfClass", "OcsfMapping", "Severity", "ocsf_lines", "shorthand"]
+__all__ = [
+    "OCSF_MAP",
+    "OCSF_VERSION",
+    "Activity",
+    "OcsfClass",
+    "OcsfMapping",
+    "Severity",
+    "ocsf_lines",
+    "placeholder_scrub",
+    "shorthand",
+]
 
 OCSF_VERSION = "1.7.0"
 PRODUCT = "openshell-sandbox"
@@ -236,6 +246,21 @@ def _int(value: FieldValue) -> int | None:
 def scrub(text: str) -> str:
     """``text`` with every canonically spelled placeholder shown as ``[CREDENTIAL]``."""
     return _PLACEHOLDER.sub(REDACTED, text) if "penshell" in text or "PENSHELL" in text else text
+
+
+def placeholder_scrub(placeholders: Iterable[str]) -> Callable[[str], str]:
+    """:func:`scrub` that also hides the given placeholders (custom spellings from a credentials file): the
+    boundary's, which knows the agent's placeholders from ``attach`` but not the credentials behind them."""
+    custom = sorted({p for p in placeholders if p and _PLACEHOLDER.fullmatch(p) is None}, key=len, reverse=True)
+
+    def run(text: str) -> str:
+        text = scrub(text)
+        for placeholder in custom:
+            if placeholder in text:
+                text = text.replace(placeholder, REDACTED)
+        return text
+
+    return run
 
 
 def _endpoint(destination: str | None, *, port: int | None = None) -> dict[str, Any] | None:

@@ -206,3 +206,23 @@ def test_build_normalises_values_and_keeps_the_common_keys() -> None:
     fields = {"path": Path("/run/x"), "pair": (1, "a"), "none": None, "event": "forged", "time": "0"}
     event = Event.build(EventName.API_LISTENING, "control", SANDBOX, **fields)
     assert event.fields == {"path": "/run/x", "pair": [1, "a"]} and event.name is EventName.API_LISTENING
+
+
+def test_a_log_with_the_placeholders_hides_them_in_every_agent_chosen_field() -> None:
+    """The boundary knows the agent's placeholders (custom spellings too) from attach; control knows them from its
+    credentials. A binary, a path or a reason spelling one is written with ``[CREDENTIAL]`` in both formats."""
+    import io
+
+    from supervisor.jsonlog import JsonLog, LogFormat
+    from supervisor.protocol.ocsf import placeholder_scrub
+
+    custom = "my-custom-token-placeholder-01"
+    for form in LogFormat:
+        stream = io.StringIO()
+        log = JsonLog("boundary", stream=stream, sandbox=SANDBOX, log_format=form)
+        log.scrub = placeholder_scrub(["openshell:resolve:env:API_TOKEN", custom])
+        log.emit(EventName.EGRESS_REFUSED, reason="no-egress-link", destination=f"{custom}.test:443",
+                 binary=f"/work/{custom}", detail="openshell:resolve:env:API_TOKEN")  # fmt: skip
+        text = stream.getvalue()
+        assert custom not in text and "resolve:env" not in text and "API_TOKEN" not in text, text
+        assert "/work/[CREDENTIAL]" in text
