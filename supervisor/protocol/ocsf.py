@@ -217,9 +217,8 @@ OCSF_MAP: dict[EventName, OcsfMapping] = {
 }
 del E
 
-HTTP_METHODS = frozenset(
-    {"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE"}
-)  # OCSF's enum
+# the methods OCSF's http_method enumerates; another one stays in ``unmapped``
+HTTP_METHODS = frozenset({"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE"})
 _REFUSED = frozenset({"deny", "denied", "refused"})
 _SSRF = frozenset({UpstreamReason.INTERNAL_ADDRESS, UpstreamReason.ALWAYS_BLOCKED, UpstreamReason.NOT_IN_ALLOWED_IPS,
                    UpstreamReason.CONTROL_PLANE_PORT, UpstreamReason.CONTROL_LOCAL})  # fmt: skip
@@ -228,11 +227,13 @@ _HTTP_ENGINE = {
     ErrorCode.CREDENTIAL_ENDPOINT_MISMATCH: "credential-binding",
     ErrorCode.CREDENTIAL_UNAVAILABLE: "credential-binding",
 }
-# fields the rendering places in OCSF attributes (everything else goes to ``unmapped``)
-_MAPPED = frozenset({"decision", "rule", "reason", "destination", "binary", "ancestors", "cmdline_paths", "pid",
-                     "method", "path",
-                     "status", "bytes_in", "bytes_out", "bytes_up", "bytes_down", "duration_ms", "tls", "name",
-                     "finding"})  # fmt: skip
+# fields the rendering places in OCSF attributes, by where (everything else goes to ``unmapped``, so nothing the JSON
+# line says is lost): any class, a network class, an HTTP request, a DNS question, the process behind an actor
+_MAPPED_ANY = frozenset({"reason", "finding"})
+_MAPPED_NETWORK = frozenset({"decision", "rule", "destination", "bytes_in", "bytes_out", "bytes_up", "bytes_down",
+                             "duration_ms"})  # fmt: skip
+_MAPPED_HTTP = frozenset({"path", "status", "tls"})
+_MAPPED_ACTOR = frozenset({"binary", "ancestors", "cmdline_paths", "pid"})
 
 
 def _text(value: FieldValue) -> str | None:
@@ -305,8 +306,8 @@ def _endpoints(event: Event) -> dict[str, Any]:
 
 
 def _cmd_line(binary: str, argv_paths: FieldValue) -> str:
-    """Rule 2: the resolved binary, then the absolute paths of its argv that control was given (never the argv
-    itself), placeholders hidden, bounded."""
+    """Rule 2: the resolved binary, then the absolute paths among its arguments that control was given (never the
+    argv itself), placeholders hidden, bounded."""
     parts = [binary]
     if isinstance(argv_paths, list):
         parts += [str(p) for p in argv_paths[:32] if str(p).startswith("/")]
@@ -430,6 +431,22 @@ def _message(event: Event) -> str:
     return scrub(" ".join(parts))
 
 
+def _mapped(event: Event, cls: OcsfClass, with_actor: bool) -> frozenset[str]:
+    """The fields this rendering placed in OCSF attributes."""
+    mapped = _MAPPED_ANY
+    if cls in (OcsfClass.NETWORK_ACTIVITY, OcsfClass.HTTP_ACTIVITY):
+        mapped |= _MAPPED_NETWORK
+        if event.name is EventName.DNS:
+            mapped |= {"name"}
+        if event.name is EventName.HTTP:
+            mapped |= _MAPPED_HTTP | ({"method"} if event.fields.get("method") in HTTP_METHODS else set())
+    if with_actor:
+        mapped |= _MAPPED_ACTOR
+    elif cls is OcsfClass.PROCESS_ACTIVITY:
+        mapped |= {"pid"}
+    return mapped
+
+
 def _unmapped(event: Event, mapped: frozenset[str]) -> dict[str, FieldValue]:
     out: dict[str, FieldValue] = {"component": event.component}
     if event.sandbox is not None:
@@ -514,10 +531,9 @@ def _objects(event: Event) -> list[dict[str, Any]]:
     finding_type = mapping.finding or _text(fields.get("finding"))
     if cls is OcsfClass.DETECTION_FINDING:
         primary["finding_info"] = _finding_info(event, finding_type or str(event.name), time_ms)
-    mapped = _MAPPED if cls is not OcsfClass.DETECTION_FINDING else frozenset({"reason"})
-    if fields.get("method") not in HTTP_METHODS:  # OCSF names nine methods: another one stays in unmapped
-        mapped = mapped - {"method"}
-    primary["unmapped"] = _unmapped(event, mapped)
+    primary["unmapped"] = _unmapped(
+        event, _mapped(event, cls, "actor" in primary and cls is not OcsfClass.PROCESS_ACTIVITY)
+    )
     objects = [primary]
     if finding_type is not None and cls is not OcsfClass.DETECTION_FINDING:
         objects.append(_finding(event, finding_type, primary, time_ms))

@@ -226,3 +226,16 @@ def test_a_log_with_the_placeholders_hides_them_in_every_agent_chosen_field() ->
         text = stream.getvalue()
         assert custom not in text and "resolve:env" not in text and "API_TOKEN" not in text, text
         assert "/work/[CREDENTIAL]" in text
+
+
+def test_what_no_attribute_holds_stays_in_unmapped() -> None:
+    """Nothing the JSON line says is lost: a field the class places nowhere is in ``unmapped``."""
+    policy = _objects(Event.build(EventName.POLICY_GENERATION, "control", SANDBOX, generation=4, status="quarantined"))
+    assert policy[0]["unmapped"]["status"] == "quarantined" and policy[0]["unmapped"]["generation"] == 4
+    api = _objects(Event.build(EventName.API_LISTENING, "control", SANDBOX, path="/run/openshell-sandbox/s/api.sock"))
+    assert api[0]["unmapped"]["path"] == "/run/openshell-sandbox/s/api.sock"
+    odd = _objects(
+        Event.build(EventName.HTTP, "control", SANDBOX, **{**HTTP, "decision": "deny", "method": "PROPFIND"})
+    )
+    assert "http_method" not in odd[0]["http_request"] and odd[0]["unmapped"]["method"] == "PROPFIND"
+    _check(odd[0])
