@@ -22,6 +22,7 @@ from __future__ import annotations
 import enum
 import functools
 import ipaddress
+import itertools
 import json
 import posixpath
 import re
@@ -558,7 +559,35 @@ def _finding(event: Event, finding_type: str, primary: Mapping[str, Any], time_m
 
 def ocsf_lines(event: Event) -> str:
     """The event's OCSF objects, one JSON line each (newlines included)."""
-    return "".join(json.dumps(obj, separators=(",", ":"), ensure_ascii=False) + "\n" for obj in _objects(event))
+    return "".join(_line(event, obj) for obj in _objects(event))
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+# An object starts with _head's attributes, "time", then _context's: those are the same for every event of a kind,
+# so their JSON is written once per kind and the line is that text around the event's own part.
+_HEAD_LEN = 10
+_FIXED: dict[tuple[object, ...], tuple[str, str]] = {}
+
+
+def _line(event: Event, obj: dict[str, Any]) -> str:
+    key = (obj["class_uid"], obj["activity_id"], obj["severity_id"], event.name, event.component, event.sandbox)
+    fixed = _FIXED.get(key)
+    if fixed is None:
+        items = list(obj.items())
+        assert items[_HEAD_LEN][0] == "time" and [k for k, _ in items[_HEAD_LEN + 1 : _HEAD_LEN + 3]] == [
+            "metadata", "device"]  # fmt: skip
+        head = _dumps(dict(items[:_HEAD_LEN]))[:-1] + ',"time":'
+        context = "," + _dumps(dict(items[_HEAD_LEN + 1 : _HEAD_LEN + 3]))[1:-1]
+        if len(_FIXED) >= 4096:
+            _FIXED.clear()
+        fixed = _FIXED[key] = (head, context)
+    rest = dict(itertools.islice(obj.items(), _HEAD_LEN + 3, None))
+    return (
+        f"{fixed[0]}{obj['time']}{fixed[1]},{_dumps(rest)[1:]}\n" if rest else f"{fixed[0]}{obj['time']}{fixed[1]}}}\n"
+    )
 
 
 _SHORT_ACTIVITY = {Activity.NET_TRAFFIC: "DNS"}

@@ -14,6 +14,7 @@ from typing import Any
 import jsonschema
 import pytest
 
+from supervisor.protocol import ocsf
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.event_record import Event
 from supervisor.protocol.ocsf import MAX_CMD_LINE, OCSF_MAP, OcsfClass, ocsf_lines, shorthand
@@ -90,7 +91,9 @@ def _validator(uid: int, profiles: frozenset[str]) -> jsonschema.Draft202012Vali
 def _objects(event: Event) -> list[dict[str, Any]]:
     lines = ocsf_lines(event)
     assert lines.endswith("\n")
-    return [json.loads(line) for line in lines.splitlines()]
+    parsed = [json.loads(line) for line in lines.splitlines()]
+    assert parsed == ocsf._objects(event)  # the line's fixed parts, written once per kind, say the same
+    return parsed
 
 
 def _check(obj: dict[str, Any]) -> None:
