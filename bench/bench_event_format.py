@@ -8,7 +8,7 @@ inspected listeners (``supervisor.control.l7.inspect``: TLS terminated, every re
 resolved, one event each) that differ only in their log's format, each writing to ``/dev/null`` as a daemon writes
 to its stdout. The same keep-alive workload runs on each listener in turn, ``--rounds`` times, alternating which
 goes first; reported: this process's CPU (``time.process_time``) per request for each format, and their ratio
-(the goal: ``ocsf`` ≤ 1.10 × ``json``). A second part times the event builder alone (``JsonLog.emit`` of an
+(the target: ``ocsf`` ≤ 1.10 × ``json``). A second part times the event builder alone (``JsonLog.emit`` of an
 ``http`` and an ``egress`` event) in both formats.
 
 With ``--json`` every result is one JSON row ``{"name", "unit", "value", ...}`` (bench/micro.py's contract).
@@ -121,7 +121,7 @@ async def run_inspected(args: argparse.Namespace) -> list[dict[str, object]]:
             "ratio",
             ocsf_us / json_us,
             runs=args.rounds,
-            goal="<= 1.10",
+            target=1.10,
         ),
     ]
 
@@ -164,7 +164,7 @@ def main() -> None:
             print(json.dumps(row))
         return
     for row in rows:
-        extra = f"  ({row['goal']})" if "goal" in row else ""
+        extra = f"  (target <= {row['target']})" if "target" in row else ""
         print(f"{row['name']:<72} {row['value']:>10} {row['unit']}{extra}")
 
 
