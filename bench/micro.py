@@ -1,7 +1,7 @@
 """Running the project's micro-benchmarks (policy decision, exec round trip, TLS handshake, connect identity)
 as extra rows.
 
-The contract with those scripts (``bench/bench_policy.py``, ``bench/bench_exec.py``,
+The contract with those scripts (``bench/bench_policy.py``, ``bench/bench_exec.py``, ``bench/bench_event_format.py``,
 ``bench/bench_handshake.py``), each run as ``python3 bench/bench_X.py --json [--quick]``:
 
 * ``--quick`` is passed in quick mode only when the script's ``--help`` mentions it;
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SCRIPTS = ("bench_policy.py", "bench_exec.py", "bench_exec_e2e.py", "bench_exec_cpu.py", "bench_handshake.py",
-           "bench_l7.py", "bench_connect_identity.py", "bench_link.py")  # fmt: skip
+           "bench_l7.py", "bench_connect_identity.py", "bench_link.py", "bench_event_format.py")  # fmt: skip
 NUMBER_FIELDS = ("p50", "p99", "min", "max", "target")
 
 

@@ -1,20 +1,20 @@
-"""One JSON object per line: the daemons' log and event format (docs/design.md "Events").
+"""The daemons' one event builder and where its lines go (docs/design.md "Events").
 
-Both daemons use it, so it lives outside ``control`` and ``boundary``. Every line has ``time`` (RFC 3339, UTC,
-milliseconds), ``event`` and the emitting ``component``; everything else is flat keyword fields. Values that
-are not JSON types are rendered with ``str``. A line is written with a single ``write`` so lines from
-concurrent tasks never interleave.
+Both daemons use it, so it lives outside ``control`` and ``boundary``. :meth:`JsonLog.emit` builds one typed
+:class:`~supervisor.protocol.event_record.Event` (``time``, ``event``, the emitting ``component``, ``sandbox``,
+then flat keyword fields; values that are not JSON types become their ``str``) and renders it per ``--log-format``:
+``json``, the flat JSON line, or ``ocsf``, OCSF 1.7.0 objects (``supervisor/protocol/ocsf.py``). A rendering is
+written with a single ``write`` so lines from concurrent tasks never interleave.
 
-Where lines go (docs/design.md "Events"): the stream (stdout in containers, ``--log-stream``), and also a
-file when one is given (``--log-file``: dev mode's ``events.jsonl``, which both daemons append to). The file
-is opened ``O_APPEND`` (lines of the two daemons never interleave), 0600, never through a symlink, and
-close-on-exec so no workload process inherits it.
+Where lines go (docs/design.md "Events"): the stream (stdout in containers, ``--log-stream``) in the chosen format,
+and also a file when one is given (``--log-file``: dev mode's ``events.jsonl``, which both daemons append to),
+always as JSON: dev's terminal reads it. The file is opened ``O_APPEND`` (lines of the two daemons never
+interleave), 0600, never through a symlink, and close-on-exec so no workload process inherits it.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
+import enum
 import os
 import sys
 from collections.abc import Callable
@@ -22,6 +22,21 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.event_record import Event, now_rfc3339
+from supervisor.protocol.ocsf import ocsf_lines
+
+__all__ = ["JsonLog", "LogFormat", "now_rfc3339", "open_log_file"]
+
+# Fields whose text the agent chooses, or that quote it, where it could spell a placeholder (a binary's name, a
+# host, a path, a decision's explanation naming them).
+_AGENT_TEXT = ("binary", "ancestors", "cmdline_paths", "destination", "path", "name", "reason", "detail")
+
+
+class LogFormat(enum.StrEnum):
+    """``--log-format``: how the stream's lines read."""
+
+    JSON = "json"
+    OCSF = "ocsf"
 
 
 class JsonLog:
@@ -33,38 +48,53 @@ class JsonLog:
         sandbox: str | None = None,
         file: TextIO | None = None,
         to_stream: bool = True,
+        log_format: LogFormat = LogFormat.JSON,
     ) -> None:
         self.component = component
         self.sandbox = sandbox
         self._stream = stream
         self.file = file
         self.to_stream = to_stream
-        self.tap: Callable[[dict[str, Any]], None] | None = None  # control's event buffer (GET /v1/events)
+        self.log_format = log_format
+        self.tap: Callable[[Event], None] | None = None  # control's event buffer (GET /v1/events)
+        # control's credentials: every placeholder spelling in agent-chosen text becomes [CREDENTIAL]
+        self.scrub: Callable[[str], str] | None = None
 
     @property
     def stream(self) -> TextIO:
         return self._stream if self._stream is not None else sys.stdout
 
     def emit(self, event: EventName, **fields: Any) -> None:
-        record: dict[str, Any] = {"time": now_rfc3339(), "event": event, "component": self.component}
-        if self.sandbox is not None:
-            record["sandbox"] = self.sandbox
-        record.update({k: v for k, v in fields.items() if v is not None})
+        if self.scrub is not None:
+            self._scrub(fields, self.scrub)
+        record = Event.build(event, self.component, self.sandbox, **fields)
         if self.tap is not None:
             self.tap(record)
-        line = json.dumps(record, default=str, separators=(",", ":"), ensure_ascii=False) + "\n"
-        for sink in (self.stream if self.to_stream else None, self.file):
-            if sink is None:
-                continue
-            try:
-                sink.write(line)
-                sink.flush()
-            except (OSError, ValueError):
-                pass  # the reader went away or the disk is full; logging must never take a daemon down
+        stream = self.stream if self.to_stream else None
+        if stream is None and self.file is None:
+            return
+        json_line = record.json_line() if self.file is not None or self.log_format is LogFormat.JSON else ""
+        self._write(stream, json_line if self.log_format is LogFormat.JSON else ocsf_lines(record))
+        self._write(self.file, json_line)
 
+    @staticmethod
+    def _scrub(fields: dict[str, Any], scrub: Callable[[str], str]) -> None:
+        for key in _AGENT_TEXT:
+            value = fields.get(key)
+            if isinstance(value, str):
+                fields[key] = scrub(value)
+            elif isinstance(value, list | tuple):
+                fields[key] = [scrub(v) if isinstance(v, str) else v for v in value]
 
-def now_rfc3339() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    @staticmethod
+    def _write(sink: TextIO | None, text: str) -> None:
+        if sink is None:
+            return
+        try:
+            sink.write(text)
+            sink.flush()
+        except (OSError, ValueError):
+            pass  # the reader went away or the disk is full; logging must never take a daemon down
 
 
 def open_log_file(path: Path) -> TextIO:

@@ -100,6 +100,7 @@ def test_run_all_names_missing_scripts(tmp_path: Path) -> None:
         "bench_l7.py": "not written yet",
         "bench_connect_identity.py": "not written yet",
         "bench_link.py": "not written yet",
+        "bench_event_format.py": "not written yet",
     }
 
 

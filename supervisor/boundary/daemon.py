@@ -92,6 +92,7 @@ from supervisor.protocol.exit_result import EndReason
 from supervisor.protocol.fence_canary import CanaryReport, parse_canary
 from supervisor.protocol.fingerprint import pem_fingerprint
 from supervisor.protocol.lifecycle import Lifecycle, Op, State
+from supervisor.protocol.ocsf import placeholder_scrub
 from supervisor.protocol.process_ops import (
     parse_exec_request,
     parse_forward_request,
@@ -411,6 +412,7 @@ class BoundaryDaemon:
                 raise OpError(ErrorKind.INVALID if isinstance(exc, TrustError) else ErrorKind.FAILED,
                               f"interception CA: {exc}", field="interception_ca_pem") from None  # fmt: skip
         self.attach = attach
+        self.log.scrub = placeholder_scrub(attach.credential_placeholders.values())  # §4.1: never in an event
         self.policy_generation_acked = attach.policy_generation
         if netns:
             fds = dict(self.prepared.fds)

@@ -41,7 +41,7 @@ operator commands (find the running sandbox's API socket by themselves; --api to
 --api https://HOST:PORT --cert DIR for control's --api-listen from outside the pod):
   dev       run CMD as the agent in a local two-process sandbox
   status    show the sandbox's status (readiness, lifecycle, policy)
-  logs      show control's recent events; -f follows them (--event KIND, --json)
+  logs      show control's recent events; -f follows them (--event KIND, --format human|json|ocsf)
   readyz    exit 0 when the sandbox is ready, 1 with the failing conditions
   exec      run a command in the workload (-i for stdin, -t for a terminal)
   attach    re-attach to a running exec by its handle (after its client died): buffered tail, then exit code
@@ -81,6 +81,11 @@ def daemon_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap", required=True, type=Path, help="this role's bootstrap bundle directory")
     p.add_argument("--log-stream", choices=["stdout", "stderr", "none"], default="stdout", help="where JSON events go")
     p.add_argument("--log-file", type=Path, help="also append the JSON events to this file (created 0600)")
+    p.add_argument(
+        "--log-format", choices=["json", "ocsf"], default="json",
+        help="json (default): one flat JSON object per event; ocsf: OCSF 1.7.0 objects, one per line (the --log-file "
+        "stays JSON)",
+    )  # fmt: skip
     b = p.add_argument_group("boundary")
     b.add_argument(
         "--listen",

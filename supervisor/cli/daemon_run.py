@@ -51,7 +51,7 @@ def run_daemon(argv: list[str]) -> int:
 
 def _daemon_log(args: argparse.Namespace, component: str, sandbox: str, stream: Any) -> Any:
     """The daemon's JsonLog per ``--log-stream``/``--log-file``; ``None`` (reported) when the file cannot be opened."""
-    from supervisor.jsonlog import JsonLog, open_log_file
+    from supervisor.jsonlog import JsonLog, LogFormat, open_log_file
 
     file = None
     if args.log_file is not None:
@@ -60,7 +60,8 @@ def _daemon_log(args: argparse.Namespace, component: str, sandbox: str, stream: 
         except OSError as exc:
             _err(f"--log-file: cannot open {args.log_file}: {exc.strerror or exc}")
             return None
-    return JsonLog(component, stream=stream, sandbox=sandbox, file=file, to_stream=args.log_stream != "none")
+    return JsonLog(component, stream=stream, sandbox=sandbox, file=file, to_stream=args.log_stream != "none",
+                   log_format=LogFormat(args.log_format))  # fmt: skip
 
 
 def _run_boundary(args: argparse.Namespace, stream: Any) -> int:

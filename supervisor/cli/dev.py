@@ -9,9 +9,9 @@ With one (stdin and stdout a terminal, or ``-t``) the agent gets a terminal of i
 Talking to a person (docs/design.md "Events"): both daemons append their JSON events to
 ``$XDG_STATE_HOME/openshell-sandbox/<sandbox>/events.jsonl`` (kept after exit; ``supervisor/cli/state_dirs.py``),
 and dev mode tails that file to print a ready line and one human line per refusal on stderr
-(``supervisor/cli/dev_console.py``). ``--log-format json`` streams the JSON to stderr instead of those lines;
-``-q`` prints nothing of ours (fatal errors aside). The file is opened by each daemon close-on-exec, so no
-workload process inherits it. The exit code is the agent's (128+N for a signal; 125 when the
+(``supervisor/cli/dev_console.py``). ``--log-format json`` (or ``ocsf``) streams the events to stderr instead of
+those lines; ``-q`` prints nothing of ours (fatal errors aside). The file is opened by each daemon close-on-exec,
+so no workload process inherits it. The exit code is the agent's (128+N for a signal; 125 when the
 sandbox itself failed). On Ctrl-C or SIGTERM the agent is terminated and both daemons stop; Ctrl-C without a
 terminal of the agent's exits 130 (with one, Ctrl-C is the agent's). Nothing is left: no process, no socket, no
 temporary directory, no cgroup.
@@ -94,7 +94,8 @@ def run_dev(opts: DevOptions) -> int:
             return ExitCode.SELF_FAILED
         for note in plan.notes:
             say(f"openshell-sandbox: {note}")
-        log_flags = [f"--log-stream={'stderr' if opts.log_format == 'json' and not opts.quiet else 'none'}",
+        log_flags = [f"--log-stream={'stderr' if opts.log_format in ('json', 'ocsf') and not opts.quiet else 'none'}",
+                     f"--log-format={'ocsf' if opts.log_format == 'ocsf' else 'json'}",
                      f"--log-file={events_path(sandbox)}"]  # fmt: skip
         # Dev mode never probes (docs/design.md: no probe leaves the machine): the fence is acknowledged-unprobed.
         fence_flags = (

@@ -124,7 +124,7 @@ def _console(opts: DevOptions, sandbox: str) -> tuple[Callable[[], None], Callab
         if not opts.quiet:
             print(message, file=sys.stderr, flush=True)
 
-    if opts.quiet or opts.log_format == "json":
+    if opts.quiet or opts.log_format in ("json", "ocsf"):
         return (lambda: None), say
     policy = opts.policy.resolve() if opts.policy is not None else _default_policy_file()
     label = str(opts.policy) if opts.policy is not None else "embedded deny-all"

@@ -5,8 +5,9 @@ prints, on stderr, a few human lines instead of the JSON:
 
 * one **ready line** when control reports the agent running: the sandbox's name, the policy and its
   generation, the fence and privilege model, the command for a shell, where the log is;
-* one **refusal line** per refused connection (and per refused request inside an inspected tunnel): the
-  binary, the destination, the reason, and the ``policy decide`` command that explains the decision;
+* one **refusal line** per refused connection (and per refused request inside an inspected tunnel): its OCSF
+  shorthand (``NET:OPEN [MED] DENIED curl(42) -> blocked.test:443 [reason:…]``: the binary, the destination, the
+  reason) and the ``policy decide`` command that explains the decision;
 * one line per name the DNS stub refused, once per name;
 * one line when the boundary refused the sandbox's set-up (it then exits) or lost enforcement (the fence
   changed under a running workload: every workload process was killed);
@@ -32,7 +33,9 @@ from typing import Any
 
 from supervisor.cli.human import clean, format_size
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.event_record import Event
 from supervisor.protocol.exit_result import EndReason
+from supervisor.protocol.ocsf import shorthand
 
 PREFIX = "openshell-sandbox: "
 REFUSED = {"deny", "denied", "refused"}
@@ -118,14 +121,8 @@ class Console:
         return f" ({clean(probe)})" if probe not in (None, "captured", "canary") else ""
 
     def _refusal_line(self, event: Mapping[str, Any]) -> str:
-        destination = str(event.get("destination") or "?")
-        binary = event.get("binary")
-        who = clean(binary) if binary else "a process"
-        what = clean(destination)
-        if event.get("event") == EventName.HTTP and event.get("method"):
-            what = f"{clean(event['method'])} {clean(destination)}{clean(event.get('path') or '')}"
-        reason = clean(event.get("reason") or event.get("detail") or "refused")
-        line = f"{PREFIX}refused {who} → {what}: {reason}"
+        """The OCSF shorthand of the refusal (docs/reference/policy.md §4.1), then the command that explains it."""
+        line = f"{PREFIX}{clean(shorthand(Event.from_wire(event)))}"
         explain = self.explain_command(event)
         return f"{line} (why: {explain})" if explain else line
 

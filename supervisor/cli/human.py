@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.event_record import Event
+from supervisor.protocol.ocsf import shorthand
 
 DECISION_EVENTS = (EventName.EGRESS, EventName.EGRESS_REFUSED, EventName.HTTP, EventName.DNS)
 _QUIET_FIELDS = ("time", "event", "component", "sandbox")
@@ -46,6 +48,18 @@ def summary(event: Mapping[str, Any]) -> str:
     if len(text) > MAX_FIELDS_TEXT:
         text = text[: MAX_FIELDS_TEXT - 1] + "…"
     return f"{head}  {clean(text)}" if text else head
+
+
+def event_line(raw: Mapping[str, Any]) -> str:
+    """One line for ``openshell-sandbox logs``: time, component, then the OCSF shorthand of docs/reference/policy.md
+    §4.1 (``NET:OPEN [MED] DENIED python3(42) -> blocked.com:443 [reason:…]``); :func:`summary` for an event this
+    client has no mapping for (a newer control's)."""
+    try:
+        event = Event.from_wire(raw)
+    except ValueError:
+        return summary(raw)
+    clock = event.time[11:23] if len(event.time) >= 23 else event.time
+    return f"{clean(clock)}  {clean(event.component):<8} {clean(shorthand(event))}"
 
 
 def _decision(event: Mapping[str, Any]) -> str:

@@ -70,11 +70,12 @@ def command_parser() -> argparse.ArgumentParser:
     )
     dev.add_argument(
         "--log-format",
-        choices=["text", "json"],
+        choices=["text", "json", "ocsf"],
         default="text",
         help="text (default): a ready line and one line per refused connection on stderr, the JSON events in "
         "$XDG_STATE_HOME/openshell-sandbox/<sandbox>/events.jsonl; json: those events on stderr instead of the "
-        "human lines (the file is still written)",
+        "human lines (the file is still written); ocsf: the same events as OCSF 1.7.0 objects on stderr (the file "
+        "stays JSON)",
     )
     dev.add_argument(
         "--pids-limit", type=int, metavar="N",

@@ -36,6 +36,7 @@ from supervisor.link.rpc import call, open_channel
 from supervisor.protocol.agent_ended import after_agent_end
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.event_record import Event
 from supervisor.protocol.exit_result import ExitResult
 from supervisor.protocol.lifecycle import Op
 from supervisor.protocol.runtime_dir import ensure_runtime_base
@@ -374,10 +375,8 @@ class _HangupAware(trio.abc.HalfCloseableStream):
         await self._stream.aclose()
 
 
-def _json_lines(events: list[dict[str, Any]]) -> bytes:
-    return b"".join(
-        json.dumps(event, default=str, separators=(",", ":"), ensure_ascii=False).encode() + b"\n" for event in events
-    )
+def _json_lines(events: list[Event]) -> bytes:
+    return "".join(event.json_line() for event in events).encode()
 
 
 async def _cancel_at_eof(stream: trio.abc.ReceiveStream, scope: trio.CancelScope) -> None:

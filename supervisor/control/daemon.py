@@ -31,6 +31,7 @@ from supervisor.control.certificates import CertificateFacts, expiring
 from supervisor.control.dialer import Backoff, BackoffGroup
 from supervisor.control.egress import EgressService, Interception
 from supervisor.control.events import EventBuffer
+from supervisor.control.l7.rewrite import redact_path
 from supervisor.control.local_net import LocalNetwork
 from supervisor.control.policy import PolicyStore
 from supervisor.control.proxy_listener import ProxyListenConfig, ProxyListener
@@ -119,6 +120,8 @@ class ControlDaemon:
         self.log = cfg.log
         self.events = EventBuffer()  # every event control logs, recent ones served by GET /v1/events
         self.log.tap = self.events.record
+        if cfg.interception is not None:  # placeholders the agent spells in a binary's name or a host: [CREDENTIAL]
+            self.log.scrub = functools.partial(redact_path, cfg.interception.credentials)
         self.policy = cfg.policy
         self.ops: Link | None = None
         self.ops_ready = trio.Event()

@@ -19,26 +19,27 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import trio
+
+from supervisor.protocol.event_record import Event
 
 DEFAULT_CAPACITY = 2000
 
 
-def matches(event: Mapping[str, Any], kinds: Sequence[str]) -> bool:
+def matches(event: Event, kinds: Sequence[str]) -> bool:
     """Whether ``event`` is of one of ``kinds`` (all events when ``kinds`` is empty)."""
     if not kinds:
         return True
-    name = str(event.get("event", ""))
+    name = str(event.name)
     return any(name == kind or name.startswith(kind + ".") for kind in kinds)
 
 
 class EventBuffer:
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self._lock = threading.Lock()
-        self._ring: deque[tuple[int, dict[str, Any]]] = deque(maxlen=capacity)
+        self._ring: deque[tuple[int, Event]] = deque(maxlen=capacity)
         self._seq = 0
         self._changed = trio.Event()
         self._token: trio.lowlevel.TrioToken | None = None
@@ -51,7 +52,7 @@ class EventBuffer:
     def last_seq(self) -> int:
         return self._seq
 
-    def record(self, event: dict[str, Any]) -> None:
+    def record(self, event: Event) -> None:
         with self._lock:
             self._seq += 1
             self._ring.append((self._seq, event))
@@ -74,13 +75,13 @@ class EventBuffer:
         self._changed.set()
         self._changed = trio.Event()
 
-    def tail(self, count: int, kinds: Sequence[str] = ()) -> tuple[list[dict[str, Any]], int]:
+    def tail(self, count: int, kinds: Sequence[str] = ()) -> tuple[list[Event], int]:
         """The last ``count`` matching events, oldest first, and the sequence number they reach."""
         with self._lock:
             chosen = [event for _, event in self._ring if matches(event, kinds)]
             return (chosen[-count:] if count > 0 else []), self._seq
 
-    def after(self, seq: int, kinds: Sequence[str] = ()) -> tuple[list[dict[str, Any]], int]:
+    def after(self, seq: int, kinds: Sequence[str] = ()) -> tuple[list[Event], int]:
         """Matching events numbered above ``seq``, oldest first, and the sequence number they reach."""
         with self._lock:
             return [event for n, event in self._ring if n > seq and matches(event, kinds)], self._seq

@@ -69,9 +69,10 @@ def test_dev_mode_stderr_is_for_a_person_and_the_events_file_keeps_the_json(env:
     for part in (sandbox, "policy embedded deny-all (generation 0)", "fence netns", "model R",
                  "openshell-sandbox exec -it -- sh", str(path)):  # fmt: skip
         assert part in ready[0], ready[0]
-    refused = [line for line in ours if " refused " in line]
+    refused = [line for line in ours if " DENIED " in line]
     assert len(refused) == 1, ours
-    assert "/usr/bin/curl → 198.51.100.7:8080: no-network-policies" in refused[0], refused[0]
+    assert " NET:OPEN [MED] DENIED curl(" in refused[0], refused[0]
+    assert ") -> 198.51.100.7:8080 [reason:no-network-policies] (why: " in refused[0], refused[0]
     assert "policy decide --policy " in refused[0] and "--host 198.51.100.7 --port 8080" in refused[0]
 
     # the JSON went to the file, kept after exit, readable by us only
@@ -85,7 +86,7 @@ def test_dev_mode_stderr_is_for_a_person_and_the_events_file_keeps_the_json(env:
 
 def test_the_refusal_line_explains_itself(env: dict[str, str]) -> None:
     result = dev(env, script=f"curl -s -m 10 -o /dev/null {REFUSED_URL}")
-    line = next(line for line in result.stderr.splitlines() if " refused " in line)
+    line = next(line for line in result.stderr.splitlines() if " DENIED " in line)
     command = line.split("(why: ", 1)[1].rstrip(")")
     argv = command.split()
     assert argv[:3] == ["openshell-sandbox", "policy", "decide"]
@@ -120,9 +121,10 @@ def test_a_binary_name_cannot_write_escape_sequences_to_the_operators_terminal(e
     result = dev(env, script=script)
     assert result.returncode == 0 and result.stdout == "done\n", result.stderr
     assert "\x1b" not in result.stderr and "\x07" not in result.stderr
-    refused = [line for line in result.stderr.splitlines() if " refused " in line]
+    refused = [line for line in result.stderr.splitlines() if " DENIED " in line]
     assert len(refused) == 1, result.stderr
-    assert "cur\\x1b[2J\\x1b]0;owned\\x07l\\nforged → 198.51.100.7:8080" in refused[0]
+    assert "DENIED cur\\x1b[2J\\x1b]0;owned\\x07l\\nforged(" in refused[0]
+    assert ") -> 198.51.100.7:8080 [reason:" in refused[0]
     assert not any(line.startswith("forged") for line in result.stderr.splitlines())
 
 
@@ -155,11 +157,20 @@ def test_logs_follow_shows_a_running_sandboxs_refusals_from_another_process(env:
             sandbox.stdin.write(f"{n}\n")
             sandbox.stdin.flush()
             lines.append(follower.stdout.readline())
-        assert all(" egress  deny /usr/bin/curl → 198.51.100.7:8080  no-network-policies" in x for x in lines), lines
+        assert all(" control  NET:OPEN [MED] DENIED curl(" in x for x in lines), lines
+        assert all(x.endswith(") -> 198.51.100.7:8080 [reason:no-network-policies]\n") for x in lines), lines
         tail = subprocess.run([*CLI, "logs", "-n", "2", "--json", "--event", "egress"], env=api_env(env),
                               capture_output=True, text=True, timeout=30)  # fmt: skip
         assert tail.returncode == 0, tail.stderr
         assert [e["decision"] for e in json_lines(tail.stdout)] == ["deny", "deny"]
+        ocsf = subprocess.run([*CLI, "logs", "-n", "2", "--format", "ocsf", "--event", "egress"], env=api_env(env),
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
+        assert ocsf.returncode == 0, ocsf.stderr
+        objects = json_lines(ocsf.stdout)
+        assert [(o["class_uid"], o["activity_id"], o["action_id"], o["disposition_id"]) for o in objects] == [
+            (4001, 1, 2, 2)] * 2  # fmt: skip
+        # the binary and the absolute paths among its arguments (curl's -o /dev/null), never the argv (its URL)
+        assert {o["actor"]["process"]["cmd_line"] for o in objects} == {"/usr/bin/curl /dev/null"}
     finally:
         sandbox.stdin.close()  # the agent's loop ends: the sandbox stops
         sandbox.wait(timeout=60)

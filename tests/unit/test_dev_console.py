@@ -39,7 +39,9 @@ def test_the_ready_line_comes_once_with_what_a_person_needs() -> None:
 
 def test_a_refusal_line_names_binary_destination_reason_and_the_command_that_explains_it() -> None:
     [line] = console().lines_for(deny())
-    assert line.startswith("openshell-sandbox: refused /usr/bin/curl → example.test:443: no-matching-endpoint")
+    assert line.startswith(
+        "openshell-sandbox: NET:OPEN [MED] DENIED curl -> example.test:443 [reason:no-matching-endpoint] (why: "
+    )
     command = line.split("(why: ", 1)[1].removesuffix(")")
     assert shlex.split(command) == [
         "openshell-sandbox", "policy", "decide", "--policy", "/p/agent policy.yaml", "--host", "example.test",
@@ -70,14 +72,14 @@ def test_allowed_connections_and_other_events_print_nothing() -> None:
 
 def test_an_l7_refusal_names_the_request_and_explains_it_with_method_and_path() -> None:
     [line] = console().lines_for(deny(event="http", method="POST", path="/repos/x", reason="l7-denied"))
-    assert "refused /usr/bin/curl → POST example.test:443/repos/x: l7-denied" in line
+    assert "HTTP:OTHER [MED] DENIED curl -> POST example.test:443/repos/x [reason:l7-denied]" in line
     assert "--method POST --path /repos/x" in line
 
 
 def test_a_refusal_before_any_decision_has_no_explain_command() -> None:
     [line] = console().lines_for({"event": "egress.refused", "component": "boundary",
                                   "reason": "identity-unresolved: vanished", "destination": "10.0.0.1:80"})  # fmt: skip
-    assert line == "openshell-sandbox: refused a process → 10.0.0.1:80: identity-unresolved: vanished"
+    assert line == "openshell-sandbox: NET:REFUSE [MED] DENIED -> 10.0.0.1:80 [reason:identity-unresolved: vanished]"
 
 
 def test_dns_refusals_are_said_once_per_name() -> None:
@@ -92,7 +94,7 @@ def test_what_the_agent_names_cannot_reach_the_terminal_raw() -> None:
     evil = "/work/cur\x1b[2J\x1b]0;owned\x07l\nforged\u202e"
     [line] = console().lines_for(deny(binary=evil, destination="example.test:443"))
     assert "\x1b" not in line and "\x07" not in line and "\n" not in line and "\u202e" not in line
-    assert "cur\\x1b[2J\\x1b]0;owned\\x07l\\nforged\\u202e" in line
+    assert "cur\\x1b[2J\\x1b]0;owned\\x07l\\nforged\\u202e -> example.test:443" in line
     assert all(ch.isprintable() for ch in summary(deny(binary=evil)))
 
 
@@ -157,3 +159,20 @@ def test_status_shows_every_limit_and_why_one_is_unenforced() -> None:
     text = "\n".join(unenforced)
     assert "pids              unenforced: not writable" in text and "\\x1b[2J" in text and "\x1b" not in text
     assert "oom_score_adj     unenforced: model P" in text
+
+
+def test_logs_renders_human_json_and_ocsf_from_controls_json_lines() -> None:
+    from supervisor.cli.logs import render
+
+    raw = {"time": "2026-12-01T14:35:07.271Z", "sandbox": "dev-1", "pid": 42, **deny(binary="/usr/bin/python3")}
+    line = json.dumps(raw).encode() + b"\n"
+    assert render(line, "human") == (
+        "14:35:07.271  control  NET:OPEN [MED] DENIED python3(42) -> example.test:443 [reason:no-matching-endpoint]"
+    )
+    assert json.loads(render(line, "json") or "") == raw
+    [obj] = [json.loads(x) for x in (render(line, "ocsf") or "").splitlines()]
+    assert (obj["class_uid"], obj["type_uid"], obj["time"]) == (4001, 400101, 1796135707271)
+    assert obj["unmapped"]["sandbox"] == "dev-1" and obj["actor"]["process"]["cmd_line"] == "/usr/bin/python3"
+    unknown = json.dumps({"event": "from.a-newer-control", "component": "control", "x": 1}).encode()
+    assert render(unknown, "ocsf") is None and "from.a-newer-control" in (render(unknown, "human") or "")
+    assert render(b"not json", "human") is None and render(b"\n", "json") is None

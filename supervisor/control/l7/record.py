@@ -1,8 +1,8 @@
 """What an inspected connection reports: the per-request record behind each ``http`` event, and the totals.
 
-Rules: an event carries the redacted, query-free path (placeholders shown as ``[CREDENTIAL]``), the names of
-the credentials injected and never their values, the decision (``allow``, ``audit``, ``deny`` or ``error``)
-with its rule and reason, the status answered and the body bytes moved each way.
+Rules: an event carries the redacted, query-free path (placeholders shown as ``[CREDENTIAL]``), how many
+credentials were injected (never their names or values, §4.1), the decision (``allow``, ``audit``, ``deny`` or
+``error``) with its rule and reason, the status answered and the body bytes moved each way.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class RequestRecord:
             "status": self.status,
             "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down,
-            "credentials": list(self.credentials) or None,
+            "injected": len(self.credentials) or None,  # how many, never which (§4.1: no credential names)
             "upgrade": self.upgrade,
             "error": self.error,
             "duration_ms": round((now - self.started) * 1000, 3),

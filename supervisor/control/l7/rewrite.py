@@ -54,6 +54,15 @@ class CredentialRefusal(Exception):
         return self.code.status
 
     @property
+    def logged_detail(self) -> str:
+        """``detail`` for the event: the credentials' names are the agent's variables, and §4.1 keeps them out of
+        the log (the agent's own answer may name them: it set them)."""
+        text = self.detail
+        for name in sorted(self.names, key=len, reverse=True):
+            text = text.replace(name, REDACTED)
+        return text
+
+    @property
     def code(self) -> ErrorCode:
         if self.resolution is Resolution.ENDPOINT_MISMATCH:
             return ErrorCode.CREDENTIAL_ENDPOINT_MISMATCH

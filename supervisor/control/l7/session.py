@@ -718,7 +718,7 @@ class _Session:
             if exc.code is ErrorCode.CREDENTIAL_ENDPOINT_MISMATCH:
                 rec.extra["finding"] = "openshell.http.credential_endpoint_mismatch"
             return await self._refuse(conn, rec, ErrorResponse(exc.status, exc.code, exc.detail),
-                                      reason=str(exc.code), detail=exc.detail)  # fmt: skip
+                                      reason=str(exc.code), detail=exc.logged_detail)  # fmt: skip
         rec.credentials = rewritten.used
         headers = [(n.encode("ascii"), v.encode("utf-8")) for n, v in rewritten.headers]
         if isinstance(self._ws_filter, MessageFilter):  # no compression: every message must be read as sent
