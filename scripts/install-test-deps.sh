@@ -14,3 +14,5 @@ if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 # the Python packages go into the Makefile's .venv (scripts/venv.sh), never into a system interpreter
+# the agent-side SDKs (openai, anthropic, boto3) and moto's server for the inference and signing e2e tests
+[ "$(id -u)" = 0 ] && sh scripts/install-inference-sdks.sh

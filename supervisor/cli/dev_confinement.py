@@ -129,6 +129,7 @@ def prepare(
     agent_user: str | None,
     policy: Path | None,
     credentials: Path | None,
+    inference_routes: Path | None = None,
 ) -> DevConfinement:
     """Copies, ids, workdir and flags for both daemons (rules 1-5). ``tmp`` is dev's private directory."""
     from supervisor.control.policy.watch_safety import agent_writable_paths, decide_watch
@@ -161,8 +162,12 @@ def prepare(
     if credentials is not None:
         copy = _private_copy(credentials.absolute(), private, "credentials", "--credentials")
         control.append(f"--credentials={copy}")
-    hidden = [runtime_parent, tmp, private, tmp / "bundle" / "control", tmp / "interception",
-              events_path(sandbox), *(p.absolute() for p in (policy, credentials) if p is not None)]  # fmt: skip
+    if inference_routes is not None:  # watched at the original, as the policy is
+        original = inference_routes.absolute()
+        copy = _private_copy(original, private, "inference-routes.yaml", "--inference-routes")
+        control += [f"--inference-routes={copy}", f"--inference-routes-source={original}"]
+    hidden = [runtime_parent, tmp, private, tmp / "bundle" / "control", tmp / "interception", events_path(sandbox),
+              *(p.absolute() for p in (policy, credentials, inference_routes) if p is not None)]  # fmt: skip
     plan.boundary_flags += [f"--privilege-model={model}", f"--workdir={work}"]
     plan.boundary_flags += [f"--hide-path={path}" for path in hidden]
     return plan
