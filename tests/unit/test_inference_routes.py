@@ -25,6 +25,7 @@ from supervisor.control.inference.shapes import (
 from supervisor.control.inference.store import RoutesStore, watch_routes_file
 from supervisor.control.policy.identity import BinaryIdentity
 from supervisor.jsonlog import JsonLog
+from tests.waiting import await_until
 
 GOOD = """\
 version: 1
@@ -215,20 +216,14 @@ def test_a_revision_replaces_the_routes_and_an_invalid_one_keeps_them(tmp_path: 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(lambda: watch_routes_file(store, path, guard=lambda: unsafe[0], interval=0.01))
             path.write_text(GOOD.replace("models: [small, large]", "models: [small, large, huge]"))
-            with trio.fail_after(10):
-                while store.generation < 1:
-                    await trio.sleep(0.01)
+            await await_until(lambda: store.generation >= 1, "the revision loaded")
             assert store.current.route_for(BackendKind.OPENAI, "huge") is not None
             path.write_text(GOOD.replace("kind: openai", "kind: nope"))
-            with trio.fail_after(10):
-                while store.last_error is None:
-                    await trio.sleep(0.01)
+            await await_until(lambda: store.last_error is not None, "the invalid revision refused")
             assert store.generation == 1 and store.current.route_for(BackendKind.OPENAI, "huge") is not None
             unsafe[0] = "the agent can write it"
             path.write_text(GOOD)  # never read: the watch stops first
-            with trio.fail_after(10):
-                while not (store.watching or "").startswith("stopped"):
-                    await trio.sleep(0.01)
+            await await_until(lambda: (store.watching or "").startswith("stopped"), "the watch stopped")
             assert store.current.route_for(BackendKind.OPENAI, "huge") is not None
             nursery.cancel_scope.cancel()
 
