@@ -4,14 +4,14 @@ filesystem").
 
 Rules:
 
-1. Control works from private copies: ``--policy`` and ``--credentials`` are copied into ``private/`` (0700)
-   of dev's temporary directory, and control loads the copies. The original policy is only *watched* for
-   revisions, and only when ``supervisor/control/policy/watch_safety.py`` finds that the agent cannot change
-   it; otherwise it is loaded once and dev says so (``policy apply`` still works).
+1. Control works from private copies: ``--policy``, ``--credentials`` and ``--inference-routes`` are copied into
+   ``private/`` (0700) of dev's temporary directory, and control loads the copies. The original policy (and
+   routes file) is only *watched* for revisions, and only when ``supervisor/control/policy/watch_safety.py``
+   finds that the agent cannot change it; otherwise it is loaded once and dev says so (``policy apply`` still works).
 2. What the agent must not see is passed to the boundary's ``--hide-path`` (file-granular): the operator API's
    runtime directory, dev's temporary directory (``private/``, control's bundle, the interception CA), the
-   events file, and the originals of ``--policy`` and ``--credentials`` (models R and U; model P has no mount
-   namespace). Most are absent from the agent's root already; hiding them too costs nothing and keeps them
+   events file, and the originals of ``--policy``, ``--credentials`` and ``--inference-routes`` (models R and U;
+   model P has no mount namespace). Most are absent from the agent's root already; hiding them too costs nothing and keeps them
    hidden if a policy grants a tree that holds them.
 3. Model P here is one uid and no mount namespace: the agent can read everything dev and control can. Dev
    mode runs it (it needs ``--acknowledge-external-fence`` anyway) but says plainly that the policy and the
