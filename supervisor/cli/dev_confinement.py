@@ -11,8 +11,8 @@ Rules:
 2. What the agent must not see is passed to the boundary's ``--hide-path`` (file-granular): the operator API's
    runtime directory, dev's temporary directory (``private/``, control's bundle, the interception CA), the
    events file, and the originals of ``--policy``, ``--credentials`` and ``--inference-routes`` (models R and U;
-   model P has no mount namespace). Most are absent from the agent's root already; hiding them too costs nothing and keeps them
-   hidden if a policy grants a tree that holds them.
+   model P has no mount namespace). Most are absent from the agent's root already; hiding them too costs nothing
+   and keeps them hidden if a policy grants a tree that holds them.
 3. Model P here is one uid and no mount namespace: the agent can read everything dev and control can. Dev
    mode runs it (it needs ``--acknowledge-external-fence`` anyway) but says plainly that the policy and the
    secrets are not protected, and control never hot-reloads the policy file.

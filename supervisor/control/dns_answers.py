@@ -13,7 +13,8 @@ inference.local, A, routes served              the synthetic address   control's
                                                                        routing")
 inference.local, AAAA, routes served           NOERROR, no answers     the router has an IPv4 address only
 inference.local, other type, routes served     NOTIMP
-any other .local name (mDNS space)             REFUSED                 .local names never leave control
+inference.local without routes, or any name   REFUSED                 never resolved or forwarded: the
+below it                                                               name is control's own
 a name no policy endpoint could allow          REFUSED                 never resolved, never forwarded: DNS
                                                                        cannot carry data out (any type)
 class other than IN                            REFUSED
@@ -110,8 +111,8 @@ def plan_answer(
         if question.rdtype == dns.rdatatype.AAAA:
             return DnsPlan(DnsAction.NODATA, "inference-ipv4-only", name, qtype)
         return DnsPlan(DnsAction.NOTIMP, "qtype-not-served", name, qtype)
-    if name == "local" or name.endswith(".local"):
-        return DnsPlan(DnsAction.REFUSED, "local-name", name, qtype)
+    if name == INFERENCE_HOST or name.endswith("." + INFERENCE_HOST):
+        return DnsPlan(DnsAction.REFUSED, "inference-name", name, qtype)
     if not eligible(name):
         return DnsPlan(DnsAction.REFUSED, "no-endpoint-for-name", name, qtype)
     if question.rdclass != dns.rdataclass.IN:

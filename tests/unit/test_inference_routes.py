@@ -71,7 +71,7 @@ def test_a_valid_file_loads_with_its_routes() -> None:
         ("base_url: http://models.example.com/v1", "base_url"),  # the backend's TLS is verified: https only
         ("base_url: https://user:pw@models.example.com/v1", "base_url"),
         ("base_url: https://inference.local/v1", "base_url"),  # never itself
-        ("base_url: https://printer.local/v1", "base_url"),  # .local never leaves control
+        ("base_url: https://x.inference.local/v1", "base_url"),
         ("base_url: https://*.example.com/v1", "base_url"),
         ("kind: bedrock", "kind"),
         ("models: []", "models"),
@@ -200,9 +200,10 @@ def test_dns_answers_inference_local_itself_and_never_lets_local_names_leave() -
     assert plan("INFERENCE.local.") is DnsAction.SYNTHETIC
     assert plan("inference.local", "AAAA") is DnsAction.NODATA
     assert plan("inference.local", "TXT") is DnsAction.NOTIMP
-    # even a name the policy could allow: .local names are never resolved or forwarded
-    assert plan("printer.local") is DnsAction.REFUSED
+    # control's own name is never resolved or forwarded, even where a policy glob could allow it
+    assert plan("x.inference.local") is DnsAction.REFUSED
     assert plan("inference.local", inference=False) is DnsAction.REFUSED
+    assert plan("api.svc.cluster.local") is DnsAction.RESOLVE  # cluster names stay the policy's
 
 
 def test_a_revision_replaces_the_routes_and_an_invalid_one_keeps_them(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ Rules:
    ``binaries`` (which programs may use it: without them every process of the agent can spend the key).
 2. A model is served by one route per kind: two routes of one kind naming one model are refused (which backend
    the agent's request reaches must never depend on an order).
-3. The backend is never ``inference.local`` itself, and never a ``.local`` name (those never leave control).
+3. The backend is never ``inference.local`` itself or a name below it (control's own name, never resolved).
 4. The credential must name a plain secret (an access key pair only signs); whether it exists is checked
    against the credentials when control loads the file (:meth:`InferenceRoutes.check_credentials`).
 """
@@ -188,8 +188,8 @@ def _base_url(r: _Reader, raw: Any, where: str) -> tuple[str, int, str] | None:
     if problem is not None or not host or "*" in host:
         r.error(where, problem or "expected one exact host")
         return None
-    if host == INFERENCE_HOST or host.endswith(".local"):
-        r.error(where, f"{host} is never an upstream: .local names never leave control")
+    if host == INFERENCE_HOST or host.endswith("." + INFERENCE_HOST):
+        r.error(where, f"{host} is never an upstream: {INFERENCE_HOST} is control's own name")
         return None
     path = parts.path.rstrip("/")
     if any(ord(c) <= 0x20 or ord(c) >= 0x7F or c in "%\\" for c in path) or "/../" in f"{path}/" \
