@@ -16,3 +16,5 @@ fi
 # the Python packages go into the Makefile's .venv (scripts/venv.sh), never into a system interpreter
 # the real MCP, GraphQL and JSON-RPC SDKs of the e2e tests, readable by the agent's uid
 bash "$(dirname "$0")/install-test-sdks.sh"
+# the agent-side SDKs (openai, anthropic, boto3) and moto's server for the inference and signing e2e tests
+if [ "$(id -u)" = 0 ]; then sh "$(dirname "$0")/install-inference-sdks.sh"; fi

@@ -206,6 +206,19 @@ def daemon_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--upstream-ca", type=Path, help="extra CA (PEM) trusted for upstream TLS, besides the system store")
     c.add_argument(
+        "--inference-routes", type=Path, metavar="FILE",
+        help="inference routes (YAML): control serves inference.local with them, injecting each route's credential "
+        "from --credentials (docs/policy.md \"Inference routing\"); hot-reloaded under the policy's rules",
+    )  # fmt: skip
+    c.add_argument(
+        "--inference-routes-source", type=Path, metavar="FILE",
+        help="the operator's original of --inference-routes (dev mode loads a private copy): watched instead",
+    )  # fmt: skip
+    c.add_argument(
+        "--inference-idle-timeout", type=float, default=120.0, metavar="SECONDS",
+        help="cut an inference response when the backend sends nothing for this long (default %(default)s)",
+    )  # fmt: skip
+    c.add_argument(
         "--self-address",
         action="append",
         default=[],

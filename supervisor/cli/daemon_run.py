@@ -239,6 +239,9 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     except (CredentialsError, OSError, ssl.SSLError, ValueError) as exc:
         _err(f"--credentials/--upstream-ca: {exc}")
         return ExitCode.SELF_FAILED
+    inference = _inference_routes(args, interception.credentials, agent_writable)
+    if isinstance(inference, int):
+        return inference
     try:
         fence_canary = parse_canary(args.fence_canary) if args.fence_canary else None
     except ValueError as exc:
@@ -277,8 +280,38 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
         proxy=proxy, relaxed_identity=args.binary_identity == "relaxed",
         networkpolicy_acknowledged=args.acknowledge_networkpolicy_enforcement,
         workload_gone_after_s=args.workload_gone_after,
+        **inference,
     )  # fmt: skip
     return daemon.run(cfg)
+
+
+def _inference_routes(args: argparse.Namespace, credentials: Any, agent_writable: tuple[str, ...]) -> Any:
+    """The ``ControlConfig`` fields of ``--inference-routes`` (empty without it), or an exit code after saying why
+    the file is refused."""
+    from supervisor.control.inference.router import InferenceLimits
+    from supervisor.control.inference.routes import RoutesInvalid
+    from supervisor.control.inference.store import load_routes_file
+    from supervisor.control.policy.watch_safety import decide_watch
+
+    if args.inference_routes is None:
+        if args.inference_routes_source is not None:
+            _err("--inference-routes-source needs --inference-routes")
+            return ExitCode.USAGE
+        return {}
+    if not 1.0 <= args.inference_idle_timeout <= 3600.0:
+        _err(f"--inference-idle-timeout: {args.inference_idle_timeout:g} is not 1..3600 seconds")
+        return ExitCode.USAGE
+    original = args.inference_routes_source or args.inference_routes
+    try:
+        routes = load_routes_file(args.inference_routes, credentials, source=str(original))
+    except RoutesInvalid as exc:
+        for error in exc.errors:
+            _err(f"--inference-routes: {exc.source}: {error}")
+        return ExitCode.SELF_FAILED
+    watch, why = decide_watch(original, args.no_policy_watch, agent_writable)
+    why = why.replace("change it with `policy apply`", "a change needs a restart of control")
+    return {"inference_routes": routes, "inference_file": watch, "inference_watch_reason": why,
+            "inference_limits": InferenceLimits(idle_timeout=args.inference_idle_timeout)}  # fmt: skip
 
 
 def _proxy_topology(args: argparse.Namespace) -> Any:

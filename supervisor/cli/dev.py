@@ -88,6 +88,7 @@ def run_dev(opts: DevOptions) -> int:
             plan = prepare(
                 sandbox=sandbox, tmp=tmp, runtime_parent=runtime.parent, model=resolve_model(opts.privilege_model)[0],
                 workdir=opts.workdir, agent_user=opts.agent_user, policy=opts.policy, credentials=opts.credentials,
+                inference_routes=opts.inference_routes,
             )  # fmt: skip
         except DevSetupError as exc:
             print(f"openshell-sandbox: {exc}", file=sys.stderr)
@@ -123,6 +124,8 @@ def run_dev(opts: DevOptions) -> int:
         control_cmd += plan.control_flags  # private copies of --policy/--credentials, agent ids, workdir
         if opts.upstream_ca is not None:
             control_cmd.append(f"--upstream-ca={opts.upstream_ca}")
+        if opts.inference_idle_timeout is not None:
+            control_cmd.append(f"--inference-idle-timeout={opts.inference_idle_timeout:g}")
         control_cmd += [f"--dns-server={server}" for server in opts.dns_servers]
         control_cmd += [f"--ipv6-egress={opts.ipv6_egress}", *(f"--self-address={a}" for a in opts.self_addresses)]
         if opts.api_listen is not None:

@@ -32,6 +32,8 @@ class DevOptions:
     acknowledge_external_fence: bool = False
     credentials: Path | None = None
     upstream_ca: Path | None = None
+    inference_routes: Path | None = None  # control's --inference-routes (a private copy; the original watched)
+    inference_idle_timeout: float | None = None  # control's --inference-idle-timeout (None: its default)
     log_format: str = "text"  # "text": human lines on stderr; "json": the daemons' JSON events on stderr
     quiet: bool = False  # nothing of ours on stderr (fatal errors aside)
     ipv6_egress: str = "auto"  # control's --ipv6-egress

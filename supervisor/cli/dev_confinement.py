@@ -4,15 +4,15 @@ filesystem").
 
 Rules:
 
-1. Control works from private copies: ``--policy`` and ``--credentials`` are copied into ``private/`` (0700)
-   of dev's temporary directory, and control loads the copies. The original policy is only *watched* for
-   revisions, and only when ``supervisor/control/policy/watch_safety.py`` finds that the agent cannot change
-   it; otherwise it is loaded once and dev says so (``policy apply`` still works).
+1. Control works from private copies: ``--policy``, ``--credentials`` and ``--inference-routes`` are copied into
+   ``private/`` (0700) of dev's temporary directory, and control loads the copies. The original policy (and
+   routes file) is only *watched* for revisions, and only when ``supervisor/control/policy/watch_safety.py``
+   finds that the agent cannot change it; otherwise it is loaded once and dev says so (``policy apply`` still works).
 2. What the agent must not see is passed to the boundary's ``--hide-path`` (file-granular): the operator API's
    runtime directory, dev's temporary directory (``private/``, control's bundle, the interception CA), the
-   events file, and the originals of ``--policy`` and ``--credentials`` (models R and U; model P has no mount
-   namespace). Most are absent from the agent's root already; hiding them too costs nothing and keeps them
-   hidden if a policy grants a tree that holds them.
+   events file, and the originals of ``--policy``, ``--credentials`` and ``--inference-routes`` (models R and U;
+   model P has no mount namespace). Most are absent from the agent's root already; hiding them too costs nothing
+   and keeps them hidden if a policy grants a tree that holds them.
 3. Model P here is one uid and no mount namespace: the agent can read everything dev and control can. Dev
    mode runs it (it needs ``--acknowledge-external-fence`` anyway) but says plainly that the policy and the
    secrets are not protected, and control never hot-reloads the policy file.
@@ -129,6 +129,7 @@ def prepare(
     agent_user: str | None,
     policy: Path | None,
     credentials: Path | None,
+    inference_routes: Path | None = None,
 ) -> DevConfinement:
     """Copies, ids, workdir and flags for both daemons (rules 1-5). ``tmp`` is dev's private directory."""
     from supervisor.control.policy.watch_safety import agent_writable_paths, decide_watch
@@ -161,8 +162,12 @@ def prepare(
     if credentials is not None:
         copy = _private_copy(credentials.absolute(), private, "credentials", "--credentials")
         control.append(f"--credentials={copy}")
-    hidden = [runtime_parent, tmp, private, tmp / "bundle" / "control", tmp / "interception",
-              events_path(sandbox), *(p.absolute() for p in (policy, credentials) if p is not None)]  # fmt: skip
+    if inference_routes is not None:  # watched at the original, as the policy is
+        original = inference_routes.absolute()
+        copy = _private_copy(original, private, "inference-routes.yaml", "--inference-routes")
+        control += [f"--inference-routes={copy}", f"--inference-routes-source={original}"]
+    hidden = [runtime_parent, tmp, private, tmp / "bundle" / "control", tmp / "interception", events_path(sandbox),
+              *(p.absolute() for p in (policy, credentials, inference_routes) if p is not None)]  # fmt: skip
     plan.boundary_flags += [f"--privilege-model={model}", f"--workdir={work}"]
     plan.boundary_flags += [f"--hide-path={path}" for path in hidden]
     return plan

@@ -189,6 +189,10 @@ def control_command(opts: DevOptions, *, tmp: Path, control_ip: str, token_file:
         cmd.append(f"--credentials={opts.credentials}")
     if opts.upstream_ca is not None:
         cmd.append(f"--upstream-ca={opts.upstream_ca}")
+    if opts.inference_routes is not None:
+        cmd.append(f"--inference-routes={opts.inference_routes}")
+    if opts.inference_idle_timeout is not None:
+        cmd.append(f"--inference-idle-timeout={opts.inference_idle_timeout:g}")
     return cmd
 
 

@@ -39,6 +39,11 @@ def command_parser() -> argparse.ArgumentParser:
     dev.add_argument("--dns-server", action="append", default=[], help="control's resolver ADDR[:PORT]")
     dev.add_argument("--credentials", type=Path, help="credentials file for control (the agent sees placeholders)")
     dev.add_argument("--upstream-ca", type=Path, help="extra CA (PEM) control trusts for upstream TLS")
+    dev.add_argument("--inference-routes", type=Path, metavar="FILE",
+                     help="control's inference routes: the agent calls https://inference.local/v1/... and control "
+                     "forwards to the route's backend with its key (docs/policy.md \"Inference routing\")")  # fmt: skip
+    dev.add_argument("--inference-idle-timeout", type=float, metavar="SECONDS",
+                     help="control's --inference-idle-timeout (default 120)")  # fmt: skip
     dev.add_argument("--ipv6-egress", choices=["auto", "on", "off"], default="auto",
                      help="control's --ipv6-egress: off answers the agent's AAAA queries with no records")  # fmt: skip
     dev.add_argument("--self-address", action="append", default=[], metavar="ADDR",
@@ -204,6 +209,7 @@ def run_command(argv: list[str]) -> int:
             privilege_model=args.privilege_model, workdir=args.workdir, agent_user=args.agent_user,
             acknowledge_external_fence=args.acknowledge_external_fence, credentials=args.credentials,
             upstream_ca=args.upstream_ca, log_format=args.log_format, quiet=args.quiet,
+            inference_routes=args.inference_routes, inference_idle_timeout=args.inference_idle_timeout,
             ipv6_egress=args.ipv6_egress, self_addresses=tuple(args.self_address), api_listen=args.api_listen,
             pids_limit=args.pids_limit, topology=args.topology, proxy_max_connections=args.proxy_max_connections,
             memory_limit=args.memory_limit, tty=args.tty, escape=escape,

@@ -31,6 +31,9 @@ from supervisor.control.certificates import CertificateFacts, expiring
 from supervisor.control.dialer import Backoff, BackoffGroup
 from supervisor.control.egress import EgressService, Interception
 from supervisor.control.events import EventBuffer
+from supervisor.control.inference.router import SYNTHETIC_ADDRESS, InferenceLimits, InferenceRouter
+from supervisor.control.inference.routes import InferenceRoutes
+from supervisor.control.inference.store import RoutesStore, watch_routes_file
 from supervisor.control.l7.rewrite import redact_path
 from supervisor.control.local_net import LocalNetwork
 from supervisor.control.policy import PolicyStore
@@ -111,6 +114,12 @@ class ControlConfig:
     relaxed_identity: bool = False
     networkpolicy_acknowledged: bool = False
     workload_gone_after_s: float = DEFAULT_GONE_AFTER_S  # --workload-gone-after: readyz and status say so
+    # inference.local (--inference-routes; control/inference): the routes at start, the file watched for revisions
+    # (None: not watched) and why, and the router's bounds
+    inference_routes: InferenceRoutes | None = None
+    inference_file: Path | None = None
+    inference_watch_reason: str = ""
+    inference_limits: InferenceLimits = field(default_factory=InferenceLimits)
     log: JsonLog = field(default_factory=lambda: JsonLog("control"))
 
 
@@ -132,8 +141,14 @@ class ControlDaemon:
         self.boundary_refused: str | None = None  # the boundary refused our attach (and exits): why
         claims = cfg.bundle.claims
         self.workload_gone = WorkloadGone(cfg.workload_gone_after_s, claims.namespace, claims.sandbox_uid)
+        self.inference = self._inference_router(cfg)
         self.egress = EgressService(
-            cfg.policy, cfg.upstream, self.log, interception=cfg.interception, relaxed=cfg.relaxed_identity
+            cfg.policy,
+            cfg.upstream,
+            self.log,
+            interception=cfg.interception,
+            relaxed=cfg.relaxed_identity,
+            inference=self.inference,
         )
         self.proxy = ProxyListener(cfg.proxy, self.egress, self.log) if cfg.proxy is not None else None
         self.egress_up = 0
@@ -146,6 +161,15 @@ class ControlDaemon:
         self.certificates = certificate_facts(cfg)
         self.boundary_ca_sha256: str | None = None  # the interception CA the boundary (the agent) trusts
         self.canary = FenceCanary(*cfg.fence_canary, log=self.log) if cfg.fence_canary is not None else None
+
+    def _inference_router(self, cfg: ControlConfig) -> InferenceRouter | None:
+        if cfg.inference_routes is None or cfg.interception is None:
+            return None
+        store = RoutesStore(cfg.inference_routes, cfg.interception.credentials, self.log)
+        store.watching = cfg.inference_watch_reason
+        return InferenceRouter(store, credentials=cfg.interception.credentials, ca=cfg.interception.ca,
+                               upstream_ssl=cfg.interception.upstream_ssl, upstream=cfg.upstream, log=self.log,
+                               limits=cfg.inference_limits, relaxed=cfg.relaxed_identity)  # fmt: skip
 
     @property
     def topology(self) -> str:
@@ -191,6 +215,19 @@ class ControlDaemon:
                     watch_policy_file, self.cfg.policy_file, self.policy,
                     guard=watch_guard(self.cfg.policy_file, self.cfg.agent_writable), on_unsafe=unsafe,
                 ))  # fmt: skip
+            if self.inference is not None:
+                routes = self.inference.store.current
+                self.log.emit(EventName.INFERENCE_ROUTES, generation=0, status="loaded", source=routes.source,
+                              routes=sorted(r.name for r in routes.routes), address=SYNTHETIC_ADDRESS,
+                              watching=self.cfg.inference_file is not None,
+                              watch=self.cfg.inference_watch_reason)  # fmt: skip
+                if self.cfg.inference_file is not None:
+                    from supervisor.control.policy.watch_safety import watch_guard
+
+                    nursery.start_soon(functools.partial(
+                        watch_routes_file, self.inference.store, self.cfg.inference_file,
+                        guard=watch_guard(self.cfg.inference_file, self.cfg.agent_writable),
+                    ))  # fmt: skip
         self.log.emit(EventName.CONTROL_EXIT)
         return 0
 
@@ -568,6 +605,7 @@ class ControlDaemon:
             "interception": self._interception_status(),
             "topology": self._topology_status(),
             "fence_canary": self.canary.status() if self.canary is not None else None,
+            "inference": self.inference.status() if self.inference is not None else None,
             "ready": not self.readiness(),
         }
 

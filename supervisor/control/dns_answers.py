@@ -8,6 +8,13 @@ query                                          answer                  why
 =============================================  ======================  =====================================
 not exactly one question                       FORMERR                 nothing to answer
 opcode other than QUERY                        NOTIMP                  RFC 1035 §4.1.1
+inference.local, A, routes served              the synthetic address   control's inference router (never
+                                                                       resolved; docs/policy.md "Inference
+                                                                       routing")
+inference.local, AAAA, routes served           NOERROR, no answers     the router has an IPv4 address only
+inference.local, other type, routes served     NOTIMP
+inference.local without routes, or any name   REFUSED                 never resolved or forwarded: the
+below it                                                               name is control's own
 a name no policy endpoint could allow          REFUSED                 never resolved, never forwarded: DNS
                                                                        cannot carry data out (any type)
 class other than IN                            REFUSED
@@ -36,13 +43,16 @@ import dns.rcode
 import dns.rdataclass
 import dns.rdatatype
 
-__all__ = ["DnsAction", "DnsPlan", "plan_answer", "read_query", "reply"]
+from supervisor.control.policy.schema import INFERENCE_HOST
+
+__all__ = ["INFERENCE_HOST", "DnsAction", "DnsPlan", "plan_answer", "read_query", "reply"]
 
 
 class DnsAction(enum.StrEnum):
     """Values are the ``decision`` strings of ``dns`` events."""
 
     RESOLVE = "answered"
+    SYNTHETIC = "answered-inference"
     REFUSED = "refused"
     NOTIMP = "not-implemented"
     NODATA = "no-data"
@@ -63,6 +73,7 @@ class DnsPlan:
 
 _RCODES = {
     DnsAction.RESOLVE: dns.rcode.NOERROR,
+    DnsAction.SYNTHETIC: dns.rcode.NOERROR,
     DnsAction.NODATA: dns.rcode.NOERROR,
     DnsAction.REFUSED: dns.rcode.REFUSED,
     DnsAction.NOTIMP: dns.rcode.NOTIMP,
@@ -82,8 +93,11 @@ def read_query(wire: bytes) -> dns.message.Message | None:
     return query
 
 
-def plan_answer(query: dns.message.Message, *, eligible: Callable[[str], bool], ipv6_egress: bool) -> DnsPlan:
-    """The table above. ``eligible`` takes the normalised name (lower case, no trailing dot)."""
+def plan_answer(
+    query: dns.message.Message, *, eligible: Callable[[str], bool], ipv6_egress: bool, inference: bool = False
+) -> DnsPlan:
+    """The table above. ``eligible`` takes the normalised name (lower case, no trailing dot); ``inference``: this
+    control serves ``inference.local``."""
     if len(query.question) != 1:
         return DnsPlan(DnsAction.FORMERR, "not-one-question")
     question = query.question[0]
@@ -91,6 +105,14 @@ def plan_answer(query: dns.message.Message, *, eligible: Callable[[str], bool], 
     qtype = dns.rdatatype.to_text(question.rdtype)
     if query.opcode() != dns.opcode.QUERY:
         return DnsPlan(DnsAction.NOTIMP, "opcode", name, qtype)
+    if name == INFERENCE_HOST and inference and question.rdclass == dns.rdataclass.IN:
+        if question.rdtype == dns.rdatatype.A:
+            return DnsPlan(DnsAction.SYNTHETIC, "inference", name, qtype)
+        if question.rdtype == dns.rdatatype.AAAA:
+            return DnsPlan(DnsAction.NODATA, "inference-ipv4-only", name, qtype)
+        return DnsPlan(DnsAction.NOTIMP, "qtype-not-served", name, qtype)
+    if name == INFERENCE_HOST or name.endswith("." + INFERENCE_HOST):
+        return DnsPlan(DnsAction.REFUSED, "inference-name", name, qtype)
     if not eligible(name):
         return DnsPlan(DnsAction.REFUSED, "no-endpoint-for-name", name, qtype)
     if question.rdclass != dns.rdataclass.IN:

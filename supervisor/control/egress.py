@@ -43,6 +43,7 @@ from supervisor.control.connection_result import ConnectionResult
 from supervisor.control.credentials import Credentials
 from supervisor.control.dns_answers import DnsAction, plan_answer, read_query
 from supervisor.control.dns_answers import reply as dns_reply
+from supervisor.control.inference.router import SYNTHETIC_ADDRESS, InferenceRouter
 from supervisor.control.l7 import InterceptionCA, inspect
 from supervisor.control.policy import BinaryIdentity, Decision, DigestPins, L4Request, PolicySnapshot, PolicyStore
 from supervisor.control.upstream import (
@@ -108,8 +109,11 @@ class EgressService:
         *,
         interception: Interception | None = None,
         relaxed: bool = False,
+        inference: InferenceRouter | None = None,
     ) -> None:
         self.store = store
+        # inference.local, served without policy evaluation (docs/reference/policy.md §3.16; control/inference)
+        self.inference = inference
         # endpoint-only identity (the proxy-pod topology, or --binary-identity=relaxed): identity is logged, never
         # decided on (docs/design.md "The proxy-pod topology")
         self.relaxed = relaxed
@@ -164,6 +168,9 @@ class EgressService:
 
     async def _serve(self, stream: LinkStream, request: EgressRequest, result: ConnectionResult) -> None:
         """Every exit sets ``result``'s outcome; the caller's ``with`` records it (connection_result.py)."""
+        if self.inference is not None and self.inference.claims(request):
+            await self.inference.serve(stream, request, result)
+            return
         snap = self.store.snapshot()
         identity = BinaryIdentity.of(request.identity)
         name = self._issued_name(request)
@@ -396,9 +403,16 @@ class EgressService:
         snap = self.store.snapshot()
         plan = plan_answer(
             query, eligible=lambda n: snap.policy is not None and bool(snap.policy.endpoints_for_name(n)),
-            ipv6_egress=self.upstream.ipv6_egress(),
+            ipv6_egress=self.upstream.ipv6_egress(), inference=self.inference is not None,
         )  # fmt: skip
         response = dns_reply(query, plan.rcode)
+        if plan.action is DnsAction.SYNTHETIC:  # inference.local: the router's fixed address, nothing resolved
+            question = query.question[0]
+            response.answer.append(dns.rrset.from_text_list(question.name, DNS_TTL, "IN", question.rdtype,
+                                                            [SYNTHETIC_ADDRESS]))  # fmt: skip
+            self.log.emit(EventName.DNS, name=plan.name, qtype=plan.qtype, decision=str(plan.action),
+                          addresses=[SYNTHETIC_ADDRESS])  # fmt: skip
+            return response
         if plan.action is not DnsAction.RESOLVE:
             self.log.emit(
                 EventName.DNS, name=plan.name, qtype=plan.qtype, decision=str(plan.action), reason=plan.reason

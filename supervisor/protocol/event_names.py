@@ -77,6 +77,9 @@ class EventName(enum.StrEnum):
     # identity
     IDENTITY_CONNECT_TIMEOUT = "identity.connect-timeout"
     IDENTITY_CONNECT_UNRECORDED = "identity.connect-unrecorded"
+    # inference
+    INFERENCE = "inference"
+    INFERENCE_ROUTES = "inference.routes"
     # interception
     INTERCEPTION_CA_MISMATCH = "interception.ca-mismatch"
     # lifecycle

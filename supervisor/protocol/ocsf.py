@@ -168,6 +168,7 @@ OCSF_MAP: dict[EventName, OcsfMapping] = {
     E.EGRESS_REFUSED: OcsfMapping(Activity.NET_REFUSE, Severity.MEDIUM),
     E.EGRESS_REVOKED: OcsfMapping(Activity.NET_CLOSE, Severity.MEDIUM),
     E.HTTP: OcsfMapping(_H),
+    E.INFERENCE: OcsfMapping(Activity.NET_TRAFFIC),  # a route, model and byte counts; no request of the agent named
     E.HTTP_TUNNEL: OcsfMapping(Activity.NET_OTHER),
     E.IDENTITY_CONNECT_TIMEOUT: OcsfMapping(Activity.NET_FAIL, Severity.LOW),
     E.IDENTITY_CONNECT_UNRECORDED: OcsfMapping(Activity.NET_FAIL, Severity.LOW),
@@ -179,6 +180,7 @@ OCSF_MAP: dict[EventName, OcsfMapping] = {
     E.POLICY_GENERATION: OcsfMapping(_C),
     E.POLICY_IDENTITY_RELAXED: OcsfMapping(_C, Severity.MEDIUM),
     E.POLICY_WATCH: OcsfMapping(_C),
+    E.INFERENCE_ROUTES: OcsfMapping(_C),
     # the daemons' own state: Config State Change
     E.BOUNDARY_END_ALL_FAILED: OcsfMapping(_C, Severity.HIGH),
     E.BOUNDARY_END_ALL_TIMEOUT: OcsfMapping(_C, Severity.MEDIUM),

@@ -26,8 +26,10 @@ REASON_PHRASES = {
     200: "OK",
     400: "Bad Request",
     403: "Forbidden",
+    404: "Not Found",
     407: "Proxy Authentication Required",
     408: "Request Timeout",
+    413: "Content Too Large",
     421: "Misdirected Request",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
@@ -66,6 +68,10 @@ class ErrorCode(enum.StrEnum):
     TOO_MANY_CONNECTIONS = "too_many_connections"  # 503: a connection limit of control's proxy listener
     EGRESS_UNAVAILABLE = "egress_unavailable"  # 503: no egress link to control: refused, never a direct path
     INTERNAL_ERROR = "internal_error"  # 500
+    # inference.local's own (docs/policy.md "Inference routing")
+    INFERENCE_PATH_DENIED = "inference_path_denied"  # 404: not one of the inference request shapes
+    INFERENCE_MODEL_DENIED = "inference_model_denied"  # 403: no route serves the model to this caller
+    REQUEST_TOO_LARGE = "request_too_large"  # 413: an inference request over its bound
 
     @property
     def status(self) -> int:
@@ -96,6 +102,9 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.TOO_MANY_CONNECTIONS: 503,
     ErrorCode.EGRESS_UNAVAILABLE: 503,
     ErrorCode.INTERNAL_ERROR: 500,
+    ErrorCode.INFERENCE_PATH_DENIED: 404,
+    ErrorCode.INFERENCE_MODEL_DENIED: 403,
+    ErrorCode.REQUEST_TOO_LARGE: 413,
 }
 
 
