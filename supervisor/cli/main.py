@@ -165,6 +165,11 @@ def run_command(argv: list[str]) -> int:
         if args.workdir is not None and (problem := _workdir_problem(args.workdir)) is not None:
             _err(f"dev --workdir: {problem}")
             return ExitCode.USAGE
+        from supervisor.cli.dev_inputs import input_errors
+
+        if problems := input_errors(args.policy, args.credentials, args.upstream_ca):
+            print("\n".join(problems), file=sys.stderr)
+            return ExitCode.USAGE
         if args.proxy_max_connections is not None:
             if args.topology != "proxy-pod":
                 _err("dev --proxy-max-connections: only with --topology proxy-pod (the boundary topology has no "

@@ -1,7 +1,8 @@
 """``openshell-sandbox policy check|decide``: how operators test a policy before they ship it.
 
-* ``policy check FILE [--json]`` — exit 0 and ``ok: N rules, M endpoints``, or exit 1 with every error as
-  ``FILE:LINE: PATH: message (expected ...)``. Warnings go to stderr and never change the exit code.
+* ``policy check FILE [--json] [--strict]`` — exit 0 and ``ok: N rules, M endpoints``, or exit 1 with every
+  error as ``FILE:LINE: PATH: message (expected ...)``. Warnings go to stderr and never change the exit code;
+  binary paths that match no file on this machine are warnings, errors with ``--strict``.
 * ``policy decide --policy FILE --host H --port N [--binary PATH] [--ancestor PATH]... [--sha256 HEX]
   [--loader-env NAME]... [--binary-identity relaxed] [--method M --path P] [--json]`` — one readable line (or
   JSON with result, rule, endpoint, reason); exit 0 when allowed (audit included), 1 when denied, 2 for a usage
@@ -19,9 +20,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from supervisor.cli.api_client import add_api_arguments
+from supervisor.cli.policy_binaries import absent_binaries
 from supervisor.control.policy import (
     BinaryIdentity,
     L4Request,
+    PolicyError,
     PolicyInvalid,
     compile_policy,
     decide_l4,
@@ -52,6 +55,8 @@ def add_policy_parser(subparsers: Any) -> None:
     )
     check.add_argument("file", type=Path, metavar="FILE")
     check.add_argument("--json", action="store_true", help="print one JSON object")
+    check.add_argument("--strict", action="store_true",
+                       help="binary paths that match no file on this machine are errors, not warnings")  # fmt: skip
 
     decide = sub.add_parser(
         "decide",
@@ -124,6 +129,17 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             count = len(exc.errors)
             print(f"{path}: {count} error{'s' if count != 1 else ''}", file=err)
         return 1
+    absent = absent_binaries(policy, path)
+    if getattr(args, "strict", False) and absent:
+        errors = [PolicyError(w.path, w.message, None, w.line, w.source) for w in absent]
+        if args.json:
+            _dump(out, {"ok": False, "file": str(path), "errors": [e.to_json() for e in errors]})
+        else:
+            for error in errors:
+                print(error, file=out)
+            print(f"{path}: {len(errors)} error{'s' if len(errors) != 1 else ''} (--strict)", file=err)
+        return 1
+    warnings = [*policy.warnings, *absent]
     if args.json:
         _dump(
             out,
@@ -133,11 +149,11 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 "rules": policy.rule_count,
                 "endpoints": policy.endpoint_count,
                 "hash": policy.digest,
-                "warnings": [w.to_json() for w in policy.warnings],
+                "warnings": [w.to_json() for w in warnings],
             },
         )
     else:
-        for warning in policy.warnings:
+        for warning in warnings:
             print(warning, file=err)
         print(f"ok: {policy.rule_count} rules, {policy.endpoint_count} endpoints", file=out)
     return 0
