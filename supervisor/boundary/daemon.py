@@ -677,7 +677,8 @@ class BoundaryDaemon:
         except OpError as exc:
             self.lifecycle.end()
             self.exit_code = for_launch_errno(exc.errno)
-            self.log.emit(EventName.AGENT_LAUNCH_FAILED, error=exc.to_json(), exit_code=self.exit_code)
+            self.log.emit(EventName.AGENT_LAUNCH_FAILED, error=exc.to_json(), exit_code=self.exit_code,
+                          program=self.cfg.agent_argv[0])  # fmt: skip
             self._end_soon()
             raise
         self.lifecycle.advance(Op.START)

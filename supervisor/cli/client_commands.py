@@ -11,6 +11,7 @@ from typing import Any
 import trio
 
 from supervisor.cli.api_client import Api, ApiError, find_api, open_channel, request_json
+from supervisor.cli.dev_console import launch_failure_line
 from supervisor.cli.exec_client import run_exec_client
 from supervisor.cli.human import clean, format_size
 from supervisor.link.relay import relay
@@ -209,17 +210,20 @@ async def _exec(api: Api, args: argparse.Namespace) -> int:
     try:
         stream, _reply = await open_channel(api, "/v1/exec", body)
     except ApiError as exc:
-        return _launch_failure(exc)
+        return _launch_failure(exc, program=args.argv[0])
     async with stream:
         return await run_exec_client(stream, tty=bool(args.tty), interactive=bool(args.interactive))
 
 
-def _launch_failure(exc: ApiError) -> int:
+def _launch_failure(exc: ApiError, program: str | None = None) -> int:
     body = exc.body
-    field = body.get("field")  # e.g. env.KEY: the refused key by name (issue 15)
+    err = body.get("errno")
+    if program is not None and body.get("stage") and isinstance(err, int):
+        print(launch_failure_line(program, body), file=sys.stderr)  # cannot run PROGRAM: REASON
+        return for_launch_errno(err)
+    field = body.get("field")  # e.g. env.KEY: the refused key by name
     where = f" ({field})" if isinstance(field, str) and field not in str(exc) else ""
     print(f"openshell-sandbox: {body.get('kind', 'error')}: {exc}{where}", file=sys.stderr)
-    err = body.get("errno")
     if body.get("stage") and isinstance(err, int):
         return for_launch_errno(err)
     return ExitCode.SELF_FAILED

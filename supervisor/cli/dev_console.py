@@ -10,6 +10,7 @@ prints, on stderr, a few human lines instead of the JSON:
 * one line per name the DNS stub refused, once per name;
 * one line when the boundary refused the sandbox's set-up (it then exits) or lost enforcement (the fence
   changed under a running workload: every workload process was killed);
+* one line when the agent could not be started (``cannot run PROGRAM: REASON``);
 * one line when the kernel killed the agent at the workload's memory limit (its result says ``oom-killed``).
 
 Rules:
@@ -25,6 +26,7 @@ Rules:
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -81,6 +83,8 @@ class Console:
         elif kind == EventName.ENFORCEMENT_LOST and event.get("component") == "boundary":
             reason = clean(event.get("reason") or "the fence changed")
             return [f"{PREFIX}enforcement lost, every workload process was killed: {reason}"]
+        elif kind == EventName.AGENT_LAUNCH_FAILED and event.get("component") == "boundary":
+            return [launch_failure_line(event.get("program"), event.get("error"))]
         elif kind == EventName.LIMITS_MEMORY:
             self._memory_limit = event.get("limit")
         elif kind == EventName.AGENT_EXITED and event.get("component") == "boundary":
@@ -147,6 +151,20 @@ class Console:
         if event.get("event") == EventName.HTTP and event.get("method") and event.get("path"):
             argv += ["--method", str(event["method"]), "--path", str(event["path"])]
         return clean(shlex.join(argv))
+
+
+def launch_failure_line(program: object, error: object) -> str:
+    """``cannot run PROGRAM: REASON`` — what the agent's (or an exec's) launch failure says to a person: the
+    program as it was asked for and, for a failed ``execve``, the system's words for its errno."""
+    error = error if isinstance(error, Mapping) else {}
+    errno = error.get("errno")
+    if isinstance(errno, int) and not isinstance(errno, bool) and errno > 0:
+        why = os.strerror(errno)
+        if error.get("stage") not in (None, "execve"):
+            why = f"{why} (at {clean(error.get('stage'))})"
+    else:
+        why = clean(error.get("reason") or "the launch failed")
+    return f"{PREFIX}cannot run {clean(program) if program else 'the agent'}: {why}"
 
 
 def _refused(event: Mapping[str, Any]) -> bool:

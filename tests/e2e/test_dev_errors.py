@@ -1,0 +1,66 @@
+"""Dev mode's errors said once, in the user's terms: an invalid ``--policy``/``--credentials`` is refused before
+anything starts, naming the user's own file; a program that cannot be run is named with the reason."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CLI = [sys.executable, "-m", "supervisor.cli"]
+
+BAD_POLICY = """version: 1
+network_policies:
+  a:
+    endpoints:
+      - host: x.test
+        port: 0
+        protocl: rest
+    binaries:
+      - path: /usr/bin/curl
+"""
+
+
+def dev(tmp_path: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "XDG_RUNTIME_DIR": str(tmp_path / "run")}
+    return subprocess.run([*CLI, "dev", *args], capture_output=True, text=True, timeout=120, env=env, cwd=cwd)
+
+
+def test_an_invalid_policy_is_refused_before_anything_starts_naming_the_users_file(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text(BAD_POLICY)
+    marker = tmp_path / "agent-ran"
+    result = dev(tmp_path, "--policy", "bad.yaml", "--", "touch", str(marker), cwd=tmp_path)
+    check = subprocess.run([*CLI, "policy", "check", "bad.yaml"], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    # policy check's own lines, against the path the user typed, once each; never dev's private copy
+    assert result.stderr.splitlines()[:-1] == check.stdout.splitlines(), result.stderr
+    assert result.stderr.splitlines()[-1] == "bad.yaml: 2 errors (openshell-sandbox policy check bad.yaml)"
+    assert "private" not in result.stderr and "restarting" not in result.stderr
+    assert not marker.exists()
+    assert not (tmp_path / "state").exists(), "nothing may be started (no state directory made)"
+
+
+def test_an_invalid_credentials_file_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    (tmp_path / "creds.yaml").write_text("TOKEN: {secret: 12, hosts: [api.test]}\n")
+    result = dev(tmp_path, "--credentials", "creds.yaml", "--", "true", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == "openshell-sandbox: --credentials: creds.yaml: TOKEN.secret: expected a string\n"
+    assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize(
+    ("program", "code", "reason"),
+    [("/no/such/binary", 127, "No such file or directory"), ("/etc/passwd", 126, "Permission denied")],
+)
+def test_a_program_that_cannot_run_is_named_with_the_reason(tmp_path: Path, program: str, code: int,
+                                                            reason: str) -> None:  # fmt: skip
+    if os.geteuid() != 0:
+        pytest.skip("dev mode runs the boundary in model R here (root)")
+    result = dev(tmp_path, "--", program)
+    assert result.returncode == code, result.stderr
+    assert f"openshell-sandbox: cannot run {program}: {reason}\n" in result.stderr
+    assert result.stderr.count("cannot run") == 1
