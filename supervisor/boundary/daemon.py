@@ -81,6 +81,7 @@ from supervisor.link.h2link import Link, LinkStream
 from supervisor.link.relay import relay
 from supervisor.link.rpc import Accept, Router
 from supervisor.link.tls_link import Refused, accept_link, refuse
+from supervisor.protocol.agent_ended import why_ended
 from supervisor.protocol.attach import AttachRequest, CaptureMode, parse_attach
 from supervisor.protocol.certs import Bundle
 from supervisor.protocol.errors import ErrorKind, OpError
@@ -758,26 +759,29 @@ class BoundaryDaemon:
 
     async def op_terminate(self, body: dict[str, Any]) -> dict[str, Any]:
         req = parse_terminate_request(body)
-        agent = self.table.agent
         try:
             self.lifecycle.check(Op.TERMINATE)
-        except OpError:
-            # The agent ended while this was on its way: what ended it is the answer, not "terminated".
-            if agent is not None and agent.handle == req.handle and agent.result is not None:
-                return agent.result.to_wire()
-            raise
+        except OpError as exc:
+            # The agent had already ended: terminated (§1.3-1.4), with what ended it.
+            raise self._agent_already_ended(req.handle) or exc from None
         self.terminating += 1
         try:
             return (await self.table.terminate(req.handle, req.grace_s)).to_wire()
-        except OpError:
-            if agent is not None and agent.handle == req.handle and agent.result is not None:
-                return agent.result.to_wire()  # it exited on its own meanwhile: its result, as above
-            raise
+        except OpError as exc:
+            raise self._agent_already_ended(req.handle) or exc from None  # it exited on its own meanwhile
         finally:
             self.terminating -= 1
             if not self.terminating:
                 self.terminates_done.set()
                 self.terminates_done = trio.Event()
+
+    def _agent_already_ended(self, handle: str) -> OpError | None:
+        """``terminated`` carrying the agent's result when ``handle`` is the agent's and it has ended."""
+        agent = self.table.agent
+        if agent is None or agent.handle != handle or agent.result is None:
+            return None
+        return OpError(ErrorKind.TERMINATED, f"terminate: {why_ended(agent.result)} already", field="handle",
+                       result=agent.result.to_wire())  # fmt: skip
 
     async def op_policy_ack(self, body: dict[str, Any]) -> dict[str, Any]:
         generation = body.get("policy_generation")

@@ -85,6 +85,8 @@ async def run(args: argparse.Namespace) -> int:
     else:  # terminate
         status, body = await request_json(api, "POST", "/v1/terminate", {"handle": handle, "grace_s": args.grace})
     if status != 200:
+        if isinstance(body.get("result"), dict):  # terminated already: what ended it, as `wait` prints it
+            _print_json(body["result"])
         return _fail(status, body)
     _print_json(body)
     return 0

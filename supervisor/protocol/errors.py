@@ -1,7 +1,8 @@
 """Error kinds shared by every operation between control and boundary (docs/reference/boundary.md §1.3).
 
 An error never advances the lifecycle and never authorises anything. On the wire an error is the JSON body
-``{"kind": K, "reason": "...", "field"?: "...", "stage"?: "...", "errno"?: N}`` with the HTTP status of its kind.
+``{"kind": K, "reason": "...", "field"?: "...", "stage"?: "...", "errno"?: N, "result"?: {...}}`` with the HTTP
+status of its kind; ``result`` is the exit result of a process that had already ended (``terminate`` on it).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class OpError(Exception):
     field: str | None = None
     stage: str | None = None
     errno: int | None = None
+    result: dict[str, Any] | None = None  # a wire exit result: what ended the process the operation named
 
     def __str__(self) -> str:
         where = f" ({self.field})" if self.field else ""
@@ -55,7 +57,7 @@ class OpError(Exception):
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"kind": str(self.kind), "reason": self.reason}
-        for key in ("field", "stage", "errno"):
+        for key in ("field", "stage", "errno", "result"):
             value = getattr(self, key)
             if value is not None:
                 body[key] = value
@@ -76,4 +78,5 @@ class OpError(Exception):
             field=body.get("field") if isinstance(body.get("field"), str) else None,
             stage=body.get("stage") if isinstance(body.get("stage"), str) else None,
             errno=errno if isinstance(errno, int) else None,
+            result=body.get("result") if isinstance(body.get("result"), dict) else None,
         )

@@ -388,4 +388,9 @@ async def test_workload_gone_control_stays_up_not_ready(tmp_path: Path) -> None:
         assert b"terminated: exec: the agent has terminated: reason exited (code 0)" in started.stderr, started
         signalled = await cli("signal", "TERM")
         assert signalled.returncode == 125 and b"terminated: signal: the agent has terminated" in signalled.stderr
+        ended = await cli("terminate")  # nothing left to end: 410 terminated, with what ended it
+        assert ended.returncode == 125, ended
+        assert ended.stderr == b"openshell-sandbox: terminated: terminate: the agent has terminated: reason exited " \
+            b"(code 0) already (handle)\n", ended  # fmt: skip
+        assert json.loads(ended.stdout)["handle"] == AGENT and json.loads(ended.stdout)["reason"] == "exited"
         control.alive()
