@@ -781,7 +781,7 @@ class BoundaryDaemon:
         if agent is None or agent.handle != handle or agent.result is None:
             return None
         return OpError(ErrorKind.TERMINATED, f"terminate: {why_ended(agent.result)} already", field="handle",
-                       result=agent.result.to_wire())  # fmt: skip
+                       result=agent.result)  # fmt: skip
 
     async def op_policy_ack(self, body: dict[str, Any]) -> dict[str, Any]:
         generation = body.get("policy_generation")

@@ -42,7 +42,7 @@ def after_agent_end(op: Op, handle: str | None, result: ExitResult, *, boundary_
         return result
     if op is Op.TERMINATE and agents:
         raise OpError(ErrorKind.TERMINATED, f"terminate: {why_ended(result)} already", field="handle",
-                      result=result.to_wire())  # fmt: skip
+                      result=result)  # fmt: skip
     if op is Op.WAIT and boundary_attached:
         return None
     field = "handle" if op in (Op.WAIT, Op.SIGNAL, Op.TERMINATE) else None

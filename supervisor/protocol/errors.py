@@ -11,6 +11,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from supervisor.protocol.exit_result import ExitResult, ExitResultError
+
 
 class ErrorKind(enum.StrEnum):
     INVALID = "invalid"  # the request itself is wrong; retrying unchanged cannot succeed
@@ -49,7 +51,7 @@ class OpError(Exception):
     field: str | None = None
     stage: str | None = None
     errno: int | None = None
-    result: dict[str, Any] | None = None  # a wire exit result: what ended the process the operation named
+    result: ExitResult | None = None  # what ended the process the operation named
 
     def __str__(self) -> str:
         where = f" ({self.field})" if self.field else ""
@@ -57,10 +59,12 @@ class OpError(Exception):
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"kind": str(self.kind), "reason": self.reason}
-        for key in ("field", "stage", "errno", "result"):
+        for key in ("field", "stage", "errno"):
             value = getattr(self, key)
             if value is not None:
                 body[key] = value
+        if self.result is not None:
+            body["result"] = self.result.to_wire()
         return body
 
     @classmethod
@@ -78,5 +82,15 @@ class OpError(Exception):
             field=body.get("field") if isinstance(body.get("field"), str) else None,
             stage=body.get("stage") if isinstance(body.get("stage"), str) else None,
             errno=errno if isinstance(errno, int) else None,
-            result=body.get("result") if isinstance(body.get("result"), dict) else None,
+            result=_result(body.get("result")),
         )
+
+
+def _result(raw: object) -> ExitResult | None:
+    """An error body's exit result, if it carries a well-formed one (a malformed one is dropped, never fatal)."""
+    if raw is None:
+        return None
+    try:
+        return ExitResult.from_wire(raw)
+    except ExitResultError:
+        return None

@@ -181,7 +181,7 @@ async def test_lifecycle_order_is_enforced_and_second_attach_refused(boundary: B
         await call(link, "/v1/signal", {"handle": running["agent"], "signal": "KILL"})
         result = await call(link, "/v1/wait", {"handle": running["agent"]})
         ended = await expect_error(ErrorKind.TERMINATED, link, "/v1/terminate", {"handle": running["agent"]})
-        assert ended.result == result and result["signal"] == "KILL", ended
+        assert ended.result is not None and ended.result.to_wire() == result and result["signal"] == "KILL", ended
 
 
 @pytest.mark.parametrize(

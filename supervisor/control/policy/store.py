@@ -12,7 +12,9 @@ Rules:
    ``current`` is ``None`` and every decision denies with ``policy-quarantined`` — until a valid revision loads;
    ``retain-last-valid`` keeps the last valid policy active and reports ``retained``.
 4. Static sections (filesystem, landlock, process) are fixed for the sandbox's life: a revision that changes
-   them still loads, with a warning that they apply only to a new sandbox. Adding the first ``protocol: tcp``
+   them still loads, with a warning that they apply only to a new sandbox. "Changes" means what the boundary
+   would apply differs (``StaticPolicy.effective``): a network-only revision of the default policy warns of
+   nothing. Adding the first ``protocol: tcp``
    endpoint to a sandbox started without one is invalid (the capture substrate is installed only at start).
 5. Every change is published to subscribers synchronously, after the swap, with an immutable snapshot; a
    connection admitted under generation N is stale once ``generation != N`` (control closes it).
@@ -35,6 +37,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import trio
+
+from supervisor.protocol.attach import StaticPolicy
 
 from .compiled import CompiledPolicy, compile_policy
 from .decide import decide_l4, decide_l7, quarantine_decision
@@ -87,7 +91,7 @@ class PolicyStore:
             raise ValueError(f"unknown policy failure mode {failure_mode!r}")
         self.failure_mode: FailureMode = failure_mode
         self._aliases = binary_aliases
-        self._static = initial.policy.static_json()
+        self._static = _effective_static(initial)
         self._started_with_tcp = initial.has_tcp
         self._snapshot = PolicySnapshot(0, "loaded", initial, initial, source, warnings=initial.policy.warnings)
         self._subscribers: list[Subscriber] = []
@@ -201,7 +205,7 @@ class PolicyStore:
             )
         snap = self._snapshot
         warnings = list(compiled.policy.warnings)
-        if compiled.policy.static_json() != self._static:
+        if _effective_static(compiled) != self._static:
             warnings.append(
                 PolicyWarning(
                     "",
@@ -271,6 +275,11 @@ class PolicyStore:
                 failures.append(exc)
         if failures:
             raise failures[0]
+
+
+def _effective_static(compiled: CompiledPolicy) -> StaticPolicy:
+    """The static sections as the boundary applies them (rule 4 compares these, not their spelling)."""
+    return StaticPolicy.from_wire(compiled.policy.static_json()).effective()
 
 
 # --- the watcher -------------------------------------------------------------------------------------------
