@@ -20,12 +20,15 @@ Rules:
    ``--agent-user`` names one; otherwise U and P can only run it as our own uid. Either way it is printed.
 5. The default workdir is ``$XDG_STATE_HOME/openshell-sandbox/<sandbox>/work`` (``supervisor/cli/state_dirs.py``),
    owned by the agent's uid, mode 0700, kept after exit and printed.
+6. A ``--workdir`` given is used as it is (``.`` and relative paths made absolute by the command line): it must
+   be a directory the agent's uid can write and search, or dev refuses to start, naming its owner and mode.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,6 +101,52 @@ def _default_workdir(sandbox: str, agent: tuple[int, int] | None) -> Path:
     return work
 
 
+def _check_agent_writes(workdir: Path, agent: tuple[int, int]) -> None:
+    """Rule 6: a ``--workdir`` the agent could not write is refused here, naming its owner and mode, rather than
+    found out by the agent's first write."""
+    try:
+        info = workdir.stat()
+    except OSError as exc:
+        raise DevSetupError(f"--workdir={workdir}: {exc.strerror or exc}") from exc
+    if not stat.S_ISDIR(info.st_mode):
+        raise DevSetupError(f"--workdir={workdir}: not a directory")
+    uid, gid = agent
+    mode = stat.S_IMODE(info.st_mode)
+    if uid == 0:
+        return
+    if info.st_uid == uid:
+        bits = mode >> 6
+    elif info.st_gid == gid:
+        bits = mode >> 3
+    else:
+        bits = mode
+    if bits & 0o3 == 0o3:  # write and search
+        return
+    raise DevSetupError(
+        f"--workdir={workdir}: the agent (uid {uid}, gid {gid}) cannot write it: owned by {_owner(info.st_uid)} "
+        f"(uid {info.st_uid}), group {_group(info.st_gid)} (gid {info.st_gid}), mode {mode:04o}; give the agent "
+        "write access to it (chown or chmod) or choose another directory"
+    )
+
+
+def _owner(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _group(gid: int) -> str:
+    import grp
+
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
 def _private_copy(source: Path, private: Path, name: str, flag: str) -> Path:
     copy = private / name
     try:
@@ -134,6 +183,8 @@ def prepare(
     from supervisor.control.policy.watch_safety import agent_writable_paths, decide_watch
 
     agent, who = _agent_ids(model, agent_user)
+    if workdir is not None:
+        _check_agent_writes(Path(workdir), agent or (os.geteuid(), os.getegid()))
     work = Path(workdir) if workdir is not None else _default_workdir(sandbox, agent)
     plan = DevConfinement(model=model, workdir=work, agent=agent)
     plan.notes.append(who)

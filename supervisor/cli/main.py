@@ -54,8 +54,9 @@ def command_parser() -> argparse.ArgumentParser:
     )
     dev.add_argument(
         "--workdir",
-        help="the agent's working directory, writable by it (default: $XDG_STATE_HOME/openshell-sandbox/<sandbox>/"
-        "work, created for the agent and kept after exit; never / nor under /proc)",
+        help="the agent's working directory (`.` is this one), which the agent's uid must be able to write (default: "
+        "$XDG_STATE_HOME/openshell-sandbox/<sandbox>/work, created for the agent and kept after exit; never / nor "
+        "under /proc)",
     )
     dev.add_argument(
         "--agent-user",
@@ -162,6 +163,8 @@ def run_command(argv: list[str]) -> int:
                 "fence; pass --acknowledge-external-fence to run it anyway"
             )
             return ExitCode.USAGE
+        if args.workdir is not None:
+            args.workdir = os.path.abspath(args.workdir)  # `--workdir .`: this directory, named as the agent sees it
         if args.workdir is not None and (problem := _workdir_problem(args.workdir)) is not None:
             _err(f"dev --workdir: {problem}")
             return ExitCode.USAGE

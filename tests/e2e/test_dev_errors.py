@@ -64,3 +64,29 @@ def test_a_program_that_cannot_run_is_named_with_the_reason(tmp_path: Path, prog
     assert result.returncode == code, result.stderr
     assert f"openshell-sandbox: cannot run {program}: {reason}\n" in result.stderr
     assert result.stderr.count("cannot run") == 1
+
+
+def test_workdir_dot_is_this_directory(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("dev mode runs the boundary in model R here (root)")
+    work = tmp_path / "project"
+    work.mkdir()
+    work.chmod(0o1777)  # the dedicated agent uid may write it
+    result = dev(tmp_path, "--workdir", ".", "--", "sh", "-c", "pwd; echo made > by-agent", cwd=work)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{work}\n"
+    assert (work / "by-agent").read_text() == "made\n"
+
+
+def test_a_workdir_the_agent_cannot_write_is_refused_naming_owner_and_mode(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("dev mode runs the boundary in model R here (root)")
+    work = tmp_path / "project"
+    work.mkdir()
+    work.chmod(0o755)  # root's: the dedicated agent uid can only read it
+    result = dev(tmp_path, "--workdir", str(work), "--", "sh", "-c", "echo ran; echo made > by-agent")
+    assert result.returncode == 125, result.stderr
+    assert result.stdout == ""
+    assert f"openshell-sandbox: --workdir={work}: the agent (uid " in result.stderr
+    assert "cannot write it: owned by root (uid 0), group root (gid 0), mode 0755" in result.stderr
+    assert list(work.iterdir()) == []
