@@ -83,6 +83,7 @@ def run_dev(opts: DevOptions) -> int:
             plan = prepare(
                 sandbox=sandbox, tmp=tmp, runtime_parent=runtime.parent, model=resolve_model(opts.privilege_model)[0],
                 workdir=opts.workdir, agent_user=opts.agent_user, policy=opts.policy, credentials=opts.credentials,
+                workdir_read_only=opts.workdir_read_only,
             )  # fmt: skip
         except DevSetupError as exc:
             print(f"openshell-sandbox: {exc}", file=sys.stderr)

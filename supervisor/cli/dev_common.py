@@ -29,6 +29,7 @@ class DevOptions:
     privilege_model: str = "auto"
     workdir: str | None = None  # None: <state dir>/work (supervisor/cli/dev_confinement.py)
     agent_user: str | None = None
+    workdir_read_only: bool = False  # the agent only reads --workdir: not refused when it cannot write it
     acknowledge_external_fence: bool = False
     credentials: Path | None = None
     upstream_ca: Path | None = None

@@ -59,6 +59,10 @@ def command_parser() -> argparse.ArgumentParser:
         "under /proc)",
     )
     dev.add_argument(
+        "--workdir-read-only", action="store_true",
+        help="the agent only reads --workdir (your scripts, say): start even though its uid cannot write it",
+    )  # fmt: skip
+    dev.add_argument(
         "--agent-user",
         help="UID:GID the agent runs as when dev runs as root (default: a dedicated unused id from 61000 up, "
         "printed at start; 1000:1000 with --topology proxy-pod); U and P run without root as your own uid",
@@ -184,6 +188,7 @@ def run_command(argv: list[str]) -> int:
         opts = DevOptions(
             argv=args.argv, policy=args.policy, dns_servers=tuple(args.dns_server),
             privilege_model=args.privilege_model, workdir=args.workdir, agent_user=args.agent_user,
+            workdir_read_only=args.workdir_read_only,
             acknowledge_external_fence=args.acknowledge_external_fence, credentials=args.credentials,
             upstream_ca=args.upstream_ca, log_format=args.log_format, quiet=args.quiet,
             ipv6_egress=args.ipv6_egress, self_addresses=tuple(args.self_address), api_listen=args.api_listen,

@@ -90,3 +90,19 @@ def test_a_workdir_the_agent_cannot_write_is_refused_naming_owner_and_mode(tmp_p
     assert f"openshell-sandbox: --workdir={work}: the agent (uid " in result.stderr
     assert "cannot write it: owned by root (uid 0), group root (gid 0), mode 0755" in result.stderr
     assert list(work.iterdir()) == []
+
+
+def test_workdir_read_only_lets_the_agent_only_read_its_workdir(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("dev mode runs the boundary in model R here (root)")
+    work = tmp_path / "project"
+    work.mkdir()
+    work.chmod(0o755)
+    (work / "script.sh").write_text("echo read\n")
+    (work / "script.sh").chmod(0o644)
+    result = dev(tmp_path, "--workdir", str(work), "--workdir-read-only", "--", "sh", "script.sh")
+    assert (result.returncode, result.stdout) == (0, "read\n"), result.stderr
+    work.chmod(0o700)  # now it cannot even read it
+    result = dev(tmp_path, "--workdir", str(work), "--workdir-read-only", "--", "sh", "script.sh")
+    assert result.returncode == 125 and "cannot read it: owned by root (uid 0), group root (gid 0), mode 0700" \
+        in result.stderr, result.stderr  # fmt: skip
