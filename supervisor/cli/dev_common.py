@@ -19,6 +19,7 @@ from supervisor.cli.dev_console import Console, EventsTail
 from supervisor.cli.state_dirs import StateDirError, ensure_sandbox_state_dir, events_path
 from supervisor.protocol.claims import Claims
 from supervisor.protocol.interpreter import cli_argv, composed_environment, import_path, installation_problem
+from supervisor.protocol.runtime_dir import runtime_base
 
 
 @dataclass
@@ -125,7 +126,9 @@ def _console(opts: DevOptions, sandbox: str) -> tuple[Callable[[], None], Callab
         return (lambda: None), say
     policy = opts.policy.resolve() if opts.policy is not None else _default_policy_file()
     label = str(opts.policy) if opts.policy is not None else "embedded deny-all"
-    console = Console(sandbox=sandbox, policy=policy, policy_label=label, events_path=events_path(sandbox))
+    console = Console(sandbox=sandbox, policy=policy, policy_label=label, events_path=events_path(sandbox),
+                      api=runtime_base() / sandbox / "api.sock",
+                      policy_source=str(opts.policy.absolute()) if opts.policy is not None else None)  # fmt: skip
     tail = EventsTail(events_path(sandbox))
 
     def tick() -> None:

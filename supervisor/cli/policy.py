@@ -6,9 +6,11 @@
 * ``policy decide --policy FILE --host H --port N [--binary PATH] [--ancestor PATH]... [--sha256 HEX]
   [--loader-env NAME]... [--binary-identity relaxed] [--method M --path P] [--json]`` — one readable line (or
   JSON with result, rule, endpoint, reason); exit 0 when allowed (audit included), 1 when denied, 2 for a usage
-  error or an invalid policy.
+  error or an invalid policy. ``--generation N`` instead of ``--policy`` decides against the running sandbox's
+  policy in force, asked through its API, and is refused when another generation is in force by now.
+* ``policy get [--yaml]`` — the running sandbox's generation and status; ``--yaml`` prints the policy in force.
 
-Pure presentation over ``supervisor.control.policy``; no daemon, no network.
+Presentation over ``supervisor.control.policy``; only ``get``, ``apply`` and ``decide --generation`` ask a daemon.
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from supervisor.cli.policy_binaries import absent_binaries
 from supervisor.control.policy import (
     BinaryIdentity,
     L4Request,
+    Policy,
     PolicyError,
     PolicyInvalid,
     compile_policy,
     decide_l4,
     decide_l7,
     load_policy_file,
+    load_policy_text,
 )
 from supervisor.protocol.exit_codes import ExitCode
 
@@ -63,7 +67,11 @@ def add_policy_parser(subparsers: Any) -> None:
         help="decide one connection (and optionally one request)",
         description="Decide a connection against a policy; exit 0 allow, 1 deny, 2 usage or an invalid policy.",
     )
-    decide.add_argument("--policy", type=Path, required=True, metavar="FILE")
+    source = decide.add_mutually_exclusive_group(required=True)
+    source.add_argument("--policy", type=Path, metavar="FILE")
+    source.add_argument("--generation", type=int, metavar="N",
+                        help="the running sandbox's policy generation N (refused once another is in force), asked "
+                             "through its API (--api) instead of a file")  # fmt: skip
     decide.add_argument("--host", required=True, help="destination host name or IP address")
     decide.add_argument("--port", type=int, required=True)
     decide.add_argument("--binary", metavar="PATH", help="executable of the calling process")
@@ -85,12 +93,16 @@ def add_policy_parser(subparsers: Any) -> None:
     decide.add_argument("--method", help="HTTP method, for an L7 decision (needs --path)")
     decide.add_argument("--path", help="HTTP request target, for an L7 decision (needs --method)")
     decide.add_argument("--json", action="store_true", help="print one JSON object")
+    add_api_arguments(decide)
 
     get = sub.add_parser(
         "get",
-        help="show the running sandbox's policy generation and status",
+        help="show the running sandbox's policy generation and status (--yaml: the policy in force)",
         description="Ask the running sandbox's control which policy generation is in force.",
     )
+    get.add_argument("--yaml", action="store_true",
+                     help="print the policy in force (normalised: comments and formatting are not kept), a file "
+                          "`policy check` and `policy decide --policy` take")  # fmt: skip
     add_api_arguments(get)
     apply = sub.add_parser(
         "apply",
@@ -166,13 +178,19 @@ def _decide(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if not 1 <= args.port <= 65535:
         print(f"policy decide: --port {args.port} is outside 1..65535", file=err)
         return ExitCode.USAGE
-    try:
-        policy = load_policy_file(args.policy)
-    except PolicyInvalid as exc:
-        for error in exc.errors:
-            print(error, file=err)
-        print(f"policy decide: {args.policy} is not a valid policy (run: policy check {args.policy})", file=err)
-        return ExitCode.USAGE
+    if args.generation is not None:
+        in_force = _policy_in_force(args, err, generation=args.generation)
+        if isinstance(in_force, int):
+            return ExitCode.USAGE if in_force == 1 else in_force
+        policy = in_force
+    else:
+        try:
+            policy = load_policy_file(args.policy)
+        except PolicyInvalid as exc:
+            for error in exc.errors:
+                print(error, file=err)
+            print(f"policy decide: {args.policy} is not a valid policy (run: policy check {args.policy})", file=err)
+            return ExitCode.USAGE
     compiled = compile_policy(policy)
     identity = None
     if args.binary:
@@ -186,7 +204,7 @@ def _decide(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         decision = decide_l7(compiled, decision, args.method, args.path)
     if args.json:
         body = decision.to_json()
-        body["policy"] = str(args.policy)
+        body["policy"] = str(args.policy) if args.policy is not None else f"generation {args.generation}"
         body["hash"] = compiled.digest
         _dump(out, body)
     else:
@@ -198,12 +216,54 @@ def _dump(out: TextIO, body: dict[str, Any]) -> None:
     out.write(json.dumps(body, indent=2, sort_keys=False) + "\n")
 
 
+def _policy_in_force(args: argparse.Namespace, err: TextIO, *, generation: int | None) -> Policy | int:
+    """The running sandbox's policy in force (through its API), or the exit code after saying why not: 1 when it
+    is not ``generation`` or nothing is in force (quarantine), 125 when the API cannot be asked."""
+    import trio
+
+    from supervisor.cli.api_client import ApiError, find_api, request_json
+
+    try:
+        status, body = trio.run(request_json, find_api(args.api, args.cert), "GET", "/v1/policy?content=1")
+    except ApiError as exc:
+        print(f"policy: {exc}", file=err)
+        return ExitCode.SELF_FAILED
+    if status != 200:
+        print(f"policy: {body.get('reason') or f'HTTP {status}'}", file=err)
+        return ExitCode.SELF_FAILED
+    now = body.get("generation")
+    if generation is not None and now != generation:
+        print(f"policy: generation {generation} is not the one in force (generation {now} is)", file=err)
+        return 1
+    content = body.get("policy")
+    if not isinstance(content, dict):
+        print(f"policy: nothing is in force: generation {now} is {body.get('status')} (every connection is denied)",
+              file=err)  # fmt: skip
+        return 1
+    import yaml
+
+    try:
+        return load_policy_text(yaml.safe_dump(content, sort_keys=False), f"generation {now}")
+    except PolicyInvalid as exc:  # control's own normalised form: it loads, or control and we disagree
+        print(f"policy: control's generation {now} does not load here: {exc}", file=err)
+        return ExitCode.SELF_FAILED
+
+
 def _remote(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``policy get`` / ``policy apply``: the running sandbox's control, through its operator API."""
     import trio
 
     from supervisor.cli.api_client import ApiError, find_api, request_json
 
+    if args.policy_command == "get" and args.yaml:
+        policy = _policy_in_force(args, err, generation=None)
+        if isinstance(policy, int):
+            return policy
+        import yaml
+
+        print(f"# {policy.source}, the policy in force (normalised)", file=out)
+        out.write(yaml.safe_dump(policy.to_json(), sort_keys=False, allow_unicode=True))
+        return 0
     try:
         api = find_api(args.api, args.cert)
         if args.policy_command == "get":

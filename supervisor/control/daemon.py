@@ -449,7 +449,9 @@ class ControlDaemon:
 
     # -- policy generations -----------------------------------------------------------------------------------
     def _policy_changed(self, snap: Any) -> None:
-        self.log.emit(EventName.POLICY_GENERATION, generation=snap.generation, status=snap.status, source=snap.source)
+        errors = {"errors": [error.to_json() for error in snap.errors]} if snap.errors else {}
+        self.log.emit(EventName.POLICY_GENERATION, generation=snap.generation, status=snap.status, source=snap.source,
+                      **errors)  # fmt: skip
         try:
             self._acks.send_nowait(snap.generation)
         except trio.WouldBlock:
@@ -503,6 +505,7 @@ class ControlDaemon:
         failing: list[str] = []
         if not self.policy.ready:
             failing.append(f"policy: {self.policy.status} (generation {self.policy.generation})")
+            failing += [f"policy error: {error}" for error in self.policy.last_error or ()]
         if self.proxy is not None:  # proxy-pod: no boundary, no fence of ours; the listener is the service
             if self.proxy.bound is None:
                 failing.append("proxy: not listening yet")

@@ -157,3 +157,45 @@ def test_status_shows_every_limit_and_why_one_is_unenforced() -> None:
     text = "\n".join(unenforced)
     assert "pids              unenforced: not writable" in text and "\\x1b[2J" in text and "\x1b" not in text
     assert "oom_score_adj     unenforced: model P" in text
+
+
+def test_after_a_policy_apply_the_why_hint_asks_the_generation_that_decided() -> None:
+    c = Console(sandbox="dev-1", policy=Path("/p/agent.yaml"), policy_label="agent.yaml", events_path=EVENTS,
+                api=Path("/run/o/dev-1/api.sock"), policy_source="/p/agent.yaml")  # fmt: skip
+    [before] = c.lines_for(deny(policy_generation=0))
+    assert "(why: openshell-sandbox policy decide --policy /p/agent.yaml --host" in before
+    c.lines_for({"event": "policy.generation", "component": "control", "generation": 1, "status": "loaded",
+                 "source": "PUT /v1/policy"})  # fmt: skip
+    [after] = c.lines_for(deny(policy_generation=1))
+    command = shlex.split(after.split("(why: ", 1)[1].removesuffix(")"))
+    assert command[:7] == ["openshell-sandbox", "policy", "decide", "--api", "/run/o/dev-1/api.sock",
+                           "--generation", "1"]  # fmt: skip
+    c.lines_for(
+        {
+            "event": "policy.generation",
+            "component": "control",
+            "generation": 2,
+            "status": "loaded",
+            "source": "/p/agent.yaml",
+        }
+    )  # the watched file's own revision: the file says it again
+    assert "--policy /p/agent.yaml" in c.lines_for(deny(policy_generation=2))[0]
+
+
+def test_a_quarantined_policy_file_says_every_error_in_the_terminal_and_in_logs() -> None:
+    event = {"event": "policy.generation", "component": "control", "generation": 3, "status": "quarantined",
+             "source": "/p/agent.yaml", "errors": [
+                 {"path": "network_policies.a.endpoints[0].port", "message": "invalid port 0",
+                  "expected": "1..=65535", "line": 6, "source": "/p/agent.yaml"},
+                 {"path": "network_policies.a.protocl", "message": "unknown key 'protocl'", "line": 7,
+                  "source": "/p/agent.yaml"}]}  # fmt: skip
+    assert console().lines_for(event) == [
+        "openshell-sandbox: /p/agent.yaml is invalid; quarantined (generation 3): every new connection is denied "
+        "until it is fixed:",
+        "  /p/agent.yaml:6: network_policies.a.endpoints[0].port: invalid port 0 (expected 1..=65535)",
+        "  /p/agent.yaml:7: network_policies.a.protocl: unknown key 'protocl'",
+    ]
+    line = summary(event)
+    assert "status=quarantined" in line
+    assert line.endswith("/p/agent.yaml:6: network_policies.a.endpoints[0].port: invalid port 0 (expected "
+                         "1..=65535); /p/agent.yaml:7: network_policies.a.protocl: unknown key 'protocl'")  # fmt: skip

@@ -126,7 +126,9 @@ class PolicyStore:
     def is_current(self, generation: int) -> bool:
         return generation == self._snapshot.generation
 
-    def status_json(self) -> dict[str, Any]:
+    def status_json(self, *, content: bool = False) -> dict[str, Any]:
+        """The generation in force and its status; with ``content`` also the normalised policy itself
+        (``policy``: what ``policy get --yaml`` prints, ``None`` in quarantine, where nothing is in force)."""
         snap = self._snapshot
         active = snap.policy
         body: dict[str, Any] = {
@@ -144,6 +146,8 @@ class PolicyStore:
             body["errors"] = [err.to_json() for err in snap.errors]
         if snap.warnings:
             body["warnings"] = [w.to_json() for w in snap.warnings]
+        if content:
+            body["policy"] = active.policy.to_json() if active is not None else None
         return body
 
     # --- subscribing --------------------------------------------------------------------------------------
