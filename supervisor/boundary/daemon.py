@@ -110,6 +110,7 @@ PROBE_ADDRESS = "192.0.2.1"  # TEST-NET-1: inside the agent's namespace it can o
 END_WORKLOAD_S = 5.0
 REPLY_FLUSH_S = 2.0  # how long an ending daemon waits for its last replies to be written to control
 EGRESS_LINK_WAIT_S = 1.0  # confirm waits this long for control's first egress link (its dial just completed)
+REDACTED_CREDENTIAL = "[CREDENTIAL]"  # a placeholder as status shows it (as control's events do, l7/rewrite.py)
 
 
 @dataclass
@@ -706,12 +707,25 @@ class BoundaryDaemon:
             "enforcement_lost": self.enforcement_lost,
             "policy_generation": self.policy_generation_acked,
             "agent": None if agent is None else {"handle": agent.handle, "result": result},
-            "processes": self.table.live(),
+            "processes": [self._redacted(process) for process in self.table.live()],
             "links": len(self.links),
             "limits": self._limits_now(),
             # The CA the agent was given to trust: a control that resumes with another one says so.
             "interception_ca_sha256": self._interception_ca_sha256(),
         }
+
+    def _redacted(self, process: dict[str, Any]) -> dict[str, Any]:
+        """A process as status shows it: a credential placeholder in its argv reads ``[CREDENTIAL]``, as in the
+        events (control's ``l7/rewrite.py``)."""
+        placeholders = (
+            sorted(self.attach.credential_placeholders.values(), key=len, reverse=True) if self.attach else []
+        )
+        argv = []
+        for arg in process.get("argv") or ():
+            for placeholder in placeholders:
+                arg = arg.replace(placeholder, REDACTED_CREDENTIAL)
+            argv.append(arg)
+        return {**process, "argv": argv}
 
     def _limits_now(self) -> dict[str, Any]:
         """Every limit, whether it is enforced (and why not), and the cgroups' counters now."""

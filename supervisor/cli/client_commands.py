@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 from typing import Any
 
@@ -112,6 +113,7 @@ async def _status(api: Api, raw: bool) -> int:
         f"  acknowledged {boundary.get('policy_generation')}",
         f"agent       {agent.get('handle', '-')}  {json.dumps(agent.get('result')) if agent.get('result') else ''}",
         f"processes   {len(boundary.get('processes') or [])} running",
+        *_process_lines(boundary.get("processes")),
         _fence_line(boundary.get("fence")),
         *_limit_lines(boundary.get("limits")),
     ]
@@ -128,6 +130,23 @@ async def _status(api: Api, raw: bool) -> int:
         lines.append(f"certificate {item}")
     print("\n".join(lines))
     return 0
+
+
+def _process_lines(processes: Any) -> list[str]:
+    """One line per process: handle, kind, state, start time and argv (placeholders already redacted by the
+    boundary; terminal-safe: an argv is anyone's text)."""
+    if not isinstance(processes, list):
+        return []
+    lines = []
+    for process in processes:
+        if not isinstance(process, dict):
+            continue
+        argv = process.get("argv")
+        argv = argv if isinstance(argv, list) else []
+        lines.append(f"            {clean(process.get('handle', '?'))}  {clean(process.get('kind', '?')):<5} "
+                     f"{clean(process.get('state', '?'))}  since {clean(process.get('started_at', '?'))}  "
+                     f"{clean(shlex.join(str(a) for a in argv))}")  # fmt: skip
+    return lines
 
 
 def _limit_lines(limits: Any) -> list[str]:
@@ -209,10 +228,18 @@ async def _exec(api: Api, args: argparse.Namespace) -> int:
 
         size = shutil.get_terminal_size() if os.isatty(1) else os.terminal_size((80, 24))
         body["cols"], body["rows"] = size.columns, size.lines
+    if args.detach:
+        if args.interactive:
+            raise ApiError("exec --detach takes no stdin (-i): nothing would be left to send it")
+        body["stdin"] = "null"
     try:
-        stream, _reply = await open_channel(api, "/v1/exec", body)
+        stream, reply = await open_channel(api, "/v1/exec", body)
     except ApiError as exc:
         return _launch_failure(exc, program=args.argv[0])
+    if args.detach:  # the process keeps running without a stream; its output is kept for `attach`
+        await stream.aclose()
+        print(reply.get("handle", "?"), file=sys.stderr)
+        return 0
     async with stream:
         return await run_exec_client(stream, tty=bool(args.tty), interactive=bool(args.interactive))
 

@@ -122,6 +122,9 @@ def command_parser() -> argparse.ArgumentParser:
     ex.add_argument("--env", action="append", default=[], metavar="K=V", help="environment (repeatable)")
     ex.add_argument("--workdir", help="working directory in the workload")
     ex.add_argument("--timeout", type=float, default=0, help="terminate after this many seconds, exit 124 (0: never)")
+    ex.add_argument("-d", "--detach", action="store_true",
+                    help="start it and return at once, printing its handle on stderr (for attach, wait, signal, "
+                    "terminate; status lists it)")  # fmt: skip
     ex.add_argument("argv", nargs="+", metavar="CMD")
 
     att = with_api(sub.add_parser(
