@@ -9,6 +9,8 @@ prints, on stderr, a few human lines instead of the JSON:
   binary, the destination, the reason, and the ``policy decide`` command that explains the decision — against
   the user's policy file while the generation that decided is the file's, else against that generation of the
   running sandbox (``--api SOCK --generation N``: after a ``policy apply``, the file no longer says what decided);
+* one line per request whose origin control could not verify (``upstream_tls_failed``): the certificate problem
+  and ``--upstream-ca``, the flag that makes control trust a private CA;
 * one line per name the DNS stub refused, once per name;
 * one line when the boundary refused the sandbox's set-up (it then exits) or lost enforcement (the fence
   changed under a running workload: every workload process was killed);
@@ -41,6 +43,7 @@ from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_result import EndReason
 
 PREFIX = "openshell-sandbox: "
+UPSTREAM_TLS_FAILED = "upstream-tls-failed"  # the http event's reason when control did not trust the origin
 REFUSED = {"deny", "denied", "refused"}
 
 
@@ -84,6 +87,8 @@ class Console:
         elif kind == EventName.LIFECYCLE_RUNNING and event.get("component") == "control" and not self.ready_printed:
             self.ready_printed = True
             return [self._ready_line()]
+        elif kind == EventName.HTTP and event.get("reason") == UPSTREAM_TLS_FAILED:
+            return [self._upstream_tls_line(event)]
         elif kind in (EventName.EGRESS, EventName.EGRESS_REFUSED, EventName.HTTP) and (
             kind == EventName.EGRESS_REFUSED or _refused(event)
         ):
@@ -124,6 +129,14 @@ class Console:
         errors = errors if isinstance(errors, list) else []
         return [f"{PREFIX}{source} is invalid; {what} until it is fixed:",
                 *(f"  {clean(policy_error_text(error))}" for error in errors)]  # fmt: skip
+
+    def _upstream_tls_line(self, event: Mapping[str, Any]) -> str:
+        """The policy allowed it, control did not trust the origin: the certificate problem and the flag for it."""
+        what = f"{clean(event.get('method') or '')} {clean(event.get('destination') or '?')}".strip()
+        who = clean(event["binary"]) if event.get("binary") else "a process"
+        problem = clean(event.get("detail") or "the origin's TLS handshake failed")
+        return (f"{PREFIX}{who} → {what}: upstream_tls_failed: {problem}; if the origin's CA is one you trust "
+                "(a private or corporate CA), give it to control with --upstream-ca FILE")  # fmt: skip
 
     def _oom_line(self) -> str:
         limit = self._memory_limit

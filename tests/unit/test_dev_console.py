@@ -199,3 +199,15 @@ def test_a_quarantined_policy_file_says_every_error_in_the_terminal_and_in_logs(
     assert "status=quarantined" in line
     assert line.endswith("/p/agent.yaml:6: network_policies.a.endpoints[0].port: invalid port 0 (expected "
                          "1..=65535); /p/agent.yaml:7: network_policies.a.protocl: unknown key 'protocl'")  # fmt: skip
+
+
+def test_an_origin_control_does_not_trust_is_named_with_the_certificate_problem_and_the_flag() -> None:
+    event = {"event": "http", "component": "control", "decision": "error", "method": "GET",
+             "destination": "api.corp.test:443", "path": "/v1", "binary": "/usr/bin/curl",
+             "reason": "upstream-tls-failed", "detail": "the certificate of api.corp.test:443 failed verification: "
+             "self-signed certificate in certificate chain"}  # fmt: skip
+    assert console().lines_for(event) == [
+        "openshell-sandbox: /usr/bin/curl → GET api.corp.test:443: upstream_tls_failed: the certificate of "
+        "api.corp.test:443 failed verification: self-signed certificate in certificate chain; if the origin's CA is "
+        "one you trust (a private or corporate CA), give it to control with --upstream-ca FILE"
+    ]
