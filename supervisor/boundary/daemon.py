@@ -92,6 +92,7 @@ from supervisor.protocol.fence_canary import CanaryReport, parse_canary
 from supervisor.protocol.fingerprint import pem_fingerprint
 from supervisor.protocol.lifecycle import Lifecycle, Op, State
 from supervisor.protocol.process_ops import (
+    is_forward_probe,
     parse_exec_request,
     parse_forward_request,
     parse_signal_request,
@@ -842,6 +843,9 @@ class BoundaryDaemon:
     async def op_forward(self, body: dict[str, Any], stream: LinkStream, accept: Accept) -> None:
         self.lifecycle.check(Op.FORWARD)
         target = parse_forward_request(body, self._reserved_ports())
+        if is_forward_probe(body):  # `forward`'s start-up question: would this target be accepted? No connection
+            await accept({"host": target.host, "port": target.port, "probe": True})
+            return
         local = await open_forward(self.launcher, target.host, target.port, self._reserved_ports())
         await accept({"host": target.host, "port": target.port})
         stats = await relay(stream, local, idle_timeout=math.inf)

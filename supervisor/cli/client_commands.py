@@ -16,6 +16,7 @@ from supervisor.cli.dev_console import launch_failure_line
 from supervisor.cli.exec_client import run_exec_client
 from supervisor.cli.human import clean, format_size
 from supervisor.link.relay import relay
+from supervisor.protocol.agent_ended import why_ended
 from supervisor.protocol.exit_codes import ExitCode, for_launch_errno
 from supervisor.protocol.exit_result import ExitResult, ExitResultError
 
@@ -294,10 +295,14 @@ def _split_spec(spec: str) -> list[str]:
 
 
 async def _forward(api: Api, spec: str) -> int:
+    """Listen locally and open one forward channel per connection, until the sandbox ends (then exit 0 saying
+    so) or the user interrupts."""
     local_addr, local_port, remote_host, remote_port = parse_forward_spec(spec)
-    # Ask once up front so a refused target fails fast with the boundary's reason.
-    probe, _ = await open_channel(api, "/v1/forward", {"host": remote_host, "port": remote_port})
+    # Ask once up front so a refused target fails fast with the boundary's reason; a probe never connects to the
+    # target (the user's server would see a connection that sends nothing and resets).
+    probe, _ = await open_channel(api, "/v1/forward", {"host": remote_host, "port": remote_port, "probe": True})
     await probe.aclose()
+    handle = await _agent_handle(api)
     listeners = await trio.open_tcp_listeners(local_port, host=local_addr)
     bound = listeners[0].socket.getsockname()
     print(f"forwarding {bound[0]}:{bound[1]} -> {remote_host}:{remote_port} in the workload", file=sys.stderr)
@@ -311,5 +316,29 @@ async def _forward(api: Api, spec: str) -> int:
             return
         await relay(client, remote, idle_timeout=math.inf)
 
-    await trio.serve_listeners(one, listeners)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, one, listeners)
+        why = await _sandbox_end(api, handle)
+        nursery.cancel_scope.cancel()
+    print(f"openshell-sandbox: forward stopped: {why}", file=sys.stderr)
     return 0
+
+
+async def _sandbox_end(api: Api, agent: str) -> str:
+    """Return, saying why, once the sandbox has ended: the agent's result came, or its API is gone (dev mode
+    exited). A control that is restarting (unavailable) is waited for."""
+    import h11
+
+    while True:
+        try:
+            status, body = await request_json(api, "POST", "/v1/wait", {"handle": agent})
+        except (ApiError, OSError, h11.ProtocolError, trio.BrokenResourceError):
+            return "the sandbox has ended (its API is gone)"
+        if status == 200:
+            try:
+                return f"the sandbox has ended: {why_ended(ExitResult.from_wire(body))}"
+            except ExitResultError:
+                return "the sandbox has ended"
+        if status == 410:
+            return f"the sandbox has ended: {clean(body.get('reason') or 'terminated')}"
+        await trio.sleep(1.0)  # unavailable meanwhile (control reattaching): ask again

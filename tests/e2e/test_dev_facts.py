@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
 import tempfile
@@ -171,3 +172,45 @@ def test_exec_of_a_program_that_cannot_run_names_it(box: Box) -> None:
     denied = box.cli("exec", "--", "/etc/passwd")
     assert denied.returncode == 126
     assert denied.stderr == "openshell-sandbox: cannot run /etc/passwd: Permission denied\n"
+
+
+SERVER = """import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 8000))
+s.listen()
+open("server-ready", "w").close()
+while True:
+    c, _ = s.accept()
+    with open("connections.log", "a") as log:
+        log.write("accepted\\n")
+    c.sendall(b"hi\\n")
+    c.close()
+"""
+
+
+def test_forward_probes_without_touching_the_target_and_ends_with_its_sandbox(box: Box) -> None:
+    """Last: it ends the sandbox."""
+    [work] = box.state.glob("openshell-sandbox/*/work")
+    assert box.cli("exec", "-d", "--", "python3", "-c", SERVER).returncode == 0
+    wait_until(lambda: (work / "server-ready").exists(), "the workload's server")
+    forward = subprocess.Popen([*CLI, "forward", "0:8000"], env=box.env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert forward.stderr is not None
+        started = forward.stderr.readline()
+        assert started.startswith("forwarding 127.0.0.1:") and started.endswith(" -> 127.0.0.1:8000 in the workload\n")
+        assert not (work / "connections.log").exists(), "the start-up probe must not connect to the target"
+        port = int(started.split()[1].rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            assert conn.makefile("rb").readline() == b"hi\n"
+        assert (work / "connections.log").read_text() == "accepted\n"
+        assert box.cli("terminate", "--grace", "1").returncode == 0  # the agent: the sandbox ends
+        out, err = forward.communicate(timeout=60)
+    finally:
+        if forward.poll() is None:
+            forward.kill()
+            forward.wait()
+    assert forward.returncode == 0, err
+    assert (out, err.count("\n")) == ("", 1), err
+    assert err.startswith("openshell-sandbox: forward stopped: the sandbox has ended"), err
