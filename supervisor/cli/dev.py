@@ -33,6 +33,7 @@ from supervisor.cli.dev_common import (
     daemon_environment,
     dev_claims,
     installation_refusal,
+    remove_state,
     start_sandbox,
 )
 from supervisor.cli.dev_confinement import DevSetupError, prepare, resolve_model
@@ -137,6 +138,7 @@ def run_dev(opts: DevOptions) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
         if runtime is not None:
             shutil.rmtree(runtime, ignore_errors=True)
+        remove_state(opts, sandbox)
 
 
 def _wait_for_port(port_file: Path, boundary: subprocess.Popen[bytes]) -> int | None:

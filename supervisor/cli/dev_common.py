@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,13 @@ from pathlib import Path
 import yaml
 
 from supervisor.cli.dev_console import Console, EventsTail
-from supervisor.cli.state_dirs import StateDirError, ensure_sandbox_state_dir, events_path
+from supervisor.cli.state_dirs import (
+    StateDirError,
+    ensure_sandbox_state_dir,
+    events_path,
+    sandbox_state_dir,
+    write_owner,
+)
 from supervisor.protocol.claims import Claims
 from supervisor.protocol.interpreter import cli_argv, composed_environment, import_path, installation_problem
 from supervisor.protocol.runtime_dir import runtime_base
@@ -44,6 +51,7 @@ class DevOptions:
     topology: str = "boundary"  # "proxy-pod": supervisor/cli/dev_proxy_pod.py
     # proxy-pod only: control's --proxy-max-connections and --proxy-per-client (None: control's defaults)
     proxy_max_connections: int | None = None
+    remove_state: bool = False  # --rm: the sandbox's state directory (events, default workdir) goes at exit
 
 
 def dev_claims(sandbox: str) -> Claims:
@@ -156,7 +164,10 @@ def start_sandbox(opts: DevOptions, tmp_prefix: str) -> DevStart | None:
     directory cannot be made."""
     sandbox = "dev-" + secrets.token_hex(4)
     try:
-        ensure_sandbox_state_dir(sandbox)
+        write_owner(ensure_sandbox_state_dir(sandbox))
+    except OSError as exc:
+        print(f"openshell-sandbox: state directory: {exc}", file=sys.stderr)
+        return None
     except StateDirError as exc:
         print(f"openshell-sandbox: {exc} (set XDG_STATE_HOME to a directory of yours)", file=sys.stderr)
         return None
@@ -174,3 +185,10 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def remove_state(opts: DevOptions, sandbox: str) -> None:
+    """``--rm``: the run's state directory (its events and default workdir) removed at exit; a ``--workdir`` of
+    the user's is elsewhere and stays."""
+    if opts.remove_state:
+        shutil.rmtree(sandbox_state_dir(sandbox), ignore_errors=True)  # symlinks inside are removed, not followed

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import trio
 
+from supervisor.cli.clean import age
 from supervisor.cli.daemon_args import DAEMON_HELP, _err, _host_port, memory_size
 from supervisor.cli.daemon_run import _workdir_problem, run_daemon
 from supervisor.protocol.exit_codes import ExitCode, for_signal
@@ -104,6 +105,9 @@ def command_parser() -> argparse.ArgumentParser:
         "source; default control's, 1024)",
     )  # fmt: skip
     dev.add_argument("-q", "--quiet", action="store_true", help="print nothing of ours on stderr (errors aside)")
+    dev.add_argument("--rm", action="store_true",
+                     help="remove the sandbox's state directory (its events file and default workdir) when dev "
+                     "exits; a --workdir of yours stays")  # fmt: skip
     dev.add_argument("argv", nargs="+", metavar="CMD", help="the agent command (after --)")
 
     def with_api(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -147,6 +151,11 @@ def command_parser() -> argparse.ArgumentParser:
 
     fwd = with_api(sub.add_parser("forward", help="forward a local port into the workload's loopback"))
     fwd.add_argument("spec", metavar="[LOCAL_ADDR:]LOCAL_PORT:[REMOTE_HOST:]REMOTE_PORT")
+
+    clean = sub.add_parser("clean", help="remove old dev sandboxes' state directories (never a running one's)")
+    clean.add_argument("--older-than", default="7d", metavar="AGE", type=age,
+                       help="only those untouched for AGE (30m, 12h, 7d; 0: any age; default 7d)")  # fmt: skip
+    clean.add_argument("-n", "--dry-run", action="store_true", help="only list what would be removed")
 
     add_policy_parser(sub)
     add_certs_parser(sub)
@@ -196,7 +205,7 @@ def run_command(argv: list[str]) -> int:
             upstream_ca=args.upstream_ca, log_format=args.log_format, quiet=args.quiet,
             ipv6_egress=args.ipv6_egress, self_addresses=tuple(args.self_address), api_listen=args.api_listen,
             pids_limit=args.pids_limit, topology=args.topology, proxy_max_connections=args.proxy_max_connections,
-            memory_limit=args.memory_limit,
+            memory_limit=args.memory_limit, remove_state=args.rm,
         )  # fmt: skip
         if args.api_listen is not None:
             try:
@@ -205,6 +214,10 @@ def run_command(argv: list[str]) -> int:
                 _err(str(exc))
                 return ExitCode.USAGE
         return run_dev(opts)
+    if args.command == "clean":
+        from supervisor.cli.clean import run_clean
+
+        return run_clean(args.older_than, dry_run=args.dry_run)
     if args.command == "policy":
         from supervisor.cli.policy import run_policy
 
