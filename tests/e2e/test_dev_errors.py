@@ -3,6 +3,7 @@ anything starts, naming the user's own file; a program that cannot be run is nam
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -106,3 +107,15 @@ def test_workdir_read_only_lets_the_agent_only_read_its_workdir(tmp_path: Path) 
     result = dev(tmp_path, "--workdir", str(work), "--workdir-read-only", "--", "sh", "script.sh")
     assert result.returncode == 125 and "cannot read it: owned by root (uid 0), group root (gid 0), mode 0700" \
         in result.stderr, result.stderr  # fmt: skip
+
+
+def test_a_normal_agent_exit_is_one_link_closed_line(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("dev mode runs the boundary in model R here (root)")
+    result = dev(tmp_path, "--", "true")
+    assert result.returncode == 0, result.stderr
+    [events] = (tmp_path / "state").glob("openshell-sandbox/*/events.jsonl")
+    links = [e for e in map(json.loads, events.read_text().splitlines())
+             if e["component"] == "control" and e["event"] in ("link.closed", "link.failed")]  # fmt: skip
+    assert [e["event"] for e in links] == ["link.closed"], links
+    assert links[0]["reason"] == "the agent has terminated: reason exited (code 0); the boundary closed its links"
