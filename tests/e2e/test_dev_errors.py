@@ -119,3 +119,16 @@ def test_a_normal_agent_exit_is_one_link_closed_line(tmp_path: Path) -> None:
              if e["component"] == "control" and e["event"] in ("link.closed", "link.failed")]  # fmt: skip
     assert [e["event"] for e in links] == ["link.closed"], links
     assert links[0]["reason"] == "the agent has terminated: reason exited (code 0); the boundary closed its links"
+
+
+def test_the_init_processes_argv_in_the_agents_pid_namespace_names_no_host_path(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("dev mode runs the boundary in model R here (root)")
+    script = 'for p in /proc/[0-9]*; do tr "\\0" " " < "$p/cmdline"; echo; done'
+    result = dev(tmp_path, "--", "sh", "-c", script)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any("init_entry" in line for line in lines), lines  # the init is there to be read
+    installation = Path(__file__).resolve().parents[2]  # the package and its interpreter's environment
+    for secret_place in (str(installation), sys.prefix, sys.executable, str(tmp_path), "/tmp/openshell-dev-"):
+        assert not [line for line in lines if secret_place in line], (secret_place, lines)
