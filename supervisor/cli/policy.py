@@ -243,7 +243,7 @@ def _policy_in_force(args: argparse.Namespace, err: TextIO, *, generation: int |
     import yaml
 
     try:
-        return load_policy_text(yaml.safe_dump(content, sort_keys=False), f"generation {now}")
+        return load_policy_text(yaml.safe_dump(content, sort_keys=False), f"generation {now} from {body.get('source')}")
     except PolicyInvalid as exc:  # control's own normalised form: it loads, or control and we disagree
         print(f"policy: control's generation {now} does not load here: {exc}", file=err)
         return ExitCode.SELF_FAILED

@@ -97,7 +97,7 @@ def test_status_names_the_users_policy_file_and_its_generation(box: Box) -> None
 def test_policy_get_yaml_prints_the_policy_in_force(box: Box, tmp_path: Path) -> None:
     got = box.cli("policy", "get", "--yaml")
     assert got.returncode == 0, got.stderr
-    assert got.stdout.startswith(f"# {'generation 0'}, the policy in force (normalised)\n")
+    assert got.stdout.startswith(f"# generation 0 from {box.policy}, the policy in force (normalised)\n")
     saved = tmp_path / "in-force.yaml"
     saved.write_text(got.stdout)
     assert box.cli("policy", "check", str(saved)).stdout == "ok: 1 rules, 1 endpoints\n"
