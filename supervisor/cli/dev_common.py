@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from supervisor.cli.dev_console import Console, EventsTail
+from supervisor.cli.dev_console import Console, EventsTail, launch_failure_line
 from supervisor.cli.state_dirs import (
     StateDirError,
     ensure_sandbox_state_dir,
@@ -25,6 +25,7 @@ from supervisor.cli.state_dirs import (
     write_owner,
 )
 from supervisor.protocol.claims import Claims
+from supervisor.protocol.event_names import EventName
 from supervisor.protocol.interpreter import cli_argv, composed_environment, import_path, installation_problem
 from supervisor.protocol.runtime_dir import runtime_base
 
@@ -130,8 +131,17 @@ def _console(opts: DevOptions, sandbox: str) -> tuple[Callable[[], None], Callab
         if not opts.quiet:
             print(message, file=sys.stderr, flush=True)
 
-    if opts.quiet or opts.log_format == "json":
-        return (lambda: None), say
+    if opts.log_format == "json" and not opts.quiet:
+        return (lambda: None), say  # the events themselves go to stderr
+    if opts.quiet:  # nothing of ours but what is fatal: the agent that could not be started
+        quiet_tail = EventsTail(events_path(sandbox))
+
+        def fatal_only() -> None:
+            for event in quiet_tail.read():
+                if event.get("event") == EventName.AGENT_LAUNCH_FAILED and event.get("component") == "boundary":
+                    print(launch_failure_line(event.get("program"), event.get("error")), file=sys.stderr, flush=True)
+
+        return fatal_only, say
     policy = opts.policy.resolve() if opts.policy is not None else _default_policy_file()
     label = str(opts.policy) if opts.policy is not None else "embedded deny-all"
     console = Console(sandbox=sandbox, policy=policy, policy_label=label, events_path=events_path(sandbox),

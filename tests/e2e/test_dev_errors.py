@@ -65,6 +65,8 @@ def test_a_program_that_cannot_run_is_named_with_the_reason(tmp_path: Path, prog
     assert result.returncode == code, result.stderr
     assert f"openshell-sandbox: cannot run {program}: {reason}\n" in result.stderr
     assert result.stderr.count("cannot run") == 1
+    quiet = dev(tmp_path, "-q", "--", program)  # fatal: said even with -q, and nothing else of ours
+    assert (quiet.returncode, quiet.stderr) == (code, f"openshell-sandbox: cannot run {program}: {reason}\n")
 
 
 def test_workdir_dot_is_this_directory(tmp_path: Path) -> None:
