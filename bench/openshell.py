@@ -169,7 +169,7 @@ class OpenShell(Contender):
             *([f"--upstream-ca={ctx.tls.origin_ca}"] if https is not None and ctx.tls is not None else []),
             # the agent gets a fresh root with only granted paths and a private /tmp: the driver's copy is its
             # workdir (root's, 0755: the agent runs it and cannot change it; the harness removes it)
-            f"--workdir={ctx.client_copy}", "--", *driver_argv(ctx.client_copy),
+            f"--workdir={ctx.client_copy}", "--workdir-read-only", "--", *driver_argv(ctx.client_copy),
         ]  # fmt: skip
         # The API socket's path must stay short (a Unix socket path has 107 bytes): a runtime dir of our own.
         self.runtime = Path(tempfile.mkdtemp(prefix="osbr-", dir="/tmp"))

@@ -83,6 +83,7 @@ from supervisor.link.h2link import Link, LinkStream
 from supervisor.link.relay import relay
 from supervisor.link.rpc import Accept, Router
 from supervisor.link.tls_link import Refused, accept_link, refuse
+from supervisor.protocol.agent_ended import why_ended
 from supervisor.protocol.attach import AttachRequest, CaptureMode, parse_attach
 from supervisor.protocol.certs import Bundle
 from supervisor.protocol.errors import ErrorKind, OpError
@@ -94,6 +95,7 @@ from supervisor.protocol.fingerprint import pem_fingerprint
 from supervisor.protocol.lifecycle import Lifecycle, Op, State
 from supervisor.protocol.ocsf import placeholder_scrub
 from supervisor.protocol.process_ops import (
+    is_forward_probe,
     parse_exec_request,
     parse_forward_request,
     parse_signal_request,
@@ -112,6 +114,7 @@ PROBE_ADDRESS = "192.0.2.1"  # TEST-NET-1: inside the agent's namespace it can o
 END_WORKLOAD_S = 5.0
 REPLY_FLUSH_S = 2.0  # how long an ending daemon waits for its last replies to be written to control
 EGRESS_LINK_WAIT_S = 1.0  # confirm waits this long for control's first egress link (its dial just completed)
+REDACTED_CREDENTIAL = "[CREDENTIAL]"  # a placeholder as status shows it (as control's events do, l7/rewrite.py)
 
 
 @dataclass
@@ -713,7 +716,8 @@ class BoundaryDaemon:
         except OpError as exc:
             self.lifecycle.end()
             self.exit_code = for_launch_errno(exc.errno)
-            self.log.emit(EventName.AGENT_LAUNCH_FAILED, error=exc.to_json(), exit_code=self.exit_code)
+            self.log.emit(EventName.AGENT_LAUNCH_FAILED, error=exc.to_json(), exit_code=self.exit_code,
+                          program=self.cfg.agent_argv[0])  # fmt: skip
             self._end_soon()
             raise
         self.lifecycle.advance(Op.START)
@@ -740,12 +744,25 @@ class BoundaryDaemon:
             "enforcement_lost": self.enforcement_lost,
             "policy_generation": self.policy_generation_acked,
             "agent": None if agent is None else {"handle": agent.handle, "result": result},
-            "processes": self.table.live(),
+            "processes": [self._redacted(process) for process in self.table.live()],
             "links": len(self.links),
             "limits": self._limits_now(),
             # The CA the agent was given to trust: a control that resumes with another one says so.
             "interception_ca_sha256": self._interception_ca_sha256(),
         }
+
+    def _redacted(self, process: dict[str, Any]) -> dict[str, Any]:
+        """A process as status shows it: a credential placeholder in its argv reads ``[CREDENTIAL]``, as in the
+        events (control's ``l7/rewrite.py``)."""
+        placeholders = (
+            sorted(self.attach.credential_placeholders.values(), key=len, reverse=True) if self.attach else []
+        )
+        argv = []
+        for arg in process.get("argv") or ():
+            for placeholder in placeholders:
+                arg = arg.replace(placeholder, REDACTED_CREDENTIAL)
+            argv.append(arg)
+        return {**process, "argv": argv}
 
     def _limits_now(self) -> dict[str, Any]:
         """Every limit, whether it is enforced (and why not), and the cgroups' counters now."""
@@ -793,26 +810,29 @@ class BoundaryDaemon:
 
     async def op_terminate(self, body: dict[str, Any]) -> dict[str, Any]:
         req = parse_terminate_request(body)
-        agent = self.table.agent
         try:
             self.lifecycle.check(Op.TERMINATE)
-        except OpError:
-            # The agent ended while this was on its way: what ended it is the answer, not "terminated".
-            if agent is not None and agent.handle == req.handle and agent.result is not None:
-                return agent.result.to_wire()
-            raise
+        except OpError as exc:
+            # The agent had already ended: terminated (§1.3-1.4), with what ended it.
+            raise self._agent_already_ended(req.handle) or exc from None
         self.terminating += 1
         try:
             return (await self.table.terminate(req.handle, req.grace_s)).to_wire()
-        except OpError:
-            if agent is not None and agent.handle == req.handle and agent.result is not None:
-                return agent.result.to_wire()  # it exited on its own meanwhile: its result, as above
-            raise
+        except OpError as exc:
+            raise self._agent_already_ended(req.handle) or exc from None  # it exited on its own meanwhile
         finally:
             self.terminating -= 1
             if not self.terminating:
                 self.terminates_done.set()
                 self.terminates_done = trio.Event()
+
+    def _agent_already_ended(self, handle: str) -> OpError | None:
+        """``terminated`` carrying the agent's result when ``handle`` is the agent's and it has ended."""
+        agent = self.table.agent
+        if agent is None or agent.handle != handle or agent.result is None:
+            return None
+        return OpError(ErrorKind.TERMINATED, f"terminate: {why_ended(agent.result)} already", field="handle",
+                       result=agent.result)  # fmt: skip
 
     async def op_policy_ack(self, body: dict[str, Any]) -> dict[str, Any]:
         generation = body.get("policy_generation")
@@ -860,6 +880,9 @@ class BoundaryDaemon:
     async def op_forward(self, body: dict[str, Any], stream: LinkStream, accept: Accept) -> None:
         self.lifecycle.check(Op.FORWARD)
         target = parse_forward_request(body, self._reserved_ports())
+        if is_forward_probe(body):  # `forward`'s start-up question: would this target be accepted? No connection
+            await accept({"host": target.host, "port": target.port, "probe": True})
+            return
         local = await open_forward(self.launcher, target.host, target.port, self._reserved_ports())
         await accept({"host": target.host, "port": target.port})
         stats = await relay(stream, local, idle_timeout=math.inf)

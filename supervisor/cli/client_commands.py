@@ -5,15 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 from typing import Any
 
 import trio
 
 from supervisor.cli.api_client import Api, ApiError, find_api, open_channel, request_json
+from supervisor.cli.dev_console import launch_failure_line
 from supervisor.cli.exec_client import run_exec_client
 from supervisor.cli.human import clean, format_size
 from supervisor.link.relay import relay
+from supervisor.protocol.agent_ended import why_ended
 from supervisor.protocol.exit_codes import ExitCode, for_launch_errno
 from supervisor.protocol.exit_result import ExitResult, ExitResultError
 
@@ -84,6 +87,8 @@ async def run(args: argparse.Namespace) -> int:
     else:  # terminate
         status, body = await request_json(api, "POST", "/v1/terminate", {"handle": handle, "grace_s": args.grace})
     if status != 200:
+        if isinstance(body.get("result"), dict):  # terminated already: what ended it, as `wait` prints it
+            _print_json(body["result"])
         return _fail(status, body)
     _print_json(body)
     return 0
@@ -120,6 +125,7 @@ async def _status(api: Api, raw: bool) -> int:
         f"  acknowledged {boundary.get('policy_generation')}",
         f"agent       {agent.get('handle', '-')}  {json.dumps(agent.get('result')) if agent.get('result') else ''}",
         f"processes   {len(boundary.get('processes') or [])} running",
+        *_process_lines(boundary.get("processes")),
         _fence_line(boundary.get("fence")),
         *_limit_lines(boundary.get("limits")),
     ]
@@ -136,6 +142,23 @@ async def _status(api: Api, raw: bool) -> int:
         lines.append(f"certificate {item}")
     print("\n".join(lines))
     return 0
+
+
+def _process_lines(processes: Any) -> list[str]:
+    """One line per process: handle, kind, state, start time and argv (placeholders already redacted by the
+    boundary; terminal-safe: an argv is anyone's text)."""
+    if not isinstance(processes, list):
+        return []
+    lines = []
+    for process in processes:
+        if not isinstance(process, dict):
+            continue
+        argv = process.get("argv")
+        argv = argv if isinstance(argv, list) else []
+        lines.append(f"            {clean(process.get('handle', '?'))}  {clean(process.get('kind', '?')):<5} "
+                     f"{clean(process.get('state', '?'))}  since {clean(process.get('started_at', '?'))}  "
+                     f"{clean(shlex.join(str(a) for a in argv))}")  # fmt: skip
+    return lines
 
 
 def _limit_lines(limits: Any) -> list[str]:
@@ -217,20 +240,31 @@ async def _exec(api: Api, args: argparse.Namespace) -> int:
 
         size = shutil.get_terminal_size() if os.isatty(1) else os.terminal_size((80, 24))
         body["cols"], body["rows"] = size.columns, size.lines
+    if args.detach:
+        if args.interactive:
+            raise ApiError("exec --detach takes no stdin (-i): nothing would be left to send it")
+        body["stdin"] = "null"
     try:
-        stream, _reply = await open_channel(api, "/v1/exec", body)
+        stream, reply = await open_channel(api, "/v1/exec", body)
     except ApiError as exc:
-        return _launch_failure(exc)
+        return _launch_failure(exc, program=args.argv[0])
+    if args.detach:  # the process keeps running without a stream; its output is kept for `attach`
+        await stream.aclose()
+        print(reply.get("handle", "?"), file=sys.stderr)
+        return 0
     async with stream:
         return await run_exec_client(stream, tty=bool(args.tty), interactive=bool(args.interactive))
 
 
-def _launch_failure(exc: ApiError) -> int:
+def _launch_failure(exc: ApiError, program: str | None = None) -> int:
     body = exc.body
+    err = body.get("errno")
+    if program is not None and body.get("stage") and isinstance(err, int):
+        print(launch_failure_line(program, body), file=sys.stderr)  # cannot run PROGRAM: REASON
+        return for_launch_errno(err)
     field = body.get("field")  # e.g. env.KEY: the refused key by name, so the operator can fix it
     where = f" ({field})" if isinstance(field, str) and field not in str(exc) else ""
     print(f"openshell-sandbox: {body.get('kind', 'error')}: {exc}{where}", file=sys.stderr)
-    err = body.get("errno")
     if body.get("stage") and isinstance(err, int):
         return for_launch_errno(err)
     return ExitCode.SELF_FAILED
@@ -272,10 +306,14 @@ def _split_spec(spec: str) -> list[str]:
 
 
 async def _forward(api: Api, spec: str) -> int:
+    """Listen locally and open one forward channel per connection, until the sandbox ends (then exit 0 saying
+    so) or the user interrupts."""
     local_addr, local_port, remote_host, remote_port = parse_forward_spec(spec)
-    # Ask once up front so a refused target fails fast with the boundary's reason.
-    probe, _ = await open_channel(api, "/v1/forward", {"host": remote_host, "port": remote_port})
+    # Ask once up front so a refused target fails fast with the boundary's reason; a probe never connects to the
+    # target (the user's server would see a connection that sends nothing and resets).
+    probe, _ = await open_channel(api, "/v1/forward", {"host": remote_host, "port": remote_port, "probe": True})
     await probe.aclose()
+    handle = await _agent_handle(api)
     listeners = await trio.open_tcp_listeners(local_port, host=local_addr)
     bound = listeners[0].socket.getsockname()
     print(f"forwarding {bound[0]}:{bound[1]} -> {remote_host}:{remote_port} in the workload", file=sys.stderr)
@@ -289,5 +327,29 @@ async def _forward(api: Api, spec: str) -> int:
             return
         await relay(client, remote, idle_timeout=math.inf)
 
-    await trio.serve_listeners(one, listeners)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, one, listeners)
+        why = await _sandbox_end(api, handle)
+        nursery.cancel_scope.cancel()
+    print(f"openshell-sandbox: forward stopped: {why}", file=sys.stderr)
     return 0
+
+
+async def _sandbox_end(api: Api, agent: str) -> str:
+    """Return, saying why, once the sandbox has ended: the agent's result came, or its API is gone (dev mode
+    exited). A control that is restarting (unavailable) is waited for."""
+    import h11
+
+    while True:
+        try:
+            status, body = await request_json(api, "POST", "/v1/wait", {"handle": agent})
+        except (ApiError, OSError, h11.ProtocolError, trio.BrokenResourceError):
+            return "the sandbox has ended (its API is gone)"
+        if status == 200:
+            try:
+                return f"the sandbox has ended: {why_ended(ExitResult.from_wire(body))}"
+            except ExitResultError:
+                return "the sandbox has ended"
+        if status == 410:
+            return f"the sandbox has ended: {clean(body.get('reason') or 'terminated')}"
+        await trio.sleep(1.0)  # unavailable meanwhile (control reattaching): ask again

@@ -212,7 +212,8 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     except OSError as exc:
         _err(f"--policy: cannot read {args.policy}: {exc.strerror}")
         return ExitCode.SELF_FAILED
-    source = str(args.policy) if args.policy else "embedded default (deny all)"
+    # the user's own file when dev mode runs us from a private copy of it
+    source = str(args.policy_source or args.policy) if args.policy else "embedded default (deny all)"
     store = PolicyStore(
         compile_policy(policy), failure_mode=args.policy_failure_mode, source=source, egress_fence=fence
     )

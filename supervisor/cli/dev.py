@@ -36,6 +36,7 @@ from supervisor.cli.dev_common import (
     daemon_environment,
     dev_claims,
     installation_refusal,
+    remove_state,
     start_sandbox,
 )
 from supervisor.cli.dev_confinement import DevSetupError, prepare, resolve_model
@@ -89,6 +90,7 @@ def run_dev(opts: DevOptions) -> int:
                 sandbox=sandbox, tmp=tmp, runtime_parent=runtime.parent, model=resolve_model(opts.privilege_model)[0],
                 workdir=opts.workdir, agent_user=opts.agent_user, policy=opts.policy, credentials=opts.credentials,
                 inference_routes=opts.inference_routes,
+                workdir_read_only=opts.workdir_read_only,
             )  # fmt: skip
         except DevSetupError as exc:
             print(f"openshell-sandbox: {exc}", file=sys.stderr)
@@ -157,6 +159,7 @@ def run_dev(opts: DevOptions) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
         if runtime is not None:
             shutil.rmtree(runtime, ignore_errors=True)
+        remove_state(opts, sandbox)
 
 
 def _wait_for_port(port_file: Path, boundary: subprocess.Popen[bytes]) -> int | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,10 +16,18 @@ from pathlib import Path
 
 import yaml
 
-from supervisor.cli.dev_console import Console, EventsTail
-from supervisor.cli.state_dirs import StateDirError, ensure_sandbox_state_dir, events_path
+from supervisor.cli.dev_console import Console, EventsTail, launch_failure_line
+from supervisor.cli.state_dirs import (
+    StateDirError,
+    ensure_sandbox_state_dir,
+    events_path,
+    sandbox_state_dir,
+    write_owner,
+)
 from supervisor.protocol.claims import Claims
+from supervisor.protocol.event_names import EventName
 from supervisor.protocol.interpreter import cli_argv, composed_environment, import_path, installation_problem
+from supervisor.protocol.runtime_dir import runtime_base
 
 
 @dataclass
@@ -29,6 +38,7 @@ class DevOptions:
     privilege_model: str = "auto"
     workdir: str | None = None  # None: <state dir>/work (supervisor/cli/dev_confinement.py)
     agent_user: str | None = None
+    workdir_read_only: bool = False  # the agent only reads --workdir: not refused when it cannot write it
     acknowledge_external_fence: bool = False
     credentials: Path | None = None
     upstream_ca: Path | None = None
@@ -46,6 +56,7 @@ class DevOptions:
     proxy_max_connections: int | None = None
     tty: bool | None = None  # the agent's own terminal: -t True, -T False, None: when stdin and stdout are one
     escape: int | None = ord("~")  # with a terminal: the escape character (supervisor/cli/dev_terminal.py)
+    remove_state: bool = False  # --rm: the sandbox's state directory (events, default workdir) goes at exit
 
 
 def dev_claims(sandbox: str) -> Claims:
@@ -126,11 +137,22 @@ def _console(opts: DevOptions, sandbox: str) -> tuple[Callable[[], None], Callab
         if not opts.quiet:
             print(message, file=sys.stderr, flush=True)
 
-    if opts.quiet or opts.log_format in ("json", "ocsf"):
-        return (lambda: None), say
+    if opts.log_format in ("json", "ocsf") and not opts.quiet:
+        return (lambda: None), say  # the events themselves go to stderr
+    if opts.quiet:  # nothing of ours but what is fatal: the agent that could not be started
+        quiet_tail = EventsTail(events_path(sandbox))
+
+        def fatal_only() -> None:
+            for event in quiet_tail.read():
+                if event.get("event") == EventName.AGENT_LAUNCH_FAILED and event.get("component") == "boundary":
+                    print(launch_failure_line(event.get("program"), event.get("error")), file=sys.stderr, flush=True)
+
+        return fatal_only, say
     policy = opts.policy.resolve() if opts.policy is not None else _default_policy_file()
     label = str(opts.policy) if opts.policy is not None else "embedded deny-all"
-    console = Console(sandbox=sandbox, policy=policy, policy_label=label, events_path=events_path(sandbox))
+    console = Console(sandbox=sandbox, policy=policy, policy_label=label, events_path=events_path(sandbox),
+                      api=runtime_base() / sandbox / "api.sock",
+                      policy_source=str(opts.policy.absolute()) if opts.policy is not None else None)  # fmt: skip
     tail = EventsTail(events_path(sandbox))
 
     def tick() -> None:
@@ -158,7 +180,10 @@ def start_sandbox(opts: DevOptions, tmp_prefix: str) -> DevStart | None:
     directory cannot be made."""
     sandbox = "dev-" + secrets.token_hex(4)
     try:
-        ensure_sandbox_state_dir(sandbox)
+        write_owner(ensure_sandbox_state_dir(sandbox))
+    except OSError as exc:
+        print(f"openshell-sandbox: state directory: {exc}", file=sys.stderr)
+        return None
     except StateDirError as exc:
         print(f"openshell-sandbox: {exc} (set XDG_STATE_HOME to a directory of yours)", file=sys.stderr)
         return None
@@ -176,3 +201,10 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def remove_state(opts: DevOptions, sandbox: str) -> None:
+    """``--rm``: the run's state directory (its events and default workdir) removed at exit; a ``--workdir`` of
+    the user's is elsewhere and stays."""
+    if opts.remove_state:
+        shutil.rmtree(sandbox_state_dir(sandbox), ignore_errors=True)  # symlinks inside are removed, not followed

@@ -20,12 +20,16 @@ Rules:
    ``--agent-user`` names one; otherwise U and P can only run it as our own uid. Either way it is printed.
 5. The default workdir is ``$XDG_STATE_HOME/openshell-sandbox/<sandbox>/work`` (``supervisor/cli/state_dirs.py``),
    owned by the agent's uid, mode 0700, kept after exit and printed.
+6. A ``--workdir`` given is used as it is (``.`` and relative paths made absolute by the command line): it must
+   be a directory the agent's uid can write and search (read and search with ``--workdir-read-only``), or dev
+   refuses to start, naming its owner and mode.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,6 +102,54 @@ def _default_workdir(sandbox: str, agent: tuple[int, int] | None) -> Path:
     return work
 
 
+def _check_workdir(workdir: Path, agent: tuple[int, int], *, read_only: bool) -> None:
+    """Rule 6: a ``--workdir`` the agent could not write (with ``read_only``: read and search) is refused here,
+    naming its owner and mode, rather than found out by the agent's first write."""
+    try:
+        info = workdir.stat()
+    except OSError as exc:
+        raise DevSetupError(f"--workdir={workdir}: {exc.strerror or exc}") from exc
+    if not stat.S_ISDIR(info.st_mode):
+        raise DevSetupError(f"--workdir={workdir}: not a directory")
+    uid, gid = agent
+    mode = stat.S_IMODE(info.st_mode)
+    if uid == 0:
+        return
+    if info.st_uid == uid:
+        bits = mode >> 6
+    elif info.st_gid == gid:
+        bits = mode >> 3
+    else:
+        bits = mode
+    needed, verb = (0o5, "read") if read_only else (0o3, "write")  # and search, either way
+    if bits & needed == needed:
+        return
+    hint = "" if read_only else " (--workdir-read-only if it only reads it)"
+    raise DevSetupError(
+        f"--workdir={workdir}: the agent (uid {uid}, gid {gid}) cannot {verb} it: owned by {_owner(info.st_uid)} "
+        f"(uid {info.st_uid}), group {_group(info.st_gid)} (gid {info.st_gid}), mode {mode:04o}; give the agent "
+        f"{verb} access to it (chown or chmod) or choose another directory{hint}"
+    )
+
+
+def _owner(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _group(gid: int) -> str:
+    import grp
+
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
 def _private_copy(source: Path, private: Path, name: str, flag: str) -> Path:
     copy = private / name
     try:
@@ -130,11 +182,14 @@ def prepare(
     policy: Path | None,
     credentials: Path | None,
     inference_routes: Path | None = None,
+    workdir_read_only: bool = False,
 ) -> DevConfinement:
     """Copies, ids, workdir and flags for both daemons (rules 1-5). ``tmp`` is dev's private directory."""
     from supervisor.control.policy.watch_safety import agent_writable_paths, decide_watch
 
     agent, who = _agent_ids(model, agent_user)
+    if workdir is not None:
+        _check_workdir(Path(workdir), agent or (os.geteuid(), os.getegid()), read_only=workdir_read_only)
     work = Path(workdir) if workdir is not None else _default_workdir(sandbox, agent)
     plan = DevConfinement(model=model, workdir=work, agent=agent)
     plan.notes.append(who)

@@ -7,10 +7,17 @@ prints, on stderr, a few human lines instead of the JSON:
   generation, the fence and privilege model, the command for a shell, where the log is;
 * one **refusal line** per refused connection (and per refused request inside an inspected tunnel): its OCSF
   shorthand (``NET:OPEN [MED] DENIED curl(42) -> blocked.test:443 [reason:…]``: the binary, the destination, the
-  reason) and the ``policy decide`` command that explains the decision;
+  reason) and the ``policy decide`` command that explains the decision — against the user's policy file while the
+  generation that decided is the file's, else against that generation of the running sandbox (``--api SOCK
+  --generation N``: after a ``policy apply``, the file no longer says what decided);
+* one line per request whose origin control could not verify (``upstream_tls_failed``): the certificate problem
+  and ``--upstream-ca``, the flag that makes control trust a private CA;
 * one line per name the DNS stub refused, once per name;
 * one line when the boundary refused the sandbox's set-up (it then exits) or lost enforcement (the fence
   changed under a running workload: every workload process was killed);
+* when the watched policy file turns invalid: what control does (quarantine, or keeps the last valid policy)
+  and every error, as ``policy check`` prints them;
+* one line when the agent could not be started (``cannot run PROGRAM: REASON``);
 * one line when the kernel killed the agent at the workload's memory limit (its result says ``oom-killed``).
 
 Rules:
@@ -26,18 +33,20 @@ Rules:
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from supervisor.cli.human import clean, format_size
+from supervisor.cli.human import clean, format_size, policy_error_text
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.event_record import Event
 from supervisor.protocol.exit_result import EndReason
 from supervisor.protocol.ocsf import shorthand
 
 PREFIX = "openshell-sandbox: "
+UPSTREAM_TLS_FAILED = "upstream-tls-failed"  # the http event's reason when control did not trust the origin
 REFUSED = {"deny", "denied", "refused"}
 
 
@@ -51,9 +60,13 @@ def _split_destination(destination: str) -> tuple[str, str]:
 class Console:
     """Turns events into the human lines of dev mode's terminal (see the module's rules)."""
 
-    def __init__(self, *, sandbox: str, policy: Path, policy_label: str, events_path: Path) -> None:
+    def __init__(self, *, sandbox: str, policy: Path, policy_label: str, events_path: Path,
+                 api: Path | None = None, policy_source: str | None = None) -> None:  # fmt: skip
         self.sandbox = sandbox
-        self.policy = policy  # the file `policy decide` is pointed at
+        self.policy = policy  # the file `policy decide` is pointed at while it is the source of the policy in force
+        self.api = api  # the sandbox's API socket, for `policy decide --generation N` once the file is not the source
+        self.policy_source = policy_source  # how control names that file in its policy.generation events
+        self._not_the_file: set[int] = set()  # generations whose source is not the file (an apply, a quarantine)
         self.policy_label = policy_label
         self.events_path = events_path
         self.ready_printed = False
@@ -64,6 +77,10 @@ class Console:
 
     def lines_for(self, event: Mapping[str, Any]) -> list[str]:
         kind = event.get("event")
+        if kind == EventName.POLICY_GENERATION and (
+            event.get("source") != self.policy_source or event.get("status") != "loaded"
+        ):  # decided by what the file does not say (an applied policy, quarantine): explained by generation
+            self._not_the_file.add(_int(event.get("generation")))
         if kind == EventName.LIFECYCLE_BOUND and event.get("component") == "boundary":
             self._policy_generation = event.get("policy_generation")
         elif kind == EventName.POLICY_APPLIED:
@@ -73,6 +90,8 @@ class Console:
         elif kind == EventName.LIFECYCLE_RUNNING and event.get("component") == "control" and not self.ready_printed:
             self.ready_printed = True
             return [self._ready_line()]
+        elif kind == EventName.HTTP and event.get("reason") == UPSTREAM_TLS_FAILED:
+            return [self._upstream_tls_line(event)]
         elif kind in (EventName.EGRESS, EventName.EGRESS_REFUSED, EventName.HTTP) and (
             kind == EventName.EGRESS_REFUSED or _refused(event)
         ):
@@ -84,6 +103,10 @@ class Console:
         elif kind == EventName.ENFORCEMENT_LOST and event.get("component") == "boundary":
             reason = clean(event.get("reason") or "the fence changed")
             return [f"{PREFIX}enforcement lost, every workload process was killed: {reason}"]
+        elif kind == EventName.POLICY_GENERATION and event.get("status") in ("quarantined", "retained"):
+            return self._policy_failure_lines(event)
+        elif kind == EventName.AGENT_LAUNCH_FAILED and event.get("component") == "boundary":
+            return [launch_failure_line(event.get("program"), event.get("error"))]
         elif kind == EventName.LIMITS_MEMORY:
             self._memory_limit = event.get("limit")
         elif kind == EventName.AGENT_EXITED and event.get("component") == "boundary":
@@ -96,6 +119,27 @@ class Console:
                 self._dns_refused.add(name)
                 return [f"{PREFIX}refused DNS name {clean(name)}: {clean(event.get('reason', 'refused'))}"]
         return []
+
+    @staticmethod
+    def _policy_failure_lines(event: Mapping[str, Any]) -> list[str]:
+        """An invalid revision of the policy file: what control does about it, then every error in it."""
+        source = clean(event.get("source") or "the policy file")
+        if event.get("status") == "quarantined":
+            what = f"quarantined (generation {clean(event.get('generation'))}): every new connection is denied"
+        else:
+            what = "kept the last valid policy (retain-last-valid)"
+        errors = event.get("errors")
+        errors = errors if isinstance(errors, list) else []
+        return [f"{PREFIX}{source} is invalid; {what} until it is fixed:",
+                *(f"  {clean(policy_error_text(error))}" for error in errors)]  # fmt: skip
+
+    def _upstream_tls_line(self, event: Mapping[str, Any]) -> str:
+        """The policy allowed it, control did not trust the origin: the certificate problem and the flag for it."""
+        what = f"{clean(event.get('method') or '')} {clean(event.get('destination') or '?')}".strip()
+        who = clean(event["binary"]) if event.get("binary") else "a process"
+        problem = clean(event.get("detail") or "the origin's TLS handshake failed")
+        return (f"{PREFIX}{who} → {what}: upstream_tls_failed: {problem}; if the origin's CA is one you trust "
+                "(a private or corporate CA), give it to control with --upstream-ca FILE")  # fmt: skip
 
     def _oom_line(self) -> str:
         limit = self._memory_limit
@@ -134,7 +178,12 @@ class Console:
         host, port = _split_destination(str(event.get("destination") or ""))
         if not host or not port.isdigit():
             return None
-        argv = ["openshell-sandbox", "policy", "decide", "--policy", str(self.policy), "--host", host, "--port", port]
+        generation = event.get("policy_generation")
+        if isinstance(generation, int) and generation in self._not_the_file and self.api is not None:
+            source = ["--api", str(self.api), "--generation", str(generation)]  # the policy that decided it
+        else:
+            source = ["--policy", str(self.policy)]
+        argv = ["openshell-sandbox", "policy", "decide", *source, "--host", host, "--port", port]
         if event.get("binary"):
             argv += ["--binary", str(event["binary"])]
         ancestors = event.get("ancestors")
@@ -144,6 +193,24 @@ class Console:
         if event.get("event") == EventName.HTTP and event.get("method") and event.get("path"):
             argv += ["--method", str(event["method"]), "--path", str(event["path"])]
         return clean(shlex.join(argv))
+
+
+def launch_failure_line(program: object, error: object) -> str:
+    """``cannot run PROGRAM: REASON`` — what the agent's (or an exec's) launch failure says to a person: the
+    program as it was asked for and, for a failed ``execve``, the system's words for its errno."""
+    error = error if isinstance(error, Mapping) else {}
+    errno = error.get("errno")
+    if isinstance(errno, int) and not isinstance(errno, bool) and errno > 0:
+        why = os.strerror(errno)
+        if error.get("stage") not in (None, "execve"):
+            why = f"{why} (at {clean(error.get('stage'))})"
+    else:
+        why = clean(error.get("reason") or "the launch failed")
+    return f"{PREFIX}cannot run {clean(program) if program else 'the agent'}: {why}"
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else -1
 
 
 def _refused(event: Mapping[str, Any]) -> bool:

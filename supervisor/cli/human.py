@@ -43,6 +43,10 @@ def summary(event: Mapping[str, Any]) -> str:
     head = f"{clean(clock)}  {clean(event.get('component', '-')):<8} {clean(event.get('event', '?'))}"
     if str(event.get("event")) in DECISION_EVENTS:
         return f"{head}  {_decision(event)}"
+    if event.get("event") == EventName.POLICY_GENERATION and isinstance(event.get("errors"), list):
+        # every error of a quarantined (or retained) revision, whatever its length: it is what needs fixing
+        errors = "; ".join(policy_error_text(error) for error in event["errors"])
+        return clean(f"{head}  generation={event.get('generation')} status={event.get('status')}  {errors}")
     rest = {k: v for k, v in event.items() if k not in _QUIET_FIELDS}
     text = " ".join(f"{k}={_compact(v)}" for k, v in rest.items())
     if len(text) > MAX_FIELDS_TEXT:
@@ -60,6 +64,17 @@ def event_line(raw: Mapping[str, Any]) -> str:
         return summary(raw)
     clock = event.time[11:23] if len(event.time) >= 23 else event.time
     return f"{clean(clock)}  {clean(event.component):<8} {clean(shorthand(event))}"
+
+
+def policy_error_text(error: object) -> str:
+    """A policy error's wire form as ``policy check`` prints it: ``FILE:LINE: PATH: message (expected ...)``."""
+    if not isinstance(error, Mapping):
+        return str(error)
+    where = str(error.get("source") or "<policy>")
+    if error.get("line") is not None:
+        where += f":{error['line']}"
+    text = f"{where}: {error.get('path') or '(top level)'}: {error.get('message', '?')}"
+    return text + (f" (expected {error['expected']})" if error.get("expected") else "")
 
 
 def _decision(event: Mapping[str, Any]) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import trio
 
+from supervisor.cli.clean import age
 from supervisor.cli.daemon_args import DAEMON_HELP, _err, _host_port, memory_size
 from supervisor.cli.daemon_run import _workdir_problem, run_daemon
 from supervisor.protocol.exit_codes import ExitCode, for_signal
@@ -59,9 +60,14 @@ def command_parser() -> argparse.ArgumentParser:
     )
     dev.add_argument(
         "--workdir",
-        help="the agent's working directory, writable by it (default: $XDG_STATE_HOME/openshell-sandbox/<sandbox>/"
-        "work, created for the agent and kept after exit; never / nor under /proc)",
+        help="the agent's working directory (`.` is this one), which the agent's uid must be able to write (default: "
+        "$XDG_STATE_HOME/openshell-sandbox/<sandbox>/work, created for the agent and kept after exit; never / nor "
+        "under /proc)",
     )
+    dev.add_argument(
+        "--workdir-read-only", action="store_true",
+        help="the agent only reads --workdir (your scripts, say): start even though its uid cannot write it",
+    )  # fmt: skip
     dev.add_argument(
         "--agent-user",
         help="UID:GID the agent runs as when dev runs as root (default: a dedicated unused id from 61000 up, "
@@ -119,6 +125,9 @@ def command_parser() -> argparse.ArgumentParser:
         help="with a terminal: the escape character (default ~; ^X for a control character; none: no escapes). "
         "At the start of a line: CHAR. stops the sandbox, CHAR? lists the escapes, CHARCHAR sends CHAR",
     )  # fmt: skip
+    dev.add_argument("--rm", action="store_true",
+                     help="remove the sandbox's state directory (its events file and default workdir) when dev "
+                     "exits; a --workdir of yours stays")  # fmt: skip
     dev.add_argument("argv", nargs="+", metavar="CMD", help="the agent command (after --)")
 
     def with_api(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -142,6 +151,9 @@ def command_parser() -> argparse.ArgumentParser:
     ex.add_argument("--env", action="append", default=[], metavar="K=V", help="environment (repeatable)")
     ex.add_argument("--workdir", help="working directory in the workload")
     ex.add_argument("--timeout", type=float, default=0, help="terminate after this many seconds, exit 124 (0: never)")
+    ex.add_argument("-d", "--detach", action="store_true",
+                    help="start it and return at once, printing its handle on stderr (for attach, wait, signal, "
+                    "terminate; status lists it)")  # fmt: skip
     ex.add_argument("argv", nargs="+", metavar="CMD")
 
     att = with_api(sub.add_parser(
@@ -164,6 +176,11 @@ def command_parser() -> argparse.ArgumentParser:
 
     fwd = with_api(sub.add_parser("forward", help="forward a local port into the workload's loopback"))
     fwd.add_argument("spec", metavar="[LOCAL_ADDR:]LOCAL_PORT:[REMOTE_HOST:]REMOTE_PORT")
+
+    clean = sub.add_parser("clean", help="remove old dev sandboxes' state directories (never a running one's)")
+    clean.add_argument("--older-than", default="7d", metavar="AGE", type=age,
+                       help="only those untouched for AGE (30m, 12h, 7d; 0: any age; default 7d)")  # fmt: skip
+    clean.add_argument("-n", "--dry-run", action="store_true", help="only list what would be removed")
 
     add_policy_parser(sub)
     add_certs_parser(sub)
@@ -188,6 +205,8 @@ def run_command(argv: list[str]) -> int:
                 "fence; pass --acknowledge-external-fence to run it anyway"
             )
             return ExitCode.USAGE
+        if args.workdir is not None:
+            args.workdir = os.path.abspath(args.workdir)  # `--workdir .`: this directory, named as the agent sees it
         if args.workdir is not None and (problem := _workdir_problem(args.workdir)) is not None:
             _err(f"dev --workdir: {problem}")
             return ExitCode.USAGE
@@ -195,6 +214,11 @@ def run_command(argv: list[str]) -> int:
             escape = parse_escape(args.escape)
         except ValueError as exc:
             _err(f"dev {exc}")
+            return ExitCode.USAGE
+        from supervisor.cli.dev_inputs import input_errors
+
+        if problems := input_errors(args.policy, args.credentials, args.upstream_ca):
+            print("\n".join(problems), file=sys.stderr)
             return ExitCode.USAGE
         if args.proxy_max_connections is not None:
             if args.topology != "proxy-pod":
@@ -207,12 +231,13 @@ def run_command(argv: list[str]) -> int:
         opts = DevOptions(
             argv=args.argv, policy=args.policy, dns_servers=tuple(args.dns_server),
             privilege_model=args.privilege_model, workdir=args.workdir, agent_user=args.agent_user,
+            workdir_read_only=args.workdir_read_only,
             acknowledge_external_fence=args.acknowledge_external_fence, credentials=args.credentials,
             upstream_ca=args.upstream_ca, log_format=args.log_format, quiet=args.quiet,
             inference_routes=args.inference_routes, inference_idle_timeout=args.inference_idle_timeout,
             ipv6_egress=args.ipv6_egress, self_addresses=tuple(args.self_address), api_listen=args.api_listen,
             pids_limit=args.pids_limit, topology=args.topology, proxy_max_connections=args.proxy_max_connections,
-            memory_limit=args.memory_limit, tty=args.tty, escape=escape,
+            memory_limit=args.memory_limit, tty=args.tty, escape=escape, remove_state=args.rm,
         )  # fmt: skip
         if args.api_listen is not None:
             try:
@@ -221,6 +246,10 @@ def run_command(argv: list[str]) -> int:
                 _err(str(exc))
                 return ExitCode.USAGE
         return run_dev(opts)
+    if args.command == "clean":
+        from supervisor.cli.clean import run_clean
+
+        return run_clean(args.older_than, dry_run=args.dry_run)
     if args.command == "policy":
         from supervisor.cli.policy import run_policy
 

@@ -1,15 +1,19 @@
 """``openshell-sandbox policy check|decide``: how operators test a policy before they ship it.
 
-* ``policy check FILE [--json]`` — exit 0 and ``ok: N rules, M endpoints``, or exit 1 with every error as
-  ``FILE:LINE: PATH: message (expected ...)``. Warnings go to stderr and never change the exit code.
+* ``policy check FILE [--json] [--strict]`` — exit 0 and ``ok: N rules, M endpoints``, or exit 1 with every
+  error as ``FILE:LINE: PATH: message (expected ...)``. Warnings go to stderr and never change the exit code;
+  binary paths that match no file on this machine are warnings, errors with ``--strict``.
 * ``policy decide --policy FILE --host H --port N [--binary PATH] [--ancestor PATH]... [--sha256 HEX]
   [--loader-env NAME]... [--binary-identity relaxed] [--method M --path P] [--rpc-method NAME | --mcp-tool NAME |
   --graphql DOC|@FILE] [--json]`` — one readable line (or JSON with result, rule, endpoint, reason and, for the
   agent's own protocols, the operation); exit 0 when allowed (audit included), 1 when denied, 2 for a usage error
   or an invalid policy. ``--rpc-method``, ``--mcp-tool`` and ``--graphql`` build the request body a client would
   POST (to ``--path``, default the endpoint's own path) and decide it as control does on the inspected path.
+  ``--generation N`` instead of ``--policy`` decides against the running sandbox's policy in force, asked through
+  its API, and is refused when another generation is in force by now.
+* ``policy get [--yaml]`` — the running sandbox's generation and status; ``--yaml`` prints the policy in force.
 
-Pure presentation over ``supervisor.control.policy``; no daemon, no network.
+Presentation over ``supervisor.control.policy``; only ``get``, ``apply`` and ``decide --generation`` ask a daemon.
 """
 
 from __future__ import annotations
@@ -22,17 +26,21 @@ from typing import Any, TextIO
 from urllib.parse import urlencode
 
 from supervisor.cli.api_client import add_api_arguments
+from supervisor.cli.policy_binaries import absent_binaries
 from supervisor.control.policy import (
     BinaryIdentity,
     CompiledPolicy,
     Decision,
     L4Request,
+    Policy,
+    PolicyError,
     PolicyInvalid,
     body_route,
     compile_policy,
     decide_l4,
     decide_l7,
     load_policy_file,
+    load_policy_text,
 )
 from supervisor.control.policy.egress_fence import EgressFence
 from supervisor.control.policy.globs import has_glob_chars
@@ -75,13 +83,19 @@ def add_policy_parser(subparsers: Any) -> None:
         metavar="CIDR:PORT[,PORT]",
         help="an explicit allow rendered inside an excluded range (repeatable): no warning for it",
     )
+    check.add_argument("--strict", action="store_true",
+                       help="binary paths that match no file on this machine are errors, not warnings")  # fmt: skip
 
     decide = sub.add_parser(
         "decide",
         help="decide one connection (and optionally one request)",
         description="Decide a connection against a policy; exit 0 allow, 1 deny, 2 usage or an invalid policy.",
     )
-    decide.add_argument("--policy", type=Path, required=True, metavar="FILE")
+    source = decide.add_mutually_exclusive_group(required=True)
+    source.add_argument("--policy", type=Path, metavar="FILE")
+    source.add_argument("--generation", type=int, metavar="N",
+                        help="the running sandbox's policy generation N (refused once another is in force), asked "
+                             "through its API (--api) instead of a file")  # fmt: skip
     decide.add_argument("--host", required=True, help="destination host name or IP address")
     decide.add_argument("--port", type=int, required=True)
     decide.add_argument("--binary", metavar="PATH", help="executable of the calling process")
@@ -107,12 +121,16 @@ def add_policy_parser(subparsers: Any) -> None:
     body.add_argument("--mcp-tool", metavar="NAME", help="decide an MCP tools/call of tool NAME")
     body.add_argument("--graphql", metavar="DOC", help="decide a GraphQL document (or @FILE to read it from FILE)")
     decide.add_argument("--json", action="store_true", help="print one JSON object")
+    add_api_arguments(decide)
 
     get = sub.add_parser(
         "get",
-        help="show the running sandbox's policy generation and status",
+        help="show the running sandbox's policy generation and status (--yaml: the policy in force)",
         description="Ask the running sandbox's control which policy generation is in force.",
     )
+    get.add_argument("--yaml", action="store_true",
+                     help="print the policy in force (normalised: comments and formatting are not kept), a file "
+                          "`policy check` and `policy decide --policy` take")  # fmt: skip
     add_api_arguments(get)
     apply = sub.add_parser(
         "apply",
@@ -156,7 +174,17 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             count = len(exc.errors)
             print(f"{path}: {count} error{'s' if count != 1 else ''}", file=err)
         return 1
-    warnings = [*policy.warnings, *fence.warnings(policy, str(path))]
+    absent = absent_binaries(policy, path)
+    if getattr(args, "strict", False) and absent:
+        errors = [PolicyError(w.path, w.message, None, w.line, w.source) for w in absent]
+        if args.json:
+            _dump(out, {"ok": False, "file": str(path), "errors": [e.to_json() for e in errors]})
+        else:
+            for error in errors:
+                print(error, file=out)
+            print(f"{path}: {len(errors)} error{'s' if len(errors) != 1 else ''} (--strict)", file=err)
+        return 1
+    warnings = [*policy.warnings, *fence.warnings(policy, str(path)), *absent]
     if args.json:
         _dump(
             out,
@@ -184,13 +212,19 @@ def _decide(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if not 1 <= args.port <= 65535:
         print(f"policy decide: --port {args.port} is outside 1..65535", file=err)
         return ExitCode.USAGE
-    try:
-        policy = load_policy_file(args.policy)
-    except PolicyInvalid as exc:
-        for error in exc.errors:
-            print(error, file=err)
-        print(f"policy decide: {args.policy} is not a valid policy (run: policy check {args.policy})", file=err)
-        return ExitCode.USAGE
+    if args.generation is not None:
+        in_force = _policy_in_force(args, err, generation=args.generation)
+        if isinstance(in_force, int):
+            return ExitCode.USAGE if in_force == 1 else in_force
+        policy = in_force
+    else:
+        try:
+            policy = load_policy_file(args.policy)
+        except PolicyInvalid as exc:
+            for error in exc.errors:
+                print(error, file=err)
+            print(f"policy decide: {args.policy} is not a valid policy (run: policy check {args.policy})", file=err)
+            return ExitCode.USAGE
     compiled = compile_policy(policy)
     identity = None
     if args.binary:
@@ -209,7 +243,7 @@ def _decide(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         decision = decide_l7(compiled, decision, args.method, args.path)
     if args.json:
         body = decision.to_json()
-        body["policy"] = str(args.policy)
+        body["policy"] = str(args.policy) if args.policy is not None else f"generation {args.generation}"
         body["hash"] = compiled.digest
         _dump(out, body)
     else:
@@ -256,12 +290,54 @@ def _dump(out: TextIO, body: dict[str, Any]) -> None:
     out.write(json.dumps(body, indent=2, sort_keys=False) + "\n")
 
 
+def _policy_in_force(args: argparse.Namespace, err: TextIO, *, generation: int | None) -> Policy | int:
+    """The running sandbox's policy in force (through its API), or the exit code after saying why not: 1 when it
+    is not ``generation`` or nothing is in force (quarantine), 125 when the API cannot be asked."""
+    import trio
+
+    from supervisor.cli.api_client import ApiError, find_api, request_json
+
+    try:
+        status, body = trio.run(request_json, find_api(args.api, args.cert), "GET", "/v1/policy?content=1")
+    except ApiError as exc:
+        print(f"policy: {exc}", file=err)
+        return ExitCode.SELF_FAILED
+    if status != 200:
+        print(f"policy: {body.get('reason') or f'HTTP {status}'}", file=err)
+        return ExitCode.SELF_FAILED
+    now = body.get("generation")
+    if generation is not None and now != generation:
+        print(f"policy: generation {generation} is not the one in force (generation {now} is)", file=err)
+        return 1
+    content = body.get("policy")
+    if not isinstance(content, dict):
+        print(f"policy: nothing is in force: generation {now} is {body.get('status')} (every connection is denied)",
+              file=err)  # fmt: skip
+        return 1
+    import yaml
+
+    try:
+        return load_policy_text(yaml.safe_dump(content, sort_keys=False), f"generation {now} from {body.get('source')}")
+    except PolicyInvalid as exc:  # control's own normalised form: it loads, or control and we disagree
+        print(f"policy: control's generation {now} does not load here: {exc}", file=err)
+        return ExitCode.SELF_FAILED
+
+
 def _remote(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``policy get`` / ``policy apply``: the running sandbox's control, through its operator API."""
     import trio
 
     from supervisor.cli.api_client import ApiError, find_api, request_json
 
+    if args.policy_command == "get" and args.yaml:
+        policy = _policy_in_force(args, err, generation=None)
+        if isinstance(policy, int):
+            return policy
+        import yaml
+
+        print(f"# {policy.source}, the policy in force (normalised)", file=out)
+        out.write(yaml.safe_dump(policy.to_json(), sort_keys=False, allow_unicode=True))
+        return 0
     try:
         api = find_api(args.api, args.cert)
         if args.policy_command == "get":

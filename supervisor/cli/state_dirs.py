@@ -12,6 +12,9 @@ Rules:
    the agent's uid (model R) must traverse it to reach ``work/``, but can list nothing in it; the events file
    is 0600. The agent's view hides the whole directory where it can (R and U); see the confinement code.
 4. An existing sandbox directory must be a real directory owned by us, never a symlink: it holds our logs.
+5. The dev process that made a sandbox's directory records itself in ``owner`` (its pid and the start time the
+   kernel gives it, so a recycled pid is not mistaken for it). A directory whose owner is alive belongs to a
+   running sandbox and is never removed (``openshell-sandbox clean``, ``supervisor/cli/clean.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 
 STATE_DIR_MODE = 0o711  # traversable for work/ (agent uid in model R), listable by us only
 EVENTS_FILE = "events.jsonl"
+OWNER_FILE = "owner"  # "<pid> <start time in clock ticks since boot>" of the dev process that made it (rule 5)
 
 
 class StateDirError(Exception):
@@ -66,3 +70,31 @@ def ensure_sandbox_state_dir(sandbox: str) -> Path:
         raise StateDirError(f"state directory {path} is owned by uid {info.st_uid}, not by us ({os.geteuid()})")
     os.chmod(path, STATE_DIR_MODE)  # mkdir's mode is masked by the umask
     return path
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time (``/proc/PID/stat`` field 22), or None when there is no such process."""
+    try:
+        stat_text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    try:
+        return int(stat_text.rsplit(")", 1)[1].split()[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def write_owner(directory: Path) -> None:
+    """Rule 5: record this process as the owner of a sandbox's state directory."""
+    pid = os.getpid()
+    (directory / OWNER_FILE).write_text(f"{pid} {_start_time(pid)}\n")
+
+
+def owner_alive(directory: Path) -> bool:
+    """Whether the process recorded in ``directory``'s ``owner`` is still running (rule 5); False without one."""
+    try:
+        pid_text, start_text = (directory / OWNER_FILE).read_text().split()
+        pid, start = int(pid_text), int(start_text)
+    except (OSError, ValueError):
+        return False
+    return _start_time(pid) == start

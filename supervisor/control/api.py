@@ -228,7 +228,9 @@ class ApiServer:
                 await self.daemon.refresh_status()
                 await http.respond_json(200, self.daemon.status())
             elif method == "GET" and target == "/v1/policy":
-                await http.respond_json(200, self.daemon.policy.status_json())
+                query = urllib.parse.parse_qs(urllib.parse.urlsplit(raw_target).query)
+                content = query.get("content", ["0"])[-1] in ("1", "true", "yes")
+                await http.respond_json(200, self.daemon.policy.status_json(content=content))
             elif method == "POST" and target in FORWARDED_UNARY:
                 ended = self._after_agent_end(target, parsed)
                 reply = ended.to_wire() if ended is not None else await call(self._link(), target, parsed)

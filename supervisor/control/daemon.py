@@ -45,6 +45,7 @@ from supervisor.link.h2link import Link
 from supervisor.link.rpc import call
 from supervisor.link.socket_tls import SocketTLSStream
 from supervisor.link.tls_link import Refused, dial_link
+from supervisor.protocol.agent_ended import why_ended
 from supervisor.protocol.attach import AttachRequest, CaptureMode, StaticPolicy
 from supervisor.protocol.certs import Bundle, BundleError, read_policy_digest
 from supervisor.protocol.errors import ErrorKind, OpError
@@ -58,6 +59,7 @@ from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS, client_context
 
 EGRESS_LINKS = 2  # a few long-lived links; HTTP/2 multiplexes every captured connection over them
 CONFIRM_RETRY_S = 15.0
+AGENT_END_REDIAL_S = 1.0  # the first redial after the agent ended and the boundary closed its links
 DEFAULT_CAPTURE_PORTS = (80, 443, 8080, 8443)
 MAX_CAPTURE_PORTS = 256
 
@@ -137,6 +139,7 @@ class ControlDaemon:
         self.boundary: dict[str, Any] = {}  # last status the boundary reported
         self.peer_claims_ok = False
         self.agent_result: ExitResult | None = None
+        self._closed_said = False  # link.closed was logged for this agent's end
         self.last_link_error: str | None = None
         self.boundary_refused: str | None = None  # the boundary refused our attach (and exits): why
         claims = cfg.bundle.claims
@@ -256,7 +259,18 @@ class ControlDaemon:
         return f"{self.cfg.boundary_host}:{self.cfg.boundary_port}"
 
     def _link_failed(self, alpn: str, backoff: Backoff, failure: LinkFailure, **extra: Any) -> float:
-        """The one log line of one failed link (docs/quickstart.md "When the link fails"); returns the delay to wait."""
+        """The one log line of one failed link (docs/quickstart.md "When the link fails"); returns the delay to wait.
+
+        Once the agent's result is in, the boundary closing its links is how a sandbox ends, not a failure: one
+        ``link.closed`` line says so for all of them, and the first redial waits ``AGENT_END_REDIAL_S`` (dev mode
+        stops control meanwhile; a pod's control redials a boundary that may come back, failures logged again).
+        """
+        if self.agent_result is not None and failure.step in ("agent-exited", "serving"):
+            if not self._closed_said:
+                self._closed_said = True
+                self.log.emit(EventName.LINK_CLOSED, peer=self._peer, reason=f"{why_ended(self.agent_result)}; the "
+                              "boundary closed its links")  # fmt: skip
+            return AGENT_END_REDIAL_S
         delay = backoff.advance()
         self.log.emit(
             EventName.LINK_FAILED, peer=self._peer, alpn=alpn, step=failure.step, field=failure.field,
@@ -358,6 +372,7 @@ class ControlDaemon:
                 raise
             self.boundary_refused = None
             self.agent_result = None  # a fresh boundary, a new agent: an earlier one's result no longer answers
+            self._closed_said = False
             self._backoffs.reset()  # progress: only a successful attach or resume resets the backoff
             self.boundary_ca_sha256 = self.certificates.interception_ca_sha256
             self.log.emit(EventName.LIFECYCLE_BOUND, reply=reply)
@@ -496,9 +511,9 @@ class ControlDaemon:
     # -- policy generations -----------------------------------------------------------------------------------
     def _policy_changed(self, snap: Any) -> None:
         warnings = {"warnings": [str(w) for w in snap.warnings]} if snap.warnings else {}
-        self.log.emit(
-            EventName.POLICY_GENERATION, generation=snap.generation, status=snap.status, source=snap.source, **warnings
-        )
+        errors = {"errors": [error.to_json() for error in snap.errors]} if snap.errors else {}
+        self.log.emit(EventName.POLICY_GENERATION, generation=snap.generation, status=snap.status, source=snap.source,
+                      **warnings, **errors)  # fmt: skip
         try:
             self._acks.send_nowait(snap.generation)
         except trio.WouldBlock:
@@ -552,6 +567,7 @@ class ControlDaemon:
         failing: list[str] = []
         if not self.policy.ready:
             failing.append(f"policy: {self.policy.status} (generation {self.policy.generation})")
+            failing += [f"policy error: {error}" for error in self.policy.last_error or ()]
         if self.proxy is not None:  # proxy-pod: no boundary, no fence of ours; the listener is the service
             if self.proxy.bound is None:
                 failing.append("proxy: not listening yet")

@@ -15,6 +15,10 @@ Rules this file enforces:
 3. Both are read with pyroute2 at start, before any link is dialled, then again whenever the kernel reports an
    address or route change (a netlink multicast subscription, used only as a wake-up) and at least every 5 s.
    A failed read keeps what was known and is logged; ``--self-address`` entries are always in force.
+4. ``control.netstate`` is logged when what control decides by changes: an address of its own (link-local ones
+   aside: every interface brought up gets one, and control never dials link-local anyway) or whether it has
+   IPv6 egress (under ``--ipv6-egress=auto``). A host's interfaces coming and going (a container runtime's veths,
+   a test's namespaces) change neither, and log nothing.
 """
 
 from __future__ import annotations
@@ -129,6 +133,11 @@ class LocalNetwork:
             return self._state.ipv6_route
         return self.mode is Ipv6Egress.ON
 
+    def _said(self, state: NetState) -> tuple[frozenset[IPAddress], bool]:
+        """What ``control.netstate`` reports (rule 4): the addresses that matter, and IPv6 egress as decided."""
+        ipv6 = state.ipv6_route if self.mode is Ipv6Egress.AUTO else self.mode is Ipv6Egress.ON
+        return frozenset(a for a in state.addresses if not a.is_link_local), ipv6
+
     def refresh(self) -> None:
         try:
             state = self._reader()
@@ -136,7 +145,7 @@ class LocalNetwork:
             if self._log is not None:
                 self._log.emit(EventName.CONTROL_NETSTATE_FAILED, reason=f"{type(exc).__name__}: {exc}")
             return
-        if state != self._state and self._log is not None:
+        if self._said(state) != self._said(self._state) and self._log is not None:  # rule 4
             self._log.emit(
                 EventName.CONTROL_NETSTATE, addresses=sorted(str(a) for a in state.addresses),
                 ipv6_egress=self.ipv6_egress if self.mode is not Ipv6Egress.AUTO else state.ipv6_route,

@@ -6,8 +6,8 @@ last result it was told, whether or not the boundary is still there to ask.
 
 Rules this module enforces:
 
-1. ``wait`` and ``terminate`` on the agent's handle answer its result, the same object every time (§2.5; a
-   ``terminate`` that arrives after the end gets what ended the agent, as the boundary answers it).
+1. ``wait`` on the agent's handle answers its result, the same object every time (§2.5); ``terminate`` on it is
+   ``terminated`` (410, §1.3–1.4: there is nothing left to end) carrying that result, as the boundary answers it.
 2. ``wait`` on another handle (an exec's) is the boundary's to answer while it is attached (it keeps exec results
    for a while); once it has gone nothing else is kept: ``terminated``.
 3. Every other operation — ``exec``, ``forward``, re-attaching a stream, ``signal``, ``terminate`` of another
@@ -35,11 +35,14 @@ def why_ended(result: ExitResult) -> str:
 
 
 def after_agent_end(op: Op, handle: str | None, result: ExitResult, *, boundary_attached: bool) -> ExitResult | None:
-    """The answer to ``op`` on ``handle`` after the agent ended with ``result``: that result (rule 1), ``None``
-    when the boundary still attached should answer (rule 2), else raises ``terminated`` (rules 2, 3)."""
+    """The answer to ``op`` on ``handle`` after the agent ended with ``result``: that result (rule 1, ``wait``),
+    ``None`` when the boundary still attached should answer (rule 2), else raises ``terminated`` (rules 1-3)."""
     agents = handle is not None and handle == result.handle
-    if op in (Op.WAIT, Op.TERMINATE) and agents:
+    if op is Op.WAIT and agents:
         return result
+    if op is Op.TERMINATE and agents:
+        raise OpError(ErrorKind.TERMINATED, f"terminate: {why_ended(result)} already", field="handle",
+                      result=result)  # fmt: skip
     if op is Op.WAIT and boundary_attached:
         return None
     field = "handle" if op in (Op.WAIT, Op.SIGNAL, Op.TERMINATE) else None

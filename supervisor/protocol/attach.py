@@ -65,6 +65,21 @@ class StaticPolicy:
             body["process"] = {name: value for name, value in fields if value is not None}
         return body
 
+    def effective(self) -> StaticPolicy:
+        """What the boundary applies, with the spellings that apply the same made equal: a filesystem section with
+        nothing in ``read_only`` and ``read_write`` is the default filesystem (``boundary/confinement.py`` rule 2;
+        its ``include_workdir`` then changes nothing), ``best_effort`` Landlock is the default, and an empty
+        ``process`` section is no section. Two policies whose static sections differ only in these spellings run
+        the same sandbox."""
+        fs = self.filesystem
+        if fs is not None and not fs.read_only and not fs.read_write:
+            fs = None
+        landlock = None if self.landlock_compatibility in (None, "best_effort") else self.landlock_compatibility
+        process = self.process
+        if process is not None and process.run_as_user is None and process.run_as_group is None:
+            process = None
+        return StaticPolicy(filesystem=fs, landlock_compatibility=landlock, process=process)
+
     @classmethod
     def from_wire(cls, obj: object) -> StaticPolicy:
         """Raises :class:`OpError` ``invalid`` naming the field at fault."""

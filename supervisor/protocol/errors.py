@@ -1,7 +1,8 @@
 """Error kinds shared by every operation between control and boundary (docs/reference/boundary.md §1.3).
 
 An error never advances the lifecycle and never authorises anything. On the wire an error is the JSON body
-``{"kind": K, "reason": "...", "field"?: "...", "stage"?: "...", "errno"?: N}`` with the HTTP status of its kind.
+``{"kind": K, "reason": "...", "field"?: "...", "stage"?: "...", "errno"?: N, "result"?: {...}}`` with the HTTP
+status of its kind; ``result`` is the exit result of a process that had already ended (``terminate`` on it).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from typing import Any
+
+from supervisor.protocol.exit_result import ExitResult, ExitResultError
 
 
 class ErrorKind(enum.StrEnum):
@@ -48,6 +51,7 @@ class OpError(Exception):
     field: str | None = None
     stage: str | None = None
     errno: int | None = None
+    result: ExitResult | None = None  # what ended the process the operation named
 
     def __str__(self) -> str:
         where = f" ({self.field})" if self.field else ""
@@ -59,6 +63,8 @@ class OpError(Exception):
             value = getattr(self, key)
             if value is not None:
                 body[key] = value
+        if self.result is not None:
+            body["result"] = self.result.to_wire()
         return body
 
     @classmethod
@@ -76,4 +82,15 @@ class OpError(Exception):
             field=body.get("field") if isinstance(body.get("field"), str) else None,
             stage=body.get("stage") if isinstance(body.get("stage"), str) else None,
             errno=errno if isinstance(errno, int) else None,
+            result=_result(body.get("result")),
         )
+
+
+def _result(raw: object) -> ExitResult | None:
+    """An error body's exit result, if it carries a well-formed one (a malformed one is dropped, never fatal)."""
+    if raw is None:
+        return None
+    try:
+        return ExitResult.from_wire(raw)
+    except ExitResultError:
+        return None

@@ -96,6 +96,7 @@ class EventName(enum.StrEnum):
     LIMITS_MEMORY = "limits.memory"
     LIMITS_MEMORY_CGROUP_LEFT = "limits.memory-cgroup-left"
     # link
+    LINK_CLOSED = "link.closed"
     LINK_DOWN = "link.down"
     LINK_FAILED = "link.failed"
     LINK_REFUSED = "link.refused"

@@ -159,6 +159,7 @@ OCSF_MAP: dict[EventName, OcsfMapping] = {
     # the link between the daemons
     E.LINK_UP: OcsfMapping(_N),
     E.LINK_DOWN: OcsfMapping(Activity.NET_CLOSE),
+    E.LINK_CLOSED: OcsfMapping(Activity.NET_CLOSE),
     E.LINK_FAILED: OcsfMapping(Activity.NET_FAIL, Severity.LOW),
     E.LINK_REFUSED: OcsfMapping(Activity.NET_REFUSE, Severity.HIGH, finding="openshell.link.claims_refused"),
     # the agent's traffic

@@ -43,6 +43,7 @@ __all__ = [
     "SignalScope",
     "TerminateRequest",
     "WaitRequest",
+    "is_forward_probe",
     "is_managed_env_key",
     "parse_exec_request",
     "parse_forward_request",
@@ -338,8 +339,18 @@ def validate_forward_target(host: Any, port: Any, reserved_ports: Collection[int
 
 
 def parse_forward_request(body: Any, reserved_ports: Collection[int] = ()) -> ForwardTarget:
-    raw = _object(body, {"host", "port"})
+    """``{host, port, probe?}``; ``probe: true`` asks only whether the target would be accepted (see
+    :func:`is_forward_probe`)."""
+    raw = _object(body, {"host", "port", "probe"})
+    if not isinstance(raw.get("probe", False), bool):
+        raise _invalid("must be a boolean", "probe")
     return validate_forward_target(raw.get("host", "127.0.0.1"), raw.get("port"), reserved_ports)
+
+
+def is_forward_probe(body: Any) -> bool:
+    """A forward request that is only a probe: validated and accepted, never connected, so the target (a user's
+    server) sees nothing of it."""
+    return isinstance(body, dict) and body.get("probe") is True
 
 
 def env_items(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:

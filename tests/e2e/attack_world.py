@@ -605,8 +605,8 @@ class AttackWorld:
     def dev_argv(self, agent_argv: list[str]) -> list[str]:
         # The scripts' directory is the workdir: the agent's own root holds nothing else of the host's /tmp.
         return [*CLI, "dev", "--log-format=json", f"--policy={self.policy}",
-                f"--dns-server={self.dns.address[0]}:{self.dns.address[1]}", f"--workdir={self.agent_dir}", "--",
-                *agent_argv]  # fmt: skip
+                f"--dns-server={self.dns.address[0]}:{self.dns.address[1]}", f"--workdir={self.agent_dir}",
+                "--workdir-read-only", "--", *agent_argv]  # fmt: skip
 
     def script(self, body: str) -> str:
         """Write prelude + body for the agent; returns the path."""

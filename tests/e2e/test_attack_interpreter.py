@@ -213,13 +213,12 @@ def test_a_normal_user_without_xdg_runtime_dir_runs_dev(scratch: Path) -> None:
 
 def test_a_control_that_fails_at_start_up_is_not_restarted_and_its_error_is_said_once(scratch: Path) -> None:
     _, env = _operator(None, scratch)
-    policy = scratch / "policy.yaml"
-    policy.write_text("version: 1\nnetwork_policies:\n  p:\n    endpoints: [{host: a.test, port: 99999}]\n")
-    result = subprocess.run([*ENTRIES["script"], "dev", f"--policy={policy}", "--", "true"], env=env, cwd=scratch,
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    # a resolver control refuses at start-up (dev checks its --policy and --credentials itself, before anything)
+    result = subprocess.run([*ENTRIES["script"], "dev", "--dns-server=999.0.0.1", "--", "true"], env=env,
+                            cwd=scratch, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert result.returncode == 125, result.stderr
     assert "restarting" not in result.stderr, result.stderr
-    errors = re.findall(r"99999", result.stderr)
+    errors = re.findall(r"999\.0\.0\.1", result.stderr)
     assert len(errors) == 1, result.stderr
     assert "at start-up" in result.stderr
 

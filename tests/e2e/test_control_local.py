@@ -110,8 +110,8 @@ class World:
         script.write_text(AGENT_PRELUDE + "\n" + AGENT)
         script.chmod(0o644)
         argv = [*CLI, "dev", "--log-format=json", f"--policy={self.policy}", "--ipv6-egress=off",
-                f"--dns-server={self.dns.address[0]}:{self.dns.address[1]}", f"--workdir={self.agent_dir}", *options,
-                "--", AGENT_PYTHON, str(script)]  # fmt: skip
+                f"--dns-server={self.dns.address[0]}:{self.dns.address[1]}", f"--workdir={self.agent_dir}",
+                "--workdir-read-only", *options, "--", AGENT_PYTHON, str(script)]  # fmt: skip
         env = {**os.environ, "XDG_RUNTIME_DIR": self.runtime}
         return DevRun(argv, env, self.agent_dir.parent).finish(120)
 

@@ -263,7 +263,8 @@ class World:
         result = subprocess.run(
             [*CLI, "dev", "--log-format=json", f"--policy={self.policy}",
              f"--dns-server={self.dns.address[0]}:{self.dns.address[1]}", f"--upstream-ca={self.upstream_ca}",
-             f"--workdir={self.workdir}", "--", "python3", "probes.py", str(TLS_PORT), str(PLAIN_PORT)],
+             f"--workdir={self.workdir}", "--workdir-read-only", "--", "python3", "probes.py", str(TLS_PORT),
+             str(PLAIN_PORT)],
             capture_output=True, text=True, timeout=240, env={**os.environ, "XDG_RUNTIME_DIR": self.runtime},
         )  # fmt: skip
         probes = {}
@@ -397,7 +398,7 @@ def test_a_streamed_response_survives_an_unrelated_policy_reload(world: World, h
     dev = subprocess.Popen(
         [*CLI, "dev", "--log-format=json", f"--policy={world.policy}",
          f"--dns-server={world.dns.address[0]}:{world.dns.address[1]}", f"--upstream-ca={world.upstream_ca}",
-         f"--workdir={world.workdir}", "--", "python3", "reload.py", host, str(TLS_PORT)],
+         f"--workdir={world.workdir}", "--workdir-read-only", "--", "python3", "reload.py", host, str(TLS_PORT)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     try:

@@ -177,6 +177,12 @@ async def test_lifecycle_order_is_enforced_and_second_attach_refused(boundary: B
         assert resumed["state"] == "running"
         assert resumed["agent"]["handle"] == running["agent"] and resumed["agent"]["result"] is None
 
+        # the agent ends: terminate on it is 410 terminated, carrying its result (§1.3-1.4), never a 200
+        await call(link, "/v1/signal", {"handle": running["agent"], "signal": "KILL"})
+        result = await call(link, "/v1/wait", {"handle": running["agent"]})
+        ended = await expect_error(ErrorKind.TERMINATED, link, "/v1/terminate", {"handle": running["agent"]})
+        assert ended.result is not None and ended.result.to_wire() == result and result["signal"] == "KILL", ended
+
 
 @pytest.mark.parametrize(
     ("change", "kind"),

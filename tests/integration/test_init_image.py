@@ -31,10 +31,16 @@ FORK_HOOKED = ("threading", "random", "logging", "supervisor.boundary.capture.se
 def test_the_inits_entry_imports_nothing_of_the_boundarys() -> None:
     entry = _INIT_BOOT.split("init_entry(")[0].rstrip("; ")  # the boot line up to the call: path + import
     script = f"{entry}; print(json.dumps(sorted(sys.modules)))"
-    done = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", script, json.dumps([str(ROOT), *sys.path])],
-        capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
+    boot = os.memfd_create("boot")  # the init reads its import path on fd 5
+    os.write(boot, json.dumps({"path": [str(ROOT), *sys.path]}).encode())
+    os.lseek(boot, 0, os.SEEK_SET)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True, check=True, timeout=60,
+            pass_fds=(boot, 5), preexec_fn=lambda: os.dup2(boot, 5),
+        )  # fmt: skip
+    finally:
+        os.close(boot)
     loaded = set(json.loads(done.stdout))
     assert "supervisor.boundary.process.zygote" in loaded
     assert not [name for name in loaded if name.split(".")[0] in BOUNDARY_ONLY or name in BOUNDARY_ONLY]

@@ -368,8 +368,11 @@ async def test_workload_gone_control_stays_up_not_ready(tmp_path: Path) -> None:
         for listener in listeners:
             await listener.aclose()
         failures = await control.wait_for("five failed redials", lambda: (f := control.ops_failures())[5:] and f)
-        assert failures[0]["step"] in ("agent-exited", "running"), failures[0]
-        assert all(e["step"] == "connect" and "connect failed" in e["reason"] for e in failures[1:]), failures
+        # the agent's end closed every link: one link.closed line for all of them, never a link.failed
+        [closed] = control.events("link.closed")
+        assert closed["reason"] == "the agent has terminated: reason exited (code 0); the boundary closed its links"
+        assert all(e["step"] == "connect" and "connect failed" in e["reason"] for e in failures), failures
+        assert not [e for e in control.events() if e["step"] in ("agent-exited", "serving")], control.events()
         assert_backoff(failures)  # the attach reset it once; since then every failure doubles the wait
         ready = await trio.run_process([*CLI, "readyz", f"--api={tmp_path / 'api.sock'}"], check=False,
                                        capture_stdout=True, capture_stderr=True)  # fmt: skip
@@ -388,4 +391,9 @@ async def test_workload_gone_control_stays_up_not_ready(tmp_path: Path) -> None:
         assert b"terminated: exec: the agent has terminated: reason exited (code 0)" in started.stderr, started
         signalled = await cli("signal", "TERM")
         assert signalled.returncode == 125 and b"terminated: signal: the agent has terminated" in signalled.stderr
+        ended = await cli("terminate")  # nothing left to end: 410 terminated, with what ended it
+        assert ended.returncode == 125, ended
+        assert ended.stderr == b"openshell-sandbox: terminated: terminate: the agent has terminated: reason exited " \
+            b"(code 0) already (handle)\n", ended  # fmt: skip
+        assert json.loads(ended.stdout)["handle"] == AGENT and json.loads(ended.stdout)["reason"] == "exited"
         control.alive()

@@ -16,9 +16,19 @@ EXITED = ExitResult(AGENT, 3, None, None, 3, False, EndReason.EXITED, "2025-01-0
 
 
 @pytest.mark.parametrize("attached", [True, False])
-@pytest.mark.parametrize("op", [Op.WAIT, Op.TERMINATE])
-def test_wait_and_terminate_on_the_agent_answer_its_result(op: Op, attached: bool) -> None:
-    assert after_agent_end(op, AGENT, LOST, boundary_attached=attached) == LOST
+def test_wait_on_the_agent_answers_its_result(attached: bool) -> None:
+    assert after_agent_end(Op.WAIT, AGENT, LOST, boundary_attached=attached) == LOST
+
+
+@pytest.mark.parametrize("attached", [True, False])
+@pytest.mark.parametrize("result", [LOST, EXITED])
+def test_terminate_on_the_ended_agent_is_terminated_with_its_result(result: ExitResult, attached: bool) -> None:
+    with pytest.raises(OpError) as info:
+        after_agent_end(Op.TERMINATE, AGENT, result, boundary_attached=attached)
+    assert info.value.kind is ErrorKind.TERMINATED and info.value.kind.http_status == 410
+    assert info.value.result == result
+    assert OpError.from_json(info.value.to_json(), status=410).result == result  # it crosses the wire
+    assert info.value.reason == f"terminate: {why_ended(result)} already"
 
 
 def test_wait_on_an_exec_is_the_boundarys_while_it_is_there() -> None:

@@ -146,3 +146,35 @@ def test_the_boundary_renders_every_destination_refusal_as_ssrf_denied() -> None
     assert {str(r) for r in UpstreamReason if r.ssrf} == SSRF_REASONS
     assert EgressReply(403, reason="control-local").ssrf
     assert not EgressReply(403, reason="no-matching-policy").ssrf
+
+
+def test_netstate_is_logged_only_when_controls_own_addresses_or_ipv6_egress_change() -> None:
+    import io
+    import json
+
+    from supervisor.jsonlog import JsonLog
+
+    base = {OWN, ip_address("fe80::1")}
+    readings = [
+        NetState(frozenset(base), False),
+        NetState(frozenset(base | {ip_address("fe80::abcd:1")}), False),  # a veth came up: link-local only
+        NetState(frozenset(base), False),  # and went
+        NetState(frozenset(base | {ip_address("198.51.100.7")}), False),  # an address of control's own
+        NetState(frozenset(base | {ip_address("198.51.100.7")}), True),  # IPv6 egress now
+    ]
+    out = io.StringIO()
+    net = LocalNetwork(reader=lambda: readings.pop(0), log=JsonLog("control", stream=out))
+    for _ in range(5):
+        net.refresh()
+    said = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(e["addresses"], e["ipv6_egress"]) for e in said] == [
+        ([str(OWN), "fe80::1"], False),
+        ([str(OWN), "198.51.100.7", "fe80::1"], False),
+        ([str(OWN), "198.51.100.7", "fe80::1"], True),
+    ]
+    fixed = LocalNetwork(ipv6_egress=Ipv6Egress.OFF, reader=lambda: NetState(frozenset({OWN}), readings2.pop(0)),
+                         log=JsonLog("control", stream=(out2 := io.StringIO())))  # fmt: skip
+    readings2 = [False, True]
+    fixed.refresh()
+    fixed.refresh()  # a v6 route appeared, but --ipv6-egress=off decides: nothing changed
+    assert len(out2.getvalue().splitlines()) == 1

@@ -176,3 +176,57 @@ def test_logs_renders_human_json_and_ocsf_from_controls_json_lines() -> None:
     unknown = json.dumps({"event": "from.a-newer-control", "component": "control", "x": 1}).encode()
     assert render(unknown, "ocsf") is None and "from.a-newer-control" in (render(unknown, "human") or "")
     assert render(b"not json", "human") is None and render(b"\n", "json") is None
+
+
+def test_after_a_policy_apply_the_why_hint_asks_the_generation_that_decided() -> None:
+    c = Console(sandbox="dev-1", policy=Path("/p/agent.yaml"), policy_label="agent.yaml", events_path=EVENTS,
+                api=Path("/run/o/dev-1/api.sock"), policy_source="/p/agent.yaml")  # fmt: skip
+    [before] = c.lines_for(deny(policy_generation=0))
+    assert "(why: openshell-sandbox policy decide --policy /p/agent.yaml --host" in before
+    c.lines_for({"event": "policy.generation", "component": "control", "generation": 1, "status": "loaded",
+                 "source": "PUT /v1/policy"})  # fmt: skip
+    [after] = c.lines_for(deny(policy_generation=1))
+    command = shlex.split(after.split("(why: ", 1)[1].removesuffix(")"))
+    assert command[:7] == ["openshell-sandbox", "policy", "decide", "--api", "/run/o/dev-1/api.sock",
+                           "--generation", "1"]  # fmt: skip
+    c.lines_for(
+        {
+            "event": "policy.generation",
+            "component": "control",
+            "generation": 2,
+            "status": "loaded",
+            "source": "/p/agent.yaml",
+        }
+    )  # the watched file's own revision: the file says it again
+    assert "--policy /p/agent.yaml" in c.lines_for(deny(policy_generation=2))[0]
+
+
+def test_a_quarantined_policy_file_says_every_error_in_the_terminal_and_in_logs() -> None:
+    event = {"event": "policy.generation", "component": "control", "generation": 3, "status": "quarantined",
+             "source": "/p/agent.yaml", "errors": [
+                 {"path": "network_policies.a.endpoints[0].port", "message": "invalid port 0",
+                  "expected": "1..=65535", "line": 6, "source": "/p/agent.yaml"},
+                 {"path": "network_policies.a.protocl", "message": "unknown key 'protocl'", "line": 7,
+                  "source": "/p/agent.yaml"}]}  # fmt: skip
+    assert console().lines_for(event) == [
+        "openshell-sandbox: /p/agent.yaml is invalid; quarantined (generation 3): every new connection is denied "
+        "until it is fixed:",
+        "  /p/agent.yaml:6: network_policies.a.endpoints[0].port: invalid port 0 (expected 1..=65535)",
+        "  /p/agent.yaml:7: network_policies.a.protocl: unknown key 'protocl'",
+    ]
+    line = summary(event)
+    assert "status=quarantined" in line
+    assert line.endswith("/p/agent.yaml:6: network_policies.a.endpoints[0].port: invalid port 0 (expected "
+                         "1..=65535); /p/agent.yaml:7: network_policies.a.protocl: unknown key 'protocl'")  # fmt: skip
+
+
+def test_an_origin_control_does_not_trust_is_named_with_the_certificate_problem_and_the_flag() -> None:
+    event = {"event": "http", "component": "control", "decision": "error", "method": "GET",
+             "destination": "api.corp.test:443", "path": "/v1", "binary": "/usr/bin/curl",
+             "reason": "upstream-tls-failed", "detail": "the certificate of api.corp.test:443 failed verification: "
+             "self-signed certificate in certificate chain"}  # fmt: skip
+    assert console().lines_for(event) == [
+        "openshell-sandbox: /usr/bin/curl → GET api.corp.test:443: upstream_tls_failed: the certificate of "
+        "api.corp.test:443 failed verification: self-signed certificate in certificate chain; if the origin's CA is "
+        "one you trust (a private or corporate CA), give it to control with --upstream-ca FILE"
+    ]

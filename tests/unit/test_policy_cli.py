@@ -375,3 +375,42 @@ def test_decide_graphql_file_json(tmp_path: Path) -> None:
                       "--binary", "/usr/bin/python3", "--graphql", f"@{doc}", "--json")  # fmt: skip
     body = json.loads(out)
     assert got == 0 and body["operation"] == "query Viewer" and body["l7_rule"] == "access:read-only"
+
+
+TYPO = """version: 1
+network_policies:
+  a:
+    endpoints:
+      - {host: a.example.com, port: 443}
+    binaries:
+      - path: /usr/bin/pyhton3
+      - path: /bin/sh
+      - path: /nowhere/bin/*
+      - path: /usr/**/python3
+"""
+
+
+def test_check_warns_for_binary_paths_absent_on_this_machine(tmp_path: Path) -> None:
+    path = tmp_path / "typo.yaml"
+    path.write_text(TYPO)
+    code, out, err = run("policy", "check", str(path))
+    assert (code, out) == (0, "ok: 1 rules, 1 endpoints\n")
+    assert err.splitlines() == [
+        f"{path}:7: network_policies.a.binaries[0].path: warning: binary path '/usr/bin/pyhton3' matches no file "
+        "on this machine; the rule never matches a process running it (a typo?)",
+        f"{path}:9: network_policies.a.binaries[2].path: warning: binary path '/nowhere/bin/*' matches no file "
+        "on this machine; the rule never matches a process running it (a typo?)",
+    ]
+
+
+def test_check_strict_makes_absent_binary_paths_errors(tmp_path: Path) -> None:
+    path = tmp_path / "typo.yaml"
+    path.write_text(TYPO)
+    code, out, err = run("policy", "check", "--strict", str(path))
+    assert code == 1
+    assert [line.split(": ")[1] for line in out.splitlines()] == [
+        "network_policies.a.binaries[0].path", "network_policies.a.binaries[2].path",
+    ]  # fmt: skip
+    assert "warning" not in out and err == f"{path}: 2 errors (--strict)\n"
+    code, body, _ = run("policy", "check", "--strict", "--json", str(path))
+    assert code == 1 and [e["line"] for e in json.loads(body)["errors"]] == [7, 9]

@@ -16,6 +16,7 @@ from supervisor.control.policy import (
     PolicySnapshot,
     PolicyStore,
     compile_policy,
+    load_default_policy,
 )
 
 from .policy_helpers import doc, load, rule, who
@@ -120,6 +121,18 @@ def test_first_tcp_endpoint_cannot_be_added_by_reload() -> None:
 def test_static_sections_change_warns() -> None:
     store = make()
     store.apply_text(doc({"a": rule({"host": "a.example.com", "port": 443})}, process={"run_as_user": 1000}), "api")
+    assert any("static sections" in w["message"] for w in store.status_json()["warnings"])
+
+
+def test_a_network_only_revision_of_the_default_policy_warns_of_no_static_change() -> None:
+    store = PolicyStore(compile_policy(load_default_policy()), source="default")
+    store.apply_text(V2, "api")  # no static sections at all: the same sandbox as the default's empty ones
+    assert store.generation == 1 and "warnings" not in store.status_json()
+    store.apply_text(doc({"a": rule({"host": "a.example.com", "port": 443})}, landlock={"compatibility":
+                     "best_effort"}, filesystem_policy={"include_workdir": True}), "api")  # fmt: skip
+    assert store.generation == 2 and "warnings" not in store.status_json()
+    store.apply_text(doc({"a": rule({"host": "a.example.com", "port": 443})}, filesystem_policy={
+        "include_workdir": True, "read_only": ["/usr"]}), "api")  # fmt: skip
     assert any("static sections" in w["message"] for w in store.status_json()["warnings"])
 
 

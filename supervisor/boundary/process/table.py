@@ -135,6 +135,7 @@ class ProcessEntry:
         # pid is the init of the process's own PID namespace (R, U execs): it forwards signals to the command
         self.nested = bool(getattr(spawned, "nested", False))
         self.started_at = now_rfc3339()
+        self.argv: tuple[str, ...] = ()  # as it was asked for (status shows it, placeholders redacted)
         self._pidfd: int | None = spawned.pidfd
         stat = read_stat(spawned.pid)
         trusted = stat is not None and not _pidfd_exited(spawned.pidfd)
@@ -189,6 +190,7 @@ class ProcessEntry:
         return {
             "handle": self.handle,
             "kind": self.kind,
+            "argv": list(self.argv),
             "tty": self.tty,
             "started_at": self.started_at,
             "state": "running" if self.result is None else "exited",
@@ -340,6 +342,7 @@ class ProcessTable:
         finally:
             self._starting -= 1
         entry = ProcessEntry(self, self._new_handle(), kind, spawned)
+        entry.argv = tuple(spec.argv)
         entry.oom_baseline = oom_baseline
         self._entries[entry.handle] = entry
         if kind == "exec":

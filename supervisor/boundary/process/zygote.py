@@ -865,29 +865,40 @@ def _init_request(spawner: Spawner, request: dict[str, Any], fds: list[int]) -> 
 # carries no copy of the boundary's memory (its keys included) either; the capture's pyroute2 (~13 MB) runs in
 # the zygote for the same reason. ``-I -S``: no environment variable, user site or ``.pth`` file has a say; the
 # module path is the boundary's own installation's (supervisor/protocol/interpreter.py rule 2).
+# The init and every exec-init forked from it live in the workload's PID namespace, where the agent's `ps` reads
+# their command lines: so their argv names no path of the host (the interpreter is ``/proc/self/exe``, which
+# Python resolves to find its library) and carries no data. The import path and the init's plan (the agent's
+# root: binds, hidden paths) come on fd 5, a sealed memfd read once at start.
 _INIT_BOOT: Final = (
-    "import sys, json; sys.path[:0] = json.loads(sys.argv[1]); "
-    "from supervisor.boundary.process.zygote import init_entry; init_entry(sys.argv[2])"
+    "import json, os, sys; boot = json.load(os.fdopen(5, 'rb')); sys.path[:0] = boot['path']; "
+    "from supervisor.boundary.process.zygote import init_entry; init_entry(boot)"
 )
+INIT_ARGV0: Final = "/proc/self/exe"
 
 
 def exec_init_image(  # pragma: no cover - the init before its execve
     sock_fd: int, host_proc_fd: int, mount_proc: bool, root: Mapping[str, Any] | None, narrow: bool = False
 ) -> NoReturn:
     """In the zygote's first child after ``unshare(CLONE_NEWPID)``: ``execve`` the init's own interpreter
-    (``init_entry``) with the zygote's socket on fd 3 and the host procfs on 4. A failure is the init's
-    ``ready: false``."""
+    (``init_entry``) with the zygote's socket on fd 3, the host procfs on 4 and its boot data on 5 (see
+    ``_INIT_BOOT``). A failure is the init's ``ready: false``."""
     try:
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)  # kept across the execve (not set-id)
         privilege.keep_across_exec()
-        _keep_fds([sock_fd, host_proc_fd])
-        os.set_inheritable(3, True)
-        os.set_inheritable(4, True)
+        boot = os.memfd_create("openshell-init-boot", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        data = json.dumps({"path": import_path(), "mount_proc": mount_proc, "root": root, "narrow": narrow}).encode()
+        written = 0
+        while written < len(data):
+            written += os.write(boot, data[written:])
+        os.lseek(boot, 0, os.SEEK_SET)
+        fcntl.fcntl(boot, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+                    | fcntl.F_SEAL_WRITE)  # fmt: skip
+        _keep_fds([sock_fd, host_proc_fd, boot])
+        for fd in (3, 4, 5):
+            os.set_inheritable(fd, True)
         if not sys.executable:
             raise OSError(errno.ENOEXEC, "this interpreter does not know its own executable")
-        path = json.dumps(import_path())
-        args = json.dumps({"mount_proc": mount_proc, "root": root, "narrow": narrow})
-        os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", _INIT_BOOT, path, args])
+        os.execv(sys.executable, [INIT_ARGV0, "-I", "-S", "-c", _INIT_BOOT])
     except BaseException as exc:
         with contextlib.suppress(BaseException):
             reason = f"start the init ({sys.executable or '?'}): {exc}"
@@ -896,11 +907,10 @@ def exec_init_image(  # pragma: no cover - the init before its execve
         os._exit(1)
 
 
-def init_entry(args: str) -> NoReturn:  # pragma: no cover - own pid ns
-    """The init's interpreter, right after its ``execve`` (``_INIT_BOOT``)."""
+def init_entry(boot: dict[str, Any]) -> NoReturn:  # pragma: no cover - own pid ns
+    """The init's interpreter, right after its ``execve`` (``_INIT_BOOT``), with its boot data from fd 5."""
     try:
-        parsed = json.loads(args)
-        init_main(3, 4, bool(parsed["mount_proc"]), parsed["root"], bool(parsed.get("narrow")))
+        init_main(3, 4, bool(boot["mount_proc"]), boot["root"], bool(boot.get("narrow")))
     finally:
         os._exit(1)
 

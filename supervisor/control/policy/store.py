@@ -12,7 +12,9 @@ Rules:
    ``current`` is ``None`` and every decision denies with ``policy-quarantined`` — until a valid revision loads;
    ``retain-last-valid`` keeps the last valid policy active and reports ``retained``.
 4. Static sections (filesystem, landlock, process) are fixed for the sandbox's life: a revision that changes
-   them still loads, with a warning that they apply only to a new sandbox. Adding the first ``protocol: tcp``
+   them still loads, with a warning that they apply only to a new sandbox. "Changes" means what the boundary
+   would apply differs (``StaticPolicy.effective``): a network-only revision of the default policy warns of
+   nothing. Adding the first ``protocol: tcp``
    endpoint to a sandbox started without one is invalid (the capture substrate is installed only at start).
 5. Every change is published to subscribers synchronously, after the swap, with an immutable snapshot; a
    connection admitted under generation N is stale once ``generation != N`` (control closes it).
@@ -35,6 +37,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import trio
+
+from supervisor.protocol.attach import StaticPolicy
 
 from .compiled import CompiledPolicy, compile_policy
 from .decide import BodyRoute, body_route, decide_l4, decide_l7, graphql_ws_route, quarantine_decision
@@ -99,7 +103,7 @@ class PolicyStore:
         self._aliases = binary_aliases
         # The ranges control's NetworkPolicy excludes (--egress-excluded): a revision allowing one is warned about.
         self._fence = egress_fence or EgressFence()
-        self._static = initial.policy.static_json()
+        self._static = _effective_static(initial)
         self._started_with_tcp = initial.has_tcp
         warnings = (*initial.policy.warnings, *self._fence.warnings(initial.policy, source))
         self._snapshot = PolicySnapshot(0, "loaded", initial, initial, source, warnings=warnings)
@@ -135,7 +139,9 @@ class PolicyStore:
     def is_current(self, generation: int) -> bool:
         return generation == self._snapshot.generation
 
-    def status_json(self) -> dict[str, Any]:
+    def status_json(self, *, content: bool = False) -> dict[str, Any]:
+        """The generation in force and its status; with ``content`` also the normalised policy itself
+        (``policy``: what ``policy get --yaml`` prints, ``None`` in quarantine, where nothing is in force)."""
         snap = self._snapshot
         active = snap.policy
         body: dict[str, Any] = {
@@ -153,6 +159,8 @@ class PolicyStore:
             body["errors"] = [err.to_json() for err in snap.errors]
         if snap.warnings:
             body["warnings"] = [w.to_json() for w in snap.warnings]
+        if content:
+            body["policy"] = active.policy.to_json() if active is not None else None
         return body
 
     # --- subscribing --------------------------------------------------------------------------------------
@@ -214,7 +222,7 @@ class PolicyStore:
             )
         snap = self._snapshot
         warnings = [*compiled.policy.warnings, *self._fence.warnings(compiled.policy, source)]
-        if compiled.policy.static_json() != self._static:
+        if _effective_static(compiled) != self._static:
             warnings.append(
                 PolicyWarning(
                     "",
@@ -284,6 +292,11 @@ class PolicyStore:
                 failures.append(exc)
         if failures:
             raise failures[0]
+
+
+def _effective_static(compiled: CompiledPolicy) -> StaticPolicy:
+    """The static sections as the boundary applies them (rule 4 compares these, not their spelling)."""
+    return StaticPolicy.from_wire(compiled.policy.static_json()).effective()
 
 
 # --- the watcher -------------------------------------------------------------------------------------------
