@@ -5,7 +5,9 @@ an internal podman network on TEST-NET-1, a DNS container and an HTTPS origin co
 certificate is from a CA the agent does not trust, so a request that verifies went through control's
 inspection). Then, for each privilege model, a sandbox is rendered with the real CLI, translated by
 tests/k8s/podman_play.py (docs/kubernetes.md, "Running the companion set under podman") and played with
-``podman kube play``; both daemons run as the image's entrypoint with the rendered args. The tests are the
+``podman kube play``, except model U's workload pod, which kube play cannot give a user namespace and an unmasked
+/proc: tests/k8s/podman_run.py starts it with ``podman pod create --uidmap/--gidmap`` and ``podman run``. Both
+daemons run as the image's entrypoint with the rendered args. The tests are the
 steps of the run, in order; pytest's verbose output lists each with its result.
 """
 
@@ -647,8 +649,8 @@ def test_u_2_allowed_https_verifies_through_inspection_and_a_denied_one_is_refus
 def test_u_3_podman_exec_into_control_status_exec_id_policy_apply(box_u: Sandbox) -> None:
     status = box_u.ctl("openshell-sandbox", "status")
     assert status.returncode == 0 and box_u.name in status.stdout and "model U" in status.stdout, status.stdout
-    ident = box_u.ctl("openshell-sandbox", "exec", "--", "/usr/bin/id", "-u")
-    assert ident.returncode == 0 and ident.stdout.strip() not in ("", "0"), ident.stdout + ident.stderr
+    ident = box_u.ctl("openshell-sandbox", "exec", "--", "/usr/bin/id", "-u")  # the boundary's uid, mapped to itself
+    assert ident.returncode == 0 and ident.stdout.strip() == "10001", ident.stdout + ident.stderr
     _policy_apply(box_u, "u")
 
 
