@@ -30,10 +30,14 @@ volumes, Services or NetworkPolicies. So, for each of the two pods of one sandbo
   boundary's 7443, control's proxy 3128: reachable from the host, and two runs side by side, or a dev sandbox
   holding 3128, collide); the pods reach each other by address on the network, as in a cluster;
 - probes are dropped (podman runs them through systemd timers, which these hosts lack); the run calls
-  ``readyz``/``status`` through ``podman exec`` instead. ``hostUsers: false`` becomes ``podman kube play
-  --userns=auto:uidmapping=0:BASE:65536,…`` with a BASE of the run's choosing, and every hostPath file of that
-  pod is owned by the mapped ids (what kubelet's idmapped mounts do; runc 1.1 has none); ``procMount: Unmasked``
-  is passed through as written.
+  ``readyz``/``status`` through ``podman exec`` instead;
+- a container security context key kube play does not apply (``procMount`` other than ``Default``, a seccomp
+  type other than ``RuntimeDefault``, any key not listed in ``KUBE_PLAY_SECURITY_FIELDS``) is refused, and so is
+  a volume field not listed in ``_volumes``; ``appArmorProfile`` is dropped (these hosts have no AppArmor);
+- a pod with ``hostUsers: false`` (model U's workload) is not played but started field by field with ``podman
+  pod create --uidmap/--gidmap 0:BASE:65536`` and ``podman run`` (tests/k8s/podman_run.py, strict: it refuses
+  any field it does not translate), BASE of the run's choosing, and every hostPath file of that pod is owned by
+  the mapped ids (what kubelet's idmapped mounts do; runc 1.1 has none).
 
 NetworkPolicies are not translated: the podman network is ``--internal`` (nothing leaves the machine), but
 nothing fences the workload pod from the other containers on it. docs/kubernetes.md ("Running the companion set
@@ -53,31 +57,52 @@ from typing import Any
 
 import yaml
 
+from tests.k8s.podman_run import PodRun, TranslationError, pod_run, refuse_unknown
+
+__all__ = ["PlayPod", "Translation", "TranslationError", "load_documents"]
+
 Doc = dict[str, Any]
 
 
-class TranslationError(Exception):
-    """The rendered set holds something this translation does not know how to play."""
+# The container security context keys podman 4.3.1's kube play applies as kubelet would (runAsNonRoot and the
+# seccomp type are checked here: podman's default profile is the RuntimeDefault CRI-O uses); any other key, or
+# procMount other than Default (which kube play ignores), is refused rather than dropped.
+KUBE_PLAY_SECURITY_FIELDS = {"runAsUser", "runAsGroup", "runAsNonRoot", "privileged", "allowPrivilegeEscalation",
+                             "readOnlyRootFilesystem", "capabilities", "seccompProfile", "procMount"}  # fmt: skip
 
 
 @dataclass
 class PlayPod:
-    """One translated pod: the YAML ``podman kube play`` gets, and what the play needs besides."""
+    """One translated pod: the YAML ``podman kube play`` gets, or (``run``) the podman commands that start it."""
 
     name: str
     role: str  # "control" | "workload"
     doc: Doc
     yaml_path: Path
-    userns: str | None = None  # --userns for kube play (hostUsers: false)
-    unmask: bool = False  # the pod asks for procMount: Unmasked
+    run: PodRun | None = None  # a hostUsers: false pod: podman pod create + podman run (tests/k8s/podman_run.py)
     containers: list[str] = field(default_factory=list)  # podman's names: <pod>-<container>
     init_containers: list[str] = field(default_factory=list)
 
-    def play_args(self, network: str, address: str) -> list[str]:
-        args = ["kube", "play", "--network", network, "--ip", address]
-        if self.userns:
-            args += ["--userns", self.userns]
-        return [*args, str(self.yaml_path)]
+    def start(self, network: str, address: str) -> list[list[str]]:
+        """The podman invocations that start the pod at ``address`` on ``network``, in order."""
+        if self.run is not None:
+            return self.run.commands(network, address)
+        return [["kube", "play", "--network", network, "--ip", address, str(self.yaml_path)]]
+
+    def down(self) -> list[str]:
+        """The podman invocation that removes the pod and its containers."""
+        return self.run.down() if self.run is not None else ["kube", "down", str(self.yaml_path)]
+
+
+def _kube_play_context(context: Doc, where: str) -> None:
+    refuse_unknown(context, where, KUBE_PLAY_SECURITY_FIELDS)
+    if context.get("procMount", "Default") != "Default":
+        raise TranslationError(f"{where}: procMount {context['procMount']!r}: kube play ignores it")
+    seccomp = context.get("seccompProfile") or {"type": "RuntimeDefault"}
+    if seccomp != {"type": "RuntimeDefault"}:
+        raise TranslationError(f"{where}: seccompProfile {seccomp} not translated")
+    if context.get("runAsNonRoot") and not context.get("runAsUser"):
+        raise TranslationError(f"{where}: runAsNonRoot needs a runAsUser other than 0 here")
 
 
 def load_documents(*paths: Path) -> list[Doc]:
@@ -170,42 +195,28 @@ class Translation:
         name = str(source["metadata"]["name"])
         root = self.work / f"{self.plays:02d}-{role}"
         root.mkdir(mode=0o700)
-        pod_context = spec.pop("securityContext", {}) or {}
+        pod_context = spec.get("securityContext") or {}
         fs_group = pod_context.get("fsGroup")
         gid = int(fs_group) if fs_group is not None else 0
-        userns = None
-        base = 0
-        if spec.pop("hostUsers", True) is False:
+        if spec.get("hostUsers", True) is False:
+            if extra_args or extra_mounts:
+                raise TranslationError("extra args and mounts are for kube-played pods")
             if not self.userns_base:
                 raise TranslationError("hostUsers: false needs a userns_base (the host ids the pod's map to)")
-            base = self.userns_base
-            userns = f"auto:uidmapping=0:{base}:65536,gidmapping=0:{base}:65536"
+            paths = self._volumes(spec, root, gid, self.userns_base)
+            run = pod_run(spec, name, source["metadata"]["labels"], paths, self.userns_base,
+                          lambda env: self._env(env, service_address))  # fmt: skip
+            containers = [f"{name}-{c['name']}" for c in spec["containers"]]
+            inits = [f"{name}-{c['name']}" for c in spec.get("initContainers", [])]
+            return PlayPod(name=name, role=role, doc=source, yaml_path=root / "pod.yaml", run=run,
+                           containers=containers, init_containers=inits)  # fmt: skip
+        spec.pop("securityContext", None)
+        pod_keys = {"runAsUser", "runAsGroup", "runAsNonRoot", "fsGroup", "seccompProfile"}
+        refuse_unknown(pod_context, "pod.securityContext", pod_keys)
+        _kube_play_context({k: v for k, v in pod_context.items() if k != "fsGroup"}, "pod.securityContext")
+        paths = self._volumes(spec, root, gid, 0)
+        volumes = [{"name": n, "hostPath": {"path": str(p), "type": "Directory"}} for n, p in paths.items()]
 
-        volumes = []
-        for volume in spec.get("volumes", []):
-            vol_name = volume["name"]
-            path = root / vol_name
-            if "secret" in volume:
-                secret_name = volume["secret"]["secretName"]
-                if secret_name not in self.secrets:
-                    raise TranslationError(f"volume {vol_name}: Secret {secret_name} is not in the rendered Secrets")
-                mode = int(volume["secret"].get("defaultMode", 0o644))
-                _write_files(path, _secret_files(self.secrets[secret_name]), mode, gid, base)
-            elif "configMap" in volume:
-                cm_name = volume["configMap"]["name"]
-                if cm_name not in self.configmaps:
-                    raise TranslationError(f"volume {vol_name}: ConfigMap {cm_name} is not in the rendered set")
-                data = {k: str(v).encode() for k, v in self.configmaps[cm_name].get("data", {}).items()}
-                _write_files(path, data, 0o644, 0, base)
-            elif "emptyDir" in volume:
-                path.mkdir()
-                os.chmod(path, 0o777)
-                os.chown(path, base, base)
-            else:
-                raise TranslationError(f"volume {vol_name}: only Secret, ConfigMap and emptyDir volumes are rendered")
-            volumes.append({"name": vol_name, "hostPath": {"path": str(path), "type": "Directory"}})
-
-        unmask = False
         for kind in ("initContainers", "containers"):
             for container in spec.get(kind, []):
                 container.pop("ports", None)  # podman 4.3 would publish each containerPort on the host (above)
@@ -213,12 +224,11 @@ class Translation:
                 container.pop("livenessProbe", None)
                 container.pop("startupProbe", None)
                 context = container.setdefault("securityContext", {})
-                context.pop("appArmorProfile", None)
-                if context.get("procMount") == "Unmasked":  # passed through: podman 4.3.1 does not apply it
-                    unmask = True
+                context.pop("appArmorProfile", None)  # no AppArmor on these hosts (docs: what it cannot show)
                 for key in ("runAsUser", "runAsGroup", "runAsNonRoot"):
                     if key in pod_context and key not in context:
                         context[key] = pod_context[key]
+                _kube_play_context(context, f"{container['name']}.securityContext")
         if fs_group is not None:
             spec["securityContext"] = {"supplementalGroups": [gid]}
         if spec.get("initContainers") and spec.get("restartPolicy", "Always") == "Always":
@@ -248,8 +258,40 @@ class Translation:
         yaml_path.write_text(yaml.safe_dump(doc, sort_keys=False), "utf-8")
         containers = [f"{name}-{c['name']}" for c in spec["containers"]]
         inits = [f"{name}-{c['name']}" for c in spec.get("initContainers", [])]
-        return PlayPod(name=name, role=role, doc=doc, yaml_path=yaml_path, userns=userns, unmask=unmask,
-                       containers=containers, init_containers=inits)  # fmt: skip
+        return PlayPod(name=name, role=role, doc=doc, yaml_path=yaml_path, containers=containers,
+                       init_containers=inits)  # fmt: skip
+
+    def _volumes(self, spec: Doc, root: Path, gid: int, base: int) -> dict[str, Path]:
+        """Each volume's host directory under ``root``, filled as kubelet would, owned by ids from ``base``."""
+        paths: dict[str, Path] = {}
+        for volume in spec.get("volumes", []):
+            vol_name = volume["name"]
+            path = root / vol_name
+            refuse_unknown(volume, f"volume {vol_name}", {"name", "secret", "configMap", "emptyDir"})
+            if "secret" in volume:
+                refuse_unknown(volume["secret"], f"volume {vol_name}.secret", {"secretName", "defaultMode"})
+                secret_name = volume["secret"]["secretName"]
+                if secret_name not in self.secrets:
+                    raise TranslationError(f"volume {vol_name}: Secret {secret_name} is not in the rendered Secrets")
+                mode = int(volume["secret"].get("defaultMode", 0o644))
+                _write_files(path, _secret_files(self.secrets[secret_name]), mode, gid, base)
+            elif "configMap" in volume:
+                refuse_unknown(volume["configMap"], f"volume {vol_name}.configMap", {"name"})
+                cm_name = volume["configMap"]["name"]
+                if cm_name not in self.configmaps:
+                    raise TranslationError(f"volume {vol_name}: ConfigMap {cm_name} is not in the rendered set")
+                data = {k: str(v).encode() for k, v in self.configmaps[cm_name].get("data", {}).items()}
+                _write_files(path, data, 0o644, 0, base)
+            elif "emptyDir" in volume:
+                # on disk, 0777: medium: Memory and sizeLimit are not reproduced (module docstring)
+                refuse_unknown(volume["emptyDir"] or {}, f"volume {vol_name}.emptyDir", {"medium", "sizeLimit"})
+                path.mkdir()
+                os.chmod(path, 0o777)
+                os.chown(path, base, base)
+            else:
+                raise TranslationError(f"volume {vol_name}: only Secret, ConfigMap and emptyDir volumes are rendered")
+            paths[vol_name] = path
+        return paths
 
     def _env(self, env: Sequence[Doc], address: str) -> list[Doc]:
         """secretKeyRef → the value; ``$(VAR)`` of an earlier variable expanded; the Service's name → ``address``."""

@@ -5,7 +5,9 @@ an internal podman network on TEST-NET-1, a DNS container and an HTTPS origin co
 certificate is from a CA the agent does not trust, so a request that verifies went through control's
 inspection). Then, for each privilege model, a sandbox is rendered with the real CLI, translated by
 tests/k8s/podman_play.py (docs/kubernetes.md, "Running the companion set under podman") and played with
-``podman kube play``; both daemons run as the image's entrypoint with the rendered args. The tests are the
+``podman kube play``, except model U's workload pod, which kube play cannot give a user namespace and an unmasked
+/proc: tests/k8s/podman_run.py starts it with ``podman pod create --uidmap/--gidmap`` and ``podman run``. Both
+daemons run as the image's entrypoint with the rendered args. The tests are the
 steps of the run, in order; pytest's verbose output lists each with its result.
 """
 
@@ -246,8 +248,9 @@ class Sandbox:
         # the Service selects the workload pod (the boundary's) or control's (the proxy's)
         service = self.control_ip if self.topology == "proxy-pod" else self.workload_ip
         pod = self.translation.translate("workload", service_address=service)
-        self.world.podman.run(*pod.play_args(self.world.network.name, self.workload_ip))
-        self.workload = pod
+        self.workload = pod  # before it starts: a failed start is removed by down() too
+        for args in pod.start(self.world.network.name, self.workload_ip):
+            self.world.podman.run(*args)
         return pod
 
     def play_control(self) -> PlayPod:
@@ -256,13 +259,19 @@ class Sandbox:
             extra_args=[f"--dns-server={self.world.dns}:53", f"--upstream-ca={ORIGIN_CA_DIR}/ca.pem"],
             extra_mounts={ORIGIN_CA_DIR: self.world.origin_ca},
         )  # fmt: skip
-        self.world.podman.run(*pod.play_args(self.world.network.name, self.control_ip))
         self.control = pod
+        for args in pod.start(self.world.network.name, self.control_ip):
+            self.world.podman.run(*args)
         return pod
 
-    def down(self, pod: PlayPod | None) -> None:
+    def down(self, pod: PlayPod | None, check: bool = True) -> None:
         if pod is not None:
-            self.world.podman.run("kube", "down", str(pod.yaml_path), timeout=120)
+            self.world.podman.run(*pod.down(), timeout=120, check=check)
+
+    def down_all(self) -> None:
+        """A fixture's end: whatever pods a failed step left, workload first."""
+        for pod in (self.workload, self.control):
+            self.down(pod, check=False)
 
     @property
     def control_container(self) -> str:
@@ -384,9 +393,7 @@ def _allowed_and_denied(box: Sandbox, tag: str) -> None:
 def box_r(world: World) -> Iterator[Sandbox]:
     box = Sandbox(world, "R", 3)
     yield box
-    for pod in (box.control, box.workload):
-        if pod is not None:
-            world.podman.run("kube", "down", str(pod.yaml_path), check=False, timeout=120)
+    box.down_all()
 
 
 def test_r_1_both_daemons_run_as_entrypoints_from_the_rendered_pods(box_r: Sandbox) -> None:
@@ -415,17 +422,22 @@ def test_r_3_podman_exec_into_control_status_exec_id_policy_apply(box_r: Sandbox
     assert status.returncode == 0 and box_r.name in status.stdout, status.stdout + status.stderr
     ident = box_r.ctl("openshell-sandbox", "exec", "--", "/usr/bin/id")
     assert ident.returncode == 0 and ident.stdout.startswith("uid=1000(agent)"), ident.stdout + ident.stderr
-    before = box_r.status()["policy"]
-    world = box_r.world
+    _policy_apply(box_r, "r")
+
+
+def _policy_apply(box: Sandbox, tag: str) -> None:
+    """``policy apply`` through control's container: generation + 1, and the denied host becomes allowed."""
+    before = box.status()["policy"]
+    world = box.world
     second = SECOND_ENDPOINT.format(port=PORT, address=world.origin)
     wider = POLICY.format(port=PORT, address=world.origin, extra=second)
     # control's root is read-only: the file comes in on stdin (kubectl exec -i … policy apply /dev/stdin < FILE)
-    applied = box_r.ctl("openshell-sandbox", "policy", "apply", "/dev/stdin", stdin=wider)
+    applied = box.ctl("openshell-sandbox", "policy", "apply", "/dev/stdin", stdin=wider)
     assert applied.returncode == 0, applied.stdout + applied.stderr
-    after = box_r.status()["policy"]
+    after = box.status()["policy"]
     assert after != before and after.get("generation") == before.get("generation", 1) + 1, (before, after)
-    now = box_r.fetch("denied.test", "/r-after-apply")
-    assert now.returncode == 0 and json.loads(now.stdout)["path"] == "/r-after-apply", now.stdout + now.stderr
+    now = box.fetch("denied.test", f"/{tag}-after-apply")
+    assert now.returncode == 0 and json.loads(now.stdout)["path"] == f"/{tag}-after-apply", now.stdout + now.stderr
 
 
 # Every operation after the drop, from control's container as an operator would (one shell run: a forward and a
@@ -489,6 +501,11 @@ def test_r_3b_boundary_processes_keep_only_their_capabilities_and_every_operatio
 
 
 def test_r_4_control_pod_replaced_resumes_the_same_agent_with_the_same_ca(box_r: Sandbox) -> None:
+    _control_replaced(box_r, "r")
+
+
+def _control_replaced(box_r: Sandbox, tag: str) -> None:
+    """Control's pod replaced as its Deployment would: the same agent and boundary instance resume, same CA."""
     before = box_r.status()
     ca, agent = before["interception"]["ca_sha256"], before["boundary"]["agent"]["handle"]
     instance = before["boundary"]["boundary_instance"]
@@ -502,9 +519,9 @@ def test_r_4_control_pod_replaced_resumes_the_same_agent_with_the_same_ca(box_r:
     assert after["boundary"]["agent"]["handle"] == agent, (before["boundary"], after["boundary"])
     assert after["boundary"]["boundary_instance"] == instance
     wait_for("ready after the restart", lambda: box_r.ctl("openshell-sandbox", "readyz").returncode == 0)
-    again = box_r.fetch("secure.test", "/r-after-restart")
+    again = box_r.fetch("secure.test", f"/{tag}-after-restart")
     assert again.returncode == 0, f"{again.stderr}\n{box_r.diagnose()}"
-    assert json.loads(again.stdout)["path"] == "/r-after-restart"
+    assert json.loads(again.stdout)["path"] == f"/{tag}-after-restart"
     _never_restarted(box_r)
 
 
@@ -570,9 +587,7 @@ def test_r_6_kube_down_leaves_nothing_of_the_sandbox(box_r: Sandbox) -> None:
 def box_p(world: World) -> Iterator[Sandbox]:
     box = Sandbox(world, "P", 5)
     yield box
-    for pod in (box.control, box.workload):
-        if pod is not None:
-            world.podman.run("kube", "down", str(pod.yaml_path), check=False, timeout=120)
+    box.down_all()
 
 
 def test_p_1_pods_up_allowed_and_denied(box_p: Sandbox) -> None:
@@ -589,42 +604,65 @@ def test_p_2_kube_down_leaves_nothing_of_the_sandbox(box_p: Sandbox) -> None:
     assert not box_p.world.podman.leftovers(box_p.name)
 
 
-# ---- model U: where podman can give the pod a user namespace and an unmasked /proc --------------------------------
-def _subid_range(path: str) -> bool:
-    try:
-        return any(line.split(":")[0] == "containers" for line in Path(path).read_text().splitlines())
-    except OSError:
-        return False
-
-
-def test_u_1_pods_up_allowed_and_denied_or_skipped_with_the_reason(world: World) -> None:
-    if not (_subid_range("/etc/subuid") and _subid_range("/etc/subgid")):
-        pytest.skip("model U: hostUsers: false is podman's --userns=auto, which needs a 'containers' range in "
-                    "/etc/subuid and /etc/subgid (e.g. containers:2147483647:2147483648); this host has none and "
-                    "the run does not edit /etc. With one, podman 4.3.1's kube play still does not apply "
-                    "procMount: Unmasked, and the boundary stops: 'privilege model U unavailable: user namespace "
-                    "probe failed: mount proc: Operation not permitted' (measured)")  # fmt: skip
+# ---- model U: the workload pod with its own user namespace and an unmasked /proc (podman pod create + run) -------
+@pytest.fixture(scope="module")
+def box_u(world: World) -> Iterator[Sandbox]:
     box = Sandbox(world, "U", 7)
-    try:
-        box.play_workload()
-        assert box.workload is not None and box.workload.userns.startswith("auto")
-        box.play_control()
-        try:
-            wait_for("control to attach and start the agent", box.running, timeout=90)
-        except AssertionError as exc:
-            diagnosis = box.diagnose()
-            if "privilege model U unavailable" in diagnosis:
-                reason = next(line for line in diagnosis.splitlines() if "privilege model U unavailable" in line)
-                pytest.skip(f"model U: podman kube play does not apply procMount: Unmasked here: {reason[-200:]}")
-            raise AssertionError(f"{exc}\n{diagnosis}") from None
-        ident = box.ctl("openshell-sandbox", "exec", "--", "/usr/bin/id", "-u")
-        assert ident.returncode == 0, ident.stdout + ident.stderr
-        _allowed_and_denied(box, "u")
-    finally:
-        for pod in (box.control, box.workload):
-            if pod is not None:
-                world.podman.run("kube", "down", str(pod.yaml_path), check=False, timeout=120)
-    assert not world.podman.leftovers(box.name)
+    yield box
+    box.down_all()
+
+
+def _boundary_ids(box: Sandbox) -> dict[str, str]:
+    """The boundary's /proc status lines and uid_map, read inside the workload container (podman exec joins its
+    user namespace) and from the host (the kernel's view of the same process)."""
+    podman = box.world.podman
+    script = "cat /proc/self/uid_map /proc/1/uid_map; grep -E '^(Uid|Cap[A-Za-z]+):' /proc/1/status"
+    inside = podman.run("exec", box.workload_container, "/bin/sh", "-c", script)
+    host_pid = podman.inspect(box.workload_container)["State"]["Pid"]
+    host = Path(f"/proc/{host_pid}/status").read_text()
+    return {"inside": inside.stdout, "host": host}
+
+
+def test_u_1_pods_up_the_boundary_in_a_user_namespace_with_no_capability(box_u: Sandbox) -> None:
+    _up(box_u)
+    assert box_u.workload is not None and box_u.workload.run is not None, "model U's pod was not started by podman_run"
+    ids = _boundary_ids(box_u)
+    base = box_u.translation.userns_base
+    maps = [line.split() for line in ids["inside"].splitlines() if len(line.split()) == 3]
+    assert maps == [["0", str(base), "65536"]] * 2, ids["inside"]  # not the identity map "0 0 4294967295"
+    inside = dict(line.split(":", 1) for line in ids["inside"].splitlines() if ":" in line)
+    assert inside["Uid"].split()[0] == "10001", inside
+    for key in ("CapEff", "CapPrm", "CapBnd", "CapAmb", "CapInh"):
+        assert int(inside[key], 16) == 0, (key, inside)
+    host = dict(line.split(":", 1) for line in ids["host"].splitlines() if ":" in line)
+    assert host["Uid"].split()[0] == str(base + 10001) and int(host["CapEff"], 16) == 0, host
+    ready = box_u.world.podman.run("exec", box_u.workload_container, "openshell-sandbox", "boundary-ready", STATE_FILE,
+                                   check=False)  # fmt: skip
+    assert ready.returncode == 0 and ready.stdout.strip() == "boundary: running", ready.stdout + ready.stderr
+    assert box_u.status()["boundary"]["privilege_model"] == "U", box_u.status()["boundary"]
+
+
+def test_u_2_allowed_https_verifies_through_inspection_and_a_denied_one_is_refused(box_u: Sandbox) -> None:
+    _allowed_and_denied(box_u, "u")
+
+
+def test_u_3_podman_exec_into_control_status_exec_id_policy_apply(box_u: Sandbox) -> None:
+    status = box_u.ctl("openshell-sandbox", "status")
+    assert status.returncode == 0 and box_u.name in status.stdout and "model U" in status.stdout, status.stdout
+    ident = box_u.ctl("openshell-sandbox", "exec", "--", "/usr/bin/id", "-u")  # the boundary's uid, mapped to itself
+    assert ident.returncode == 0 and ident.stdout.strip() == "10001", ident.stdout + ident.stderr
+    _policy_apply(box_u, "u")
+
+
+def test_u_4_control_pod_replaced_resumes_the_same_agent_with_the_same_ca(box_u: Sandbox) -> None:
+    _control_replaced(box_u, "u")
+
+
+def test_u_5_removing_both_pods_leaves_nothing_of_the_sandbox(box_u: Sandbox) -> None:
+    box_u.down(box_u.control)
+    box_u.down(box_u.workload)
+    box_u.control = box_u.workload = None
+    assert not box_u.world.podman.leftovers(box_u.name)
 
 
 # ---- the proxy-pod topology: the workload is plain Debian (curl, python3, pip), control serves its proxy ----------
@@ -632,9 +670,7 @@ def test_u_1_pods_up_allowed_and_denied_or_skipped_with_the_reason(world: World)
 def box_pp(world: World) -> Iterator[Sandbox]:
     box = Sandbox(world, "R", 9, topology="proxy-pod")
     yield box
-    for pod in (box.workload, box.control):
-        if pod is not None:
-            world.podman.run("kube", "down", str(pod.yaml_path), check=False, timeout=120)
+    box.down_all()
 
 
 def _agent(box: Sandbox, script: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
