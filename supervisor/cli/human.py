@@ -57,7 +57,10 @@ def summary(event: Mapping[str, Any]) -> str:
 def event_line(raw: Mapping[str, Any]) -> str:
     """One line for ``openshell-sandbox logs``: time, component, then the OCSF shorthand of docs/reference/policy.md
     §4.1 (``NET:OPEN [MED] DENIED python3(42) -> blocked.com:443 [reason:…]``); :func:`summary` for an event this
-    client has no mapping for (a newer control's)."""
+    client has no mapping for (a newer control's), and for a policy revision's errors, which are said whole as
+    ``policy check`` says them (they are what needs fixing)."""
+    if raw.get("event") == EventName.POLICY_GENERATION and isinstance(raw.get("errors"), list):
+        return summary(raw)
     try:
         event = Event.from_wire(raw)
     except ValueError:
