@@ -9,7 +9,10 @@
   or an invalid policy. ``--rpc-method``, ``--mcp-tool`` and ``--graphql`` build the request body a client would
   POST (to ``--path``, default the endpoint's own path) and decide it as control does on the inspected path.
 
-Pure presentation over ``supervisor.control.policy``; no daemon, no network.
+* ``policy get`` / ``policy apply FILE`` — the running sandbox's generation; install FILE as its next one.
+* ``policy suggest`` — the revision that would allow what was denied (``policy_suggest.py``); never applied.
+
+``check`` and ``decide`` are pure presentation over ``supervisor.control.policy``; no daemon, no network.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any, TextIO
 from urllib.parse import urlencode
 
 from supervisor.cli.api_client import add_api_arguments
+from supervisor.cli.policy_suggest import add_suggest_parser, run_suggest
 from supervisor.control.policy import (
     BinaryIdentity,
     CompiledPolicy,
@@ -50,7 +54,7 @@ def add_policy_parser(subparsers: Any) -> None:
         description="Validate a policy file or test a decision against it.",
     )
     policy.set_defaults(handler=run_policy)
-    sub = policy.add_subparsers(dest="policy_command", metavar="{check,decide,get,apply}")
+    sub = policy.add_subparsers(dest="policy_command", metavar="{check,decide,get,apply,suggest}")
     sub.required = True
 
     check = sub.add_parser(
@@ -122,6 +126,7 @@ def add_policy_parser(subparsers: Any) -> None:
     )
     apply.add_argument("file", type=Path, metavar="FILE")
     add_api_arguments(apply)
+    add_suggest_parser(sub)
 
 
 def run_policy(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
@@ -134,7 +139,9 @@ def run_policy(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr
         return _decide(args, out, err)
     if command in ("get", "apply"):
         return _remote(args, out, err)
-    print("policy: expected a subcommand: check, decide, get or apply", file=err)
+    if command == "suggest":
+        return run_suggest(args, out, err)
+    print("policy: expected a subcommand: check, decide, get, apply or suggest", file=err)
     return ExitCode.USAGE
 
 

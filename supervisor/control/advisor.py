@@ -162,13 +162,17 @@ class _Builder:
         binary = entry.binary
         if binary is None or binary == "-":
             return "no binary identity: a rule needs the binary"
-        if not binary.startswith("/") or _has_pattern(binary) or any(c.isspace() or not c.isprintable() for c in binary):
+        if (
+            not binary.startswith("/")
+            or _has_pattern(binary)
+            or not all(c.isprintable() and not c.isspace() for c in binary)
+        ):
             return "the binary's path is not a plain absolute path (it would read as a pattern)"
         if "/../" in binary + "/" or "/./" in binary + "/":
             return "the binary's path is not normalised"
         where = under_writable(binary, self.writable)
         if where is not None:
-            return f"the binary lies in {where}, which the agent can write: anything it puts there would inherit the grant"
+            return f"the binary lies in {where}, which the agent can write: what it puts there would inherit the grant"
         return None
 
     @staticmethod

@@ -136,10 +136,12 @@ class DenialEntry:
     def from_json(cls, raw: dict[str, Any]) -> DenialEntry:
         """An entry as ``GET /v1/denials`` serves it (``TypeError``/``ValueError``/``KeyError`` when malformed)."""
         entry = cls(
-            host=str(raw["host"]), port=int(raw["port"]), binary=None if raw.get("binary") is None else str(raw["binary"]),
+            host=str(raw["host"]), port=int(raw["port"]),
+            binary=None if raw.get("binary") is None else str(raw["binary"]),
             stage=str(raw["denial_stage"]), reason=str(raw["deny_reason"]), first_seen_ms=int(raw["first_seen_ms"]),
             last_seen_ms=int(raw["last_seen_ms"]), count=int(raw["count"]),
-            ancestors=[str(a) for a in raw.get("ancestors") or []], loader_env=[str(v) for v in raw.get("loader_env") or []],
+            ancestors=[str(a) for a in raw.get("ancestors") or []],
+            loader_env=[str(v) for v in raw.get("loader_env") or []],
             rule=None if raw.get("rule") is None else str(raw["rule"]),
             endpoint=None if raw.get("endpoint") is None else str(raw["endpoint"]),
             samples_dropped=int(raw.get("samples_dropped", 0)), truncated=bool(raw.get("truncated", False)),
