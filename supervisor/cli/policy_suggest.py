@@ -128,7 +128,7 @@ def _from_events(args: argparse.Namespace, since: int | None) -> Source:
         raise _Failed(f"{args.policy} is not a valid policy: {exc.errors[0]}", ExitCode.USAGE) from None
     except OSError as exc:
         raise _Failed(f"{args.policy}: cannot read: {exc.strerror}") from None
-    table = DenialTable()
+    table = DenialTable(refusals=frozenset({EventName.EGRESS_REFUSED}))
     writable = list(DEFAULT_AGENT_WRITABLE)
     try:
         with open(args.events, encoding="utf-8", errors="replace") as lines:
@@ -184,7 +184,7 @@ def suggest_hint(events: Path, policy: Path | None) -> str | None:
     """Dev mode's exit line when the run holds a refusal: the ``policy suggest --events`` command for it."""
     import shlex
 
-    table = DenialTable()
+    table = DenialTable(refusals=frozenset({EventName.EGRESS_REFUSED}))
     try:
         with open(events, encoding="utf-8", errors="replace") as lines:
             for line in lines:

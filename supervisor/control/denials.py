@@ -7,7 +7,7 @@ way. Served at ``GET /v1/denials``.
 Rules:
 
 1. A denial is an ``egress`` event with ``decision: deny``, an ``http`` event with ``decision: deny``, or (from an
-   events file, which holds the boundary's lines too) an ``egress.refused`` event. Nothing else is read.
+   events file, which holds the boundary's lines too) the boundary's refusals. Nothing else is read.
 2. Entries are keyed by (host, port, binary) and keep the count, first and last seen, the stage and reason of the
    latest denial, the ancestors, the rule and endpoint an L7 denial was judged under, and up to ``MAX_SAMPLES``
    distinct L7 samples (method, query-free redacted path, the operation of an MCP, JSON-RPC or GraphQL call) with
@@ -54,7 +54,8 @@ class Stage:
     BYPASS: Final = "bypass"
 
 
-_SSRF_REASONS: Final = frozenset(str(r) for r in UpstreamReason if r.ssrf) | {"invalid-host"}
+_SSRF_REASONS: Final = frozenset(str(r) for r in UpstreamReason if r.ssrf or r is UpstreamReason.INVALID_HOST)
+
 # the L7 reasons a rule in ``rules`` could change; every other http denial (authority or credential mismatch, a
 # malformed request, an explicit deny rule) is not the advisor's to lift
 L7_PROPOSABLE: Final = frozenset({"l7-no-allow-rule", "l7-no-endpoint-path"})
@@ -62,10 +63,11 @@ _L7_POLICY_REASONS: Final = frozenset({"l7-denied", "l7-no-allow-rule", "l7-no-e
                                        "body-too-large", "persisted-query-unregistered", "response-frame"})  # fmt: skip
 
 
-def stage_of(event: Event) -> str | None:
-    """The stage of a denial event, or None when ``event`` is not a denial (rule 1)."""
+def stage_of(event: Event, refusals: frozenset[EventName] = frozenset()) -> str | None:
+    """The stage of a denial event, or None when ``event`` is not a denial (rule 1). ``refusals``: the boundary's
+    refusal events, which only an events file holds (the reader passes them: control never sees them)."""
     fields = event.fields
-    if event.name is EventName.EGRESS_REFUSED:
+    if event.name in refusals:
         return Stage.BYPASS
     if fields.get("decision") != "deny":
         return None
@@ -172,14 +174,15 @@ def _destination(fields: Any) -> tuple[str, int] | None:
 class DenialTable:
     """The bounded aggregation of rules 1-3. ``observe`` may be called from any thread (JsonLog's tap)."""
 
-    def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
+    def __init__(self, max_entries: int = MAX_ENTRIES, *, refusals: frozenset[EventName] = frozenset()) -> None:
+        self._refusals = refusals
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple[str, int, str | None], DenialEntry] = OrderedDict()
         self._max = max_entries
         self.evicted = 0
 
     def observe(self, event: Event) -> None:
-        stage = stage_of(event)
+        stage = stage_of(event, self._refusals)
         if stage is None:
             return
         fields = event.fields

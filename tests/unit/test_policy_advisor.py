@@ -94,7 +94,7 @@ def policy() -> Policy:
 
 
 def table(*events: tuple[E, dict[str, Any]]) -> DenialTable:
-    t = DenialTable()
+    t = DenialTable(refusals=frozenset({E.EGRESS_REFUSED}))
     for name, fields in events:
         t.observe(Event.build(name, "control", "dev-1", **fields))
     return t
