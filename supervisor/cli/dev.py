@@ -139,7 +139,12 @@ def run_dev(opts: DevOptions) -> int:
         restart = Restart(control_cmd, env, runtime / "api.sock")
 
         def finish() -> int:
-            return _finish(procs, received, default=ExitCode.SELF_FAILED, restart_control=restart, tick=tick, say=say)
+            from supervisor.cli.policy_suggest import suggest_hint  # only at the end: dev starts without it
+
+            code = _finish(procs, received, default=ExitCode.SELF_FAILED, restart_control=restart, tick=tick, say=say)
+            if (hint := suggest_hint(events_path(sandbox), opts.policy)) is not None:
+                say(hint)
+            return code
 
         if terminal:
             session = TerminalSession(

@@ -1,4 +1,4 @@
-"""``openshell-sandbox policy check|decide``: how operators test a policy before they ship it.
+"""``openshell-sandbox policy check|decide|get|apply|suggest``: how operators test a policy before they ship it.
 
 * ``policy check FILE [--json] [--strict]`` — exit 0 and ``ok: N rules, M endpoints``, or exit 1 with every
   error as ``FILE:LINE: PATH: message (expected ...)``. Warnings go to stderr and never change the exit code;
@@ -12,8 +12,11 @@
   ``--generation N`` instead of ``--policy`` decides against the running sandbox's policy in force, asked through
   its API, and is refused when another generation is in force by now.
 * ``policy get [--yaml]`` — the running sandbox's generation and status; ``--yaml`` prints the policy in force.
+* ``policy apply FILE`` — install FILE as the running sandbox's next generation.
+* ``policy suggest`` — the revision that would allow what was denied (``policy_suggest.py``); never applied.
 
-Presentation over ``supervisor.control.policy``; only ``get``, ``apply`` and ``decide --generation`` ask a daemon.
+Presentation over ``supervisor.control.policy``; only ``get``, ``apply``, ``suggest`` (live) and ``decide
+--generation`` ask a daemon.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from urllib.parse import urlencode
 
 from supervisor.cli.api_client import add_api_arguments
 from supervisor.cli.policy_binaries import absent_binaries
+from supervisor.cli.policy_suggest import add_suggest_parser, run_suggest
 from supervisor.control.policy import (
     BinaryIdentity,
     CompiledPolicy,
@@ -58,7 +62,7 @@ def add_policy_parser(subparsers: Any) -> None:
         description="Validate a policy file or test a decision against it.",
     )
     policy.set_defaults(handler=run_policy)
-    sub = policy.add_subparsers(dest="policy_command", metavar="{check,decide,get,apply}")
+    sub = policy.add_subparsers(dest="policy_command", metavar="{check,decide,get,apply,suggest}")
     sub.required = True
 
     check = sub.add_parser(
@@ -140,6 +144,7 @@ def add_policy_parser(subparsers: Any) -> None:
     )
     apply.add_argument("file", type=Path, metavar="FILE")
     add_api_arguments(apply)
+    add_suggest_parser(sub)
 
 
 def run_policy(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
@@ -152,7 +157,9 @@ def run_policy(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr
         return _decide(args, out, err)
     if command in ("get", "apply"):
         return _remote(args, out, err)
-    print("policy: expected a subcommand: check, decide, get or apply", file=err)
+    if command == "suggest":
+        return run_suggest(args, out, err)
+    print("policy: expected a subcommand: check, decide, get, apply or suggest", file=err)
     return ExitCode.USAGE
 
 

@@ -1,8 +1,10 @@
 """The operator API: HTTP/1.1 (h11) on a Unix socket in a 0700 directory of control's uid.
 
-Unary endpoints answer JSON. ``GET /v1/events?tail=N&event=KIND&follow=1`` answers JSON lines (chunked):
-the last N (default 100) of control's recent events, of the given kinds (repeatable; a kind matches its dotted
-family), then, with ``follow``, every new one until the client goes away; the connection closes after it.
+Unary endpoints answer JSON (``GET /v1/denials?since=MS``: the denials control aggregated for the policy advisor,
+with the policy in force and the paths the agent can write). ``GET /v1/events?tail=N&event=KIND&follow=1`` answers
+JSON lines (chunked): the last N (default 100) of control's recent events, of the given kinds (repeatable; a kind
+matches its dotted family), then, with ``follow``, every new one until the client goes away; the connection closes
+after it.
 ``exec`` and ``forward`` are ``POST`` with ``Connection: Upgrade`` and
 ``Upgrade: openshell-channel``: control opens the matching channel on the ops link and, once the boundary has
 accepted, answers ``101 Switching Protocols`` and splices raw bytes — the exec channel framing is end to end
@@ -58,6 +60,7 @@ class ControlState(Protocol):
     def topology(self) -> str: ...
     def readiness(self) -> list[str]: ...
     def status(self) -> dict[str, Any]: ...
+    def denials_json(self, since_ms: int | None) -> dict[str, Any]: ...
     async def refresh_status(self) -> dict[str, Any]: ...
 
 
@@ -227,6 +230,8 @@ class ApiServer:
             elif method == "GET" and target == "/v1/status":
                 await self.daemon.refresh_status()
                 await http.respond_json(200, self.daemon.status())
+            elif method == "GET" and target == "/v1/denials":
+                await http.respond_json(200, self.daemon.denials_json(_since_ms(raw_target)))
             elif method == "GET" and target == "/v1/policy":
                 query = urllib.parse.parse_qs(urllib.parse.urlsplit(raw_target).query)
                 content = query.get("content", ["0"])[-1] in ("1", "true", "yes")
@@ -375,6 +380,16 @@ class _HangupAware(trio.abc.HalfCloseableStream):
 
     async def aclose(self) -> None:
         await self._stream.aclose()
+
+
+def _since_ms(raw_target: str) -> int | None:
+    """``?since=MS``: milliseconds since the epoch (``policy suggest --since`` converts a time or a duration)."""
+    values = urllib.parse.parse_qs(urllib.parse.urlsplit(raw_target).query).get("since", [])
+    if not values:
+        return None
+    if not values[-1].isdigit():
+        raise OpError(ErrorKind.INVALID, f"since must be milliseconds since the epoch, got {values[-1][:40]!r}")
+    return int(values[-1])
 
 
 def _json_lines(events: list[Event]) -> bytes:

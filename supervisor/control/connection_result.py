@@ -108,6 +108,7 @@ class ConnectionResult:
             binary_sha256=identity.binary_sha256 if identity else None,
             ancestors=list(identity.ancestors) if identity else None,
             cmdline_paths=list(identity.cmdline_paths) or None if identity else None,  # absolute argv entries only
+            loader_env=list(identity.loader_env) or None if identity else None,  # names only, never values
             pid=identity.pid if identity else None,  # with start_time: which process instance, not only which binary
             start_time=identity.start_time if identity else None,
             conn_id=request.conn_id,

@@ -28,6 +28,7 @@ import trio
 from supervisor.control.api import ApiServer
 from supervisor.control.canary import FenceCanary
 from supervisor.control.certificates import CertificateFacts, expiring
+from supervisor.control.denials import DenialTable
 from supervisor.control.dialer import Backoff, BackoffGroup
 from supervisor.control.egress import EgressService, Interception
 from supervisor.control.events import EventBuffer
@@ -50,6 +51,7 @@ from supervisor.protocol.attach import AttachRequest, CaptureMode, StaticPolicy
 from supervisor.protocol.certs import Bundle, BundleError, read_policy_digest
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.event_record import Event
 from supervisor.protocol.exit_codes import ExitCode
 from supervisor.protocol.exit_result import ExitResult, ExitResultError
 from supervisor.protocol.fence_canary import REPEAT_S
@@ -130,7 +132,8 @@ class ControlDaemon:
         self.cfg = cfg
         self.log = cfg.log
         self.events = EventBuffer()  # every event control logs, recent ones served by GET /v1/events
-        self.log.tap = self.events.record
+        self.denials = DenialTable()  # what the policy advisor reads (GET /v1/denials, control/denials.py)
+        self.log.tap = self._tap
         if cfg.interception is not None:  # placeholders the agent spells in a binary's name or a host: [CREDENTIAL]
             self.log.scrub = functools.partial(redact_path, cfg.interception.credentials)
         self.policy = cfg.policy
@@ -598,6 +601,23 @@ class ControlDaemon:
     def _interception_status(self) -> dict[str, Any]:
         ours, theirs = self.certificates.interception_ca_sha256, self.boundary_ca_sha256
         return {"ca_sha256": ours, "boundary_ca_sha256": theirs, "match": None if theirs is None else theirs == ours}
+
+    def _tap(self, event: Event) -> None:
+        self.events.record(event)
+        self.denials.observe(event)
+
+    def denials_json(self, since_ms: int | None) -> dict[str, Any]:
+        """``GET /v1/denials``: the aggregated denials and what ``policy suggest`` needs beside them — the policy in
+        force (its normalised document) and the paths the agent can write."""
+        snap = self.policy.snapshot()
+        return {
+            **self.denials.to_json(since_ms),
+            "policy_generation": snap.generation,
+            "policy_status": snap.status,
+            "policy": snap.last_valid.policy.to_json(),
+            "agent_writable": list(self.cfg.agent_writable),
+            "identity": "relaxed" if self.cfg.relaxed_identity else "binary",
+        }
 
     def status(self) -> dict[str, Any]:
         claims = self.cfg.bundle.claims
