@@ -58,6 +58,7 @@ class ControlState(Protocol):
     def topology(self) -> str: ...
     def readiness(self) -> list[str]: ...
     def status(self) -> dict[str, Any]: ...
+    def activity(self) -> dict[str, Any]: ...
     async def refresh_status(self) -> dict[str, Any]: ...
 
 
@@ -227,6 +228,8 @@ class ApiServer:
             elif method == "GET" and target == "/v1/status":
                 await self.daemon.refresh_status()
                 await http.respond_json(200, self.daemon.status())
+            elif method == "GET" and target == "/v1/activity":
+                await http.respond_json(200, self.daemon.activity())
             elif method == "GET" and target == "/v1/policy":
                 await http.respond_json(200, self.daemon.policy.status_json())
             elif method == "POST" and target in FORWARDED_UNARY:
