@@ -567,7 +567,7 @@ class ControlDaemon:
 
     def activity(self) -> dict[str, Any]:
         """docs/reference/policy.md §4.3's counters since control started (``GET /v1/activity``, ``status``)."""
-        return self.metrics.activity.to_json()
+        return dict(self.metrics.activity.to_json())
 
     def readiness(self) -> list[str]:
         """The failing conditions; empty means ready (spec §6.6)."""

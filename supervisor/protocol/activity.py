@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import enum
 import threading
-from typing import Any
+from typing import TypedDict
 
-__all__ = ["ActivityCounters", "DenyGroup"]
+__all__ = ["ActivityCounters", "ActivityJson", "DenyGroup"]
 
 
 class DenyGroup(enum.StrEnum):
@@ -32,6 +32,14 @@ class DenyGroup(enum.StrEnum):
     BYPASS = "bypass"  # a connection around the boundary's fence (never one of control's: see docs/design.md)
     POLICY_STALE = "policy_stale"  # no valid policy in force (quarantine)
     UNKNOWN = "unknown"
+
+
+class ActivityJson(TypedDict):
+    """``GET /v1/activity`` and ``status``'s ``activity``: §4.3's flush, as a JSON object."""
+
+    network_activity_count: int
+    denied_action_count: int
+    denials_by_group: dict[str, int]
 
 
 class ActivityCounters:
@@ -51,7 +59,7 @@ class ActivityCounters:
                 self.denied_action_count += 1
                 self.denials_by_group[denied_group] += 1
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ActivityJson:
         with self._lock:
             return {
                 "network_activity_count": self.network_activity_count,

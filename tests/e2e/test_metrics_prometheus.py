@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.egress_world import CLI, PORT, World, world  # noqa: F401  (the module-scoped fixture)
+from tests.sandbox_api import api_env
 
 PROMETHEUS = "/usr/bin/prometheus"
 DEADLINE_S = 60.0
@@ -169,6 +170,16 @@ def test_prometheus_counts_what_the_agent_did(world: World, targets: dict[str, i
         )
         _until("the boundary's page in Prometheus", lambda: all(prometheus.query(q) == 1.0 for q in boundary_said),
                deadline)  # fmt: skip
+        # the same counts at GET /v1/activity, through `status` (§4.3: the inspected connections count by their
+        # requests; the three refusals are forward-proxy requests the L4 policy refused)
+        env = api_env({**os.environ, "XDG_RUNTIME_DIR": world.runtime})
+        status = subprocess.run([*CLI, "status", "--json"], capture_output=True, text=True, env=env, timeout=30)
+        activity = json.loads(status.stdout)["activity"]
+        assert activity["denied_action_count"] == 3
+        assert activity["denials_by_group"]["forward_policy"] == 3
+        assert activity["network_activity_count"] == 6
+        human = subprocess.run([*CLI, "status"], capture_output=True, text=True, env=env, timeout=30).stdout
+        assert "activity    6 connections and requests, 3 denied (forward_policy 3)" in human.splitlines()
         # nothing the agent named is a label: no series carries its hosts (the rule key is the policy's own)
         for label in ("rule", "reason", "deny_group", "decision"):
             assert prometheus.query(f'count({{job="control", {label}=~".*[.]test.*|.*127[.]0.*"}})') is None
