@@ -13,6 +13,12 @@ done
 if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+# a real Prometheus server for the /metrics e2e test (tests/e2e/test_metrics_prometheus.py runs its own instance on
+# loopback); without recommends (no node exporter), and the packaged service left stopped where systemd runs it
+if ! command -v prometheus >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  if command -v systemctl >/dev/null 2>&1; then systemctl disable --now prometheus >/dev/null 2>&1 || true; fi
+fi
 # the Python packages go into the Makefile's .venv (scripts/venv.sh), never into a system interpreter
 # the real MCP, GraphQL and JSON-RPC SDKs of the e2e tests, readable by the agent's uid
 bash "$(dirname "$0")/install-test-sdks.sh"

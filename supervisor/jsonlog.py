@@ -57,6 +57,9 @@ class JsonLog:
         self.to_stream = to_stream
         self.log_format = log_format
         self.tap: Callable[[Event], None] | None = None  # control's event buffer (GET /v1/events)
+        # the daemon's metrics and activity counters (supervisor/metrics.py): every event, once, as it is built
+        self.sink: Callable[[Event], None] | None = None
+        self.dropped = 0  # lines a stream or the file did not take (events dropped, on /metrics)
         # control's credentials: every placeholder spelling in agent-chosen text becomes [CREDENTIAL]
         self.scrub: Callable[[str], str] | None = None
 
@@ -70,6 +73,8 @@ class JsonLog:
         record = Event.build(event, self.component, self.sandbox, **fields)
         if self.tap is not None:
             self.tap(record)
+        if self.sink is not None:
+            self.sink(record)
         stream = self.stream if self.to_stream else None
         if stream is None and self.file is None:
             return
@@ -86,15 +91,14 @@ class JsonLog:
             elif isinstance(value, list | tuple):
                 fields[key] = [scrub(v) if isinstance(v, str) else v for v in value]
 
-    @staticmethod
-    def _write(sink: TextIO | None, text: str) -> None:
+    def _write(self, sink: TextIO | None, text: str) -> None:
         if sink is None:
             return
         try:
             sink.write(text)
             sink.flush()
         except (OSError, ValueError):
-            pass  # the reader went away or the disk is full; logging must never take a daemon down
+            self.dropped += 1  # the reader went away or the disk is full; logging must never take a daemon down
 
 
 def open_log_file(path: Path) -> TextIO:

@@ -49,6 +49,7 @@ from supervisor.boundary.capture.setup import open_sock_diag
 from supervisor.boundary.confinement import landlock_for, root_for
 from supervisor.boundary.egress import EgressCapture, EgressLinks, RecentPids
 from supervisor.boundary.forward import open_forward
+from supervisor.boundary.metrics import BoundaryMetrics
 from supervisor.boundary.process import (
     Launcher,
     LauncherError,
@@ -83,6 +84,8 @@ from supervisor.link.h2link import Link, LinkStream
 from supervisor.link.relay import relay
 from supervisor.link.rpc import Accept, Router
 from supervisor.link.tls_link import Refused, accept_link, refuse
+from supervisor.metrics import PATH as METRICS_PATH
+from supervisor.metrics import MetricsServer
 from supervisor.protocol.agent_ended import why_ended
 from supervisor.protocol.attach import AttachRequest, CaptureMode, parse_attach
 from supervisor.protocol.certs import Bundle
@@ -140,6 +143,7 @@ class BoundaryConfig:
     pids_limit: int = DEFAULT_PIDS_LIMIT  # the workload's cgroup pids.max; 0: none (reported unenforced)
     memory_limit: int = field(default_factory=default_memory_limit)  # bytes; 0: none (reported unenforced)
     state_file: Path | None = None  # --state-file: our lifecycle state for the pod's readiness probe
+    metrics_listen: tuple[str, int] | None = None  # /metrics for Prometheus (--metrics-listen; supervisor/metrics.py)
     test_landlock_off: bool = False  # tests only: prove the mount layer alone holds (OPENSHELL_TEST_LANDLOCK_OFF)
     log: JsonLog = field(default_factory=lambda: JsonLog("boundary"))
 
@@ -177,6 +181,8 @@ class BoundaryDaemon:
         self.canary_probe: ProbeResult | None = None  # the last probe of control's canary (proxy-env)
         self.router = self._make_router()
         self._nursery: trio.Nursery | None = None
+        self.metrics = BoundaryMetrics(self.log, self)  # every event moves it (boundary/metrics.py), served or not
+        self.log.sink = self.metrics.observe
 
     # -- serving ----------------------------------------------------------------------------------------------
     async def serve(self) -> int:
@@ -201,6 +207,11 @@ class BoundaryDaemon:
             self.log.emit(EventName.BOUNDARY_TEST_KNOB, knob="landlock-off", warning="Landlock is off for every launch")
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            if self.cfg.metrics_listen is not None:
+                metrics_host, metrics_port = self.cfg.metrics_listen
+                server = MetricsServer(self.metrics.registry, metrics_host, metrics_port)
+                address = await nursery.start(server.serve)
+                self.log.emit(EventName.METRICS_LISTENING, address=address, path=METRICS_PATH)
             await nursery.start(self.table.run)
             nursery.start_soon(self._signals, nursery)
             nursery.start_soon(self._watch_agent, nursery)
@@ -763,6 +774,13 @@ class BoundaryDaemon:
                 arg = arg.replace(placeholder, REDACTED_CREDENTIAL)
             argv.append(arg)
         return {**process, "argv": argv}
+
+    @property
+    def lifecycle_state(self) -> str:
+        return str(self.lifecycle.state)
+
+    def limits_now(self) -> dict[str, Any]:
+        return self._limits_now()
 
     def _limits_now(self) -> dict[str, Any]:
         """Every limit, whether it is enforced (and why not), and the cgroups' counters now."""

@@ -104,6 +104,16 @@ def _gone_lines(gone: dict[str, Any] | None) -> list[str]:
     ]
 
 
+def _activity_lines(activity: Any) -> list[str]:
+    """docs/reference/policy.md §4.3's counters: attempts and requests, denials and their non-zero groups."""
+    if not isinstance(activity, dict):
+        return []
+    groups = activity.get("denials_by_group") or {}
+    denied = ", ".join(f"{group} {n}" for group, n in sorted(groups.items()) if n)
+    return [f"activity    {activity.get('network_activity_count', 0)} connections and requests, "
+            f"{activity.get('denied_action_count', 0)} denied" + (f" ({denied})" if denied else "")]  # fmt: skip
+
+
 async def _status(api: Api, raw: bool) -> int:
     status, body = await request_json(api, "GET", "/v1/status")
     if status != 200:
@@ -128,6 +138,7 @@ async def _status(api: Api, raw: bool) -> int:
         *_process_lines(boundary.get("processes")),
         _fence_line(boundary.get("fence")),
         *_limit_lines(boundary.get("limits")),
+        *_activity_lines(body.get("activity")),
     ]
     interception = body.get("interception") or {}
     if interception.get("ca_sha256"):

@@ -31,16 +31,16 @@ def _tty_size(text: str) -> tuple[int, int]:
 
 DAEMON_HELP = """\
 daemons:
-  openshell-sandbox --mode=boundary --bootstrap DIR [--listen ADDR:PORT] -- AGENT ARGV...
+  openshell-sandbox --mode=boundary --bootstrap DIR [--listen ADDR:PORT] [--metrics-listen ADDR:PORT] -- AGENT...
   openshell-sandbox --mode=control --bootstrap DIR --boundary HOST:PORT [--policy FILE] [--api PATH]
-                    [--api-listen ADDR:PORT]
+                    [--api-listen ADDR:PORT] [--metrics-listen ADDR:PORT]
   openshell-sandbox --mode=control --bootstrap DIR --topology=proxy-pod --proxy-listen ADDR:PORT
                     --proxy-token-file FILE --binary-identity=relaxed --acknowledge-networkpolicy-enforcement
 
 operator commands (find the running sandbox's API socket by themselves; --api to choose, or
 --api https://HOST:PORT --cert DIR for control's --api-listen from outside the pod):
   dev       run CMD as the agent in a local two-process sandbox
-  status    show the sandbox's status (readiness, lifecycle, policy)
+  status    show the sandbox's status (readiness, lifecycle, policy, activity counters)
   logs      show control's recent events; -f follows them (--event KIND, --format human|json|ocsf)
   readyz    exit 0 when the sandbox is ready, 1 with the failing conditions
   exec      run a command in the workload (-i for stdin, -t for a terminal)
@@ -85,6 +85,11 @@ def daemon_parser() -> argparse.ArgumentParser:
         "--log-format", choices=["json", "ocsf"], default="json",
         help="json (default): one flat JSON object per event; ocsf: OCSF 1.7.0 objects, one per line (the --log-file "
         "stays JSON)",
+    )  # fmt: skip
+    p.add_argument(
+        "--metrics-listen", metavar="ADDR:PORT",
+        help="serve Prometheus metrics at http://ADDR:PORT/metrics (plain HTTP, no authentication: counts only, "
+        "labelled by decision, reason, deny group and rule key; ADDR * is every address). Off by default",
     )  # fmt: skip
     b = p.add_argument_group("boundary")
     b.add_argument(

@@ -75,7 +75,12 @@ def _run_boundary(args: argparse.Namespace, stream: Any) -> int:
     if not args.agent_argv:
         _err("--mode=boundary needs the agent's argv after --")
         return ExitCode.USAGE
-    host, port = _host_port(args.listen, "--listen")
+    try:
+        host, port = _host_port(args.listen, "--listen")
+        metrics_listen = _host_port(args.metrics_listen, "--metrics-listen") if args.metrics_listen else None
+    except argparse.ArgumentTypeError as exc:
+        _err(str(exc))
+        return ExitCode.USAGE
     try:
         model, reason = detect_privilege_model(args.privilege_model)
     except LauncherError as exc:
@@ -111,6 +116,7 @@ def _run_boundary(args: argparse.Namespace, stream: Any) -> int:
             acknowledge_external_fence=args.acknowledge_external_fence, tls_dir=args.tls_dir,
             acknowledge_unprobed_fence=args.acknowledge_unprobed_fence,
             tmp_size=args.tmp_size, shm_size=args.shm_size, pids_limit=args.pids_limit, state_file=args.state_file,
+            metrics_listen=metrics_listen,
             **({"memory_limit": args.memory_limit} if args.memory_limit is not None else {}),
             test_landlock_off=os.environ.get("OPENSHELL_TEST_LANDLOCK_OFF") == "1", log=log,
         )  # fmt: skip
@@ -195,6 +201,7 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
         host, port = _host_port(args.boundary, "--boundary")
     try:
         api_listen = _host_port(args.api_listen, "--api-listen") if args.api_listen else None
+        metrics_listen = _host_port(args.metrics_listen, "--metrics-listen") if args.metrics_listen else None
     except argparse.ArgumentTypeError as exc:
         _err(str(exc))
         return ExitCode.USAGE
@@ -271,7 +278,7 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     cfg = daemon.ControlConfig(
         bundle=bundle, boundary_host=host, boundary_port=port, policy=store, local_net=local_net,
         upstream=upstream, interception=interception,
-        api_path=api_path, api_listen=api_listen,
+        api_path=api_path, api_listen=api_listen, metrics_listen=metrics_listen,
         agent_uid=agent_uid, agent_gid=agent_gid,
         capture_mode=CaptureMode(args.capture_mode), acknowledge_external_fence=args.acknowledge_external_fence,
         fence_canary=fence_canary, acknowledge_unprobed_fence=args.acknowledge_unprobed_fence,

@@ -110,6 +110,7 @@ def run_dev(opts: DevOptions) -> int:
             f"--tls-dir={tmp / 'tls'}", "--exit-linger=5", *log_flags, *fence_flags, *agent_terminal_flags(terminal),
             *([f"--pids-limit={opts.pids_limit}"] if opts.pids_limit is not None else []),
             *([f"--memory-limit={opts.memory_limit}"] if opts.memory_limit is not None else []),
+            *([f"--metrics-listen={opts.boundary_metrics_listen}"] if opts.boundary_metrics_listen else []),
             "--", *opts.argv,
         ]  # fmt: skip
         stdin = subprocess.DEVNULL if terminal else None  # the terminal is dev's to read (dev_terminal.py)
@@ -135,6 +136,8 @@ def run_dev(opts: DevOptions) -> int:
             host, _, api_port = opts.api_listen.rpartition(":")
             say(f"openshell-sandbox: operator API on https://{host}:{api_port} --cert {tmp / 'bundle' / 'operator'}"
                 " (removed when dev exits)")  # fmt: skip
+        if opts.metrics_listen is not None:
+            control_cmd.append(f"--metrics-listen={opts.metrics_listen}")
         procs.append(subprocess.Popen(control_cmd, env=env, stdin=subprocess.DEVNULL, preexec_fn=_die_with_dev))
         restart = Restart(control_cmd, env, runtime / "api.sock")
 

@@ -49,6 +49,8 @@ class DevOptions:
     ipv6_egress: str = "auto"  # control's --ipv6-egress
     self_addresses: tuple[str, ...] = ()  # control's --self-address
     api_listen: str | None = None  # control's --api-listen ADDR:PORT; an operator bundle is minted for it
+    metrics_listen: str | None = None  # control's --metrics-listen ADDR:PORT
+    boundary_metrics_listen: str | None = None  # the boundary's --metrics-listen ADDR:PORT
     pids_limit: int | None = None  # the boundary's --pids-limit (None: its default)
     memory_limit: int | None = None  # the boundary's --memory-limit in bytes (None: its default)
     topology: str = "boundary"  # "proxy-pod": supervisor/cli/dev_proxy_pod.py

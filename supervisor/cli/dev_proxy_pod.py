@@ -205,7 +205,8 @@ def run_proxy_pod(opts: DevOptions) -> int:
               "a veth pair and its filter (the boundary topology runs without)", file=sys.stderr)  # fmt: skip
         return ExitCode.SELF_FAILED
     unsupported = [flag for flag, given in (
-        ("--api-listen", opts.api_listen is not None),
+        ("--api-listen", opts.api_listen is not None), ("--metrics-listen", opts.metrics_listen is not None),
+        ("--boundary-metrics-listen", opts.boundary_metrics_listen is not None),
         ("--acknowledge-external-fence", opts.acknowledge_external_fence),
         ("--privilege-model", opts.privilege_model != "auto"), ("--pids-limit", opts.pids_limit is not None),
         ("--memory-limit", opts.memory_limit is not None),

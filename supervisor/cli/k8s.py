@@ -143,6 +143,15 @@ def add_k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     )
     what.add_argument("--api-port", type=int, default=7444, metavar="PORT", help="control's TCP API port")
     what.add_argument(
+        "--metrics-port", type=int, metavar="PORT",
+        help="control serves Prometheus metrics on this port (a containerPort named metrics); needs "
+        "--metrics-namespace",
+    )  # fmt: skip
+    what.add_argument(
+        "--metrics-namespace", metavar="NS",
+        help="with --metrics-port: the namespace of the Prometheus that scrapes it, the only pods admitted to the port",
+    )  # fmt: skip
+    what.add_argument(
         "--runtime-class", metavar="NAME", help="the workload pod's RuntimeClass (e.g. a sandboxed runtime)"
     )
     what.add_argument(
@@ -308,6 +317,7 @@ def _spec(args: argparse.Namespace) -> tuple[RenderSpec, bytes | None]:
         model=Model(args.privilege_model or "R"), topology=Topology(args.topology), generation=args.generation,
         owner=owner, owner_namespace=args.owner_namespace, operator_namespace=args.operator_namespace,
         api_port=args.api_port, api_listen=args.api_listen, boundary_port=args.boundary_port,
+        metrics_port=args.metrics_port, metrics_namespace=args.metrics_namespace,
         agent_user=args.agent_user,
         workdir=args.workdir, has_credentials=credentials is not None, seccomp_localhost=args.seccomp_localhost,
         runtime_class=args.runtime_class, affinity=Affinity(args.affinity), proxy_port=args.proxy_port,

@@ -59,6 +59,14 @@ def command_parser() -> argparse.ArgumentParser:
         "prints its directory (for --api https://ADDR:PORT --cert DIR; removed when dev exits)",
     )
     dev.add_argument(
+        "--metrics-listen", metavar="ADDR:PORT",
+        help="control serves Prometheus metrics at http://ADDR:PORT/metrics (docs/design.md \"Metrics\")",
+    )  # fmt: skip
+    dev.add_argument(
+        "--boundary-metrics-listen", metavar="ADDR:PORT",
+        help="the boundary serves its Prometheus metrics (processes, limits, links) at http://ADDR:PORT/metrics",
+    )  # fmt: skip
+    dev.add_argument(
         "--workdir",
         help="the agent's working directory (`.` is this one), which the agent's uid must be able to write (default: "
         "$XDG_STATE_HOME/openshell-sandbox/<sandbox>/work, created for the agent and kept after exit; never / nor "
@@ -238,10 +246,13 @@ def run_command(argv: list[str]) -> int:
             ipv6_egress=args.ipv6_egress, self_addresses=tuple(args.self_address), api_listen=args.api_listen,
             pids_limit=args.pids_limit, topology=args.topology, proxy_max_connections=args.proxy_max_connections,
             memory_limit=args.memory_limit, tty=args.tty, escape=escape, remove_state=args.rm,
+            metrics_listen=args.metrics_listen, boundary_metrics_listen=args.boundary_metrics_listen,
         )  # fmt: skip
-        if args.api_listen is not None:
+        for flag, value in (("--api-listen", args.api_listen), ("--metrics-listen", args.metrics_listen),
+                            ("--boundary-metrics-listen", args.boundary_metrics_listen)):  # fmt: skip
             try:
-                _host_port(args.api_listen, "dev --api-listen")
+                if value is not None:
+                    _host_port(value, f"dev {flag}")
             except argparse.ArgumentTypeError as exc:
                 _err(str(exc))
                 return ExitCode.USAGE

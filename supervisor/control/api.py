@@ -61,6 +61,7 @@ class ControlState(Protocol):
     def readiness(self) -> list[str]: ...
     def status(self) -> dict[str, Any]: ...
     def denials_json(self, since_ms: int | None) -> dict[str, Any]: ...
+    def activity(self) -> dict[str, Any]: ...
     async def refresh_status(self) -> dict[str, Any]: ...
 
 
@@ -232,6 +233,8 @@ class ApiServer:
                 await http.respond_json(200, self.daemon.status())
             elif method == "GET" and target == "/v1/denials":
                 await http.respond_json(200, self.daemon.denials_json(_since_ms(raw_target)))
+            elif method == "GET" and target == "/v1/activity":
+                await http.respond_json(200, self.daemon.activity())
             elif method == "GET" and target == "/v1/policy":
                 query = urllib.parse.parse_qs(urllib.parse.urlsplit(raw_target).query)
                 content = query.get("content", ["0"])[-1] in ("1", "true", "yes")

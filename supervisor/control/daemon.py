@@ -37,6 +37,7 @@ from supervisor.control.inference.routes import InferenceRoutes
 from supervisor.control.inference.store import RoutesStore, watch_routes_file
 from supervisor.control.l7.rewrite import redact_path
 from supervisor.control.local_net import LocalNetwork
+from supervisor.control.metrics import ControlMetrics
 from supervisor.control.policy import PolicyStore
 from supervisor.control.proxy_listener import ProxyListenConfig, ProxyListener
 from supervisor.control.upstream import UpstreamConfig
@@ -94,6 +95,7 @@ class ControlConfig:
     policy: PolicyStore
     api_path: Path
     api_listen: tuple[str, int] | None = None  # the operator API on TCP + mTLS too (--api-listen; api_tls.py)
+    metrics_listen: tuple[str, int] | None = None  # /metrics for Prometheus (--metrics-listen; supervisor/metrics.py)
     agent_uid: int = 1000
     agent_gid: int = 1000
     capture_mode: CaptureMode = CaptureMode.NETNS
@@ -134,6 +136,10 @@ class ControlDaemon:
         self.events = EventBuffer()  # every event control logs, recent ones served by GET /v1/events
         self.denials = DenialTable()  # what the policy advisor reads (GET /v1/denials, control/denials.py)
         self.log.tap = self._tap
+        # every event also moves the metrics and §4.3 activity counters (control/metrics.py), served or not
+        self.metrics = ControlMetrics(cfg.policy, self.log, live=lambda: self.egress.live_connections,
+                                      links=self._links_up)  # fmt: skip
+        self.log.sink = self.metrics.observe
         if cfg.interception is not None:  # placeholders the agent spells in a binary's name or a host: [CREDENTIAL]
             self.log.scrub = functools.partial(redact_path, cfg.interception.credentials)
         self.policy = cfg.policy
@@ -198,6 +204,13 @@ class ControlDaemon:
 
                 host, port = self.cfg.api_listen
                 await nursery.start(TlsApiListener(api, host, port, self.cfg.bundle, log=self.log).serve)
+            if self.cfg.metrics_listen is not None:
+                from supervisor.metrics import PATH as METRICS_PATH
+                from supervisor.metrics import MetricsServer
+
+                host, port = self.cfg.metrics_listen
+                address = await nursery.start(MetricsServer(self.metrics.registry, host, port).serve)
+                self.log.emit(EventName.METRICS_LISTENING, address=address, path=METRICS_PATH)
             nursery.start_soon(self._signals, nursery)
             self._log_topology()
             if self.proxy is not None:  # proxy-pod: no boundary to dial, the workload connects to us
@@ -565,6 +578,15 @@ class ControlDaemon:
         return self.boundary
 
     # -- what the API reports ------------------------------------------------------------------------------
+    def _links_up(self) -> dict[str, int]:
+        if self.proxy is not None:
+            return {}
+        return {ALPN_OPS: int(self.ops is not None and not self.ops.closed), ALPN_EGRESS: self.egress_up}
+
+    def activity(self) -> dict[str, Any]:
+        """docs/reference/policy.md §4.3's counters since control started (``GET /v1/activity``, ``status``)."""
+        return dict(self.metrics.activity.to_json())
+
     def readiness(self) -> list[str]:
         """The failing conditions; empty means ready (spec §6.6)."""
         failing: list[str] = []
@@ -637,6 +659,7 @@ class ControlDaemon:
             "boundary": self.boundary,
             "agent_result": self.agent_result.to_wire() if self.agent_result is not None else None,
             "egress": {"links": self.egress_up, "live": self.egress.live_connections, **self.egress.counters},
+            "activity": self.activity(),
             "certificates": self.certificates.to_json(datetime.datetime.now(datetime.UTC)),
             "interception": self._interception_status(),
             "topology": self._topology_status(),

@@ -104,6 +104,10 @@ def network_policies(spec: RenderSpec, names: SandboxNames, allows: Sequence[Int
             namespace = {"matchLabels": {"kubernetes.io/metadata.name": spec.operator_namespace}}
             rule = {"from": [{"namespaceSelector": namespace}], **rule}
         ingress.append(rule)
+    if spec.metrics_port is not None and spec.metrics_namespace is not None:  # the scraper's namespace, that port
+        scraper = {"matchLabels": {"kubernetes.io/metadata.name": spec.metrics_namespace}}
+        ingress.append({"from": [{"namespaceSelector": scraper}],
+                        "ports": [{"protocol": "TCP", "port": spec.metrics_port}]})  # fmt: skip
     control = {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",

@@ -472,6 +472,8 @@ def control_args(
             args.append(f"--fence-canary=$({CANARY_ADDRESS_ENV}):{spec.canary_port}")
     if spec.api_listen:
         args.append(f"--api-listen=*:{spec.api_port}")  # every address of the pod, IPv4 and IPv6
+    if spec.metrics_port is not None:
+        args.append(f"--metrics-listen=*:{spec.metrics_port}")  # the NetworkPolicy admits the scraper's namespace
     # What control's NetworkPolicy keeps it out of: a policy revision allowing one of them is warned about.
     args += [f"--egress-excluded={cidr}" for cidr in dict.fromkeys(spec.excluded_cidrs)]
     # CIDR:PORT[,PORT], as control's EgressFence.parse reads it (the ports follow the last colon)
@@ -536,6 +538,8 @@ def control_deployment(
         ports.append({"name": "proxy", "containerPort": proxy_port(spec), "protocol": "TCP"})
     if spec.api_listen:
         ports.append({"name": "operator-api", "containerPort": spec.api_port, "protocol": "TCP"})
+    if spec.metrics_port is not None:
+        ports.append({"name": "metrics", "containerPort": spec.metrics_port, "protocol": "TCP"})
     if spec.model is Model.P and not spec.unprobed_fence and spec.topology is Topology.BOUNDARY:
         ports.append({"name": "fence-canary", "containerPort": spec.canary_port, "protocol": "TCP"})
         address = {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}

@@ -195,6 +195,8 @@ class RenderSpec:
     operator_namespace: str | None = None  # the only namespace whose pods may reach control's API port
     api_port: int = DEFAULT_API_PORT
     api_listen: bool = False  # control serves the operator API on api_port with mTLS (--api-listen)
+    metrics_port: int | None = None  # control serves /metrics on this port (--metrics-port); None: not at all
+    metrics_namespace: str | None = None  # the only namespace whose pods may reach it (the scraper's)
     boundary_port: int = DEFAULT_BOUNDARY_PORT
     agent_user: str = "1000:1000"
     workdir: str = "/sandbox"
@@ -262,6 +264,7 @@ class RenderSpec:
         for flag, port in (("--api-port", self.api_port), ("--boundary-port", self.boundary_port)):
             if isinstance(port, bool) or not 1 <= port <= 65535:
                 raise RenderError(flag, f"{port!r} is not a TCP port")
+        self._check_metrics()
         if self.seccomp_localhost is not None:
             if self.model is not Model.U:
                 raise RenderError("--seccomp-localhost", "only for --privilege-model U (the others use RuntimeDefault)")
@@ -332,6 +335,25 @@ class RenderSpec:
             and self.canary_port in (self.api_port, self.boundary_port)
         ):
             raise RenderError("--canary-port", f"{self.canary_port} is also another port of the sandbox")
+
+    def _check_metrics(self) -> None:
+        """/metrics is plain HTTP without authentication: only the scraper's namespace may reach it."""
+        port = self.metrics_port
+        if port is None:
+            if self.metrics_namespace is not None:
+                raise RenderError("--metrics-namespace", "needs --metrics-port (without it control serves no metrics)")
+            return
+        if isinstance(port, bool) or not 1 <= port <= 65535:
+            raise RenderError("--metrics-port", f"{port!r} is not a TCP port")
+        if self.metrics_namespace is None or not is_dns_label(self.metrics_namespace):
+            got = self.metrics_namespace
+            raise RenderError("--metrics-namespace", "--metrics-port needs the namespace of the Prometheus that "
+                              f"scrapes it (the only pods admitted to the port), got {got!r}")  # fmt: skip
+        proxy = (self.proxy_port or DEFAULT_PROXY_PORT) if self.topology is Topology.PROXY_POD else None
+        others = {self.boundary_port, proxy, *([self.api_port] if self.api_listen else []),
+                  *([self.canary_port] if self.model is Model.P else [])}  # fmt: skip
+        if port in others:
+            raise RenderError("--metrics-port", f"{port} is also another port of the sandbox")
 
     def _check_topology(self) -> None:
         if self.runtime_class is not None and not (

@@ -101,6 +101,8 @@ class EventName(enum.StrEnum):
     LINK_FAILED = "link.failed"
     LINK_REFUSED = "link.refused"
     LINK_UP = "link.up"
+    # metrics
+    METRICS_LISTENING = "metrics.listening"
     # policy
     POLICY_ACK_FAILED = "policy.ack-failed"
     POLICY_ACKNOWLEDGED = "policy.acknowledged"

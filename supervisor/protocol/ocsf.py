@@ -147,6 +147,7 @@ OCSF_MAP: dict[EventName, OcsfMapping] = {
     E.EXEC_STREAM_ERROR: OcsfMapping(_P, Severity.LOW),
     # the operator API and listeners: Network Activity
     E.API_LISTENING: OcsfMapping(Activity.NET_LISTEN),
+    E.METRICS_LISTENING: OcsfMapping(Activity.NET_LISTEN),
     E.API_OPERATOR: OcsfMapping(Activity.NET_OTHER),
     E.API_RATE_LIMITED: OcsfMapping(Activity.NET_REFUSE, Severity.MEDIUM),
     E.API_REFUSED: OcsfMapping(Activity.NET_REFUSE, Severity.MEDIUM),
