@@ -165,6 +165,10 @@ def command_parser() -> argparse.ArgumentParser:
     fwd = with_api(sub.add_parser("forward", help="forward a local port into the workload's loopback"))
     fwd.add_argument("spec", metavar="[LOCAL_ADDR:]LOCAL_PORT:[REMOTE_HOST:]REMOTE_PORT")
 
+    from supervisor.cli.copy import add_cp_parser
+
+    add_cp_parser(sub, with_api)
+
     add_policy_parser(sub)
     add_certs_parser(sub)
     add_logs_parser(sub)
