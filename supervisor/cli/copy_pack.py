@@ -8,8 +8,8 @@ sandbox. Rules:
 1. The tree is walked through directory descriptors; every entry is looked at without following it
    (``fstatat(AT_SYMLINK_NOFOLLOW)``), then opened with ``O_NOFOLLOW | O_NONBLOCK`` (a FIFO swapped in never blocks
    the open) and taken only when the open file is the same inode of the same type.
-2. Regular files and directories only; symbolic links, hard links' other names are just files again (the same
-   bytes twice, never a link member), devices, FIFOs and sockets are refused and reported, never opened.
+2. Regular files and directories only: symbolic links, devices, FIFOs and sockets are refused and reported, never
+   opened. A file with several names is sent once per name, as a file (never a link member).
 3. Modes are sent as permission bits only (no set-id), owner 0; a file is sent with the size it had when opened
    (a file that shrinks meanwhile is padded with zeros and reported, one that grows is cut there).
 4. Bounds: the bytes sent and the members (``Limits``), else :class:`CopyLimit`.
