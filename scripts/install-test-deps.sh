@@ -3,7 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
-for tool in ip:iproute2 curl:curl git:git nft:nftables setpriv:util-linux tmux:tmux; do
+# node and npm: the CA-trust e2e tests (tests/e2e/test_agent_tools.py)
+for tool in ip:iproute2 curl:curl git:git nft:nftables setpriv:util-linux tmux:tmux node:nodejs npm:npm; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 # a real client for the HTTPS-inspection e2e tests, importable by the agent's /usr/bin/python3

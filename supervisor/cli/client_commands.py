@@ -59,6 +59,10 @@ async def run(args: argparse.Namespace) -> int:
         return await _exec(api, args)
     if command == "forward":
         return await _forward(api, args.spec)
+    if command == "cp":
+        from supervisor.cli.copy import run_cp
+
+        return await run_cp(api, args)
     if command == "attach":
         try:
             stream, _reply = await open_channel(api, "/v1/attach-stream", {"handle": args.handle})

@@ -10,8 +10,8 @@ What a cluster gives the workload pod, made locally (docs/design.md "The proxy-p
 - the agent runs under ``--agent-user`` (default 1000:1000) with no capabilities and ``no_new_privs``, so it
   can change neither the routes nor the filter;
 - its environment is the standard proxy variables carrying the sandbox's proxy token and a CA bundle made of the
-  system store plus control's interception CA (``SSL_CERT_FILE``, ``REQUESTS_CA_BUNDLE``, ``CURL_CA_BUNDLE``,
-  ``GIT_SSL_CAINFO``, ``PIP_CERT``; ``NODE_EXTRA_CA_CERTS`` gets the CA alone).
+  system store plus control's interception CA in the variables that replace a tool's store, the CA alone in those
+  that add to it: the boundary topology's lists (``CA_REPLACING_KEYS``, ``CA_ADDING_KEYS``).
 
 Nothing else of the sandbox exists here: no filesystem or process policy, no binary identity, no exec.
 The exit code is the agent's (128+N for a signal; 125 when the sandbox itself failed); the namespace, the veth
@@ -45,13 +45,13 @@ from supervisor.cli.state_dirs import events_path
 from supervisor.protocol.certs import issue_bundle
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_codes import ExitCode
+from supervisor.protocol.process_ops import CA_ADDING_KEYS, CA_REPLACING_KEYS
 from supervisor.protocol.proxy_head import proxy_environment, proxy_url
 from supervisor.protocol.runtime_dir import RuntimeDirError, ensure_runtime_base
 
 PROXY_PORT = 3128
 START_WAIT_S = 30.0
 SYSTEM_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem")
-CA_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT")
 KEPT_VARIABLES = ("PATH", "TERM", "LANG", "LC_ALL", "TZ")
 
 
@@ -128,8 +128,8 @@ def _agent_env(url: str, combined: Path, alone: Path, home: str) -> dict[str, st
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     env["HOME"] = home
     env.update(proxy_environment(url))
-    env.update({name: str(combined) for name in CA_VARIABLES})
-    env["NODE_EXTRA_CA_CERTS"] = str(alone)
+    env.update(dict.fromkeys(CA_REPLACING_KEYS, str(combined)))
+    env.update(dict.fromkeys(CA_ADDING_KEYS, str(alone)))
     return env
 
 

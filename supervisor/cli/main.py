@@ -190,6 +190,10 @@ def command_parser() -> argparse.ArgumentParser:
                        help="only those untouched for AGE (30m, 12h, 7d; 0: any age; default 7d)")  # fmt: skip
     clean.add_argument("-n", "--dry-run", action="store_true", help="only list what would be removed")
 
+    from supervisor.cli.copy import add_cp_parser
+
+    add_cp_parser(sub, with_api)
+
     add_policy_parser(sub)
     add_certs_parser(sub)
     add_logs_parser(sub)

@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from supervisor.protocol.process_ops import CA_ADDING_KEYS, CA_REPLACING_KEYS
 from supervisor.protocol.proxy_head import proxy_environment, proxy_url
 
 from .names import LABEL_NAME, LABEL_ROLE, LABEL_SANDBOX_ID, SandboxNames
@@ -99,9 +100,10 @@ SYSTEM_BUNDLES = (
     "/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/ca-bundle.pem",
     "/etc/ssl/cert.pem",
 )  # fmt: skip
-# Replace the system store (so they get the combined bundle); the last two add to it (the CA alone).
-CA_REPLACING = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT")
-CA_ADDING = ("NODE_EXTRA_CA_CERTS", "DENO_CERT")
+# Replace the system store (so they get the combined bundle); the others add to it (the CA alone). The boundary
+# topology's lists, so a tool trusts the sandbox the same way in both.
+CA_REPLACING = CA_REPLACING_KEYS
+CA_ADDING = CA_ADDING_KEYS
 
 # Each needed by the root boundary of model R (docs/kubernetes.md "Model R" says what fails without which).
 MODEL_R_CAPABILITIES = (

@@ -36,6 +36,8 @@ from supervisor.protocol.errors import ErrorKind, OpError
 
 __all__ = [
     "ALLOWED_SIGNALS",
+    "CA_ADDING_KEYS",
+    "CA_REPLACING_KEYS",
     "MANAGED_ENV_KEYS",
     "ExecRequest",
     "ForwardTarget",
@@ -67,12 +69,20 @@ DEFAULT_GRACE_S: Final = 5.0
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HANDLE = re.compile(r"p_[0-9a-f]{16}")
 
+# CA trust (docs/policy.md "Tools in the agent"). These replace a tool's trust store, so they name the system
+# bundle plus the interception CA: OpenSSL and everything on it (curl, git, Go, Rust's native-tls and
+# rustls-native-certs, Ruby, httpx), requests, pip, npm (``npm_config_cafile`` wins over every npmrc's ``cafile=``).
+CA_REPLACING_KEYS: Final = (
+    "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT", "npm_config_cafile",
+)  # fmt: skip
+# These add to the tool's built-in roots, so they name the interception CA alone: node, deno.
+CA_ADDING_KEYS: Final = ("NODE_EXTRA_CA_CERTS", "DENO_CERT")
+
 # spec §6.5: set by the boundary for proxying and CA trust; a request may never override them.
 MANAGED_ENV_KEYS: Final = frozenset(
     {
         "ALL_PROXY", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "all_proxy", "grpc_proxy",
-        "NO_PROXY", "no_proxy", "NODE_USE_ENV_PROXY", "NODE_EXTRA_CA_CERTS", "DENO_CERT",
-        "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO",
+        "NO_PROXY", "no_proxy", "NODE_USE_ENV_PROXY", *CA_ADDING_KEYS, *CA_REPLACING_KEYS,
     }
 )  # fmt: skip
 MANAGED_ENV_PREFIX: Final = "OPENSHELL_"

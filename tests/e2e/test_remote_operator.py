@@ -214,6 +214,15 @@ def test_exec_keeps_streams_apart_over_tcp(remote: Remote) -> None:
     assert result.stderr.endswith("done\n")
 
 
+def test_cp_both_ways_over_tcp(remote: Remote, tmp_path: Path) -> None:
+    (tmp_path / "in.txt").write_text("over mutual TLS\n")
+    there = remote.cli("cp", str(tmp_path / "in.txt"), ":cp-over-tcp.txt")
+    assert there.returncode == 0, there.stderr
+    back = remote.cli("cp", ":cp-over-tcp.txt", str(tmp_path / "back.txt"))
+    assert back.returncode == 0, back.stderr
+    assert (tmp_path / "back.txt").read_text() == "over mutual TLS\n"
+
+
 def test_forward_over_tcp(remote: Remote) -> None:
     local_port = _free_port()
     proc = subprocess.Popen([*CLI, "forward", "--api", remote.url, "--cert", str(remote.operator),

@@ -65,3 +65,15 @@ def test_help_explains_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert exited.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "--proxy-max-connections N" in text and "proxy-pod only" in text and "default control's, 1024" in text
+
+
+def test_the_agent_gets_the_boundary_topologys_ca_variables(tmp_path: Path) -> None:
+    """docs/policy.md "Tools in the agent": the same variables as the boundary topology, the bundle where they
+    replace a tool's store (npm and pip included), the CA alone where they add to it."""
+    from supervisor.cli.dev_proxy_pod import _agent_env
+
+    env = _agent_env("http://sandbox:t@10.0.0.1:3128", tmp_path / "bundle.pem", tmp_path / "ca.pem", "/work")
+    for key in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT",
+                "npm_config_cafile"):  # fmt: skip
+        assert env[key] == str(tmp_path / "bundle.pem"), key
+    assert env["NODE_EXTRA_CA_CERTS"] == env["DENO_CERT"] == str(tmp_path / "ca.pem")

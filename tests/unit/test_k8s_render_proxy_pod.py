@@ -222,7 +222,14 @@ def test_the_agents_proxy_variables_authenticate_to_control_and_another_token_do
 
 def test_tools_that_replace_the_system_store_get_the_combined_bundle_node_and_deno_the_ca_alone() -> None:
     env = env_of(main_container(one(objects(), "Pod")))
-    for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT"):
+    for name in (
+        "SSL_CERT_FILE",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "GIT_SSL_CAINFO",
+        "PIP_CERT",
+        "npm_config_cafile",
+    ):
         assert env[name]["value"] == TRUST_BUNDLE
     for name in ("NODE_EXTRA_CA_CERTS", "DENO_CERT"):
         assert env[name]["value"] == TRUST_CA

@@ -233,6 +233,19 @@ def test_managed_env_is_exactly_the_managed_keys() -> None:
     assert set(managed_env(ca_cert=None, ca_bundle=None)) < MANAGED_ENV_KEYS
 
 
+def test_every_tool_gets_the_ca_in_the_variable_it_reads() -> None:
+    """docs/policy.md "Tools in the agent": the variables that replace a tool's store get the combined bundle
+    (npm's ``cafile`` replaces node's roots, so it gets the bundle too); those that add to it, the CA alone."""
+    env = managed_env(ca_cert="/ca.pem", ca_bundle="/bundle.pem")
+    replacing = (
+        "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT", "npm_config_cafile",
+    )  # fmt: skip
+    assert {key: env[key] for key in replacing} == dict.fromkeys(replacing, "/bundle.pem")
+    assert {key: env[key] for key in ("NODE_EXTRA_CA_CERTS", "DENO_CERT")} == dict.fromkeys(
+        ("NODE_EXTRA_CA_CERTS", "DENO_CERT"), "/ca.pem"
+    )
+
+
 def test_spec_environment_starts_empty(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENSHELL_TLS_KEY", "/secret/key.pem")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "boundary-only")

@@ -22,7 +22,14 @@ from typing import Final
 from supervisor.boundary.process.child import DEFAULT_PATH, SpawnSpec
 from supervisor.boundary.process.landlock import LandlockSpec
 from supervisor.protocol.errors import ErrorKind, OpError
-from supervisor.protocol.process_ops import MANAGED_ENV_KEYS, ExecRequest, is_managed_env_key, validate_env
+from supervisor.protocol.process_ops import (
+    CA_ADDING_KEYS,
+    CA_REPLACING_KEYS,
+    MANAGED_ENV_KEYS,
+    ExecRequest,
+    is_managed_env_key,
+    validate_env,
+)
 
 __all__ = [
     "CA_BUNDLE_PATH",
@@ -42,18 +49,18 @@ NO_PROXY: Final = "127.0.0.1,localhost,::1"
 def managed_env(
     proxy_url: str = PROXY_URL, *, ca_cert: str | None = CA_CERT_PATH, ca_bundle: str | None = CA_BUNDLE_PATH
 ) -> dict[str, str]:
-    """The §6.5 keys: proxy everywhere (lower and upper case), CA trust when a CA is installed."""
+    """The §6.5 keys: proxy everywhere (lower and upper case), CA trust when a CA is installed: the variables that
+    replace a tool's store get the combined bundle, those that add to it the CA alone (docs/policy.md "Tools in
+    the agent")."""
     env = {
         key: proxy_url
         for key in ("ALL_PROXY", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "http_proxy", "https_proxy", "grpc_proxy")
     }
     env.update({"NO_PROXY": NO_PROXY, "no_proxy": NO_PROXY, "NODE_USE_ENV_PROXY": "1"})
     if ca_cert is not None:
-        env.update({"NODE_EXTRA_CA_CERTS": ca_cert, "DENO_CERT": ca_cert})
+        env.update(dict.fromkeys(CA_ADDING_KEYS, ca_cert))
     if ca_bundle is not None:
-        env.update(
-            dict.fromkeys(("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"), ca_bundle)
-        )
+        env.update(dict.fromkeys(CA_REPLACING_KEYS, ca_bundle))
     assert set(env) <= MANAGED_ENV_KEYS
     return env
 
