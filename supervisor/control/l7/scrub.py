@@ -69,7 +69,7 @@ class Scrubber:
         self._folded = {s.lower(): p for s, p in self._swap.items()}
         self._any_case = re.compile(self._pattern.pattern, re.IGNORECASE) if self._pattern is not None else None
         self._keep = max((len(s) for s in ordered), default=1) - 1
-        self._firsts = frozenset(s[0] for s in ordered)
+        self._firsts = sorted({s[:1] for s in ordered})
         self._pending = b""
         self.replaced = 0
 
@@ -120,12 +120,16 @@ class Scrubber:
     def _held(self, buffer: bytes) -> int:
         """The length of ``buffer``'s longest suffix that is a proper prefix of a secret: only those bytes may be
         the start of a secret the next chunk completes (a longer suffix would be a longer prefix, hence found)."""
-        for start in range(max(0, len(buffer) - self._keep), len(buffer)):
-            if buffer[start] in self._firsts:
-                tail = buffer[start:]
+        best = len(buffer)
+        for first in self._firsts:  # the leftmost candidate of each first byte that fits gives the longest suffix
+            at = buffer.find(first, max(0, len(buffer) - self._keep))
+            while 0 <= at < best:
+                tail = buffer[at:]
                 if any(len(s) > len(tail) and s.startswith(tail) for s in self._swap):
-                    return len(buffer) - start
-        return 0
+                    best = at
+                    break
+                at = buffer.find(first, at + 1)
+        return len(buffer) - best
 
     def flush(self) -> bytes:
         """The end of the body: what was held back, scrubbed."""
