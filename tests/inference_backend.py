@@ -5,7 +5,8 @@ It answers the OpenAI-compatible shapes (chat completions, streamed as SSE when 
 ``x-api-key``), and appends one JSON line per request to LOG: method, path, model, whether the key was right, and
 every header value (so a test can assert that the agent's dummy key never arrived). Model ``stall`` streams two
 chunks and then sends nothing (a backend stalling mid-stream); model ``echo-key`` puts the key it received in its
-answer (what the scrubber must catch). No name lookups.
+answer (what the scrubber must catch); model ``count`` streams ``max_tokens`` one-token events (bench/bench_l7.py's
+tokens/s row). No name lookups.
 """
 
 from __future__ import annotations
@@ -107,6 +108,8 @@ class _Backend(http.server.BaseHTTPRequestHandler):
                              "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 5}})  # fmt: skip
         elif request.get("stream"):
             words = text.split() if model != "stall" else ["partial", "answer"]
+            if model == "count":
+                words = ["tok"] * int(request.get("max_tokens") or 16)
             chunks = [json.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": model,
                                   "choices": [{"index": 0, "delta": {"content": w + " "}, "finish_reason": None}]})
                       for w in words]  # fmt: skip

@@ -120,6 +120,9 @@ def add_k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     )
     what.add_argument("--policy", type=Path, metavar="FILE", help="policy YAML (default: the embedded deny-all)")
     what.add_argument("--credentials", type=Path, metavar="FILE", help="credentials file: a Secret for control only")
+    what.add_argument("--inference-routes", type=Path, metavar="FILE",
+                      help="inference routes (docs/policy.md 'Inference routing'): in control's ConfigMap beside the "
+                      "policy; the credentials they name must be in --credentials")  # fmt: skip
     what.add_argument("--agent-user", default="1000:1000", metavar="UID:GID", help="the agent's uid:gid in model R")
     what.add_argument("--workdir", default="/sandbox", metavar="PATH", help="the agent's workdir, an emptyDir")
     what.add_argument(
@@ -286,7 +289,7 @@ def _read_text(path: Path, flag: str) -> str:
 
 
 def _spec(args: argparse.Namespace) -> tuple[RenderSpec, bytes | None]:
-    from ..k8s.render import check_policy
+    from ..k8s.render import check_policy, check_routes
 
     owner = parse_owner(args.owner) if args.owner else None
     uid = args.sandbox_uid or (owner.uid if owner else None)
@@ -298,16 +301,21 @@ def _spec(args: argparse.Namespace) -> tuple[RenderSpec, bytes | None]:
     else:
         policy_text = resources.files("supervisor.control").joinpath("default_policy.yaml").read_text("utf-8")
     credentials = None
+    loaded = None
     if args.credentials is not None:
         from supervisor.control.credentials import Credentials, CredentialsError
 
         try:
             credentials = args.credentials.read_bytes()
-            Credentials.load(args.credentials, environ={})
+            loaded = Credentials.load(args.credentials, environ={})
         except OSError as exc:
             raise RenderError("--credentials", f"cannot read {args.credentials}: {exc.strerror or exc}") from None
         except CredentialsError as exc:
             raise RenderError("--credentials", str(exc)) from None
+    routes_text = None
+    if args.inference_routes is not None:
+        routes_text = _read_text(args.inference_routes, "--inference-routes")
+        check_routes(routes_text, str(args.inference_routes), loaded)
     if args.agent_argv[:1] == ["--"]:
         args.agent_argv = args.agent_argv[1:]
     role_resources = _resources(args.resources)
@@ -319,7 +327,8 @@ def _spec(args: argparse.Namespace) -> tuple[RenderSpec, bytes | None]:
         api_port=args.api_port, api_listen=args.api_listen, boundary_port=args.boundary_port,
         metrics_port=args.metrics_port, metrics_namespace=args.metrics_namespace,
         agent_user=args.agent_user,
-        workdir=args.workdir, has_credentials=credentials is not None, seccomp_localhost=args.seccomp_localhost,
+        workdir=args.workdir, has_credentials=credentials is not None, inference_routes_text=routes_text,
+        seccomp_localhost=args.seccomp_localhost,
         runtime_class=args.runtime_class, affinity=Affinity(args.affinity), proxy_port=args.proxy_port,
         proxy_user=args.proxy_uid, read_only_root=args.read_only_root,
         dns_peers=tuple(parse_dns_peer(p) for p in args.dns_peer) if args.dns_peer is not None else None,
@@ -392,7 +401,7 @@ def _summary(spec: RenderSpec, rendered: Rendered) -> None:
               "move, so it no longer proves which image was admitted", file=sys.stderr)  # fmt: skip
     for cidr, ports in rendered.internal_allows:
         print(f"k8s render: control's egress admits {cidr} on {','.join(map(str, ports))} inside an excluded range "
-              "(the policy's allowed_ips)", file=sys.stderr)  # fmt: skip
+              "(allowed_ips of the policy or the routes)", file=sys.stderr)  # fmt: skip
     print("k8s render: to remove this sandbox: " + " && ".join(delete_commands(spec.namespace, spec.sandbox_uid)),
           file=sys.stderr)  # fmt: skip
 

@@ -55,6 +55,7 @@ __all__ = [
     "PROXY_TOKEN_KEY",
     "ROLE_CONTROL",
     "ROLE_WORKLOAD",
+    "ROUTES_FILE",
     "SECRETS_MOUNT",
     "STATE_DIR",
     "STATE_FILE",
@@ -83,6 +84,7 @@ CREDENTIALS_FILE = "credentials.yaml"
 SECRETS_MOUNT = "/etc/openshell/secrets"  # where the init container (only) sees the Secret volumes
 POLICY_DIR = "/etc/openshell/policy"
 POLICY_FILE = "policy.yaml"
+ROUTES_FILE = "inference-routes.yaml"  # beside the policy in control's ConfigMap: hot-reloaded the same way
 STATE_DIR = "/run/openshell-boundary"
 TLS_DIR = f"{STATE_DIR}/tls"
 STATE_FILE = f"{STATE_DIR}/state"  # the boundary's lifecycle state, for the workload's readiness probe
@@ -463,6 +465,8 @@ def control_args(
     args += [f"--policy={POLICY_DIR}/{POLICY_FILE}", f"--interception-ca={INTERCEPTION_CA_DIR}"]
     if spec.has_credentials:
         args.append(f"--credentials={CREDENTIALS_DIR}/{CREDENTIALS_FILE}")
+    if spec.inference_routes_text is not None:
+        args.append(f"--inference-routes={POLICY_DIR}/{ROUTES_FILE}")
     if spec.model is Model.R and spec.agent_user != "1000:1000":
         args.append(f"--agent-user={spec.agent_user}")
     if spec.model is Model.P:
@@ -612,5 +616,8 @@ def policy_configmap(spec: RenderSpec, names: SandboxNames) -> Doc:
         "metadata": metadata(
             spec, names.policy_configmap, ROLE_CONTROL, {"openshell.ai/policy-digest": spec.policy_digest}
         ),
-        "data": {POLICY_FILE: spec.policy_text},
+        "data": {
+            POLICY_FILE: spec.policy_text,
+            **({ROUTES_FILE: spec.inference_routes_text} if spec.inference_routes_text is not None else {}),
+        },
     }

@@ -8,7 +8,7 @@ bootstrap bundles are minted from exactly those claims (``secrets.issue_material
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -29,7 +29,11 @@ from .objects import (
 from .secrets import SecretMaterial, redacted_secrets, secret_objects
 from .spec import RenderError, RenderSpec, Topology
 
-__all__ = ["Rendered", "check_policy", "claims_for", "policy_destinations", "render", "to_yaml"]
+if TYPE_CHECKING:
+    from supervisor.control.credentials import Credentials
+
+__all__ = ["Rendered", "check_policy", "check_routes", "claims_for", "policy_destinations", "render",
+           "routes_destinations", "to_yaml"]  # fmt: skip
 
 Doc = dict[str, Any]
 
@@ -109,6 +113,34 @@ def policy_destinations(text: str) -> list[InternalAllow]:
     return out
 
 
+def check_routes(text: str, source: str, credentials: Credentials | None) -> None:
+    """The inference routes must load as control would load them, and every credential they name must be in the
+    credentials Secret (the routes file names credentials, never holds them); every error under
+    ``--inference-routes``."""
+    from supervisor.control.inference.routes import RoutesInvalid, load_routes_text
+
+    try:
+        routes = load_routes_text(text, source)
+    except RoutesInvalid as exc:
+        raise RenderError("--inference-routes", str(exc)) from None
+    named = sorted({r.credential for r in routes.routes})
+    if named and credentials is None:
+        raise RenderError("--inference-routes", f"{source}: the routes inject {', '.join(named)}: pass "
+                          "--credentials with them (control's Secret holds them)")  # fmt: skip
+    problems = routes.check_credentials(credentials) if credentials is not None else []
+    if problems:
+        raise RenderError("--inference-routes", f"{source}: " + "; ".join(problems))
+
+
+def routes_destinations(text: str | None) -> list[InternalAllow]:
+    """Every route's ``allowed_ips`` range with its backend's port (the routes are valid: render checked)."""
+    from supervisor.control.inference.routes import load_routes_text
+
+    if text is None:
+        return []
+    return [(cidr, (route.port,)) for route in load_routes_text(text, "routes").routes for cidr in route.allowed_ips]
+
+
 def render(spec: RenderSpec, material: SecretMaterial | None) -> Rendered:
     """``material`` ``None`` renders redacted Secrets (documentation)."""
     names = SandboxNames.of(spec.sandbox, spec.sandbox_uid)
@@ -116,7 +148,8 @@ def render(spec: RenderSpec, material: SecretMaterial | None) -> Rendered:
     if material is not None and (material.credentials is not None) != spec.has_credentials:
         raise RenderError("--credentials", "the Secret material and the spec disagree on credentials")
     service = proxy_service if spec.topology is Topology.PROXY_POD else boundary_service
-    allows = internal_allows(spec, policy_destinations(spec.policy_text))
+    destinations = policy_destinations(spec.policy_text) + routes_destinations(spec.inference_routes_text)
+    allows = internal_allows(spec, destinations)
     objects = [
         policy_configmap(spec, names),
         *network_policies(spec, names, allows),  # the fence exists before the pod it fences

@@ -201,6 +201,8 @@ class RenderSpec:
     agent_user: str = "1000:1000"
     workdir: str = "/sandbox"
     has_credentials: bool = False
+    # --inference-routes: the routes file as control's ConfigMap holds it (its credentials are in the Secret)
+    inference_routes_text: str | None = None
     # Model U on containerd: a Localhost seccomp profile (relative to the kubelet's seccomp root) permitting
     # unshare/setns/mount, since containerd's RuntimeDefault denies unshare(CLONE_NEWUSER) without SYS_ADMIN.
     seccomp_localhost: str | None = None

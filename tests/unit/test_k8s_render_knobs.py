@@ -8,11 +8,16 @@ fence the operator states (``--networkpolicy-enforced``) and model P's canary; c
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import io
 import ipaddress
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from supervisor.k8s.names import SandboxNames
 from supervisor.k8s.objects import ANNOTATION_NETWORKPOLICY, CANARY_ADDRESS_ENV
@@ -351,3 +356,127 @@ def test_the_schema_check_sees_the_new_fields() -> None:
     pod["spec"]["volumes"][-1]["emptyDir"]["sizeLimt"] = "1Gi"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(pod, SCHEMA_VERSIONS[0], strict=True)
+
+
+# -- inference routes ----------------------------------------------------------------------------------------------
+
+ROUTES = """\
+version: 1
+routes:
+  local:
+    kind: openai
+    base_url: https://vllm.models.svc.cluster.local:8443/v1
+    credential: LOCAL_KEY
+    models: [qwen-coder]
+    allowed_ips: [10.96.40.0/24]
+  claude:
+    kind: anthropic
+    base_url: https://api.anthropic.com/v1
+    credential: ANTHROPIC_KEY
+    models: [claude-sonnet-4-5]
+"""
+ROUTE_SECRET = "sk-route-local-0d9e8f7a6b5c"
+ROUTE_CREDENTIALS = (
+    f"LOCAL_KEY: {{secret: {ROUTE_SECRET}, hosts: []}}\nANTHROPIC_KEY: {{secret_env: ANTHROPIC_API_KEY, hosts: []}}\n"
+)
+
+
+def _routed(topology: Topology) -> list[Doc]:
+    spec = make_spec(Model.R, topology=topology, has_credentials=True, inference_routes_text=ROUTES)
+    claims = claims_for(spec, SandboxNames.of(spec.sandbox, spec.sandbox_uid))
+    material = issue_material(claims, spec.policy_digest, credentials=ROUTE_CREDENTIALS.encode(),
+                              proxy_pod=topology is Topology.PROXY_POD)  # fmt: skip
+    rendered = render(spec, material)
+    return [*rendered.objects, *rendered.secrets]
+
+
+@pytest.mark.parametrize("topology", list(Topology))
+def test_inference_routes_go_in_controls_configmap_and_their_credentials_in_its_secret_only(topology: Topology) -> None:
+    docs = _routed(topology)
+    configmap = one(docs, "ConfigMap")
+    assert configmap["data"]["inference-routes.yaml"] == ROUTES and "policy.yaml" in configmap["data"]
+    args = daemon_args(control(docs))
+    assert str(args.inference_routes) == "/etc/openshell/policy/inference-routes.yaml"
+    # the file is read from the ConfigMap's directory mount (hot reload sees a ConfigMap edit)
+    mounts = {m["mountPath"]: m["name"] for m in control(docs)["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec(one(docs, "Deployment"))["volumes"]}
+    assert volumes[mounts["/etc/openshell/policy"]]["configMap"]["name"] == configmap["metadata"]["name"]
+    # the route's key: in the credentials Secret, nowhere else; the workload sees neither the routes nor the key
+    holders = [d["metadata"]["name"] for d in docs if ROUTE_SECRET in str(d) or any(
+        ROUTE_SECRET in base64.b64decode(v).decode("utf-8", "replace") for v in d.get("data", {}).values()
+        if d["kind"] == "Secret")]  # fmt: skip
+    assert holders == [SandboxNames.of("review-bot", UID).credentials_secret]
+    workload_pod = one(docs, "Pod")
+    assert "inference" not in str(workload_pod) and configmap["metadata"]["name"] not in str(workload_pod)
+    # a backend inside the cluster (the route's allowed_ips) is admitted by control's fence on its port only
+    npc = one(docs, "NetworkPolicy", "os-npc-")
+    assert admits(npc, "10.96.40.7", 8443) and not admits(npc, "10.96.40.7", 443)
+    assert not admits(npc, "10.96.41.7", 8443)
+    validate(docs)
+
+
+def test_without_routes_control_gets_no_flag_and_the_configmap_only_the_policy() -> None:
+    docs = objects(Model.R)
+    assert list(one(docs, "ConfigMap")["data"]) == ["policy.yaml"]
+    assert daemon_args(control(docs)).inference_routes is None
+
+
+@pytest.mark.parametrize(
+    ("routes", "credentials", "message"),
+    [
+        (ROUTES, None, r"the routes inject ANTHROPIC_KEY, LOCAL_KEY: pass --credentials"),
+        (ROUTES, "LOCAL_KEY: {secret: x, hosts: []}\n", r"'ANTHROPIC_KEY' is not in the credentials file"),
+        (
+            ROUTES,
+            "LOCAL_KEY: {secret: x, hosts: []}\n"
+            "ANTHROPIC_KEY: {access_key_id: AKIAROUTE0000001, secret_access_key: route-secret-0001, hosts: []}\n",
+            r"is an access key pair",
+        ),
+        (ROUTES.replace("https://api", "http://api"), ROUTE_CREDENTIALS, r"routes\.claude\.base_url"),
+        (ROUTES + "    secret: sk-in-the-routes\n", ROUTE_CREDENTIALS, r"routes\.claude.*unknown"),
+    ],
+)
+def test_render_refuses_routes_control_would_refuse(tmp_path: Path, routes: str, credentials: str | None,
+                                                     message: str) -> None:  # fmt: skip
+    from supervisor.cli.main import main
+
+    (tmp_path / "routes.yaml").write_text(routes)
+    extra = []
+    if credentials is not None:
+        (tmp_path / "credentials.yaml").write_text(credentials)
+        extra = [f"--credentials={tmp_path / 'credentials.yaml'}"]
+    argv = ["k8s", "render", "--namespace=agents-team-a", "--sandbox=review-bot", f"--sandbox-uid={UID}",
+            f"--image={IMAGE}", "--control-image=registry.example/openshell/openshell-sandbox:0.1.0",
+            "--cluster-cidr=10.244.0.0/16", "--redact-secrets", f"--inference-routes={tmp_path / 'routes.yaml'}",
+            *extra, "--", "python3", "/opt/agent.py"]  # fmt: skip
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()) as out:
+        assert main(argv) == 2
+    assert err.getvalue().startswith("k8s render: --inference-routes: "), err.getvalue()
+    assert re.search(message, err.getvalue()), err.getvalue()
+    assert out.getvalue() == "" and "sk-in-the-routes" not in err.getvalue()
+
+
+def test_render_with_routes_through_the_command_line(tmp_path: Path) -> None:
+    from supervisor.cli.main import main
+
+    (tmp_path / "routes.yaml").write_text(ROUTES)
+    (tmp_path / "credentials.yaml").write_text(ROUTE_CREDENTIALS)
+    argv = ["k8s", "render", "--namespace=agents-team-a", "--sandbox=review-bot", f"--sandbox-uid={UID}",
+            f"--image={IMAGE}", "--control-image=registry.example/openshell/openshell-sandbox:0.1.0",
+            "--cluster-cidr=10.244.0.0/16", "--service-cidr=10.96.0.0/12", f"--secrets-dir={tmp_path / 's'}",
+            f"--credentials={tmp_path / 'credentials.yaml'}", f"--inference-routes={tmp_path / 'routes.yaml'}",
+            "--", "python3", "/opt/agent.py"]  # fmt: skip
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()) as out:
+        assert main(argv) == 0
+    docs = [d for d in yaml.safe_load_all(out.getvalue()) if d]
+    assert one(docs, "ConfigMap")["data"]["inference-routes.yaml"] == ROUTES
+    assert ROUTE_SECRET not in out.getvalue()
+    secrets = [d for d in yaml.safe_load_all((tmp_path / "s" / "secrets.yaml").read_text()) if d]
+    holders = [
+        d["metadata"]["name"]
+        for d in secrets
+        if any(ROUTE_SECRET in base64.b64decode(v).decode("utf-8", "replace") for v in d["data"].values())
+    ]
+    assert holders == [SandboxNames.of("review-bot", UID).credentials_secret]  # fmt: skip
+    validate(docs)

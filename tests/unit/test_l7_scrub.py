@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from supervisor.control.l7.scrub import Scrubber, bound_request_headers, unscrubbable, valid_name
@@ -124,3 +124,39 @@ def test_for_any_secret_and_chunking_the_output_never_holds_the_secret(secret: s
     out = run(scrubber, chunks)
     assert raw not in out
     assert out == body.replace(raw, PLACEHOLDER.encode())
+
+
+# --- only a tail that could start a secret waits --------------------------------------------------------------
+
+
+def test_a_chunk_ending_where_no_secret_begins_is_passed_whole() -> None:
+    """An SSE event goes to the agent when it arrives, not when the next one comes."""
+    scrubber = Scrubber([(SECRET, PLACEHOLDER), (OTHER, OTHER_PLACEHOLDER)])
+    event = b'data: {"choices": [{"delta": {"content": "hello "}}]}\n\n'
+    assert bytes(scrubber.feed(event)) == event
+    # a tail that could be the start of a secret waits, and only that tail
+    assert bytes(scrubber.feed(b"data: gh")) == b"data: "
+    assert bytes(scrubber.feed(b"p_REAL-secret-0123\n\n")) == PLACEHOLDER.encode() + b"\n\n"
+    assert bytes(scrubber.feed(b"x sk-oth")) == b"x "
+    assert bytes(scrubber.feed(b"erwise\n")) == b"sk-otherwise\n"  # not a secret after all: passed as it was
+    assert scrubber.flush() == b""
+
+
+_SMALL = st.text(alphabet="abc", min_size=1, max_size=6)  # secrets sharing prefixes and suffixes with each other
+
+
+@settings(max_examples=400)
+@given(st.lists(_SMALL, min_size=1, max_size=4, unique=True), st.data())
+def test_no_chunking_lets_any_secret_through_when_secrets_overlap(secrets: list[str], data: st.DataObject) -> None:
+    """Secrets that are prefixes of each other, in a body of their pieces and whole copies: whatever the chunking,
+    the agent reads exactly what scrubbing the whole body gives, and no secret (placeholders share no letter with
+    them)."""
+    parts = st.sampled_from([s.encode() for s in secrets] + [b"a", b"b", b"c", b"-", b"\n\n"])
+    body = b"".join(data.draw(st.lists(parts, min_size=1, max_size=20)))
+    cuts = data.draw(st.lists(st.integers(min_value=0, max_value=len(body)), max_size=12))
+    points = sorted(set(cuts))
+    chunks = [body[a:b] for a, b in zip([0, *points], [*points, len(body)], strict=True)]
+    pairs = [(s, f"openshell:resolve:env:K{i}") for i, s in enumerate(secrets)]
+    out = run(Scrubber(pairs), chunks)
+    assert out == Scrubber(pairs).header(body)
+    assert not any(s.encode() in out for s in secrets)

@@ -4,9 +4,10 @@ beyond docs/reference/policy.md §3.13, which allows the echo).
 
 Pure. :class:`Scrubber` replaces each secret's bytes by its placeholder in the status line's reason phrase
 (:meth:`reason`), header values (:meth:`header`), header names (:meth:`name`) and in a body that arrives in chunks
-(:meth:`feed`, then :meth:`flush` at its end). A secret split across two chunks is still caught: the last
-``longest secret - 1`` bytes of a chunk are held back until the next one shows whether they start a secret — so at
-most that many bytes are ever delayed, and nothing is reordered.
+(:meth:`feed`, then :meth:`flush` at its end). A secret split across two chunks is still caught: a chunk's tail that
+could be the start of a secret (the longest suffix that is a proper prefix of one, at most ``longest secret - 1``
+bytes) is held back until the next chunk shows whether it is; every other byte goes on at once, so a chunk that
+ends as no secret begins (an SSE event's blank line) is passed whole, and nothing is reordered.
 
 Header names are matched without regard to case (HTTP names are case-insensitive and intermediaries fold them);
 a name with a placeholder in it is usually no longer a valid token — :meth:`name` returns it all the same and the
@@ -68,6 +69,7 @@ class Scrubber:
         self._folded = {s.lower(): p for s, p in self._swap.items()}
         self._any_case = re.compile(self._pattern.pattern, re.IGNORECASE) if self._pattern is not None else None
         self._keep = max((len(s) for s in ordered), default=1) - 1
+        self._firsts = sorted({s[:1] for s in ordered})
         self._pending = b""
         self.replaced = 0
 
@@ -100,7 +102,7 @@ class Scrubber:
         if self._pattern is None:
             return data
         buffer = self._pending + data  # bytes: ``_pending`` is
-        safe = len(buffer) - self._keep  # a secret starting before ``safe`` lies wholly inside ``buffer``
+        safe = len(buffer) - self._held(buffer)  # every secret starting before ``safe`` lies wholly inside ``buffer``
         out: list[bytes] = []
         at = 0
         for match in self._pattern.finditer(buffer):
@@ -114,6 +116,20 @@ class Scrubber:
             return memoryview(buffer)[:cut]
         out.append(buffer[at:cut])
         return b"".join(out)
+
+    def _held(self, buffer: bytes) -> int:
+        """The length of ``buffer``'s longest suffix that is a proper prefix of a secret: only those bytes may be
+        the start of a secret the next chunk completes (a longer suffix would be a longer prefix, hence found)."""
+        best = len(buffer)
+        for first in self._firsts:  # the leftmost candidate of each first byte that fits gives the longest suffix
+            at = buffer.find(first, max(0, len(buffer) - self._keep))
+            while 0 <= at < best:
+                tail = buffer[at:]
+                if any(len(s) > len(tail) and s.startswith(tail) for s in self._swap):
+                    best = at
+                    break
+                at = buffer.find(first, at + 1)
+        return len(buffer) - best
 
     def flush(self) -> bytes:
         """The end of the body: what was held back, scrubbed."""
