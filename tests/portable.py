@@ -17,7 +17,7 @@ import supervisor
 SYSTEM_PYTHON = "/usr/bin/python3"
 RUNTIME_MODULES = (
     "trio", "outcome", "sniffio", "sortedcontainers", "idna", "attr", "attrs", "h11", "h2", "hpack", "hyperframe",
-    "cryptography", "cffi", "_cffi_backend", "dns", "pyroute2", "yaml",
+    "cryptography", "cffi", "_cffi_backend", "dns", "pyroute2", "yaml", "graphql", "prometheus_client",
 )  # fmt: skip
 
 
