@@ -180,17 +180,23 @@ class PidsCgroup:
     def remove(self, wait_s: float = 0.0) -> bool:
         """Remove the cgroup once it is empty: the kernel refuses (EBUSY) while a member is still dying, so
         retry for up to ``wait_s``. True when it is gone."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                self.directory.rmdir()
-                return True
-            except FileNotFoundError:
-                return True
-            except OSError:
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(0.02)
+        return remove_dir(self.directory, wait_s)
+
+
+def remove_dir(directory: Path, wait_s: float) -> bool:
+    """``rmdir`` a cgroup, retrying for up to ``wait_s`` while the kernel refuses (EBUSY: a member still dying).
+    True when it is gone."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            directory.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
 
 
 def write(path: Path, text: str) -> None:

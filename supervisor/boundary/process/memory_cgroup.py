@@ -26,12 +26,11 @@ import contextlib
 import errno
 import os
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from supervisor.boundary.process.cgroups import CgroupError, locate, remove_stale_children, v2_enable, write
+from supervisor.boundary.process.cgroups import CgroupError, locate, remove_dir, remove_stale_children, v2_enable, write
 
 __all__ = [
     "DEFAULT_CAP_BYTES",
@@ -112,17 +111,7 @@ class MemoryCgroup:
         """As ``PidsCgroup.remove``; a v2 child shared with the pids limit is left to that one."""
         if self.shares_pids_child:
             return True
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                self.directory.rmdir()
-                return True
-            except FileNotFoundError:
-                return True
-            except OSError:
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(0.02)
+        return remove_dir(self.directory, wait_s)
 
 
 def _set(path: Path, value: str) -> None:
