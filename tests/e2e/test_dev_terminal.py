@@ -12,6 +12,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -187,8 +188,18 @@ def test_dev_lines_wait_for_the_agents_line_to_end(tmux_dev: list[Tmux]) -> None
         "the DNS refusal in the events",
     )
     wait_until(lambda: _proc_state(["getent", "hosts", "refused-4714.example"]) is None, "getent to end")
-    box.keys("Enter")  # the next line of the agent's output: the held line may go out now
-    box.wait_text(r"^openshell-sandbox: refused DNS name refused-4714\.example", "the refusal line")
+    refusal = r"^openshell-sandbox: refused DNS name refused-4714\.example"
+
+    def next_line_then_refusal() -> re.Match[str] | None:
+        # the next line of the agent's output releases the held line; on a busy machine dev may read the event
+        # only after bash drew its next prompt, and then the line waits for the line after that
+        box.keys("Enter")
+        deadline = time.monotonic() + 3
+        while not (found := re.search(refusal, box.text(), re.M)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return found
+
+    wait_until(next_line_then_refusal, "the refusal line", within_s=60, interval=0)
     assert not any("$ openshell-sandbox:" in line for line in box.screen()), box.screen()
     box.type("exit")
     assert box.dead_status() == 0
