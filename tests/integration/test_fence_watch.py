@@ -206,3 +206,9 @@ def test_an_nft_rule_added_in_the_agents_namespace_ends_the_workload_at_once(dae
         time.sleep(0.05)
         exited = [e for e in _events(daemons.boundary_log) if e["event"] == "agent.exited"]
     assert exited[0]["result"]["reason"] == "enforcement-lost", exited
+
+
+@protection_off("the fence watch's comparison of each re-read with the fingerprint confirm took")
+@pytest.mark.parametrize("boundary_cli", [controls_daemon.argv("fence-watch")], ids=["fence-watch-off"])
+def test_an_nft_rule_added_in_the_agents_namespace_ends_the_workload_at_once_twin(daemons: Daemons) -> None:
+    test_an_nft_rule_added_in_the_agents_namespace_ends_the_workload_at_once(daemons)
