@@ -56,7 +56,9 @@ MODULES: dict[str, Module] = {
     ),
     "claims": Module("supervisor/protocol/claims.py", ("tests/unit/test_claims.py",), 600),
     "tls": Module(
-        "supervisor/protocol/tls.py", ("tests/unit/test_trust.py", "tests/integration/test_tls_claims.py"), 900
+        "supervisor/protocol/tls.py",
+        ("tests/unit/test_tls_verify.py", "tests/unit/test_trust.py", "tests/integration/test_tls_claims.py"),
+        900,
     ),
     "hosts": Module("supervisor/control/policy/hosts.py", ("tests/unit/test_policy_decide.py",), 600),
     "globs": Module("supervisor/control/policy/globs.py", ("tests/unit/test_policy_globs.py",), 1200),
