@@ -60,7 +60,11 @@ MODULES: dict[str, Module] = {
         ("tests/unit/test_tls_verify.py", "tests/unit/test_trust.py", "tests/integration/test_tls_claims.py"),
         900,
     ),
-    "hosts": Module("supervisor/control/policy/hosts.py", ("tests/unit/test_policy_decide.py",), 600),
+    "hosts": Module(
+        "supervisor/control/policy/hosts.py",
+        ("tests/unit/test_policy_hosts.py", "tests/unit/test_policy_globs.py", "tests/unit/test_policy_schema.py"),
+        600,
+    ),
     "globs": Module("supervisor/control/policy/globs.py", ("tests/unit/test_policy_globs.py",), 1200),
     "decide": Module("supervisor/control/policy/decide.py", ("tests/unit/test_policy_decide.py",), 1800),
     "compiled": Module(
