@@ -4,7 +4,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: venv test-venv demo test lint bench fuzz test-controls
+.PHONY: venv test-venv demo test lint bench fuzz test-controls mutate
 
 venv:
 	@sh scripts/venv.sh $(VENV) ""
@@ -16,8 +16,8 @@ demo: venv
 	$(VENV)/bin/openshell-sandbox dev -- sh -c 'echo "hello from the agent: $$(id)"; echo "its network interfaces:"; tail -n +3 /proc/net/dev | cut -d: -f1'
 
 lint: test-venv
-	$(PY) -m ruff check supervisor tests bench fuzz
-	$(PY) -m ruff format --check supervisor tests bench fuzz
+	$(PY) -m ruff check supervisor tests bench fuzz mutate
+	$(PY) -m ruff format --check supervisor tests bench fuzz mutate
 	$(PY) -m mypy
 
 # as root, a missing python3-venv is installed (CI); otherwise the message says how
@@ -25,8 +25,8 @@ test:
 	bash scripts/install-test-deps.sh
 	@sh scripts/venv.sh $(VENV) test --install-missing
 	$(PY) -m pytest -q -p no:cacheprovider
-	$(PY) -m ruff check supervisor tests bench fuzz
-	$(PY) -m ruff format --check supervisor tests bench fuzz
+	$(PY) -m ruff check supervisor tests bench fuzz mutate
+	$(PY) -m ruff format --check supervisor tests bench fuzz mutate
 	$(PY) -m mypy
 
 # The protection-off twins of the attacker-side tests (tests/controls.py): each must fail on its assertion, which
@@ -40,6 +40,13 @@ test-controls: test-venv
 FUZZ_SECONDS ?= 60
 fuzz: test-venv
 	$(PY) -m fuzz.run $(TARGET) --seconds $(FUZZ_SECONDS)
+
+# Mutation testing with mutmut (mutate/run.py, docs/design.md "Testing") of one deciding module, MODULE=name (the
+# names are mutate/run.py's MODULES), for at most its stated budget (BUDGET=seconds overrides); the score and the
+# surviving mutants go to mutate/scores.json. One module at a time: each mutant runs the module's unit tests.
+mutate:
+	@sh scripts/venv.sh $(VENV) test,mutate
+	$(PY) -m mutate.run $(MODULE) $(if $(BUDGET),--budget $(BUDGET))
 
 # the benchmarks (docs/performance.md); extra arguments with BENCH_ARGS="--quick"
 bench: test-venv

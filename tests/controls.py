@@ -25,6 +25,20 @@ def _as_assertion(protection: str, exc: BaseException) -> AssertionError | None:
     return None
 
 
+def sole_exception(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one exception at the leaves of ``group`` (nested groups included), else the group itself: a twin that
+    failed on its assertion alone counts; one that failed on anything besides stays a failure."""
+    leaves: list[BaseException] = []
+    todo: list[BaseException] = [group]
+    while todo:
+        exc = todo.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            todo.extend(exc.exceptions)
+        else:
+            leaves.append(exc)
+    return leaves[0] if len(leaves) == 1 else group
+
+
 def protection_off(protection: str) -> Callable[[F], F]:
     """Mark a twin whose test runs with ``protection`` patched away (its fixture says how)."""
 

@@ -28,9 +28,10 @@ import trio
 
 from supervisor.boundary.capture import connect_notify
 from supervisor.boundary.capture.connect_notify import ConnectNotifier
-from supervisor.boundary.capture.connect_record import SWEEP_AT, ConnectRecords, ExecLog
+from supervisor.boundary.capture.connect_record import SWEEP_AT, ConnectRecords, ExecLog, FirstExecs
 from supervisor.boundary.capture.identity import IdentityResolver, IdentityUnresolved
 from supervisor.boundary.process import Launcher, NamespacePlan, SpawnSpec
+from tests.controls import protection_off
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the launcher's models R and U need root here"),
@@ -275,6 +276,19 @@ async def test_a_command_that_execs_itself_under_ld_preload_in_its_window_is_rea
     assert closed, "the launcher never ended the window"
 
 
+@pytest.fixture
+def windows_never_spent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Protection off: a window of first execs vouches for every ``execve`` while open, not for the first only."""
+    monkeypatch.setattr(FirstExecs, "take", lambda self, ppid: ppid in self._open)
+
+
+@protection_off("one vouched execve per window of first execs")
+async def test_a_command_that_execs_itself_under_ld_preload_in_its_window_is_read_from_memory_twin(
+    windows_never_spent: None, launcher: Launcher, script_dir: Path
+) -> None:
+    await test_a_command_that_execs_itself_under_ld_preload_in_its_window_is_read_from_memory(launcher, script_dir, "R")
+
+
 @MODELS
 async def test_scm_rights_hand_off_then_exec_keeps_the_connector(
     launcher: Launcher, script_dir: Path, model: str
@@ -296,6 +310,19 @@ async def test_child_forked_before_its_parent_execs_is_not_the_new_images_descen
     assert report["parent_exe"] == SH  # the attack happened: the parent is sh when its child connects
     assert report["verdict"]["binary"] == PYTHON
     assert report["verdict"]["ancestors"] == [PYTHON], report  # the parent as it was when the child was forked
+
+
+@pytest.fixture
+def no_image_at_creation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Protection off: the exec log never notes the image a child was created under."""
+    monkeypatch.setattr(ExecLog, "note_child", lambda self, pid, start_time, parent_exe: None)
+
+
+@protection_off("the parent's image at the child's creation (the exec log)")
+async def test_child_forked_before_its_parent_execs_is_not_the_new_images_descendant_twin(
+    no_image_at_creation: None, launcher: Launcher, script_dir: Path
+) -> None:
+    await test_child_forked_before_its_parent_execs_is_not_the_new_images_descendant(launcher, script_dir, "R")
 
 
 CHURN_ROUNDS = 100_000  # short-lived processes: far more than the 65,536 entries a count-bounded log kept
@@ -364,6 +391,19 @@ async def test_a_preload_that_erases_itself_is_still_reported(launcher: Launcher
     assert report["scrubbed"] is True  # the attack happened: /proc/PID/environ no longer shows it
     assert report["verdict"]["binary"] == PYTHON and report["verdict"]["loader_env"] == ["LD_PRELOAD"], report
     assert report["child"]["loader_env"] == ["LD_PRELOAD"], report
+
+
+@pytest.fixture
+def no_envp_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Protection off: the environment passed to ``execve`` is not read; only ``/proc/PID/environ`` is."""
+    monkeypatch.setattr(IdentityResolver, "_envp_loader_env", lambda self, tid, envp: ())
+
+
+@protection_off("reading the loader variables from the environment passed to execve")
+async def test_a_preload_that_erases_itself_is_still_reported_twin(
+    no_envp_read: None, launcher: Launcher, script_dir: Path
+) -> None:
+    await test_a_preload_that_erases_itself_is_still_reported(launcher, script_dir, "R")
 
 
 @MODELS

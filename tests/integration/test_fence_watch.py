@@ -26,7 +26,9 @@ import pytest
 
 from supervisor.protocol.certs import make_ca
 from supervisor.protocol.claims import Role
+from tests import controls_daemon
 from tests.certs_fixtures import leaf_bundle
+from tests.controls import protection_off
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the boundary runs in model R (root); nsenter needs root")
 
@@ -63,7 +65,13 @@ class Daemons:
 
 
 @pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[Daemons]:
+def boundary_cli() -> list[str]:
+    """How the boundary is started (a twin starts it with one protection off: tests/controls_daemon.py)."""
+    return CLI
+
+
+@pytest.fixture
+def daemons(tmp_path: Path, boundary_cli: list[str]) -> Iterator[Daemons]:
     for tool in ("ip", "nsenter"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} is needed")
@@ -76,7 +84,7 @@ def daemons(tmp_path: Path) -> Iterator[Daemons]:
     try:
         with boundary_log.open("w") as out:
             procs.append(subprocess.Popen(
-                [*CLI, "--mode=boundary", f"--bootstrap={tmp_path / 'boundary'}", "--listen=127.0.0.1:0",
+                [*boundary_cli, "--mode=boundary", f"--bootstrap={tmp_path / 'boundary'}", "--listen=127.0.0.1:0",
                  f"--port-file={port_file}", "--privilege-model=R", "--agent-stdio=pipe", "--workdir=/tmp",
                  "--exit-linger=30", "--", "sleep", "1000"],
                 stdout=out, stderr=subprocess.STDOUT,
@@ -163,6 +171,12 @@ def test_a_link_added_in_the_agents_namespace_ends_the_workload(daemons: Daemons
     assert signalled.returncode == 125 and f"terminated: signal: {why}" in signalled.stderr, signalled
 
 
+@protection_off("the fence watch's comparison of each re-read with the fingerprint confirm took")
+@pytest.mark.parametrize("boundary_cli", [controls_daemon.argv("fence-watch")], ids=["fence-watch-off"])
+def test_a_link_added_in_the_agents_namespace_ends_the_workload_twin(daemons: Daemons) -> None:
+    test_a_link_added_in_the_agents_namespace_ends_the_workload(daemons)
+
+
 NFT_ACCEPT_ALL_OUT = (
     "add table inet osx\nadd chain inet osx out { type filter hook output priority -1; }\n"
     "add rule inet osx out accept\n"
@@ -192,3 +206,9 @@ def test_an_nft_rule_added_in_the_agents_namespace_ends_the_workload_at_once(dae
         time.sleep(0.05)
         exited = [e for e in _events(daemons.boundary_log) if e["event"] == "agent.exited"]
     assert exited[0]["result"]["reason"] == "enforcement-lost", exited
+
+
+@protection_off("the fence watch's comparison of each re-read with the fingerprint confirm took")
+@pytest.mark.parametrize("boundary_cli", [controls_daemon.argv("fence-watch")], ids=["fence-watch-off"])
+def test_an_nft_rule_added_in_the_agents_namespace_ends_the_workload_at_once_twin(daemons: Daemons) -> None:
+    test_an_nft_rule_added_in_the_agents_namespace_ends_the_workload_at_once(daemons)

@@ -232,6 +232,22 @@ def test_socket_held_outside_the_workload_is_foreign_owner(scene: Scene) -> None
         assert info.value.stage is IdentityStage.FOREIGN_OWNER
 
 
+@pytest.fixture
+def workload_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Protection off: the resolver looks for owners in the workload only, never scanning for foreign ones."""
+    init = IdentityResolver.__init__
+
+    def no_foreign_scan(self: IdentityResolver, *args: Any, **kw: Any) -> None:
+        init(self, *args, **{**kw, "scan_foreign": False})
+
+    monkeypatch.setattr(IdentityResolver, "__init__", no_foreign_scan)
+
+
+@protection_off("the scan for an owner of the socket outside the workload")
+def test_socket_held_outside_the_workload_is_foreign_owner_twin(scene: Scene, workload_only: None) -> None:
+    test_socket_held_outside_the_workload_is_foreign_owner(scene)
+
+
 @pytest.mark.parametrize("diag", [True, False], ids=["sock_diag", "proc-tables"])
 def test_half_closed_before_resolution_is_still_identified(scene: Scene, diag: bool) -> None:
     agent = scene.client("half-close")
@@ -379,6 +395,19 @@ def test_budget_exceeded_is_refused(scene: Scene) -> None:
     with conn, pytest.raises(IdentityUnresolved) as info:
         resolver_for(None, agent.pid, budget_us=0).resolve(local, remote)
     assert info.value.stage is IdentityStage.BUDGET
+
+
+@pytest.fixture
+def no_cpu_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Protection off: the budget's CPU clock stands still, so no resolution ever spends any of it."""
+    from supervisor.boundary.capture import identity
+
+    monkeypatch.setattr(identity.time, "thread_time_ns", lambda: 0)
+
+
+@protection_off("the CPU budget of a resolution")
+def test_budget_exceeded_is_refused_twin(scene: Scene, no_cpu_clock: None) -> None:
+    test_budget_exceeded_is_refused(scene)
 
 
 @pytest.mark.parametrize("diag", [True, False], ids=["sock_diag", "proc-tables"])

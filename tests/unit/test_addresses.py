@@ -16,6 +16,7 @@ from supervisor.control.addresses import (
     AddressClass,
     Refused,
     RefusedReason,
+    blocked_in_network,
     classify,
     inet_aton_lenient,
     overlaps_always_blocked,
@@ -23,6 +24,7 @@ from supervisor.control.addresses import (
 )
 
 C = AddressClass
+R = RefusedReason
 
 # (address, class, always_blocked)
 CLASSIFY_CASES: list[tuple[str, AddressClass, bool]] = [
@@ -367,3 +369,59 @@ def test_a_network_holding_an_always_blocked_v4_overlaps(n: int, prefix: int) ->
     )
     if holds_blocked:
         assert overlaps_always_blocked(net)
+
+
+# --- edges the mutation run asked for (docs/design.md "Testing") -------------------------------------------------
+
+REFUSALS = [
+    ("", R.EMPTY, None),
+    ("a\x7fb", R.CONTROL_OR_SPACE, None),
+    ("a b", R.CONTROL_OR_SPACE, None),
+    ("[1.2.3.4]", R.BRACKETED_NON_IPV6, None),
+    ("[fe80::1%eth0]", R.IPV6_ZONE_ID, None),
+    ("fe80::1%eth0", R.IPV6_ZONE_ID, None),
+    ("1:2:3", R.INVALID_IPV6, None),
+    ("1.2.3.0XFF", R.NON_CANONICAL_IPV4, IPv4Address("1.2.3.255")),
+    ("1.2.3.0xfF", R.NON_CANONICAL_IPV4, IPv4Address("1.2.3.255")),
+    ("a.2.3.4", R.INVALID_IPV4, None),  # a name's label before a numeric last one: no canonical address
+    ("\u0664.2.3.4", R.INVALID_IPV4, None),  # an Arabic-Indic digit is a digit, but not an ASCII one
+]
+
+
+@pytest.mark.parametrize(("host", "reason", "would"), REFUSALS)
+def test_a_refusal_names_the_host_as_written(host: str, reason: R, would: IPv4Address | None) -> None:
+    assert parse_host_literal(host) == Refused(host, reason, would)
+
+
+@pytest.mark.parametrize("host", ["a!b", "1.b.", "a.0xX", "a.0xg1", "x.1a"])
+def test_names_that_only_look_numeric_are_names(host: str) -> None:
+    assert parse_host_literal(host) is None
+
+
+@pytest.mark.parametrize(
+    ("host", "address"),
+    [("1.2.3.4.", "1.2.3.4"), ("0x7f.1", "127.0.0.1"), ("1.2.3.4.0", None), ("1.300.2", None), ("1_0", None),
+     ("0x1_0", None), ("1.\u0664", None), ("1..2", None), ("0x", None)],
+)  # fmt: skip
+def test_lenient_reading_edges(host: str, address: str | None) -> None:
+    assert inet_aton_lenient(host) == (IPv4Address(address) if address else None)
+
+
+def test_classify_gives_the_address_it_judged() -> None:
+    assert classify("1.2.3.4").address == IPv4Address("1.2.3.4")
+    local = classify("64:ff9b:1::7f00:1")
+    assert (local.address, local.embedded, local.always_blocked) == (IPv4Address("127.0.0.1"), "nat64-local", True)
+    with pytest.raises(ValueError, match=r"^not a canonical IP literal: '01\.2\.3\.4'$"):
+        classify("01.2.3.4")
+
+
+@pytest.mark.parametrize(
+    ("net", "address"),
+    [("2001::/32", "2001::ffff:ffff"), ("2001::/64", "2001::ffff:ffff"), ("2002::/16", "2002::"),
+     ("2002:a9fe::/32", "2002:a9fe::"), ("::ffff:0:0/96", "::ffff:0:0"), ("64:ff9b::/96", "64:ff9b::")],
+)  # fmt: skip
+def test_a_refused_network_names_its_first_always_blocked_address(net: str, address: str) -> None:
+    """The lowest always-blocked IPv4 of the table in the embedding's spelling (0.0.0.0 inverted for Teredo)."""
+    found = blocked_in_network(ipaddress.ip_network(net))
+    assert found is not None and found.address == IPv6Address(address)
+    assert found.address in ipaddress.ip_network(net) and found.classification.always_blocked

@@ -337,3 +337,69 @@ def test_property_mutated_encoding(data: st.DataObject) -> None:
         i = data.draw(st.integers(0, len(encoded) - 1))
         encoded[i] = data.draw(st.integers(0, 255))
     _decodes_or_claims_error(bytes(encoded))
+
+
+# --- each refusal says exactly why (a peer's certificate is refused with this text; the mutation run asked) ------
+
+REFUSALS: list[tuple[object, str, str | None]] = [
+    ("not bytes", "claims must be bytes, got str", None),
+    (b"\xff", "claims are not UTF-8: invalid start byte at byte 0", None),
+    (b"[1]", "claims must be a JSON object, got list", None),
+    (b'{"a": NaN}', "non-standard JSON constant NaN", None),
+    (b'{"a": Infinity}', "non-standard JSON constant Infinity", None),
+    (b'{"a": 1, "a": 2}', "duplicate key 'a'", "a"),
+    (b"[" * 100_000, "claims are larger than 65536 bytes", None),
+    (b"[" * 60_000, "claims JSON is nested too deeply", None),
+    (b"{", "claims are not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+     None),
+    (b"{}", "claim 'role' is missing", "role"),
+    (b'{"role": 1}', "claim 'role' must be a string", "role"),
+    (b'{"role": "admin"}', "claim 'role' is 'admin', not one of control, boundary, operator", "role"),
+    (b'{"role": "control", "extra": 1}', "unknown claim 'extra'", "extra"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("data", "message", "field"), REFUSALS)
+def test_each_malformed_encoding_says_why(data: Any, message: str, field: str | None) -> None:
+    with pytest.raises(ClaimsError) as info:
+        decode_claims(data)
+    assert (str(info.value), info.value.field) == (message, field)
+
+
+def test_each_malformed_claim_says_why() -> None:
+    good = SAMPLE_CLAIMS.to_dict()
+    for patch, message in (
+        ({"generation": True}, "claim 'generation' must be an integer, got bool"),
+        ({"generation": 2**63}, "claim 'generation' must be in [0, 2**63)"),
+        ({"sandbox": 7}, "claim 'sandbox' must be a string, got int"),
+    ):
+        with pytest.raises(ClaimsError) as info:
+            Claims.from_dict({**good, **patch})
+        assert str(info.value) == message
+    with pytest.raises(ClaimsError) as info:
+        Claims.from_dict(["not", "a", "dict"])
+    assert str(info.value) == "claims must be a JSON object, got list"
+    long_key = "k" * 200
+    with pytest.raises(ClaimsError) as info:
+        Claims.from_dict({**good, long_key: 1})
+    assert info.value.field == "k" * 80 and str(info.value) == "unknown claim " + repr(long_key)[:80]
+    with pytest.raises(ClaimsError) as info:
+        decode_claims(b'{"' + long_key.encode() + b'": 1, "' + long_key.encode() + b'": 2}')
+    assert info.value.field == "k" * 80
+
+
+def test_an_encoding_of_exactly_the_size_limit_is_read() -> None:
+    body = encode_claims(SAMPLE_CLAIMS, Role.CONTROL)
+    padded = body[:-1] + b" " * (64 * 1024 - len(body)) + b"}"
+    assert len(padded) == 64 * 1024 and decode_claims(padded) == (SAMPLE_CLAIMS, Role.CONTROL)
+
+
+def test_a_mismatch_carries_its_field_and_both_values() -> None:
+    with pytest.raises(ClaimMismatch) as info:
+        verify_claims(SAMPLE_CLAIMS, Role.CONTROL, SAMPLE_CLAIMS, Role.BOUNDARY)
+    assert info.value.args == ("role", "boundary", "control")
+
+
+def test_the_operator_role_has_no_link_peer() -> None:
+    with pytest.raises(ValueError, match=r"^the operator role has no link peer$"):
+        Role.OPERATOR.other()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from supervisor.boundary.capture.connect_record import (
     ExecLog,
     ExecLogGap,
     FirstExecs,
+    _LiveTable,
     live_bound,
     proc_alive,
 )
@@ -213,3 +215,89 @@ def test_first_execs_vouch_once_per_window_for_a_child_of_its_exec_init_and_neve
     first.open(100)
     first.close(100)
     assert not first.take(100)  # the launch is over
+
+
+# --- edges the mutation run asked for (docs/design.md "Testing") -------------------------------------------------
+
+
+def test_a_socket_recorded_again_under_a_new_cookie_is_the_newest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An inode reused by a later socket: its record is the newest, so neither the bound nor the TTL drops it first."""
+    now = [1000.0]
+    monkeypatch.setattr("supervisor.boundary.capture.connect_record.time.monotonic", lambda: now[0])
+    records = ConnectRecords(ttl=10, limit=2)
+    records.put(1, 111, PYTHON)
+    records.put(2, 222, CURL)
+    assert records.put(1, 333, CURL)  # inode 1 again, another socket
+    records.put(3, 444, PYTHON)  # over the bound: inode 2 is the oldest now
+    assert records.take(2, 222) is None and records.take(1, 333) == CURL
+    records.put(1, 555, CURL)
+    now[0] += 6
+    records.put(4, 666, PYTHON)
+    records.put(1, 777, PYTHON)  # renewed after 4
+    now[0] += 5  # 3 and the first 1 are past the TTL; 4 and the renewed 1 are not
+    assert records.take(3, 444) is None
+    assert records.take(4, 666) == PYTHON and records.take(1, 777) == PYTHON
+
+
+def test_a_record_lives_exactly_its_ttl(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr("supervisor.boundary.capture.connect_record.time.monotonic", lambda: now[0])
+    records = ConnectRecords(ttl=10)
+    records.put(1, 1, PYTHON)
+    records.put(2, 2, CURL)
+    now[0] += 10
+    assert records.take(1, 1) == PYTHON
+    now[0] += 0.5
+    assert records.take(2, 2) is None
+
+
+def test_the_real_proc_is_read_by_default() -> None:
+    stat = Path(f"/proc/{os.getpid()}/stat").read_text()
+    started = int(stat[stat.rindex(")") + 2 :].split()[19])
+    assert proc_alive(os.getpid(), started) and not proc_alive(os.getpid(), started + 1)
+    assert live_bound() == int(Path("/proc/sys/kernel/pid_max").read_text())
+    assert live_bound(1) == 1  # an enforced pids.max of one is a bound like any other
+
+
+def test_a_stat_line_that_cannot_be_read_counts_as_alive(tmp_path: Path) -> None:
+    for pid, text in ((9, "9 (a) S 1 2"), (10, "10 no parenthesis"), (11, "11 (a) S " + "x " * 30)):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(text)
+        assert proc_alive(pid, 1, str(tmp_path)), text
+
+
+def test_the_gap_names_the_process_it_cannot_answer_for() -> None:
+    procs = Processes()
+    log = ExecLog(limit=1, alive=procs.alive)
+    procs.live |= {(1, 10), (2, 20)}
+    log.note_child(1, 10, "/a")
+    log.note_child(2, 20, "/b")
+    with pytest.raises(ExecLogGap, match=r"^the exec log was full when process 2 may have needed an entry$"):
+        log.parent_exe(2, 20)
+
+
+def test_a_table_says_what_it_kept_and_sweeps_on_its_schedule() -> None:
+    """``_LiveTable.put`` (True: stored) and when sweeping starts: at ``sweep_at`` entries, and in full at the cap."""
+    procs = Processes()
+    table: _LiveTable[str] = _LiveTable(limit=2, alive=procs.alive, sweep_at=100)
+    procs.live |= {(1, 10), (2, 20), (3, 30)}
+    assert table.put((1, 10), "a") and table.put((2, 20), "b")
+    assert table.put((1, 10), "c")  # an update is not a new entry
+    assert not table.put((3, 30), "x")  # full of the living: refused
+    assert not table.put((3, 29), "y")  # as old as the refused one: refused too, however much room
+    procs.live.discard((2, 20))
+    assert table.put((4, 40), "d") and list(table.entries) == [(1, 10), (4, 40)]  # the full sweep made room
+    early: _LiveTable[str] = _LiveTable(limit=100, alive=lambda pid, start: False, sweep_at=2)
+    for n in range(3):
+        early.put((n, n), "dead")
+    assert list(early.entries) == [(2, 2)]  # the third found two entries, swept them, and was stored alone
+
+
+@pytest.mark.parametrize(
+    ("limit", "puts", "left"), [(3, 2, 1), (7, 3, 3), (7, 4, 1), (8, 4, 4), (8, 5, 1), (200, 99, 99)]
+)
+def test_a_small_log_sweeps_from_half_its_cap(limit: int, puts: int, left: int) -> None:
+    log = ExecLog(limit=limit, alive=lambda pid, start: False, sweep_at=99)
+    for n in range(puts):
+        log.note_child(n, n, "/dead")
+    assert len(log) == left

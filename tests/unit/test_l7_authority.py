@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.control.l7.authority import AuthorityError, AuthoritySource, request_authority, same_authority
+from supervisor.control.l7.authority import (
+    AuthorityError,
+    AuthoritySource,
+    RequestAuthority,
+    request_authority,
+    same_authority,
+)
 
 # (tunnel host, tunnel port, tls, target, Host header, binds?)
 CASES = [
@@ -63,3 +69,43 @@ def test_sources() -> None:
     assert request_authority("/x", None, tls=True).source is AuthoritySource.NONE
     # an origin-form path that merely contains :// is not absolute-form
     assert request_authority("/fetch/http://evil.test/", "a.test", tls=True).host == "a.test"
+
+
+# --- edges the mutation run asked for (docs/design.md "Testing") -------------------------------------------------
+
+ABSOLUTE = [
+    ("https://api.example.com", ("api.example.com", 443)),  # no path at all
+    ("https://api.example.com/a/b/c", ("api.example.com", 443)),  # the authority ends at the first slash
+    ("https://api.example.com?a=1?b=2/c", ("api.example.com", 443)),  # ... or the first question mark
+    ("http://api.example.com:8080?q", ("api.example.com", 8080)),
+    ("HTTPS://API.example.com./x", ("api.example.com", 443)),
+]
+
+
+@pytest.mark.parametrize(("target", "authority"), ABSOLUTE)
+def test_the_authority_of_an_absolute_target_ends_where_its_path_or_query_starts(
+    target: str, authority: tuple[str, int]
+) -> None:
+    got = request_authority(target, None, tls=True)
+    assert (got.host, got.port, got.source) == (*authority, AuthoritySource.ABSOLUTE)
+
+
+REASONS = [
+    ("https:///x", "api.example.com", "authority does not parse: authority must be non-empty ASCII"),
+    ("https://?x", None, "authority does not parse: authority must be non-empty ASCII"),
+    ("/x", "api example.com", "authority does not parse: invalid host: 'api example.com'"),
+    ("/x", "a..b", "authority names an invalid host"),
+    ("ftp://api.example.com/x", None, "absolute-form target with scheme 'ftp'"),
+    ("https://a.test/x", "b.test", "absolute-form target and Host header name different authorities"),
+]
+
+
+@pytest.mark.parametrize(("target", "header", "reason"), REASONS)
+def test_each_malformed_authority_says_why(target: str, header: str | None, reason: str) -> None:
+    with pytest.raises(AuthorityError) as info:
+        request_authority(target, header, tls=True)
+    assert str(info.value) == reason
+
+
+def test_no_host_is_the_empty_authority() -> None:
+    assert request_authority("/x", None, tls=False) == RequestAuthority("", 0, AuthoritySource.NONE)

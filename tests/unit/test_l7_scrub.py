@@ -160,3 +160,74 @@ def test_no_chunking_lets_any_secret_through_when_secrets_overlap(secrets: list[
     out = run(Scrubber(pairs), chunks)
     assert out == Scrubber(pairs).header(body)
     assert not any(s.encode() in out for s in secrets)
+
+
+# --- tables and edges the mutation run asked for (docs/design.md "Testing") -----------------------------------
+
+TCHAR = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+def test_a_name_is_valid_exactly_when_every_byte_is_a_tchar() -> None:
+    for byte in range(256):
+        assert valid_name(b"X-" + bytes([byte])) is (byte in TCHAR), byte
+    assert not valid_name(b"")
+
+
+def test_every_header_that_asks_for_a_slice_or_a_coding_is_dropped_in_any_case() -> None:
+    for name in (b"range", b"if-range", b"accept-encoding"):
+        for spelled in (name, name.upper(), name.title()):
+            assert bound_request_headers([(spelled, b"x")]) == [(b"Accept-Encoding", b"identity")], spelled
+    kept = [(b"Content-Range", b"x"), (b"If-Match", b"x"), (b"TE", b"gzip"), (b"Accept", b"x")]
+    assert bound_request_headers(kept) == [*kept, (b"Accept-Encoding", b"identity")]
+
+
+def test_why_a_response_cannot_be_scrubbed_is_said_exactly() -> None:
+    assert unscrubbable(206, [], has_body=True) == "a 206 partial response (a slice of a representation)"
+    assert (
+        unscrubbable(200, [(b"Content-Encoding", b"br")], has_body=True)
+        == "a body in a content coding (Content-Encoding), which the scrubber cannot read"
+    )
+
+
+def test_a_content_coding_after_other_headers_is_seen() -> None:
+    headers = [(b"Content-Type", b"text/plain"), (b"X-Other", b"1"), (b"Content-Encoding", b"gzip")]
+    assert unscrubbable(200, headers, has_body=True) is not None
+
+
+def test_a_list_of_identity_codings_and_empty_elements_is_readable() -> None:
+    for value in (b"identity,identity", b"identity, ", b",identity", b"", b"IDENTITY ,\tidentity"):
+        assert unscrubbable(200, [(b"Content-Encoding", value)], has_body=True) is None, value
+    for value in (b"identity,gzip", b"gzip,identity", b"identity identity"):
+        assert unscrubbable(200, [(b"Content-Encoding", value)], has_body=True) is not None, value
+
+
+def test_of_two_secrets_where_one_starts_the_other_the_longer_wins() -> None:
+    short, long = "tok_abc", "tok_abcdef"
+    scrubber = Scrubber([(short, "P-short"), (long, "P-long")])
+    assert scrubber.header(f"[{long}] [{short}]".encode()) == b"[P-long] [P-short]"
+    assert Scrubber([(long, "P-long"), (short, "P-short")]).header(long.encode()) == b"P-long"
+
+
+def test_the_longer_secret_is_waited_for_when_its_last_byte_is_in_the_next_chunk() -> None:
+    """A match of the shorter secret at the first held-back byte is not taken while the longer may still follow."""
+    short, long = "tok_abc", "tok_abcdef"
+    for prefix in (b"", b"x", b"0123456789"):
+        scrubber = Scrubber([(short, "P-short"), (long, "P-long")])
+        assert run(scrubber, [prefix + long.encode()[:-1], long.encode()[-1:]]) == prefix + b"P-long"
+
+
+def test_at_most_the_longest_secret_less_one_byte_is_held_back() -> None:
+    """Only a tail that could start a secret waits, and never more than the longest secret less one byte."""
+    scrubber = Scrubber([(SECRET, PLACEHOLDER), (OTHER, OTHER_PLACEHOLDER)])
+    keep = len(SECRET) - 1
+    start = SECRET.encode()[:keep]  # the longest tail that could still become the secret
+    assert bytes(scrubber.feed(b"." * 100 + start)) == b"." * 100
+    assert bytes(scrubber.feed(b"-")) == start + b"-"  # not the secret after all: passed as it was
+    assert scrubber.flush() == b"" and bytes(scrubber.feed(b"")) == b""  # nothing is left once the body ended
+
+
+def test_a_secret_is_caught_whichever_byte_the_chunk_ends_on() -> None:
+    raw = SECRET.encode()
+    body = b"<" + raw + b">"
+    for cut in range(len(body) + 1):
+        assert run(Scrubber([(SECRET, PLACEHOLDER)]), [body[:cut], body[cut:]]) == b"<" + PLACEHOLDER.encode() + b">"

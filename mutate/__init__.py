@@ -1,0 +1,1 @@
+"""Mutation testing (mutate/run.py, make mutate)."""

@@ -1,0 +1,50 @@
+"""A daemon with one protection patched away, for the twin of a test that runs the daemons as processes.
+
+``argv(protection)`` is the command line the twin starts a daemon with in place of ``python -m supervisor.cli``: a
+separate program of the test suite that patches the one check in its own process, then runs the daemon's own
+``main``. Nothing of the product reaches it: no flag, environment variable or file the daemons read names it (the
+daemons re-execute themselves isolated when started with ``PYTHONPATH``, so not even a ``sitecustomize`` would
+reach them), it is not part of the installed package, and the agent never chooses how a daemon is started. A
+protection is off only in a process the test started as this program.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _fence_watch_blind() -> None:
+    """The fence watch's comparison: every re-read reports the fingerprint ``confirm`` took."""
+    from supervisor.boundary.capture.fence_watch import FenceWatch
+
+    read = FenceWatch._read
+
+    async def unchanged(self: FenceWatch) -> dict[str, Any] | None:
+        report = await read(self)
+        return None if report is None else {**report, "fingerprint": self.expected}
+
+    FenceWatch._read = unchanged  # type: ignore[method-assign]
+
+
+PATCHES: dict[str, Callable[[], None]] = {"fence-watch": _fence_watch_blind}
+
+
+def argv(protection: str) -> list[str]:
+    """The daemon's command (before its own arguments) with ``protection`` off."""
+    assert protection in PATCHES, protection
+    boot = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from tests.controls_daemon import main; main()"
+    return [sys.executable, "-c", boot, protection]
+
+
+def main() -> None:
+    protection, args = sys.argv[1], sys.argv[2:]
+    PATCHES[protection]()
+    from supervisor.cli.main import main as daemon_main
+
+    sys.argv = ["openshell-sandbox", *args]
+    sys.exit(daemon_main(args))
