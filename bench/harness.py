@@ -36,7 +36,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from bench import interpreter, micro, procstat, setup_peers
+from bench import interpreter, micro, procstat, setup_peers, targets
 from bench.clients import Address
 from bench.contenders import FACTORIES, BenchContext, Contender, ContenderUnavailable
 from bench.origin import TlsMaterial, make_material
@@ -546,6 +546,7 @@ def main(argv: list[str] | None = None) -> int:
         table = f"openshell daemons on: {interpreter.label(daemon_python)}\n\n{table}"
     notes = config_notes + run_notes + budget_notes(results, config) + [f"{k}: {v}" for k, v in micro_skipped.items()]
     micro_table = aligned(micro.micro_grid(micro_rows)) if micro_rows else ""
+    standing = targets.standings(rows, micro_rows)
     command = "python3 bench/run.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     document = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -570,6 +571,7 @@ def main(argv: list[str] | None = None) -> int:
         ],
         "micro": [r.as_dict() for r in micro_rows],
         "micro_skipped": micro_skipped,
+        "targets": targets.standings_json(standing),
         "notes": notes,
         "profile": profile,
         "seconds": round(time.monotonic() - began, 1),
@@ -580,13 +582,15 @@ def main(argv: list[str] | None = None) -> int:
     micro_md = f"\n\n{markdown(micro.micro_grid(micro_rows))}" if micro_rows else ""
     daemons_md = f"openshell daemons on: `{interpreter.label(daemon_python)}`\n\n" if daemon_python else ""
     notes_md = "\n\n" + "\n".join(f"- {note}" for note in notes) if notes else ""
+    targets_md = "\n\n" + markdown(targets.target_grid(standing))
     (args.out / f"bench-{stamp}.md").write_text(
-        f"{daemons_md}{summary_md}\n\n{format_markdown(rows)}{micro_md}{notes_md}\n"
+        f"{daemons_md}{summary_md}{targets_md}\n\n{format_markdown(rows)}{micro_md}{notes_md}\n"
     )
     print(table)
     print("\nsummary\n" + format_summary(rows, results.contenders))
     if micro_table:
         print("\nmicro-benchmarks\n" + micro_table)
+    print("\ntargets (docs/performance.md)\n" + aligned(targets.target_grid(standing)))
     for note in notes:
         print(f"note: {note}")
     print(f"\n{command.strip()} — {document['seconds']} s; results in {json_path}")
