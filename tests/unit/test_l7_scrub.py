@@ -233,3 +233,11 @@ def test_a_secret_is_caught_whichever_byte_the_chunk_ends_on() -> None:
     body = b"<" + raw + b">"
     for cut in range(len(body) + 1):
         assert run(Scrubber([(SECRET, PLACEHOLDER)]), [body[:cut], body[cut:]]) == b"<" + PLACEHOLDER.encode() + b">"
+
+
+def test_a_chunk_ending_on_a_whole_secret_that_starts_no_longer_one_is_passed_at_once() -> None:
+    """A secret complete at the chunk's end is replaced now, not held for the next chunk (an SSE event's last
+    bytes reach the agent with their event); only a tail that could still grow into a longer secret waits."""
+    scrubber = Scrubber([(OTHER, OTHER_PLACEHOLDER), (SECRET, PLACEHOLDER)])
+    assert bytes(scrubber.feed(b"data: " + OTHER.encode())) == b"data: " + OTHER_PLACEHOLDER.encode()
+    assert scrubber.replaced == 1 and scrubber.flush() == b""
