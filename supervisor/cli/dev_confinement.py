@@ -46,7 +46,7 @@ class DevSetupError(Exception):
 
 @dataclass
 class DevConfinement:
-    model: str
+    model: PrivilegeModel
     workdir: Path
     agent: tuple[int, int] | None  # passed to control as --agent-user; None: the boundary's own ids (U, P)
     boundary_flags: list[str] = field(default_factory=list)
@@ -65,7 +65,7 @@ def parse_agent_user(text: str) -> tuple[int, int]:
     return uid, gid
 
 
-def resolve_model(requested: str) -> tuple[str, str]:
+def resolve_model(requested: str) -> tuple[PrivilegeModel, str]:
     from supervisor.boundary.process import LauncherError, detect_privilege_model
 
     try:
@@ -74,7 +74,7 @@ def resolve_model(requested: str) -> tuple[str, str]:
         raise DevSetupError(f"--privilege-model={requested}: {exc}") from exc
 
 
-def _agent_ids(model: str, agent_user: str | None) -> tuple[tuple[int, int] | None, str]:
+def _agent_ids(model: PrivilegeModel, agent_user: str | None) -> tuple[tuple[int, int] | None, str]:
     if os.geteuid() == 0 and model in (PrivilegeModel.R, PrivilegeModel.U):
         if agent_user is not None:
             ids = parse_agent_user(agent_user)
@@ -179,7 +179,7 @@ def prepare(
     sandbox: str,
     tmp: Path,
     runtime_parent: Path,
-    model: str,
+    model: PrivilegeModel,
     workdir: str | None,
     agent_user: str | None,
     policy: Path | None,

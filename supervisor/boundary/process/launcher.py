@@ -71,7 +71,7 @@ class SpawnError(Exception):
 
 @dataclass
 class Prepared:
-    model: str
+    model: PrivilegeModel
     fds: dict[str, int]
     report: dict[str, Any]
     netns_path: str | None
