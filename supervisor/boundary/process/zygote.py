@@ -1233,9 +1233,8 @@ class Zygote:
         elif plan.netns:
             _loopback_up()
         names, report = list(reply["fd_names"]), dict(reply["report"])
-        if (
-            plan.model == PrivilegeModel.R and plan.pidns
-        ):  # the init forks the workload: we only read the fence from now on
+        # model R: the init forks the workload, we only read the fence from now on
+        if plan.model == PrivilegeModel.R and plan.pidns:
             try:
                 capabilities.restrict(capabilities.mask(capabilities.LAUNCHER_KEEPS))
             except OSError:
