@@ -85,6 +85,7 @@ def daemon_parser() -> argparse.ArgumentParser:
     _add_control_policy(c)
     _add_control_service(c)
     _add_proxy_pod_options(p)
+    # "control" again: the usage line lists the options in the order they were added
     _add_acknowledgements(p)
     _add_control_fence(c)
     p.add_argument("agent_argv", nargs="*", help="boundary: the agent's argv (after --)")

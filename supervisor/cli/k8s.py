@@ -79,6 +79,7 @@ def add_k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     _add_listener_arguments(what)
     _add_proxy_pod_arguments(r)
     _add_cluster_arguments(r)
+    # "the pods" again: the usage line lists the options in the order they were added
     what.add_argument(
         "--validity",
         type=parse_validity,
