@@ -153,11 +153,14 @@ def zygote() -> Iterator[bytes]:
     from supervisor.boundary.process import child
     from supervisor.boundary.process.landlock import LandlockSpec
     from supervisor.boundary.process.zygote import NamespacePlan, encode
+    from supervisor.protocol.privilege_model import PrivilegeModel
 
     spec = child.SpawnSpec(("/bin/sh", "-c", "echo hi"), {"PATH": "/usr/bin"}, "/work", 1000, 1000, (1000,))
     landlock = child.SpawnSpec(("/bin/true",), {}, "/", 0, 0, tty=True,
                                landlock=LandlockSpec(("/usr",), ("/work",), "hard_requirement"))  # fmt: skip
-    plan = NamespacePlan("U", hide_paths=("/run/secret",), capture={"mode": "netns"}, agent_ids=(1000, 1000))
+    plan = NamespacePlan(
+        PrivilegeModel.U, hide_paths=("/run/secret",), capture={"mode": "netns"}, agent_ids=(1000, 1000)
+    )
     yield encode({"op": "spawn", "id": 1, "sid": 7, "spec": spec.to_wire(), "stdio": [0, 1, 2, 3], "notify": 4})
     yield encode({"op": "spawn", "id": 2, "sid": 8, "spec": landlock.to_wire(), "stdio": [0, 0, 0, 1]})
     yield encode({"op": "prepare", "id": 3, "plan": plan.to_wire()})

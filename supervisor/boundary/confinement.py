@@ -28,6 +28,7 @@ from typing import Literal
 from supervisor.boundary.process import LandlockSpec
 from supervisor.boundary.process.rootfs import SYSTEM_READ_ONLY, TRUST_PATH, RootPlan, plan_root
 from supervisor.protocol.attach import FilesystemSection, StaticPolicy
+from supervisor.protocol.privilege_model import PrivilegeModel
 from supervisor.protocol.writable_paths import writable_problem
 
 DEVICES_READ_WRITE = (
@@ -57,7 +58,7 @@ def landlock_for(
     static_policy: StaticPolicy,
     workdir: str,
     *,
-    model: str = "R",
+    model: PrivilegeModel = PrivilegeModel.R,
     agent_uid: int | None = None,
     trust_dir: str | None = None,
 ) -> LandlockSpec:
@@ -70,9 +71,13 @@ def landlock_for(
     trust = (TRUST_PATH,) if trust_dir is None else (TRUST_PATH, trust_dir)
     fs = _filesystem(static_policy)
     if fs is None:  # rule 2
-        private_run = (("/run/lock", f"/run/user/{agent_uid}") if agent_uid is not None else ()) if model != "P" else ()
+        private_run = (
+            (("/run/lock", f"/run/user/{agent_uid}") if agent_uid is not None else ())
+            if model != PrivilegeModel.P
+            else ()
+        )
         # R and U: "/" is the agent's own root, holding only what it was granted (listing it is harmless)
-        view = ("/",) if model != "P" else ()
+        view = ("/",) if model != PrivilegeModel.P else ()
         read_only: list[str] = [*view, *SYSTEM_READ_ONLY, "/proc", *trust, *resolver_files()]
         read_write: list[str] = [workdir, "/tmp", *DEVICES_READ_WRITE, *private_run]
     else:  # rule 3

@@ -97,6 +97,7 @@ from supervisor.protocol.fence_canary import CanaryReport, parse_canary
 from supervisor.protocol.fingerprint import pem_fingerprint
 from supervisor.protocol.lifecycle import Lifecycle, Op, State
 from supervisor.protocol.ocsf import placeholder_scrub
+from supervisor.protocol.privilege_model import PrivilegeModel
 from supervisor.protocol.process_ops import (
     is_forward_probe,
     parse_exec_request,
@@ -131,7 +132,7 @@ class BoundaryConfig:
     agent_stdio: str = "inherit"  # "inherit" (container stdout), "pipe", or "tty" (dev mode's terminal)
     agent_tty_size: tuple[int, int] = (80, 24)  # "tty": (cols, rows) until the attached client resizes it
     agent_term: str = "xterm-256color"  # "tty": the agent's TERM (dev mode passes its caller's)
-    privilege_model: str = "R"
+    privilege_model: PrivilegeModel = PrivilegeModel.R
     model_reason: str = ""
     hide_paths: tuple[str, ...] = ()
     exit_linger_s: float = 60.0
@@ -330,11 +331,11 @@ class BoundaryDaemon:
         under euid 0, where the user namespace maps the descriptor's ids instead (never host uid 0: it would own
         root's files; docs/design.md "Settled details")."""
         model = self.cfg.privilege_model
-        if model == "R":
+        if model == PrivilegeModel.R:
             if attach.agent_uid == os.geteuid():
                 raise OpError(ErrorKind.INVALID, "agent uid must differ from the boundary's in model R", "agent_uid")
             return attach.agent_uid, attach.agent_gid
-        if model == "U" and os.geteuid() == 0:
+        if model == PrivilegeModel.U and os.geteuid() == 0:
             if attach.agent_uid == 0 or attach.agent_gid == 0:
                 raise OpError(ErrorKind.INVALID, "model U under root never maps the agent to uid or gid 0",
                               "agent_uid")  # fmt: skip
@@ -377,11 +378,11 @@ class BoundaryDaemon:
                 field="fence_canary",
             )
         model = self.cfg.privilege_model
-        netns = attach.capture_mode is CaptureMode.NETNS and model != "P"
-        if attach.capture_mode is CaptureMode.NETNS and model == "P":
+        netns = attach.capture_mode is CaptureMode.NETNS and model != PrivilegeModel.P
+        if attach.capture_mode is CaptureMode.NETNS and model == PrivilegeModel.P:
             raise OpError(ErrorKind.DENIED, "model P has no network namespace: only proxy-env", field="capture_mode")
         root: dict[str, Any] | None = None
-        if model != "P":  # the agent's own root: only granted trees, secrets hidden (confinement rule 1)
+        if model != PrivilegeModel.P:  # the agent's own root: only granted trees, secrets hidden (confinement rule 1)
             uid, gid = self._agent_ids(attach)
             try:
                 layout = root_for(
@@ -402,13 +403,13 @@ class BoundaryDaemon:
         if netns:
             capture = {"capture_ports": list(attach.capture_ports), "proxy_port": PROXY_PORT}
         plan = NamespacePlan(
-            model,  # type: ignore[arg-type]
+            model,
             netns=netns,
-            pidns=model != "P",
-            mountns=model != "P",
+            pidns=model != PrivilegeModel.P,
+            mountns=model != PrivilegeModel.P,
             capture=capture,
             root=root,
-            agent_ids=self._agent_ids(attach) if model == "U" and os.geteuid() == 0 else None,
+            agent_ids=self._agent_ids(attach) if model == PrivilegeModel.U and os.geteuid() == 0 else None,
         )
         self._limit_pids()
         self._limit_memory()
@@ -442,7 +443,7 @@ class BoundaryDaemon:
         # and we may take a workload process's fds (pidfd_getfd needs ptrace rights over it: R, U, or root);
         # else the accept-time resolution and its documented window. The bench's baseline turns it off.
         at_connect = (
-            (model != "P" or os.geteuid() == 0)
+            (model != PrivilegeModel.P or os.geteuid() == 0)
             and os.environ.get(CONNECT_NOTIFY_OFF_ENV) != "1"
             and connect_notify.available()
         )
@@ -455,7 +456,7 @@ class BoundaryDaemon:
             # it is, over our PID namespace: as a container's PID 1 that is just the pod. Outside a container
             # (dev mode's model P) it would be every process on the host, tens of ms per connection: skipped,
             # one of dev-P's documented limits.
-            scan_foreign=model == "P" and os.getpid() == 1,
+            scan_foreign=model == PrivilegeModel.P and os.getpid() == 1,
             budget_us=IDENTITY_BUDGET_US,
             sock_diag=socket.socket(fileno=diag_fd) if diag_fd is not None else None,
             records=ConnectRecords() if at_connect else None,
@@ -509,7 +510,7 @@ class BoundaryDaemon:
         self.log.emit(EventName.LIFECYCLE_READY, fence=fence)
         if self.attach.capture_mode is CaptureMode.NETNS and fence.get("fingerprint"):
             await self._watch_fence(str(fence["fingerprint"]))
-        if self.cfg.privilege_model == "R":
+        if self.cfg.privilege_model == PrivilegeModel.R:
             self._narrow_capabilities()
         return {"state": str(self.lifecycle.state), "fence": fence}
 
@@ -674,7 +675,7 @@ class BoundaryDaemon:
             env = managed_env(ca_cert=None, ca_bundle=None)
         else:
             ca_path, bundle_path = self.trust
-            if self.cfg.privilege_model != "P":
+            if self.cfg.privilege_model != PrivilegeModel.P:
                 ca_path, bundle_path = Path(TRUST_PATH) / ca_path.name, Path(TRUST_PATH) / bundle_path.name
             env = managed_env(ca_cert=str(ca_path), ca_bundle=str(bundle_path))
         self._env_memo = (self.trust, MappingProxyType(env))
@@ -682,7 +683,7 @@ class BoundaryDaemon:
 
     def _home(self, uid: int) -> str | None:
         """``HOME``: the account's, unless the agent's own root (R, U) leaves it out; then the workdir."""
-        if self.cfg.privilege_model == "P":
+        if self.cfg.privilege_model == PrivilegeModel.P:
             return None
         found = account(uid)
         if found is None:
@@ -699,7 +700,7 @@ class BoundaryDaemon:
             return self._landlock_memo[2]
         spec = landlock_for(
             self.attach.static_policy, self.cfg.workdir, model=self.cfg.privilege_model, agent_uid=uid,
-            trust_dir=str(self.cfg.tls_dir) if self.cfg.privilege_model == "P" else None,
+            trust_dir=str(self.cfg.tls_dir) if self.cfg.privilege_model == PrivilegeModel.P else None,
         )  # fmt: skip
         if self.cfg.test_landlock_off:
             spec = dataclasses.replace(spec, mode="off")
@@ -799,7 +800,7 @@ class BoundaryDaemon:
             "workdir_size_reason": "the workdir is a host directory (dev mode) or the pod's volume, given to the "
             "agent as it is: it has no filesystem of its own whose size could be capped",
         }
-        if self.cfg.privilege_model == "P":
+        if self.cfg.privilege_model == PrivilegeModel.P:
             shared = "model P: the agent shares the pod's own, sized by the pod"
             fixed.update(tmp_size="unenforced", tmp_size_reason=shared, shm_size="unenforced", shm_size_reason=shared)
         else:

@@ -147,6 +147,12 @@ def add_certs_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     )
     certs.set_defaults(func=run_certs)
     actions = certs.add_subparsers(dest="certs_command", metavar="COMMAND", required=True)
+    _add_issue_parser(actions)
+    _add_operator_parser(actions)
+
+
+def _add_issue_parser(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``certs issue``: the claims, the validity (or exact bounds, for testing skew), and what else to write."""
     issue = actions.add_parser(
         "issue",
         help="write OUT/control and OUT/boundary bootstrap bundles",
@@ -202,6 +208,10 @@ def add_certs_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         help="also write OUT/operator: a certificate for control's TCP operator API (--api-listen), bound to the "
         "same claims; refused on both link ports",
     )
+
+
+def _add_operator_parser(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``certs operator``: a later operator certificate, from an issued bundle and its kept CA key."""
     operator = actions.add_parser(
         "operator",
         help="mint a later operator certificate with a kept CA key",

@@ -10,6 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from supervisor.protocol.privilege_model import PrivilegeModel
+
 
 def memory_size(text: str) -> int:
     """``--memory-limit``'s value in bytes (argparse type): a number with an optional binary suffix."""
@@ -77,6 +79,21 @@ def daemon_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=DAEMON_HELP,
     )
+    _add_common_options(p)
+    _add_boundary_options(p)
+    c = p.add_argument_group("control")
+    _add_control_policy(c)
+    _add_control_service(c)
+    _add_proxy_pod_options(p)
+    # "control" again: the usage line lists the options in the order they were added
+    _add_acknowledgements(p)
+    _add_control_fence(c)
+    p.add_argument("agent_argv", nargs="*", help="boundary: the agent's argv (after --)")
+    return p
+
+
+def _add_common_options(p: argparse.ArgumentParser) -> None:
+    """Both daemons: which one, its bundle, where its events go, its metrics."""
     p.add_argument("--mode", required=True, choices=["control", "boundary"], help="which daemon to run")
     p.add_argument("--bootstrap", required=True, type=Path, help="this role's bootstrap bundle directory")
     p.add_argument("--log-stream", choices=["stdout", "stderr", "none"], default="stdout", help="where JSON events go")
@@ -91,6 +108,10 @@ def daemon_parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics at http://ADDR:PORT/metrics (plain HTTP, no authentication: counts only, "
         "labelled by decision, reason, deny group and rule key; ADDR * is every address). Off by default",
     )  # fmt: skip
+
+
+def _add_boundary_options(p: argparse.ArgumentParser) -> None:
+    """The boundary: where it listens, its privilege model, the agent's view and limits."""
     b = p.add_argument_group("boundary")
     b.add_argument(
         "--listen",
@@ -100,7 +121,7 @@ def daemon_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--port-file", type=Path, help="write the bound port here once listening")
     b.add_argument(
-        "--privilege-model", default="auto", choices=["auto", "R", "U", "P"],
+        "--privilege-model", default="auto", choices=["auto", *map(str, PrivilegeModel)],
         help="auto (default): the strongest the boundary can have (R root with capabilities, U user namespaces, "
         "P nothing: proxy-env only); R, U or P forces one (docs/design.md \"Privilege models\")",
     )  # fmt: skip
@@ -157,7 +178,10 @@ def daemon_parser() -> argparse.ArgumentParser:
         help="the boundary's own directory for the agent's CA files, created at start (default %(default)s); "
         "R and U show it read-only at /run/openshell-boundary/tls, P must name a directory the agent can read",
     )
-    c = p.add_argument_group("control")
+
+
+def _add_control_policy(c: argparse._ArgumentGroup) -> None:
+    """The boundary control dials and the policy it decides with."""
     c.add_argument("--boundary", help="HOST:PORT of the boundary to dial")
     c.add_argument("--policy", type=Path, help="policy YAML (default: the embedded deny-all policy)")
     c.add_argument(
@@ -182,6 +206,10 @@ def daemon_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--no-policy-watch", action="store_true", help="load the policy once; change it with `policy apply` only"
     )
+
+
+def _add_control_service(c: argparse._ArgumentGroup) -> None:
+    """Control's API, the agent's ids and capture, TLS, inference and the upstream network."""
     c.add_argument("--api", type=Path, help="operator API socket path")
     c.add_argument(
         "--api-listen",
@@ -238,6 +266,10 @@ def daemon_parser() -> argparse.ArgumentParser:
         help="whether control can reach IPv6 destinations; auto: a route covering global IPv6 exists in its network "
         "namespace (re-checked on change). Without it, AAAA queries are answered with no records (default auto)",
     )
+
+
+def _add_proxy_pod_options(p: argparse.ArgumentParser) -> None:
+    """Control without a boundary: it serves the workload pod's proxy itself."""
     t = p.add_argument_group("control: the proxy-pod topology (docs/kubernetes.md)")
     t.add_argument(
         "--topology",
@@ -291,6 +323,10 @@ def daemon_parser() -> argparse.ArgumentParser:
         help="proxy-pod: the cluster enforces NetworkPolicy (the workload's only egress is this proxy); without "
         "it control refuses the topology. Recorded in status and events",
     )
+
+
+def _add_acknowledgements(p: argparse.ArgumentParser) -> None:
+    """What both daemons must be told about a fence they cannot see (model P)."""
     p.add_argument(
         "--acknowledge-external-fence",
         action="store_true",
@@ -302,6 +338,11 @@ def daemon_parser() -> argparse.ArgumentParser:
         help='proxy-env without --fence-canary: the acknowledgement also says "no probe" (needed by both '
         "daemons; status then shows the fence as acknowledged-unprobed)",
     )
+
+
+def _add_control_fence(c: argparse._ArgumentGroup) -> None:
+    """Control's side of the fence around the workload: the canary, the ranges its NetworkPolicy excludes, and
+    how long the workload's link may be missing."""
     c.add_argument(
         "--fence-canary",
         metavar="ADDR:PORT",
@@ -341,5 +382,3 @@ def daemon_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how often the canary round repeats after confirm (default %(default)g)",
     )
-    p.add_argument("agent_argv", nargs="*", help="boundary: the agent's argv (after --)")
-    return p

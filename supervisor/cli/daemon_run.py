@@ -8,7 +8,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from supervisor.cli.daemon_args import _err, _host_port, daemon_parser
 from supervisor.protocol.exit_codes import ExitCode
@@ -169,26 +169,81 @@ def _policy_digest(path: Path | None) -> str | None:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
-    import ipaddress
-    import ssl
+class _Listeners(NamedTuple):
+    """Where control listens and what it dials: the proxy listener (proxy-pod) or the boundary's address."""
 
+    proxy: Any
+    boundary: tuple[str, int]
+    api_listen: tuple[str, int] | None
+    metrics_listen: tuple[str, int] | None
+
+
+class _PolicySetup(NamedTuple):
+    """The policy control starts with, and which file it watches for the next revisions (and why)."""
+
+    store: Any
+    agent_writable: tuple[str, ...]
+    watch_file: Path | None
+    watch_reason: str
+
+
+def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
+    """Control from its flags, checked in the order their errors are reported: the listeners, the policy, the
+    agent's ids and resolvers, TLS interception, the inference routes, the fence, the local network."""
     from supervisor.control import daemon
     from supervisor.control.api import runtime_socket_path
-    from supervisor.control.credentials import Credentials, CredentialsError
-    from supervisor.control.egress import Interception
-    from supervisor.control.interception import load_or_create
-    from supervisor.control.l7 import upstream_context
-    from supervisor.control.local_net import Ipv6Egress, LocalNetwork
-    from supervisor.control.policy import PolicyInvalid, PolicyStore, compile_policy, load_policy_file
-    from supervisor.control.policy.egress_fence import EgressFence
-    from supervisor.control.policy.schema import load_default_policy
-    from supervisor.control.policy.watch_safety import agent_writable_paths, decide_watch
-    from supervisor.control.upstream import UpstreamConfig, parse_dns_server
     from supervisor.protocol.attach import CaptureMode
-    from supervisor.protocol.fence_canary import parse_canary
     from supervisor.protocol.runtime_dir import RuntimeDirError
 
+    listen = _control_listeners(args)
+    if isinstance(listen, int):
+        return listen
+    policy = _control_policy(args)
+    if isinstance(policy, int):
+        return policy
+    agent = _agent_and_resolvers(args)
+    if isinstance(agent, int):
+        return agent
+    agent_uid, agent_gid, dns_servers = agent
+    interception = _interception(args, bundle)
+    if isinstance(interception, int):
+        return interception
+    inference = _inference_routes(args, interception.credentials, policy.agent_writable)
+    if isinstance(inference, int):
+        return inference
+    fence_canary = _fence_canary(args)
+    if isinstance(fence_canary, int):
+        return fence_canary
+    network = _local_network(args, dns_servers, log)
+    if isinstance(network, int):
+        return network
+    local_net, upstream = network
+    try:
+        api_path = args.api or runtime_socket_path(bundle.claims.sandbox)
+    except RuntimeDirError as exc:
+        _err(f"--api: {exc}")
+        return ExitCode.SELF_FAILED
+    cfg = daemon.ControlConfig(
+        bundle=bundle, boundary_host=listen.boundary[0], boundary_port=listen.boundary[1], policy=policy.store,
+        local_net=local_net, upstream=upstream, interception=interception,
+        api_path=api_path, api_listen=listen.api_listen, metrics_listen=listen.metrics_listen,
+        agent_uid=agent_uid, agent_gid=agent_gid,
+        capture_mode=CaptureMode(args.capture_mode), acknowledge_external_fence=args.acknowledge_external_fence,
+        fence_canary=fence_canary, acknowledge_unprobed_fence=args.acknowledge_unprobed_fence,
+        canary_interval_s=args.fence_canary_interval,
+        policy_file=policy.watch_file, policy_watch_reason=policy.watch_reason,
+        agent_writable=policy.agent_writable, log=log,
+        policy_digest=_policy_digest(args.policy),
+        proxy=listen.proxy, relaxed_identity=args.binary_identity == "relaxed",
+        networkpolicy_acknowledged=args.acknowledge_networkpolicy_enforcement,
+        workload_gone_after_s=args.workload_gone_after,
+        **inference,
+    )  # fmt: skip
+    return daemon.run(cfg)
+
+
+def _control_listeners(args: argparse.Namespace) -> _Listeners | int:
+    """The topology decides what control dials (a boundary, or nothing: it serves the proxy itself)."""
     proxy = _proxy_topology(args)
     if isinstance(proxy, int):
         return proxy
@@ -205,6 +260,17 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     except argparse.ArgumentTypeError as exc:
         _err(str(exc))
         return ExitCode.USAGE
+    return _Listeners(proxy, (host, port), api_listen, metrics_listen)
+
+
+def _control_policy(args: argparse.Namespace) -> _PolicySetup | int:
+    """The policy file (or the embedded default) compiled, and whether its file is safe to watch: not one the
+    agent can write."""
+    from supervisor.control.policy import PolicyInvalid, PolicyStore, compile_policy, load_policy_file
+    from supervisor.control.policy.egress_fence import EgressFence
+    from supervisor.control.policy.schema import load_default_policy
+    from supervisor.control.policy.watch_safety import agent_writable_paths, decide_watch
+
     try:
         fence = EgressFence.parse(args.egress_excluded, args.egress_admitted)
     except ValueError as exc:
@@ -227,6 +293,13 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     read_write = policy.filesystem_policy.read_write if policy.filesystem_policy is not None else ()
     agent_writable = agent_writable_paths(args.agent_writable, read_write)
     watch_file, watch_reason = decide_watch(args.policy_source or args.policy, args.no_policy_watch, agent_writable)
+    return _PolicySetup(store, agent_writable, watch_file, watch_reason)
+
+
+def _agent_and_resolvers(args: argparse.Namespace) -> tuple[int, int, list[tuple[str, int]]] | int:
+    """The agent's uid and gid, and the resolvers control asks."""
+    from supervisor.control.upstream import parse_dns_server
+
     try:
         uid_text, _, gid_text = args.agent_user.partition(":")
         agent_uid, agent_gid = int(uid_text), int(gid_text or uid_text)
@@ -238,8 +311,21 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     except ValueError as exc:
         _err(f"--dns-server: {exc}")
         return ExitCode.USAGE
+    return agent_uid, agent_gid, dns_servers
+
+
+def _interception(args: argparse.Namespace, bundle: Any) -> Any:
+    """The interception CA (kept in ``--interception-ca``), the credentials and the upstream trust; an exit code
+    when one cannot be loaded."""
+    import ssl
+
+    from supervisor.control.credentials import Credentials, CredentialsError
+    from supervisor.control.egress import Interception
+    from supervisor.control.interception import load_or_create
+    from supervisor.control.l7 import upstream_context
+
     try:
-        interception = Interception(
+        return Interception(
             ca=load_or_create(args.interception_ca, bundle.claims.sandbox),
             credentials=Credentials.load(args.credentials),
             upstream_ssl=upstream_context(extra_ca_file=str(args.upstream_ca) if args.upstream_ca else None),
@@ -247,9 +333,12 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     except (CredentialsError, OSError, ssl.SSLError, ValueError) as exc:
         _err(f"--credentials/--upstream-ca: {exc}")
         return ExitCode.SELF_FAILED
-    inference = _inference_routes(args, interception.credentials, agent_writable)
-    if isinstance(inference, int):
-        return inference
+
+
+def _fence_canary(args: argparse.Namespace) -> tuple[str, int] | int | None:
+    """The canary's address (None without one), after the canary's and the workload link's timers are checked."""
+    from supervisor.protocol.fence_canary import parse_canary
+
     try:
         fence_canary = parse_canary(args.fence_canary) if args.fence_canary else None
     except ValueError as exc:
@@ -261,6 +350,16 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     if not 1.0 <= args.fence_canary_interval <= 3600.0:
         _err(f"--fence-canary-interval: {args.fence_canary_interval:g} is not 1..3600 seconds")
         return 2
+    return fence_canary
+
+
+def _local_network(args: argparse.Namespace, dns_servers: list[tuple[str, int]], log: Any) -> tuple[Any, Any] | int:
+    """Control's own addresses (never dialled) and its IPv6 reach, and the upstream config built on them."""
+    import ipaddress
+
+    from supervisor.control.local_net import Ipv6Egress, LocalNetwork
+    from supervisor.control.upstream import UpstreamConfig
+
     try:
         self_addresses = [ipaddress.ip_address(text) for text in args.self_address]
     except ValueError as exc:
@@ -270,27 +369,7 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     upstream = UpstreamConfig(
         dns_servers=dns_servers, is_local=local_net.is_local, ipv6_egress=lambda: local_net.ipv6_egress
     )
-    try:
-        api_path = args.api or runtime_socket_path(bundle.claims.sandbox)
-    except RuntimeDirError as exc:
-        _err(f"--api: {exc}")
-        return ExitCode.SELF_FAILED
-    cfg = daemon.ControlConfig(
-        bundle=bundle, boundary_host=host, boundary_port=port, policy=store, local_net=local_net,
-        upstream=upstream, interception=interception,
-        api_path=api_path, api_listen=api_listen, metrics_listen=metrics_listen,
-        agent_uid=agent_uid, agent_gid=agent_gid,
-        capture_mode=CaptureMode(args.capture_mode), acknowledge_external_fence=args.acknowledge_external_fence,
-        fence_canary=fence_canary, acknowledge_unprobed_fence=args.acknowledge_unprobed_fence,
-        canary_interval_s=args.fence_canary_interval,
-        policy_file=watch_file, policy_watch_reason=watch_reason, agent_writable=agent_writable, log=log,
-        policy_digest=_policy_digest(args.policy),
-        proxy=proxy, relaxed_identity=args.binary_identity == "relaxed",
-        networkpolicy_acknowledged=args.acknowledge_networkpolicy_enforcement,
-        workload_gone_after_s=args.workload_gone_after,
-        **inference,
-    )  # fmt: skip
-    return daemon.run(cfg)
+    return local_net, upstream
 
 
 def _inference_routes(args: argparse.Namespace, credentials: Any, agent_writable: tuple[str, ...]) -> Any:

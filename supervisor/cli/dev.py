@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from supervisor.cli.dev_common import (
     DevOptions,
@@ -55,13 +56,7 @@ def run_dev(opts: DevOptions) -> int:
         from supervisor.cli.dev_proxy_pod import run_proxy_pod
 
         return run_proxy_pod(opts)
-    if (refusal := installation_refusal(opts.workdir)) is not None:
-        print(f"openshell-sandbox: {refusal}", file=sys.stderr)
-        return ExitCode.SELF_FAILED
-    try:
-        runtime_base = ensure_runtime_base()  # hidden from the agent by a tmpfs (supervisor/cli/dev_confinement.py)
-    except RuntimeDirError as exc:
-        print(f"openshell-sandbox: {exc}", file=sys.stderr)
+    if (runtime_base := _runtime_base(opts)) is None:
         return ExitCode.SELF_FAILED
     start = start_sandbox(opts, "openshell-dev-")  # events.jsonl must also be hidden from the agent's view (U, P)
     if start is None:
@@ -97,47 +92,18 @@ def run_dev(opts: DevOptions) -> int:
             return ExitCode.SELF_FAILED
         for note in plan.notes:
             say(f"openshell-sandbox: {note}")
-        log_flags = [f"--log-stream={'stderr' if opts.log_format in ('json', 'ocsf') and not opts.quiet else 'none'}",
-                     f"--log-format={'ocsf' if opts.log_format == 'ocsf' else 'json'}",
-                     f"--log-file={events_path(sandbox)}"]  # fmt: skip
-        # Dev mode never probes (docs/design.md: no probe leaves the machine): the fence is acknowledged-unprobed.
-        fence_flags = (
-            ["--acknowledge-external-fence", "--acknowledge-unprobed-fence"] if opts.acknowledge_external_fence else []
-        )
-        boundary_cmd = [
-            *_entry(), "--mode=boundary", f"--bootstrap={tmp / 'bundle' / 'boundary'}", "--listen=127.0.0.1:0",
-            f"--port-file={port_file}", *plan.boundary_flags,
-            f"--tls-dir={tmp / 'tls'}", "--exit-linger=5", *log_flags, *fence_flags, *agent_terminal_flags(terminal),
-            *([f"--pids-limit={opts.pids_limit}"] if opts.pids_limit is not None else []),
-            *([f"--memory-limit={opts.memory_limit}"] if opts.memory_limit is not None else []),
-            *([f"--metrics-listen={opts.boundary_metrics_listen}"] if opts.boundary_metrics_listen else []),
-            "--", *opts.argv,
-        ]  # fmt: skip
+        log_flags = _log_flags(opts, sandbox)
+        boundary_cmd = _boundary_command(opts, tmp, port_file, plan.boundary_flags, log_flags, terminal)
         stdin = subprocess.DEVNULL if terminal else None  # the terminal is dev's to read (dev_terminal.py)
         procs.append(subprocess.Popen(boundary_cmd, env=env, stdin=stdin, preexec_fn=_die_with_dev))
         port = _wait_for_port(port_file, procs[0])
         if port is None:
             return _finish(procs, received, default=ExitCode.SELF_FAILED, tick=tick, say=say)
-        control_cmd = [
-            *_entry(), "--mode=control", f"--bootstrap={tmp / 'bundle' / 'control'}", f"--boundary=127.0.0.1:{port}",
-            f"--api={runtime / 'api.sock'}", f"--interception-ca={tmp / 'interception'}", *log_flags, *fence_flags,
-        ]  # fmt: skip
-        if opts.acknowledge_external_fence:
-            control_cmd.append("--capture-mode=proxy-env")
-        control_cmd += plan.control_flags  # private copies of --policy/--credentials, agent ids, workdir
-        if opts.upstream_ca is not None:
-            control_cmd.append(f"--upstream-ca={opts.upstream_ca}")
-        if opts.inference_idle_timeout is not None:
-            control_cmd.append(f"--inference-idle-timeout={opts.inference_idle_timeout:g}")
-        control_cmd += [f"--dns-server={server}" for server in opts.dns_servers]
-        control_cmd += [f"--ipv6-egress={opts.ipv6_egress}", *(f"--self-address={a}" for a in opts.self_addresses)]
+        control_cmd = _control_command(opts, tmp, port, runtime, plan.control_flags, log_flags)
         if opts.api_listen is not None:
-            control_cmd.append(f"--api-listen={opts.api_listen}")
             host, _, api_port = opts.api_listen.rpartition(":")
             say(f"openshell-sandbox: operator API on https://{host}:{api_port} --cert {tmp / 'bundle' / 'operator'}"
                 " (removed when dev exits)")  # fmt: skip
-        if opts.metrics_listen is not None:
-            control_cmd.append(f"--metrics-listen={opts.metrics_listen}")
         procs.append(subprocess.Popen(control_cmd, env=env, stdin=subprocess.DEVNULL, preexec_fn=_die_with_dev))
         restart = Restart(control_cmd, env, runtime / "api.sock")
 
@@ -158,16 +124,84 @@ def run_dev(opts: DevOptions) -> int:
         code = finish()
         return for_signal(signal.SIGINT) if received and received[0] == signal.SIGINT else code
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        shutil.rmtree(tmp, ignore_errors=True)
-        if runtime is not None:
-            shutil.rmtree(runtime, ignore_errors=True)
+        _clean_up(procs, previous, tmp, runtime)
         remove_state(opts, sandbox)
+
+
+def _runtime_base(opts: DevOptions) -> Path | None:
+    """The private runtime directory's parent (None, said why, when this installation or it is unsafe)."""
+    if (refusal := installation_refusal(opts.workdir)) is not None:
+        print(f"openshell-sandbox: {refusal}", file=sys.stderr)
+        return None
+    try:
+        return ensure_runtime_base()  # hidden from the agent by a tmpfs (supervisor/cli/dev_confinement.py)
+    except RuntimeDirError as exc:
+        print(f"openshell-sandbox: {exc}", file=sys.stderr)
+        return None
+
+
+def _clean_up(
+    procs: list[subprocess.Popen[bytes]], previous: dict[signal.Signals, Any], tmp: Path, runtime: Path | None
+) -> None:
+    """Nothing is left: no daemon, no signal handler of ours, no temporary or runtime directory."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+    shutil.rmtree(tmp, ignore_errors=True)
+    if runtime is not None:
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def _log_flags(opts: DevOptions, sandbox: str) -> list[str]:
+    """Both daemons write the events file; the stream carries them only for ``--log-format json|ocsf``."""
+    return [f"--log-stream={'stderr' if opts.log_format in ('json', 'ocsf') and not opts.quiet else 'none'}",
+            f"--log-format={'ocsf' if opts.log_format == 'ocsf' else 'json'}",
+            f"--log-file={events_path(sandbox)}"]  # fmt: skip
+
+
+def _fence_flags(opts: DevOptions) -> list[str]:
+    """Dev mode never probes (docs/design.md: no probe leaves the machine): the fence is acknowledged-unprobed."""
+    return ["--acknowledge-external-fence", "--acknowledge-unprobed-fence"] if opts.acknowledge_external_fence else []
+
+
+def _boundary_command(opts: DevOptions, tmp: Path, port_file: Path, plan_flags: list[str], log_flags: list[str],
+                      terminal: bool) -> list[str]:  # fmt: skip
+    """The boundary on an ephemeral loopback port, writing it to ``port_file``; the agent's argv last."""
+    return [
+        *_entry(), "--mode=boundary", f"--bootstrap={tmp / 'bundle' / 'boundary'}", "--listen=127.0.0.1:0",
+        f"--port-file={port_file}", *plan_flags,
+        f"--tls-dir={tmp / 'tls'}", "--exit-linger=5", *log_flags, *_fence_flags(opts), *agent_terminal_flags(terminal),
+        *([f"--pids-limit={opts.pids_limit}"] if opts.pids_limit is not None else []),
+        *([f"--memory-limit={opts.memory_limit}"] if opts.memory_limit is not None else []),
+        *([f"--metrics-listen={opts.boundary_metrics_listen}"] if opts.boundary_metrics_listen else []),
+        "--", *opts.argv,
+    ]  # fmt: skip
+
+
+def _control_command(opts: DevOptions, tmp: Path, port: int, runtime: Path, plan_flags: list[str],
+                     log_flags: list[str]) -> list[str]:  # fmt: skip
+    """Control dialling the boundary's ``port``, its API socket under ``runtime``, and dev's options passed on."""
+    control_cmd = [
+        *_entry(), "--mode=control", f"--bootstrap={tmp / 'bundle' / 'control'}", f"--boundary=127.0.0.1:{port}",
+        f"--api={runtime / 'api.sock'}", f"--interception-ca={tmp / 'interception'}", *log_flags, *_fence_flags(opts),
+    ]  # fmt: skip
+    if opts.acknowledge_external_fence:
+        control_cmd.append("--capture-mode=proxy-env")
+    control_cmd += plan_flags  # private copies of --policy/--credentials, agent ids, workdir
+    if opts.upstream_ca is not None:
+        control_cmd.append(f"--upstream-ca={opts.upstream_ca}")
+    if opts.inference_idle_timeout is not None:
+        control_cmd.append(f"--inference-idle-timeout={opts.inference_idle_timeout:g}")
+    control_cmd += [f"--dns-server={server}" for server in opts.dns_servers]
+    control_cmd += [f"--ipv6-egress={opts.ipv6_egress}", *(f"--self-address={a}" for a in opts.self_addresses)]
+    if opts.api_listen is not None:
+        control_cmd.append(f"--api-listen={opts.api_listen}")
+    if opts.metrics_listen is not None:
+        control_cmd.append(f"--metrics-listen={opts.metrics_listen}")
+    return control_cmd
 
 
 def _wait_for_port(port_file: Path, boundary: subprocess.Popen[bytes]) -> int | None:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from supervisor.cli.agent_ids import NoFreeAgentId, pick_agent_id
 from supervisor.cli.state_dirs import StateDirError, ensure_sandbox_state_dir, events_path
+from supervisor.protocol.privilege_model import PrivilegeModel
 
 PRIVATE_DIR = "private"
 
@@ -45,7 +46,7 @@ class DevSetupError(Exception):
 
 @dataclass
 class DevConfinement:
-    model: str
+    model: PrivilegeModel
     workdir: Path
     agent: tuple[int, int] | None  # passed to control as --agent-user; None: the boundary's own ids (U, P)
     boundary_flags: list[str] = field(default_factory=list)
@@ -64,7 +65,7 @@ def parse_agent_user(text: str) -> tuple[int, int]:
     return uid, gid
 
 
-def resolve_model(requested: str) -> tuple[str, str]:
+def resolve_model(requested: str) -> tuple[PrivilegeModel, str]:
     from supervisor.boundary.process import LauncherError, detect_privilege_model
 
     try:
@@ -73,8 +74,8 @@ def resolve_model(requested: str) -> tuple[str, str]:
         raise DevSetupError(f"--privilege-model={requested}: {exc}") from exc
 
 
-def _agent_ids(model: str, agent_user: str | None) -> tuple[tuple[int, int] | None, str]:
-    if os.geteuid() == 0 and model in ("R", "U"):
+def _agent_ids(model: PrivilegeModel, agent_user: str | None) -> tuple[tuple[int, int] | None, str]:
+    if os.geteuid() == 0 and model in (PrivilegeModel.R, PrivilegeModel.U):
         if agent_user is not None:
             ids = parse_agent_user(agent_user)
             if ids[0] == 0 or ids[1] == 0:
@@ -86,7 +87,9 @@ def _agent_ids(model: str, agent_user: str | None) -> tuple[tuple[int, int] | No
             raise DevSetupError(str(exc)) from exc
         return (ident, ident), f"agent uid:gid {ident}:{ident} (dedicated, unused; --agent-user to choose)"
     uid, gid = os.geteuid(), os.getegid()
-    why = "model P has no user namespace" if model == "P" else "model U maps only our own uid when not root"
+    why = (
+        "model P has no user namespace" if model == PrivilegeModel.P else "model U maps only our own uid when not root"
+    )
     return None, f"agent uid:gid {uid}:{gid}, your own ({why})"
 
 
@@ -176,7 +179,7 @@ def prepare(
     sandbox: str,
     tmp: Path,
     runtime_parent: Path,
-    model: str,
+    model: PrivilegeModel,
     workdir: str | None,
     agent_user: str | None,
     policy: Path | None,
@@ -206,9 +209,9 @@ def prepare(
         control += [f"--policy={_private_copy(original, private, 'policy.yaml', '--policy')}",
                     f"--policy-source={original}"]  # fmt: skip
         writable = agent_writable_paths([str(work)], _read_write_paths(original))
-        _, why = decide_watch(original, model == "P", writable)
+        _, why = decide_watch(original, model == PrivilegeModel.P, writable)
         plan.notes.append(f"policy {why}")
-    if model == "P":
+    if model == PrivilegeModel.P:
         control.append("--no-policy-watch")
         plan.notes.append(
             "model P: no mount namespace and the agent runs as your uid: it can read and change the policy "

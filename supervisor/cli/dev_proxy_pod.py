@@ -197,37 +197,12 @@ def control_command(opts: DevOptions, *, tmp: Path, control_ip: str, token_file:
 
 
 def run_proxy_pod(opts: DevOptions) -> int:
-    if (refusal := installation_refusal()) is not None:
-        print(f"openshell-sandbox: {refusal}", file=sys.stderr)
-        return ExitCode.SELF_FAILED
-    if os.geteuid() != 0:
-        print("openshell-sandbox: dev --topology proxy-pod needs root: it creates the agent's network namespace, "
-              "a veth pair and its filter (the boundary topology runs without)", file=sys.stderr)  # fmt: skip
-        return ExitCode.SELF_FAILED
-    unsupported = [flag for flag, given in (
-        ("--api-listen", opts.api_listen is not None), ("--metrics-listen", opts.metrics_listen is not None),
-        ("--boundary-metrics-listen", opts.boundary_metrics_listen is not None),
-        ("--acknowledge-external-fence", opts.acknowledge_external_fence),
-        ("--privilege-model", opts.privilege_model != "auto"), ("--pids-limit", opts.pids_limit is not None),
-        ("--memory-limit", opts.memory_limit is not None),
-    ) if given]  # fmt: skip
-    if unsupported:
-        print(f"openshell-sandbox: dev --topology proxy-pod: not for this topology: {', '.join(unsupported)} "
-              "(the agent runs without a supervisor here)", file=sys.stderr)  # fmt: skip
-        return ExitCode.USAGE
-    for tool in ("ip", "nft"):
-        if shutil.which(tool) is None:
-            print(f"openshell-sandbox: dev --topology proxy-pod needs {tool}", file=sys.stderr)
-            return ExitCode.SELF_FAILED
-    try:
-        uid_text, _, gid_text = (opts.agent_user or "1000:1000").partition(":")
-        uid, gid = int(uid_text), int(gid_text or uid_text)
-    except ValueError:
-        print(f"openshell-sandbox: --agent-user must be UID:GID, got {opts.agent_user!r}", file=sys.stderr)
-        return ExitCode.USAGE
-    if uid == 0 or gid == 0:
-        print("openshell-sandbox: --agent-user must not be root in the proxy-pod topology", file=sys.stderr)
-        return ExitCode.USAGE
+    if (code := _refusal(opts)) is not None:
+        return code
+    ids = _agent_ids(opts)
+    if isinstance(ids, int):
+        return ids
+    uid, gid = ids
     try:
         runtime_base = ensure_runtime_base()
     except RuntimeDirError as exc:
@@ -280,18 +255,7 @@ def run_proxy_pod(opts: DevOptions) -> int:
             f"{control_ip}:{PROXY_PORT}")  # fmt: skip
         agent = subprocess.Popen(opts.argv, env=env, cwd=workdir, preexec_fn=_enter(name, uid, gid))
         procs.append(agent)
-        while agent.poll() is None:
-            tick()
-            if procs[0].poll() is not None and not received:
-                print(f"openshell-sandbox: control exited ({procs[0].returncode}); stopping the agent",
-                      file=sys.stderr)  # fmt: skip
-                _stop(agent)
-                return ExitCode.SELF_FAILED
-            time.sleep(0.05)
-        code = agent.returncode
-        _stop(procs[0])
-        tick()
-        return 128 - code if code < 0 else code
+        return _wait_agent(procs, received, tick)
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -302,3 +266,62 @@ def run_proxy_pod(opts: DevOptions) -> int:
         _remove_namespace(name, host_if)
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(runtime, ignore_errors=True)
+
+
+def _refusal(opts: DevOptions) -> int | None:
+    """The exit code when this topology cannot run here or was given a flag of the other (said why), else None."""
+    if (refusal := installation_refusal()) is not None:
+        print(f"openshell-sandbox: {refusal}", file=sys.stderr)
+        return ExitCode.SELF_FAILED
+    if os.geteuid() != 0:
+        print("openshell-sandbox: dev --topology proxy-pod needs root: it creates the agent's network namespace, "
+              "a veth pair and its filter (the boundary topology runs without)", file=sys.stderr)  # fmt: skip
+        return ExitCode.SELF_FAILED
+    unsupported = [flag for flag, given in (
+        ("--api-listen", opts.api_listen is not None), ("--metrics-listen", opts.metrics_listen is not None),
+        ("--boundary-metrics-listen", opts.boundary_metrics_listen is not None),
+        ("--acknowledge-external-fence", opts.acknowledge_external_fence),
+        ("--privilege-model", opts.privilege_model != "auto"), ("--pids-limit", opts.pids_limit is not None),
+        ("--memory-limit", opts.memory_limit is not None),
+    ) if given]  # fmt: skip
+    if unsupported:
+        print(f"openshell-sandbox: dev --topology proxy-pod: not for this topology: {', '.join(unsupported)} "
+              "(the agent runs without a supervisor here)", file=sys.stderr)  # fmt: skip
+        return ExitCode.USAGE
+    for tool in ("ip", "nft"):
+        if shutil.which(tool) is None:
+            print(f"openshell-sandbox: dev --topology proxy-pod needs {tool}", file=sys.stderr)
+            return ExitCode.SELF_FAILED
+    return None
+
+
+def _agent_ids(opts: DevOptions) -> tuple[int, int] | int:
+    """The agent's uid and gid (never root: it must change neither routes nor filter), or a usage exit code."""
+    try:
+        uid_text, _, gid_text = (opts.agent_user or "1000:1000").partition(":")
+        uid, gid = int(uid_text), int(gid_text or uid_text)
+    except ValueError:
+        print(f"openshell-sandbox: --agent-user must be UID:GID, got {opts.agent_user!r}", file=sys.stderr)
+        return ExitCode.USAGE
+    if uid == 0 or gid == 0:
+        print("openshell-sandbox: --agent-user must not be root in the proxy-pod topology", file=sys.stderr)
+        return ExitCode.USAGE
+    return uid, gid
+
+
+def _wait_agent(procs: list[subprocess.Popen[bytes]], received: list[int], tick: Callable[[], None]) -> int:
+    """The agent's exit code (128+N for a signal) once it ends; if control dies first, the agent is stopped and
+    the sandbox has failed."""
+    control, agent = procs
+    while agent.poll() is None:
+        tick()
+        if control.poll() is not None and not received:
+            print(f"openshell-sandbox: control exited ({control.returncode}); stopping the agent",
+                  file=sys.stderr)  # fmt: skip
+            _stop(agent)
+            return ExitCode.SELF_FAILED
+        time.sleep(0.05)
+    code = agent.returncode
+    _stop(control)
+    tick()
+    return 128 - code if code < 0 else code

@@ -73,6 +73,26 @@ def add_k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
         description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_sandbox_arguments(r)
+    what = r.add_argument_group("the pods")
+    _add_workload_arguments(what)
+    _add_listener_arguments(what)
+    _add_proxy_pod_arguments(r)
+    _add_cluster_arguments(r)
+    # "the pods" again: the usage line lists the options in the order they were added
+    what.add_argument(
+        "--validity",
+        type=parse_validity,
+        default=DEFAULT_VALIDITY,
+        metavar="DURATION",
+        help="lifetime of the bootstrap bundles (default 30d): it must cover the sandbox's life",
+    )
+    _add_output_arguments(r)
+    r.add_argument("agent_argv", nargs="*", metavar="AGENT", help="the agent's argv, after --")
+
+
+def _add_sandbox_arguments(r: argparse.ArgumentParser) -> None:
+    """Which sandbox: its namespace, name, UID and owner."""
     who = r.add_argument_group("the sandbox")
     who.add_argument("--namespace", required=True, metavar="NS", help="namespace of every object")
     who.add_argument("--sandbox", required=True, metavar="NAME", help="sandbox name (a DNS label)")
@@ -90,7 +110,10 @@ def add_k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
         help="the owner's namespace if it is namespaced; refused unless it is --namespace",
     )
     who.add_argument("--generation", type=int, default=1, metavar="N", help="Sandbox spec generation (default 1)")
-    what = r.add_argument_group("the pods")
+
+
+def _add_workload_arguments(what: argparse._ArgumentGroup) -> None:
+    """The images, the privilege model and topology, the files control is given, the agent's user and workdir."""
     what.add_argument(
         "--image", required=True, metavar="IMG@sha256:DIGEST", help="workload image, by digest: the `image` claim"
     )
@@ -131,6 +154,10 @@ def add_k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
         help="model U: the workload's Localhost seccomp profile (e.g. containerd, whose RuntimeDefault denies the "
         "unshare the boundary needs); default RuntimeDefault",
     )
+
+
+def _add_listener_arguments(what: argparse._ArgumentGroup) -> None:
+    """The pods' ports and who may reach them, the runtime class and the placement."""
     what.add_argument("--boundary-port", type=int, default=7443, metavar="PORT", help="default %(default)s")
     what.add_argument(
         "--api-listen",
@@ -163,6 +190,10 @@ def add_k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
         default="disabled",
         help="schedule the workload pod on control's node: preferred or required (default disabled)",
     )
+
+
+def _add_proxy_pod_arguments(r: argparse.ArgumentParser) -> None:
+    """The agent's own image behind control's proxy: its port, the agent's ids, its root."""
     proxy = r.add_argument_group("the proxy-pod topology (--topology proxy-pod)")
     proxy.add_argument("--proxy-port", type=int, metavar="PORT", help="control's proxy port (default 3128)")
     proxy.add_argument(
@@ -175,14 +206,10 @@ def add_k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
         action="store_true",
         help="the agent's root filesystem is read-only (where the image allows it; /tmp and --workdir are emptyDirs)",
     )
-    _add_cluster_arguments(r)
-    what.add_argument(
-        "--validity",
-        type=parse_validity,
-        default=DEFAULT_VALIDITY,
-        metavar="DURATION",
-        help="lifetime of the bootstrap bundles (default 30d): it must cover the sandbox's life",
-    )
+
+
+def _add_output_arguments(r: argparse.ArgumentParser) -> None:
+    """Where the objects, the Secrets and an operator certificate go; or only the delete commands."""
     out = r.add_argument_group("output")
     out.add_argument("--out", type=Path, metavar="PATH", help="write the objects here (a directory: PATH/NAME.yaml)")
     out.add_argument(
@@ -209,7 +236,6 @@ def add_k8s_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
         action="store_true",
         help="print the Secrets redacted with the objects instead (documentation); nothing is minted",
     )
-    r.add_argument("agent_argv", nargs="*", metavar="AGENT", help="the agent's argv, after --")
 
 
 def _add_cluster_arguments(r: argparse.ArgumentParser) -> None:
@@ -322,7 +348,7 @@ def _spec(args: argparse.Namespace) -> tuple[RenderSpec, bytes | None]:
     spec = RenderSpec(
         namespace=args.namespace, sandbox=args.sandbox, sandbox_uid=uid, image=args.image,
         control_image=args.control_image, agent_argv=tuple(args.agent_argv), policy_text=policy_text,
-        model=Model(args.privilege_model or "R"), topology=Topology(args.topology), generation=args.generation,
+        model=Model(args.privilege_model or Model.R), topology=Topology(args.topology), generation=args.generation,
         owner=owner, owner_namespace=args.owner_namespace, operator_namespace=args.operator_namespace,
         api_port=args.api_port, api_listen=args.api_listen, boundary_port=args.boundary_port,
         metrics_port=args.metrics_port, metrics_namespace=args.metrics_namespace,

@@ -19,6 +19,7 @@ from supervisor.cli.clean import age
 from supervisor.cli.daemon_args import DAEMON_HELP, _err, _host_port, memory_size
 from supervisor.cli.daemon_run import _workdir_problem, run_daemon
 from supervisor.protocol.exit_codes import ExitCode, for_signal
+from supervisor.protocol.privilege_model import PrivilegeModel
 
 
 def command_parser() -> argparse.ArgumentParser:
@@ -35,7 +36,38 @@ def command_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
+    _add_dev_parser(sub)
+    _add_client_parsers(sub)
+
+    from supervisor.cli.copy import add_cp_parser
+
+    add_cp_parser(sub, _with_api)
+
+    add_policy_parser(sub)
+    add_certs_parser(sub)
+    add_logs_parser(sub)
+    add_k8s_parser(sub)
+    return p
+
+
+def _with_api(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``parser`` with the options that find the sandbox's API (``--api``, ``--cert``)."""
+    from supervisor.cli.api_client import add_api_arguments
+
+    add_api_arguments(parser)
+    return parser
+
+
+def _add_dev_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dev = sub.add_parser("dev", help="run CMD as the agent in a local two-process sandbox")
+    _add_dev_control_options(dev)
+    _add_dev_sandbox_options(dev)
+    _add_dev_run_options(dev)
+    _add_dev_terminal_options(dev)
+
+
+def _add_dev_control_options(dev: argparse.ArgumentParser) -> None:
+    """What control is given: the policy, credentials, resolvers, inference routes and upstream network."""
     dev.add_argument("--policy", type=Path, help="policy YAML (default: embedded deny-all)")
     dev.add_argument("--dns-server", action="append", default=[], help="control's resolver ADDR[:PORT]")
     dev.add_argument("--credentials", type=Path, help="credentials file for control (the agent sees placeholders)")
@@ -49,7 +81,11 @@ def command_parser() -> argparse.ArgumentParser:
                      help="control's --ipv6-egress: off answers the agent's AAAA queries with no records")  # fmt: skip
     dev.add_argument("--self-address", action="append", default=[], metavar="ADDR",
                      help="control's --self-address: an address control never dials (repeatable)")  # fmt: skip
-    dev.add_argument("--privilege-model", default="auto", choices=["auto", "R", "U", "P"],
+
+
+def _add_dev_sandbox_options(dev: argparse.ArgumentParser) -> None:
+    """The boundary's model, the listeners dev opens, the agent's workdir and user."""
+    dev.add_argument("--privilege-model", default="auto", choices=["auto", *map(str, PrivilegeModel)],
                      help="the boundary's model: auto (default) the strongest it can have, R (root), U (user "
                      "namespaces) or P (no namespace; needs --acknowledge-external-fence)")  # fmt: skip
     dev.add_argument(
@@ -87,6 +123,10 @@ def command_parser() -> argparse.ArgumentParser:
         help="use proxy-env capture (model P): no namespace, the agent can bypass the proxy unless something "
         "outside fences it; dev mode has no such fence, so this is for trying model P only",
     )
+
+
+def _add_dev_run_options(dev: argparse.ArgumentParser) -> None:
+    """Where the events go, what the workload may use, and the topology."""
     dev.add_argument(
         "--log-format",
         choices=["text", "json", "ocsf"],
@@ -118,6 +158,10 @@ def command_parser() -> argparse.ArgumentParser:
         "too_many_connections (control's --proxy-max-connections and --proxy-per-client, the agent being one "
         "source; default control's, 1024)",
     )  # fmt: skip
+
+
+def _add_dev_terminal_options(dev: argparse.ArgumentParser) -> None:
+    """What dev prints, the agent's terminal, the state it leaves, and the agent's command."""
     dev.add_argument("-q", "--quiet", action="store_true", help="print nothing of ours on stderr (errors aside)")
     dev.add_argument(
         "-t", "--tty", dest="tty", action="store_const", const=True, default=None,
@@ -138,22 +182,19 @@ def command_parser() -> argparse.ArgumentParser:
                      "exits; a --workdir of yours stays")  # fmt: skip
     dev.add_argument("argv", nargs="+", metavar="CMD", help="the agent command (after --)")
 
-    def with_api(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        from supervisor.cli.api_client import add_api_arguments
 
-        add_api_arguments(parser)
-        return parser
-
-    status = with_api(sub.add_parser("status", help="show the sandbox's status"))
+def _add_client_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The operator commands that talk to a running sandbox's API, and the state-directory cleaner."""
+    status = _with_api(sub.add_parser("status", help="show the sandbox's status"))
     status.add_argument("--json", action="store_true", help="print the raw JSON")
-    with_api(sub.add_parser("readyz", help="exit 0 when the sandbox is ready, 1 with the failing conditions"))
+    _with_api(sub.add_parser("readyz", help="exit 0 when the sandbox is ready, 1 with the failing conditions"))
     probe = sub.add_parser(
         "boundary-ready",
         help="the workload pod's readiness probe: exit 0 when the boundary's --state-file says ready or running",
     )
     probe.add_argument("state_file", type=Path, metavar="PATH")
 
-    ex = with_api(sub.add_parser("exec", help="run a command in the workload"))
+    ex = _with_api(sub.add_parser("exec", help="run a command in the workload"))
     ex.add_argument("-i", "--interactive", action="store_true", help="forward stdin")
     ex.add_argument("-t", "--tty", action="store_true", help="allocate a terminal")
     ex.add_argument("--env", action="append", default=[], metavar="K=V", help="environment (repeatable)")
@@ -164,41 +205,31 @@ def command_parser() -> argparse.ArgumentParser:
                     "terminate; status lists it)")  # fmt: skip
     ex.add_argument("argv", nargs="+", metavar="CMD")
 
-    att = with_api(sub.add_parser(
+    att = _with_api(sub.add_parser(
         "attach", help="re-attach to a running exec's output (the buffered tail first, then until it exits)",
     ))  # fmt: skip
     att.add_argument("handle", help="the exec's process handle (status --json lists them)")
 
-    wait = with_api(sub.add_parser("wait", help="wait for a process handle's result"))
+    wait = _with_api(sub.add_parser("wait", help="wait for a process handle's result"))
     wait.add_argument("handle", nargs="?", help="process handle (default: the agent)")
     wait.add_argument("--timeout", type=float, help="give up after this many seconds (exit 125; it keeps running)")
 
-    sig = with_api(sub.add_parser("signal", help="send a signal to a process handle"))
+    sig = _with_api(sub.add_parser("signal", help="send a signal to a process handle"))
     sig.add_argument("signal", help="TERM, INT, HUP, KILL, …")
     sig.add_argument("handle", nargs="?", help="process handle (default: the agent)")
     sig.add_argument("--group", action="store_true", help="signal the handle's process group")
 
-    term = with_api(sub.add_parser("terminate", help="terminate a process handle and its descendants"))
+    term = _with_api(sub.add_parser("terminate", help="terminate a process handle and its descendants"))
     term.add_argument("handle", nargs="?", help="process handle (default: the agent)")
     term.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")
 
-    fwd = with_api(sub.add_parser("forward", help="forward a local port into the workload's loopback"))
+    fwd = _with_api(sub.add_parser("forward", help="forward a local port into the workload's loopback"))
     fwd.add_argument("spec", metavar="[LOCAL_ADDR:]LOCAL_PORT:[REMOTE_HOST:]REMOTE_PORT")
 
     clean = sub.add_parser("clean", help="remove old dev sandboxes' state directories (never a running one's)")
     clean.add_argument("--older-than", default="7d", metavar="AGE", type=age,
                        help="only those untouched for AGE (30m, 12h, 7d; 0: any age; default 7d)")  # fmt: skip
     clean.add_argument("-n", "--dry-run", action="store_true", help="only list what would be removed")
-
-    from supervisor.cli.copy import add_cp_parser
-
-    add_cp_parser(sub, with_api)
-
-    add_policy_parser(sub)
-    add_certs_parser(sub)
-    add_logs_parser(sub)
-    add_k8s_parser(sub)
-    return p
 
 
 def run_command(argv: list[str]) -> int:
@@ -207,60 +238,7 @@ def run_command(argv: list[str]) -> int:
         command_parser().print_help(sys.stderr)
         return ExitCode.USAGE
     if args.command == "dev":
-        from supervisor.cli.dev import run_dev
-        from supervisor.cli.dev_common import DevOptions
-        from supervisor.cli.dev_terminal import parse_escape
-
-        if args.privilege_model == "P" and not args.acknowledge_external_fence:
-            _err(
-                "dev --privilege-model=P: model P captures nothing itself (proxy-env) and dev mode has no external "
-                "fence; pass --acknowledge-external-fence to run it anyway"
-            )
-            return ExitCode.USAGE
-        if args.workdir is not None:
-            args.workdir = os.path.abspath(args.workdir)  # `--workdir .`: this directory, named as the agent sees it
-        if args.workdir is not None and (problem := _workdir_problem(args.workdir)) is not None:
-            _err(f"dev --workdir: {problem}")
-            return ExitCode.USAGE
-        try:
-            escape = parse_escape(args.escape)
-        except ValueError as exc:
-            _err(f"dev {exc}")
-            return ExitCode.USAGE
-        from supervisor.cli.dev_inputs import input_errors
-
-        if problems := input_errors(args.policy, args.credentials, args.upstream_ca):
-            print("\n".join(problems), file=sys.stderr)
-            return ExitCode.USAGE
-        if args.proxy_max_connections is not None:
-            if args.topology != "proxy-pod":
-                _err("dev --proxy-max-connections: only with --topology proxy-pod (the boundary topology has no "
-                     "proxy listener of control's)")  # fmt: skip
-                return ExitCode.USAGE
-            if args.proxy_max_connections < 1:
-                _err(f"dev --proxy-max-connections: must be at least 1, got {args.proxy_max_connections}")
-                return ExitCode.USAGE
-        opts = DevOptions(
-            argv=args.argv, policy=args.policy, dns_servers=tuple(args.dns_server),
-            privilege_model=args.privilege_model, workdir=args.workdir, agent_user=args.agent_user,
-            workdir_read_only=args.workdir_read_only,
-            acknowledge_external_fence=args.acknowledge_external_fence, credentials=args.credentials,
-            upstream_ca=args.upstream_ca, log_format=args.log_format, quiet=args.quiet,
-            inference_routes=args.inference_routes, inference_idle_timeout=args.inference_idle_timeout,
-            ipv6_egress=args.ipv6_egress, self_addresses=tuple(args.self_address), api_listen=args.api_listen,
-            pids_limit=args.pids_limit, topology=args.topology, proxy_max_connections=args.proxy_max_connections,
-            memory_limit=args.memory_limit, tty=args.tty, escape=escape, remove_state=args.rm,
-            metrics_listen=args.metrics_listen, boundary_metrics_listen=args.boundary_metrics_listen,
-        )  # fmt: skip
-        for flag, value in (("--api-listen", args.api_listen), ("--metrics-listen", args.metrics_listen),
-                            ("--boundary-metrics-listen", args.boundary_metrics_listen)):  # fmt: skip
-            try:
-                if value is not None:
-                    _host_port(value, f"dev {flag}")
-            except argparse.ArgumentTypeError as exc:
-                _err(str(exc))
-                return ExitCode.USAGE
-        return run_dev(opts)
+        return _run_dev(args)
     if args.command == "clean":
         from supervisor.cli.clean import run_clean
 
@@ -283,6 +261,69 @@ def run_command(argv: list[str]) -> int:
         from supervisor.cli.k8s import run_k8s
 
         return run_k8s(args)
+    return _run_client(args)
+
+
+def _run_dev(args: argparse.Namespace) -> int:
+    """dev's checks that argparse cannot make (each a usage error naming its flag), then the sandbox."""
+    from supervisor.cli.dev import run_dev
+    from supervisor.cli.dev_common import DevOptions
+    from supervisor.cli.dev_terminal import parse_escape
+
+    if args.privilege_model == PrivilegeModel.P and not args.acknowledge_external_fence:
+        _err(
+            "dev --privilege-model=P: model P captures nothing itself (proxy-env) and dev mode has no external "
+            "fence; pass --acknowledge-external-fence to run it anyway"
+        )
+        return ExitCode.USAGE
+    if args.workdir is not None:
+        args.workdir = os.path.abspath(args.workdir)  # `--workdir .`: this directory, named as the agent sees it
+    if args.workdir is not None and (problem := _workdir_problem(args.workdir)) is not None:
+        _err(f"dev --workdir: {problem}")
+        return ExitCode.USAGE
+    try:
+        escape = parse_escape(args.escape)
+    except ValueError as exc:
+        _err(f"dev {exc}")
+        return ExitCode.USAGE
+    from supervisor.cli.dev_inputs import input_errors
+
+    if problems := input_errors(args.policy, args.credentials, args.upstream_ca):
+        print("\n".join(problems), file=sys.stderr)
+        return ExitCode.USAGE
+    if args.proxy_max_connections is not None:
+        if args.topology != "proxy-pod":
+            _err("dev --proxy-max-connections: only with --topology proxy-pod (the boundary topology has no "
+                 "proxy listener of control's)")  # fmt: skip
+            return ExitCode.USAGE
+        if args.proxy_max_connections < 1:
+            _err(f"dev --proxy-max-connections: must be at least 1, got {args.proxy_max_connections}")
+            return ExitCode.USAGE
+    opts = DevOptions(
+        argv=args.argv, policy=args.policy, dns_servers=tuple(args.dns_server),
+        privilege_model=args.privilege_model, workdir=args.workdir, agent_user=args.agent_user,
+        workdir_read_only=args.workdir_read_only,
+        acknowledge_external_fence=args.acknowledge_external_fence, credentials=args.credentials,
+        upstream_ca=args.upstream_ca, log_format=args.log_format, quiet=args.quiet,
+        inference_routes=args.inference_routes, inference_idle_timeout=args.inference_idle_timeout,
+        ipv6_egress=args.ipv6_egress, self_addresses=tuple(args.self_address), api_listen=args.api_listen,
+        pids_limit=args.pids_limit, topology=args.topology, proxy_max_connections=args.proxy_max_connections,
+        memory_limit=args.memory_limit, tty=args.tty, escape=escape, remove_state=args.rm,
+        metrics_listen=args.metrics_listen, boundary_metrics_listen=args.boundary_metrics_listen,
+    )  # fmt: skip
+    for flag, value in (("--api-listen", args.api_listen), ("--metrics-listen", args.metrics_listen),
+                        ("--boundary-metrics-listen", args.boundary_metrics_listen)):  # fmt: skip
+        try:
+            if value is not None:
+                _host_port(value, f"dev {flag}")
+        except argparse.ArgumentTypeError as exc:
+            _err(str(exc))
+            return ExitCode.USAGE
+    return run_dev(opts)
+
+
+def _run_client(args: argparse.Namespace) -> int:
+    """The commands that talk to the sandbox's API: an API error is our failure, said in one line."""
     from supervisor.cli import client_commands
     from supervisor.cli.api_client import ApiError
 

@@ -65,6 +65,14 @@ def add_policy_parser(subparsers: Any) -> None:
     sub = policy.add_subparsers(dest="policy_command", metavar="{check,decide,get,apply,suggest}")
     sub.required = True
 
+    _add_check_parser(sub)
+    _add_decide_parser(sub)
+    _add_live_parsers(sub)
+    add_suggest_parser(sub)
+
+
+def _add_check_parser(sub: Any) -> None:
+    """``check``: validate a file, with the ranges control's NetworkPolicy excludes."""
     check = sub.add_parser(
         "check",
         help="validate a policy file and list every error",
@@ -90,6 +98,10 @@ def add_policy_parser(subparsers: Any) -> None:
     check.add_argument("--strict", action="store_true",
                        help="binary paths that match no file on this machine are errors, not warnings")  # fmt: skip
 
+
+def _add_decide_parser(sub: Any) -> None:
+    """``decide``: one connection, who makes it, and optionally one request, against a file or the running
+    generation."""
     decide = sub.add_parser(
         "decide",
         help="decide one connection (and optionally one request)",
@@ -127,6 +139,9 @@ def add_policy_parser(subparsers: Any) -> None:
     decide.add_argument("--json", action="store_true", help="print one JSON object")
     add_api_arguments(decide)
 
+
+def _add_live_parsers(sub: Any) -> None:
+    """``get`` and ``apply``: the running sandbox's policy, through its API."""
     get = sub.add_parser(
         "get",
         help="show the running sandbox's policy generation and status (--yaml: the policy in force)",
@@ -144,7 +159,6 @@ def add_policy_parser(subparsers: Any) -> None:
     )
     apply.add_argument("file", type=Path, metavar="FILE")
     add_api_arguments(apply)
-    add_suggest_parser(sub)
 
 
 def run_policy(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:

@@ -297,40 +297,9 @@ def workload_pod(spec: RenderSpec, names: SandboxNames) -> Doc:
         "terminationGracePeriodSeconds": 30,
     }
     if model is Model.R:
-        # No fsGroup: it would make the mounted key group-readable (0440), which the boundary refuses.
-        pod["securityContext"] = {"seccompProfile": dict(_RUNTIME_DEFAULT)}
-        container["securityContext"] = {
-            "runAsUser": 0,
-            "runAsGroup": 0,
-            "runAsNonRoot": False,
-            "privileged": False,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": False,
-            "capabilities": {"drop": ["ALL"], "add": list(MODEL_R_CAPABILITIES)},
-            "seccompProfile": dict(_RUNTIME_DEFAULT),
-            # The runtimes' default AppArmor profiles deny mount(2), which the boundary needs for the agent's
-            # mount namespace: Unconfined, or a Localhost profile allowing those mounts.
-            "appArmorProfile": {"type": "Unconfined"},
-        }
-        volumes.append(_secret_volume("bootstrap", names.boundary_bootstrap_secret, 0o400))
-        mounts.append({"name": "bootstrap", "mountPath": BOOTSTRAP_DIR, "readOnly": True})
+        _root_workload(names, pod, container, volumes, mounts)
     else:
-        if model is Model.U:
-            pod["hostUsers"] = False  # a user namespace for the pod; the boundary nests the agent's inside it
-        pod["securityContext"] = _non_root_pod_context(spec)
-        context = _restricted_container_context(read_only_root=False)
-        if model is Model.U:
-            # A fresh /proc for the agent's PID namespace cannot be mounted over a masked one.
-            context["procMount"] = "Unmasked"
-            if spec.seccomp_localhost is not None:
-                context["seccompProfile"] = {"type": "Localhost", "localhostProfile": spec.seccomp_localhost}
-        container["securityContext"] = context
-        pod["initContainers"] = [_copy_init_container(spec.image, [("bootstrap-secret", "bootstrap")])]
-        volumes += [
-            _secret_volume("bootstrap-secret", names.boundary_bootstrap_secret, 0o440),
-            _memory_dir("openshell-run", "1Mi"),
-        ]
-        mounts.append({"name": "openshell-run", "mountPath": COPY_DIR})
+        _unprivileged_workload(spec, names, pod, container, volumes, mounts)
     volumes += [_memory_dir("boundary-state", "16Mi"), _workspace(spec)]
     mounts += [
         {"name": "boundary-state", "mountPath": STATE_DIR},
@@ -346,6 +315,51 @@ def workload_pod(spec: RenderSpec, names: SandboxNames) -> Doc:
         "metadata": metadata(spec, names.workload_pod, ROLE_WORKLOAD),
         "spec": pod,
     }
+
+
+def _root_workload(names: SandboxNames, pod: Doc, container: Doc, volumes: list[Doc], mounts: list[Doc]) -> None:
+    """Model R: the boundary runs as root with the capabilities it needs, and reads its key straight from the
+    Secret."""
+    # No fsGroup: it would make the mounted key group-readable (0440), which the boundary refuses.
+    pod["securityContext"] = {"seccompProfile": dict(_RUNTIME_DEFAULT)}
+    container["securityContext"] = {
+        "runAsUser": 0,
+        "runAsGroup": 0,
+        "runAsNonRoot": False,
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": False,
+        "capabilities": {"drop": ["ALL"], "add": list(MODEL_R_CAPABILITIES)},
+        "seccompProfile": dict(_RUNTIME_DEFAULT),
+        # The runtimes' default AppArmor profiles deny mount(2), which the boundary needs for the agent's
+        # mount namespace: Unconfined, or a Localhost profile allowing those mounts.
+        "appArmorProfile": {"type": "Unconfined"},
+    }
+    volumes.append(_secret_volume("bootstrap", names.boundary_bootstrap_secret, 0o400))
+    mounts.append({"name": "bootstrap", "mountPath": BOOTSTRAP_DIR, "readOnly": True})
+
+
+def _unprivileged_workload(
+    spec: RenderSpec, names: SandboxNames, pod: Doc, container: Doc, volumes: list[Doc], mounts: list[Doc]
+) -> None:
+    """Models U and P: non-root under the restricted profile (U in a user namespace of its own); an init
+    container copies the key to a directory only the boundary's uid reads."""
+    if spec.model is Model.U:
+        pod["hostUsers"] = False  # a user namespace for the pod; the boundary nests the agent's inside it
+    pod["securityContext"] = _non_root_pod_context(spec)
+    context = _restricted_container_context(read_only_root=False)
+    if spec.model is Model.U:
+        # A fresh /proc for the agent's PID namespace cannot be mounted over a masked one.
+        context["procMount"] = "Unmasked"
+        if spec.seccomp_localhost is not None:
+            context["seccompProfile"] = {"type": "Localhost", "localhostProfile": spec.seccomp_localhost}
+    container["securityContext"] = context
+    pod["initContainers"] = [_copy_init_container(spec.image, [("bootstrap-secret", "bootstrap")])]
+    volumes += [
+        _secret_volume("bootstrap-secret", names.boundary_bootstrap_secret, 0o440),
+        _memory_dir("openshell-run", "1Mi"),
+    ]
+    mounts.append({"name": "openshell-run", "mountPath": COPY_DIR})
 
 
 def _trust_script() -> str:
@@ -491,6 +505,32 @@ def control_deployment(
     spec: RenderSpec, names: SandboxNames, admitted: Sequence[tuple[str, Sequence[int]]] = ()
 ) -> Doc:
     """Control: one replica, never two at once, non-root, no capabilities, read-only root, no token."""
+    secrets, volumes = _control_volumes(spec, names)
+    container = _control_container(spec, names, admitted)
+    pod: Doc = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 15,
+        "securityContext": _non_root_pod_context(spec),
+        "initContainers": [_copy_init_container(spec.control_image, secrets)],
+        "containers": [container],
+        "volumes": volumes,
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(spec, names.control_deployment, ROLE_CONTROL),
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},  # never two controls at once
+            "selector": {"matchLabels": selector(spec, ROLE_CONTROL)},
+            "template": {"metadata": {"labels": labels(spec, ROLE_CONTROL)}, "spec": pod},
+        },
+    }
+
+
+def _control_volumes(spec: RenderSpec, names: SandboxNames) -> tuple[list[tuple[str, str]], list[Doc]]:
+    """The Secrets the init container copies (volume, file name) and every volume of control's pod."""
     secrets = [
         ("bootstrap-secret", "bootstrap"),
         ("interception-ca-secret", "interception-ca"),
@@ -510,6 +550,11 @@ def control_deployment(
         _memory_dir("api", "1Mi"),
         {"name": "policy", "configMap": {"name": names.policy_configmap}},
     ]
+    return secrets, volumes
+
+
+def _control_container(spec: RenderSpec, names: SandboxNames, admitted: Sequence[tuple[str, Sequence[int]]]) -> Doc:
+    """Control's container: its probes, its mounts, and the ports the topology and options open."""
     container: Doc = {
         "name": "control",
         "image": spec.control_image,
@@ -539,6 +584,12 @@ def control_deployment(
             {"name": "policy", "mountPath": POLICY_DIR, "readOnly": True},
         ],
     }
+    _add_control_ports(spec, container)
+    return container
+
+
+def _add_control_ports(spec: RenderSpec, container: Doc) -> None:
+    """The proxy, the operator API, metrics and model P's fence canary (whose address control reads from its env)."""
     ports: list[Doc] = []
     if spec.topology is Topology.PROXY_POD:
         ports.append({"name": "proxy", "containerPort": proxy_port(spec), "protocol": "TCP"})
@@ -552,26 +603,6 @@ def control_deployment(
         container["env"] = [{"name": CANARY_ADDRESS_ENV, "valueFrom": address}]
     if ports:
         container["ports"] = ports
-    pod: Doc = {
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 15,
-        "securityContext": _non_root_pod_context(spec),
-        "initContainers": [_copy_init_container(spec.control_image, secrets)],
-        "containers": [container],
-        "volumes": volumes,
-    }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": metadata(spec, names.control_deployment, ROLE_CONTROL),
-        "spec": {
-            "replicas": 1,
-            "strategy": {"type": "Recreate"},  # never two controls at once
-            "selector": {"matchLabels": selector(spec, ROLE_CONTROL)},
-            "template": {"metadata": {"labels": labels(spec, ROLE_CONTROL)}, "spec": pod},
-        },
-    }
 
 
 def boundary_service(spec: RenderSpec, names: SandboxNames) -> Doc:

@@ -12,6 +12,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
+from ..protocol.privilege_model import PrivilegeModel
 from .names import MAX_NAME, is_dns_label, is_label_value
 from .quantity import BOUNDARY_MEMORY_HEADROOM, Resources, format_bytes, parse_bytes
 
@@ -69,12 +70,7 @@ class RenderError(ValueError):
         self.field = field
 
 
-class Model(enum.StrEnum):
-    """The workload's privilege model (docs/reference/boundary.md §2.9)."""
-
-    R = "R"
-    U = "U"
-    P = "P"
+Model = PrivilegeModel  # the workload's privilege model: the boundary's own enum
 
 
 class Topology(enum.StrEnum):

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import trio
 
 from supervisor.protocol.exit_codes import ExitCode, for_launch_errno
+from supervisor.protocol.privilege_model import PrivilegeModel
 
 from . import capture_calls, child, privilege, zygote
 from .child import SpawnSpec, Stage
@@ -70,7 +71,7 @@ class SpawnError(Exception):
 
 @dataclass
 class Prepared:
-    model: str
+    model: PrivilegeModel
     fds: dict[str, int]
     report: dict[str, Any]
     netns_path: str | None
@@ -131,30 +132,36 @@ class Lease:
 
 
 # --- privilege model ---------------------------------------------------------------------------------------
-_STRENGTH = {"R": 3, "U": 2, "P": 1}
 
 
-def detect_privilege_model(requested: Literal["auto", "R", "U", "P"]) -> tuple[str, str]:
+def detect_privilege_model(requested: PrivilegeModel | Literal["auto"]) -> tuple[PrivilegeModel, str]:
     """``(model, reason)``: the strongest model available for ``auto``, else the one asked for if available.
 
     Call before threads exist (the user-namespace probe forks).
     """
-    if requested not in ("auto", "R", "U", "P"):
+    if requested != "auto" and requested not in tuple(PrivilegeModel):
         raise LauncherError(f"unknown privilege model {requested!r}")
-    if requested == "P":
-        return "P", "requested: no namespaces (proxy-env)"
+    if requested == PrivilegeModel.P:
+        return PrivilegeModel.P, "requested: no namespaces (proxy-env)"
     missing_r = privilege.model_r_missing()
-    if requested in ("auto", "R") and not missing_r:
-        return "R", "euid 0 with CAP_SYS_ADMIN and CAP_NET_ADMIN"
-    if requested == "R":
+    if requested in ("auto", PrivilegeModel.R) and not missing_r:
+        return PrivilegeModel.R, "euid 0 with CAP_SYS_ADMIN and CAP_NET_ADMIN"
+    if requested == PrivilegeModel.R:
         raise LauncherError("privilege model R unavailable: missing " + ", ".join(missing_r))
     userns = privilege.probe_userns()
     if userns is None:
-        why = "requested" if requested == "U" else "model R unavailable (missing " + ", ".join(missing_r) + ")"
-        return "U", f"{why}; unprivileged user namespaces work"
-    if requested == "U":
+        why = (
+            "requested"
+            if requested == PrivilegeModel.U
+            else "model R unavailable (missing " + ", ".join(missing_r) + ")"
+        )
+        return PrivilegeModel.U, f"{why}; unprivileged user namespaces work"
+    if requested == PrivilegeModel.U:
         raise LauncherError(f"privilege model U unavailable: user namespace probe failed: {userns}")
-    return "P", f"model R unavailable (missing {', '.join(missing_r)}); user namespaces unavailable ({userns})"
+    return (
+        PrivilegeModel.P,
+        f"model R unavailable (missing {', '.join(missing_r)}); user namespaces unavailable ({userns})",
+    )
 
 
 # --- the launcher ----------------------------------------------------------------------------------------
@@ -400,7 +407,7 @@ class Launcher:
 
     # -- operations --
     async def prepare(self, plan: NamespacePlan) -> Prepared:
-        if plan.model not in ("R", "U", "P"):
+        if plan.model not in tuple(PrivilegeModel):
             raise LauncherError(f"unknown privilege model {plan.model!r}")
         reply, fds = await self._request("prepare", plan=plan.to_wire())
         try:

@@ -79,10 +79,11 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal, NoReturn, Protocol
+from typing import Any, Final, NoReturn, Protocol
 
 from supervisor.protocol.exit_codes import ExitCode
 from supervisor.protocol.interpreter import import_path
+from supervisor.protocol.privilege_model import PrivilegeModel
 
 from . import capabilities, child, linux, privilege, rootfs, seccomp, spawn, terminal
 
@@ -109,7 +110,7 @@ _IFF_UP: Final = 0x1
 
 @dataclass(frozen=True)
 class NamespacePlan:
-    model: Literal["R", "U", "P"]
+    model: PrivilegeModel
     netns: bool = True
     pidns: bool = True
     mountns: bool = True
@@ -133,7 +134,7 @@ class NamespacePlan:
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> NamespacePlan:
         return cls(
-            model=data["model"],
+            model=PrivilegeModel(data["model"]),
             netns=bool(data["netns"]),
             pidns=bool(data["pidns"]),
             mountns=bool(data["mountns"]),
@@ -145,8 +146,8 @@ class NamespacePlan:
 
     def effective(self) -> NamespacePlan:
         """Model P creates no namespace whatever the flags say."""
-        if self.model == "P":
-            return NamespacePlan("P", False, False, False, self.hide_paths, self.capture, None)
+        if self.model == PrivilegeModel.P:
+            return NamespacePlan(PrivilegeModel.P, False, False, False, self.hide_paths, self.capture, None)
         return self
 
 
@@ -1183,11 +1184,11 @@ class Zygote:
             | (linux.CLONE_NEWNS if plan.mountns else 0)
             | (linux.CLONE_NEWPID if plan.pidns else 0)
         )
-        if plan.model == "U":
+        if plan.model == PrivilegeModel.U:
             flags |= linux.CLONE_NEWUSER
         uid, gid = os.geteuid(), os.getegid()
         writer: tuple[int, int] | None = None
-        if plan.model == "U" and uid == 0:  # never leave the agent host root: map it to its own ids
+        if plan.model == PrivilegeModel.U and uid == 0:  # never leave the agent host root: map it to its own ids
             if plan.agent_ids is None:
                 raise OSError(errno.EINVAL, "model U under root needs the agent's uid and gid")
             writer = privilege.fork_id_map_writer(*privilege.root_id_maps(*plan.agent_ids))
@@ -1200,14 +1201,14 @@ class Zygote:
             raise
         if writer is not None:
             privilege.finish_id_map_writer(*writer)
-        elif plan.model == "U":
+        elif plan.model == PrivilegeModel.U:
             privilege.write_id_maps(uid, gid)
         if plan.mountns:
             linux.mount(None, "/", None, linux.MS_REC | linux.MS_SLAVE)
         if plan.pidns:
             # Before anything else forks: the first child forked after unshare(CLONE_NEWPID) is the init. Before
             # the hiding too: its fresh interpreter starts from files a hidden path could cover.
-            self._start_init(mount_proc=plan.mountns, root=plan.root, narrow=plan.model == "R")
+            self._start_init(mount_proc=plan.mountns, root=plan.root, narrow=plan.model == PrivilegeModel.R)
         if plan.mountns:
             for path in plan.hide_paths:  # without an agent root; with one, its plan hides them (rootfs rule 4)
                 st = os.lstat(path)
@@ -1232,13 +1233,14 @@ class Zygote:
         elif plan.netns:
             _loopback_up()
         names, report = list(reply["fd_names"]), dict(reply["report"])
-        if plan.model == "R" and plan.pidns:  # the init forks the workload: we only read the fence from now on
+        # model R: the init forks the workload, we only read the fence from now on
+        if plan.model == PrivilegeModel.R and plan.pidns:
             try:
                 capabilities.restrict(capabilities.mask(capabilities.LAUNCHER_KEEPS))
             except OSError:
                 close_all(out_fds)
                 raise
-        if plan.model == "P":
+        if plan.model == PrivilegeModel.P:
             # Same uid as the agent: keep it from reading our memory (a copy of the boundary's) via /proc.
             linux.prctl(linux.PR_SET_DUMPABLE, 0)
         return out_fds, names, report
