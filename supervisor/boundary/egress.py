@@ -45,6 +45,7 @@ from supervisor.protocol.egress import (
     encode_dns_request_headers,
 )
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.outcome_reasons import OutcomeReason
 from supervisor.protocol.proxy_head import (
     CONNECT_ESTABLISHED,
     HEAD_READ_DEADLINE_S,
@@ -235,14 +236,14 @@ class EgressCapture:
         self, host: str, port: int, kind: CaptureKind, identity: Identity, src_port: int
     ) -> tuple[LinkStream | None, EgressReply]:
         if not self.accepting():
-            return None, EgressReply(503, reason="sandbox-ended")
+            return None, EgressReply(503, reason=OutcomeReason.SANDBOX_ENDED)
         for attempt in range(1, HANDOFF_ATTEMPTS + 1):
             link = await self.links.pick()
             if link is None:
                 self.counters["refused"] += 1
-                self.log.emit(EventName.EGRESS_REFUSED, reason="no-egress-link", destination=f"{host}:{port}",
-                              binary=identity.binary_path)  # fmt: skip
-                return None, EgressReply(503, reason="no-egress-link", detail="control is not connected")
+                self.log.emit(EventName.EGRESS_REFUSED, reason=OutcomeReason.NO_EGRESS_LINK,
+                              destination=f"{host}:{port}", binary=identity.binary_path)  # fmt: skip
+                return None, EgressReply(503, reason=OutcomeReason.NO_EGRESS_LINK, detail="control is not connected")
             conn_id = secrets.token_hex(8)
             headers = encode_connect_headers(
                 host, port, capture=kind, identity=identity, conn_id=conn_id, src_port=src_port
@@ -261,14 +262,20 @@ class EgressCapture:
                 if attempt < HANDOFF_ATTEMPTS:
                     continue
                 self.log.emit(
-                    EventName.EGRESS_REFUSED, reason="link-failed", detail=str(exc), destination=f"{host}:{port}"
+                    EventName.EGRESS_REFUSED,
+                    reason=OutcomeReason.LINK_FAILED,
+                    detail=str(exc),
+                    destination=f"{host}:{port}",
                 )
-                return None, EgressReply(503, reason="link-failed")
+                return None, EgressReply(503, reason=OutcomeReason.LINK_FAILED)
             except (trio.TooSlowError, EgressHeaderError) as exc:
                 self.log.emit(
-                    EventName.EGRESS_REFUSED, reason="link-failed", detail=str(exc), destination=f"{host}:{port}"
+                    EventName.EGRESS_REFUSED,
+                    reason=OutcomeReason.LINK_FAILED,
+                    detail=str(exc),
+                    destination=f"{host}:{port}",
                 )
-                return None, EgressReply(503, reason="link-failed")
+                return None, EgressReply(503, reason=OutcomeReason.LINK_FAILED)
             break
         if not reply.allowed:
             await stream.aclose()
@@ -308,7 +315,7 @@ class EgressCapture:
             return
         target = parsed
         if identity is None:
-            await self._answer(agent, render_reply(target, EgressReply(403, reason="identity-unresolved")))
+            await self._answer(agent, render_reply(target, EgressReply(403, reason=OutcomeReason.IDENTITY_UNRESOLVED)))
             return
         src_port = _addr(agent.socket, True)[1]
         upstream, reply = await self._hand_off(target.host, target.port, target.kind, identity, src_port)

@@ -26,13 +26,14 @@ from supervisor.metrics import NONE_LABEL, closed
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.event_record import Event
 from supervisor.protocol.lifecycle import State
+from supervisor.protocol.outcome_reasons import OutcomeReason
 from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS
 
 __all__ = ["BoundaryMetrics", "BoundaryState"]
 
 DAEMON = "boundary"
-IDENTITY_UNRESOLVED = "identity-unresolved"
-REFUSALS = frozenset({IDENTITY_UNRESOLVED, "no-egress-link", "link-failed"})
+IDENTITY_UNRESOLVED = OutcomeReason.IDENTITY_UNRESOLVED
+REFUSALS = frozenset({IDENTITY_UNRESOLVED, OutcomeReason.NO_EGRESS_LINK, OutcomeReason.LINK_FAILED})
 IDENTITY_STAGES = frozenset({str(s) for s in IdentityStage} | {"error"})
 LAUNCH_STAGES = frozenset(str(s) for s in Stage)
 KINDS = frozenset({"agent", "exec"})

@@ -44,9 +44,10 @@ from supervisor.protocol.event_names import EventName
 from supervisor.protocol.event_record import Event
 from supervisor.protocol.exit_result import EndReason
 from supervisor.protocol.ocsf import shorthand
+from supervisor.protocol.outcome_reasons import OutcomeReason
 
 PREFIX = "openshell-sandbox: "
-UPSTREAM_TLS_FAILED = "upstream-tls-failed"  # the http event's reason when control did not trust the origin
+UPSTREAM_TLS_FAILED = OutcomeReason.UPSTREAM_TLS_FAILED  # the http event's reason when control did not trust the origin
 REFUSED = {"deny", "denied", "refused"}
 
 
@@ -173,7 +174,7 @@ class Console:
     def explain_command(self, event: Mapping[str, Any]) -> str | None:
         """The ``policy decide`` command that reproduces this decision, or ``None`` when it is no decision."""
         reason = str(event.get("reason") or "")
-        if event.get("event") == EventName.EGRESS_REFUSED or reason.startswith("identity-unresolved"):
+        if event.get("event") == EventName.EGRESS_REFUSED or reason.startswith(OutcomeReason.IDENTITY_UNRESOLVED):
             return None  # refused before any policy decision: nothing for `policy decide` to explain
         host, port = _split_destination(str(event.get("destination") or ""))
         if not host or not port.isdigit():

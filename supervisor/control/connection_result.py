@@ -25,6 +25,7 @@ import trio
 from supervisor.jsonlog import JsonLog
 from supervisor.protocol.egress import EgressRequest
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.outcome_reasons import OutcomeReason
 
 __all__ = ["ConnectionResult"]
 
@@ -82,10 +83,10 @@ class ConnectionResult:
         if self.recorded:
             return
         self.recorded = True
-        ended = None if exc is None else ("cancelled" if _cancellation(exc) else "internal-error")
+        ended = None if exc is None else ("cancelled" if _cancellation(exc) else OutcomeReason.INTERNAL_ERROR)
         if self.decision is None:
-            self._decide("error", "failed", {"reason": ended or "internal-error"})
-            if exc is not None and ended == "internal-error":
+            self._decide("error", "failed", {"reason": ended or OutcomeReason.INTERNAL_ERROR})
+            if exc is not None and ended == OutcomeReason.INTERNAL_ERROR:
                 self._fields["detail"] = f"{type(exc).__name__}: {exc}"[:500]
         elif self.decision == "allow":
             if ended is not None and "closed_by" not in self._fields:

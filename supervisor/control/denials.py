@@ -31,6 +31,7 @@ from typing import Any, Final
 
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.event_record import Event
+from supervisor.protocol.outcome_reasons import OutcomeReason
 from supervisor.protocol.upstream_reasons import UpstreamReason
 
 __all__ = ["DenialEntry", "DenialTable", "L7Sample", "Stage", "stage_of"]
@@ -78,7 +79,7 @@ def stage_of(event: Event, refusals: frozenset[EventName] = frozenset()) -> str 
         return None
     if reason in _SSRF_REASONS:
         return Stage.SSRF
-    if reason == "l7-inspection-unavailable":
+    if reason == OutcomeReason.L7_INSPECTION_UNAVAILABLE:
         return Stage.TLS_UNAVAILABLE
     capture = fields.get("capture")
     return {"http-forward": Stage.FORWARD, "transparent": Stage.TRANSPARENT}.get(str(capture), Stage.CONNECT)

@@ -70,6 +70,7 @@ from supervisor.protocol.egress import (
     encode_reply_headers,
 )
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.outcome_reasons import OutcomeReason
 
 DNS_MAX = 65535
 DNS_TTL = 30
@@ -139,7 +140,7 @@ class EgressService:
             return self._connect(stream)
         if method == "POST" and stream.header(":path") == DNS_PATH:
             return self._dns(stream)
-        return self._reply(stream, EgressReply(400, reason="unknown-egress-request"))
+        return self._reply(stream, EgressReply(400, reason=OutcomeReason.UNKNOWN_EGRESS_REQUEST))
 
     def _l4(self, host: str, port: int, identity: BinaryIdentity | None) -> L4Request:
         return L4Request(host, port, identity, relaxed=self.relaxed)
@@ -152,8 +153,10 @@ class EgressService:
             try:
                 request = decode_connect_headers(stream.headers)
             except EgressHeaderError as exc:
-                result.deny("malformed-request", detail=str(exc))
-                await self._reply(stream, EgressReply(400, reason="malformed-request", detail=str(exc)[:200]))
+                result.deny(OutcomeReason.MALFORMED_REQUEST, detail=str(exc))
+                await self._reply(
+                    stream, EgressReply(400, reason=OutcomeReason.MALFORMED_REQUEST, detail=str(exc)[:200])
+                )
                 return
             result.request = request
             # Decoded into ``request``: the raw header list (~1.5 KB of strings) is not kept for the tunnel's life.
@@ -177,7 +180,7 @@ class EgressService:
         decision = snap.decide_l4(self._l4(name or request.host, request.port, identity), self.pins)
         result.context(policy_generation=snap.generation, rule=decision.rule, endpoint=decision.endpoint, name=name)
         if not decision.allowed:
-            reason = str(decision.reason) if decision.reason else "denied"
+            reason = str(decision.reason) if decision.reason else OutcomeReason.DENIED
             result.deny(reason, detail=decision.detail)
             await self._reply(stream, EgressReply(403, reason=reason, rule=decision.rule, detail=decision.detail))
             return
@@ -213,7 +216,7 @@ class EgressService:
             finally:
                 self._live.pop(key, None)
         if scope.cancelled_caught:
-            result.closed(closed_by="policy-revision")
+            result.closed(closed_by=OutcomeReason.POLICY_REVISION)
             await trio.aclose_forcefully(upstream)
             await stream.reset()
             return
@@ -299,7 +302,7 @@ class EgressService:
         (dialled already, so a refused destination is answered before the tunnel opens): what is neither TLS
         nor HTTP is relayed raw to it."""
         if self.interception is None:
-            reason = "l7-inspection-unavailable"
+            reason = OutcomeReason.L7_INSPECTION_UNAVAILABLE
             result.deny(reason)
             if early_upstream is not None:
                 await trio.aclose_forcefully(early_upstream)
@@ -346,7 +349,7 @@ class EgressService:
                 self._live.pop(key, None)
                 result.closed(resolved=resolved[0] if resolved else None)
         if scope.cancelled_caught:
-            result.closed(closed_by="policy-revision")
+            result.closed(closed_by=OutcomeReason.POLICY_REVISION)
             return
         result.closed(closed_by=stats.closed_by, bytes_out=stats.bytes_up, bytes_in=stats.bytes_down,
                       error=stats.error, stats=_stats_json(stats))  # fmt: skip
@@ -363,9 +366,9 @@ class EgressService:
                 live.generation = snap.generation
                 continue
             if decision.allowed:
-                reason = "inspection-required"
+                reason: str = OutcomeReason.INSPECTION_REQUIRED
             else:
-                reason = str(decision.reason) if decision.reason else "denied"
+                reason = str(decision.reason) if decision.reason else OutcomeReason.DENIED
             self.log.emit(
                 EventName.EGRESS_REVOKED, destination=live.request.authority, conn_id=live.request.conn_id,
                 admitted_generation=live.generation, policy_generation=snap.generation, reason=reason,
@@ -382,7 +385,9 @@ class EgressService:
         try:
             length = decode_dns_request_headers(stream.headers)
         except EgressHeaderError as exc:
-            await self._reply(stream, EgressReply(400, reason="malformed-dns-request", detail=str(exc)[:200]))
+            await self._reply(
+                stream, EgressReply(400, reason=OutcomeReason.MALFORMED_DNS_REQUEST, detail=str(exc)[:200])
+            )
             return
         wire = await stream.read_all(min(length, DNS_MAX))
         query = read_query(wire)

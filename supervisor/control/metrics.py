@@ -33,6 +33,7 @@ from supervisor.protocol.activity import ActivityCounters, DenyGroup
 from supervisor.protocol.egress import CaptureKind
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.event_record import Event
+from supervisor.protocol.outcome_reasons import OutcomeReason
 from supervisor.protocol.request_head import HeadProblem
 from supervisor.protocol.responses import ErrorCode
 from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS
@@ -46,12 +47,15 @@ NO_REASON = NONE_LABEL
 DECISIONS = frozenset({"allow", "audit", "deny", "error"})
 # control's own reasons beside the catalogues: an egress stream it could not read, a connection that ended before
 # its decision, inspection required but not available, a tunnel's or request's reader problems, a revocation's
-_OWN_REASONS = frozenset({
-    "malformed-request", "cancelled", "internal-error", "denied", "l7-inspection-unavailable", "inference-not-served",
-    "request-authority-mismatch", "unsupported-l7-protocol", "websocket-upgrade-not-allowed", "head-timeout",
-    "truncated-head", "invalid-request", "invalid-authority", "invalid-body", "invalid-client-hello",
-    "client-hello-incomplete", "sniff-timeout", "policy-revision", "inspection-required",
-})  # fmt: skip
+_OWN_REASONS = frozenset(str(r) for r in (
+    OutcomeReason.MALFORMED_REQUEST, OutcomeReason.CANCELLED, OutcomeReason.INTERNAL_ERROR, OutcomeReason.DENIED,
+    OutcomeReason.L7_INSPECTION_UNAVAILABLE, OutcomeReason.INFERENCE_NOT_SERVED,
+    OutcomeReason.REQUEST_AUTHORITY_MISMATCH, OutcomeReason.UNSUPPORTED_L7_PROTOCOL,
+    OutcomeReason.WEBSOCKET_UPGRADE_NOT_ALLOWED, OutcomeReason.HEAD_TIMEOUT,
+    OutcomeReason.TRUNCATED_HEAD, OutcomeReason.INVALID_REQUEST, OutcomeReason.INVALID_AUTHORITY,
+    OutcomeReason.INVALID_BODY, OutcomeReason.INVALID_CLIENT_HELLO, OutcomeReason.CLIENT_HELLO_INCOMPLETE,
+    OutcomeReason.SNIFF_TIMEOUT, OutcomeReason.POLICY_REVISION, OutcomeReason.INSPECTION_REQUIRED,
+))  # fmt: skip
 REASONS = frozenset(
     {str(r) for r in DenyReason} | {str(r) for r in UpstreamReason} | {str(c) for c in ErrorCode}
     | {str(p) for p in HeadProblem} | _OWN_REASONS
@@ -62,15 +66,17 @@ _L4_POLICY = frozenset(str(r) for r in (
     DenyReason.BINARY_DIGEST_CHANGED, DenyReason.BINARY_DIGEST_MISSING, DenyReason.IDENTITY_MISSING,
     DenyReason.INVALID_HOST, DenyReason.INVALID_PORT, DenyReason.L4_DENIED, UpstreamReason.INVALID_HOST,
     UpstreamReason.INVALID_PORT, ErrorCode.POLICY_DENIED,
-)) | {"l7-inspection-unavailable", "inference-not-served"}  # fmt: skip
+)) | {str(OutcomeReason.L7_INSPECTION_UNAVAILABLE), str(OutcomeReason.INFERENCE_NOT_SERVED)}  # fmt: skip
 _PARSE = frozenset(str(r) for r in (
     DenyReason.PATH_NOT_CANONICAL, DenyReason.ENCODED_SLASH, DenyReason.QUERY_INVALID, DenyReason.METHOD_INVALID,
     DenyReason.BODY_INVALID, DenyReason.BODY_TOO_LARGE, DenyReason.RESPONSE_FRAME, ErrorCode.INVALID_REQUEST_TARGET,
     ErrorCode.INVALID_REQUEST, ErrorCode.INVALID_CREDENTIAL_PLACEHOLDER, ErrorCode.UNSUPPORTED_L7_PROTOCOL,
-)) | {str(p) for p in HeadProblem} | {
-    "malformed-request", "unsupported-l7-protocol", "head-timeout", "truncated-head", "invalid-request",
-    "invalid-authority", "invalid-body", "invalid-client-hello", "client-hello-incomplete", "sniff-timeout",
-}  # fmt: skip
+)) | {str(p) for p in HeadProblem} | {str(r) for r in (
+    OutcomeReason.MALFORMED_REQUEST, OutcomeReason.UNSUPPORTED_L7_PROTOCOL, OutcomeReason.HEAD_TIMEOUT,
+    OutcomeReason.TRUNCATED_HEAD, OutcomeReason.INVALID_REQUEST, OutcomeReason.INVALID_AUTHORITY,
+    OutcomeReason.INVALID_BODY, OutcomeReason.INVALID_CLIENT_HELLO, OutcomeReason.CLIENT_HELLO_INCOMPLETE,
+    OutcomeReason.SNIFF_TIMEOUT,
+)}  # fmt: skip
 _STALE = frozenset({str(DenyReason.POLICY_QUARANTINED)})
 DNS_KINDS = frozenset({str(a) for a in DnsAction} | {"failed"})
 ALPNS = frozenset({ALPN_OPS, ALPN_EGRESS})

@@ -37,6 +37,7 @@ from supervisor.jsonlog import JsonLog
 from supervisor.link.head_read import read_proxy_head
 from supervisor.protocol.egress import CaptureKind, EgressRequest, decode_reply_headers
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.outcome_reasons import OutcomeReason
 from supervisor.protocol.proxy_head import (
     HEAD_READ_DEADLINE_S,
     MAX_HEAD_BYTES,
@@ -207,7 +208,7 @@ class ProxyListener:
         reader = HeadReader(MAX_HEAD_BYTES)
         parsed = await read_proxy_head(client, reader, self.cfg.head_timeout)
         if parsed is None:
-            self._refuse(peer, "head-timeout" if reader.received else "no-request")
+            self._refuse(peer, OutcomeReason.HEAD_TIMEOUT if reader.received else "no-request")
             await self._answer(client, render_response(408 if reader.received else 400))
             return
         if isinstance(parsed, ProxyReject):

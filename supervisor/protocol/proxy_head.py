@@ -41,6 +41,7 @@ from typing import Any
 import h11
 
 from supervisor.protocol.egress import CaptureKind, EgressHeaderError, EgressReply, parse_authority
+from supervisor.protocol.outcome_reasons import OutcomeReason
 from supervisor.protocol.request_head import HeadError, HeadProblem, HeadReader, RequestHead
 from supervisor.protocol.responses import REASON_PHRASES, ErrorCode
 
@@ -179,7 +180,7 @@ def render_reply(target: ProxyTarget, reply: EgressReply) -> bytes:
     caller sends ``target.request_head`` upstream and relays the upstream's own response."""
     if reply.status == 200:
         return CONNECT_ESTABLISHED if target.kind is CaptureKind.CONNECT else b""
-    reason = reply.reason or "denied"
+    reason = reply.reason or OutcomeReason.DENIED
     if reply.status == 403:
         error = ErrorCode.SSRF_DENIED if reply.ssrf else ErrorCode.POLICY_DENIED
         return render_denied(target, reason=reason, rule=reply.rule, detail=reply.detail, error=error)

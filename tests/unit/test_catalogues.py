@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.outcome_reasons import OutcomeReason
 from supervisor.protocol.responses import STATUS, ErrorCode
 from supervisor.protocol.upstream_reasons import UpstreamReason
 from tests.tracked import tracked
@@ -176,3 +177,10 @@ def test_docs_list_exactly_the_event_names_and_who_writes_them() -> None:
     for name, side in rows:
         sides = emitted.get(name, set())
         assert sides == ({"boundary", "control"} if side == "both" else {side}), f"{name}: written by {sides}"
+
+
+def test_no_outcome_reason_is_spelled_outside_its_catalogue() -> None:
+    """The reasons both daemons give for a connection, tunnel or request that was not relayed."""
+    catalogue = SUPERVISOR / "protocol" / "outcome_reasons.py"
+    offenders = spelled_out({str(r) for r in OutcomeReason}, catalogue, r"reason|closed_by", set(), "REASON")
+    assert offenders == [], "use supervisor.protocol.outcome_reasons.OutcomeReason:\n" + "\n".join(offenders)

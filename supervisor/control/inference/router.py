@@ -66,6 +66,7 @@ from supervisor.jsonlog import JsonLog
 from supervisor.link.h2link import LinkStream
 from supervisor.protocol.egress import CaptureKind, EgressReply, EgressRequest, encode_reply_headers
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.outcome_reasons import OutcomeReason
 from supervisor.protocol.request_head import MAX_HEAD_BYTES, HeadError, HeadReader, RequestHead
 from supervisor.protocol.responses import ErrorCode
 
@@ -141,9 +142,9 @@ class InferenceRouter:
         result.context(destination_kind="inference")
         if request.port != PORT or request.capture is CaptureKind.HTTP_FORWARD:
             detail = f"{INFERENCE_HOST} is served on port {PORT}, over TLS"
-            result.deny("inference-not-served", detail=detail)
+            result.deny(OutcomeReason.INFERENCE_NOT_SERVED, detail=detail)
             await stream.send_headers(
-                encode_reply_headers(EgressReply(403, reason="inference-not-served", detail=detail)),
+                encode_reply_headers(EgressReply(403, reason=OutcomeReason.INFERENCE_NOT_SERVED, detail=detail)),
                 end_stream=True,
                 now=True,
             )
@@ -226,32 +227,34 @@ class _Session:
         while True:
             proto = sniff(bytes(self.buffer)) if self.buffer else None
             if proto is not None and proto is not TunnelProtocol.TLS:
-                self._tunnel("refused", reason="inference-needs-tls", detail=f"{INFERENCE_HOST} speaks HTTPS only")
+                self._tunnel(
+                    "refused", reason=OutcomeReason.INFERENCE_NEEDS_TLS, detail=f"{INFERENCE_HOST} speaks HTTPS only"
+                )
                 self.closed_by = "refused"
                 return False
             if proto is TunnelProtocol.TLS:
                 try:
                     sni = server_name(bytes(self.buffer))
                 except ClientHelloError as exc:
-                    self._tunnel("refused", reason="invalid-client-hello", detail=str(exc))
+                    self._tunnel("refused", reason=OutcomeReason.INVALID_CLIENT_HELLO, detail=str(exc))
                     self.closed_by = "refused"
                     return False
                 if not isinstance(sni, Pending):
                     break
             more = await self._recv(deadline - trio.current_time())
             if not more:
-                self.closed_by = "agent" if more == b"" else "head-timeout"
+                self.closed_by = "agent" if more == b"" else OutcomeReason.HEAD_TIMEOUT
                 return False
             self.buffer += more
         if sni is not None and sni.lower().rstrip(".") != INFERENCE_HOST:
-            self._tunnel("refused", reason="request-authority-mismatch", server_name=sni[:255],
+            self._tunnel("refused", reason=OutcomeReason.REQUEST_AUTHORITY_MISMATCH, server_name=sni[:255],
                          detail=f"TLS server name {sni[:255]!r} is not {INFERENCE_HOST}")  # fmt: skip
             self.closed_by = "refused"
             return False
         try:
             ctx = self.router.ca.leaf_context(INFERENCE_HOST)
         except LeafError as exc:
-            self._tunnel("agent-tls-failed", reason="no-leaf", detail=str(exc))
+            self._tunnel("agent-tls-failed", reason=OutcomeReason.NO_LEAF, detail=str(exc))
             return False
         tls = MemoryTLSStream(PrefixedStream(self.raw, bytes(self.buffer)), ctx, server_side=True)
         self.buffer.clear()
@@ -261,7 +264,7 @@ class _Session:
                 await tls.do_handshake()
         except (trio.TooSlowError, *_STREAM_ERRORS) as exc:
             cause = exc.__cause__ or exc
-            self._tunnel("agent-tls-failed", reason="agent-tls-handshake-failed",
+            self._tunnel("agent-tls-failed", reason=OutcomeReason.AGENT_TLS_HANDSHAKE_FAILED,
                          detail=f"{type(cause).__name__}: {cause}"[:300])  # fmt: skip
             self.clean = False
             return False
@@ -310,7 +313,7 @@ class _Session:
         except h11.RemoteProtocolError:
             event = None
         if not isinstance(event, h11.Request):
-            rec.fields.update(decision="deny", reason="invalid-request")
+            rec.fields.update(decision="deny", reason=OutcomeReason.INVALID_REQUEST)
             self._event(rec)
             self.closed_by = "malformed"
             return False
@@ -360,17 +363,17 @@ class _Session:
             authority = request_authority(head.target, head.host, tls=True)
         except AuthorityError as exc:
             rec.fields["decision"] = "deny"
-            raise _Cut(ErrorCode.INVALID_REQUEST, str(exc), reason="invalid-authority") from None
+            raise _Cut(ErrorCode.INVALID_REQUEST, str(exc), reason=OutcomeReason.INVALID_AUTHORITY) from None
         if not same_authority(authority, INFERENCE_HOST, PORT):
             rec.fields["decision"] = "deny"
             raise _Cut(ErrorCode.REQUEST_AUTHORITY_MISMATCH, f"this connection serves {INFERENCE_HOST} only",
-                       reason="request-authority-mismatch")  # fmt: skip
+                       reason=OutcomeReason.REQUEST_AUTHORITY_MISMATCH)  # fmt: skip
         match = match_shape(method, head.target)
         if match is None:
             rec.fields.update(decision="deny", path=head.target.partition("?")[0][:200])
             raise _Cut(ErrorCode.INFERENCE_PATH_DENIED, f"{method} {head.target.partition('?')[0][:200]} is not an "
                        "inference request shape (chat/completions, completions, responses, embeddings, messages, "
-                       "models)", reason="inference-path-denied")  # fmt: skip
+                       "models)", reason=OutcomeReason.INFERENCE_PATH_DENIED)  # fmt: skip
         rec.fields.update(shape=str(match.shape))
         routes = self.router.store.current
         visible = routes.visible(self.identity, relaxed=self.router.relaxed)
@@ -382,7 +385,7 @@ class _Session:
                       visible: list[Route]) -> bool:  # fmt: skip
         if head.chunked or head.content_length:
             rec.fields["decision"] = "deny"
-            raise _Cut(ErrorCode.INVALID_REQUEST, "a models request has no body", reason="inference-body")
+            raise _Cut(ErrorCode.INVALID_REQUEST, "a models request has no body", reason=OutcomeReason.INFERENCE_BODY)
         if match.shape is Shape.MODEL:
             assert match.model_id is not None
             rec.fields["model"] = match.model_id[:256]
@@ -390,7 +393,7 @@ class _Session:
             if body is None:
                 rec.fields["decision"] = "deny"
                 raise _Cut(ErrorCode.INFERENCE_MODEL_DENIED, f"model {match.model_id[:256]!r} is not served to this "
-                           "caller", reason="inference-model-denied")  # fmt: skip
+                           "caller", reason=OutcomeReason.INFERENCE_MODEL_DENIED)  # fmt: skip
         else:
             body = models_body(visible)
         rec.fields["status"] = 200
@@ -403,7 +406,7 @@ class _Session:
         if head.content_length is not None and head.content_length > limit:
             rec.fields["decision"] = "deny"
             raise _Cut(ErrorCode.REQUEST_TOO_LARGE, f"an inference request is at most {limit} bytes",
-                       reason="inference-request-too-large")  # fmt: skip
+                       reason=OutcomeReason.INFERENCE_REQUEST_TOO_LARGE)  # fmt: skip
         if "100-continue" in head.tokens("expect") and conn.they_are_waiting_for_100_continue:
             await self._send(conn.send(h11.InformationalResponse(status_code=100, headers=[])))
         body = bytearray()
@@ -413,7 +416,7 @@ class _Session:
             except h11.RemoteProtocolError as exc:
                 rec.fields["decision"] = "deny"
                 raise _Cut(ErrorCode.INVALID_REQUEST, f"malformed request body: {exc}"[:200],
-                           reason="invalid-body") from None  # fmt: skip
+                           reason=OutcomeReason.INVALID_BODY) from None  # fmt: skip
             if event is h11.NEED_DATA:
                 data = await self._recv(self.limits.idle_timeout)
                 if not data:
@@ -424,7 +427,7 @@ class _Session:
                 if len(body) > limit:
                     rec.fields["decision"] = "deny"
                     raise _Cut(ErrorCode.REQUEST_TOO_LARGE, f"an inference request is at most {limit} bytes",
-                               reason="inference-request-too-large")  # fmt: skip
+                               reason=OutcomeReason.INFERENCE_REQUEST_TOO_LARGE)  # fmt: skip
             elif isinstance(event, h11.EndOfMessage):
                 rec.bytes_up = len(body)
                 return bytes(body)
@@ -438,7 +441,7 @@ class _Session:
             value = read_body(data)
         except BodyInvalid as exc:
             rec.fields["decision"] = "deny"
-            raise _Cut(ErrorCode.INVALID_REQUEST, str(exc), reason="inference-body") from None
+            raise _Cut(ErrorCode.INVALID_REQUEST, str(exc), reason=OutcomeReason.INFERENCE_BODY) from None
         model = value["model"]
         rec.fields["model"] = model[:256]
         kind = match.shape.kind
@@ -448,12 +451,12 @@ class _Session:
             rec.fields["decision"] = "deny"
             why = "is served by no route" if route is None else "is not served to this program (the route's binaries)"
             raise _Cut(ErrorCode.INFERENCE_MODEL_DENIED, f"model {model[:256]!r} {why} for {match.path}",
-                       reason="inference-model-denied")  # fmt: skip
+                       reason=OutcomeReason.INFERENCE_MODEL_DENIED)  # fmt: skip
         rec.fields["route"] = route.name
         credential = next((c for c in self.router.credentials if c.name == route.credential), None)
         if credential is None or credential.secret is None:
             raise _Cut(ErrorCode.CREDENTIAL_UNAVAILABLE, f"route {route.name}: its credential is not available",
-                       reason="credential-unavailable")  # fmt: skip
+                       reason=OutcomeReason.CREDENTIAL_UNAVAILABLE)  # fmt: skip
         body = model_body(value, data, route)
         rec.fields["stream"] = body.stream
         if route.backend_model(model) != model:
@@ -489,7 +492,7 @@ class _Session:
                 await tls.do_handshake()
             if tls.selected_alpn_protocol() not in (None, "http/1.1"):
                 raise _Cut(ErrorCode.UPSTREAM_TLS_FAILED, f"route {route.name}: the backend chose another protocol",
-                           reason="upstream-tls-failed")  # fmt: skip
+                           reason=OutcomeReason.UPSTREAM_TLS_FAILED)  # fmt: skip
         except (trio.TooSlowError, *_STREAM_ERRORS) as exc:
             await abort_all(tls)
             cause = exc.__cause__ or exc
@@ -499,7 +502,7 @@ class _Session:
                 else f"TLS failed: {type(cause).__name__}"
             )
             raise _Cut(ErrorCode.UPSTREAM_TLS_FAILED, f"route {route.name}: {what}"[:300],
-                       reason="upstream-tls-failed") from None  # fmt: skip
+                       reason=OutcomeReason.UPSTREAM_TLS_FAILED) from None  # fmt: skip
         return tls
 
     async def _exchange(self, conn: h11.Connection, rec: _Record, upstream: trio.abc.Stream,
@@ -512,7 +515,7 @@ class _Session:
                 await upstream.send_all(out)
         except (trio.TooSlowError, *_STREAM_ERRORS):
             what = "the backend did not take the request"
-            raise _Cut(ErrorCode.UPSTREAM_PROTOCOL_ERROR, what, reason="upstream-failed") from None
+            raise _Cut(ErrorCode.UPSTREAM_PROTOCOL_ERROR, what, reason=OutcomeReason.UPSTREAM_FAILED) from None
         sse = False
         started = False
         while True:
@@ -522,7 +525,8 @@ class _Session:
                 event = None
             if event is None:
                 return await self._cut(conn, rec, started, sse, ErrorCode.UPSTREAM_PROTOCOL_ERROR,
-                                       "the backend's response is malformed", "upstream-failed")  # fmt: skip
+                                       "the backend's response is malformed",
+                                       OutcomeReason.UPSTREAM_FAILED)  # fmt: skip
             if event is h11.NEED_DATA:
                 got: bytes | None = None  # None: nothing came for the idle bound
                 with trio.move_on_after(self.limits.idle_timeout):
@@ -579,7 +583,7 @@ class _Session:
                     rec.fields["secrets_scrubbed"] = scrub.replaced
                 return True
             return await self._cut(conn, rec, started, sse, ErrorCode.UPSTREAM_PROTOCOL_ERROR,
-                                   "the backend closed inside its response", "upstream-failed")  # fmt: skip
+                                   "the backend closed inside its response", OutcomeReason.UPSTREAM_FAILED)  # fmt: skip
 
     async def _cut(self, conn: h11.Connection, rec: _Record, started: bool, sse: bool, code: ErrorCode,
                    message: str, reason: str) -> bool:  # fmt: skip

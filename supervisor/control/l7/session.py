@@ -91,6 +91,7 @@ from supervisor.control.upstream import UpstreamError, UpstreamReason
 from supervisor.jsonlog import JsonLog
 from supervisor.link.relay import Flow, RelayEnd, relay
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.outcome_reasons import OutcomeReason
 from supervisor.protocol.request_head import MAX_HEAD_BYTES, HeadError, HeadReader, RequestHead
 from supervisor.protocol.responses import ErrorCode, ErrorResponse
 
@@ -226,7 +227,7 @@ class _Session:
             self._end(CloseReason.POLICY if self._stale() else CloseReason.ERROR, "cancelled", clean=False)
             raise
         except Exception as exc:  # a bug here must cost one connection, and its text may hold request bytes
-            self._tunnel_event("internal-error", reason=type(exc).__name__)
+            self._tunnel_event(OutcomeReason.INTERNAL_ERROR, reason=type(exc).__name__)
             self._end(CloseReason.ERROR, type(exc).__name__, clean=False)
         finally:
             await self._close()
@@ -266,7 +267,7 @@ class _Session:
                 return
         while True:
             if self._stale() and not self._adopt_current_policy():
-                self._tunnel_event("closed", reason="policy-revision",
+                self._tunnel_event("closed", reason=OutcomeReason.POLICY_REVISION,
                                    detail="the new policy no longer allows this connection")  # fmt: skip
                 self._end(CloseReason.POLICY)
                 return
@@ -317,7 +318,7 @@ class _Session:
                 # an HTTP server answering nothing (a 408 after its own timeout) is no server-first protocol:
                 # pass its answer on and close, never turn the tunnel raw
                 await self._send_quietly(self.origin_first)
-                self._tunnel_event("closed", reason="origin-answered-first")
+                self._tunnel_event("closed", reason=OutcomeReason.ORIGIN_ANSWERED_FIRST)
                 self._end(CloseReason.UPSTREAM)
                 return None
             self.buffer += first or b""
@@ -335,10 +336,10 @@ class _Session:
             if more is None:  # still ambiguous at the head timeout: neither relayed nor parsed
                 self._tunnel_event(
                     "closed",
-                    reason="sniff-timeout",
+                    reason=OutcomeReason.SNIFF_TIMEOUT,
                     detail="the first bytes were neither TLS nor HTTP nor anything else in time",
                 )
-                self._end(CloseReason.MALFORMED, "sniff-timeout", clean=False)
+                self._end(CloseReason.MALFORMED, OutcomeReason.SNIFF_TIMEOUT, clean=False)
                 return None
             if not more:
                 return sniff(bytes(self.buffer), final=True)
@@ -352,7 +353,7 @@ class _Session:
             try:
                 sni = server_name(bytes(self.buffer))
             except ClientHelloError as exc:
-                self._tunnel_event("refused", reason="invalid-client-hello", detail=str(exc))
+                self._tunnel_event("refused", reason=OutcomeReason.INVALID_CLIENT_HELLO, detail=str(exc))
                 self._end(CloseReason.AGENT_TLS, str(exc), clean=False)
                 return False
             if not isinstance(sni, Pending):
@@ -361,10 +362,10 @@ class _Session:
             if not more:
                 self._tunnel_event(
                     "closed",
-                    reason="client-hello-incomplete",
+                    reason=OutcomeReason.CLIENT_HELLO_INCOMPLETE,
                     detail="the TLS ClientHello did not arrive whole in time",
                 )
-                self._end(CloseReason.AGENT_TLS, "client-hello-incomplete", clean=False)
+                self._end(CloseReason.AGENT_TLS, OutcomeReason.CLIENT_HELLO_INCOMPLETE, clean=False)
                 return False
             self.buffer += more
         if sni is None:
@@ -404,7 +405,7 @@ class _Session:
             try:  # connect_upstream is bounded by whoever supplies it (control/egress.py sets the dial's deadline)
                 upstream = await self.connect_upstream()
             except (UpstreamError, OSError) as exc:
-                self._tunnel_event("upstream-failed", reason=type(exc).__name__)
+                self._tunnel_event(OutcomeReason.UPSTREAM_FAILED, reason=type(exc).__name__)
                 self._end(CloseReason.UPSTREAM_FAILED, type(exc).__name__, clean=False)
                 return
         agent = PrefixedStream(self.raw, bytes(self.buffer))
@@ -437,7 +438,7 @@ class _Session:
         try:
             ctx = self.ca.leaf_context(self.name)
         except LeafError as exc:
-            self._tunnel_event("agent-tls-failed", reason="no-leaf", detail=str(exc))
+            self._tunnel_event("agent-tls-failed", reason=OutcomeReason.NO_LEAF, detail=str(exc))
             self._end(CloseReason.AGENT_TLS, str(exc), clean=False)
             return False
         stream = MemoryTLSStream(self.agent, ctx, server_side=True)  # the agent side is a link stream
@@ -449,7 +450,7 @@ class _Session:
             detail = f"TLS handshake with the agent failed: {type(cause).__name__}: {cause}"
             if "unknown ca" in str(cause).lower() or "certificate unknown" in str(cause).lower():
                 detail += " (the agent does not trust the sandbox CA: check SSL_CERT_FILE and friends)"
-            self._tunnel_event("agent-tls-failed", reason="agent-tls-handshake-failed", detail=detail[:500])
+            self._tunnel_event("agent-tls-failed", reason=OutcomeReason.AGENT_TLS_HANDSHAKE_FAILED, detail=detail[:500])
             self._end(CloseReason.AGENT_TLS, detail[:500], clean=False)
             self.agent = stream
             return False
@@ -566,10 +567,10 @@ class _Session:
                 if deadline is None:
                     self._end(CloseReason.IDLE)
                     return None
-                self._malformed(rec, "head-timeout", "request head not complete in time")
+                self._malformed(rec, OutcomeReason.HEAD_TIMEOUT, "request head not complete in time")
             if not data:
                 if reader.buffered:
-                    self._malformed(rec, "truncated-head", "connection closed inside a request head")
+                    self._malformed(rec, OutcomeReason.TRUNCATED_HEAD, "connection closed inside a request head")
                 self._end(CloseReason.AGENT)
                 return None
             reader.receive_data(data)
@@ -606,26 +607,28 @@ class _Session:
         try:
             event = conn.next_event()
         except h11.RemoteProtocolError as exc:
-            self._malformed(rec, "invalid-request", str(exc)[:200])
+            self._malformed(rec, OutcomeReason.INVALID_REQUEST, str(exc)[:200])
         if not isinstance(event, h11.Request):
-            self._malformed(rec, "invalid-request", "not a request")
+            self._malformed(rec, OutcomeReason.INVALID_REQUEST, "not a request")
 
         # authority binding (§3.9)
         try:
             authority = request_authority(head.target, head.host, tls=self.tls)
         except AuthorityError as exc:
-            self._malformed(rec, "invalid-authority", str(exc))
+            self._malformed(rec, OutcomeReason.INVALID_AUTHORITY, str(exc))
         if not same_authority(authority, self.name, self.port):
             rec.extra["request_authority"] = f"{authority.host}:{authority.port}"
             rec.extra["finding"] = "openshell.http.request_authority_mismatch"
             mismatch = answers.authority_mismatch(authority.host, authority.port, self.name, self.port)
-            return await self._refuse(conn, rec, mismatch, reason="request-authority-mismatch")
+            return await self._refuse(conn, rec, mismatch, reason=OutcomeReason.REQUEST_AUTHORITY_MISMATCH)
 
         # protocols we do not carry (§3.10.1)
         upgrade = head.tokens("upgrade") if "upgrade" in head.tokens("connection") else set()
         if rec.method == "CONNECT" or "h2c" in head.tokens("upgrade") or (upgrade and upgrade != {"websocket"}):
             what = "CONNECT inside a tunnel" if rec.method == "CONNECT" else f"Upgrade: {', '.join(sorted(upgrade))}"
-            return await self._refuse(conn, rec, answers.unsupported(what), reason="unsupported-l7-protocol")
+            return await self._refuse(
+                conn, rec, answers.unsupported(what), reason=OutcomeReason.UNSUPPORTED_L7_PROTOCOL
+            )
         rec.upgrade = "websocket" if upgrade else None
 
         # canonical target; policy and logs see placeholders redacted (§3.8.3, §3.13)
@@ -676,7 +679,7 @@ class _Session:
                 f"Upgrade: websocket is not allowed on {self.name}:{self.port}{where}: its L7 "
                 "rules would no longer apply; an endpoint with protocol: websocket allows it",
             )
-            return await self._refuse(conn, rec, refusal, reason="websocket-upgrade-not-allowed")  # fmt: skip
+            return await self._refuse(conn, rec, refusal, reason=OutcomeReason.WEBSOCKET_UPGRADE_NOT_ALLOWED)
         rec.decision = "audit" if decision.audit else "allow"
         if rec.upgrade == "websocket" and _endpoint_protocol(self.snapshot, decision) is Protocol.WEBSOCKET:
             # payloads are never matched (§3.10.5): one answer holds for every text message of this connection
@@ -789,7 +792,7 @@ class _Session:
             try:
                 event = conn.next_event()
             except h11.RemoteProtocolError as exc:
-                self._malformed(rec, "invalid-body", str(exc)[:200])
+                self._malformed(rec, OutcomeReason.INVALID_BODY, str(exc)[:200])
             if event is h11.NEED_DATA:
                 data = await self._agent_recv(None)
                 if not data:
@@ -888,7 +891,7 @@ class _Session:
                 else:
                     detail = f"TLS handshake with {self.name}:{self.port} failed: {type(cause).__name__}: {cause}"
                 return await self._upstream_refusal(conn, rec, ErrorResponse(
-                    502, ErrorCode.UPSTREAM_TLS_FAILED, detail[:500]), "upstream-tls-failed")  # fmt: skip
+                    502, ErrorCode.UPSTREAM_TLS_FAILED, detail[:500]), OutcomeReason.UPSTREAM_TLS_FAILED)  # fmt: skip
             stream = tls_stream
         self.upstream = stream
         self.up = h11.Connection(h11.CLIENT, max_incomplete_event_size=self.limits.max_upstream_head)
@@ -942,7 +945,7 @@ class _Session:
                                        ErrorCode.UPSTREAM_TIMEOUT if late else ErrorCode.UPSTREAM_PROTOCOL_ERROR,
                                        f"{self.name}:{self.port} {what}: {failure}")  # fmt: skip
                 reason = failure.reason if isinstance(failure, _ResponseRefused) else (
-                    "upstream-timeout" if late else "upstream-failed")  # fmt: skip
+                    OutcomeReason.UPSTREAM_TIMEOUT if late else OutcomeReason.UPSTREAM_FAILED)  # fmt: skip
                 return await self._upstream_refusal(conn, rec, answer, reason)
             self._request_event(rec)
             self._end(CloseReason.AGENT if isinstance(failure, _AgentFailed) else CloseReason.UPSTREAM_FAILED,
