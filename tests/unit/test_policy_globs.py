@@ -311,6 +311,11 @@ PATH_REGEX = [
     ("/[!a-c]", "/[^/abc]"),
     ("/[a/]", "/a"),
     ("/[!/]", "/[^/]"),
+    ("/[X]", "/X"),
+    ("/[a-\\c-e]", "/[\\-abce]"),
+    ("/{[a],[b]}", "/(?:a|b)"),
+    ("/{[]a],b}", "/(?:[\\]a]|b)"),
+    ("/]{[a],b}", "/\\](?:a|b)"),
     ("/x", None),
     ("/x/y.json", None),
 ]
@@ -348,6 +353,11 @@ def test_value_glob_crosses_every_separator() -> None:
 
 
 CLASS_ERRORS = [
+    "/[",
+    "/[\\",
+    "/[\\]",
+    "/[a-",
+    "/[a-\\",
     "/[a",
     "/[!",
     "/[]",
@@ -387,10 +397,15 @@ def test_error_messages() -> None:
         ("/{a,b", "unbalanced '{' at offset 1"),
         ("/{[a,b}", "unbalanced '[' at offset 2"),
         ("/{a,{b}}", "nested '{' at offset 4"),
-        ("/a\\", "trailing backslash"),
+        ("/[z-a", "reversed range 'z-a'"),
+        ("/[a-\\c", "unbalanced '[' at offset 1"),
+        ("/{a\\}", "unbalanced '{' at offset 1"),
     ]:
         with pytest.raises(GlobSyntaxError, match=re.escape(words)):
             compile_path_glob(pattern)
+    with pytest.raises(GlobSyntaxError) as raised:
+        compile_path_glob("/a\\")
+    assert str(raised.value) == "trailing backslash"
     with pytest.raises(GlobSyntaxError, match="too large"):
         compile_path_glob("/[\x00-\U0010ffff]")
     with pytest.raises(GlobSyntaxError, match=re.escape("separator '.'")):
@@ -482,6 +497,8 @@ def test_runs_intersect_revisits_without_giving_up() -> None:
     a = [t for p in parse_path("/*x*y") for t in p[0]]
     b = [t for p in parse_path("/*y*x*y") for t in p[0]]
     assert runs_intersect(tuple(a), tuple(b))
+    assert path_globs_intersect("/aa", "/*a*a")
+    assert path_globs_intersect("/aba", "/*a*a")
     assert path_globs_intersect("/*a*b*c", "/*c*b*a*c")
     assert not path_globs_intersect("/*a*b*c", "/*c*b*a")
 
