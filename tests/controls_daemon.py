@@ -10,6 +10,7 @@ protection is off only in a process the test started as this program.
 
 from __future__ import annotations
 
+import errno
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +32,37 @@ def _fence_watch_blind() -> None:
     FenceWatch._read = unchanged  # type: ignore[method-assign]
 
 
-PATCHES: dict[str, Callable[[], None]] = {"fence-watch": _fence_watch_blind}
+def _canary_probe_blind() -> None:
+    """The boundary's reading of its own canary probe: a connect that succeeded reads as the fence's timeout
+    (control's canary still counts the connection it accepted: that is control's check, not this one)."""
+    from supervisor.boundary import daemon
+    from supervisor.boundary.capture.canary import ProbeResult
+    from supervisor.protocol.fence_canary import PROBE_TIMEOUT_S
+
+    probe = daemon.probe_canary
+
+    async def blind(number: int, address: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> ProbeResult:
+        result = await probe(number, address, port, timeout_s)
+        if not result.connected:
+            return result
+        return ProbeResult(result.probe, result.target, False, f"timeout after {timeout_s:g}s")
+
+    daemon.probe_canary = blind  # type: ignore[assignment]
+
+
+def _canary_local_failure_conclusive() -> None:
+    """The canary probe's rule 2: a connect that failed for a local reason (``EADDRNOTAVAIL``: no source port
+    left) counts as failed at a fence, as before the rule."""
+    from supervisor.boundary.capture import canary
+
+    setattr(canary, "FENCE_ERRNOS", canary.FENCE_ERRNOS | {errno.EADDRNOTAVAIL})  # noqa: B010 (a Final name)
+
+
+PATCHES: dict[str, Callable[[], None]] = {
+    "fence-watch": _fence_watch_blind,
+    "canary-probe": _canary_probe_blind,
+    "canary-local-failure": _canary_local_failure_conclusive,
+}
 
 
 def argv(protection: str) -> list[str]:

@@ -31,7 +31,9 @@ import pytest
 
 from supervisor.protocol.certs import make_ca
 from supervisor.protocol.claims import Role
+from tests import controls_daemon
 from tests.certs_fixtures import leaf_bundle
+from tests.controls import protection_off
 from tests.netns_hosts import NetnsHost, open_test_host
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
@@ -88,7 +90,11 @@ class Sandbox:
 
 
 @contextlib.contextmanager
-def p_sandbox(tmp_path: Path, *, fenced: bool, interval_s: float = 30.0) -> Iterator[Sandbox]:
+def p_sandbox(
+    tmp_path: Path, *, fenced: bool, interval_s: float = 30.0, boundary_cli: list[str] = CLI
+) -> Iterator[Sandbox]:
+    """The pod and both daemons; ``boundary_cli`` is how the boundary is started (a twin starts it with one
+    protection off: tests/controls_daemon.py)."""
     if shutil.which("nft") is None:
         pytest.skip("needs nft")
     with open_test_host() as host:
@@ -104,10 +110,10 @@ def p_sandbox(tmp_path: Path, *, fenced: bool, interval_s: float = 30.0) -> Iter
         try:
             with boundary_log.open("w") as out:
                 procs.append(host.popen(
-                    [*CLI, "--mode=boundary", f"--bootstrap={tmp_path / 'boundary'}", f"--listen={host.address}:0",
-                     f"--port-file={port_file}", "--privilege-model=P", "--acknowledge-external-fence",
-                     f"--tls-dir={tmp_path / 'tls'}", "--agent-stdio=pipe", "--workdir=/tmp", "--exit-linger=5",
-                     "--", "sleep", "1000"],
+                    [*boundary_cli, "--mode=boundary", f"--bootstrap={tmp_path / 'boundary'}",
+                     f"--listen={host.address}:0", f"--port-file={port_file}", "--privilege-model=P",
+                     "--acknowledge-external-fence", f"--tls-dir={tmp_path / 'tls'}", "--agent-stdio=pipe",
+                     "--workdir=/tmp", "--exit-linger=5", "--", "sleep", "1000"],
                     stdout=out, stderr=subprocess.STDOUT,
                 ))  # fmt: skip
             _wait("the boundary's port", port_file.exists, 60, boundary_log)
@@ -131,9 +137,20 @@ def p_sandbox(tmp_path: Path, *, fenced: bool, interval_s: float = 30.0) -> Iter
                         proc.wait()
 
 
-def test_model_p_with_a_route_out_fails_confirm_through_the_canary(tmp_path: Path) -> None:
-    with p_sandbox(tmp_path, fenced=False) as sb:
-        assert sb.boundary.wait(timeout=60) == 125, sb.boundary_log.read_text()
+@pytest.fixture
+def boundary_cli() -> list[str]:
+    return CLI
+
+
+def exit_code(proc: subprocess.Popen[bytes], timeout: float, log: Path) -> int:
+    """The daemon's exit code; still running after ``timeout`` fails the test on its assertion."""
+    _wait("the daemon's exit", lambda: proc.poll() is not None, timeout, log)
+    return int(proc.returncode)
+
+
+def test_model_p_with_a_route_out_fails_confirm_through_the_canary(tmp_path: Path, boundary_cli: list[str]) -> None:
+    with p_sandbox(tmp_path, fenced=False, boundary_cli=boundary_cli) as sb:
+        assert exit_code(sb.boundary, 60, sb.boundary_log) == 125, sb.boundary_log.read_text()
         events = _events(sb.boundary_log)
         probes = [e for e in events if e["event"] == "fence.canary-probe"]
         assert probes and probes[0]["connected"] is True and probes[0]["target"] == sb.canary, events
@@ -150,8 +167,10 @@ def test_model_p_with_a_route_out_fails_confirm_through_the_canary(tmp_path: Pat
         assert "path out" in ready.stdout + ready.stderr, ready
 
 
-def test_model_p_with_the_fence_in_place_passes_and_a_fence_removed_later_is_lost(tmp_path: Path) -> None:
-    with p_sandbox(tmp_path, fenced=True, interval_s=3) as sb:
+def test_model_p_with_the_fence_in_place_passes_and_a_fence_removed_later_is_lost(
+    tmp_path: Path, boundary_cli: list[str]
+) -> None:
+    with p_sandbox(tmp_path, fenced=True, interval_s=3, boundary_cli=boundary_cli) as sb:
         _wait("ready", lambda: sb.cli("readyz").returncode == 0, 60, sb.control_log)
         fence = sb.status()["boundary"]["fence"]
         assert fence["mode"] == "proxy-env" and fence["probe"] == "canary", fence
@@ -165,10 +184,31 @@ def test_model_p_with_the_fence_in_place_passes_and_a_fence_removed_later_is_los
 
         # The fence goes away under a running agent: the next round's probe connects -> enforcement lost.
         sb.host.run(["nft", "delete", "table", "inet", "podfence"], check=True)
-        code = sb.boundary.wait(timeout=30)
+        code = exit_code(sb.boundary, 30, sb.boundary_log)
         events = _events(sb.boundary_log)
         lost = [e for e in events if e["event"] == "enforcement-lost"]
         assert lost and "path out" in lost[0]["reason"], events
         exited = [e for e in events if e["event"] == "agent.exited"]
         assert exited and exited[0]["result"].get("reason") == "enforcement-lost", exited
         assert code != 0
+
+
+# The boundary blind to its own probe: control's canary still counts the connection, so the sandbox still fails
+# or loses — for control's reason, not the probe's "path out", which is what these tests assert.
+CANARY_PROBE_OFF = pytest.mark.parametrize("boundary_cli", [controls_daemon.argv("canary-probe")], ids=["off"])
+
+
+@protection_off("the boundary's reading of its canary probe (a connect that succeeded is a path out)")
+@CANARY_PROBE_OFF
+def test_model_p_with_a_route_out_fails_confirm_through_the_canary_twin(
+    tmp_path: Path, boundary_cli: list[str]
+) -> None:
+    test_model_p_with_a_route_out_fails_confirm_through_the_canary(tmp_path, boundary_cli)
+
+
+@protection_off("the boundary's reading of its canary probe (a connect that succeeded is a path out)")
+@CANARY_PROBE_OFF
+def test_model_p_with_the_fence_in_place_passes_and_a_fence_removed_later_is_lost_twin(
+    tmp_path: Path, boundary_cli: list[str]
+) -> None:
+    test_model_p_with_the_fence_in_place_passes_and_a_fence_removed_later_is_lost(tmp_path, boundary_cli)

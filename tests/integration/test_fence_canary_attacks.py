@@ -22,7 +22,9 @@ from pathlib import Path
 import pytest
 
 from supervisor.boundary.capture.canary import probe_canary
-from tests.integration.test_fence_canary import CLI, _events, _wait, p_sandbox
+from tests import controls_daemon
+from tests.controls import protection_off
+from tests.integration.test_fence_canary import CLI, _events, _wait, exit_code, p_sandbox
 
 # The agent's part: hold every port of the namespace's ephemeral range with bind() alone, in as many processes as
 # the file-descriptor limit needs, then stay (and dial out from one of them, were the fence gone). Prints how
@@ -70,9 +72,17 @@ time.sleep(3600)
 """
 
 
+@pytest.fixture
+def boundary_cli() -> list[str]:
+    """How the boundary is started (a twin starts it with one protection off: tests/controls_daemon.py)."""
+    return CLI
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
-def test_agent_holding_every_ephemeral_port_cannot_hide_a_removed_fence(tmp_path: Path) -> None:
-    with p_sandbox(tmp_path, fenced=True, interval_s=2) as sb:
+def test_agent_holding_every_ephemeral_port_cannot_hide_a_removed_fence(
+    tmp_path: Path, boundary_cli: list[str]
+) -> None:
+    with p_sandbox(tmp_path, fenced=True, interval_s=2, boundary_cli=boundary_cli) as sb:
         _wait("ready", lambda: sb.cli("readyz").returncode == 0, 60, sb.control_log)
         # The pod's ephemeral range is made small (a pod setting, not the agent's doing) so that the agent can hold
         # all of it at once and nothing else of the pod's happens to be in it (with the full range, a busy moment
@@ -93,7 +103,7 @@ def test_agent_holding_every_ephemeral_port_cannot_hide_a_removed_fence(tmp_path
             # The fence goes away. The agent could now dial out from a port it holds; the repeated round must
             # still end the workload, whatever the probe's connect says.
             sb.host.run(["nft", "delete", "table", "inet", "podfence"], check=True)
-            code = sb.boundary.wait(timeout=30)
+            code = exit_code(sb.boundary, 30, sb.boundary_log)
         finally:
             if agent.poll() is None:
                 agent.kill()
@@ -106,6 +116,14 @@ def test_agent_holding_every_ephemeral_port_cannot_hide_a_removed_fence(tmp_path
         exited = [e for e in events if e["event"] == "agent.exited"]
         assert exited and exited[0]["result"].get("reason") == "enforcement-lost", exited
         assert code != 0
+
+
+@protection_off("the canary probe's rule 2 (a connect that failed for a local reason observed nothing)")
+@pytest.mark.parametrize("boundary_cli", [controls_daemon.argv("canary-local-failure")], ids=["off"])
+def test_agent_holding_every_ephemeral_port_cannot_hide_a_removed_fence_twin(
+    tmp_path: Path, boundary_cli: list[str]
+) -> None:
+    test_agent_holding_every_ephemeral_port_cannot_hide_a_removed_fence(tmp_path, boundary_cli)
 
 
 async def test_a_refused_probe_is_the_fences_and_conclusive() -> None:
