@@ -1,4 +1,4 @@
-"""The launcher wire (``boundary.process.zygote``): one JSON object per message, and the spawn request a spare
+"""The launcher wire (``boundary.forkimage.zygote``): one JSON object per message, and the spawn request a spare
 exec-init or the workload's init reads from it.
 
 Oracles beyond "no crash":
@@ -12,7 +12,7 @@ Oracles beyond "no crash":
 
 from __future__ import annotations
 
-from supervisor.boundary.process import child, zygote
+from supervisor.boundary.forkimage import child, zygote
 
 _HANDLED = (KeyError, TypeError, ValueError, OSError)
 

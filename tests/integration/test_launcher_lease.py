@@ -27,7 +27,8 @@ from typing import Any
 import pytest
 import trio
 
-from supervisor.boundary.process import LandlockSpec, Launcher, NamespacePlan, SpawnSpec, child, landlock, zygote
+from supervisor.boundary.forkimage import LandlockSpec, NamespacePlan, SpawnSpec, child, landlock, zygote
+from supervisor.boundary.process import Launcher
 from supervisor.boundary.process.launcher import Lease, Spawned, SpawnError
 
 from .test_launcher_spawn import PY, READ_ONLY, STATUS_PROBE, alive, make_spec, read_all, read_pty, run_spawned
@@ -438,7 +439,8 @@ async def test_a_leased_exec_gets_signals_sent_to_its_handle(launcher: Launcher)
 NO_SYS_NICE = r"""
 import json, os, sys
 import trio
-from supervisor.boundary.process import Launcher, NamespacePlan, SpawnSpec
+from supervisor.boundary.forkimage import NamespacePlan, SpawnSpec
+from supervisor.boundary.process import Launcher
 launcher = Launcher.fork()
 
 async def run(spec):

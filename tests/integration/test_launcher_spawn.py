@@ -23,16 +23,8 @@ from typing import Any
 import pytest
 import trio
 
-from supervisor.boundary.process import (
-    LandlockSpec,
-    Launcher,
-    LauncherError,
-    NamespacePlan,
-    SpawnError,
-    SpawnSpec,
-    landlock,
-    zygote,
-)
+from supervisor.boundary.forkimage import LandlockSpec, NamespacePlan, SpawnSpec, landlock, zygote
+from supervisor.boundary.process import Launcher, LauncherError, SpawnError
 from supervisor.boundary.process.launcher import Spawned
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="launcher model R tests need root")

@@ -33,9 +33,8 @@ PID1_ATTACK = (
 SCRIPT = r"""
 import errno, json, os, socket, sys
 import trio
-from supervisor.boundary.process import (
-    Launcher, LauncherError, NamespacePlan, SpawnError, SpawnSpec, detect_privilege_model, zygote,
-)
+from supervisor.boundary.forkimage import NamespacePlan, SpawnSpec, zygote
+from supervisor.boundary.process import Launcher, LauncherError, SpawnError, detect_privilege_model
 
 hidden = sys.argv[1]
 out = {}

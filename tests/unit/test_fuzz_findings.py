@@ -9,7 +9,7 @@ import dns.message
 import pytest
 
 from supervisor.boundary.capture.dns_stub import servfail
-from supervisor.boundary.process import child, zygote
+from supervisor.boundary.forkimage import child, zygote
 from supervisor.control.dns_answers import read_query
 from supervisor.protocol.request_head import HeadError, HeadProblem, check_head
 

@@ -8,16 +8,9 @@ import socket
 
 import pytest
 
-from supervisor.boundary.process import (
-    LandlockSpec,
-    NamespacePlan,
-    SpawnError,
-    SpawnSpec,
-    Stage,
-    landlock,
-    zygote,
-)
-from supervisor.boundary.process.child import STAGES, exec_candidates, validate
+from supervisor.boundary.forkimage import LandlockSpec, NamespacePlan, SpawnSpec, Stage, landlock, zygote
+from supervisor.boundary.forkimage.child import STAGES, exec_candidates, validate
+from supervisor.boundary.process import SpawnError
 
 
 def spec(**overrides: object) -> SpawnSpec:

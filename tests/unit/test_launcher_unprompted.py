@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from supervisor.boundary.process import zygote
+from supervisor.boundary.forkimage import zygote
 from supervisor.boundary.process.launcher import Launcher, LauncherError
 
 

@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import trio
 
+from supervisor.boundary.capture import calls as capture_calls
+from supervisor.boundary.forkimage import child, privilege, zygote
+from supervisor.boundary.forkimage.child import SpawnSpec, Stage
+from supervisor.boundary.forkimage.zygote import NamespacePlan
 from supervisor.protocol.exit_codes import ExitCode, for_launch_errno
 from supervisor.protocol.privilege_model import PrivilegeModel
-
-from . import capture_calls, child, privilege, zygote
-from .child import SpawnSpec, Stage
-from .zygote import NamespacePlan
 
 if TYPE_CHECKING:
     from supervisor.boundary.capture.connect_record import FirstExecs

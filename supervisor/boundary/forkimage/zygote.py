@@ -31,7 +31,7 @@ zygote of a PID namespace keeps the host's view); a plan without one covers each
 empty read-only tmpfs in the zygote's namespace instead. Then ``lo`` comes up,
 or the capture setup runs. ``spawn`` goes to whichever process forks (rule 2), which forks a child that runs
 ``child.run``. The capture setup and calls run in the zygote (in the agent's network namespace, and keeping
-pyroute2 out of the init's image); the launcher hands that code to the zygote (``capture_calls``), so this
+pyroute2 out of the init's image); the launcher hands that code to the zygote (``capture.calls``), so this
 module's imports — the init's image — hold no ``threading`` and its at-fork handler. Once the init has
 mounted the namespace's ``/proc``, ``/proc/self`` names nothing for the zygote (it is outside that PID
 namespace): the one read of it, a probe's TCP tables, goes through ``/proc/1`` (the init, in the same network
@@ -872,7 +872,7 @@ def _init_request(spawner: Spawner, request: dict[str, Any], fds: list[int]) -> 
 # root: binds, hidden paths) come on fd 5, a sealed memfd read once at start.
 _INIT_BOOT: Final = (
     "import json, os, sys; boot = json.load(os.fdopen(5, 'rb')); sys.path[:0] = boot['path']; "
-    "from supervisor.boundary.process.zygote import init_entry; init_entry(boot)"
+    "from supervisor.boundary.forkimage.zygote import init_entry; init_entry(boot)"
 )
 INIT_ARGV0: Final = "/proc/self/exe"
 
@@ -1021,7 +1021,7 @@ def init_main(  # pragma: no cover - own pid ns
 
 # --- the zygote ------------------------------------------------------------------------------------------
 class CaptureWork(Protocol):
-    """What the zygote runs for the capture (``capture_calls``: the launcher passes that module in, so neither
+    """What the zygote runs for the capture (``capture.calls``: the launcher passes that module in, so neither
     the zygote nor the init imports ``capture.setup``)."""
 
     def call(self, request: Mapping[str, Any], proc_net: str = ...) -> dict[str, Any]: ...
