@@ -12,14 +12,14 @@ Oracles beyond "no crash":
 
 from __future__ import annotations
 
-from supervisor.boundary.forkimage import child, zygote
+from supervisor.boundary.forkimage import child, messages, wire
 
 _HANDLED = (KeyError, TypeError, ValueError, OSError)
 
 
 def one_input(data: bytes) -> None:
     try:
-        message, fds = zygote.decode(data, [], 0)
+        message, fds = wire.decode(data, [], 0)
     except OSError:
         return
     assert isinstance(message, dict) and fds == []
@@ -30,9 +30,9 @@ def one_input(data: bytes) -> None:
     if spec is not None and child.validate(spec) is None:
         child.confinement(spec, False)
     try:
-        plan = zygote.NamespacePlan.from_wire(message["plan"])
+        plan = messages.NamespacePlan.from_wire(message["plan"])
     except _HANDLED:
         return
     plan.effective()
-    again = zygote.NamespacePlan.from_wire(plan.to_wire())
+    again = messages.NamespacePlan.from_wire(plan.to_wire())
     assert again == plan, (again, plan)

@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from supervisor.boundary.forkimage import NamespacePlan, SpawnSpec
-from supervisor.boundary.forkimage.zygote import _INIT_BOOT
+from supervisor.boundary.forkimage.init import _INIT_BOOT
 from supervisor.boundary.process import Launcher
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +44,7 @@ def test_the_inits_entry_imports_nothing_of_the_boundarys() -> None:
     finally:
         os.close(boot)
     loaded = set(json.loads(done.stdout))
-    assert "supervisor.boundary.forkimage.zygote" in loaded
+    assert "supervisor.boundary.forkimage.init" in loaded
     assert not [name for name in loaded if name.split(".")[0] in BOUNDARY_ONLY or name in BOUNDARY_ONLY]
     assert not [name for name in loaded if name in FORK_HOOKED]
 

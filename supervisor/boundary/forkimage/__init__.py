@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any, Final
 if TYPE_CHECKING:
     from .child import SpawnSpec, Stage
     from .landlock import LandlockSpec
-    from .zygote import NamespacePlan
+    from .messages import NamespacePlan
 
 _EXPORTS: Final = {
     "SpawnSpec": "child",
     "Stage": "child",
     "LandlockSpec": "landlock",
-    "NamespacePlan": "zygote",
+    "NamespacePlan": "messages",
 }
 
 __all__ = ["LandlockSpec", "NamespacePlan", "SpawnSpec", "Stage"]

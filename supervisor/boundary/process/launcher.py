@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import trio
 
 from supervisor.boundary.capture import calls as capture_calls
-from supervisor.boundary.forkimage import child, privilege, zygote
+from supervisor.boundary.forkimage import child, privilege, spawner, wire, zygote
 from supervisor.boundary.forkimage.child import SpawnSpec, Stage
-from supervisor.boundary.forkimage.zygote import NamespacePlan
+from supervisor.boundary.forkimage.messages import NamespacePlan
 from supervisor.protocol.exit_codes import ExitCode, for_launch_errno
 from supervisor.protocol.privilege_model import PrivilegeModel
 
@@ -87,7 +87,7 @@ class Spawned:
     pty_master: int | None
     ns_pid: int | None = None  # pid inside the workload PID namespace, when there is one
     notes: tuple[str, ...] = ()  # best-effort degradations the child reported (Landlock)
-    nested: bool = False  # pid is the init of the process's own PID namespace (zygote.exec_init)
+    nested: bool = False  # pid is the init of the process's own PID namespace (exec_init.exec_init)
     _launcher: Launcher | None = field(default=None, repr=False, compare=False)
     _sid: int = field(default=0, repr=False, compare=False)
     _status: int | None = field(default=None, repr=False, compare=False)
@@ -101,9 +101,9 @@ class Spawned:
                 lease, self._lease = self._lease, None
                 self._status, renewing = await _leased_status(lease.report, lease.pidfd)
                 if renewing and self._launcher is not None and not self._launcher._closed:
-                    self._launcher._returning.append(lease)  # it makes itself a spare again (zygote._serve)
+                    self._launcher._returning.append(lease)  # it makes itself a spare again (exec_init._serve)
                 else:
-                    zygote.close_all([lease.report, lease.pidfd])
+                    wire.close_all([lease.report, lease.pidfd])
             else:
                 assert self._launcher is not None
                 self._status = await self._launcher._exit_status(self._sid)
@@ -128,7 +128,7 @@ class Lease:
         """Let it go: the waiting exec-init sees EOF on its command socket and ends."""
         if self.sock is not None:
             self.sock.close()
-        zygote.close_all([self.pidfd, self.report])
+        wire.close_all([self.pidfd, self.report])
 
 
 # --- privilege model ---------------------------------------------------------------------------------------
@@ -183,7 +183,7 @@ class Launcher:
         # The spares the init leased us, oldest first (rule 5): no workload code runs there until we hand one a
         # command, so they are left out of ``workload_pids`` while we hold them.
         self._leases: list[Lease] = []
-        self._returning: list[Lease] = []  # used, their exec-init coming back as a spare (zygote._serve)
+        self._returning: list[Lease] = []  # used, their exec-init coming back as a spare (exec_init._serve)
         # The connect-notify hand-off socket (capture/connect_notify.py): when set, every spawned child gets a
         # copy, installs the notify filter and sends its listener over it before exec (a spare exec-init's one
         # listener, from its first lease, is sent over it here).
@@ -196,7 +196,7 @@ class Launcher:
     @classmethod
     def fork(cls) -> Launcher:
         """Fork the zygote. Call before ``trio.run`` and before any thread exists (rule 1)."""
-        ours, theirs = zygote.socket_pair()
+        ours, theirs = wire.socket_pair()
         boundary = os.getpid()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - becomes the zygote
@@ -225,7 +225,7 @@ class Launcher:
         self._check_alive()
         while True:
             try:
-                zygote.send(self._sock, message, fds)
+                wire.send(self._sock, message, fds)
                 return
             except BlockingIOError:
                 await trio.lowlevel.wait_writable(self._sock)
@@ -245,14 +245,14 @@ class Launcher:
         if "spare" in message:
             self._take_lease(message, fds)
         elif "exit" in message:
-            zygote.close_all(fds)
+            wire.close_all(fds)
             sid = int(message["exit"])
             if sid in self._discard:
                 self._discard.discard(sid)
             else:
                 self._exits[sid] = int(message["status"])
         elif "unowned" in message:  # orphans the workload's init reaped, one report per second at most
-            zygote.close_all(fds)
+            wire.close_all(fds)
             if self.on_unowned is not None:
                 self.on_unowned(int(message["unowned"]), [int(p) for p in message.get("pids") or ()])
         elif message.get("id") in self._abandoned:
@@ -261,11 +261,11 @@ class Launcher:
             if message.get("ok") and "ns_pid" in message and fds:
                 with contextlib.suppress(OSError):
                     signal.pidfd_send_signal(fds[0], signal.SIGKILL)
-            zygote.close_all(fds)
+            wire.close_all(fds)
         elif isinstance(message.get("id"), int):
             self._replies[message["id"]] = (message, fds)
         else:
-            zygote.close_all(fds)
+            wire.close_all(fds)
 
     def _take_lease(self, message: Mapping[str, Any], fds: list[int]) -> None:
         """File a lease from the init (rule 5): its fds are the command socket, the pidfd, the report socket and,
@@ -283,10 +283,10 @@ class Launcher:
         except (LauncherError, OSError, KeyError, TypeError, ValueError):
             pass  # no lease: the next exec goes through the init
         finally:
-            zygote.close_all(fds)
+            wire.close_all(fds)
 
     def collect_returning(self) -> None:
-        """File the leases of exec-inits that served an exec and made themselves spares again (zygote._serve):
+        """File the leases of exec-inits that served an exec and made themselves spares again (exec_init._serve):
         ``{"spare": true, "notes"}`` on their report socket, with the command socket (the exec-init's listener came
         with its first lease and is served still). One that ended instead (let go, killed) is forgotten; the init
         makes its successor. The process table calls it once an exec's exit is out (its exec-init is back by then,
@@ -294,7 +294,7 @@ class Launcher:
         for lease in list(self._returning):
             sock = _seqpacket(lease.report)
             try:
-                got = zygote.receive(sock, nowait=True)
+                got = wire.receive(sock, nowait=True)
             except BlockingIOError:
                 continue
             except OSError:
@@ -309,9 +309,9 @@ class Launcher:
                 self._file_lease(lease, got[0], fds[0], fds[1:])
                 fds[:1] = []
             except (LauncherError, OSError, TypeError, ValueError):
-                zygote.close_all([lease.pidfd, lease.report])
+                wire.close_all([lease.pidfd, lease.report])
             finally:
-                zygote.close_all(fds)
+                wire.close_all(fds)
 
     def _file_lease(self, made: Lease, message: Mapping[str, Any], cmd: int, listener: list[int]) -> None:
         """Our end of a spare's command socket in a lease (``made``'s exec-init, pidfd, report socket and
@@ -324,7 +324,7 @@ class Launcher:
         sock.setblocking(False)
         notes = tuple(str(note) for note in message.get("notes") or ())
         self._leases.append(dataclasses.replace(made, sock=sock, notes=notes))
-        while len(self._leases) > zygote.SPARES:  # more than the init keeps out: not ours to hold
+        while len(self._leases) > spawner.SPARES:  # more than the init keeps out: not ours to hold
             self._leases.pop(0).close()
 
     def _drain(self) -> None:
@@ -336,7 +336,7 @@ class Launcher:
             return
         while True:
             try:
-                got = zygote.receive(self._sock, nowait=True)
+                got = wire.receive(self._sock, nowait=True)
             except BlockingIOError:
                 return
             except OSError as exc:
@@ -359,7 +359,7 @@ class Launcher:
         try:
             while True:
                 try:
-                    got = zygote.receive(self._sock)
+                    got = wire.receive(self._sock)
                     break
                 except BlockingIOError:
                     await trio.lowlevel.wait_readable(self._sock)
@@ -383,7 +383,7 @@ class Launcher:
                 await self._pump()
         except BaseException:
             if rid in self._replies:
-                zygote.close_all(self._replies.pop(rid)[1])
+                wire.close_all(self._replies.pop(rid)[1])
             else:
                 self._abandoned.add(rid)
             raise
@@ -413,11 +413,11 @@ class Launcher:
         try:
             self._raise(reply, f"prepare (model {plan.model})")
         except LauncherError:
-            zygote.close_all(fds)
+            wire.close_all(fds)
             raise
         names = list(reply.get("fd_names") or [])
         if len(names) != len(fds):
-            zygote.close_all(fds)
+            wire.close_all(fds)
             raise LauncherError("prepare: fd count does not match fd names")
         self._init_pid = reply.get("init_pid")
         effective = plan.effective()
@@ -433,7 +433,7 @@ class Launcher:
         if fn not in capture_calls.CAPTURE_CALLS:
             raise LauncherError(f"capture call {fn!r} is not allowed")
         reply, fds = await self._request("capture_call", fn=fn, args=dict(args))
-        zygote.close_all(fds)
+        wire.close_all(fds)
         self._raise(reply, f"capture {fn}")
         result = reply.get("result")
         return result if isinstance(result, dict) else {"result": result}
@@ -441,19 +441,19 @@ class Launcher:
     async def socket_in_netns(self, family: int, type: int, proto: int = 0) -> socket.socket:
         reply, fds = await self._request("socket", family=int(family), type=int(type), proto=int(proto))
         if not reply.get("ok") or len(fds) != 1:
-            zygote.close_all(fds)
+            wire.close_all(fds)
             self._raise(reply, "socket")
             raise LauncherError("socket: no fd received")
         return socket.socket(fileno=fds[0])
 
     async def spawn(self, spec: SpawnSpec, *, own_pidns: bool = False) -> Spawned:
         """Launch ``spec``; ``own_pidns``: in a PID namespace of its own under the workload's (R, U; ignored
-        without a workload PID namespace), so ending it ends everything it started (zygote.exec_init)."""
+        without a workload PID namespace), so ending it ends everything it started (exec_init.exec_init)."""
         problem = child.validate(spec)
         if problem is not None:
             raise SpawnError(Stage.VALIDATE, _errno.EINVAL, problem)
-        if len(zygote.encode(spec.to_wire())) > zygote.MAX_SPEC:
-            raise SpawnError(Stage.VALIDATE, _errno.E2BIG, f"argv and environment exceed {zygote.MAX_SPEC} bytes")
+        if len(wire.encode(spec.to_wire())) > wire.MAX_SPEC:
+            raise SpawnError(Stage.VALIDATE, _errno.E2BIG, f"argv and environment exceed {wire.MAX_SPEC} bytes")
         if self._prepared is None:
             raise LauncherError("spawn before prepare")
         ours: list[int] = []  # the boundary's ends, returned in Spawned
@@ -468,7 +468,7 @@ class Launcher:
             sid = next(self._ids)
             lease = self._use_lease(spec, layout, theirs) if own_pidns else None
             if lease is not None:
-                zygote.close_all(theirs)  # the child has them: EOF on the status pipe is its execve
+                wire.close_all(theirs)  # the child has them: EOF on the status pipe is its execve
                 if spec.tty:  # the exec-init opened the terminal in the agent's namespace (terminal.py)
                     ends["pty_master"] = await _pty_from(lease)
                     if ends["pty_master"] is not None:
@@ -507,10 +507,10 @@ class Launcher:
                     str(failure.get("stage", "unknown")), int(failure.get("errno") or 0), str(failure.get("detail", ""))
                 )
         except BaseException:
-            zygote.close_all(ours)
+            wire.close_all(ours)
             raise
         finally:
-            zygote.close_all(theirs)
+            wire.close_all(theirs)
         os.close(status_r)
         return Spawned(
             pid=int(reply["pid"]),
@@ -533,7 +533,7 @@ class Launcher:
         if renewing and not self._closed:
             self._returning.append(lease)
         else:
-            zygote.close_all([lease.report, lease.pidfd])
+            wire.close_all([lease.report, lease.pidfd])
 
     def _use_lease(self, spec: SpawnSpec, layout: list[int], fds: list[int]) -> Lease | None:
         """Send this spawn to the leased spare if it was prepared for the spec's confinement (rule 5); ``None``:
@@ -551,7 +551,7 @@ class Launcher:
         if self.first_execs is not None and self.first_execs.vouches_for(spec.env):
             self.first_execs.open(lease.pid)  # before the command can reach its execve
         try:
-            zygote.send(lease.sock, {"spec": spec.to_wire(), "stdio": layout}, fds)
+            wire.send(lease.sock, {"spec": spec.to_wire(), "stdio": layout}, fds)
         except OSError:  # it ended while waiting (only a signal from our side can do that)
             if self.first_execs is not None:
                 self.first_execs.close(lease.pid)
@@ -576,9 +576,9 @@ class Launcher:
             self._forget(sid)
             raise
         finally:
-            zygote.close_all(theirs)
+            wire.close_all(theirs)
         if not reply.get("ok") or len(fds) != (2 if spec.tty else 1) or bool(reply.get("pty")) != spec.tty:
-            zygote.close_all(fds)
+            wire.close_all(fds)
             self._raise(reply, "spawn")
             raise LauncherError("spawn: no pidfd (or no terminal) received")
         return fds[0], reply, fds[1] if spec.tty else None
@@ -603,12 +603,12 @@ class Launcher:
     async def kill_all(self) -> None:
         """SIGKILL every workload process (the PID-ns init, or every descendant) and wait until reaped."""
         reply, fds = await self._request("kill_all")
-        zygote.close_all(fds)
+        wire.close_all(fds)
         self._raise(reply, "kill_all")
 
     async def ping(self) -> int:
         reply, fds = await self._request("ping")
-        zygote.close_all(fds)
+        wire.close_all(fds)
         self._raise(reply, "ping")
         return int(reply["pid"])
 
@@ -618,7 +618,7 @@ class Launcher:
             return
         self._closed = True
         for _message, fds in self._replies.values():
-            zygote.close_all(fds)
+            wire.close_all(fds)
         self._replies.clear()
         for lease in (*self._leases, *self._returning):
             lease.close()
@@ -668,7 +668,7 @@ async def _pty_from(lease: Lease) -> int | None:
     try:
         while True:
             try:
-                got = zygote.receive(sock, nowait=True)
+                got = wire.receive(sock, nowait=True)
                 break
             except BlockingIOError:
                 await trio.lowlevel.wait_readable(sock)
@@ -680,7 +680,7 @@ async def _pty_from(lease: Lease) -> int | None:
         return None
     message, fds = got
     if message.get("pty") is not True or len(fds) != 1:
-        zygote.close_all(fds)
+        wire.close_all(fds)
         return None
     return fds[0]
 
@@ -701,17 +701,17 @@ async def _leased_status(report: int, pidfd: int) -> tuple[int, bool]:
         if not data:
             await trio.lowlevel.wait_readable(pidfd)
     except BaseException:
-        zygote.close_all([report, pidfd])
+        wire.close_all([report, pidfd])
         raise
     try:
         return int(data), True
     except ValueError:
-        zygote.close_all([report, pidfd])
+        wire.close_all([report, pidfd])
         return zygote.SIGKILL_STATUS, False
 
 
 def _seqpacket(fd: int) -> socket.socket:
-    """A socket object for one end of a ``zygote.socket_pair`` (named: no kernel query of its type)."""
+    """A socket object for one end of a ``wire.socket_pair`` (named: no kernel query of its type)."""
     return socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, fileno=fd)
 
 
