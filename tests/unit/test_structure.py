@@ -25,8 +25,6 @@ MODULE_LIMIT = 600
 
 # qualified name (module.Class.function) → why it may still be longer than FUNCTION_LIMIT
 _LONG_PENDING: dict[str, str] = {
-    "supervisor.boundary.forkimage.init.init_main": "being split",
-    "supervisor.boundary.forkimage.rootfs.plan_root": "being split",
     "supervisor.boundary.daemon.BoundaryDaemon._attach": "being split",
     "supervisor.control.l7.session._Session._request": "being split",
     "supervisor.control.policy.decide.route_l7": "being split",

@@ -105,93 +105,140 @@ def init_main(  # pragma: no cover - own pid ns
         reset_process([sock_fd, host_proc_fd])  # socket on 3, host procfs on 4
         sock = socket.socket(fileno=3)
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-        try:
-            if mount_proc:
-                linux.mount("proc", "/proc", "proc", PROC_FLAGS)
-        except OSError as exc:
-            send(sock, {"ready": False, "errno": exc.errno, "error": f"mount /proc: {exc.strerror}"})
-            os._exit(1)
-        try:
-            plan = rootfs.RootPlan.from_wire(root) if root is not None else None
-        except (KeyError, TypeError, ValueError) as exc:
-            send(sock, {"ready": False, "errno": errno.EINVAL, "error": f"agent root: {exc}"})
-            os._exit(1)
-        # Nothing the init runs gains a capability at execve, and it never execs itself: an empty bounding set
-        # costs it nothing and spares each child's stages a drop per capability (each a credential commit).
-        with contextlib.suppress(OSError):
-            privilege.clear_bounding_set()
-        linux.reset_reserved_signals()
-        child.RESERVED_SIGNALS_DEFAULT = True
+        plan = _boot(sock, mount_proc, root)
+        _shed()
         wake = install_sigchld_wakeup()
-        spawner = Spawner(host_proc_fd=4, root=plan)
-        if narrow:
-            spawner.narrow_to = capabilities.mask(capabilities.INIT_KEEPS)
-            exec_init.EXEC_INIT_KEEPS = capabilities.mask(capabilities.EXEC_INIT_KEEPS)
-        with contextlib.suppress(OSError):  # exec handles get nested namespaces only when we can come back
-            spawner.pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        spawner = _spawner(plan, narrow)
         send(sock, {"ready": True})
-        poller = select.poll()
-        poller.register(sock, select.POLLIN)
-        poller.register(wake, select.POLLIN)
-        report_at: float | None = None  # orphans reaped: one aggregated report per second at most
-        # A spawn went out through us: fork the next spares once its exit is reported (its process ended: the
-        # forks no longer compete with it) or after SPARE_IDLE_MS idle. (A taken lease is replaced at once.)
-        spare_due = False
-
-        def lease() -> None:
-            """Lease spares until SPARES spare exec-inits live (``replenish`` says when not to)."""
-            with contextlib.suppress(OSError):  # none: the next exec forks its exec-init as before
-                while (got := spawner.replenish()) is not None:
-                    message, fds, state_r = got
-                    poller.register(state_r, select.POLLIN)
-                    try:
-                        send(sock, message, fds)
-                    finally:
-                        close_all(fds)
-
-        while True:
-            timeout = None if report_at is None else max(0, int((report_at - time.monotonic()) * 1000) + 1)
-            if spare_due:
-                timeout = SPARE_IDLE_MS if timeout is None else min(timeout, SPARE_IDLE_MS)
-            ready = poller.poll(timeout)
-            if spare_due and not ready:
-                spare_due = False
-                lease()
-            if spawner.unowned and report_at is not None and time.monotonic() >= report_at:
-                send(sock, {"unowned": len(spawner.unowned), "pids": spawner.unowned[:UNOWNED_PIDS]})
-                spawner.unowned.clear()
-                report_at = None
-            for fd, _ in ready:
-                if fd == wake:
-                    drain(wake)
-                    for sid, status in spawner.reap():
-                        send(sock, {"exit": sid, "status": status})
-                    if spawner.spare_killed:
-                        spawner.spare_killed = False
-                        spare_due = True
-                    if spare_due:
-                        spare_due = False
-                        lease()
-                    if spawner.unowned and report_at is None:
-                        report_at = time.monotonic() + UNOWNED_REPORT_S
-                elif fd in spawner.running_long:
-                    ended = spawner.spare_state(fd)
-                    if ended is not None:
-                        poller.unregister(fd)
-                        # Replaced after SPARE_IDLE_MS of quiet or the next exit, not at once (``spare_state``).
-                        spare_due = spare_due or ended
-                    elif spawner.available() < SPARES:
-                        lease()  # an exec runs long: its exec-init no longer counts as a spare coming back
-                elif fd == sock.fileno():
-                    got = receive(sock)
-                    if got is None:
-                        os._exit(0)
-                    reply, out = _init_request(spawner, *got)
-                    try:
-                        send(sock, reply, out)
-                    finally:
-                        close_all(out)
-                    if reply.get("ok") and got[0].get("op") == "spawn":
-                        spare_due = True
+        _InitLoop(sock, wake, spawner).run()
     finally:
         os._exit(1)
+
+
+def _boot(
+    sock: socket.socket, mount_proc: bool, root: Mapping[str, Any] | None
+) -> rootfs.RootPlan | None:  # pragma: no cover
+    """The namespace's own ``/proc`` and the agent root's plan; a failure is the init's ``ready: false``."""
+    try:
+        if mount_proc:
+            linux.mount("proc", "/proc", "proc", PROC_FLAGS)
+    except OSError as exc:
+        send(sock, {"ready": False, "errno": exc.errno, "error": f"mount /proc: {exc.strerror}"})
+        os._exit(1)
+    try:
+        return rootfs.RootPlan.from_wire(root) if root is not None else None
+    except (KeyError, TypeError, ValueError) as exc:
+        send(sock, {"ready": False, "errno": errno.EINVAL, "error": f"agent root: {exc}"})
+        os._exit(1)
+
+
+def _shed() -> None:  # pragma: no cover - own pid ns
+    """What the init never needs: nothing it runs gains a capability at execve, and it never execs itself, so an
+    empty bounding set costs it nothing and spares each child's stages a drop per capability (each a credential
+    commit); the reserved signals go back to default once, here, for every child."""
+    with contextlib.suppress(OSError):
+        privilege.clear_bounding_set()
+    linux.reset_reserved_signals()
+    child.RESERVED_SIGNALS_DEFAULT = True
+
+
+def _spawner(plan: rootfs.RootPlan | None, narrow: bool) -> Spawner:  # pragma: no cover - own pid ns
+    """The init's forking side: host pids through fd 4, the agent's root to enter, model R's narrowing, and the
+    namespace's fd that nested exec namespaces come back to."""
+    spawner = Spawner(host_proc_fd=4, root=plan)
+    if narrow:
+        spawner.narrow_to = capabilities.mask(capabilities.INIT_KEEPS)
+        exec_init.EXEC_INIT_KEEPS = capabilities.mask(capabilities.EXEC_INIT_KEEPS)
+    with contextlib.suppress(OSError):  # exec handles get nested namespaces only when we can come back
+        spawner.pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    return spawner
+
+
+class _InitLoop:  # pragma: no cover - own pid ns
+    """The init's loop: the zygote's requests, SIGCHLD (reap, report exits), spares' state pipes, and the
+    aggregated report of orphans nobody launched."""
+
+    def __init__(self, sock: socket.socket, wake: int, spawner: Spawner) -> None:
+        self.sock = sock
+        self.wake = wake
+        self.spawner = spawner
+        self.poller = select.poll()
+        self.poller.register(sock, select.POLLIN)
+        self.poller.register(wake, select.POLLIN)
+        self.report_at: float | None = None  # orphans reaped: one aggregated report per second at most
+        # A spawn went out through us: fork the next spares once its exit is reported (its process ended: the
+        # forks no longer compete with it) or after SPARE_IDLE_MS idle. (A taken lease is replaced at once.)
+        self.spare_due = False
+
+    def run(self) -> NoReturn:
+        while True:
+            ready = self.poller.poll(self._timeout())
+            if self.spare_due and not ready:
+                self.spare_due = False
+                self.lease()
+            self._report_unowned()
+            for fd, _ in ready:
+                if fd == self.wake:
+                    self._reap()
+                elif fd in self.spawner.running_long:
+                    self._spare_state(fd)
+                elif fd == self.sock.fileno():
+                    self._request()
+
+    def _timeout(self) -> int | None:
+        timeout = None if self.report_at is None else max(0, int((self.report_at - time.monotonic()) * 1000) + 1)
+        if self.spare_due:
+            timeout = SPARE_IDLE_MS if timeout is None else min(timeout, SPARE_IDLE_MS)
+        return timeout
+
+    def lease(self) -> None:
+        """Lease spares until SPARES spare exec-inits live (``replenish`` says when not to)."""
+        with contextlib.suppress(OSError):  # none: the next exec forks its exec-init as before
+            while (got := self.spawner.replenish()) is not None:
+                message, fds, state_r = got
+                self.poller.register(state_r, select.POLLIN)
+                try:
+                    send(self.sock, message, fds)
+                finally:
+                    close_all(fds)
+
+    def _report_unowned(self) -> None:
+        spawner = self.spawner
+        if spawner.unowned and self.report_at is not None and time.monotonic() >= self.report_at:
+            send(self.sock, {"unowned": len(spawner.unowned), "pids": spawner.unowned[:UNOWNED_PIDS]})
+            spawner.unowned.clear()
+            self.report_at = None
+
+    def _reap(self) -> None:
+        drain(self.wake)
+        for sid, status in self.spawner.reap():
+            send(self.sock, {"exit": sid, "status": status})
+        if self.spawner.spare_killed:
+            self.spawner.spare_killed = False
+            self.spare_due = True
+        if self.spare_due:
+            self.spare_due = False
+            self.lease()
+        if self.spawner.unowned and self.report_at is None:
+            self.report_at = time.monotonic() + UNOWNED_REPORT_S
+
+    def _spare_state(self, fd: int) -> None:
+        ended = self.spawner.spare_state(fd)
+        if ended is not None:
+            self.poller.unregister(fd)
+            # Replaced after SPARE_IDLE_MS of quiet or the next exit, not at once (``spare_state``).
+            self.spare_due = self.spare_due or ended
+        elif self.spawner.available() < SPARES:
+            self.lease()  # an exec runs long: its exec-init no longer counts as a spare coming back
+
+    def _request(self) -> None:
+        got = receive(self.sock)
+        if got is None:
+            os._exit(0)
+        reply, out = _init_request(self.spawner, *got)
+        try:
+            send(self.sock, reply, out)
+        finally:
+            close_all(out)
+        if reply.get("ok") and got[0].get("op") == "spawn":
+            self.spare_due = True
