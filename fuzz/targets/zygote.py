@@ -7,7 +7,7 @@ Oracles beyond "no crash":
 * reading a spawn request raises only what its readers handle (``KeyError``, ``TypeError``, ``ValueError``,
   ``OSError``: the exec-init answers 127 and the init replies an error); ``validate`` and ``confinement`` of a
   spec that was read never raise;
-* a namespace plan that is read round-trips through ``to_wire``.
+* a spawn request or a namespace plan that is read round-trips through ``to_wire``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,12 @@ def one_input(data: bytes) -> None:
     except OSError:
         return
     assert isinstance(message, dict) and fds == []
+    try:
+        request = messages.SpawnRequest.from_wire(message)
+    except _HANDLED:
+        request = None
+    if request is not None:
+        assert messages.SpawnRequest.from_wire(request.to_wire()) == request, request
     try:
         spec = child.SpawnSpec.from_wire(message["spec"])
     except _HANDLED:

@@ -17,6 +17,7 @@ from typing import Any, Final, NoReturn
 from supervisor.protocol.exit_codes import ExitCode
 
 from . import capabilities, child, linux, spawn
+from .messages import SpareBack, SpawnRequest
 from .procstate import keep_fds
 from .spawn_fds import stdio_fds
 from .wire import close_all, receive, send, socket_pair
@@ -173,7 +174,7 @@ def _serve(  # pragma: no cover - a spare exec-init
             report.send(str(status).encode(), socket.MSG_NOSIGNAL)
             sock, theirs = socket_pair()
             try:
-                send(report, {"spare": True, "notes": notes}, [theirs.fileno()])
+                send(report, SpareBack(tuple(notes)).to_wire(), [theirs.fileno()])
             finally:
                 theirs.close()
             if ran_long:
@@ -231,14 +232,15 @@ def _run(  # pragma: no cover - a spare exec-init
     status, or 127's where it did not start (the failure is on its status pipe, as a forked child reports it)."""
     try:
         try:
-            spec = child.SpawnSpec.from_wire(request["spec"])
-            ctx.stdio, ctx.status_fd, master = stdio_fds(request, fds, spec)
+            req = SpawnRequest.from_wire(request)
+            spec = child.SpawnSpec.from_wire(req.spec)
+            ctx.stdio, ctx.status_fd, master = stdio_fds(req, fds, spec)
         except (KeyError, TypeError, ValueError):
             close_all(fds)
             return ExitCode.NOT_FOUND << 8
         except OSError as exc:
-            if len(request.get("stdio") or ()) == 1 and 0 <= request["stdio"][0] < len(fds):
-                ctx.status_fd = fds[request["stdio"][0]]
+            if len(req.stdio) == 1 and 0 <= req.stdio[0] < len(fds):
+                ctx.status_fd = fds[req.stdio[0]]
                 child.report_failure(ctx, child.Stage.STDIO, exc)
             close_all(fds)
             return ExitCode.NOT_FOUND << 8

@@ -19,6 +19,7 @@ from typing import Any, Final, NoReturn
 from supervisor.protocol.interpreter import import_path
 
 from . import capabilities, child, exec_init, linux, privilege, rootfs
+from .messages import Exit, Unowned
 from .procstate import drain, install_sigchld_wakeup, keep_fds, reset_process
 from .spawner import SPARE_IDLE_MS, SPARES, Spawner
 from .wire import close_all, receive, send
@@ -205,14 +206,14 @@ class _InitLoop:  # pragma: no cover - own pid ns
     def _report_unowned(self) -> None:
         spawner = self.spawner
         if spawner.unowned and self.report_at is not None and time.monotonic() >= self.report_at:
-            send(self.sock, {"unowned": len(spawner.unowned), "pids": spawner.unowned[:UNOWNED_PIDS]})
+            send(self.sock, Unowned(len(spawner.unowned), tuple(spawner.unowned[:UNOWNED_PIDS])).to_wire())
             spawner.unowned.clear()
             self.report_at = None
 
     def _reap(self) -> None:
         drain(self.wake)
         for sid, status in self.spawner.reap():
-            send(self.sock, {"exit": sid, "status": status})
+            send(self.sock, Exit(sid, status).to_wire())
         if self.spawner.spare_killed:
             self.spawner.spare_killed = False
             self.spare_due = True

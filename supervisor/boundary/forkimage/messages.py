@@ -1,12 +1,182 @@
-"""The messages of the launcher's wire (wire.py), typed: each a frozen dataclass with ``to_wire``/``from_wire``."""
+"""The messages of the launcher's wire (wire.py), typed: each a frozen dataclass with ``to_wire``/``from_wire``.
+
+Rules:
+
+1. ``to_wire`` writes the JSON object the launcher always wrote; ``from_wire`` checks each field it reads and
+   refuses a malformed message with a ``MessageError`` that names the message and the field (zygote.py rule 5:
+   nothing received is trusted beyond its shape).
+2. What a message carries beside its JSON (fds, as ``SCM_RIGHTS``) stays with the caller; the layouts that
+   index those fds (``stdio``, ``notify``) are fields here, checked against the fds by spawn_fds.py.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from supervisor.protocol.privilege_model import PrivilegeModel
+
+T = TypeVar("T")
+
+
+class MessageError(ValueError):
+    """A launcher message that does not have its shape; the text names the message and the field."""
+
+
+def _get(data: Mapping[str, Any], what: str, name: str, kind: type[T] | tuple[type, ...]) -> T:
+    """``data[name]``, which must be of ``kind`` (an int is never a bool here)."""
+    if not isinstance(data, Mapping):
+        raise MessageError(f"{what}: not an object")
+    if name not in data:
+        raise MessageError(f"{what}: field {name!r} is missing")
+    value = data[name]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+        names = " or ".join(k.__name__ for k in kinds)
+        raise MessageError(f"{what}: field {name!r} must be {names}, not {type(value).__name__}")
+    return value  # type: ignore[return-value]
+
+
+def _opt(data: Mapping[str, Any], what: str, name: str, kind: type[T]) -> T | None:
+    """``data[name]`` of ``kind`` when present and not null, else ``None``."""
+    return None if data.get(name) is None else _get(data, what, name, kind)
+
+
+def _ints(data: Mapping[str, Any], what: str, name: str) -> tuple[int, ...]:
+    values = _get(data, what, name, list)
+    if not all(type(v) is int for v in values):
+        raise MessageError(f"{what}: field {name!r} must be a list of int")
+    return tuple(values)
+
+
+def _strs(data: Mapping[str, Any], what: str, name: str) -> tuple[str, ...]:
+    values = [] if data.get(name) is None else _get(data, what, name, list)
+    if not all(isinstance(v, str) for v in values):
+        raise MessageError(f"{what}: field {name!r} must be a list of str")
+    return tuple(values)
+
+
+# --- requests (the boundary's, to the zygote and on to the init or a spare) ---------------------------------
+
+
+@dataclass(frozen=True)
+class SpawnRequest:
+    """``spawn``: the child's spec (``child.SpawnSpec.to_wire()``), its stdio layout over the fds sent with it
+    (stdin, stdout, stderr, status; status alone with a terminal), the connect-notify socket's index, and
+    whether it gets a PID namespace of its own. A leased spare's command is the same without ``id``/``sid``."""
+
+    spec: Mapping[str, Any]
+    stdio: tuple[int, ...]
+    id: int | None = None
+    sid: int | None = None
+    notify: int | None = None
+    own_pidns: bool = False
+
+    def to_wire(self) -> dict[str, Any]:
+        if self.id is None:  # a spare's command
+            return {"spec": dict(self.spec), "stdio": list(self.stdio)}
+        return {
+            "op": "spawn",
+            "id": self.id,
+            "sid": self.sid,
+            "spec": dict(self.spec),
+            "stdio": list(self.stdio),
+            "notify": self.notify,
+            "own_pidns": self.own_pidns,
+        }
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> SpawnRequest:
+        what = "spawn request"
+        spare = isinstance(data, Mapping) and "id" not in data
+        return cls(
+            spec=_get(data, what, "spec", dict),
+            stdio=_ints(data, what, "stdio"),
+            id=None if spare else _get(data, what, "id", int),
+            sid=None if spare else _get(data, what, "sid", int),
+            notify=_opt(data, what, "notify", int),
+            own_pidns=bool(_opt(data, what, "own_pidns", bool)),
+        )
+
+
+# --- unsolicited messages (the zygote's, the init's and a spare's, to the boundary) --------------------------
+
+
+@dataclass(frozen=True)
+class Exit:
+    """A launched process ended: its spawn's ``sid`` and raw wait status (zygote.py rule 2)."""
+
+    sid: int
+    status: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"exit": self.sid, "status": self.status}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> Exit:
+        return cls(sid=_get(data, "exit", "exit", int), status=_get(data, "exit", "status", int))
+
+
+@dataclass(frozen=True)
+class Unowned:
+    """Orphans the workload's init reaped that nobody launched: how many, and the first pids."""
+
+    count: int
+    pids: tuple[int, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"unowned": self.count, "pids": list(self.pids)}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> Unowned:
+        what = "unowned report"
+        return cls(count=_get(data, what, "unowned", int), pids=_ints(data, what, "pids") if "pids" in data else ())
+
+
+@dataclass(frozen=True)
+class SpareLease:
+    """The init leases a spare exec-init to the boundary (zygote.py "Spares"): its host and namespace pids, the
+    confinement it applied to itself (``child.Confinement``) and its notes. Its fds travel beside it."""
+
+    host_pid: int
+    ns_pid: int
+    confinement: Mapping[str, Any]
+    notes: tuple[str, ...] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "spare": self.host_pid,
+            "ns_pid": self.ns_pid,
+            "confinement": dict(self.confinement),
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> SpareLease:
+        what = "spare lease"
+        return cls(
+            host_pid=_get(data, what, "spare", int),
+            ns_pid=_get(data, what, "ns_pid", int),
+            confinement=_get(data, what, "confinement", dict),
+            notes=_strs(data, what, "notes"),
+        )
+
+
+@dataclass(frozen=True)
+class SpareBack:
+    """A spare exec-init leases itself again after its exec, on its report socket, with a new command socket."""
+
+    notes: tuple[str, ...] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"spare": True, "notes": list(self.notes)}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> SpareBack:
+        if _get(data, "spare's return", "spare", bool) is not True:
+            raise MessageError("spare's return: field 'spare' must be true")
+        return cls(notes=_strs(data, "spare's return", "notes"))
 
 
 @dataclass(frozen=True)

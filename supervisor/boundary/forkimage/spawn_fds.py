@@ -4,21 +4,20 @@ in the agent's mount namespace (terminal.py rule 1) and the connect-notify hand-
 from __future__ import annotations
 
 import errno
-from collections.abc import Mapping
-from typing import Any
 
 from . import child, terminal
+from .messages import SpawnRequest
 
 
 def stdio_fds(
-    request: Mapping[str, Any], fds: list[int], spec: child.SpawnSpec
+    request: SpawnRequest, fds: list[int], spec: child.SpawnSpec
 ) -> tuple[tuple[int, int, int], int, int | None]:
     """``(stdin, stdout, stderr), status, PTY master or None``. The layout indexes ``fds``: stdin, stdout,
     stderr and status; with a terminal, status alone, and the PTY is opened here (terminal.py rule 1): the slave
     is appended to ``fds`` (closed with them), the master is the caller's."""
-    layout = request["stdio"]
+    layout = request.stdio
     want = 1 if spec.tty else 4
-    if len(layout) != want or not all(isinstance(i, int) and 0 <= i < len(fds) for i in layout):
+    if len(layout) != want or not all(0 <= i < len(fds) for i in layout):
         raise OSError(errno.EINVAL, "bad stdio layout")
     if not spec.tty:
         return (fds[layout[0]], fds[layout[1]], fds[layout[2]]), fds[layout[3]], None
@@ -27,11 +26,11 @@ def stdio_fds(
     return (slave, slave, slave), fds[layout[0]], master
 
 
-def notify_fd(request: Mapping[str, Any], fds: list[int]) -> int | None:
+def notify_fd(request: SpawnRequest, fds: list[int]) -> int | None:
     """The connect-notify hand-off socket the boundary sent with a spawn (``"notify"`` indexes ``fds``), if any."""
-    index = request.get("notify")
+    index = request.notify
     if index is None:
         return None
-    if not isinstance(index, int) or not 0 <= index < len(fds):
+    if not 0 <= index < len(fds):
         raise OSError(errno.EINVAL, "bad notify index")
     return fds[index]

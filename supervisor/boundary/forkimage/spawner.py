@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from . import capabilities, child, linux, rootfs, seccomp
 from .exec_init import exec_init, spare_main
+from .messages import SpareLease, SpawnRequest
 from .spawn_fds import notify_fd, stdio_fds
 from .wire import close_all, error_reply, receive, socket_pair
 
@@ -77,7 +78,7 @@ class Spawner:
                 raise self.root_error from None
 
     def spawn(self, request: Mapping[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
-        rid, sid = request["id"], int(request["sid"])
+        rid = request.get("id")
         out: list[int] = []
         try:
             self._enter_root()
@@ -85,13 +86,14 @@ class Spawner:
             close_all(fds)
             return error_reply(rid, exc, stage=child.Stage.MOUNT_NS.value), []
         try:
-            spec = child.SpawnSpec.from_wire(request["spec"])
-            stdio, status_fd, master = stdio_fds(request, fds, spec)
+            req = SpawnRequest.from_wire(request)
+            spec = child.SpawnSpec.from_wire(req.spec)
+            stdio, status_fd, master = stdio_fds(req, fds, spec)
             out = [] if master is None else [master]  # the PTY's master goes up with the reply (terminal.py)
-            notify = notify_fd(request, fds)
+            notify = notify_fd(req, fds)
             self.confinement = child.confinement(spec, notify is not None)
             parent = os.getpid()
-            nested = bool(request.get("own_pidns")) and self.pidns_fd is not None
+            nested = req.own_pidns and self.pidns_fd is not None
             report_r = report_w = -1
             if nested:  # its own PID namespace: the first child after this unshare is its init (exec_init)
                 report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
@@ -113,7 +115,7 @@ class Spawner:
             if nested:
                 os.close(report_w)
                 self.exit_reports[pid] = report_r
-            self.live[pid] = sid
+            self.live[pid] = int(req.sid or 0)
             pidfd = os.pidfd_open(pid)
             host_pid = pid if self.host_proc_fd is None else linux.pidfd_pid(pidfd, dir_fd=self.host_proc_fd)
             reply = {"id": rid, "ok": True, "pid": host_pid, "ns_pid": pid, "nested": nested, "pty": bool(out)}
@@ -185,8 +187,8 @@ class Spawner:
         self.running_long[state_r] = False
         self.made_for[state_r] = confinement
         self.spare_pid[state_r] = pid
-        message = {"spare": host_pid, "ns_pid": pid, "confinement": confinement, "notes": ready[0].get("notes") or []}
-        return message, out, state_r
+        notes = tuple(str(note) for note in ready[0].get("notes") or ())
+        return SpareLease(host_pid, pid, confinement, notes).to_wire(), out, state_r
 
     def available(self) -> int:
         """Spare exec-inits that wait, or whose exec began less than SPARE_BUSY_S ago (it comes back soon)."""

@@ -81,7 +81,7 @@ from supervisor.protocol.privilege_model import PrivilegeModel
 
 from . import capabilities, linux, privilege, rootfs
 from .init import exec_init_image
-from .messages import NamespacePlan
+from .messages import Exit, NamespacePlan
 from .procstate import drain, install_sigchld_wakeup, reset_process
 from .spawner import Spawner
 from .wire import close_all, error_reply, receive, send, socket_pair
@@ -214,7 +214,7 @@ class Zygote:
             elif self.spawner is not None:
                 sid = self.spawner.live.pop(pid, None)
                 if sid is not None:
-                    self.reply({"exit": sid, "status": status})
+                    self.reply(Exit(sid, status).to_wire())
 
     def pump_init(self) -> None:
         """Forward what the init sent unprompted (exits); EOF means the init is gone."""
@@ -259,7 +259,7 @@ class Zygote:
                     self._relay(*got)
             sock.close()
         for sid in sorted(self.init_live):
-            self.reply({"exit": sid, "status": SIGKILL_STATUS})
+            self.reply(Exit(sid, SIGKILL_STATUS).to_wire())
         self.init_live.clear()
         self.pidns_gone = True
 

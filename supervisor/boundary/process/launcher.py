@@ -38,7 +38,7 @@ import trio
 from supervisor.boundary.capture import calls as capture_calls
 from supervisor.boundary.forkimage import child, privilege, spawner, wire, zygote
 from supervisor.boundary.forkimage.child import SpawnSpec, Stage
-from supervisor.boundary.forkimage.messages import NamespacePlan
+from supervisor.boundary.forkimage.messages import Exit, NamespacePlan, SpareBack, SpareLease, SpawnRequest, Unowned
 from supervisor.protocol.exit_codes import ExitCode, for_launch_errno
 from supervisor.protocol.privilege_model import PrivilegeModel
 
@@ -246,15 +246,16 @@ class Launcher:
             self._take_lease(message, fds)
         elif "exit" in message:
             wire.close_all(fds)
-            sid = int(message["exit"])
-            if sid in self._discard:
-                self._discard.discard(sid)
+            ended = Exit.from_wire(message)
+            if ended.sid in self._discard:
+                self._discard.discard(ended.sid)
             else:
-                self._exits[sid] = int(message["status"])
+                self._exits[ended.sid] = ended.status
         elif "unowned" in message:  # orphans the workload's init reaped, one report per second at most
             wire.close_all(fds)
             if self.on_unowned is not None:
-                self.on_unowned(int(message["unowned"]), [int(p) for p in message.get("pids") or ()])
+                unowned = Unowned.from_wire(message)
+                self.on_unowned(unowned.count, list(unowned.pids))
         elif message.get("id") in self._abandoned:
             # The requester was cancelled: a child launched for it must not run unobserved.
             self._abandoned.discard(message["id"])
@@ -272,12 +273,13 @@ class Launcher:
         under the connect-notify filter, the listener, which goes to the notifier now (it serves it before the
         exec)."""
         try:
-            confinement = cast(child.Confinement, dict(message["confinement"]))
+            lease = SpareLease.from_wire(message)
+            confinement = cast(child.Confinement, dict(lease.confinement))
             if len(fds) != 3 + int(bool(confinement["notify"])):
                 raise LauncherError(f"a lease came with {len(fds)} fds")
             self._file_lease(
-                Lease(int(message["spare"]), int(message["ns_pid"]), None, fds[1], fds[2], confinement, ()),
-                message, fds[0], fds[3:],
+                Lease(lease.host_pid, lease.ns_pid, None, fds[1], fds[2], confinement, ()),
+                lease.notes, fds[0], fds[3:],
             )  # fmt: skip
             fds[:3] = []
         except (LauncherError, OSError, KeyError, TypeError, ValueError):
@@ -304,16 +306,17 @@ class Launcher:
             self._returning.remove(lease)
             fds = [] if got is None else got[1]
             try:
-                if got is None or got[0].get("spare") is not True or len(fds) != 1:
+                if got is None or len(fds) != 1:
                     raise LauncherError("an exec-init ended instead of coming back")
-                self._file_lease(lease, got[0], fds[0], fds[1:])
+                back = SpareBack.from_wire(got[0])
+                self._file_lease(lease, back.notes, fds[0], fds[1:])
                 fds[:1] = []
             except (LauncherError, OSError, TypeError, ValueError):
                 wire.close_all([lease.pidfd, lease.report])
             finally:
                 wire.close_all(fds)
 
-    def _file_lease(self, made: Lease, message: Mapping[str, Any], cmd: int, listener: list[int]) -> None:
+    def _file_lease(self, made: Lease, notes: tuple[str, ...], cmd: int, listener: list[int]) -> None:
         """Our end of a spare's command socket in a lease (``made``'s exec-init, pidfd, report socket and
         confinement); its listener, if any, to the notifier. Raises before taking ``cmd`` on a bad one."""
         if listener:
@@ -322,7 +325,6 @@ class Launcher:
             socket.send_fds(self.notify_socket, [b"listener"], listener, socket.MSG_DONTWAIT)
         sock = _seqpacket(cmd)
         sock.setblocking(False)
-        notes = tuple(str(note) for note in message.get("notes") or ())
         self._leases.append(dataclasses.replace(made, sock=sock, notes=notes))
         while len(self._leases) > spawner.SPARES:  # more than the init keeps out: not ours to hold
             self._leases.pop(0).close()
@@ -375,8 +377,14 @@ class Launcher:
             progress.set()
 
     async def _request(self, op: str, fds: Sequence[int] = (), **fields: Any) -> tuple[dict[str, Any], list[int]]:
+        return await self._request_wire(lambda rid: {"op": op, "id": rid, **fields}, fds)
+
+    async def _request_wire(
+        self, message: Callable[[int], Mapping[str, Any]], fds: Sequence[int] = ()
+    ) -> tuple[dict[str, Any], list[int]]:
+        """Send the request ``message`` writes for a fresh id, and wait for its reply."""
         rid = next(self._ids)
-        await self._send({"op": op, "id": rid, **fields}, fds)
+        await self._send(message(rid), fds)
         try:
             while rid not in self._replies:
                 self._check_alive()
@@ -551,7 +559,7 @@ class Launcher:
         if self.first_execs is not None and self.first_execs.vouches_for(spec.env):
             self.first_execs.open(lease.pid)  # before the command can reach its execve
         try:
-            wire.send(lease.sock, {"spec": spec.to_wire(), "stdio": layout}, fds)
+            wire.send(lease.sock, SpawnRequest(spec.to_wire(), tuple(layout)).to_wire(), fds)
         except OSError:  # it ended while waiting (only a signal from our side can do that)
             if self.first_execs is not None:
                 self.first_execs.close(lease.pid)
@@ -569,8 +577,8 @@ class Launcher:
             theirs.append(os.dup(self.notify_socket.fileno()))
             notify = len(theirs) - 1
         try:
-            reply, fds = await self._request(
-                "spawn", fds=theirs, sid=sid, spec=spec.to_wire(), stdio=layout, notify=notify, own_pidns=own_pidns
+            reply, fds = await self._request_wire(
+                lambda rid: SpawnRequest(spec.to_wire(), tuple(layout), rid, sid, notify, own_pidns).to_wire(), theirs
             )
         except BaseException:
             self._forget(sid)
