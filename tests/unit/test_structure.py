@@ -62,7 +62,7 @@ _JSON_EDGE_MODULES: dict[str, str] = {
     "JSON objects of its wire",
 }
 
-_DICT_ANY_CEILING = 233
+_DICT_ANY_CEILING = 230
 
 
 # --- the checkers --------------------------------------------------------------------------------------------

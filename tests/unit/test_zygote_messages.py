@@ -10,14 +10,21 @@ import pytest
 
 from supervisor.boundary.forkimage import wire
 from supervisor.boundary.forkimage.messages import (
+    Done,
+    ErrorReply,
     Exit,
     MessageError,
     NamespacePlan,
+    PingReply,
+    PrepareReply,
+    Ready,
     SpareBack,
     SpareLease,
+    SpawnReply,
     SpawnRequest,
     Unowned,
 )
+from supervisor.protocol.privilege_model import PrivilegeModel
 
 _SPEC: dict[str, Any] = {"argv": ["/bin/true"], "env": {}, "cwd": "/", "uid": 1000, "gid": 1000}
 _CONFINEMENT: dict[str, Any] = {"notify": False, "landlock": None}
@@ -30,7 +37,17 @@ MESSAGES = [
     Unowned(count=12, pids=(40, 41)),
     SpareLease(host_pid=1234, ns_pid=1, confinement=_CONFINEMENT, notes=("landlock: abi 3",)),
     SpareBack(notes=("a note",)),
-    NamespacePlan("U", agent_ids=(1000, 1000), hide_paths=("/srv",)),
+    NamespacePlan(PrivilegeModel.U, agent_ids=(1000, 1000), hide_paths=("/srv",)),
+    ErrorReply(id=4, errno=2, error="No such file or directory", stage="exec"),
+    ErrorReply(id=5, errno=0, error="launcher not prepared"),
+    SpawnReply(id=6, pid=4242, ns_pid=3, nested=True, pty=False),
+    PrepareReply(id=1, fd_names=("tcp", "dns"), report={"netns": "ok"}, init_pid=99),
+    PrepareReply(id=1),
+    PingReply(id=2, pid=77),
+    Done(id=3),
+    Ready(True, notes=("landlock: abi 3",)),
+    Ready(False, errno=1, stage="landlock", detail="Operation not permitted"),
+    Ready(False, errno=2, error="mount /proc: No such file or directory"),
 ]
 
 
@@ -48,6 +65,17 @@ def test_the_wire_objects_are_the_ones_the_launcher_always_wrote() -> None:
         "spare": 1, "ns_pid": 2, "confinement": _CONFINEMENT, "notes": [],
     }  # fmt: skip
     assert SpawnRequest(_SPEC, (0,)).to_wire() == {"spec": _SPEC, "stdio": [0]}
+    assert ErrorReply(1, 22, "bad", "fork").to_wire() == {
+        "id": 1,
+        "ok": False,
+        "errno": 22,
+        "error": "bad",
+        "stage": "fork",
+    }
+    assert ErrorReply(1, 0, "bad").to_wire() == {"id": 1, "ok": False, "errno": 0, "error": "bad"}
+    assert SpawnReply(1, 2, 3).to_wire() == {"id": 1, "ok": True, "pid": 2, "ns_pid": 3, "nested": False, "pty": False}
+    assert Done(8).to_wire() == {"id": 8, "ok": True}
+    assert Ready(False, errno=5, error="x").to_wire() == {"ready": False, "errno": 5, "error": "x"}
     assert list(SpawnRequest(_SPEC, (0, 1, 2, 3), 1, 2).to_wire()) == [
         "op", "id", "sid", "spec", "stdio", "notify", "own_pidns",
     ]  # fmt: skip
@@ -72,6 +100,15 @@ def test_the_wire_objects_are_the_ones_the_launcher_always_wrote() -> None:
         (SpawnRequest, {"id": 1, "sid": 2, "spec": _SPEC, "stdio": [0], "notify": "4"}, "'notify' must be int"),
         (SpawnRequest, {"id": 1, "sid": 2, "spec": _SPEC, "stdio": [0], "own_pidns": 1}, "'own_pidns' must be bool"),
         (SpawnRequest, [], "not an object"),
+        (ErrorReply, {"id": 1, "ok": False, "errno": "2"}, "'errno' must be int"),
+        (ErrorReply, [1], "not an object"),
+        (SpawnReply, {"id": 1, "ok": True, "pid": 2}, "'ns_pid' is missing"),
+        (SpawnReply, {"id": 1, "ok": True, "pid": "2", "ns_pid": 1}, "'pid' must be int"),
+        (PrepareReply, {"id": 1, "ok": True, "fd_names": ["a", 2]}, "'fd_names' must be a list of str"),
+        (PrepareReply, {"id": 1, "ok": True, "report": []}, "'report' must be dict"),
+        (PingReply, {"id": 1, "ok": True}, "'pid' is missing"),
+        (Ready, {"ready": "yes"}, "'ready' must be bool"),
+        (Ready, {"ready": False, "errno": "EPERM"}, "'errno' must be int"),
     ],
 )
 def test_from_wire_refuses_a_malformed_message_naming_the_field(kind: Any, data: Any, field: str) -> None:

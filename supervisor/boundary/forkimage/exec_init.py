@@ -17,7 +17,7 @@ from typing import Any, Final, NoReturn
 from supervisor.protocol.exit_codes import ExitCode
 
 from . import capabilities, child, linux, spawn
-from .messages import SpareBack, SpawnRequest
+from .messages import Ready, SpareBack, SpawnRequest
 from .procstate import keep_fds
 from .spawn_fds import stdio_fds
 from .wire import close_all, receive, send, socket_pair
@@ -146,7 +146,11 @@ def spare_main(  # pragma: no cover - own pid ns
         sock = socket.socket(fileno=3)
         listener = [] if ctx.listener is None else [ctx.listener]
         ctx.listener = None
-        send(sock, {"ready": True, "notes": ctx.notes} if failure is None else {"ready": False, **failure}, listener)
+        if failure is None:
+            ready = Ready(True, notes=tuple(ctx.notes))
+        else:
+            ready = Ready(False, errno=failure["errno"], stage=failure["stage"], detail=failure["detail"])
+        send(sock, ready.to_wire(), listener)
         close_all(listener)
         if failure is None:
             _serve(ctx, confinement, sock, socket.socket(fileno=4), signals)

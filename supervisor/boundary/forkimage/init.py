@@ -19,7 +19,7 @@ from typing import Any, Final, NoReturn
 from supervisor.protocol.interpreter import import_path
 
 from . import capabilities, child, exec_init, linux, privilege, rootfs
-from .messages import Exit, Unowned
+from .messages import ErrorReply, Exit, Ready, Unowned
 from .procstate import drain, install_sigchld_wakeup, keep_fds, reset_process
 from .spawner import SPARE_IDLE_MS, SPARES, Spawner
 from .wire import close_all, receive, send
@@ -35,7 +35,7 @@ def _init_request(spawner: Spawner, request: dict[str, Any], fds: list[int]) -> 
     if op == "spawn":
         return spawner.spawn(request, fds)
     close_all(fds)
-    return {"id": request.get("id"), "ok": False, "errno": errno.EINVAL, "error": f"init does not serve {op!r}"}, []
+    return ErrorReply(request.get("id"), errno.EINVAL, f"init does not serve {op!r}").to_wire(), []
 
 
 # The init's image. Every exec forks the init twice (the spare exec-init, then its command), and a fork's cost
@@ -83,7 +83,7 @@ def exec_init_image(  # pragma: no cover - the init before its execve
     except BaseException as exc:
         with contextlib.suppress(BaseException):
             reason = f"start the init ({sys.executable or '?'}): {exc}"
-            send(socket.socket(fileno=3), {"ready": False, "errno": getattr(exc, "errno", None), "error": reason})
+            send(socket.socket(fileno=3), Ready(False, errno=getattr(exc, "errno", None), error=reason).to_wire())
     finally:
         os._exit(1)
 
@@ -110,7 +110,7 @@ def init_main(  # pragma: no cover - own pid ns
         _shed()
         wake = install_sigchld_wakeup()
         spawner = _spawner(plan, narrow)
-        send(sock, {"ready": True})
+        send(sock, Ready(True).to_wire())
         _InitLoop(sock, wake, spawner).run()
     finally:
         os._exit(1)
@@ -124,12 +124,12 @@ def _boot(
         if mount_proc:
             linux.mount("proc", "/proc", "proc", PROC_FLAGS)
     except OSError as exc:
-        send(sock, {"ready": False, "errno": exc.errno, "error": f"mount /proc: {exc.strerror}"})
+        send(sock, Ready(False, errno=exc.errno, error=f"mount /proc: {exc.strerror}").to_wire())
         os._exit(1)
     try:
         return rootfs.RootPlan.from_wire(root) if root is not None else None
     except (KeyError, TypeError, ValueError) as exc:
-        send(sock, {"ready": False, "errno": errno.EINVAL, "error": f"agent root: {exc}"})
+        send(sock, Ready(False, errno=errno.EINVAL, error=f"agent root: {exc}").to_wire())
         os._exit(1)
 
 

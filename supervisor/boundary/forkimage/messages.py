@@ -12,7 +12,7 @@ Rules:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from supervisor.protocol.privilege_model import PrivilegeModel
@@ -97,6 +97,167 @@ class SpawnRequest:
             sid=None if spare else _get(data, what, "sid", int),
             notify=_opt(data, what, "notify", int),
             own_pidns=bool(_opt(data, what, "own_pidns", bool)),
+        )
+
+
+# --- replies (to a request's ``id``) ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    """A request failed: its errno (0 when none) and text, and for a spawn the stage that failed."""
+
+    id: Any
+    errno: int
+    error: str
+    stage: str | None = None
+
+    @classmethod
+    def of(cls, rid: Any, exc: BaseException, stage: str | None = None) -> ErrorReply:
+        err = exc.errno if isinstance(exc, OSError) and exc.errno else 0
+        text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+        return cls(rid, err, text, stage)
+
+    def to_wire(self) -> dict[str, Any]:
+        out = {"id": self.id, "ok": False, "errno": self.errno, "error": self.error}
+        return out if self.stage is None else {**out, "stage": self.stage}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> ErrorReply:
+        what = "error reply"
+        if not isinstance(data, Mapping):
+            raise MessageError(f"{what}: not an object")
+        return cls(
+            id=data.get("id"),
+            errno=_opt(data, what, "errno", int) or 0,
+            error=str(data.get("error", "failed")),
+            stage=None if data.get("stage") is None else str(data["stage"]),
+        )
+
+
+@dataclass(frozen=True)
+class SpawnReply:
+    """A child was forked: its host pid, its pid where it was forked (the workload's namespace), whether it is
+    the init of a namespace of its own (``exec_init``), and whether a PTY master comes with its pidfd."""
+
+    id: int
+    pid: int
+    ns_pid: int
+    nested: bool = False
+    pty: bool = False
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "ok": True,
+            "pid": self.pid,
+            "ns_pid": self.ns_pid,
+            "nested": self.nested,
+            "pty": self.pty,
+        }
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> SpawnReply:
+        what = "spawn reply"
+        return cls(
+            id=_get(data, what, "id", int),
+            pid=_get(data, what, "pid", int),
+            ns_pid=_get(data, what, "ns_pid", int),
+            nested=bool(_opt(data, what, "nested", bool)),
+            pty=bool(_opt(data, what, "pty", bool)),
+        )
+
+
+@dataclass(frozen=True)
+class PrepareReply:
+    """The namespaces are made: the names of the fds that come with it (the capture's listeners), the capture's
+    report, and the host pid of the workload's init when there is one."""
+
+    id: Any
+    fd_names: tuple[str, ...] = ()
+    report: Mapping[str, Any] = field(default_factory=dict)
+    init_pid: int | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "ok": True,
+            "fd_names": list(self.fd_names),
+            "report": dict(self.report),
+            "init_pid": self.init_pid,
+        }
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> PrepareReply:
+        what = "prepare reply"
+        return cls(
+            id=_get(data, what, "id", int),
+            fd_names=_strs(data, what, "fd_names"),
+            report=_opt(data, what, "report", dict) or {},
+            init_pid=_opt(data, what, "init_pid", int),
+        )
+
+
+@dataclass(frozen=True)
+class PingReply:
+    """The zygote lives: its pid."""
+
+    id: Any
+    pid: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"id": self.id, "ok": True, "pid": self.pid}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> PingReply:
+        return cls(id=_get(data, "ping reply", "id", int), pid=_get(data, "ping reply", "pid", int))
+
+
+@dataclass(frozen=True)
+class Done:
+    """A request that answers nothing but success (``socket``, whose fd comes beside it, and ``kill_all``)."""
+
+    id: Any
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"id": self.id, "ok": True}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> Done:
+        return cls(id=_get(data, "reply", "id", int))
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The init's or a spare exec-init's first word: ready (a spare's notes), or not, with the errno and the
+    text (the init's ``error``; a spare's failed ``stage`` and its ``detail``)."""
+
+    ready: bool
+    notes: tuple[str, ...] = ()
+    errno: int | None = None
+    error: str | None = None
+    stage: str | None = None
+    detail: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        if self.ready:
+            return {"ready": True, "notes": list(self.notes)}
+        out: dict[str, Any] = {"ready": False, "errno": self.errno}
+        for name in ("error", "stage", "detail"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> Ready:
+        what = "ready message"
+        return cls(
+            ready=_get(data, what, "ready", bool),
+            notes=_strs(data, what, "notes"),
+            errno=_opt(data, what, "errno", int),
+            error=_opt(data, what, "error", str),
+            stage=_opt(data, what, "stage", str),
+            detail=_opt(data, what, "detail", str),
         )
 
 

@@ -14,9 +14,9 @@ from typing import Any, Final
 
 from . import capabilities, child, linux, rootfs, seccomp
 from .exec_init import exec_init, spare_main
-from .messages import SpareLease, SpawnRequest
+from .messages import ErrorReply, MessageError, Ready, SpareLease, SpawnReply, SpawnRequest
 from .spawn_fds import notify_fd, stdio_fds
-from .wire import close_all, error_reply, receive, socket_pair
+from .wire import close_all, receive, socket_pair
 
 SPARE_IDLE_MS: Final = 5  # the init forks the next spare exec-init after an exit report or this long idle
 SPARE_READY_S: Final = 2.0  # a spare exec-init that has not confined itself by then is let go
@@ -84,7 +84,7 @@ class Spawner:
             self._enter_root()
         except OSError as exc:
             close_all(fds)
-            return error_reply(rid, exc, stage=child.Stage.MOUNT_NS.value), []
+            return ErrorReply.of(rid, exc, stage=child.Stage.MOUNT_NS.value).to_wire(), []
         try:
             req = SpawnRequest.from_wire(request)
             spec = child.SpawnSpec.from_wire(req.spec)
@@ -118,11 +118,11 @@ class Spawner:
             self.live[pid] = int(req.sid or 0)
             pidfd = os.pidfd_open(pid)
             host_pid = pid if self.host_proc_fd is None else linux.pidfd_pid(pidfd, dir_fd=self.host_proc_fd)
-            reply = {"id": rid, "ok": True, "pid": host_pid, "ns_pid": pid, "nested": nested, "pty": bool(out)}
-            return reply, [pidfd, *out]
+            reply = SpawnReply(int(req.id or 0), host_pid, pid, nested, bool(out))
+            return reply.to_wire(), [pidfd, *out]
         except Exception as exc:
             close_all(out)
-            return error_reply(rid, exc, stage=child.Stage.FORK.value), []
+            return ErrorReply.of(rid, exc, stage=child.Stage.FORK.value).to_wire(), []
         finally:
             close_all(fds)
 
@@ -168,10 +168,10 @@ class Spawner:
             close_all([theirs.detach(), *its])
             its = []
             ready = _await_ready(ours)
-            if not ready[0].get("ready") or len(ready[1]) != int(bool(confinement["notify"])):
+            if not ready[0].ready or len(ready[1]) != int(bool(confinement["notify"])):
                 close_all(ready[1])
                 self.failed_confinement = confinement
-                raise OSError(int(ready[0].get("errno") or errno.EIO), f"spare: {ready[0].get('detail')}")
+                raise OSError(ready[0].errno or errno.EIO, f"spare: {ready[0].detail}")
             pidfd = os.pidfd_open(pid)  # our unreaped child (rule 3)
             out = [ours.detach(), pidfd, report_r, *ready[1]]
             host_pid = pid if self.host_proc_fd is None else linux.pidfd_pid(pidfd, dir_fd=self.host_proc_fd)
@@ -187,8 +187,7 @@ class Spawner:
         self.running_long[state_r] = False
         self.made_for[state_r] = confinement
         self.spare_pid[state_r] = pid
-        notes = tuple(str(note) for note in ready[0].get("notes") or ())
-        return SpareLease(host_pid, pid, confinement, notes).to_wire(), out, state_r
+        return SpareLease(host_pid, pid, confinement, ready[0].notes).to_wire(), out, state_r
 
     def available(self) -> int:
         """Spare exec-inits that wait, or whose exec began less than SPARE_BUSY_S ago (it comes back soon)."""
@@ -252,7 +251,7 @@ class Spawner:
         return exits
 
 
-def _await_ready(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
+def _await_ready(sock: socket.socket) -> tuple[Ready, list[int]]:
     """A spare exec-init's message once it confined itself: ``{"ready": true, "notes"}`` with the connect-notify
     listener if it has one, or ``{"ready": false, "stage", "errno", "detail"}``; a timeout is an error."""
     poller = select.poll()
@@ -265,7 +264,11 @@ def _await_ready(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
     if len(got[1]) > 1:
         close_all(got[1])
         raise OSError(errno.EPROTO, "spare child sent more than its listener")
-    return got
+    try:
+        return Ready.from_wire(got[0]), got[1]
+    except MessageError as exc:
+        close_all(got[1])
+        raise OSError(errno.EPROTO, f"spare child: {exc}") from None
 
 
 def _reported_status(fd: int, own: int) -> int:

@@ -80,9 +80,3 @@ def socket_pair() -> tuple[socket.socket, socket.socket]:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
     return a, b
-
-
-def error_reply(rid: Any, exc: BaseException, **extra: Any) -> dict[str, Any]:
-    err = exc.errno if isinstance(exc, OSError) and exc.errno else 0
-    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
-    return {"id": rid, "ok": False, "errno": err, "error": text, **extra}

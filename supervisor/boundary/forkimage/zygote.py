@@ -81,10 +81,10 @@ from supervisor.protocol.privilege_model import PrivilegeModel
 
 from . import capabilities, linux, privilege, rootfs
 from .init import exec_init_image
-from .messages import Exit, NamespacePlan
+from .messages import Done, ErrorReply, Exit, MessageError, NamespacePlan, PingReply, PrepareReply, Ready
 from .procstate import drain, install_sigchld_wakeup, reset_process
 from .spawner import Spawner
-from .wire import close_all, error_reply, receive, send, socket_pair
+from .wire import close_all, receive, send, socket_pair
 
 HIDE_OPTIONS: Final = "mode=0555,size=4k"
 HIDE_FLAGS: Final = linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
@@ -190,12 +190,12 @@ class Zygote:
         handler = self.HANDLERS.get(str(op))
         if handler is None:
             close_all(fds)
-            self.reply({"id": rid, "ok": False, "errno": errno.EINVAL, "error": f"unknown op {op!r}"})
+            self.reply(ErrorReply(rid, errno.EINVAL, f"unknown op {op!r}").to_wire())
             return
         try:
             handler(self, request, fds)
         except Exception as exc:
-            self.reply(error_reply(rid, exc))
+            self.reply(ErrorReply.of(rid, exc).to_wire())
         finally:
             close_all(fds)  # handlers that passed fds on have emptied the list
 
@@ -266,7 +266,7 @@ class Zygote:
     # -- requests --
     def op_ping(self, request: dict[str, Any], fds: list[int]) -> None:
         close_all(fds)
-        self.reply({"id": request.get("id"), "ok": True, "pid": os.getpid()})
+        self.reply(PingReply(request.get("id"), os.getpid()).to_wire())
 
     def op_prepare(self, request: dict[str, Any], fds: list[int]) -> None:
         close_all(fds)
@@ -281,7 +281,7 @@ class Zygote:
             raise
         self.plan = plan
         try:
-            self.reply({"id": rid, "ok": True, "fd_names": names, "report": report, "init_pid": self.init_pid}, out_fds)
+            self.reply(PrepareReply(rid, tuple(names), report, self.init_pid).to_wire(), out_fds)
         finally:
             close_all(out_fds)
 
@@ -367,12 +367,15 @@ class Zygote:
             theirs.close()
             os.close(host_proc_fd)
         self.init_pid = pid
-        ready = receive(ours)
-        if ready is None or not ready[0].get("ready"):
+        got = receive(ours)
+        try:
+            ready = Ready(False) if got is None else Ready.from_wire(got[0])
+        except MessageError as exc:
+            ready = Ready(False, errno=errno.EPROTO, error=str(exc))
+        if not ready.ready:
             self.init_sock = ours
             self._init_gone()
-            detail = ready[0] if ready else {}
-            raise OSError(int(detail.get("errno") or errno.ECHILD), str(detail.get("error", "init failed")))
+            raise OSError(ready.errno or errno.ECHILD, ready.error or "init failed")
         self.init_sock = ours
         self.poller.register(ours, select.POLLIN)
 
@@ -391,7 +394,7 @@ class Zygote:
             raise OSError(errno.EAGAIN, "launcher not prepared")
         sock = socket.socket(int(request["family"]), int(request["type"]), int(request.get("proto", 0)))
         try:
-            self.reply({"id": request.get("id"), "ok": True}, [sock.fileno()])
+            self.reply(Done(request.get("id")).to_wire(), [sock.fileno()])
         finally:
             sock.close()
 
@@ -446,7 +449,7 @@ class Zygote:
     def op_kill_all(self, request: dict[str, Any], fds: list[int]) -> None:
         close_all(fds)
         self.kill_all()
-        self.reply({"id": request.get("id"), "ok": True})
+        self.reply(Done(request.get("id")).to_wire())
 
     def kill_all(self) -> None:
         if self.init_pid is not None:

@@ -31,14 +31,26 @@ import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import trio
 
 from supervisor.boundary.capture import calls as capture_calls
 from supervisor.boundary.forkimage import child, privilege, spawner, wire, zygote
 from supervisor.boundary.forkimage.child import SpawnSpec, Stage
-from supervisor.boundary.forkimage.messages import Exit, NamespacePlan, SpareBack, SpareLease, SpawnRequest, Unowned
+from supervisor.boundary.forkimage.messages import (
+    ErrorReply,
+    Exit,
+    MessageError,
+    NamespacePlan,
+    PingReply,
+    PrepareReply,
+    SpareBack,
+    SpareLease,
+    SpawnReply,
+    SpawnRequest,
+    Unowned,
+)
 from supervisor.protocol.exit_codes import ExitCode, for_launch_errno
 from supervisor.protocol.privilege_model import PrivilegeModel
 
@@ -407,11 +419,11 @@ class Launcher:
     def _raise(reply: Mapping[str, Any], what: str) -> None:
         if reply.get("ok"):
             return
-        err = int(reply.get("errno") or 0)
-        text = f"{what}: {reply.get('error', 'failed')}"
-        if "stage" in reply:
-            raise SpawnError(str(reply["stage"]), err, text)
-        raise LauncherError(text + (f" (errno {err})" if err else ""))
+        failed = _parse(ErrorReply.from_wire, reply, what)
+        text = f"{what}: {failed.error}"
+        if failed.stage is not None:
+            raise SpawnError(failed.stage, failed.errno, text)
+        raise LauncherError(text + (f" (errno {failed.errno})" if failed.errno else ""))
 
     # -- operations --
     async def prepare(self, plan: NamespacePlan) -> Prepared:
@@ -423,16 +435,21 @@ class Launcher:
         except LauncherError:
             wire.close_all(fds)
             raise
-        names = list(reply.get("fd_names") or [])
+        try:
+            prepared = _parse(PrepareReply.from_wire, reply, "prepare")
+        except LauncherError:
+            wire.close_all(fds)
+            raise
+        names = list(prepared.fd_names)
         if len(names) != len(fds):
             wire.close_all(fds)
             raise LauncherError("prepare: fd count does not match fd names")
-        self._init_pid = reply.get("init_pid")
+        self._init_pid = prepared.init_pid
         effective = plan.effective()
         self._prepared = Prepared(
             model=plan.model,
             fds=dict(zip(names, fds, strict=True)),
-            report=dict(reply.get("report") or {}),
+            report=dict(prepared.report),
             netns_path=f"/proc/{self._pid}/ns/net" if effective.netns else None,
         )
         return self._prepared
@@ -485,7 +502,7 @@ class Launcher:
                     assert lease.sock is not None
                     lease.sock.close()
                 ours.append(lease.report)
-                pidfd, reply = lease.pidfd, {"pid": lease.pid, "ns_pid": lease.ns_pid, "nested": True}
+                pidfd, reply = lease.pidfd, SpawnReply(sid, lease.pid, lease.ns_pid, nested=True)
                 lease.pidfd = os.dup(pidfd)  # the lease's own, for its exec-init's next lease (Spawned's is closed)
                 ours.append(lease.pidfd)
             else:
@@ -521,11 +538,11 @@ class Launcher:
             wire.close_all(theirs)
         os.close(status_r)
         return Spawned(
-            pid=int(reply["pid"]),
+            pid=reply.pid,
             pidfd=pidfd,
-            ns_pid=reply.get("ns_pid"),
+            ns_pid=reply.ns_pid,
             notes=(*(lease.notes if lease else ()), *notes),
-            nested=bool(reply.get("nested")),
+            nested=reply.nested,
             _launcher=self,
             _sid=sid,
             _lease=lease,
@@ -569,7 +586,7 @@ class Launcher:
 
     async def _spawn_via_launcher(
         self, spec: SpawnSpec, sid: int, layout: list[int], theirs: list[int], own_pidns: bool
-    ) -> tuple[int, dict[str, Any], int | None]:
+    ) -> tuple[int, SpawnReply, int | None]:
         """The spawn request to the zygote (and on to the init): the child's pidfd, the reply and, with a
         terminal, the PTY master the forking process opened in the agent's namespace (terminal.py)."""
         notify: int | None = None
@@ -589,7 +606,14 @@ class Launcher:
             wire.close_all(fds)
             self._raise(reply, "spawn")
             raise LauncherError("spawn: no pidfd (or no terminal) received")
-        return fds[0], reply, fds[1] if spec.tty else None
+        try:
+            spawned = _parse(SpawnReply.from_wire, reply, "spawn")
+        except LauncherError:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(fds[0], signal.SIGKILL)  # launched, and not to run unobserved
+            wire.close_all(fds)
+            raise
+        return fds[0], spawned, fds[1] if spec.tty else None
 
     def _forget(self, sid: int) -> None:
         """A launch that failed: drop its exit status whenever it arrives."""
@@ -618,7 +642,7 @@ class Launcher:
         reply, fds = await self._request("ping")
         wire.close_all(fds)
         self._raise(reply, "ping")
-        return int(reply["pid"])
+        return _parse(PingReply.from_wire, reply, "ping").pid
 
     def close(self) -> None:
         """Stop the launcher: it kills the workload on EOF; reap it (SIGKILL after a grace period)."""
@@ -751,3 +775,14 @@ async def _read_status(fd: int) -> tuple[list[str], dict[str, Any] | None]:
         else:
             failure = record
     return notes, failure
+
+
+_Reply = TypeVar("_Reply")
+
+
+def _parse(from_wire: Callable[[Mapping[str, Any]], _Reply], reply: Mapping[str, Any], what: str) -> _Reply:
+    """``from_wire(reply)``; a malformed reply is the launcher's fault: a ``LauncherError`` naming the field."""
+    try:
+        return from_wire(reply)
+    except MessageError as exc:
+        raise LauncherError(f"{what}: {exc}") from None
