@@ -29,7 +29,7 @@ from supervisor.boundary.capture import connect_notify
 from supervisor.boundary.capture.connect_notify import ConnectNotifier
 from supervisor.boundary.capture.connect_record import ConnectRecords, ExecLog
 from supervisor.boundary.capture.identity import IdentityResolver
-from supervisor.boundary.process import linux, seccomp
+from supervisor.boundary.forkimage import linux, seccomp
 
 AGENT = """
 import json, socket, sys, time

@@ -27,7 +27,8 @@ import trio
 import trio.testing
 
 from bench.stats import percentile
-from supervisor.boundary.process import Launcher, NamespacePlan, detect_privilege_model
+from supervisor.boundary.forkimage import NamespacePlan
+from supervisor.boundary.process import Launcher, detect_privilege_model
 from supervisor.boundary.process.environment import build_process_spec, managed_env
 from supervisor.boundary.process.exec_session import pump_exec
 from supervisor.boundary.process.table import ProcessTable

@@ -25,7 +25,8 @@ from typing import Any
 
 import trio
 
-from supervisor.boundary.process import Launcher, NamespacePlan, SpawnSpec
+from supervisor.boundary.forkimage import NamespacePlan, SpawnSpec
+from supervisor.boundary.process import Launcher
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

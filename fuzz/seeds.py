@@ -150,9 +150,10 @@ def claims() -> Iterator[bytes]:
 
 
 def zygote() -> Iterator[bytes]:
-    from supervisor.boundary.process import child
-    from supervisor.boundary.process.landlock import LandlockSpec
-    from supervisor.boundary.process.zygote import NamespacePlan, encode
+    from supervisor.boundary.forkimage import child
+    from supervisor.boundary.forkimage.landlock import LandlockSpec
+    from supervisor.boundary.forkimage.messages import NamespacePlan
+    from supervisor.boundary.forkimage.wire import encode
     from supervisor.protocol.privilege_model import PrivilegeModel
 
     spec = child.SpawnSpec(("/bin/sh", "-c", "echo hi"), {"PATH": "/usr/bin"}, "/work", 1000, 1000, (1000,))

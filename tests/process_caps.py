@@ -1,6 +1,6 @@
 """The capability sets of a boundary's process tree, by role (docs/kubernetes.md "Model R: capabilities after
 start"): read where the processes live (a dev sandbox on this host, or a pod's container through ``podman exec``)
-by one small script, and checked against ``supervisor.boundary.process.capabilities``.
+by one small script, and checked against ``supervisor.boundary.forkimage.capabilities``.
 
 Roles: the boundary (given), the launcher (its one child), the workload's init (the launcher's child), the
 exec-inits (the init's children still uid 0: spares and those of running execs) and the workload's own processes
@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from supervisor.boundary.process import capabilities
+from supervisor.boundary.forkimage import capabilities
 
 # Run with any python3 where the processes are: prints one JSON list of the processes under /proc.
 CENSUS = r"""

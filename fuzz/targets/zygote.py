@@ -1,4 +1,4 @@
-"""The launcher wire (``boundary.process.zygote``): one JSON object per message, and the spawn request a spare
+"""The launcher wire (``boundary.forkimage.zygote``): one JSON object per message, and the spawn request a spare
 exec-init or the workload's init reads from it.
 
 Oracles beyond "no crash":
@@ -7,22 +7,28 @@ Oracles beyond "no crash":
 * reading a spawn request raises only what its readers handle (``KeyError``, ``TypeError``, ``ValueError``,
   ``OSError``: the exec-init answers 127 and the init replies an error); ``validate`` and ``confinement`` of a
   spec that was read never raise;
-* a namespace plan that is read round-trips through ``to_wire``.
+* a spawn request or a namespace plan that is read round-trips through ``to_wire``.
 """
 
 from __future__ import annotations
 
-from supervisor.boundary.process import child, zygote
+from supervisor.boundary.forkimage import child, messages, wire
 
 _HANDLED = (KeyError, TypeError, ValueError, OSError)
 
 
 def one_input(data: bytes) -> None:
     try:
-        message, fds = zygote.decode(data, [], 0)
+        message, fds = wire.decode(data, [], 0)
     except OSError:
         return
     assert isinstance(message, dict) and fds == []
+    try:
+        request = messages.SpawnRequest.from_wire(message)
+    except _HANDLED:
+        request = None
+    if request is not None:
+        assert messages.SpawnRequest.from_wire(request.to_wire()) == request, request
     try:
         spec = child.SpawnSpec.from_wire(message["spec"])
     except _HANDLED:
@@ -30,9 +36,9 @@ def one_input(data: bytes) -> None:
     if spec is not None and child.validate(spec) is None:
         child.confinement(spec, False)
     try:
-        plan = zygote.NamespacePlan.from_wire(message["plan"])
+        plan = messages.NamespacePlan.from_wire(message["plan"])
     except _HANDLED:
         return
     plan.effective()
-    again = zygote.NamespacePlan.from_wire(plan.to_wire())
+    again = messages.NamespacePlan.from_wire(plan.to_wire())
     assert again == plan, (again, plan)

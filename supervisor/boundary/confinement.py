@@ -3,7 +3,7 @@ the policy's static sections (docs/reference/policy.md §1.2, docs/design.md "De
 
 Rules of this module:
 
-1. Two layers in models R and U: the agent's own root (``process/rootfs.py``: only granted trees exist,
+1. Two layers in models R and U: the agent's own root (``forkimage/rootfs.py``: only granted trees exist,
    read-only ones are read-only mounts, ``/proc`` read-only) and Landlock inside it. Model P has no mount
    namespace: Landlock is its only layer.
 2. With no ``filesystem_policy`` the agent gets the safe default set, never ``/`` writable: read the system
@@ -25,8 +25,8 @@ import os
 from collections.abc import Iterable
 from typing import Literal
 
-from supervisor.boundary.process import LandlockSpec
-from supervisor.boundary.process.rootfs import SYSTEM_READ_ONLY, TRUST_PATH, RootPlan, plan_root
+from supervisor.boundary.forkimage import LandlockSpec
+from supervisor.boundary.forkimage.rootfs import SYSTEM_READ_ONLY, TRUST_PATH, RootPlan, plan_root
 from supervisor.protocol.attach import FilesystemSection, StaticPolicy
 from supervisor.protocol.privilege_model import PrivilegeModel
 from supervisor.protocol.writable_paths import writable_problem

@@ -48,15 +48,12 @@ from supervisor.boundary.capture.identity import IdentityResolver
 from supervisor.boundary.capture.setup import open_sock_diag
 from supervisor.boundary.confinement import landlock_for, root_for
 from supervisor.boundary.egress import EgressCapture, EgressLinks, RecentPids
+from supervisor.boundary.forkimage import NamespacePlan, capabilities
+from supervisor.boundary.forkimage.landlock import LandlockSpec
+from supervisor.boundary.forkimage.rootfs import DEFAULT_SHM_SIZE, DEFAULT_TMP_SIZE, TRUST_PATH, RootError, under
 from supervisor.boundary.forward import open_forward
 from supervisor.boundary.metrics import BoundaryMetrics
-from supervisor.boundary.process import (
-    Launcher,
-    LauncherError,
-    NamespacePlan,
-    Prepared,
-    capabilities,
-)
+from supervisor.boundary.process import Launcher, LauncherError, Prepared
 from supervisor.boundary.process.cgroups import (
     DEFAULT_PIDS_LIMIT,
     CgroupError,
@@ -66,7 +63,6 @@ from supervisor.boundary.process.cgroups import (
 )
 from supervisor.boundary.process.environment import account, build_process_spec, managed_env
 from supervisor.boundary.process.exec_session import pump_exec
-from supervisor.boundary.process.landlock import LandlockSpec
 from supervisor.boundary.process.memory_cgroup import (
     LAUNCHER_OOM_SCORE_ADJ,
     WORKLOAD_OOM_SCORE_ADJ,
@@ -76,7 +72,6 @@ from supervisor.boundary.process.memory_cgroup import (
     privileged_for_oom_score,
     set_oom_score_adj,
 )
-from supervisor.boundary.process.rootfs import DEFAULT_SHM_SIZE, DEFAULT_TMP_SIZE, TRUST_PATH, RootError, under
 from supervisor.boundary.process.table import ProcessTable
 from supervisor.boundary.trust import TrustError, install_trust
 from supervisor.jsonlog import JsonLog
@@ -516,7 +511,7 @@ class BoundaryDaemon:
 
     def _narrow_capabilities(self) -> None:
         """Model R, ready: the namespaces, listeners, fence watch and trust files are built; keep only what the
-        running sandbox uses (process/capabilities.py). A drop that does not take ends the sandbox."""
+        running sandbox uses (forkimage/capabilities.py). A drop that does not take ends the sandbox."""
         keep = capabilities.mask(capabilities.BOUNDARY_KEEPS)
         groups = [group.directory.parent for group in (self.pids_cgroup, self.memory_cgroup) if group is not None]
         if not all(capabilities.owner_writes(str(parent)) for parent in groups):

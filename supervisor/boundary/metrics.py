@@ -20,7 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from supervisor.boundary.capture.identity import IdentityStage
-from supervisor.boundary.process.child import Stage
+from supervisor.boundary.forkimage.child import Stage
 from supervisor.jsonlog import JsonLog
 from supervisor.metrics import NONE_LABEL, closed
 from supervisor.protocol.event_names import EventName

@@ -127,7 +127,7 @@ def _run_boundary(args: argparse.Namespace, stream: Any) -> int:
 
 def _boundary_dirs_problem(args: argparse.Namespace) -> str | None:
     """The trust directory is created now (never idle with one we cannot write); the tmpfs sizes parse."""
-    from supervisor.boundary.process.rootfs import RootError, check_size
+    from supervisor.boundary.forkimage.rootfs import RootError, check_size
 
     try:
         args.tmp_size = check_size(args.tmp_size, "--tmp-size")

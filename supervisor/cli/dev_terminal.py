@@ -1,7 +1,7 @@
 """Dev mode with a terminal: the agent's own PTY, shown and typed into here (docs/design.md "Terminals").
 
 When dev's stdin is a terminal (or with ``-t``), the boundary gives the agent a terminal of its own
-(``--agent-stdio=tty``, opened in the agent's namespace: supervisor/boundary/process/terminal.py) and dev is its
+(``--agent-stdio=tty``, opened in the agent's namespace: supervisor/boundary/forkimage/terminal.py) and dev is its
 one client, as ``exec -it`` is an exec's: it attaches to the agent's handle through control's API
 (``/v1/attach-stream``), puts the local terminal in raw mode and moves bytes.
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
+from supervisor.boundary.forkimage.rootfs import TRUST_PATH
 from supervisor.boundary.process import LauncherError, detect_privilege_model
-from supervisor.boundary.process.rootfs import TRUST_PATH
 
 CLI = [sys.executable, "-m", "supervisor.cli"]
 AGENT_PYTHON = "/usr/bin/python3"

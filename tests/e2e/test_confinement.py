@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.boundary.process.landlock import abi_version
+from supervisor.boundary.forkimage.landlock import abi_version
 
 CLI = [sys.executable, "-m", "supervisor.cli"]
 

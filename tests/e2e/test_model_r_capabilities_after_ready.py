@@ -26,7 +26,7 @@ from pathlib import Path
 import pexpect
 import pytest
 
-from supervisor.boundary.process import capabilities
+from supervisor.boundary.forkimage import capabilities
 from supervisor.k8s.objects import MODEL_R_CAPABILITIES
 from tests import process_caps
 from tests.sandbox_api import api_env

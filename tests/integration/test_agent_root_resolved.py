@@ -32,8 +32,9 @@ STUB = "nameserver 127.0.0.53\noptions edns0 trust-ad\nsearch .\n"
 DRIVER = r"""
 import json, os, sys, trio
 sys.path.insert(0, sys.argv[1])
-from supervisor.boundary.process import Launcher, NamespacePlan, SpawnSpec
-from supervisor.boundary.process.rootfs import plan_root
+from supervisor.boundary.forkimage import NamespacePlan, SpawnSpec
+from supervisor.boundary.process import Launcher
+from supervisor.boundary.forkimage.rootfs import plan_root
 
 workdir = sys.argv[2]
 plan = plan_root(workdir=workdir, trust_dir=None, agent_uid=1000, agent_gid=1000)

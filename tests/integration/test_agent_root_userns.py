@@ -29,8 +29,9 @@ NOBODY = 65534
 
 SCRIPT = r"""
 import json, os, sys, trio
-from supervisor.boundary.process import Launcher, LauncherError, NamespacePlan, SpawnSpec, detect_privilege_model
-from supervisor.boundary.process.rootfs import plan_root
+from supervisor.boundary.forkimage import NamespacePlan, SpawnSpec
+from supervisor.boundary.process import Launcher, LauncherError, detect_privilege_model
+from supervisor.boundary.forkimage.rootfs import plan_root
 
 config = json.loads(sys.argv[1])
 try:

@@ -30,7 +30,8 @@ from supervisor.boundary.capture import connect_notify
 from supervisor.boundary.capture.connect_notify import ConnectNotifier
 from supervisor.boundary.capture.connect_record import SWEEP_AT, ConnectRecords, ExecLog, FirstExecs
 from supervisor.boundary.capture.identity import IdentityResolver, IdentityUnresolved
-from supervisor.boundary.process import Launcher, NamespacePlan, SpawnSpec
+from supervisor.boundary.forkimage import NamespacePlan, SpawnSpec
+from supervisor.boundary.process import Launcher
 from tests.controls import protection_off
 
 pytestmark = [
@@ -497,7 +498,7 @@ def test_the_filter_denies_what_it_must_without_a_boundary() -> None:
     )
     installer = (
         "import os, sys, ctypes\n"
-        "from supervisor.boundary.process import seccomp, linux\n"
+        "from supervisor.boundary.forkimage import seccomp, linux\n"
         "linux.prctl(linux.PR_SET_NO_NEW_PRIVS, 1)\n"
         "fd = seccomp.install_listener(seccomp.notify_program())\n"
         "pid = os.fork()\n"

@@ -26,7 +26,8 @@ import trio
 cfg = json.loads(sys.argv[1])
 real = os.geteuid() == 0
 if real:
-    from supervisor.boundary.process import Launcher, NamespacePlan
+    from supervisor.boundary.forkimage import NamespacePlan
+    from supervisor.boundary.process import Launcher
     launcher = Launcher.fork()
 else:
     from tests.integration.test_process_table import FakeLauncher

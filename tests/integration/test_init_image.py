@@ -7,6 +7,7 @@ imports, and a prepared launcher's init as ``/proc`` shows it.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -17,8 +18,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from supervisor.boundary.process import Launcher, NamespacePlan, SpawnSpec
-from supervisor.boundary.process.zygote import _INIT_BOOT
+from supervisor.boundary.forkimage import NamespacePlan, SpawnSpec
+from supervisor.boundary.forkimage.init import _INIT_BOOT
+from supervisor.boundary.process import Launcher
 
 ROOT = Path(__file__).resolve().parents[2]
 # What the boundary imports and the init must not: the event loop, the link's protocols, TLS, DNS, YAML.
@@ -42,7 +44,7 @@ def test_the_inits_entry_imports_nothing_of_the_boundarys() -> None:
     finally:
         os.close(boot)
     loaded = set(json.loads(done.stdout))
-    assert "supervisor.boundary.process.zygote" in loaded
+    assert "supervisor.boundary.forkimage.init" in loaded
     assert not [name for name in loaded if name.split(".")[0] in BOUNDARY_ONLY or name in BOUNDARY_ONLY]
     assert not [name for name in loaded if name in FORK_HOOKED]
 
@@ -75,11 +77,12 @@ def test_the_prepared_init_is_a_fresh_interpreter_and_still_launches(launcher: L
     assert anon_kib < ours, (anon_kib, ours)  # not a copy of a process that imported trio and the rest
 
 
-def test_every_exported_name_resolves_from_its_module() -> None:
-    import supervisor.boundary.process as process
+@pytest.mark.parametrize("package", ["supervisor.boundary.process", "supervisor.boundary.forkimage"])
+def test_every_exported_name_resolves_from_its_module(package: str) -> None:
+    exports = importlib.import_module(package)
 
-    assert sorted(process.__all__) == sorted(process._EXPORTS)
-    for name in process.__all__:
-        assert getattr(process, name).__name__ == name
+    assert sorted(exports.__all__) == sorted(exports._EXPORTS)
+    for name in exports.__all__:
+        assert getattr(exports, name).__name__ == name
     with pytest.raises(AttributeError):
-        process.not_a_name  # noqa: B018
+        exports.not_a_name  # noqa: B018

@@ -27,7 +27,17 @@ from typing import Any
 import pytest
 import trio
 
-from supervisor.boundary.process import LandlockSpec, Launcher, NamespacePlan, SpawnSpec, child, landlock, zygote
+from supervisor.boundary.forkimage import (
+    LandlockSpec,
+    NamespacePlan,
+    SpawnSpec,
+    child,
+    exec_init,
+    landlock,
+    spawner,
+    zygote,
+)
+from supervisor.boundary.process import Launcher
 from supervisor.boundary.process.launcher import Lease, Spawned, SpawnError
 
 from .test_launcher_spawn import PY, READ_ONLY, STATUS_PROBE, alive, make_spec, read_all, read_pty, run_spawned
@@ -64,14 +74,14 @@ async def prime(launcher: Launcher, **kw: Any) -> Lease:
 
 
 async def all_leased(launcher: Launcher, confinement: dict[str, Any], besides: Collection[int] = ()) -> Lease:
-    """Wait until the init has leased all its spares (``zygote.SPARES``), none of them ``besides``, each for
+    """Wait until the init has leased all its spares (``spawner.SPARES``), none of them ``besides``, each for
     ``confinement``; the one the next exec takes."""
     deadline = time.monotonic() + 10
-    while len(held := [lease for lease in launcher._leases if lease.pid not in besides]) < zygote.SPARES:
-        assert time.monotonic() < deadline, f"{len(held)} of {zygote.SPARES} spares leased"
+    while len(held := [lease for lease in launcher._leases if lease.pid not in besides]) < spawner.SPARES:
+        assert time.monotonic() < deadline, f"{len(held)} of {spawner.SPARES} spares leased"
         launcher._drain()
         await trio.sleep(0.005)
-    assert [lease.confinement for lease in launcher._leases] == [confinement] * zygote.SPARES
+    assert [lease.confinement for lease in launcher._leases] == [confinement] * spawner.SPARES
     return launcher._leases[0]
 
 
@@ -286,7 +296,7 @@ async def test_a_long_exec_stops_counting_as_a_spare_and_the_init_makes_another(
     before = time.monotonic()
     with trio.fail_after(10):
         await all_leased(launcher, child.confinement(make_spec("/bin/true", stdin="null"), False), {spawned.pid})
-    assert time.monotonic() - before >= zygote.SPARE_BUSY_S * 0.9  # not before it ran long
+    assert time.monotonic() - before >= exec_init.SPARE_BUSY_S * 0.9  # not before it ran long
     signal.pidfd_send_signal(spawned.pidfd, signal.SIGKILL)
     assert os.WTERMSIG(await spawned.wait_status()) == signal.SIGKILL
 
@@ -408,7 +418,7 @@ async def test_spares_ended_while_waiting_leave_the_next_exec_to_the_init(launch
     await prime(launcher)
     old = {pid for held in launcher._leases for pid in tree(held.pid)}
     for held in launcher._leases:
-        os.kill(held.pid, signal.SIGTERM)  # blocked, and pending on its signalfd: it ends (zygote._await_command)
+        os.kill(held.pid, signal.SIGTERM)  # blocked, and pending on its signalfd: it ends (exec_init._await_command)
     deadline = time.monotonic() + 10
     while gone := [pid for pid in old if alive(pid)]:
         assert time.monotonic() < deadline, f"the spares did not end: {gone}"
@@ -438,7 +448,8 @@ async def test_a_leased_exec_gets_signals_sent_to_its_handle(launcher: Launcher)
 NO_SYS_NICE = r"""
 import json, os, sys
 import trio
-from supervisor.boundary.process import Launcher, NamespacePlan, SpawnSpec
+from supervisor.boundary.forkimage import NamespacePlan, SpawnSpec
+from supervisor.boundary.process import Launcher
 launcher = Launcher.fork()
 
 async def run(spec):
@@ -483,7 +494,7 @@ def test_without_cap_sys_nice_a_leased_exec_runs_at_the_usual_priority(tmp_path:
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"leased": True, "status": 0, "nice": "0"}
 
 
-# --- exec-inits that come back (zygote._serve) -------------------------------------------------------------
+# --- exec-inits that come back (exec_init._serve) -------------------------------------------------------------
 async def test_an_exec_init_serves_a_later_exec_with_nothing_left_of_the_last(launcher: Launcher) -> None:
     """The agent's exec leaves a daemon behind; its exec-init ends it before it reports, then serves a later exec
     in the same namespace, where nothing of the first is left (the daemon's pid names no process there)."""

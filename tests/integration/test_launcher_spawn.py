@@ -23,16 +23,8 @@ from typing import Any
 import pytest
 import trio
 
-from supervisor.boundary.process import (
-    LandlockSpec,
-    Launcher,
-    LauncherError,
-    NamespacePlan,
-    SpawnError,
-    SpawnSpec,
-    landlock,
-    zygote,
-)
+from supervisor.boundary.forkimage import LandlockSpec, NamespacePlan, SpawnSpec, landlock, spawner
+from supervisor.boundary.process import Launcher, LauncherError, SpawnError
 from supervisor.boundary.process.launcher import Spawned
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="launcher model R tests need root")
@@ -477,7 +469,7 @@ async def test_pid_namespace_and_own_proc(launcher: Launcher) -> None:
     extra = set(visible) - {1, ns_pid}
     assert visible[0] == 1 and ns_pid in visible
     if extra:
-        spares = await _spares(launcher, zygote.SPARES)
+        spares = await _spares(launcher, spawner.SPARES)
         assert extra <= {_ns_pids(pid)[1] for spare in spares for pid in (spare, *_children(spare))}
 
 

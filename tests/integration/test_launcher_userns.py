@@ -33,9 +33,8 @@ PID1_ATTACK = (
 SCRIPT = r"""
 import errno, json, os, socket, sys
 import trio
-from supervisor.boundary.process import (
-    Launcher, LauncherError, NamespacePlan, SpawnError, SpawnSpec, detect_privilege_model, zygote,
-)
+from supervisor.boundary.forkimage import NamespacePlan, SpawnSpec, spawner, zygote
+from supervisor.boundary.process import Launcher, LauncherError, SpawnError, detect_privilege_model
 
 hidden = sys.argv[1]
 out = {}
@@ -123,7 +122,7 @@ async def main():
     # launcher once they are ready (after the probe's spawn), which files them as it drains.
     out["spare_ns"] = []
     for _ in range(500):
-        if launcher.workload_pids() is not None and len(launcher._leases) >= zygote.SPARES:
+        if launcher.workload_pids() is not None and len(launcher._leases) >= spawner.SPARES:
             break
         await trio.sleep(0.01)
     for spare in [lease.pid for lease in launcher._leases]:

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from supervisor.boundary.process import Launcher, LauncherError, NamespacePlan, SpawnSpec, detect_privilege_model
+from supervisor.boundary.forkimage import NamespacePlan, SpawnSpec
+from supervisor.boundary.process import Launcher, LauncherError, detect_privilege_model
 from tests.integration.test_launcher_spawn import PY, run
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="model U as root needs root")

@@ -20,8 +20,9 @@ import pytest
 import trio
 import trio.testing
 
+from supervisor.boundary.forkimage import NamespacePlan, SpawnSpec
 from supervisor.boundary.forward import open_forward
-from supervisor.boundary.process import Launcher, NamespacePlan, SpawnSpec
+from supervisor.boundary.process import Launcher
 from supervisor.boundary.process.environment import build_process_spec, managed_env
 from supervisor.boundary.process.exec_session import pump_exec
 from supervisor.boundary.process.table import ProcessTable

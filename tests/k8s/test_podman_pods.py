@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import trustme
 
-from supervisor.boundary.process import capabilities
+from supervisor.boundary.forkimage import capabilities
 from supervisor.k8s.objects import MODEL_R_CAPABILITIES, STATE_DIR, STATE_FILE
 from tests import process_caps
 from tests.k8s.podman_env import (

@@ -1,8 +1,8 @@
-"""The agent's /etc/passwd and /etc/group (supervisor/boundary/process/rootfs.py rule 6)."""
+"""The agent's /etc/passwd and /etc/group (supervisor/boundary/forkimage/rootfs.py rule 6)."""
 
 from __future__ import annotations
 
-from supervisor.boundary.process.rootfs import account_lines
+from supervisor.boundary.forkimage.rootfs import account_lines
 
 HOST_PASSWD = "".join(
     f"{line}\n"

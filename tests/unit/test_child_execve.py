@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.boundary.process import child
+from supervisor.boundary.forkimage import child
 
 
 class Executed(Exception):

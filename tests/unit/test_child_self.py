@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.boundary.process import LandlockSpec, SpawnSpec, child
-from supervisor.boundary.process.child import IN_CHILD, SELF, STAGES, Stage
+from supervisor.boundary.forkimage import LandlockSpec, SpawnSpec, child
+from supervisor.boundary.forkimage.child import IN_CHILD, SELF, STAGES, Stage
 
 BASE = SpawnSpec(argv=("/bin/true",), env={"PATH": "/bin"}, cwd="/", uid=1000, gid=1000, groups=(2000,))
 LANDLOCK = LandlockSpec(read_only=("/usr",), read_write=("/tmp",))

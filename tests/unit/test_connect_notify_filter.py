@@ -7,8 +7,8 @@ import errno
 import pytest
 
 from supervisor.boundary.capture import connect_notify
-from supervisor.boundary.process import seccomp
-from supervisor.boundary.process.seccomp import AUDIT_ARCH, RET_ALLOW, RET_ERRNO, RET_USER_NOTIF, SYSCALLS
+from supervisor.boundary.forkimage import seccomp
+from supervisor.boundary.forkimage.seccomp import AUDIT_ARCH, RET_ALLOW, RET_ERRNO, RET_USER_NOTIF, SYSCALLS
 
 from .test_launcher_seccomp import run_bpf
 

@@ -9,7 +9,7 @@ import dns.message
 import pytest
 
 from supervisor.boundary.capture.dns_stub import servfail
-from supervisor.boundary.process import child, zygote
+from supervisor.boundary.forkimage import child, messages, wire
 from supervisor.control.dns_answers import read_query
 from supervisor.protocol.request_head import HeadError, HeadProblem, check_head
 
@@ -50,7 +50,7 @@ def test_the_stub_gives_a_response_no_servfail() -> None:
 @pytest.mark.parametrize("data", [b"[" * 100_000, b'{"a":' * 100_000])
 def test_a_message_nested_too_deeply_is_a_protocol_error(data: bytes) -> None:
     with pytest.raises(OSError, match="bad launcher message"):
-        zygote.decode(data, [], 0)
+        wire.decode(data, [], 0)
 
 
 GOOD = child.SpawnSpec(("/bin/true",), {"A": "b"}, "/", 1000, 1000, (1000,)).to_wire()
@@ -82,7 +82,7 @@ def test_a_spawn_spec_of_the_wrong_types_is_refused_when_read(change: dict[str, 
 
 
 def test_a_spawn_spec_read_from_json_infinity_is_refused() -> None:
-    message, _ = zygote.decode(b'{"spec": {"argv": ["/bin/true"], "env": {}, "cwd": "/", "uid": Infinity, "gid": 0}}',
+    message, _ = wire.decode(b'{"spec": {"argv": ["/bin/true"], "env": {}, "cwd": "/", "uid": Infinity, "gid": 0}}',
                                [], 0)  # fmt: skip
     with pytest.raises(TypeError):
         child.SpawnSpec.from_wire(message["spec"])
@@ -90,7 +90,7 @@ def test_a_spawn_spec_read_from_json_infinity_is_refused() -> None:
 
 @pytest.mark.parametrize("ids", [[1000], [1, 2, 3], "ab", 5, [1e309, 0], ["1", "2"]])
 def test_a_plan_with_malformed_agent_ids_is_refused(ids: object) -> None:
-    wire = zygote.NamespacePlan("U", agent_ids=(1000, 1000)).to_wire()
-    assert zygote.NamespacePlan.from_wire(wire).agent_ids == (1000, 1000)
+    wire = messages.NamespacePlan("U", agent_ids=(1000, 1000)).to_wire()
+    assert messages.NamespacePlan.from_wire(wire).agent_ids == (1000, 1000)
     with pytest.raises((TypeError, ValueError)):
-        zygote.NamespacePlan.from_wire({**wire, "agent_ids": ids})
+        messages.NamespacePlan.from_wire({**wire, "agent_ids": ids})

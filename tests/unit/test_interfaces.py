@@ -169,7 +169,7 @@ def test_scope_is_found_by_walking_imports() -> None:
     assert "supervisor.protocol.egress" in scope
     assert "supervisor.link.rpc" in scope
     assert "supervisor.jsonlog" in scope  # imported by control and boundary
-    assert not any(name.startswith("supervisor.boundary.process.zygote") for name in scope)
+    assert not any(name.startswith("supervisor.boundary.forkimage.zygote") for name in scope)
 
 
 def test_detector_sees_disguises() -> None:

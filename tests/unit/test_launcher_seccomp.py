@@ -11,8 +11,8 @@ import struct
 
 import pytest
 
-from supervisor.boundary.process import linux, seccomp
-from supervisor.boundary.process.seccomp import (
+from supervisor.boundary.forkimage import linux, seccomp
+from supervisor.boundary.forkimage.seccomp import (
     AUDIT_ARCH,
     RET_ALLOW,
     RET_ERRNO,

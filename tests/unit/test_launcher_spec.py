@@ -8,16 +8,9 @@ import socket
 
 import pytest
 
-from supervisor.boundary.process import (
-    LandlockSpec,
-    NamespacePlan,
-    SpawnError,
-    SpawnSpec,
-    Stage,
-    landlock,
-    zygote,
-)
-from supervisor.boundary.process.child import STAGES, exec_candidates, validate
+from supervisor.boundary.forkimage import LandlockSpec, NamespacePlan, SpawnSpec, Stage, landlock, wire, zygote
+from supervisor.boundary.forkimage.child import STAGES, exec_candidates, validate
+from supervisor.boundary.process import SpawnError
 
 
 def spec(**overrides: object) -> SpawnSpec:
@@ -183,12 +176,12 @@ def test_descendants_walk() -> None:
 
 
 def test_decode_rejects_truncation_and_garbage() -> None:
-    assert zygote.decode(b'{"id":1,"ok":true}', [], 0) == ({"id": 1, "ok": True}, [])
+    assert wire.decode(b'{"id":1,"ok":true}', [], 0) == ({"id": 1, "ok": True}, [])
     for data, flags in ((b'{"id":1}', socket.MSG_TRUNC), (b'{"id":1}', socket.MSG_CTRUNC), (b"[1]", 0), (b"{nope", 0)):
         r, w = os.pipe()
         fds = [r, w]
         with pytest.raises(OSError):
-            zygote.decode(data, fds, flags)
+            wire.decode(data, fds, flags)
         for fd in (r, w):  # closed by decode: the fds of a bad message never leak
             with pytest.raises(OSError):
                 os.fstat(fd)
@@ -197,6 +190,6 @@ def test_decode_rejects_truncation_and_garbage() -> None:
 def test_close_all_empties_the_list() -> None:
     r, w = os.pipe()
     fds = [r, w]
-    zygote.close_all(fds)
+    wire.close_all(fds)
     assert fds == []
-    zygote.close_all(fds)  # a second call closes nothing (the numbers may have been reused)
+    wire.close_all(fds)  # a second call closes nothing (the numbers may have been reused)

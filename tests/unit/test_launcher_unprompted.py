@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from supervisor.boundary.process import zygote
+from supervisor.boundary.forkimage import wire
 from supervisor.boundary.process.launcher import Launcher, LauncherError
 
 
@@ -29,7 +29,7 @@ def spare() -> Iterator[int]:
 @pytest.fixture
 def launcher_pair() -> Iterator[tuple[Launcher, socket.socket]]:
     """A launcher whose zygote is this process, and the zygote's end of its socket (what the test sends)."""
-    ours, theirs = zygote.socket_pair()
+    ours, theirs = wire.socket_pair()
     ours.setblocking(False)
     yield Launcher(ours, pid=os.getpid()), theirs
     ours.close()
@@ -52,8 +52,8 @@ def test_a_spare_leased_while_nobody_waits_is_left_out_of_the_workload(
     launcher, theirs = launcher_pair
     assert spare in launcher.workload_pids()  # not leased: a process like any other
     message, fds = _lease(spare)
-    zygote.send(theirs, message, fds)  # no request pending, no exit awaited: nobody pumps the socket
-    zygote.close_all(fds)
+    wire.send(theirs, message, fds)  # no request pending, no exit awaited: nobody pumps the socket
+    wire.close_all(fds)
     assert spare not in launcher.workload_pids()
     assert [lease.pid for lease in launcher._leases] == [spare]
     launcher.close()  # the lease is let go with the launcher
@@ -65,8 +65,8 @@ def test_a_lease_with_the_wrong_fds_is_refused(spare: int, launcher_pair: tuple[
     launcher, theirs = launcher_pair
     message, fds = _lease(spare)
     message["confinement"] = {**message["confinement"], "notify": True}  # type: ignore[dict-item]
-    zygote.send(theirs, message, fds)
-    zygote.close_all(fds)
+    wire.send(theirs, message, fds)
+    wire.close_all(fds)
     assert spare in launcher.workload_pids()  # no lease filed: still counted
     assert not launcher._leases
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.boundary.confinement import landlock_for, root_for
-from supervisor.boundary.process.rootfs import TRUST_PATH, Bind, RootError, RootPlan, check_size, plan_root
+from supervisor.boundary.forkimage.rootfs import TRUST_PATH, Bind, RootError, RootPlan, check_size, plan_root
 from supervisor.protocol.attach import StaticPolicy
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from supervisor.boundary.process import linux
+from supervisor.boundary.forkimage import linux
 
 
 @pytest.fixture

@@ -25,8 +25,6 @@ MODULE_LIMIT = 600
 
 # qualified name (module.Class.function) → why it may still be longer than FUNCTION_LIMIT
 _LONG_PENDING: dict[str, str] = {
-    "supervisor.boundary.process.zygote.init_main": "being split",
-    "supervisor.boundary.process.rootfs.plan_root": "being split",
     "supervisor.boundary.daemon.BoundaryDaemon._attach": "being split",
     "supervisor.control.l7.session._Session._request": "being split",
     "supervisor.control.policy.decide.route_l7": "being split",
@@ -36,7 +34,6 @@ _LONG_PENDING: dict[str, str] = {
 # path → why the module may be longer than MODULE_LIMIT
 _LONG_MODULES: dict[str, str] = {
     "supervisor/boundary/daemon.py": "being split",
-    "supervisor/boundary/process/zygote.py": "being split",
     "supervisor/control/l7/session.py": "being split",
     "supervisor/control/daemon.py": "being split",
     "supervisor/boundary/capture/identity.py": "the resolver's stages, budget and failure kinds are one decision "
@@ -61,9 +58,11 @@ _JSON_EDGE_MODULES: dict[str, str] = {
     "supervisor/link/rpc.py": "the JSON codec of the link's operations (unary calls and channel requests)",
     "supervisor/cli/api_client.py": "the operator API's JSON client",
     "supervisor/control/l7/body.py": "the JSON-RPC, MCP and GraphQL request bodies the evaluators read",
+    "supervisor/boundary/forkimage/messages.py": "the launcher's messages, each a frozen dataclass, to and from the "
+    "JSON objects of its wire",
 }
 
-_DICT_ANY_CEILING = 235
+_DICT_ANY_CEILING = 230
 
 
 # --- the checkers --------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The launch terminal's opening (supervisor/boundary/process/terminal.py): both ends close-on-exec, never a
+"""The launch terminal's opening (supervisor/boundary/forkimage/terminal.py): both ends close-on-exec, never a
 controlling terminal, sized, and the slave is the master's own peer."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 import struct
 import termios
 
-from supervisor.boundary.process.terminal import open_pty
+from supervisor.boundary.forkimage.terminal import open_pty
 
 
 def test_open_pty_gives_a_sized_peer_pair_that_no_exec_inherits() -> None:

@@ -1,5 +1,5 @@
 """Identity fixed at ``connect()``: the boundary's side of the seccomp user-notification filter
-(docs/design.md "Identity"; the filter is ``supervisor.boundary.process.seccomp.NOTIFY_RULES``).
+(docs/design.md "Identity"; the filter is ``supervisor.boundary.forkimage.seccomp.NOTIFY_RULES``).
 
 Rules:
 
@@ -48,7 +48,7 @@ import trio
 
 from supervisor.boundary.capture.connect_record import FirstExecs
 from supervisor.boundary.capture.identity import IdentityResolver
-from supervisor.boundary.process import linux, seccomp
+from supervisor.boundary.forkimage import linux, seccomp
 from supervisor.protocol.event_names import EventName
 
 # struct seccomp_notif { u64 id; u32 pid; u32 flags; struct seccomp_data { int nr; u32 arch; u64 ip; u64 args[6] } }

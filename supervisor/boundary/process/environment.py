@@ -19,8 +19,8 @@ import pwd
 from collections.abc import Mapping
 from typing import Final
 
-from supervisor.boundary.process.child import DEFAULT_PATH, SpawnSpec
-from supervisor.boundary.process.landlock import LandlockSpec
+from supervisor.boundary.forkimage.child import DEFAULT_PATH, SpawnSpec
+from supervisor.boundary.forkimage.landlock import LandlockSpec
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.process_ops import (
     CA_ADDING_KEYS,

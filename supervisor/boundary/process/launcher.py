@@ -31,16 +31,28 @@ import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import trio
 
+from supervisor.boundary.capture import calls as capture_calls
+from supervisor.boundary.forkimage import child, privilege, spawner, wire, zygote
+from supervisor.boundary.forkimage.child import SpawnSpec, Stage
+from supervisor.boundary.forkimage.messages import (
+    ErrorReply,
+    Exit,
+    MessageError,
+    NamespacePlan,
+    PingReply,
+    PrepareReply,
+    SpareBack,
+    SpareLease,
+    SpawnReply,
+    SpawnRequest,
+    Unowned,
+)
 from supervisor.protocol.exit_codes import ExitCode, for_launch_errno
 from supervisor.protocol.privilege_model import PrivilegeModel
-
-from . import capture_calls, child, privilege, zygote
-from .child import SpawnSpec, Stage
-from .zygote import NamespacePlan
 
 if TYPE_CHECKING:
     from supervisor.boundary.capture.connect_record import FirstExecs
@@ -87,7 +99,7 @@ class Spawned:
     pty_master: int | None
     ns_pid: int | None = None  # pid inside the workload PID namespace, when there is one
     notes: tuple[str, ...] = ()  # best-effort degradations the child reported (Landlock)
-    nested: bool = False  # pid is the init of the process's own PID namespace (zygote.exec_init)
+    nested: bool = False  # pid is the init of the process's own PID namespace (exec_init.exec_init)
     _launcher: Launcher | None = field(default=None, repr=False, compare=False)
     _sid: int = field(default=0, repr=False, compare=False)
     _status: int | None = field(default=None, repr=False, compare=False)
@@ -101,9 +113,9 @@ class Spawned:
                 lease, self._lease = self._lease, None
                 self._status, renewing = await _leased_status(lease.report, lease.pidfd)
                 if renewing and self._launcher is not None and not self._launcher._closed:
-                    self._launcher._returning.append(lease)  # it makes itself a spare again (zygote._serve)
+                    self._launcher._returning.append(lease)  # it makes itself a spare again (exec_init._serve)
                 else:
-                    zygote.close_all([lease.report, lease.pidfd])
+                    wire.close_all([lease.report, lease.pidfd])
             else:
                 assert self._launcher is not None
                 self._status = await self._launcher._exit_status(self._sid)
@@ -128,7 +140,7 @@ class Lease:
         """Let it go: the waiting exec-init sees EOF on its command socket and ends."""
         if self.sock is not None:
             self.sock.close()
-        zygote.close_all([self.pidfd, self.report])
+        wire.close_all([self.pidfd, self.report])
 
 
 # --- privilege model ---------------------------------------------------------------------------------------
@@ -183,7 +195,7 @@ class Launcher:
         # The spares the init leased us, oldest first (rule 5): no workload code runs there until we hand one a
         # command, so they are left out of ``workload_pids`` while we hold them.
         self._leases: list[Lease] = []
-        self._returning: list[Lease] = []  # used, their exec-init coming back as a spare (zygote._serve)
+        self._returning: list[Lease] = []  # used, their exec-init coming back as a spare (exec_init._serve)
         # The connect-notify hand-off socket (capture/connect_notify.py): when set, every spawned child gets a
         # copy, installs the notify filter and sends its listener over it before exec (a spare exec-init's one
         # listener, from its first lease, is sent over it here).
@@ -196,7 +208,7 @@ class Launcher:
     @classmethod
     def fork(cls) -> Launcher:
         """Fork the zygote. Call before ``trio.run`` and before any thread exists (rule 1)."""
-        ours, theirs = zygote.socket_pair()
+        ours, theirs = wire.socket_pair()
         boundary = os.getpid()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - becomes the zygote
@@ -225,7 +237,7 @@ class Launcher:
         self._check_alive()
         while True:
             try:
-                zygote.send(self._sock, message, fds)
+                wire.send(self._sock, message, fds)
                 return
             except BlockingIOError:
                 await trio.lowlevel.wait_writable(self._sock)
@@ -245,48 +257,50 @@ class Launcher:
         if "spare" in message:
             self._take_lease(message, fds)
         elif "exit" in message:
-            zygote.close_all(fds)
-            sid = int(message["exit"])
-            if sid in self._discard:
-                self._discard.discard(sid)
+            wire.close_all(fds)
+            ended = Exit.from_wire(message)
+            if ended.sid in self._discard:
+                self._discard.discard(ended.sid)
             else:
-                self._exits[sid] = int(message["status"])
+                self._exits[ended.sid] = ended.status
         elif "unowned" in message:  # orphans the workload's init reaped, one report per second at most
-            zygote.close_all(fds)
+            wire.close_all(fds)
             if self.on_unowned is not None:
-                self.on_unowned(int(message["unowned"]), [int(p) for p in message.get("pids") or ()])
+                unowned = Unowned.from_wire(message)
+                self.on_unowned(unowned.count, list(unowned.pids))
         elif message.get("id") in self._abandoned:
             # The requester was cancelled: a child launched for it must not run unobserved.
             self._abandoned.discard(message["id"])
             if message.get("ok") and "ns_pid" in message and fds:
                 with contextlib.suppress(OSError):
                     signal.pidfd_send_signal(fds[0], signal.SIGKILL)
-            zygote.close_all(fds)
+            wire.close_all(fds)
         elif isinstance(message.get("id"), int):
             self._replies[message["id"]] = (message, fds)
         else:
-            zygote.close_all(fds)
+            wire.close_all(fds)
 
     def _take_lease(self, message: Mapping[str, Any], fds: list[int]) -> None:
         """File a lease from the init (rule 5): its fds are the command socket, the pidfd, the report socket and,
         under the connect-notify filter, the listener, which goes to the notifier now (it serves it before the
         exec)."""
         try:
-            confinement = cast(child.Confinement, dict(message["confinement"]))
+            lease = SpareLease.from_wire(message)
+            confinement = cast(child.Confinement, dict(lease.confinement))
             if len(fds) != 3 + int(bool(confinement["notify"])):
                 raise LauncherError(f"a lease came with {len(fds)} fds")
             self._file_lease(
-                Lease(int(message["spare"]), int(message["ns_pid"]), None, fds[1], fds[2], confinement, ()),
-                message, fds[0], fds[3:],
+                Lease(lease.host_pid, lease.ns_pid, None, fds[1], fds[2], confinement, ()),
+                lease.notes, fds[0], fds[3:],
             )  # fmt: skip
             fds[:3] = []
         except (LauncherError, OSError, KeyError, TypeError, ValueError):
             pass  # no lease: the next exec goes through the init
         finally:
-            zygote.close_all(fds)
+            wire.close_all(fds)
 
     def collect_returning(self) -> None:
-        """File the leases of exec-inits that served an exec and made themselves spares again (zygote._serve):
+        """File the leases of exec-inits that served an exec and made themselves spares again (exec_init._serve):
         ``{"spare": true, "notes"}`` on their report socket, with the command socket (the exec-init's listener came
         with its first lease and is served still). One that ended instead (let go, killed) is forgotten; the init
         makes its successor. The process table calls it once an exec's exit is out (its exec-init is back by then,
@@ -294,7 +308,7 @@ class Launcher:
         for lease in list(self._returning):
             sock = _seqpacket(lease.report)
             try:
-                got = zygote.receive(sock, nowait=True)
+                got = wire.receive(sock, nowait=True)
             except BlockingIOError:
                 continue
             except OSError:
@@ -304,16 +318,17 @@ class Launcher:
             self._returning.remove(lease)
             fds = [] if got is None else got[1]
             try:
-                if got is None or got[0].get("spare") is not True or len(fds) != 1:
+                if got is None or len(fds) != 1:
                     raise LauncherError("an exec-init ended instead of coming back")
-                self._file_lease(lease, got[0], fds[0], fds[1:])
+                back = SpareBack.from_wire(got[0])
+                self._file_lease(lease, back.notes, fds[0], fds[1:])
                 fds[:1] = []
             except (LauncherError, OSError, TypeError, ValueError):
-                zygote.close_all([lease.pidfd, lease.report])
+                wire.close_all([lease.pidfd, lease.report])
             finally:
-                zygote.close_all(fds)
+                wire.close_all(fds)
 
-    def _file_lease(self, made: Lease, message: Mapping[str, Any], cmd: int, listener: list[int]) -> None:
+    def _file_lease(self, made: Lease, notes: tuple[str, ...], cmd: int, listener: list[int]) -> None:
         """Our end of a spare's command socket in a lease (``made``'s exec-init, pidfd, report socket and
         confinement); its listener, if any, to the notifier. Raises before taking ``cmd`` on a bad one."""
         if listener:
@@ -322,9 +337,8 @@ class Launcher:
             socket.send_fds(self.notify_socket, [b"listener"], listener, socket.MSG_DONTWAIT)
         sock = _seqpacket(cmd)
         sock.setblocking(False)
-        notes = tuple(str(note) for note in message.get("notes") or ())
         self._leases.append(dataclasses.replace(made, sock=sock, notes=notes))
-        while len(self._leases) > zygote.SPARES:  # more than the init keeps out: not ours to hold
+        while len(self._leases) > spawner.SPARES:  # more than the init keeps out: not ours to hold
             self._leases.pop(0).close()
 
     def _drain(self) -> None:
@@ -336,7 +350,7 @@ class Launcher:
             return
         while True:
             try:
-                got = zygote.receive(self._sock, nowait=True)
+                got = wire.receive(self._sock, nowait=True)
             except BlockingIOError:
                 return
             except OSError as exc:
@@ -359,7 +373,7 @@ class Launcher:
         try:
             while True:
                 try:
-                    got = zygote.receive(self._sock)
+                    got = wire.receive(self._sock)
                     break
                 except BlockingIOError:
                     await trio.lowlevel.wait_readable(self._sock)
@@ -375,15 +389,21 @@ class Launcher:
             progress.set()
 
     async def _request(self, op: str, fds: Sequence[int] = (), **fields: Any) -> tuple[dict[str, Any], list[int]]:
+        return await self._request_wire(lambda rid: {"op": op, "id": rid, **fields}, fds)
+
+    async def _request_wire(
+        self, message: Callable[[int], Mapping[str, Any]], fds: Sequence[int] = ()
+    ) -> tuple[dict[str, Any], list[int]]:
+        """Send the request ``message`` writes for a fresh id, and wait for its reply."""
         rid = next(self._ids)
-        await self._send({"op": op, "id": rid, **fields}, fds)
+        await self._send(message(rid), fds)
         try:
             while rid not in self._replies:
                 self._check_alive()
                 await self._pump()
         except BaseException:
             if rid in self._replies:
-                zygote.close_all(self._replies.pop(rid)[1])
+                wire.close_all(self._replies.pop(rid)[1])
             else:
                 self._abandoned.add(rid)
             raise
@@ -399,11 +419,11 @@ class Launcher:
     def _raise(reply: Mapping[str, Any], what: str) -> None:
         if reply.get("ok"):
             return
-        err = int(reply.get("errno") or 0)
-        text = f"{what}: {reply.get('error', 'failed')}"
-        if "stage" in reply:
-            raise SpawnError(str(reply["stage"]), err, text)
-        raise LauncherError(text + (f" (errno {err})" if err else ""))
+        failed = _parse(ErrorReply.from_wire, reply, what)
+        text = f"{what}: {failed.error}"
+        if failed.stage is not None:
+            raise SpawnError(failed.stage, failed.errno, text)
+        raise LauncherError(text + (f" (errno {failed.errno})" if failed.errno else ""))
 
     # -- operations --
     async def prepare(self, plan: NamespacePlan) -> Prepared:
@@ -413,18 +433,23 @@ class Launcher:
         try:
             self._raise(reply, f"prepare (model {plan.model})")
         except LauncherError:
-            zygote.close_all(fds)
+            wire.close_all(fds)
             raise
-        names = list(reply.get("fd_names") or [])
+        try:
+            prepared = _parse(PrepareReply.from_wire, reply, "prepare")
+        except LauncherError:
+            wire.close_all(fds)
+            raise
+        names = list(prepared.fd_names)
         if len(names) != len(fds):
-            zygote.close_all(fds)
+            wire.close_all(fds)
             raise LauncherError("prepare: fd count does not match fd names")
-        self._init_pid = reply.get("init_pid")
+        self._init_pid = prepared.init_pid
         effective = plan.effective()
         self._prepared = Prepared(
             model=plan.model,
             fds=dict(zip(names, fds, strict=True)),
-            report=dict(reply.get("report") or {}),
+            report=dict(prepared.report),
             netns_path=f"/proc/{self._pid}/ns/net" if effective.netns else None,
         )
         return self._prepared
@@ -433,7 +458,7 @@ class Launcher:
         if fn not in capture_calls.CAPTURE_CALLS:
             raise LauncherError(f"capture call {fn!r} is not allowed")
         reply, fds = await self._request("capture_call", fn=fn, args=dict(args))
-        zygote.close_all(fds)
+        wire.close_all(fds)
         self._raise(reply, f"capture {fn}")
         result = reply.get("result")
         return result if isinstance(result, dict) else {"result": result}
@@ -441,19 +466,19 @@ class Launcher:
     async def socket_in_netns(self, family: int, type: int, proto: int = 0) -> socket.socket:
         reply, fds = await self._request("socket", family=int(family), type=int(type), proto=int(proto))
         if not reply.get("ok") or len(fds) != 1:
-            zygote.close_all(fds)
+            wire.close_all(fds)
             self._raise(reply, "socket")
             raise LauncherError("socket: no fd received")
         return socket.socket(fileno=fds[0])
 
     async def spawn(self, spec: SpawnSpec, *, own_pidns: bool = False) -> Spawned:
         """Launch ``spec``; ``own_pidns``: in a PID namespace of its own under the workload's (R, U; ignored
-        without a workload PID namespace), so ending it ends everything it started (zygote.exec_init)."""
+        without a workload PID namespace), so ending it ends everything it started (exec_init.exec_init)."""
         problem = child.validate(spec)
         if problem is not None:
             raise SpawnError(Stage.VALIDATE, _errno.EINVAL, problem)
-        if len(zygote.encode(spec.to_wire())) > zygote.MAX_SPEC:
-            raise SpawnError(Stage.VALIDATE, _errno.E2BIG, f"argv and environment exceed {zygote.MAX_SPEC} bytes")
+        if len(wire.encode(spec.to_wire())) > wire.MAX_SPEC:
+            raise SpawnError(Stage.VALIDATE, _errno.E2BIG, f"argv and environment exceed {wire.MAX_SPEC} bytes")
         if self._prepared is None:
             raise LauncherError("spawn before prepare")
         ours: list[int] = []  # the boundary's ends, returned in Spawned
@@ -468,7 +493,7 @@ class Launcher:
             sid = next(self._ids)
             lease = self._use_lease(spec, layout, theirs) if own_pidns else None
             if lease is not None:
-                zygote.close_all(theirs)  # the child has them: EOF on the status pipe is its execve
+                wire.close_all(theirs)  # the child has them: EOF on the status pipe is its execve
                 if spec.tty:  # the exec-init opened the terminal in the agent's namespace (terminal.py)
                     ends["pty_master"] = await _pty_from(lease)
                     if ends["pty_master"] is not None:
@@ -477,7 +502,7 @@ class Launcher:
                     assert lease.sock is not None
                     lease.sock.close()
                 ours.append(lease.report)
-                pidfd, reply = lease.pidfd, {"pid": lease.pid, "ns_pid": lease.ns_pid, "nested": True}
+                pidfd, reply = lease.pidfd, SpawnReply(sid, lease.pid, lease.ns_pid, nested=True)
                 lease.pidfd = os.dup(pidfd)  # the lease's own, for its exec-init's next lease (Spawned's is closed)
                 ours.append(lease.pidfd)
             else:
@@ -507,17 +532,17 @@ class Launcher:
                     str(failure.get("stage", "unknown")), int(failure.get("errno") or 0), str(failure.get("detail", ""))
                 )
         except BaseException:
-            zygote.close_all(ours)
+            wire.close_all(ours)
             raise
         finally:
-            zygote.close_all(theirs)
+            wire.close_all(theirs)
         os.close(status_r)
         return Spawned(
-            pid=int(reply["pid"]),
+            pid=reply.pid,
             pidfd=pidfd,
-            ns_pid=reply.get("ns_pid"),
+            ns_pid=reply.ns_pid,
             notes=(*(lease.notes if lease else ()), *notes),
-            nested=bool(reply.get("nested")),
+            nested=reply.nested,
             _launcher=self,
             _sid=sid,
             _lease=lease,
@@ -533,7 +558,7 @@ class Launcher:
         if renewing and not self._closed:
             self._returning.append(lease)
         else:
-            zygote.close_all([lease.report, lease.pidfd])
+            wire.close_all([lease.report, lease.pidfd])
 
     def _use_lease(self, spec: SpawnSpec, layout: list[int], fds: list[int]) -> Lease | None:
         """Send this spawn to the leased spare if it was prepared for the spec's confinement (rule 5); ``None``:
@@ -551,7 +576,7 @@ class Launcher:
         if self.first_execs is not None and self.first_execs.vouches_for(spec.env):
             self.first_execs.open(lease.pid)  # before the command can reach its execve
         try:
-            zygote.send(lease.sock, {"spec": spec.to_wire(), "stdio": layout}, fds)
+            wire.send(lease.sock, SpawnRequest(spec.to_wire(), tuple(layout)).to_wire(), fds)
         except OSError:  # it ended while waiting (only a signal from our side can do that)
             if self.first_execs is not None:
                 self.first_execs.close(lease.pid)
@@ -561,7 +586,7 @@ class Launcher:
 
     async def _spawn_via_launcher(
         self, spec: SpawnSpec, sid: int, layout: list[int], theirs: list[int], own_pidns: bool
-    ) -> tuple[int, dict[str, Any], int | None]:
+    ) -> tuple[int, SpawnReply, int | None]:
         """The spawn request to the zygote (and on to the init): the child's pidfd, the reply and, with a
         terminal, the PTY master the forking process opened in the agent's namespace (terminal.py)."""
         notify: int | None = None
@@ -569,19 +594,26 @@ class Launcher:
             theirs.append(os.dup(self.notify_socket.fileno()))
             notify = len(theirs) - 1
         try:
-            reply, fds = await self._request(
-                "spawn", fds=theirs, sid=sid, spec=spec.to_wire(), stdio=layout, notify=notify, own_pidns=own_pidns
+            reply, fds = await self._request_wire(
+                lambda rid: SpawnRequest(spec.to_wire(), tuple(layout), rid, sid, notify, own_pidns).to_wire(), theirs
             )
         except BaseException:
             self._forget(sid)
             raise
         finally:
-            zygote.close_all(theirs)
+            wire.close_all(theirs)
         if not reply.get("ok") or len(fds) != (2 if spec.tty else 1) or bool(reply.get("pty")) != spec.tty:
-            zygote.close_all(fds)
+            wire.close_all(fds)
             self._raise(reply, "spawn")
             raise LauncherError("spawn: no pidfd (or no terminal) received")
-        return fds[0], reply, fds[1] if spec.tty else None
+        try:
+            spawned = _parse(SpawnReply.from_wire, reply, "spawn")
+        except LauncherError:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(fds[0], signal.SIGKILL)  # launched, and not to run unobserved
+            wire.close_all(fds)
+            raise
+        return fds[0], spawned, fds[1] if spec.tty else None
 
     def _forget(self, sid: int) -> None:
         """A launch that failed: drop its exit status whenever it arrives."""
@@ -603,14 +635,14 @@ class Launcher:
     async def kill_all(self) -> None:
         """SIGKILL every workload process (the PID-ns init, or every descendant) and wait until reaped."""
         reply, fds = await self._request("kill_all")
-        zygote.close_all(fds)
+        wire.close_all(fds)
         self._raise(reply, "kill_all")
 
     async def ping(self) -> int:
         reply, fds = await self._request("ping")
-        zygote.close_all(fds)
+        wire.close_all(fds)
         self._raise(reply, "ping")
-        return int(reply["pid"])
+        return _parse(PingReply.from_wire, reply, "ping").pid
 
     def close(self) -> None:
         """Stop the launcher: it kills the workload on EOF; reap it (SIGKILL after a grace period)."""
@@ -618,7 +650,7 @@ class Launcher:
             return
         self._closed = True
         for _message, fds in self._replies.values():
-            zygote.close_all(fds)
+            wire.close_all(fds)
         self._replies.clear()
         for lease in (*self._leases, *self._returning):
             lease.close()
@@ -668,7 +700,7 @@ async def _pty_from(lease: Lease) -> int | None:
     try:
         while True:
             try:
-                got = zygote.receive(sock, nowait=True)
+                got = wire.receive(sock, nowait=True)
                 break
             except BlockingIOError:
                 await trio.lowlevel.wait_readable(sock)
@@ -680,7 +712,7 @@ async def _pty_from(lease: Lease) -> int | None:
         return None
     message, fds = got
     if message.get("pty") is not True or len(fds) != 1:
-        zygote.close_all(fds)
+        wire.close_all(fds)
         return None
     return fds[0]
 
@@ -701,17 +733,17 @@ async def _leased_status(report: int, pidfd: int) -> tuple[int, bool]:
         if not data:
             await trio.lowlevel.wait_readable(pidfd)
     except BaseException:
-        zygote.close_all([report, pidfd])
+        wire.close_all([report, pidfd])
         raise
     try:
         return int(data), True
     except ValueError:
-        zygote.close_all([report, pidfd])
+        wire.close_all([report, pidfd])
         return zygote.SIGKILL_STATUS, False
 
 
 def _seqpacket(fd: int) -> socket.socket:
-    """A socket object for one end of a ``zygote.socket_pair`` (named: no kernel query of its type)."""
+    """A socket object for one end of a ``wire.socket_pair`` (named: no kernel query of its type)."""
     return socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, fileno=fd)
 
 
@@ -743,3 +775,14 @@ async def _read_status(fd: int) -> tuple[list[str], dict[str, Any] | None]:
         else:
             failure = record
     return notes, failure
+
+
+_Reply = TypeVar("_Reply")
+
+
+def _parse(from_wire: Callable[[Mapping[str, Any]], _Reply], reply: Mapping[str, Any], what: str) -> _Reply:
+    """``from_wire(reply)``; a malformed reply is the launcher's fault: a ``LauncherError`` naming the field."""
+    try:
+        return from_wire(reply)
+    except MessageError as exc:
+        raise LauncherError(f"{what}: {exc}") from None

@@ -15,7 +15,7 @@ A process that double-forks *and* calls ``setsid`` before any scan saw it is not
 by /proc alone; it stays inside the workload (the launcher's subreaper or PID namespace) and ends with the
 agent (``end_all`` kills every workload process, then the launcher's ``kill_all``). In models R and U this
 only matters for the agent: every exec handle's root is the init of the exec's own PID namespace
-(``zygote.exec_init``), a member of its tree, and its SIGKILL ends everything in that namespace. Model P keeps
+(``exec_init.exec_init``), a member of its tree, and its SIGKILL ends everything in that namespace. Model P keeps
 the residual (docs/reference/boundary.md §2.6).
 
 Algorithm: SIGTERM (+ SIGCONT, so a stopped member can act on it) to every member; poll every 50 ms until the

@@ -149,82 +149,124 @@ def plan_root(
 ) -> RootPlan:
     """Rule 1, 2 and 4 as a list of binds. ``host_root`` lets tests plan against a fake tree. The workdir is
     always there (it is the agent's cwd), read-only when a policy leaves it out (``include_workdir: false``)."""
-
-    def host(path: str) -> str:
-        return os.path.join(host_root, path.lstrip("/"))
-
-    def resolve(path: str) -> str | None:
-        """The host path without symlinks, as seen from ``/`` (None when absent)."""
-        real = os.path.realpath(host(path))
-        if not os.path.exists(real):
-            return None
-        rel = os.path.relpath(real, os.path.realpath(host_root))
-        return "/" if rel == "." else "/" + rel if not rel.startswith("..") else None
-
     if os.path.normpath(workdir) == "/" or not os.path.isabs(workdir):
         raise RootError(f"workdir: {workdir!r} must be an absolute path other than /")
-    grants: dict[str, bool] = {}  # target -> writable
-    symlinks: list[tuple[str, str]] = []
-
-    def grant(path: str, writable: bool, field: str) -> None:
-        if not os.path.isabs(path):
-            raise RootError(f"{field}: {path!r} is not an absolute path")
-        if os.path.normpath(path) == "/":
-            if writable:
-                raise RootError(f"{field}: / cannot be writable")
-            for name in sorted(os.listdir(host("/"))):  # "/" read-only: every top-level tree but the synthetic
-                if not any(under("/" + name, tree) for tree in SYNTHETIC):
-                    grant("/" + name, False, field)
-            return
-        real = resolve(path)
-        if real is None or real in ("/", *SYNTHETIC) or any(under(real, tree) for tree in SYNTHETIC_TREES):
-            return  # absent, or provided by the synthetic trees (rule 2)
-        grants[real] = grants.get(real, False) or writable
-
-    for path in SYSTEM_READ_ONLY:
-        if os.path.islink(host(path)):
-            symlinks.append((path, os.readlink(host(path))))
-        elif os.path.isdir(host(path)):
-            grants.setdefault(path, False)
+    view = _HostView(host_root)
+    grants = _Grants(view)
+    grants.system()
     for path in read_only:
-        grant(path, False, "read_only")
+        grants.grant(path, False, "read_only")
     for path in read_write:
-        grant(path, True, "read_write")
-    real_workdir = resolve(workdir)
-    if real_workdir is None:
-        raise RootError(f"workdir: {workdir} does not exist")
-    if real_workdir == "/":
-        raise RootError(f"workdir: {workdir!r} resolves to /")
-    if any(under(real_workdir, tree) for tree in ("/proc", "/dev", "/run")):
-        raise RootError(f"workdir: {workdir!r} lies in /proc, /dev or /run")
-    grants[real_workdir] = grants.get(real_workdir, False) or workdir_writable
+        grants.grant(path, True, "read_write")
+    real_workdir = _real_workdir(view, workdir)
+    grants.writable[real_workdir] = grants.writable.get(real_workdir, False) or workdir_writable
     binds = [
-        Bind(source=target, target=target, writable=writable, directory=os.path.isdir(host(target)))
-        for target, writable in grants.items()
+        Bind(source=target, target=target, writable=writable, directory=os.path.isdir(view.host(target)))
+        for target, writable in grants.writable.items()
     ]
-    if os.path.islink(host(resolv_conf)):
-        real = resolve(resolv_conf)
-        if real is not None and under(real, "/run") and os.path.isfile(host(real)):
-            binds.append(Bind(source=real, target=real, writable=False, directory=False))
-    if trust_dir is not None:
-        real = resolve(trust_dir)
-        if real is None or not os.path.isdir(host(real)):
-            raise RootError(f"tls-dir: {trust_dir} is not a directory")
-        binds.append(Bind(source=real, target=TRUST_PATH, writable=False, directory=True))
-    hidden = [r for r in (resolve(h) for h in hide) if r is not None and r != "/"]
-    for path in hidden:
-        if under(real_workdir, path):
-            raise RootError(f"hide-path: {path} holds the workdir {real_workdir}: the agent could not enter it")
+    binds += _resolv_conf_bind(view, resolv_conf)
+    binds += _trust_bind(view, trust_dir)
     return RootPlan(
         binds=tuple(sorted(binds, key=lambda b: _depth_key(b.target))),
-        symlinks=tuple(symlinks),
-        hide=tuple(dict.fromkeys(hidden)),
+        symlinks=tuple(grants.symlinks),
+        hide=tuple(dict.fromkeys(_hidden(view, hide, real_workdir))),
         agent_uid=agent_uid,
         agent_gid=agent_gid,
         tmp_size=check_size(tmp_size, "tmp_size"),
         shm_size=check_size(shm_size, "shm_size"),
         home=os.path.normpath(workdir),
     )
+
+
+class _HostView:
+    """The host's tree as a plan reads it, rooted at ``host_root`` (a fake tree in tests)."""
+
+    def __init__(self, host_root: str) -> None:
+        self.host_root = host_root
+
+    def host(self, path: str) -> str:
+        return os.path.join(self.host_root, path.lstrip("/"))
+
+    def resolve(self, path: str) -> str | None:
+        """The host path without symlinks, as seen from ``/`` (None when absent)."""
+        real = os.path.realpath(self.host(path))
+        if not os.path.exists(real):
+            return None
+        rel = os.path.relpath(real, os.path.realpath(self.host_root))
+        return "/" if rel == "." else "/" + rel if not rel.startswith("..") else None
+
+
+class _Grants:
+    """The trees bound into the root (rule 1), each once, writable if any grant of it is, and the system
+    paths that are symlinks, recreated as such."""
+
+    def __init__(self, view: _HostView) -> None:
+        self.view = view
+        self.writable: dict[str, bool] = {}  # target -> writable
+        self.symlinks: list[tuple[str, str]] = []
+
+    def system(self) -> None:
+        """The system's read-only trees that exist, and the ones that are symlinks as symlinks."""
+        for path in SYSTEM_READ_ONLY:
+            if os.path.islink(self.view.host(path)):
+                self.symlinks.append((path, os.readlink(self.view.host(path))))
+            elif os.path.isdir(self.view.host(path)):
+                self.writable.setdefault(path, False)
+
+    def grant(self, path: str, writable: bool, field: str) -> None:
+        if not os.path.isabs(path):
+            raise RootError(f"{field}: {path!r} is not an absolute path")
+        if os.path.normpath(path) == "/":
+            if writable:
+                raise RootError(f"{field}: / cannot be writable")
+            for name in sorted(os.listdir(self.view.host("/"))):  # "/" read-only: every tree but the synthetic
+                if not any(under("/" + name, tree) for tree in SYNTHETIC):
+                    self.grant("/" + name, False, field)
+            return
+        real = self.view.resolve(path)
+        if real is None or real in ("/", *SYNTHETIC) or any(under(real, tree) for tree in SYNTHETIC_TREES):
+            return  # absent, or provided by the synthetic trees (rule 2)
+        self.writable[real] = self.writable.get(real, False) or writable
+
+
+def _real_workdir(view: _HostView, workdir: str) -> str:
+    """The workdir as it resolves on the host: it exists, and is neither ``/`` nor in a synthetic tree."""
+    real = view.resolve(workdir)
+    if real is None:
+        raise RootError(f"workdir: {workdir} does not exist")
+    if real == "/":
+        raise RootError(f"workdir: {workdir!r} resolves to /")
+    if any(under(real, tree) for tree in ("/proc", "/dev", "/run")):
+        raise RootError(f"workdir: {workdir!r} lies in /proc, /dev or /run")
+    return real
+
+
+def _resolv_conf_bind(view: _HostView, resolv_conf: str) -> list[Bind]:
+    """A resolv.conf that is a symlink into ``/run`` (a synthetic tree, rule 2): the file it points to, read-only."""
+    if os.path.islink(view.host(resolv_conf)):
+        real = view.resolve(resolv_conf)
+        if real is not None and under(real, "/run") and os.path.isfile(view.host(real)):
+            return [Bind(source=real, target=real, writable=False, directory=False)]
+    return []
+
+
+def _trust_bind(view: _HostView, trust_dir: str | None) -> list[Bind]:
+    """The boundary's trust directory, read-only at ``TRUST_PATH``."""
+    if trust_dir is None:
+        return []
+    real = view.resolve(trust_dir)
+    if real is None or not os.path.isdir(view.host(real)):
+        raise RootError(f"tls-dir: {trust_dir} is not a directory")
+    return [Bind(source=real, target=TRUST_PATH, writable=False, directory=True)]
+
+
+def _hidden(view: _HostView, hide: Iterable[str], real_workdir: str) -> list[str]:
+    """The hidden paths that exist (rule 4); none may hold the workdir."""
+    hidden = [r for r in (view.resolve(h) for h in hide) if r is not None and r != "/"]
+    for path in hidden:
+        if under(real_workdir, path):
+            raise RootError(f"hide-path: {path} holds the workdir {real_workdir}: the agent could not enter it")
+    return hidden
 
 
 # --- building (the launcher, single-threaded) ----------------------------------------------------------
