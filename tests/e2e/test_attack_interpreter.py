@@ -90,6 +90,13 @@ WAITING_AGENT = ("sh", "-c", "read line; echo agent-ok")
 def _run_dev(prefix: list[str], entry: list[str], env: dict[str, str], cwd: Path, *flags: str,
              agent: tuple[str, ...] = WAITING_AGENT) -> tuple[subprocess.Popen[str], list[int]]:  # fmt: skip
     """Start dev; once the sandbox is ready, return it with its interpreters' pids (the agent waits on stdin)."""
+    dev, pids, _ = _start_dev(prefix, entry, env, cwd, *flags, agent=agent)
+    return dev, pids
+
+
+def _start_dev(prefix: list[str], entry: list[str], env: dict[str, str], cwd: Path, *flags: str,
+               agent: tuple[str, ...] = WAITING_AGENT) -> tuple[subprocess.Popen[str], list[int], str]:  # fmt: skip
+    """``_run_dev``, and what dev said up to its ready line (which names the sandbox)."""
     pipe = subprocess.PIPE
     dev = subprocess.Popen([*prefix, *entry, "dev", *flags, "--", *agent], cwd=cwd, env=env,
                            stdin=pipe, stdout=pipe, stderr=pipe, text=True)  # fmt: skip
@@ -102,7 +109,7 @@ def _run_dev(prefix: list[str], entry: list[str], env: dict[str, str], cwd: Path
         assert line or dev.poll() is None, f"dev ended before ready; planted modules imported: {markers}; {seen}"
         assert time.monotonic() < deadline, f"dev not ready: {seen}"
         seen += line
-    return dev, _our_processes(dev)
+    return dev, _our_processes(dev), seen
 
 
 def _finish(dev: subprocess.Popen[str]) -> tuple[int, str, str]:
@@ -193,15 +200,17 @@ def test_dev_refuses_an_installation_another_user_can_write(scratch: Path) -> No
 def test_a_normal_user_without_xdg_runtime_dir_runs_dev(scratch: Path) -> None:
     prefix, env = _operator(NOBODY, scratch)
     del env["XDG_RUNTIME_DIR"]
-    dev, _ = _run_dev(prefix, ENTRIES["script"], env, scratch)
+    dev, _, said = _start_dev(prefix, ENTRIES["script"], env, scratch)
     try:
         base = Path(f"/tmp/openshell-sandbox-{NOBODY}")
+        name = re.search(r"sandbox (dev-[0-9a-f]+) is ready", said)
+        assert name, said
         system = Path("/run/openshell-sandbox")
         if system.is_dir() and system.stat().st_mode & 0o002:
             pytest.skip("/run/openshell-sandbox is writable by everyone here: rule 3 picks it")
         info = base.stat()
         assert (info.st_uid, info.st_mode & 0o777) == (NOBODY, 0o700)
-        sockets = list(base.glob("dev-*/api.sock"))
+        sockets = list(base.glob(f"{name[1]}/api.sock"))  # this dev's: another suite's may share the base
         assert sockets, "control's socket is in the private runtime directory"
         status = subprocess.run([*prefix, str(VENV / "openshell-sandbox"), "status", f"--api={sockets[0]}"],
                                 env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
