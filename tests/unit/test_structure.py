@@ -62,7 +62,7 @@ _JSON_EDGE_MODULES: dict[str, str] = {
     "JSON objects of its wire",
 }
 
-_DICT_ANY_CEILING = 230
+_DICT_ANY_CEILING = 219
 
 
 # --- the checkers --------------------------------------------------------------------------------------------
