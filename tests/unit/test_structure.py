@@ -43,8 +43,6 @@ _LONG_MODULES: dict[str, str] = {
     "request's route, the backend exchange and the streamed answer's idle cut share the session's state",
     "supervisor/k8s/objects.py": "one pure function per object of a sandbox's companion set, rendered together "
     "from one RenderSpec",
-    "supervisor/link/h2link.py": "one connection's reader, writer, flow control and stream objects share h2's "
-    "state machine and change together",
     "supervisor/protocol/certs.py": "minting and loading are the two halves of one bundle format",
     "supervisor/protocol/ocsf.py": "one table mapping every event to its OCSF class, and the one rendering of it",
 }
