@@ -77,6 +77,9 @@ MODULES: dict[str, Module] = {
         1800,
     ),
     "schema": Module("supervisor/control/policy/schema.py", ("tests/unit/test_policy_schema.py",), 2400),
+    "schema_endpoint": Module(
+        "supervisor/control/policy/schema_endpoint.py", ("tests/unit/test_policy_schema.py",), 2400
+    ),
 }
 
 _HUNK = re.compile(r"^@@ -(\d+)")
