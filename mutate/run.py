@@ -73,7 +73,7 @@ MODULES: dict[str, Module] = {
     ),
     "compiled": Module(
         "supervisor/control/policy/compiled.py",
-        ("tests/unit/test_policy_decide.py", "tests/unit/test_policy_index.py"),
+        ("tests/unit/test_policy_compiled.py", "tests/unit/test_policy_decide.py", "tests/unit/test_policy_index.py"),
         1800,
     ),
     "schema": Module("supervisor/control/policy/schema.py", ("tests/unit/test_policy_schema.py",), 2400),
