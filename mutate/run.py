@@ -76,9 +76,19 @@ MODULES: dict[str, Module] = {
         ("tests/unit/test_policy_compiled.py", "tests/unit/test_policy_decide.py", "tests/unit/test_policy_index.py"),
         1800,
     ),
-    "schema": Module("supervisor/control/policy/schema.py", ("tests/unit/test_policy_schema.py",), 2400),
+    "schema": Module(
+        "supervisor/control/policy/schema.py",
+        ("tests/unit/test_policy_document.py", "tests/unit/test_policy_schema.py"),
+        2400,
+    ),
     "schema_endpoint": Module(
-        "supervisor/control/policy/schema_endpoint.py", ("tests/unit/test_policy_schema.py",), 2400
+        "supervisor/control/policy/schema_endpoint.py",
+        (
+            "tests/unit/test_policy_endpoint_exact.py",
+            "tests/unit/test_policy_schema.py",
+            "tests/unit/test_policy_protocols.py",
+        ),
+        2400,
     ),
 }
 
