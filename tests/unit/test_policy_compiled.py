@@ -18,6 +18,7 @@ from supervisor.control.policy import (
 )
 from supervisor.control.policy.compiled import MCP_PROFILE_METHODS, CompiledEndpoint, CompiledL7Rule
 from supervisor.control.policy.globs import compile_host_glob, compile_path_glob, compile_value_glob
+from supervisor.control.policy.model import Binary, Endpoint, NetworkRule, Policy
 
 from .policy_helpers import CURL, GIT, PY, compiled, load, rule
 
@@ -483,3 +484,14 @@ def test_the_aliases_argument_defaults_to_none() -> None:
     policy = load({"r": rule(H, binaries=(PY,))})
     assert compile_policy(policy).rules[0].exact_binaries == {PY}
     assert CompiledPolicy(policy).rules[0].exact_binaries == {PY}
+
+
+@pytest.mark.parametrize(
+    "protocol", [Protocol.REST, Protocol.WEBSOCKET, Protocol.GRAPHQL, Protocol.JSON_RPC, Protocol.MCP]
+)
+def test_an_inspected_endpoint_without_rules_or_access_allows_nothing(protocol: Protocol) -> None:
+    """The schema refuses such an endpoint; compiled by hand it still grants nothing it was not given."""
+    endpoint = Endpoint("a.example.com", (443,), protocol=protocol)
+    policy = Policy(version=1, network_policies=(NetworkRule("r", "r", (endpoint,), (Binary(GIT),)),))
+    (cep,) = compile_policy(policy).endpoints
+    assert (cep.allows, cep.denies, cep.inspected) == ((), (), True)
