@@ -154,8 +154,10 @@ def _def_lines(path: Path) -> dict[str, int]:
     return lines
 
 
-def _survivor(work: Path, module: Module, key: str, defs: dict[str, int]) -> str:
-    """``file:line: old  →  new`` for a mutant that survived (the diff mutmut shows is of the function alone)."""
+def _survivor(work: Path, module: Module, key: str, defs: dict[str, int], source: list[str]) -> str:
+    """``file:line: old  →  new`` for a mutant that survived. The diff mutmut shows is of the function alone, and
+    its text starts at the function's decorators and the comments above it, so the line counted from the ``def``
+    is only an estimate: the source line with the mutated text nearest to it is the one."""
     function = key.rsplit(".", 1)[1].rsplit("__mutmut_", 1)[0]
     old: tuple[int, str] | None = None
     new = ""
@@ -172,7 +174,10 @@ def _survivor(work: Path, module: Module, key: str, defs: dict[str, int]) -> str
         elif text.startswith(" "):
             at += 1
     offset, before = old or (1, "")
-    return f"{module.path}:{defs.get(function, 1) + offset - 1}: {before}  →  {new}  ({key.rsplit('.', 1)[1]})"
+    estimate = defs.get(function, 1) + offset - 1
+    found = [number for number, text in enumerate(source, 1) if before and text.strip() == before]
+    line = min(found, key=lambda number: abs(number - estimate)) if found else estimate
+    return f"{module.path}:{line}: {before}  →  {new}  ({key.rsplit('.', 1)[1]})"
 
 
 def mutate(name: str, budget: int | None) -> dict[str, object]:
@@ -184,9 +189,10 @@ def mutate(name: str, budget: int | None) -> dict[str, object]:
     _mutmut(work, "export-cicd-stats")
     stats = json.loads((work / "mutants" / "mutmut-cicd-stats.json").read_text())
     defs = _def_lines(ROOT / module.path)
+    source = (ROOT / module.path).read_text().splitlines()
     results = _mutmut(work, "results").stdout.splitlines()
     survivors = [
-        _survivor(work, module, line.split(":")[0].strip(), defs)
+        _survivor(work, module, line.split(":")[0].strip(), defs, source)
         for line in results
         if line.strip().endswith(": survived") or line.strip().endswith(": no tests")
     ]

@@ -3,6 +3,7 @@ each refusal exactly as an operator reads it: path, message, what was expected, 
 
 from __future__ import annotations
 
+import locale
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,16 @@ def binaries(entries: str) -> str:
 # (case, document, [(path, message, expected, line)])
 REFUSED: list[tuple[str, str, list[tuple[str, str, str | None, int | None]]]] = [
     ("empty", "", [("", "policy is empty", "a mapping with version: 1", None)]),
+    (
+        "syntax-only",
+        "version: 1\nnetwork_policies: {a: [}\n",
+        [("", "YAML syntax error: did not find expected node content", None, 2)],
+    ),
+    (
+        "two-documents",
+        "version: 1\n--- \nversion: 1\n",
+        [("", "YAML syntax error: but found another document", None, 2)],
+    ),
     ("a-list", "- a\n", [("", "expected a mapping, got a list", "a mapping", 1)]),
     ("no-version", "network_policies: {}\n", [("version", "missing required key 'version'", "version: 1", 1)]),
     (
@@ -400,6 +411,20 @@ def test_a_file_is_read_as_utf8_and_named_in_its_errors(tmp_path: Path) -> None:
     with pytest.raises(PolicyInvalid) as info:
         load_policy_file(bad)
     assert [(e.path, e.line, e.source) for e in info.value.errors] == [("version", 1, str(bad))]
+
+
+def test_a_file_is_utf8_whatever_the_locale(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_bytes(
+        f"{RULES}  a: {{endpoints: [{{host: bücher.example, port: 443}}], binaries: [{{path: /x}}]}}\n".encode()
+    )
+    before = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")  # an ASCII locale: a read in the locale's encoding would fail
+    try:
+        policy = load_policy_file(path)
+    finally:
+        locale.setlocale(locale.LC_CTYPE, before)
+    assert policy.network_policies[0].endpoints[0].host == "xn--bcher-kva.example"
 
 
 def test_an_unreadable_file_is_one_error_naming_it(tmp_path: Path) -> None:
