@@ -141,23 +141,36 @@ def _run(work: Path, budget: int) -> bool:
     return proc.returncode == 0
 
 
+def _text_start(node: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str]) -> int:
+    """The first line of the function's text as mutmut shows it: its decorators, and above them the comments (with
+    the blank lines among and below them) that libcst attaches to the ``def`` rather than to what came before."""
+    top = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    start, above = top, top - 1
+    while above >= 1 and (lines[above - 1].strip() == "" or lines[above - 1].lstrip().startswith("#")):
+        if lines[above - 1].strip():
+            start = above
+        above -= 1
+    return start
+
+
 def _def_lines(path: Path) -> dict[str, int]:
-    """Each function's mutmut name (``x_f``, ``xǁClassǁmethod``) → the line of its ``def``."""
+    """Each function's mutmut name (``x_f``, ``xǁClassǁmethod``) → the first line of the text mutmut shows for it."""
+    source = path.read_text()
+    text = source.splitlines()
     lines: dict[str, int] = {}
-    for node in ast.parse(path.read_text()).body:
+    for node in ast.parse(source).body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            lines[f"x_{node.name}"] = node.lineno
+            lines[f"x_{node.name}"] = _text_start(node, text)
         elif isinstance(node, ast.ClassDef):
             for item in node.body:
                 if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
-                    lines[f"xǁ{node.name}ǁ{item.name}"] = item.lineno
+                    lines[f"xǁ{node.name}ǁ{item.name}"] = _text_start(item, text)
     return lines
 
 
 def _survivor(work: Path, module: Module, key: str, defs: dict[str, int], source: list[str]) -> str:
-    """``file:line: old  →  new`` for a mutant that survived. The diff mutmut shows is of the function alone, and
-    its text starts at the function's decorators and the comments above it, so the line counted from the ``def``
-    is only an estimate: the source line with the mutated text nearest to it is the one."""
+    """``file:line: old  →  new`` for a mutant that survived (the diff mutmut shows is of the function alone; should
+    its line not hold the mutated text, the nearest line that does is named)."""
     function = key.rsplit(".", 1)[1].rsplit("__mutmut_", 1)[0]
     old: tuple[int, str] | None = None
     new = ""
@@ -174,9 +187,10 @@ def _survivor(work: Path, module: Module, key: str, defs: dict[str, int], source
         elif text.startswith(" "):
             at += 1
     offset, before = old or (1, "")
-    estimate = defs.get(function, 1) + offset - 1
-    found = [number for number, text in enumerate(source, 1) if before and text.strip() == before]
-    line = min(found, key=lambda number: abs(number - estimate)) if found else estimate
+    line = defs.get(function, 1) + offset - 1
+    if not 1 <= line <= len(source) or source[line - 1].strip() != before:
+        found = [number for number, text in enumerate(source, 1) if before and text.strip() == before]
+        line = min(found, key=lambda number: abs(number - line)) if found else line
     return f"{module.path}:{line}: {before}  →  {new}  ({key.rsplit('.', 1)[1]})"
 
 

@@ -486,6 +486,78 @@ REFUSED: list[tuple[str, Any, list[tuple[str, str, str | None, int]]]] = [
         [(".advisor_proposed", "the gateway-internal field advisor_proposed is not supported yet", None, 7)],
     ),
     ("ep-list", ["a"], [("", "expected a mapping, got a list", "a mapping", 5)]),
+    # a nested value is not read as a scalar
+    (
+        "ips-nested",
+        {**H, "allowed_ips": [["10.0.0.0/8"]]},
+        [(".allowed_ips[0]", "expected a CIDR or IP address, got None", "e.g. 10.0.0.0/8", 8)],
+    ),
+    # an empty host is reported on its own line, not the endpoint's
+    (
+        "host-empty-below",
+        {"port": 443, "host": ""},
+        [
+            (
+                ".host",
+                "endpoint host must not be empty unless allowed_ips constrains a non-TCP proxy endpoint",
+                "a host name, IP address or host glob",
+                6,
+            )
+        ],
+    ),
+    (
+        "host-empty-below-tcp",
+        {"port": 22, "protocol": "tcp", "host": ""},
+        [(".host", "protocol tcp requires a DNS hostname", None, 7)],
+    ),
+    # mcp.strict_tool_names governs the deny rules' tool selectors too
+    (
+        "mcp-lax-deny-glob",
+        {
+            **H,
+            "protocol": "mcp",
+            "enforcement": "enforce",
+            "mcp": {"strict_tool_names": False},
+            "rules": [{"allow": {"method": "tools/call", "tool": "read"}}],
+            "deny_rules": [{"method": "tools/call", "tool": "delete_*"}],
+        },
+        [
+            (
+                ".deny_rules[0].tool",
+                "a wildcard tool selector needs mcp.strict_tool_names: true",
+                "exact tool names, or strict_tool_names left on",
+                17,
+            )
+        ],
+    ),
+    # GraphQL deny rules alone make the endpoint's messages GraphQL's (V32)
+    (
+        "ws-text-graphql-deny",
+        {
+            **H,
+            "protocol": "websocket",
+            "enforcement": "enforce",
+            "rules": [
+                {"allow": {"method": "GET", "path": "/graphql"}},
+                {"allow": {"method": "WEBSOCKET_TEXT", "path": "/graphql"}},
+            ],
+            "deny_rules": [{"operation_type": "mutation"}],
+        },
+        [
+            (
+                ".rules",
+                "rules[1] allows WEBSOCKET_TEXT on an endpoint with GraphQL policy",
+                "GraphQL rules decide its messages: allow GET for the upgrade only",
+                10,
+            )
+        ],
+    ),
+    # an unknown signing mode is one error, not also one for signing under tls: skip
+    (
+        "sign-unknown-tls-skip",
+        {**H, "credential_signing": "sigv5", "signing_service": "s3", "tls": "skip"},
+        [(".credential_signing", "unknown credential_signing 'sigv5'", "sigv4, sigv4:body, sigv4:no_body", 7)],
+    ),
 ]
 
 
