@@ -27,7 +27,6 @@ MODULE_LIMIT = 600
 _LONG_PENDING: dict[str, str] = {
     "supervisor.boundary.daemon.BoundaryDaemon._attach": "being split",
     "supervisor.control.l7.session._Session._request": "being split",
-    "supervisor.control.policy.decide.route_l7": "being split",
     "supervisor.control.policy.schema._Schema.endpoint": "being split",
 }
 
