@@ -64,7 +64,7 @@ async def sign(s: Session, conn: h11.Connection, rec: RequestRecord, p: Plan, ta
                headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:  # fmt: skip
     """Sign the final request (``signing``): a body signed by its hash is read whole first (answering ``Expect:
     100-continue`` here, so the client sends it) and forwarded from ``rec.body``; one read whole already to decide
-    it (``_decide_body``) is hashed as it is."""
+    it (``decide_body``) is hashed as it is."""
     payload_hash = hashlib.sha256(b"").hexdigest() if p.payload is Payload.HASHED else p.payload.value
     if p.payload is Payload.HASHED and rec.has_body:
         if rec.body is None:
