@@ -66,13 +66,20 @@ MODULES: dict[str, Module] = {
         600,
     ),
     "globs": Module("supervisor/control/policy/globs.py", ("tests/unit/test_policy_globs.py",), 1200),
-    "decide": Module("supervisor/control/policy/decide.py", ("tests/unit/test_policy_decide.py",), 1800),
+    "decide": Module(
+        "supervisor/control/policy/decide.py",
+        ("tests/unit/test_policy_decide.py", "tests/unit/test_l7_protocols.py", "tests/unit/test_policy_index.py"),
+        1800,
+    ),
     "compiled": Module(
         "supervisor/control/policy/compiled.py",
         ("tests/unit/test_policy_decide.py", "tests/unit/test_policy_index.py"),
         1800,
     ),
     "schema": Module("supervisor/control/policy/schema.py", ("tests/unit/test_policy_schema.py",), 2400),
+    "schema_endpoint": Module(
+        "supervisor/control/policy/schema_endpoint.py", ("tests/unit/test_policy_schema.py",), 2400
+    ),
 }
 
 _HUNK = re.compile(r"^@@ -(\d+)")

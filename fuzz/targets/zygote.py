@@ -7,6 +7,7 @@ Oracles beyond "no crash":
 * reading a spawn request raises only what its readers handle (``KeyError``, ``TypeError``, ``ValueError``,
   ``OSError``: the exec-init answers 127 and the init replies an error); ``validate`` and ``confinement`` of a
   spec that was read never raise;
+* a request the zygote reads (``request_from_wire``) is refused only with a ``MessageError`` and round-trips;
 * a spawn request or a namespace plan that is read round-trips through ``to_wire``.
 """
 
@@ -23,6 +24,12 @@ def one_input(data: bytes) -> None:
     except OSError:
         return
     assert isinstance(message, dict) and fds == []
+    try:
+        typed = messages.request_from_wire(message)
+    except messages.MessageError:
+        typed = None
+    if typed is not None:
+        assert messages.request_from_wire(typed.to_wire()) == typed, typed
     try:
         request = messages.SpawnRequest.from_wire(message)
     except _HANDLED:

@@ -2,7 +2,7 @@
 
 Control always dials; the boundary only listens. A dial can fail before the handshake (nothing listening), in it
 (a TLS alert: wrong CA, a certificate outside its validity), right after it (the peer's claim check refuses us
-with a GOAWAY naming the field, ``link.h2link.send_refusal``) or at any lifecycle step after that. Every one of
+with a GOAWAY naming the field, ``link.refusal.send_refusal``) or at any lifecycle step after that. Every one of
 those is one failure: logged once (``link.failed``, with the peer, the step and the reason) and followed by
 one backoff step.
 

@@ -43,7 +43,7 @@ import dns.rcode
 import dns.rdataclass
 import dns.rdatatype
 
-from supervisor.control.policy.schema import INFERENCE_HOST
+from supervisor.control.policy.schema_endpoint import INFERENCE_HOST
 
 __all__ = ["INFERENCE_HOST", "DnsAction", "DnsPlan", "plan_answer", "read_query", "reply"]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import trio
 
-from supervisor.link.h2link import send_refusal
+from supervisor.link.refusal import send_refusal
 from supervisor.link.socket_tls import SocketTLSStream
 from supervisor.protocol.certs import Bundle
 from supervisor.protocol.claims import Claims
@@ -120,7 +120,7 @@ async def _send_alert(tls: trio.SSLStream[trio.SocketStream]) -> None:
 
 async def refuse(tls: SocketTLSStream, *, server: bool, field: str | None) -> None:
     """Close a link we refuse after its handshake completed, telling the peer which field failed when it speaks one
-    of our link protocols (an HTTP/2 GOAWAY, ``h2link.send_refusal``); otherwise just close it."""
+    of our link protocols (an HTTP/2 GOAWAY, ``refusal.send_refusal``); otherwise just close it."""
     try:
         alpn = tls.selected_alpn_protocol()
     except (ssl.SSLError, OSError, ValueError):

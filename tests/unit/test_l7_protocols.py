@@ -16,6 +16,8 @@ from supervisor.control.policy import BodyRoute, Decision, DenyReason, body_rout
 
 from .policy_helpers import compiled, l4, rule
 
+pytestmark = pytest.mark.usefixtures("cold_l4_memos")
+
 H = {"host": "api.example.com", "port": 443}
 
 

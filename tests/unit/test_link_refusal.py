@@ -11,7 +11,8 @@ import pytest
 import trio
 import trio.testing
 
-from supervisor.link.h2link import Link, LinkStream, refusal_debug_data, send_refusal
+from supervisor.link.h2link import Link, LinkStream
+from supervisor.link.refusal import refusal_debug_data, send_refusal
 from supervisor.link.rpc import Router, call, open_channel
 from supervisor.protocol.errors import ErrorKind, OpError
 

@@ -21,6 +21,8 @@ from supervisor.control.policy import (
 
 from .policy_helpers import CURL, GIT, PY, compiled, l4, load, rule, who
 
+pytestmark = pytest.mark.usefixtures("cold_l4_memos")
+
 SHA_A, SHA_B = "a" * 64, "b" * 64
 REST_ENFORCE = {"protocol": "rest", "enforcement": "enforce"}
 

@@ -37,6 +37,8 @@ from supervisor.control.policy.globs import host_pattern_matches
 from supervisor.control.policy.hosts import normalize_request_host
 from supervisor.control.policy.model import Protocol
 
+pytestmark = pytest.mark.usefixtures("cold_l4_memos")
+
 GLOB_HOSTS = [
     "*.example.com",
     "**.example.com",

@@ -10,19 +10,26 @@ import pytest
 
 from supervisor.boundary.forkimage import wire
 from supervisor.boundary.forkimage.messages import (
+    CaptureCall,
+    CaptureReply,
     Done,
     ErrorReply,
     Exit,
+    KillAll,
     MessageError,
     NamespacePlan,
+    Ping,
     PingReply,
+    Prepare,
     PrepareReply,
     Ready,
+    SocketRequest,
     SpareBack,
     SpareLease,
     SpawnReply,
     SpawnRequest,
     Unowned,
+    request_from_wire,
 )
 from supervisor.protocol.privilege_model import PrivilegeModel
 
@@ -30,6 +37,12 @@ _SPEC: dict[str, Any] = {"argv": ["/bin/true"], "env": {}, "cwd": "/", "uid": 10
 _CONFINEMENT: dict[str, Any] = {"notify": False, "landlock": None}
 
 MESSAGES = [
+    Ping(id=1),
+    Prepare(id=2, plan=NamespacePlan(PrivilegeModel.R, capture={"mode": "netns"}, root=None)),
+    CaptureCall(id=3, fn="probe", args={"port": 443}),
+    SocketRequest(id=4, family=2, type=1),
+    KillAll(id=5),
+    CaptureReply(id=3, result={"found": True}),
     SpawnRequest(_SPEC, (0, 1, 2, 3), id=7, sid=8, notify=None, own_pidns=True),
     SpawnRequest(_SPEC, (0, 1, 2, 3), id=9, sid=10, notify=4),
     SpawnRequest(_SPEC, (0,)),  # a spare's command
@@ -119,3 +132,44 @@ def test_from_wire_refuses_a_malformed_message_naming_the_field(kind: Any, data:
 def test_a_message_error_is_a_value_error() -> None:
     """The readers (the init's spawn, a spare's command) answer a ValueError with an error, not a crash."""
     assert issubclass(MessageError, ValueError)
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        Ping(1),
+        Prepare(2, NamespacePlan(PrivilegeModel.U, agent_ids=(1000, 1000))),
+        CaptureCall(3, "inspect"),
+        SocketRequest(4, 10, 2, 17),
+        KillAll(5),
+        SpawnRequest(_SPEC, (0, 1, 2, 3), 6, 7),
+    ],
+    ids=lambda r: type(r).__name__,
+)
+def test_a_request_is_read_back_as_its_own_kind_by_its_op(request_: Any) -> None:
+    data, _ = wire.decode(wire.encode(request_.to_wire()), [], 0)
+    assert request_from_wire(data) == request_
+
+
+@pytest.mark.parametrize(
+    ("data", "text"),
+    [
+        ({"op": "fork_bomb", "id": 1}, "unknown op 'fork_bomb'"),
+        ({"id": 1}, "unknown op None"),
+        ({"op": ["ping"], "id": 1}, r"unknown op \['ping'\]"),
+        ([], "request: not an object"),
+        ({"op": "ping"}, "ping: field 'id' is missing"),
+        ({"op": "ping", "id": "1"}, "ping: field 'id' must be int"),
+        ({"op": "socket", "id": 1, "family": 2}, "socket request: field 'type' is missing"),
+        ({"op": "socket", "id": 1, "family": 2, "type": 1, "proto": "tcp"}, "field 'proto' must be int"),
+        ({"op": "capture_call", "id": 1, "fn": 3}, "capture call: field 'fn' must be str"),
+        ({"op": "capture_call", "id": 1, "fn": "probe", "args": []}, "capture call: field 'args' must be dict"),
+        ({"op": "prepare", "id": 1, "plan": {}}, "prepare: field 'plan': KeyError"),
+        ({"op": "prepare", "id": 1, "plan": {"model": "X", "netns": 1, "pidns": 1, "mountns": 1, "hide_paths": [],
+                                             "capture": None, "agent_ids": None}}, "prepare: field 'plan'"),
+        ({"op": "spawn", "sid": 2, "spec": _SPEC, "stdio": [0]}, "spawn request: field 'id' is missing"),
+    ],
+)  # fmt: skip
+def test_a_malformed_or_unknown_request_is_refused_naming_what(data: Any, text: str) -> None:
+    with pytest.raises(MessageError, match=text):
+        request_from_wire(data)

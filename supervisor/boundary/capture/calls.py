@@ -23,21 +23,21 @@ _FUNCTIONS: Final[Mapping[str, Callable[..., dict[str, Any]]]] = {
 CAPTURE_CALLS: Final = frozenset(_FUNCTIONS)
 
 
-def call(request: Mapping[str, Any], proc_net: str = "/proc/self/net") -> dict[str, Any]:
-    """Call an allowed ``capture.setup`` function in this process (which lives in the agent's netns); a probe
-    reads the namespace's TCP tables from ``proc_net``, whatever the request says."""
-    fn = _FUNCTIONS.get(str(request.get("fn")))
+def call(name: str, args: Mapping[str, Any], proc_net: str = "/proc/self/net") -> Any:
+    """Call the allowed ``capture.setup`` function ``name`` in this process (which lives in the agent's netns) and
+    return its result; a probe reads the namespace's TCP tables from ``proc_net``, whatever ``args`` say."""
+    fn = _FUNCTIONS.get(name)
     if fn is None:
-        raise OSError(errno.EPERM, f"capture call {request.get('fn')!r} is not allowed")
-    args = dict(request.get("args") or {})
+        raise OSError(errno.EPERM, f"capture call {name!r} is not allowed")
+    kwargs = dict(args)
     if fn is capture_setup.probe:
-        args["proc_net"] = proc_net
-    result = fn(**args)
-    return {"id": request.get("id"), "ok": True, "result": result}
+        kwargs["proc_net"] = proc_net
+    return fn(**kwargs)
 
 
-def prepare(request: Mapping[str, Any]) -> tuple[dict[str, Any], list[int]]:
-    """``capture.setup.prepare(**capture)`` here: the reply (names, report) and the listener fds, in order."""
-    got, report = capture_setup.prepare(**dict(request["capture"]))
+def prepare(capture: Mapping[str, Any]) -> tuple[list[str], dict[str, Any], list[int]]:
+    """``capture.setup.prepare(**capture)`` here: the listeners' names, the report, and the listener fds in the
+    names' order."""
+    got, report = capture_setup.prepare(**dict(capture))
     names = list(got)
-    return {"id": request.get("id"), "ok": True, "fd_names": names, "report": report}, [int(got[n]) for n in names]
+    return names, report, [int(got[n]) for n in names]

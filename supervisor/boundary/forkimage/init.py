@@ -19,7 +19,7 @@ from typing import Any, Final, NoReturn
 from supervisor.protocol.interpreter import import_path
 
 from . import capabilities, child, exec_init, linux, privilege, rootfs
-from .messages import ErrorReply, Exit, Ready, Unowned
+from .messages import ErrorReply, Exit, MessageError, Ready, SpawnRequest, Unowned, request_from_wire
 from .procstate import drain, install_sigchld_wakeup, keep_fds, reset_process
 from .spawner import SPARE_IDLE_MS, SPARES, Spawner
 from .wire import close_all, receive, send
@@ -29,13 +29,17 @@ UNOWNED_REPORT_S: Final = 1.0
 UNOWNED_PIDS: Final = 10  # the first pids of a report; the count is all of them
 
 
-def _init_request(spawner: Spawner, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
+def _init_request(spawner: Spawner, message: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
     """What the init does for the zygote: spawn."""
-    op = request.get("op")
-    if op == "spawn":
+    try:
+        request = request_from_wire(message)
+    except MessageError as exc:
+        close_all(fds)
+        return ErrorReply(message.get("id"), errno.EINVAL, str(exc)).to_wire(), []
+    if isinstance(request, SpawnRequest):
         return spawner.spawn(request, fds)
     close_all(fds)
-    return ErrorReply(request.get("id"), errno.EINVAL, f"init does not serve {op!r}").to_wire(), []
+    return ErrorReply(request.id, errno.EINVAL, f"init does not serve {message.get('op')!r}").to_wire(), []
 
 
 # The init's image. Every exec forks the init twice (the spare exec-init, then its command), and a fork's cost

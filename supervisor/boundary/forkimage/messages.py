@@ -100,6 +100,123 @@ class SpawnRequest:
         )
 
 
+@dataclass(frozen=True)
+class Ping:
+    """``ping``: is the zygote alive (answered with its pid)."""
+
+    id: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"op": "ping", "id": self.id}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> Ping:
+        return cls(id=_get(data, "ping", "id", int))
+
+
+@dataclass(frozen=True)
+class Prepare:
+    """``prepare``: make the workload's namespaces and the capture's listeners, once."""
+
+    id: int
+    plan: NamespacePlan
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"op": "prepare", "id": self.id, "plan": self.plan.to_wire()}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> Prepare:
+        plan = _get(data, "prepare", "plan", dict)
+        try:
+            return cls(id=_get(data, "prepare", "id", int), plan=NamespacePlan.from_wire(plan))
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, MessageError):
+                raise
+            raise MessageError(f"prepare: field 'plan': {exc!r}") from None
+
+
+@dataclass(frozen=True)
+class CaptureCall:
+    """``capture_call``: one of ``capture.calls.CAPTURE_CALLS`` run in the agent's network namespace."""
+
+    id: int
+    fn: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"op": "capture_call", "id": self.id, "fn": self.fn, "args": dict(self.args)}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> CaptureCall:
+        what = "capture call"
+        return cls(
+            id=_get(data, what, "id", int), fn=_get(data, what, "fn", str), args=_opt(data, what, "args", dict) or {}
+        )
+
+
+@dataclass(frozen=True)
+class SocketRequest:
+    """``socket``: a socket made in the agent's network namespace, sent back beside a ``Done``."""
+
+    id: int
+    family: int
+    type: int
+    proto: int = 0
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"op": "socket", "id": self.id, "family": self.family, "type": self.type, "proto": self.proto}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> SocketRequest:
+        what = "socket request"
+        return cls(
+            id=_get(data, what, "id", int),
+            family=_get(data, what, "family", int),
+            type=_get(data, what, "type", int),
+            proto=_opt(data, what, "proto", int) or 0,
+        )
+
+
+@dataclass(frozen=True)
+class KillAll:
+    """``kill_all``: SIGKILL every workload process and reap it before answering."""
+
+    id: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"op": "kill_all", "id": self.id}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> KillAll:
+        return cls(id=_get(data, "kill_all", "id", int))
+
+
+Request = Ping | Prepare | CaptureCall | SocketRequest | KillAll | SpawnRequest
+_REQUESTS: dict[str, Any] = {
+    "ping": Ping,
+    "prepare": Prepare,
+    "capture_call": CaptureCall,
+    "socket": SocketRequest,
+    "kill_all": KillAll,
+    "spawn": SpawnRequest,
+}
+
+
+def request_from_wire(data: Mapping[str, Any]) -> Request:
+    """The request ``data`` is, by its ``op``; a ``MessageError`` for an unknown op or a malformed request. A
+    spawn request must carry its ``id`` here (only a spare's command, read by the spare, has none)."""
+    if not isinstance(data, Mapping):
+        raise MessageError("request: not an object")
+    op = data.get("op")
+    kind = _REQUESTS.get(op) if isinstance(op, str) else None
+    if kind is None:
+        raise MessageError(f"unknown op {op!r}")
+    if kind is SpawnRequest and "id" not in data:
+        raise MessageError("spawn request: field 'id' is missing")
+    request: Request = kind.from_wire(data)
+    return request
+
+
 # --- replies (to a request's ``id``) ---------------------------------------------------------------------------
 
 
@@ -225,6 +342,23 @@ class Done:
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Done:
         return cls(id=_get(data, "reply", "id", int))
+
+
+@dataclass(frozen=True)
+class CaptureReply:
+    """A capture call's result (what the ``capture.setup`` function returned, JSON)."""
+
+    id: int
+    result: Any
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"id": self.id, "ok": True, "result": self.result}
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> CaptureReply:
+        if not isinstance(data, Mapping) or "result" not in data:
+            raise MessageError("capture reply: field 'result' is missing")
+        return cls(id=_get(data, "capture reply", "id", int), result=data["result"])
 
 
 @dataclass(frozen=True)

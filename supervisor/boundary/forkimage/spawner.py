@@ -9,7 +9,6 @@ import os
 import select
 import signal
 import socket
-from collections.abc import Mapping
 from typing import Any, Final
 
 from . import capabilities, child, linux, rootfs, seccomp
@@ -77,8 +76,8 @@ class Spawner:
                 self.root_error = OSError(exc.errno or errno.EPERM, f"capabilities: {exc.strerror or exc}")
                 raise self.root_error from None
 
-    def spawn(self, request: Mapping[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
-        rid = request.get("id")
+    def spawn(self, req: SpawnRequest, fds: list[int]) -> tuple[dict[str, Any], list[int]]:
+        rid = req.id
         out: list[int] = []
         try:
             self._enter_root()
@@ -86,7 +85,6 @@ class Spawner:
             close_all(fds)
             return ErrorReply.of(rid, exc, stage=child.Stage.MOUNT_NS.value).to_wire(), []
         try:
-            req = SpawnRequest.from_wire(request)
             spec = child.SpawnSpec.from_wire(req.spec)
             stdio, status_fd, master = stdio_fds(req, fds, spec)
             out = [] if master is None else [master]  # the PTY's master goes up with the reply (terminal.py)

@@ -81,7 +81,24 @@ from supervisor.protocol.privilege_model import PrivilegeModel
 
 from . import capabilities, linux, privilege, rootfs
 from .init import exec_init_image
-from .messages import Done, ErrorReply, Exit, MessageError, NamespacePlan, PingReply, PrepareReply, Ready
+from .messages import (
+    CaptureCall,
+    CaptureReply,
+    Done,
+    ErrorReply,
+    Exit,
+    KillAll,
+    MessageError,
+    NamespacePlan,
+    Ping,
+    PingReply,
+    Prepare,
+    PrepareReply,
+    Ready,
+    SocketRequest,
+    SpawnRequest,
+    request_from_wire,
+)
 from .procstate import drain, install_sigchld_wakeup, reset_process
 from .spawner import Spawner
 from .wire import close_all, receive, send, socket_pair
@@ -135,9 +152,9 @@ class CaptureWork(Protocol):
     """What the zygote runs for the capture (``capture.calls``: the launcher passes that module in, so neither
     the zygote nor the init imports ``capture.setup``)."""
 
-    def call(self, request: Mapping[str, Any], proc_net: str = ...) -> dict[str, Any]: ...
+    def call(self, name: str, args: Mapping[str, Any], proc_net: str = ...) -> Any: ...
 
-    def prepare(self, request: Mapping[str, Any]) -> tuple[dict[str, Any], list[int]]: ...
+    def prepare(self, capture: Mapping[str, Any]) -> tuple[list[str], dict[str, Any], list[int]]: ...
 
 
 class Zygote:
@@ -184,16 +201,16 @@ class Zygote:
         except (BrokenPipeError, ConnectionResetError):
             self.boundary_gone = True
 
-    def handle(self, request: dict[str, Any], fds: list[int]) -> None:
-        rid = request.get("id")
-        op = request.get("op")
-        handler = self.HANDLERS.get(str(op))
-        if handler is None:
+    def handle(self, message: dict[str, Any], fds: list[int]) -> None:
+        rid = message.get("id")
+        try:
+            request = request_from_wire(message)
+        except MessageError as exc:
             close_all(fds)
-            self.reply(ErrorReply(rid, errno.EINVAL, f"unknown op {op!r}").to_wire())
+            self.reply(ErrorReply(rid, errno.EINVAL, str(exc)).to_wire())
             return
         try:
-            handler(self, request, fds)
+            self.HANDLERS[type(request)](self, request, fds)
         except Exception as exc:
             self.reply(ErrorReply.of(rid, exc).to_wire())
         finally:
@@ -264,16 +281,16 @@ class Zygote:
         self.pidns_gone = True
 
     # -- requests --
-    def op_ping(self, request: dict[str, Any], fds: list[int]) -> None:
+    def op_ping(self, request: Ping, fds: list[int]) -> None:
         close_all(fds)
-        self.reply(PingReply(request.get("id"), os.getpid()).to_wire())
+        self.reply(PingReply(request.id, os.getpid()).to_wire())
 
-    def op_prepare(self, request: dict[str, Any], fds: list[int]) -> None:
+    def op_prepare(self, request: Prepare, fds: list[int]) -> None:
         close_all(fds)
-        rid = request.get("id")
+        rid = request.id
         if self.plan is not None or self.prepare_failed:
             raise OSError(errno.EALREADY, "launcher already prepared")
-        plan = NamespacePlan.from_wire(request["plan"]).effective()
+        plan = request.plan.effective()
         try:
             out_fds, names, report = self._prepare(plan)
         except BaseException:
@@ -331,19 +348,16 @@ class Zygote:
             root = rootfs.RootPlan.from_wire(plan.root) if plan.root is not None else None
             self.spawner = Spawner(host_proc_fd=None, root=root)
         out_fds: list[int] = []
-        reply: dict[str, Any] = {"fd_names": [], "report": {}}
+        names: list[str] = []
+        report: dict[str, Any] = {}
         if plan.pidns and plan.mountns:  # the init mounted the namespace's /proc: /proc/self is not us there
             self.proc_net = "/proc/1/net"  # the init's: it lives in the agent's network namespace, as we do
         if plan.capture is not None:
             # Here, not in the init: the capture's netlink code (pyroute2, ~13 MB) would otherwise become part
             # of the image every exec forks ("The init's image").
-            reply, out_fds = self.capture.prepare({"op": "capture_prepare", "id": "prepare", "capture": plan.capture})
-            if not reply.get("ok"):
-                close_all(out_fds)
-                raise OSError(int(reply.get("errno") or errno.EIO), f"capture setup: {reply.get('error')}")
+            names, report, out_fds = self.capture.prepare(plan.capture)
         elif plan.netns:
             _loopback_up()
-        names, report = list(reply["fd_names"]), dict(reply["report"])
         # model R: the init forks the workload, we only read the fence from now on
         if plan.model == PrivilegeModel.R and plan.pidns:
             try:
@@ -379,26 +393,26 @@ class Zygote:
         self.init_sock = ours
         self.poller.register(ours, select.POLLIN)
 
-    def op_capture_call(self, request: dict[str, Any], fds: list[int]) -> None:
+    def op_capture_call(self, request: CaptureCall, fds: list[int]) -> None:
         """A capture call, run here in the agent's network namespace. Once the init mounted the namespace's
         own ``/proc``, ``/proc/self`` names nothing for us (we are outside that PID namespace): a probe reads
         the TCP tables through the init's entry (``proc_net``), so a call after the init is gone fails."""
         close_all(fds)
         if self.init_sock is None and self.plan is not None and self.plan.pidns and self.plan.mountns:
             raise OSError(errno.ESRCH, "the workload PID namespace is gone")
-        self.reply(self.capture.call(request, self.proc_net))
+        self.reply(CaptureReply(request.id, self.capture.call(request.fn, request.args, self.proc_net)).to_wire())
 
-    def op_socket(self, request: dict[str, Any], fds: list[int]) -> None:
+    def op_socket(self, request: SocketRequest, fds: list[int]) -> None:
         close_all(fds)
         if self.plan is None:
             raise OSError(errno.EAGAIN, "launcher not prepared")
-        sock = socket.socket(int(request["family"]), int(request["type"]), int(request.get("proto", 0)))
+        sock = socket.socket(request.family, request.type, request.proto)
         try:
-            self.reply(Done(request.get("id")).to_wire(), [sock.fileno()])
+            self.reply(Done(request.id).to_wire(), [sock.fileno()])
         finally:
             sock.close()
 
-    def op_spawn(self, request: dict[str, Any], fds: list[int]) -> None:
+    def op_spawn(self, request: SpawnRequest, fds: list[int]) -> None:
         if self.plan is None:
             raise OSError(errno.EAGAIN, "launcher not prepared")
         if self.spawner is not None:
@@ -414,19 +428,19 @@ class Zygote:
         try:
             reply = self._via_init(request, fds, out)
             if reply.get("ok"):
-                self.init_live.add(int(request["sid"]))
+                self.init_live.add(int(request.sid or 0))
             self.reply(reply, out)
         finally:
             close_all(out)
 
-    def _via_init(self, request: dict[str, Any], fds: list[int], out: list[int] | None = None) -> dict[str, Any]:
+    def _via_init(self, request: SpawnRequest, fds: list[int], out: list[int] | None = None) -> dict[str, Any]:
         """Forward ``request`` (and ``fds``, closed here) to the init; return its reply, its fds into ``out``."""
         assert self.init_sock is not None
         try:
-            send(self.init_sock, request, fds)
+            send(self.init_sock, request.to_wire(), fds)
         finally:
             close_all(fds)
-        reply, got = self._await_init_reply(request.get("id"))
+        reply, got = self._await_init_reply(request.id)
         if out is None:
             close_all(got)
         else:
@@ -446,10 +460,10 @@ class Zygote:
                 return message, fds
             self._relay(message, fds)
 
-    def op_kill_all(self, request: dict[str, Any], fds: list[int]) -> None:
+    def op_kill_all(self, request: KillAll, fds: list[int]) -> None:
         close_all(fds)
         self.kill_all()
-        self.reply(Done(request.get("id")).to_wire())
+        self.reply(Done(request.id).to_wire())
 
     def kill_all(self) -> None:
         if self.init_pid is not None:
@@ -476,13 +490,13 @@ class Zygote:
             time.sleep(0.002)
         self.reap()
 
-    HANDLERS: Final[dict[str, Callable[[Zygote, dict[str, Any], list[int]], None]]] = {
-        "ping": op_ping,
-        "prepare": op_prepare,
-        "capture_call": op_capture_call,
-        "socket": op_socket,
-        "spawn": op_spawn,
-        "kill_all": op_kill_all,
+    HANDLERS: Final[dict[type, Callable[[Zygote, Any, list[int]], None]]] = {
+        Ping: op_ping,
+        Prepare: op_prepare,
+        CaptureCall: op_capture_call,
+        SocketRequest: op_socket,
+        SpawnRequest: op_spawn,
+        KillAll: op_kill_all,
     }
 
 

@@ -39,12 +39,19 @@ from supervisor.boundary.capture import calls as capture_calls
 from supervisor.boundary.forkimage import child, privilege, spawner, wire, zygote
 from supervisor.boundary.forkimage.child import SpawnSpec, Stage
 from supervisor.boundary.forkimage.messages import (
+    CaptureCall,
+    CaptureReply,
     ErrorReply,
     Exit,
+    KillAll,
     MessageError,
     NamespacePlan,
+    Ping,
     PingReply,
+    Prepare,
     PrepareReply,
+    Request,
+    SocketRequest,
     SpareBack,
     SpareLease,
     SpawnReply,
@@ -388,15 +395,12 @@ class Launcher:
             self._progress = trio.Event()
             progress.set()
 
-    async def _request(self, op: str, fds: Sequence[int] = (), **fields: Any) -> tuple[dict[str, Any], list[int]]:
-        return await self._request_wire(lambda rid: {"op": op, "id": rid, **fields}, fds)
-
-    async def _request_wire(
-        self, message: Callable[[int], Mapping[str, Any]], fds: Sequence[int] = ()
+    async def _request(
+        self, message: Callable[[int], Request], fds: Sequence[int] = ()
     ) -> tuple[dict[str, Any], list[int]]:
-        """Send the request ``message`` writes for a fresh id, and wait for its reply."""
+        """Send the request ``message`` makes for a fresh id, and wait for its reply."""
         rid = next(self._ids)
-        await self._send(message(rid), fds)
+        await self._send(message(rid).to_wire(), fds)
         try:
             while rid not in self._replies:
                 self._check_alive()
@@ -429,7 +433,7 @@ class Launcher:
     async def prepare(self, plan: NamespacePlan) -> Prepared:
         if plan.model not in tuple(PrivilegeModel):
             raise LauncherError(f"unknown privilege model {plan.model!r}")
-        reply, fds = await self._request("prepare", plan=plan.to_wire())
+        reply, fds = await self._request(lambda rid: Prepare(rid, plan))
         try:
             self._raise(reply, f"prepare (model {plan.model})")
         except LauncherError:
@@ -457,14 +461,14 @@ class Launcher:
     async def capture_call(self, fn: str, args: Mapping[str, Any]) -> dict[str, Any]:
         if fn not in capture_calls.CAPTURE_CALLS:
             raise LauncherError(f"capture call {fn!r} is not allowed")
-        reply, fds = await self._request("capture_call", fn=fn, args=dict(args))
+        reply, fds = await self._request(lambda rid: CaptureCall(rid, fn, dict(args)))
         wire.close_all(fds)
         self._raise(reply, f"capture {fn}")
-        result = reply.get("result")
+        result = _parse(CaptureReply.from_wire, reply, f"capture {fn}").result
         return result if isinstance(result, dict) else {"result": result}
 
     async def socket_in_netns(self, family: int, type: int, proto: int = 0) -> socket.socket:
-        reply, fds = await self._request("socket", family=int(family), type=int(type), proto=int(proto))
+        reply, fds = await self._request(lambda rid: SocketRequest(rid, int(family), int(type), int(proto)))
         if not reply.get("ok") or len(fds) != 1:
             wire.close_all(fds)
             self._raise(reply, "socket")
@@ -594,8 +598,8 @@ class Launcher:
             theirs.append(os.dup(self.notify_socket.fileno()))
             notify = len(theirs) - 1
         try:
-            reply, fds = await self._request_wire(
-                lambda rid: SpawnRequest(spec.to_wire(), tuple(layout), rid, sid, notify, own_pidns).to_wire(), theirs
+            reply, fds = await self._request(
+                lambda rid: SpawnRequest(spec.to_wire(), tuple(layout), rid, sid, notify, own_pidns), theirs
             )
         except BaseException:
             self._forget(sid)
@@ -634,12 +638,12 @@ class Launcher:
 
     async def kill_all(self) -> None:
         """SIGKILL every workload process (the PID-ns init, or every descendant) and wait until reaped."""
-        reply, fds = await self._request("kill_all")
+        reply, fds = await self._request(KillAll)
         wire.close_all(fds)
         self._raise(reply, "kill_all")
 
     async def ping(self) -> int:
-        reply, fds = await self._request("ping")
+        reply, fds = await self._request(Ping)
         wire.close_all(fds)
         self._raise(reply, "ping")
         return _parse(PingReply.from_wire, reply, "ping").pid

@@ -37,7 +37,7 @@ from supervisor.control.policy.globs import GlobSyntaxError, compile_path_glob
 from supervisor.control.policy.hosts import validate_policy_host
 from supervisor.control.policy.identity import BinaryIdentity
 from supervisor.control.policy.model import Binary, NetworkRule
-from supervisor.control.policy.schema import INFERENCE_HOST
+from supervisor.control.policy.schema_endpoint import INFERENCE_HOST
 from supervisor.control.upstream import UpstreamError, check_allowed_ips
 
 __all__ = ["INFERENCE_HOST", "BackendKind", "InferenceRoutes", "Route", "RoutesInvalid", "load_routes_text"]
