@@ -188,6 +188,12 @@ def test_memory_hog_is_oom_killed_at_the_limit_while_the_sandbox_answers(hog: Bo
     assert sorted(p.name for p in hog.workdir.iterdir()) == ["go", "go-on", "near"]  # all the hog wrote
 
 
+@protection_off("the workload's memory limit (its cgroup made, the limit lifted)")
+@pytest.mark.parametrize("dev_cli", [controls_dev.argv("memory-limit")], ids=["off"])
+def test_memory_hog_is_oom_killed_at_the_limit_while_the_sandbox_answers_twin(hog: Box) -> None:
+    test_memory_hog_is_oom_killed_at_the_limit_while_the_sandbox_answers(hog)
+
+
 LOWER = """\
 for value in 0 -1000 999; do echo "$value" > /proc/self/oom_score_adj 2>/dev/null && echo "took $value"; done
 cat /proc/self/oom_score_adj
