@@ -10,12 +10,14 @@ from supervisor.control.policy import (
     BinaryIdentity,
     Decision,
     DenyReason,
+    DigestPins,
     L4Request,
     Verdict,
     decide_l4,
+    decide_l7,
     quarantine_decision,
 )
-from supervisor.control.policy.decide import BodyRoute, graphql_ws_route, has_graphql_rules, route_l7
+from supervisor.control.policy.decide import BodyRoute, body_route, graphql_ws_route, has_graphql_rules, route_l7
 
 from .policy_helpers import CURL, GIT, compiled, l4, rule, who
 
@@ -55,6 +57,9 @@ POLICY = compiled(
             {"host": "slash.example.com", "port": 443, "path": "/strict/**", "protocol": "rest", "access": "full"},
         ),
         "plain": rule({"host": "plain.example.com", "port": 443}),
+        "paths": rule(
+            {"host": "paths.example.com", "port": 443, "path": "/only/**", "protocol": "rest", "access": "full"}
+        ),
     }
 )
 
@@ -104,6 +109,9 @@ L7_CASES = [
      Decision(DENY, "slash", "slash[1]", DenyReason.ENCODED_SLASH, l7=True,
               detail="encoded slash (%2F) in path; endpoint slash[1] does not set allow_encoded_slash",
               host="slash.example.com", port=443, rules=("slash",), method="GET", path="/strict/a%2Fb")),
+    ("no endpoint path matched", "paths.example.com", "GET", "/elsewhere",
+     _l7("paths.example.com", verdict=DENY, reason=DenyReason.L7_NO_ENDPOINT_PATH,
+         detail="no L7 endpoint path matched request", method="GET", path="/elsewhere")),
     ("not inspected: allowed with the raw target", "plain.example.com", "get", "/x?q=1",
      Decision(ALLOW, "plain", "plain[0]", None, detail="endpoint is not L7-inspected", host="plain.example.com",
               port=443, rules=("plain",), method="GET", path="/x?q=1")),
@@ -286,3 +294,89 @@ def test_graphql_over_websocket_routes_to_the_endpoints_with_graphql_rules() -> 
     assert graphql_ws_route(WS_POLICY, admitted, "/elsewhere") is None  # no endpoint path matched
     assert graphql_ws_route(WS_POLICY, admitted, "/graphql/%2F..") is None  # not canonical
     assert graphql_ws_route(WS_POLICY, l4(WS_POLICY, "nowhere.example"), "/graphql") is None
+
+
+def test_a_body_routed_request_is_pending_its_body_whatever_the_enforcement() -> None:
+    admitted = l4(POLICY, API)
+    assert decide_l7(POLICY, admitted, "POST", "/rpc") == Decision(
+        DENY, "api", "api[1]", DenyReason.L7_BODY_PENDING, l7=True,
+        detail="POST /rpc: the json-rpc request body decides", host=API, port=443, rules=("api",), method="POST",
+        path="/rpc",
+    )  # fmt: skip
+    assert body_route(POLICY, admitted, "GET", "/v1/x") is None  # REST: decided without a body
+
+
+SAME_RANK = compiled(
+    {
+        "a": rule(
+            {"host": "rank.example.com", "port": 443, "path": "/x/*", "protocol": "rest", "access": "read-only"},
+            {"host": "rank.example.com", "port": 443, "path": "/*/y", "protocol": "rest", "access": "read-only"},
+            {"host": "rank.example.com", "port": 443, "path": "/rpc", "protocol": "json-rpc",
+             "rules": [{"allow": {"method": "a"}}]},
+            {"host": "rank.example.com", "port": 443, "path": "/**", "protocol": "json-rpc",
+             "rules": [{"allow": {"method": "b"}}]},
+        ),
+        "b": rule({"host": "rank.example.com", "port": 443, "path": "/x/*", "protocol": "rest", "access": "read-only"}),
+    }
+)  # fmt: skip
+
+
+def test_of_endpoints_of_one_rank_the_first_rule_and_then_the_first_endpoint_governs() -> None:
+    admitted = l4(SAME_RANK, "rank.example.com")
+    assert admitted.rules == ("a", "b")
+    denied = route_l7(SAME_RANK, admitted, "DELETE", "/x/y")  # /x/* and /*/y of a, /x/* of b: rank 3 each
+    assert isinstance(denied, Decision)
+    assert (denied.rule, denied.endpoint, denied.reason) == ("a", "a[0]", DenyReason.L7_NO_ALLOW_RULE)
+    routed = route_l7(SAME_RANK, admitted, "POST", "/rpc")
+    assert isinstance(routed, BodyRoute)
+    assert [c.label for c in routed.configs] == ["a[2]"]  # not the broader json-rpc endpoint /** of rank 0
+
+
+def test_a_changed_digest_is_denied_naming_the_destination() -> None:
+    pins = DigestPins()
+    first = BinaryIdentity(GIT, "a" * 64)
+    assert decide_l4(L4_POLICY, L4Request("shared.example.com", 443, first), pins).allowed
+    changed = decide_l4(L4_POLICY, L4Request("Shared.Example.com", 443, BinaryIdentity(GIT, "b" * 64)), pins)
+    assert changed == Decision(
+        DENY, None, "shared.example.com:443", DenyReason.BINARY_DIGEST_CHANGED,
+        detail=f"binary integrity check failed: '{GIT}' hash changed (pinned: {'a' * 64}, current: {'b' * 64})",
+        host="shared.example.com", port=443,
+    )  # fmt: skip
+
+
+def test_the_identity_text_lists_every_path_and_variable() -> None:
+    two = BinaryIdentity("/usr/bin/wget", None, (), ("/a", "/b"), ("LD_PRELOAD", "LD_AUDIT"))
+    detail = decide_l4(L4_POLICY, L4Request("one.example.com", 443, two)).detail
+    assert detail == (
+        "binary '/usr/bin/wget' (ancestors: [], cmdline: [/a, /b], started with LD_PRELOAD, LD_AUDIT: only binaries "
+        "with allow_loader_env match) not allowed in policy 'one'"
+    )
+
+
+def test_a_quarantined_request_without_a_host_names_no_endpoint() -> None:
+    assert quarantine_decision(L4Request("", 443, None)).endpoint is None
+
+
+def _ws(path: str, field: str) -> dict[str, object]:
+    """A websocket endpoint on ``WS`` whose GraphQL rules allow the query of ``field``."""
+    return {"host": WS, "port": 443, "enforcement": "enforce", "allow_encoded_slash": True, "path": path,
+            "protocol": "websocket", "rules": [{"allow": {"operation_type": "query", "fields": [field]}}]}  # fmt: skip
+
+
+WS_RANKS = compiled(
+    {
+        "g": rule(_ws("/gql/*", "a"), _ws("/*/one", "b"), _ws("/**", "c")),  # ranks 5, 5, 0
+        "other": rule(_ws("/gql/*", "d"), binaries=(CURL,)),
+    }
+)
+
+
+def test_graphql_over_websocket_selects_the_first_endpoint_of_the_highest_rank_of_the_admitted_rules() -> None:
+    admitted = l4(WS_RANKS, WS)  # git: rule "g" only
+    assert admitted.rules == ("g",)
+    route = graphql_ws_route(WS_RANKS, admitted, "/gql/one")
+    assert route is not None and route.l4 is admitted
+    assert route.selected.label == "g[0]"  # /gql/* and /*/one are both of rank 5: the first endpoint
+    assert [c.label for c in route.configs] == ["g[0]", "g[1]"]  # not /** (rank 0), not "other" (not admitted)
+    encoded = graphql_ws_route(WS_RANKS, admitted, "/gql/a%2Fb")  # the endpoints allow an encoded slash
+    assert encoded is not None and encoded.path == "/gql/a%2Fb"
