@@ -68,6 +68,7 @@ def _run_boundary(args: argparse.Namespace, stream: Any) -> int:
     """The launcher is forked first: before any thread exists, and before the bundle's key is in our memory
     (the launcher is a copy of this process and lives next to the workload)."""
     from supervisor.boundary import daemon
+    from supervisor.boundary.config import BoundaryConfig
     from supervisor.boundary.process import Launcher, LauncherError, detect_privilege_model
     from supervisor.protocol.certs import BundleError, load_bundle
     from supervisor.protocol.claims import Role
@@ -108,7 +109,7 @@ def _run_boundary(args: argparse.Namespace, stream: Any) -> int:
         log = _daemon_log(args, "boundary", bundle.claims.sandbox, stream)  # after the fork: not the launcher's
         if log is None:
             return ExitCode.SELF_FAILED
-        cfg = daemon.BoundaryConfig(
+        cfg = BoundaryConfig(
             bundle=bundle, agent_argv=tuple(args.agent_argv), listen_host=host, listen_port=port,
             port_file=args.port_file, workdir=args.workdir, agent_stdio=args.agent_stdio, privilege_model=model,
             agent_tty_size=args.agent_tty_size, agent_term=args.agent_term,

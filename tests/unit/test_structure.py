@@ -25,7 +25,6 @@ MODULE_LIMIT = 600
 
 # qualified name (module.Class.function) → why it may still be longer than FUNCTION_LIMIT
 _LONG_PENDING: dict[str, str] = {
-    "supervisor.boundary.daemon.BoundaryDaemon._attach": "being split",
     "supervisor.control.l7.session._Session._request": "being split",
     "supervisor.control.policy.decide.route_l7": "being split",
     "supervisor.control.policy.schema._Schema.endpoint": "being split",
@@ -33,7 +32,6 @@ _LONG_PENDING: dict[str, str] = {
 
 # path → why the module may be longer than MODULE_LIMIT
 _LONG_MODULES: dict[str, str] = {
-    "supervisor/boundary/daemon.py": "being split",
     "supervisor/control/l7/session.py": "being split",
     "supervisor/control/daemon.py": "being split",
     "supervisor/boundary/capture/identity.py": "the resolver's stages, budget and failure kinds are one decision "
@@ -62,7 +60,7 @@ _JSON_EDGE_MODULES: dict[str, str] = {
     "JSON objects of its wire",
 }
 
-_DICT_ANY_CEILING = 230
+_DICT_ANY_CEILING = 229
 
 
 # --- the checkers --------------------------------------------------------------------------------------------
