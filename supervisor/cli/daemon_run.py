@@ -193,6 +193,7 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     agent's ids and resolvers, TLS interception, the inference routes, the fence, the local network."""
     from supervisor.control import daemon
     from supervisor.control.api import runtime_socket_path
+    from supervisor.control.config import ControlConfig
     from supervisor.protocol.attach import CaptureMode
     from supervisor.protocol.runtime_dir import RuntimeDirError
 
@@ -224,7 +225,7 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     except RuntimeDirError as exc:
         _err(f"--api: {exc}")
         return ExitCode.SELF_FAILED
-    cfg = daemon.ControlConfig(
+    cfg = ControlConfig(
         bundle=bundle, boundary_host=listen.boundary[0], boundary_port=listen.boundary[1], policy=policy.store,
         local_net=local_net, upstream=upstream, interception=interception,
         api_path=api_path, api_listen=listen.api_listen, metrics_listen=listen.metrics_listen,

@@ -33,7 +33,6 @@ _LONG_PENDING: dict[str, str] = {
 # path → why the module may be longer than MODULE_LIMIT
 _LONG_MODULES: dict[str, str] = {
     "supervisor/control/l7/session.py": "being split",
-    "supervisor/control/daemon.py": "being split",
     "supervisor/boundary/capture/identity.py": "the resolver's stages, budget and failure kinds are one decision "
     "path (socket, connect record, owners, executable and ancestors)",
     "supervisor/boundary/process/launcher.py": "the trio side's one handle on the launcher: the single reader that "
