@@ -27,6 +27,8 @@ from supervisor.protocol.privilege_model import PrivilegeModel
 
 
 class AttachStep:
+    """``/v1/attach``: Idle to Bound, or a reply and the daemon's exit."""
+
     def __init__(self, state: DaemonState) -> None:
         self.state = state
 

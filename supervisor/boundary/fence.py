@@ -34,6 +34,9 @@ EGRESS_LINK_WAIT_S = 1.0  # confirm waits this long for control's first egress l
 
 
 class FenceSteps:
+    """``/v1/confirm`` (Bound to Ready), ``/v1/fence-probe`` and ``/v1/fence-observed``, and the fence's watch
+    while the workload runs."""
+
     def __init__(self, state: DaemonState) -> None:
         self.state = state
         self.canary_probe: ProbeResult | None = None  # the last probe of control's canary (proxy-env)

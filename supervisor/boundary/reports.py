@@ -15,6 +15,8 @@ REDACTED_CREDENTIAL = "[CREDENTIAL]"  # a placeholder as status shows it (as con
 
 
 class Reports:
+    """``/v1/status``, ``/v1/resume``, ``/v1/policy-ack`` and ``/v1/agent/exit-ack``."""
+
     def __init__(self, state: DaemonState) -> None:
         self.state = state
 

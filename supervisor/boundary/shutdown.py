@@ -18,6 +18,8 @@ END_WORKLOAD_S = 5.0
 
 
 class Shutdown:
+    """The daemon's ending: its signals, the agent's exit, and what is released after its nursery."""
+
     def __init__(self, state: DaemonState) -> None:
         self.state = state
 

@@ -34,6 +34,8 @@ REPLY_FLUSH_S = 2.0  # how long an ending daemon waits for its last replies to b
 
 
 class DaemonState:
+    """The lifecycle, the workload and the links, shared by every step; set up before ``trio.run``."""
+
     def __init__(self, cfg: BoundaryConfig, launcher: Launcher) -> None:
         self.cfg = cfg
         self.log = cfg.log

@@ -44,6 +44,8 @@ from supervisor.protocol.process_ops import (
 
 
 class WorkloadOps:
+    """``/v1/start`` (Ready to Running) and the process operations on the running workload."""
+
     def __init__(self, state: DaemonState) -> None:
         self.state = state
         self._env_memo: tuple[object, Mapping[str, str]] | None = None

@@ -50,6 +50,8 @@ def describe_exception(exc: BaseException) -> str:
 
 
 class BoundaryLinks:
+    """Dialling the boundary, logging each failed attempt once, and the egress links' redial loops."""
+
     def __init__(self, cfg: ControlConfig, peer: BoundaryPeer, egress: EgressService) -> None:
         self.cfg = cfg
         self.log = cfg.log

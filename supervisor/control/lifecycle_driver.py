@@ -35,6 +35,8 @@ MAX_CAPTURE_PORTS = 256
 
 
 class LifecycleDriver:
+    """The ops link's redial loop and what control asks the boundary over it."""
+
     def __init__(
         self,
         cfg: ControlConfig,
