@@ -35,11 +35,11 @@ def _fence_watch_blind() -> None:
 def _canary_probe_blind() -> None:
     """The boundary's reading of its own canary probe: a connect that succeeded reads as the fence's timeout
     (control's canary still counts the connection it accepted: that is control's check, not this one)."""
-    from supervisor.boundary import daemon
+    from supervisor.boundary import fence
     from supervisor.boundary.capture.canary import ProbeResult
     from supervisor.protocol.fence_canary import PROBE_TIMEOUT_S
 
-    probe = daemon.probe_canary
+    probe = fence.probe_canary
 
     async def blind(number: int, address: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> ProbeResult:
         result = await probe(number, address, port, timeout_s)
@@ -47,7 +47,7 @@ def _canary_probe_blind() -> None:
             return result
         return ProbeResult(result.probe, result.target, False, f"timeout after {timeout_s:g}s")
 
-    daemon.probe_canary = blind  # type: ignore[assignment]
+    fence.probe_canary = blind  # type: ignore[assignment]
 
 
 def _canary_local_failure_conclusive() -> None:
