@@ -18,6 +18,7 @@ What the steps share — the lifecycle, the workload, the links — is one ``Dae
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import trio
 
@@ -33,7 +34,10 @@ from supervisor.boundary.workload_ops import WorkloadOps
 from supervisor.link.rpc import Router
 from supervisor.metrics import PATH as METRICS_PATH
 from supervisor.metrics import MetricsServer
+from supervisor.protocol.acks import NoArguments, PolicyAck
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.lifecycle import Op
+from supervisor.protocol.process_ops import SignalRequest, TerminateRequest, WaitRequest
 from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS, server_context
 
 
@@ -49,21 +53,26 @@ class BoundaryDaemon:
 
     def _register(self, router: Router) -> None:
         """Every operation control may call, by path (docs/reference/boundary.md §1.4)."""
-        router.unary("/v1/attach", self.attach.op_attach)
-        router.unary("/v1/confirm", self.fence.op_confirm)
-        router.unary("/v1/start", self.workload.op_start)
-        router.unary("/v1/resume", self.reports.op_resume)
-        router.unary("/v1/status", self.reports.op_status)
-        router.unary("/v1/wait", self.workload.op_wait)
-        router.unary("/v1/signal", self.workload.op_signal)
-        router.unary("/v1/terminate", self.workload.op_terminate)
-        router.unary("/v1/policy-ack", self.reports.op_policy_ack)
-        router.unary("/v1/agent/exit-ack", self.reports.op_exit_ack)
-        router.unary("/v1/fence-probe", self.fence.op_fence_probe)
-        router.unary("/v1/fence-observed", self.fence.op_fence_observed)
+        router.unary_raw("/v1/attach", self.attach.op_attach)
+        router.unary_raw("/v1/confirm", self.fence.op_confirm)
+        router.unary_raw("/v1/start", self.workload.op_start)
+        router.unary_raw("/v1/resume", self.reports.op_resume)
+        router.unary_raw("/v1/status", self.reports.op_status)
+        router.unary("/v1/wait", WaitRequest, self.workload.op_wait, before=self._lifecycle(Op.WAIT))
+        router.unary("/v1/signal", SignalRequest, self.workload.op_signal, before=self._lifecycle(Op.SIGNAL))
+        router.unary("/v1/terminate", TerminateRequest, self.workload.op_terminate)
+        router.unary("/v1/policy-ack", PolicyAck, self.reports.op_policy_ack)
+        exit_ack = self._lifecycle(Op.EXIT_ACK)
+        router.unary("/v1/agent/exit-ack", NoArguments, self.reports.op_exit_ack, before=exit_ack)
+        router.unary_raw("/v1/fence-probe", self.fence.op_fence_probe)
+        router.unary_raw("/v1/fence-observed", self.fence.op_fence_observed)
         router.channel("/v1/exec", self.workload.op_exec)
         router.channel("/v1/forward", self.workload.op_forward)
         router.channel("/v1/attach-stream", self.workload.op_attach_stream)
+
+    def _lifecycle(self, op: Op) -> Callable[[], None]:
+        """The lifecycle's check for ``op``: refused in the wrong state before the request is read."""
+        return functools.partial(self.state.lifecycle.check, op)
 
     async def serve(self) -> int:
         state = self.state

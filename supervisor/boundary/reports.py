@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from supervisor.boundary.state import DaemonState
-from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.acks import ExitAck, NoArguments, PolicyAck
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.fingerprint import pem_fingerprint
 from supervisor.protocol.lifecycle import Op
@@ -69,15 +69,13 @@ class Reports:
         except ValueError:
             return None
 
-    async def op_policy_ack(self, body: dict[str, Any]) -> dict[str, Any]:
-        generation = body.get("policy_generation")
-        if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
-            raise OpError(ErrorKind.INVALID, "policy_generation must be a non-negative integer", "policy_generation")
+    async def op_policy_ack(self, req: PolicyAck) -> PolicyAck:
+        generation = req.policy_generation
         self.state.policy_generation_acked = generation
         self.state.log.emit(EventName.POLICY_ACKNOWLEDGED, policy_generation=generation)
-        return {"policy_generation": generation}
+        return PolicyAck(generation)
 
-    async def op_exit_ack(self, body: dict[str, Any]) -> dict[str, Any]:
-        self.state.lifecycle.check(Op.EXIT_ACK)
+    async def op_exit_ack(self, req: NoArguments) -> ExitAck:
+        """After ``lifecycle.check(Op.EXIT_ACK)`` (the router's ``before``)."""
         self.state.exit_acked.set()
-        return {"acknowledged": True}
+        return ExitAck()

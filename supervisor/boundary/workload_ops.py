@@ -31,15 +31,17 @@ from supervisor.protocol.agent_ended import why_ended
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_codes import for_launch_errno
+from supervisor.protocol.exit_result import ExitResult
 from supervisor.protocol.lifecycle import Op
 from supervisor.protocol.privilege_model import PrivilegeModel
 from supervisor.protocol.process_ops import (
+    SignalReply,
+    SignalRequest,
+    TerminateRequest,
+    WaitRequest,
     is_forward_probe,
     parse_exec_request,
     parse_forward_request,
-    parse_signal_request,
-    parse_terminate_request,
-    parse_wait_request,
 )
 
 
@@ -127,20 +129,17 @@ class WorkloadOps:
             bytes_out=stats.bytes_b_to_a, closed_by=str(stats.closed_by),
         )  # fmt: skip
 
-    async def op_wait(self, body: dict[str, Any]) -> dict[str, Any]:
-        self.state.lifecycle.check(Op.WAIT)
-        req = parse_wait_request(body)
-        return (await self.state.table.wait(req.handle, req.timeout_s)).to_wire()
+    async def op_wait(self, req: WaitRequest) -> ExitResult:
+        """After ``lifecycle.check(Op.WAIT)`` (the router's ``before``)."""
+        return await self.state.table.wait(req.handle, req.timeout_s)
 
-    async def op_signal(self, body: dict[str, Any]) -> dict[str, Any]:
-        self.state.lifecycle.check(Op.SIGNAL)
-        req = parse_signal_request(body)
+    async def op_signal(self, req: SignalRequest) -> SignalReply:
+        """After ``lifecycle.check(Op.SIGNAL)`` (the router's ``before``)."""
         self.state.table.signal(req.handle, req.signal, str(req.scope))
-        return {"handle": req.handle, "signal": req.signal, "delivered": True}
+        return SignalReply(req.handle, req.signal)
 
-    async def op_terminate(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def op_terminate(self, req: TerminateRequest) -> ExitResult:
         state = self.state
-        req = parse_terminate_request(body)
         try:
             state.lifecycle.check(Op.TERMINATE)
         except OpError as exc:
@@ -148,7 +147,7 @@ class WorkloadOps:
             raise self._agent_already_ended(req.handle) or exc from None
         state.terminating += 1
         try:
-            return (await state.table.terminate(req.handle, req.grace_s)).to_wire()
+            return await state.table.terminate(req.handle, req.grace_s)
         except OpError as exc:
             raise self._agent_already_ended(req.handle) or exc from None  # it exited on its own meanwhile
         finally:

@@ -21,12 +21,14 @@ from supervisor.control.config import ControlConfig
 from supervisor.control.peer import BoundaryPeer
 from supervisor.control.workload_gone import WorkloadGone
 from supervisor.link.h2link import Link
-from supervisor.link.rpc import call
+from supervisor.link.rpc import call, call_typed
+from supervisor.protocol.acks import ExitAck, NoArguments, PolicyAck, PolicyAcknowledged
 from supervisor.protocol.attach import AttachRequest, CaptureMode, StaticPolicy
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_result import ExitResult, ExitResultError
 from supervisor.protocol.lifecycle import State
+from supervisor.protocol.process_ops import WaitRequest
 from supervisor.protocol.tls import ALPN_OPS
 
 CONFIRM_RETRY_S = 15.0
@@ -265,7 +267,7 @@ class LifecycleDriver:
             if link is None or link.closed:
                 continue
             try:
-                await call(link, "/v1/policy-ack", {"policy_generation": generation})
+                await call_typed(link, "/v1/policy-ack", PolicyAck(generation), PolicyAcknowledged)
             except OpError as exc:
                 self.log.emit(EventName.POLICY_ACK_FAILED, generation=generation, error=exc.to_json())
 
@@ -274,9 +276,8 @@ class LifecycleDriver:
         agent = (peer.reported.get("agent") or {}).get("handle")
         if agent is None:
             return
-        reply = await call(link, "/v1/wait", {"handle": agent})
         try:
-            told = ExitResult.from_wire(reply)
+            told = await call_typed(link, "/v1/wait", WaitRequest(agent), ExitResult)
         except ExitResultError as exc:
             raise OpError(ErrorKind.FAILED, f"the boundary's /v1/wait reply: {exc}") from None
         # kept: the API answers every later operation from it, boundary gone or not (protocol/agent_ended.py)
@@ -287,7 +288,7 @@ class LifecycleDriver:
         if peer.reported.get("enforcement_lost"):
             self.log.emit(EventName.ENFORCEMENT_LOST, reason=peer.reported["enforcement_lost"], agent_result=result)
         try:
-            await call(link, "/v1/agent/exit-ack")
+            await call_typed(link, "/v1/agent/exit-ack", NoArguments(), ExitAck)
         except OpError as exc:
             self.log.emit(EventName.AGENT_EXIT_ACK_FAILED, error=exc.to_json())
 

@@ -17,7 +17,9 @@ Rules this module enforces:
    else ``invalid``. IPv4-mapped IPv6 is reduced to IPv4, then the address must be loopback and the port must
    not be one of the boundary's own → else ``denied``.
 
-Everything here is pure: parsed dataclasses out, :class:`OpError` raised.
+Everything here is pure: parsed dataclasses out, :class:`OpError` raised. Each request's ``from_wire`` is its
+parser and its ``to_wire`` the object control sends; ``wait`` and ``terminate`` answer an ``ExitResult``
+(exit_result.py), ``signal`` a :class:`SignalReply`.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ __all__ = [
     "MANAGED_ENV_KEYS",
     "ExecRequest",
     "ForwardTarget",
+    "SignalReply",
     "SignalRequest",
     "SignalScope",
     "TerminateRequest",
@@ -123,17 +126,60 @@ class SignalRequest:
     signal: str  # a key of ALLOWED_SIGNALS
     scope: SignalScope = SignalScope.PROCESS
 
+    def to_wire(self) -> dict[str, Any]:
+        return {"handle": self.handle, "signal": self.signal, "scope": str(self.scope)}
+
+    @classmethod
+    def from_wire(cls, obj: object) -> SignalRequest:
+        return parse_signal_request(obj)
+
+
+@dataclass(frozen=True)
+class SignalReply:
+    """``/v1/signal``'s answer: the signal went to the process (or its group)."""
+
+    handle: str
+    signal: str
+    delivered: bool = True
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"handle": self.handle, "signal": self.signal, "delivered": self.delivered}
+
+    @classmethod
+    def from_wire(cls, obj: object) -> SignalReply:
+        raw = _reply(obj, "signal")
+        handle, signal, delivered = raw.get("handle"), raw.get("signal"), raw.get("delivered", True)
+        if not isinstance(handle, str):
+            raise _invalid("signal reply: must be a string", "handle")
+        if not isinstance(signal, str):
+            raise _invalid("signal reply: must be a string", "signal")
+        return cls(handle, signal, _bool(delivered, "delivered"))
+
 
 @dataclass(frozen=True)
 class WaitRequest:
     handle: str
     timeout_s: float | None = None
 
+    def to_wire(self) -> dict[str, Any]:
+        return {"handle": self.handle} | ({} if self.timeout_s is None else {"timeout_s": self.timeout_s})
+
+    @classmethod
+    def from_wire(cls, obj: object) -> WaitRequest:
+        return parse_wait_request(obj)
+
 
 @dataclass(frozen=True)
 class TerminateRequest:
     handle: str
     grace_s: float = DEFAULT_GRACE_S
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"handle": self.handle, "grace_s": self.grace_s}
+
+    @classmethod
+    def from_wire(cls, obj: object) -> TerminateRequest:
+        return parse_terminate_request(obj)
 
 
 @dataclass(frozen=True)
@@ -148,6 +194,12 @@ def _invalid(reason: str, field: str | None = None) -> OpError:
 
 
 # -- field checkers -------------------------------------------------------------------------------------------
+
+
+def _reply(obj: object, op: str) -> Mapping[str, object]:
+    if not isinstance(obj, Mapping):
+        raise _invalid(f"the {op} reply must be a JSON object")
+    return obj
 
 
 def _object(body: Any, allowed: Collection[str]) -> dict[str, Any]:

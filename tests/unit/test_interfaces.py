@@ -46,7 +46,7 @@ _WIRE_EDGE: dict[str, str] = {
     # protocol/ (attach.parse_attach / AttachRequest.to_wire, process_ops.parse_*, ExitResult.to_wire, ...).
     "supervisor.link.rpc.call": "the unary client codec: JSON object in, JSON object (or OpError) out",
     "supervisor.link.rpc.open_channel": "the channel client codec: the request object and the accept reply",
-    "supervisor.link.rpc.Router.unary": "registers a handler that receives the decoded request object to parse",
+    "supervisor.link.rpc.Router.unary_raw": "registers a handler of JSON objects, for tests of the transport itself",
     "supervisor.link.rpc.Router.channel": "as unary, for channel operations (exec, forward, attach-stream)",
 }
 

@@ -68,7 +68,7 @@ async def _serve(handler: Handler, act: Callable[[Link], Awaitable[Any]]) -> OpE
     left, right = trio.testing.memory_stream_pair()
     client = Link(left, client=True)
     router = Router()
-    router.unary("/v1/op", handler)
+    router.unary_raw("/v1/op", handler)
 
     async def channel(body: dict[str, Any], stream: LinkStream, accept: Any) -> None:
         await handler(body)

@@ -24,8 +24,7 @@ FUNCTION_LIMIT = 80
 MODULE_LIMIT = 600
 
 # qualified name (module.Class.function) → why it may still be longer than FUNCTION_LIMIT
-_LONG_PENDING: dict[str, str] = {
-}
+_LONG_PENDING: dict[str, str] = {}
 
 # path → why the module may be longer than MODULE_LIMIT
 _LONG_MODULES: dict[str, str] = {
@@ -51,7 +50,7 @@ _JSON_EDGE_MODULES: dict[str, str] = {
     "JSON objects of its wire",
 }
 
-_DICT_ANY_CEILING = 218
+_DICT_ANY_CEILING = 216
 
 
 # --- the checkers --------------------------------------------------------------------------------------------

@@ -1,0 +1,58 @@
+"""Every link operation's request and reply writes exactly the JSON object the link has always carried (a peer may
+be an older build during a rolling update), and reads it back to the same value."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from supervisor.protocol.acks import ExitAck, NoArguments, PolicyAck, PolicyAcknowledged
+from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.process_ops import SignalReply, SignalRequest, SignalScope, TerminateRequest, WaitRequest
+
+HANDLE = "p_0123456789abcdef"
+
+CASES: list[tuple[Any, dict[str, Any]]] = [
+    (WaitRequest(HANDLE), {"handle": HANDLE}),
+    (WaitRequest(HANDLE, 2.5), {"handle": HANDLE, "timeout_s": 2.5}),
+    (SignalRequest(HANDLE, "TERM", SignalScope.GROUP), {"handle": HANDLE, "signal": "TERM", "scope": "group"}),
+    (SignalReply(HANDLE, "TERM"), {"handle": HANDLE, "signal": "TERM", "delivered": True}),
+    (TerminateRequest(HANDLE, 3.0), {"handle": HANDLE, "grace_s": 3.0}),
+    (PolicyAck(7), {"policy_generation": 7}),
+    (PolicyAcknowledged(7), {"policy_generation": 7}),
+    (ExitAck(), {"acknowledged": True}),
+    (NoArguments(), {}),
+]
+
+
+@pytest.mark.parametrize(("message", "wire"), CASES, ids=lambda value: type(value).__name__)
+def test_round_trip_is_the_exact_object(message: Any, wire: dict[str, Any]) -> None:
+    assert message.to_wire() == wire
+    assert type(message).from_wire(wire) == message
+
+
+def test_no_arguments_ignores_what_a_newer_peer_adds() -> None:
+    assert NoArguments.from_wire({"something": 1}) == NoArguments()
+
+
+def test_policy_ack_names_the_field() -> None:
+    with pytest.raises(OpError) as caught:
+        PolicyAck.from_wire({"policy_generation": True})
+    assert caught.value.kind is ErrorKind.INVALID
+    assert caught.value.field == "policy_generation"
+    assert caught.value.reason == "policy_generation must be a non-negative integer"
+
+
+def test_replies_control_never_read_are_lenient_on_missing_fields() -> None:
+    assert PolicyAcknowledged.from_wire({}) == PolicyAcknowledged(None)
+    assert ExitAck.from_wire({}) == ExitAck()
+    with pytest.raises(OpError) as caught:
+        ExitAck.from_wire({"acknowledged": "yes"})
+    assert caught.value.field == "acknowledged"
+
+
+def test_signal_reply_names_the_field() -> None:
+    with pytest.raises(OpError) as caught:
+        SignalReply.from_wire({"handle": 1, "signal": "TERM"})
+    assert (caught.value.kind, caught.value.field) == (ErrorKind.INVALID, "handle")
