@@ -36,6 +36,7 @@ from supervisor.metrics import PATH as METRICS_PATH
 from supervisor.metrics import MetricsServer
 from supervisor.protocol.acks import NoArguments, PolicyAck
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.fence_canary import FenceObserved
 from supervisor.protocol.lifecycle import Op
 from supervisor.protocol.process_ops import SignalRequest, TerminateRequest, WaitRequest
 from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS, server_context
@@ -55,7 +56,7 @@ class BoundaryDaemon:
         """Every operation control may call, by path (docs/reference/boundary.md §1.4)."""
         router.unary_raw("/v1/attach", self.attach.op_attach)
         router.unary_raw("/v1/confirm", self.fence.op_confirm)
-        router.unary_raw("/v1/start", self.workload.op_start)
+        router.unary("/v1/start", NoArguments, self.workload.op_start)
         router.unary_raw("/v1/resume", self.reports.op_resume)
         router.unary_raw("/v1/status", self.reports.op_status)
         router.unary("/v1/wait", WaitRequest, self.workload.op_wait, before=self._lifecycle(Op.WAIT))
@@ -64,8 +65,9 @@ class BoundaryDaemon:
         router.unary("/v1/policy-ack", PolicyAck, self.reports.op_policy_ack)
         exit_ack = self._lifecycle(Op.EXIT_ACK)
         router.unary("/v1/agent/exit-ack", NoArguments, self.reports.op_exit_ack, before=exit_ack)
-        router.unary_raw("/v1/fence-probe", self.fence.op_fence_probe)
-        router.unary_raw("/v1/fence-observed", self.fence.op_fence_observed)
+        router.unary("/v1/fence-probe", NoArguments, self.fence.op_fence_probe)
+        observed_allowed = self.fence.fence_observed_allowed
+        router.unary("/v1/fence-observed", FenceObserved, self.fence.op_fence_observed, before=observed_allowed)
         router.channel("/v1/exec", self.workload.op_exec)
         router.channel("/v1/forward", self.workload.op_forward)
         router.channel("/v1/attach-stream", self.workload.op_attach_stream)

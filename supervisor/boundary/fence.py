@@ -11,7 +11,7 @@ from typing import Any
 
 import trio
 
-from supervisor.boundary.capture.canary import ProbeResult, probe_canary
+from supervisor.boundary.capture.canary import probe_canary
 from supervisor.boundary.capture.fence_watch import (
     NETLINK_NETFILTER,
     FenceWatch,
@@ -21,11 +21,18 @@ from supervisor.boundary.capture.fence_watch import (
 from supervisor.boundary.forkimage import capabilities
 from supervisor.boundary.process import LauncherError
 from supervisor.boundary.state import DaemonState
+from supervisor.protocol.acks import NoArguments
 from supervisor.protocol.attach import CaptureMode
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_result import EndReason
-from supervisor.protocol.fence_canary import CanaryReport, parse_canary
+from supervisor.protocol.fence_canary import (
+    CanaryReport,
+    FenceObserved,
+    FenceObservedReply,
+    ProbeResult,
+    parse_canary,
+)
 from supervisor.protocol.lifecycle import Op, State
 from supervisor.protocol.privilege_model import PrivilegeModel
 
@@ -119,7 +126,7 @@ class FenceSteps:
         assert probe is not None
         return {"fingerprint": None, "probe": "canary", "canary": probe.target, "probe_error": probe.error}
 
-    async def op_fence_probe(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def op_fence_probe(self, req: NoArguments) -> ProbeResult:
         """Connect to control's canary from the pod's namespace (proxy-env); a connect that succeeds is a path
         out, and one that failed for a local reason (capture/canary.py rule 2: e.g. the agent holds every
         ephemeral port) observed nothing: either way, before Ready the boundary exits, after it enforcement is
@@ -132,7 +139,7 @@ class FenceSteps:
         number = (self.canary_probe.probe + 1) if self.canary_probe is not None else 1
         result = await probe_canary(number, address, port)
         self.canary_probe = result
-        state.log.emit(EventName.FENCE_CANARY_PROBE, **result.to_json())
+        state.log.emit(EventName.FENCE_CANARY_PROBE, **result.to_wire())
         if result.connected or not result.conclusive:
             reason = (
                 f"connected to the fence canary {result.target} from the pod: a path out exists"
@@ -145,16 +152,22 @@ class FenceSteps:
             else:
                 await self._enforcement_lost({"problems": [reason]})
             raise OpError(ErrorKind.FAILED, f"fence not in force: {reason}", stage="fence-probe")
-        return result.to_json()
+        return result
 
-    async def op_fence_observed(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Control's report of a repeated probe (every 30 s after Ready): a connection it saw is enforcement
-        lost; a canary it could not reach itself is said, and the fence stays as it was confirmed."""
+    def fence_observed_allowed(self) -> None:
+        """What ``/v1/fence-observed`` needs before its report is read: past confirm."""
         state = self.state
         state.lifecycle.check(Op.FENCE_PROBE)
         if state.lifecycle.state is State.BOUND or state.fence is None:
             raise OpError(ErrorKind.INVALID, "fence-observed: confirm first")
-        report = CanaryReport.from_wire(body.get("canary"))
+
+    async def op_fence_observed(self, req: FenceObserved) -> FenceObservedReply:
+        """Control's report of a repeated probe (every 30 s after Ready): a connection it saw is enforcement
+        lost; a canary it could not reach itself is said, and the fence stays as it was confirmed. After
+        :meth:`fence_observed_allowed` (the router's ``before``)."""
+        state = self.state
+        assert state.fence is not None
+        report = req.canary
         if self.canary_probe is None or report.probe != self.canary_probe.probe:
             raise OpError(ErrorKind.INVALID, f"no probe {report.probe} to report on", field="canary.probe")
         if report.seen:
@@ -164,7 +177,7 @@ class FenceSteps:
         if report.self_check != "ok":
             state.log.emit(EventName.FENCE_CANARY_UNVERIFIED, reason=report.self_check, probe=report.probe)
         state.fence["canary_self_check"] = report.self_check
-        return {"probe": report.probe, "observed": report.observed}
+        return FenceObservedReply(report.probe, report.observed)
 
     async def _verify_fence(self) -> dict[str, Any]:
         """Read the fence back and probe it from inside the agent's namespace (spec §1.2 confirm)."""

@@ -27,12 +27,13 @@ from supervisor.boundary.state import DaemonState
 from supervisor.link.h2link import LinkStream
 from supervisor.link.relay import relay
 from supervisor.link.rpc import Accept
+from supervisor.protocol.acks import NoArguments
 from supervisor.protocol.agent_ended import why_ended
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_codes import for_launch_errno
 from supervisor.protocol.exit_result import ExitResult
-from supervisor.protocol.lifecycle import Op
+from supervisor.protocol.lifecycle import Op, StartReply
 from supervisor.protocol.privilege_model import PrivilegeModel
 from supervisor.protocol.process_ops import (
     SignalReply,
@@ -53,7 +54,7 @@ class WorkloadOps:
         self._env_memo: tuple[object, Mapping[str, str]] | None = None
         self._landlock_memo: tuple[object, int, LandlockSpec] | None = None
 
-    async def op_start(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def op_start(self, req: NoArguments) -> StartReply:
         state = self.state
         state.lifecycle.check(Op.START)
         assert state.attach is not None
@@ -81,7 +82,7 @@ class WorkloadOps:
             raise
         state.lifecycle.advance(Op.START)
         state.log.emit(EventName.LIFECYCLE_RUNNING, agent=entry.handle, argv=list(state.cfg.agent_argv))
-        return {"state": str(state.lifecycle.state), "agent": entry.handle}
+        return StartReply(state.lifecycle.state, entry.handle)
 
     async def op_exec(self, body: dict[str, Any], stream: LinkStream, accept: Accept) -> None:
         state = self.state

@@ -27,7 +27,8 @@ from supervisor.protocol.attach import AttachRequest, CaptureMode, StaticPolicy
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_result import ExitResult, ExitResultError
-from supervisor.protocol.lifecycle import State
+from supervisor.protocol.fence_canary import FenceObserved, FenceObservedReply
+from supervisor.protocol.lifecycle import StartReply, State, reported_state
 from supervisor.protocol.process_ops import WaitRequest
 from supervisor.protocol.tls import ALPN_OPS
 
@@ -146,8 +147,8 @@ class LifecycleDriver:
         reply = await self._confirm_observed(link)
         self.log.emit(EventName.LIFECYCLE_READY, fence=reply.get("fence"))
         failure.step = "start"
-        reply = await call(link, "/v1/start")
-        self.log.emit(EventName.LIFECYCLE_RUNNING, agent=reply.get("agent"))
+        started = await call_typed(link, "/v1/start", NoArguments(), StartReply)
+        self.log.emit(EventName.LIFECYCLE_RUNNING, agent=started.agent)
 
     async def _resume(self, link: Link, failure: LinkFailure) -> None:
         """A boundary already bound (control restarted, or the link dropped): ``resume``, then the steps it has
@@ -166,8 +167,8 @@ class LifecycleDriver:
             await self._confirm_observed(link)
         if state in (State.BOUND, State.READY):  # a link lost between confirm and start lands here
             failure.step = "start"
-            reply = await call(link, "/v1/start")
-            self.log.emit(EventName.LIFECYCLE_RUNNING, agent=reply.get("agent"))
+            started = await call_typed(link, "/v1/start", NoArguments(), StartReply)
+            self.log.emit(EventName.LIFECYCLE_RUNNING, agent=started.agent)
 
     def _descriptor(self) -> AttachRequest:
         cfg = self.cfg
@@ -230,7 +231,7 @@ class LifecycleDriver:
             await trio.sleep(self.cfg.canary_interval_s)
             try:
                 report = await self.canary.round(link)
-                await call(link, "/v1/fence-observed", {"canary": report.to_wire()})
+                await call_typed(link, "/v1/fence-observed", FenceObserved(report), FenceObservedReply)
             except OpError as exc:
                 self.log.emit(EventName.FENCE_CANARY_ROUND_FAILED, error=exc.to_json())
                 if exc.kind in (ErrorKind.FAILED, ErrorKind.TERMINATED):
@@ -305,7 +306,4 @@ def capture_ports(policy: Any) -> tuple[int, ...]:
 
 def _peer_state(reply: dict[str, Any]) -> State:
     """The boundary's lifecycle state in a status or resume reply; any other value is the peer's error."""
-    try:
-        return State(str(reply.get("state")))
-    except ValueError:
-        raise OpError(ErrorKind.INVALID, f"the boundary reported state {reply.get('state')!r}", field="state") from None
+    return reported_state(reply.get("state"))

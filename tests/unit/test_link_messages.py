@@ -9,6 +9,8 @@ import pytest
 
 from supervisor.protocol.acks import ExitAck, NoArguments, PolicyAck, PolicyAcknowledged
 from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.fence_canary import CanaryReport, FenceObserved, FenceObservedReply, ProbeResult
+from supervisor.protocol.lifecycle import StartReply, State
 from supervisor.protocol.process_ops import SignalReply, SignalRequest, SignalScope, TerminateRequest, WaitRequest
 
 HANDLE = "p_0123456789abcdef"
@@ -23,6 +25,22 @@ CASES: list[tuple[Any, dict[str, Any]]] = [
     (PolicyAcknowledged(7), {"policy_generation": 7}),
     (ExitAck(), {"acknowledged": True}),
     (NoArguments(), {}),
+    (StartReply(State.RUNNING, HANDLE), {"state": "running", "agent": HANDLE}),
+    (
+        ProbeResult(3, "192.0.2.7:9", False, "ECONNREFUSED: Connection refused"),
+        {
+            "probe": 3,
+            "target": "192.0.2.7:9",
+            "connected": False,
+            "error": "ECONNREFUSED: Connection refused",
+            "conclusive": True,
+        },
+    ),
+    (
+        FenceObserved(CanaryReport(3, 0, "ok", ("10.0.0.1:5",))),
+        {"canary": {"probe": 3, "seen": 0, "self_check": "ok", "peers": ["10.0.0.1:5"]}},
+    ),
+    (FenceObservedReply(3, True), {"probe": 3, "observed": True}),
 ]
 
 
@@ -56,3 +74,16 @@ def test_signal_reply_names_the_field() -> None:
     with pytest.raises(OpError) as caught:
         SignalReply.from_wire({"handle": 1, "signal": "TERM"})
     assert (caught.value.kind, caught.value.field) == (ErrorKind.INVALID, "handle")
+
+
+def test_start_reply_refuses_an_unknown_state() -> None:
+    with pytest.raises(OpError) as caught:
+        StartReply.from_wire({"state": "flying", "agent": HANDLE})
+    assert caught.value.field == "state"
+    assert caught.value.reason == "the boundary reported state 'flying'"
+
+
+def test_fence_observed_names_the_canary_field() -> None:
+    with pytest.raises(OpError) as caught:
+        FenceObserved.from_wire({"canary": {"probe": 1, "seen": -1, "self_check": "ok"}})
+    assert caught.value.field == "canary.seen"
