@@ -35,10 +35,11 @@ from supervisor.link.rpc import Router
 from supervisor.metrics import PATH as METRICS_PATH
 from supervisor.metrics import MetricsServer
 from supervisor.protocol.acks import NoArguments, PolicyAck
+from supervisor.protocol.channel_ops import AttachStreamRequest, ForwardRequest
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.fence_canary import FenceObserved
 from supervisor.protocol.lifecycle import Op
-from supervisor.protocol.process_ops import SignalRequest, TerminateRequest, WaitRequest
+from supervisor.protocol.process_ops import ExecRequest, SignalRequest, TerminateRequest, WaitRequest
 from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS, server_context
 
 
@@ -68,9 +69,10 @@ class BoundaryDaemon:
         router.unary("/v1/fence-probe", NoArguments, self.fence.op_fence_probe)
         observed_allowed = self.fence.fence_observed_allowed
         router.unary("/v1/fence-observed", FenceObserved, self.fence.op_fence_observed, before=observed_allowed)
-        router.channel("/v1/exec", self.workload.op_exec)
-        router.channel("/v1/forward", self.workload.op_forward)
-        router.channel("/v1/attach-stream", self.workload.op_attach_stream)
+        router.channel("/v1/exec", ExecRequest, self.workload.op_exec, before=self._lifecycle(Op.EXEC))
+        router.channel("/v1/forward", ForwardRequest, self.workload.op_forward, before=self._lifecycle(Op.FORWARD))
+        attach_stream = self.workload.op_attach_stream
+        router.channel("/v1/attach-stream", AttachStreamRequest, attach_stream, before=self._lifecycle(Op.EXEC))
 
     def _lifecycle(self, op: Op) -> Callable[[], None]:
         """The lifecycle's check for ``op``: refused in the wrong state before the request is read."""

@@ -29,6 +29,7 @@ from supervisor.link.relay import relay
 from supervisor.link.rpc import Accept
 from supervisor.protocol.acks import NoArguments
 from supervisor.protocol.agent_ended import why_ended
+from supervisor.protocol.channel_ops import AttachStreamRequest, ExecAccepted, ForwardAccepted, ForwardRequest
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_codes import for_launch_errno
@@ -36,13 +37,13 @@ from supervisor.protocol.exit_result import ExitResult
 from supervisor.protocol.lifecycle import Op, StartReply
 from supervisor.protocol.privilege_model import PrivilegeModel
 from supervisor.protocol.process_ops import (
+    ExecRequest,
     SignalReply,
     SignalRequest,
     TerminateRequest,
     WaitRequest,
-    is_forward_probe,
     parse_exec_request,
-    parse_forward_request,
+    refuse_reserved_port,
 )
 
 
@@ -84,11 +85,10 @@ class WorkloadOps:
         state.log.emit(EventName.LIFECYCLE_RUNNING, agent=entry.handle, argv=list(state.cfg.agent_argv))
         return StartReply(state.lifecycle.state, entry.handle)
 
-    async def op_exec(self, body: dict[str, Any], stream: LinkStream, accept: Accept) -> None:
+    async def op_exec(self, request: ExecRequest, stream: LinkStream, accept: Accept) -> None:
+        """After ``lifecycle.check(Op.EXEC)`` (the router's ``before``)."""
         state = self.state
-        state.lifecycle.check(Op.EXEC)
         assert state.attach is not None
-        request = parse_exec_request(body)
         uid, gid = state.agent_ids(state.attach)
         spec = build_process_spec(
             request, agent_uid=uid, agent_gid=gid, managed_env=self._managed_env(), default_cwd=state.cfg.workdir,
@@ -96,34 +96,32 @@ class WorkloadOps:
             provider_env=state.attach.credential_placeholders,
         )  # fmt: skip
         entry = await state.table.start(spec, kind="exec", timeout_s=request.timeout_s, grace_s=request.grace_s)
-        await accept({"handle": entry.handle, "tty": entry.tty})
+        await accept(ExecAccepted(entry.handle, entry.tty))
         await pump_exec(entry, stream)
 
-    async def op_attach_stream(self, body: dict[str, Any], stream: LinkStream, accept: Accept) -> None:
+    async def op_attach_stream(self, req: AttachStreamRequest, stream: LinkStream, accept: Accept) -> None:
         """Re-attach to an exec's output after its client or control went away (spec §2.3): the buffered tail
         (a ``lagged`` frame first if some was dropped), then live output, then ``exit``. An agent with a terminal
-        of its own (``--agent-stdio=tty``) is attached the same way: that is how dev mode's terminal reaches it."""
-        self.state.lifecycle.check(Op.EXEC)
-        handle = body.get("handle")
-        if not isinstance(handle, str) or set(body) - {"handle"}:
-            raise OpError(ErrorKind.INVALID, "body must be {handle}", field="handle")
-        entry = self.state.table.entry(handle)
+        of its own (``--agent-stdio=tty``) is attached the same way: that is how dev mode's terminal reaches it.
+        After ``lifecycle.check(Op.EXEC)`` (the router's ``before``)."""
+        entry = self.state.table.entry(req.handle)
         if entry.output is None or (entry.kind != "exec" and not entry.tty):
             raise OpError(ErrorKind.INVALID, "only an exec's or a terminal agent's output can be attached", "handle")
         if entry.output.attached:
             raise OpError(ErrorKind.UNAVAILABLE, "a stream is already attached to this process", field="handle")
-        await accept({"handle": entry.handle, "tty": entry.tty})
+        await accept(ExecAccepted(entry.handle, entry.tty))
         await pump_exec(entry, stream)
 
-    async def op_forward(self, body: dict[str, Any], stream: LinkStream, accept: Accept) -> None:
+    async def op_forward(self, req: ForwardRequest, stream: LinkStream, accept: Accept) -> None:
+        """After ``lifecycle.check(Op.FORWARD)`` (the router's ``before``)."""
         state = self.state
-        state.lifecycle.check(Op.FORWARD)
-        target = parse_forward_request(body, state.reserved_ports())
-        if is_forward_probe(body):  # `forward`'s start-up question: would this target be accepted? No connection
-            await accept({"host": target.host, "port": target.port, "probe": True})
+        target = req.target
+        refuse_reserved_port(target.port, state.reserved_ports())
+        if req.probe:  # `forward`'s start-up question: would this target be accepted? No connection
+            await accept(ForwardAccepted(target.host, target.port, probe=True))
             return
         local = await open_forward(state.launcher, target.host, target.port, state.reserved_ports())
-        await accept({"host": target.host, "port": target.port})
+        await accept(ForwardAccepted(target.host, target.port))
         stats = await relay(stream, local, idle_timeout=math.inf)
         state.log.emit(
             EventName.FORWARD_CLOSED, host=target.host, port=target.port, bytes_in=stats.bytes_a_to_b,

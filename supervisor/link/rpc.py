@@ -51,8 +51,12 @@ class WireType(Protocol[T_co]):
     def from_wire(self, obj: object, /) -> T_co: ...
 
 
-Accept = Callable[[dict[str, Any]], Awaitable[None]]
-ChannelHandler = Callable[[dict[str, Any], LinkStream, Accept], Awaitable[None]]
+Accept = Callable[[Message], Awaitable[None]]
+"""A channel handler's way to accept: the reply goes in the ``openshell-reply`` header, then the stream's bytes."""
+
+
+RawAccept = Callable[[dict[str, Any]], Awaitable[None]]
+ChannelHandler = Callable[[dict[str, Any], LinkStream, RawAccept], Awaitable[None]]
 
 
 def request_headers(method: str, path: str, authority: str = "openshell") -> Headers:
@@ -128,6 +132,17 @@ async def open_channel(link: Link, path: str, body: dict[str, Any]) -> tuple[Lin
     raise OpError.from_json(_decode_object(data, f"reply to {path}"), status=stream.status)
 
 
+async def open_channel_typed(link: Link, path: str, request: Message, reply_type: WireType[T]) -> tuple[LinkStream, T]:
+    """:func:`open_channel` with the request written by its ``to_wire`` and the accept reply read by
+    ``reply_type.from_wire`` (the stream is closed if the reply is refused)."""
+    stream, reply = await open_channel(link, path, request.to_wire())
+    try:
+        return stream, reply_type.from_wire(reply)
+    except BaseException:
+        await stream.aclose()
+        raise
+
+
 # -- server side ----------------------------------------------------------------------------------------------
 
 
@@ -166,7 +181,29 @@ class Router:
         """Serve ``path`` with a handler of JSON objects (tests of the transport)."""
         self._unary[(method, path)] = handler
 
-    def channel(self, path: str, handler: ChannelHandler) -> None:
+    def channel(
+        self,
+        path: str,
+        request_type: WireType[T],
+        handler: Callable[[T, LinkStream, Accept], Awaitable[None]],
+        *,
+        before: Callable[[], None] | None = None,
+    ) -> None:
+        """As :meth:`unary`, for a channel: ``handler`` gets the typed request, the stream and ``accept``."""
+
+        async def serve(body: dict[str, Any], stream: LinkStream, accept: RawAccept) -> None:
+            if before is not None:
+                before()
+
+            async def accept_typed(reply: Message) -> None:
+                await accept(reply.to_wire())
+
+            await handler(request_type.from_wire(body), stream, accept_typed)
+
+        self._channel[path] = serve
+
+    def channel_raw(self, path: str, handler: ChannelHandler) -> None:
+        """Serve channel ``path`` with a handler of JSON objects (tests of the transport)."""
         self._channel[path] = handler
 
     async def handle(self, stream: LinkStream) -> None:

@@ -9,7 +9,6 @@ leniently for the same reason: a missing field is ``None``, only a wrong type is
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from supervisor.protocol.errors import ErrorKind, OpError
 
@@ -20,7 +19,7 @@ __all__ = ["ExitAck", "NoArguments", "PolicyAck", "PolicyAcknowledged"]
 class NoArguments:
     """The request of ``status``, ``start``, ``fence-probe`` and ``agent/exit-ack``: the empty object."""
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         return {}
 
     @classmethod
@@ -40,7 +39,7 @@ class PolicyAck:
 
     policy_generation: int
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         return {"policy_generation": self.policy_generation}
 
     @classmethod
@@ -54,7 +53,7 @@ class PolicyAcknowledged:
 
     policy_generation: int | None
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         return {"policy_generation": self.policy_generation}
 
     @classmethod
@@ -71,7 +70,7 @@ class ExitAck:
 
     acknowledged: bool = True
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         return {"acknowledged": self.acknowledged}
 
     @classmethod

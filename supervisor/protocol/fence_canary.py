@@ -138,7 +138,7 @@ class ProbeResult:
     error: str  # why the connect failed ("" when it connected)
     conclusive: bool = True  # False: the connect failed for a local reason, not at a fence
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         return {"probe": self.probe, "target": self.target, "connected": self.connected, "error": self.error,
                 "conclusive": self.conclusive}  # fmt: skip
 
@@ -160,7 +160,7 @@ class FenceObserved:
 
     canary: CanaryReport
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         return {"canary": self.canary.to_wire()}
 
     @classmethod
@@ -173,7 +173,7 @@ class FenceObservedReply:
     probe: int
     observed: bool
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         return {"probe": self.probe, "observed": self.observed}
 
     @classmethod

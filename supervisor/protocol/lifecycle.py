@@ -13,7 +13,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from supervisor.protocol.errors import ErrorKind, OpError
 
@@ -127,7 +126,7 @@ class StartReply:
     state: State
     agent: str
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         return {"state": str(self.state), "agent": self.agent}
 
     @classmethod

@@ -55,6 +55,7 @@ __all__ = [
     "parse_signal_request",
     "parse_terminate_request",
     "parse_wait_request",
+    "refuse_reserved_port",
     "signal_number",
     "validate_env",
     "validate_forward_target",
@@ -119,6 +120,17 @@ class ExecRequest:
     def env_map(self) -> dict[str, str]:
         return dict(self.env)
 
+    def to_wire(self) -> dict[str, object]:
+        cwd = {} if self.cwd is None else {"cwd": self.cwd}
+        return {"argv": list(self.argv), "env": dict(self.env)} | cwd | {
+            "tty": self.tty, "cols": self.cols, "rows": self.rows, "stdin": self.stdin, "timeout_s": self.timeout_s,
+            "grace_s": self.grace_s,
+        }  # fmt: skip
+
+    @classmethod
+    def from_wire(cls, obj: object) -> ExecRequest:
+        return parse_exec_request(obj)
+
 
 @dataclass(frozen=True)
 class SignalRequest:
@@ -126,7 +138,7 @@ class SignalRequest:
     signal: str  # a key of ALLOWED_SIGNALS
     scope: SignalScope = SignalScope.PROCESS
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         return {"handle": self.handle, "signal": self.signal, "scope": str(self.scope)}
 
     @classmethod
@@ -142,7 +154,7 @@ class SignalReply:
     signal: str
     delivered: bool = True
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         return {"handle": self.handle, "signal": self.signal, "delivered": self.delivered}
 
     @classmethod
@@ -161,7 +173,7 @@ class WaitRequest:
     handle: str
     timeout_s: float | None = None
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         return {"handle": self.handle} | ({} if self.timeout_s is None else {"timeout_s": self.timeout_s})
 
     @classmethod
@@ -174,7 +186,7 @@ class TerminateRequest:
     handle: str
     grace_s: float = DEFAULT_GRACE_S
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         return {"handle": self.handle, "grace_s": self.grace_s}
 
     @classmethod
@@ -375,6 +387,12 @@ def parse_terminate_request(body: Any) -> TerminateRequest:
     )
 
 
+def refuse_reserved_port(port: int, reserved_ports: Collection[int]) -> None:
+    """spec §3: a forward never reaches one of the boundary's own ports."""
+    if port in reserved_ports:
+        raise OpError(ErrorKind.DENIED, f"port {port} belongs to the boundary", field="port")
+
+
 def validate_forward_target(host: Any, port: Any, reserved_ports: Collection[int] = ()) -> ForwardTarget:
     """spec §3 steps 1–4; the returned host is a literal, never a name."""
     port = _int(port, "port", 1, 65535)
@@ -394,8 +412,7 @@ def validate_forward_target(host: Any, port: Any, reserved_ports: Collection[int
         address = address.ipv4_mapped
     if not address.is_loopback:
         raise OpError(ErrorKind.DENIED, f"forward target {address} is not a loopback address", field="host")
-    if port in reserved_ports:
-        raise OpError(ErrorKind.DENIED, f"port {port} belongs to the boundary", field="port")
+    refuse_reserved_port(port, reserved_ports)
     family = socket.AF_INET if address.version == 4 else socket.AF_INET6
     return ForwardTarget(str(address), port, family)
 

@@ -47,7 +47,7 @@ _WIRE_EDGE: dict[str, str] = {
     "supervisor.link.rpc.call": "the unary client codec: JSON object in, JSON object (or OpError) out",
     "supervisor.link.rpc.open_channel": "the channel client codec: the request object and the accept reply",
     "supervisor.link.rpc.Router.unary_raw": "registers a handler of JSON objects, for tests of the transport itself",
-    "supervisor.link.rpc.Router.channel": "as unary, for channel operations (exec, forward, attach-stream)",
+    "supervisor.link.rpc.Router.channel_raw": "as unary_raw, for channel operations",
 }
 
 

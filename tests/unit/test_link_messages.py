@@ -3,15 +3,25 @@ be an older build during a rolling update), and reads it back to the same value.
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import pytest
 
 from supervisor.protocol.acks import ExitAck, NoArguments, PolicyAck, PolicyAcknowledged
+from supervisor.protocol.channel_ops import AttachStreamRequest, ExecAccepted, ForwardAccepted, ForwardRequest
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.fence_canary import CanaryReport, FenceObserved, FenceObservedReply, ProbeResult
 from supervisor.protocol.lifecycle import StartReply, State
-from supervisor.protocol.process_ops import SignalReply, SignalRequest, SignalScope, TerminateRequest, WaitRequest
+from supervisor.protocol.process_ops import (
+    ExecRequest,
+    ForwardTarget,
+    SignalReply,
+    SignalRequest,
+    SignalScope,
+    TerminateRequest,
+    WaitRequest,
+)
 
 HANDLE = "p_0123456789abcdef"
 
@@ -41,6 +51,42 @@ CASES: list[tuple[Any, dict[str, Any]]] = [
         {"canary": {"probe": 3, "seen": 0, "self_check": "ok", "peers": ["10.0.0.1:5"]}},
     ),
     (FenceObservedReply(3, True), {"probe": 3, "observed": True}),
+    (
+        ExecRequest(("ls", "-l"), (("A", "1"),), "/work", True, 100, 40, "null", 5.0, 1.0),
+        {
+            "argv": ["ls", "-l"],
+            "env": {"A": "1"},
+            "cwd": "/work",
+            "tty": True,
+            "cols": 100,
+            "rows": 40,
+            "stdin": "null",
+            "timeout_s": 5.0,
+            "grace_s": 1.0,
+        },
+    ),
+    (
+        ExecRequest(("true",)),
+        {
+            "argv": ["true"],
+            "env": {},
+            "tty": False,
+            "cols": 80,
+            "rows": 24,
+            "stdin": "pipe",
+            "timeout_s": 0.0,
+            "grace_s": 5.0,
+        },
+    ),
+    (ExecAccepted(HANDLE, False), {"handle": HANDLE, "tty": False}),
+    (AttachStreamRequest(HANDLE), {"handle": HANDLE}),
+    (ForwardRequest(ForwardTarget("127.0.0.1", 8080, socket.AF_INET)), {"host": "127.0.0.1", "port": 8080}),
+    (
+        ForwardRequest(ForwardTarget("::1", 22, socket.AF_INET6), probe=True),
+        {"host": "::1", "port": 22, "probe": True},
+    ),
+    (ForwardAccepted("127.0.0.1", 8080), {"host": "127.0.0.1", "port": 8080}),
+    (ForwardAccepted("127.0.0.1", 8080, probe=True), {"host": "127.0.0.1", "port": 8080, "probe": True}),
 ]
 
 
@@ -87,3 +133,17 @@ def test_fence_observed_names_the_canary_field() -> None:
     with pytest.raises(OpError) as caught:
         FenceObserved.from_wire({"canary": {"probe": 1, "seen": -1, "self_check": "ok"}})
     assert caught.value.field == "canary.seen"
+
+
+def test_attach_stream_keeps_its_refusal() -> None:
+    with pytest.raises(OpError) as caught:
+        AttachStreamRequest.from_wire({"handle": HANDLE, "extra": 1})
+    assert (caught.value.reason, caught.value.field) == ("body must be {handle}", "handle")
+
+
+def test_a_forward_request_reads_a_target_as_the_boundary_dials_it() -> None:
+    request = ForwardRequest.from_wire({"host": "[::ffff:127.0.0.1]", "port": 80})
+    assert request.to_wire() == {"host": "127.0.0.1", "port": 80}
+    with pytest.raises(OpError) as caught:
+        ForwardRequest.from_wire({"host": "10.0.0.1", "port": 80})
+    assert (caught.value.kind, caught.value.field) == (ErrorKind.DENIED, "host")

@@ -68,7 +68,7 @@ async def _linked(client_wire: Any, server_wire: Any) -> AsyncIterator[tuple[Lin
     SETTINGS acknowledgements behind them and the records cleared."""
     router = Router()
     router.unary_raw("/v1/status", _status)
-    router.channel("/v1/exec", _exec)
+    router.channel_raw("/v1/exec", _exec)
     client = Link(client_wire, client=True, name="client")
     server = Link(server_wire, client=False, handler=router.handle, name="server")
     async with trio.open_nursery() as nursery:
