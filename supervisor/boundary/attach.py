@@ -8,7 +8,6 @@ exits non-zero (spec §1.1) instead of idling for a control that keeps sending t
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from supervisor.boundary.capture_start import start_capture
 from supervisor.boundary.config import PROXY_PORT
@@ -18,7 +17,7 @@ from supervisor.boundary.forkimage.rootfs import RootError, RootPlan
 from supervisor.boundary.process import LauncherError
 from supervisor.boundary.state import DaemonState
 from supervisor.boundary.trust import TrustError, install_trust
-from supervisor.protocol.attach import AttachRequest, CaptureMode, parse_attach
+from supervisor.protocol.attach import AttachReply, AttachRequest, CaptureMode, check_claims
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.lifecycle import Op, State
@@ -32,20 +31,17 @@ class AttachStep:
     def __init__(self, state: DaemonState) -> None:
         self.state = state
 
-    async def op_attach(self, body: dict[str, Any]) -> dict[str, Any]:
+    def refused(self, exc: OpError) -> None:
+        """A descriptor refused or a preparation failed while still Idle: said, and the daemon ends (the
+        router's ``refused``, after ``lifecycle.check(Op.ATTACH)`` as its ``before``)."""
         state = self.state
-        state.lifecycle.check(Op.ATTACH)
-        try:
-            return await self._attach(body)
-        except OpError as exc:
-            if state.lifecycle.state is State.IDLE:
-                state.log.emit(EventName.LIFECYCLE_REFUSED, op="attach", error=exc.to_json())
-                state.fatal(f"attach refused: {exc.kind}: {exc.reason}" + (f" ({exc.field})" if exc.field else ""))
-            raise
+        if state.lifecycle.state is State.IDLE:
+            state.log.emit(EventName.LIFECYCLE_REFUSED, op="attach", error=exc.to_json())
+            state.fatal(f"attach refused: {exc.kind}: {exc.reason}" + (f" ({exc.field})" if exc.field else ""))
 
-    async def _attach(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def op_attach(self, attach: AttachRequest) -> AttachReply:
         state = self.state
-        attach = parse_attach(body, state.cfg.bundle.claims)
+        check_claims(attach, state.cfg.bundle.claims)
         state.agent_ids(attach)
         netns = self._capture_in_netns(attach)
         plan = self._namespace_plan(attach, netns)
@@ -144,7 +140,7 @@ class AttachStep:
             raise OpError(ErrorKind.INVALID if isinstance(exc, TrustError) else ErrorKind.FAILED,
                           f"interception CA: {exc}", field="interception_ca_pem") from None  # fmt: skip
 
-    def _bound(self, attach: AttachRequest, netns: bool, at_connect: bool) -> dict[str, Any]:
+    def _bound(self, attach: AttachRequest, netns: bool, at_connect: bool) -> AttachReply:
         state = self.state
         model = state.cfg.privilege_model
         state.log.emit(
@@ -152,9 +148,6 @@ class AttachStep:
             policy_generation=attach.policy_generation, identity_at="connect" if at_connect else "accept",
         )  # fmt: skip
         assert state.prepared is not None
-        return {
-            "state": str(state.lifecycle.state),
-            "boundary_instance": state.instance,
-            "privilege_model": model,
-            "capture": {"mode": str(attach.capture_mode), "netns": netns, **(state.prepared.report or {})},
-        }
+        # the set-up's report is the last word, as it always was (its own "mode" says how it captures)
+        capture = {"mode": str(attach.capture_mode), "netns": netns, **(state.prepared.report or {})}
+        return AttachReply(state.lifecycle.state, state.instance, model, capture)

@@ -23,7 +23,7 @@ from supervisor.control.workload_gone import WorkloadGone
 from supervisor.link.h2link import Link
 from supervisor.link.rpc import call, call_typed
 from supervisor.protocol.acks import ExitAck, NoArguments, PolicyAck, PolicyAcknowledged
-from supervisor.protocol.attach import AttachRequest, CaptureMode, StaticPolicy
+from supervisor.protocol.attach import AttachReply, AttachRequest, CaptureMode, StaticPolicy
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_result import ExitResult, ExitResultError
@@ -129,7 +129,7 @@ class LifecycleDriver:
         peer = self.peer
         failure.step = "attach"
         try:
-            reply = await call(link, "/v1/attach", self._descriptor().to_wire())
+            bound = await call_typed(link, "/v1/attach", self._descriptor(), AttachReply)
         except OpError as exc:
             if exc.kind is not ErrorKind.UNAVAILABLE:  # a refused attach ends the boundary (boundary spec §1.2)
                 peer.refused = f"{exc.kind}: {exc.reason}" + (f" ({exc.field})" if exc.field else "")
@@ -141,7 +141,7 @@ class LifecycleDriver:
         peer.closed_said = False
         self.links.backoffs.reset()  # progress: only a successful attach or resume resets the backoff
         peer.ca_sha256 = self.certificates.interception_ca_sha256
-        self.log.emit(EventName.LIFECYCLE_BOUND, reply=reply)
+        self.log.emit(EventName.LIFECYCLE_BOUND, reply=bound.to_wire())
         self.links.start_egress_links()
         failure.step = "confirm"
         reply = await self._confirm_observed(link)

@@ -163,16 +163,23 @@ class Router:
         handler: Callable[[T], Awaitable[Message]],
         *,
         before: Callable[[], None] | None = None,
+        refused: Callable[[OpError], None] | None = None,
         method: str = "POST",
     ) -> None:
         """Serve ``path`` with ``handler``, which gets the request as ``request_type`` and returns its reply.
         ``before`` is what must hold before the request is even read (the lifecycle state): its refusal is the
-        answer whatever the body says."""
+        answer whatever the body says. ``refused`` sees every refusal after that, of the request or by the handler,
+        before it is answered (a refused attach ends the boundary)."""
 
         async def serve(body: dict[str, Any]) -> dict[str, Any]:
             if before is not None:
                 before()
-            reply = await handler(request_type.from_wire(body))
+            try:
+                reply = await handler(request_type.from_wire(body))
+            except OpError as exc:
+                if refused is not None:
+                    refused(exc)
+                raise
             return reply.to_wire()
 
         self._unary[(method, path)] = serve

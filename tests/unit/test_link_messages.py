@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from supervisor.protocol.acks import ExitAck, NoArguments, PolicyAck, PolicyAcknowledged
+from supervisor.protocol.attach import AttachReply, AttachRequest, CaptureMode, check_claims
 from supervisor.protocol.channel_ops import AttachStreamRequest, ExecAccepted, ForwardAccepted, ForwardRequest
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.fence_canary import CanaryReport, FenceObserved, FenceObservedReply, ProbeResult
@@ -22,6 +23,7 @@ from supervisor.protocol.process_ops import (
     TerminateRequest,
     WaitRequest,
 )
+from tests.certs_fixtures import SAMPLE_CLAIMS
 
 HANDLE = "p_0123456789abcdef"
 
@@ -87,6 +89,47 @@ CASES: list[tuple[Any, dict[str, Any]]] = [
     ),
     (ForwardAccepted("127.0.0.1", 8080), {"host": "127.0.0.1", "port": 8080}),
     (ForwardAccepted("127.0.0.1", 8080, probe=True), {"host": "127.0.0.1", "port": 8080, "probe": True}),
+    (
+        AttachRequest(
+            "sb",
+            "np",
+            CaptureMode.PROXY_ENV,
+            1001,
+            1002,
+            4,
+            interception_ca_pem="PEM",
+            credential_placeholders={"K": "v"},
+            acknowledge_external_fence=True,
+            fence_canary="198.51.100.1:7444",
+            capture_ports=(80, 8080),
+        ),
+        {
+            "sandbox": "sb",
+            "network_policy": "np",
+            "capture_mode": "proxy-env",
+            "agent_uid": 1001,
+            "agent_gid": 1002,
+            "policy_generation": 4,
+            "static_policy": {},
+            "interception_ca_pem": "PEM",
+            "credential_placeholders": {"K": "v"},
+            "acknowledge_external_fence": True,
+            "fence_canary": "198.51.100.1:7444",
+            "acknowledge_unprobed_fence": False,
+            "capture_ports": [80, 8080],
+            "backend_name": "openshell.boundary",
+            "version": 2,
+        },
+    ),
+    (
+        AttachReply(State.BOUND, "b-1", "R", {"mode": "anyip", "netns": True, "listeners": {"tcp4:80": "fd 5"}}),
+        {
+            "state": "bound",
+            "boundary_instance": "b-1",
+            "privilege_model": "R",
+            "capture": {"mode": "anyip", "netns": True, "listeners": {"tcp4:80": "fd 5"}},
+        },
+    ),
 ]
 
 
@@ -147,3 +190,14 @@ def test_a_forward_request_reads_a_target_as_the_boundary_dials_it() -> None:
     with pytest.raises(OpError) as caught:
         ForwardRequest.from_wire({"host": "10.0.0.1", "port": 80})
     assert (caught.value.kind, caught.value.field) == (ErrorKind.DENIED, "host")
+
+
+def test_an_attach_descriptor_naming_another_sandbox_is_denied() -> None:
+    request = AttachRequest.from_wire(AttachRequest("other", SAMPLE_CLAIMS.network_policy).to_wire())
+    with pytest.raises(OpError) as caught:
+        check_claims(request, SAMPLE_CLAIMS)
+    assert (caught.value.kind, caught.value.field) == (ErrorKind.DENIED, "sandbox")
+
+
+def test_an_attach_reply_from_a_peer_that_says_less_stays_as_it_was() -> None:
+    assert AttachReply.from_wire({"state": "bound"}).to_wire() == {"state": "bound"}
