@@ -39,6 +39,7 @@ from supervisor.protocol.attach import AttachRequest
 from supervisor.protocol.channel_ops import AttachStreamRequest, ForwardRequest
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.fence_canary import FenceObserved
+from supervisor.protocol.fence_report import ConfirmRequest
 from supervisor.protocol.lifecycle import Op
 from supervisor.protocol.process_ops import ExecRequest, SignalRequest, TerminateRequest, WaitRequest
 from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS, server_context
@@ -59,7 +60,7 @@ class BoundaryDaemon:
         attach_refused = self.attach.refused
         router.unary("/v1/attach", AttachRequest, self.attach.op_attach, before=self._lifecycle(Op.ATTACH),
                      refused=attach_refused)  # fmt: skip
-        router.unary_raw("/v1/confirm", self.fence.op_confirm)
+        router.unary("/v1/confirm", ConfirmRequest, self.fence.op_confirm, before=self._lifecycle(Op.CONFIRM))
         router.unary("/v1/start", NoArguments, self.workload.op_start)
         router.unary_raw("/v1/resume", self.reports.op_resume)
         router.unary_raw("/v1/status", self.reports.op_status)

@@ -27,12 +27,20 @@ from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_result import EndReason
 from supervisor.protocol.fence_canary import (
-    CanaryReport,
     FenceObserved,
     FenceObservedReply,
     ProbeResult,
     parse_canary,
 )
+from supervisor.protocol.fence_report import (
+    CAPTURED,
+    PROBED_BY_CANARY,
+    UNPROBED,
+    ConfirmReply,
+    ConfirmRequest,
+    FenceReport,
+)
+from supervisor.protocol.json_value import JsonValue
 from supervisor.protocol.lifecycle import Op, State
 from supervisor.protocol.privilege_model import PrivilegeModel
 
@@ -48,34 +56,36 @@ class FenceSteps:
         self.state = state
         self.canary_probe: ProbeResult | None = None  # the last probe of control's canary (proxy-env)
 
-    async def op_confirm(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def op_confirm(self, req: ConfirmRequest) -> ConfirmReply:
+        """After ``lifecycle.check(Op.CONFIRM)`` (the router's ``before``)."""
         state = self.state
-        state.lifecycle.check(Op.CONFIRM)
         assert state.attach is not None and state.prepared is not None
         with trio.move_on_after(EGRESS_LINK_WAIT_S):  # control asks once its dial completed: ours is moments away
             await state.egress_links.wait_live()
         if len(state.egress_links) == 0:
             raise OpError(ErrorKind.UNAVAILABLE, "no egress link from control yet: mediation is not connected")
-        fence: dict[str, Any] = {"mode": str(state.attach.capture_mode), "privilege_model": state.cfg.privilege_model}
-        if state.attach.capture_mode is CaptureMode.NETNS:
-            fence.update(await self._verify_fence())
+        mode, model = state.attach.capture_mode, str(state.cfg.privilege_model)
+        if mode is CaptureMode.NETNS:
+            fingerprint, links = await self._verify_fence()
+            fence = FenceReport(mode, model, CAPTURED, fingerprint=fingerprint, links=links)
         elif state.attach.fence_canary is not None:
-            fence.update(self._canary_observed(body.get("canary")))
+            target, probe_error = self._canary_observed(req)
+            fence = FenceReport(mode, model, PROBED_BY_CANARY, canary=target, probe_error=probe_error)
         else:
             # Acknowledged "no probe" by the operator in both places (docs/design.md: no probe leaves the machine
             # unless the deployment configured its target): reported as such, never claimed as verified.
-            fence.update(fingerprint=None, probe="acknowledged-unprobed")
+            fence = FenceReport(mode, model, UNPROBED)
         if state.capture is not None:
             assert state.nursery is not None
             await state.nursery.start(state.capture.run)
         state.fence = fence
         state.lifecycle.advance(Op.CONFIRM)
-        state.log.emit(EventName.LIFECYCLE_READY, fence=fence)
-        if state.attach.capture_mode is CaptureMode.NETNS and fence.get("fingerprint"):
-            await self._watch_fence(str(fence["fingerprint"]))
+        state.log.emit(EventName.LIFECYCLE_READY, fence=fence.to_wire())
+        if mode is CaptureMode.NETNS and fence.fingerprint:
+            await self._watch_fence(fence.fingerprint)
         if state.cfg.privilege_model == PrivilegeModel.R:
             self._narrow_capabilities()
-        return {"state": str(state.lifecycle.state), "fence": fence}
+        return ConfirmReply(state.lifecycle.state, fence)
 
     def _narrow_capabilities(self) -> None:
         """Model R, ready: the namespaces, listeners, fence watch and trust files are built; keep only what the
@@ -99,32 +109,30 @@ class FenceSteps:
             threads_beyond=capabilities.threads_beyond(keep),
         )  # fmt: skip
 
-    def _canary_observed(self, raw: Any) -> dict[str, Any]:
+    def _canary_observed(self, req: ConfirmRequest) -> tuple[str, str]:
         """Model P's fence counts as observed only if our last probe's connect failed and control's report of
-        that probe says its canary answered its own self-check and saw nothing else (protocol/fence_canary.py)."""
+        that probe says its canary answered its own self-check and saw nothing else (protocol/fence_canary.py).
+        Returns the canary's target and how our probe's connect failed."""
         state = self.state
         assert state.attach is not None and state.attach.fence_canary is not None
         probe = self.canary_probe
         problem = None
-        if raw is None:
+        report = req.canary
+        if req.canary_problem is not None:
+            problem = f"canary report: {req.canary_problem}"
+        elif report is None:
             problem = "no canary report from control (confirm needs /v1/fence-probe first)"
-        else:
-            try:
-                report = CanaryReport.from_wire(raw)
-            except OpError as exc:
-                problem = f"canary report: {exc.reason}"
-            else:
-                if probe is None or report.probe != probe.probe:
-                    problem = f"the canary report is for probe {report.probe}, not the last probe"
-                elif report.self_check != "ok":
-                    problem = f"control could not reach its own canary: {report.self_check}"
-                elif report.seen:
-                    problem = f"control's canary saw {report.seen} connection(s) during the probe: {list(report.peers)}"
+        elif probe is None or report.probe != probe.probe:
+            problem = f"the canary report is for probe {report.probe}, not the last probe"
+        elif report.self_check != "ok":
+            problem = f"control could not reach its own canary: {report.self_check}"
+        elif report.seen:
+            problem = f"control's canary saw {report.seen} connection(s) during the probe: {list(report.peers)}"
         if problem is not None:
             state.fatal(f"fence not observed: {problem}")
             raise OpError(ErrorKind.FAILED, f"fence not observed: {problem}", stage="confirm", field="canary")
         assert probe is not None
-        return {"fingerprint": None, "probe": "canary", "canary": probe.target, "probe_error": probe.error}
+        return probe.target, probe.error
 
     async def op_fence_probe(self, req: NoArguments) -> ProbeResult:
         """Connect to control's canary from the pod's namespace (proxy-env); a connect that succeeds is a path
@@ -176,10 +184,10 @@ class FenceSteps:
             raise OpError(ErrorKind.FAILED, f"fence not in force: {reason}", stage="fence-observed")
         if report.self_check != "ok":
             state.log.emit(EventName.FENCE_CANARY_UNVERIFIED, reason=report.self_check, probe=report.probe)
-        state.fence["canary_self_check"] = report.self_check
+        state.fence = state.fence.with_self_check(report.self_check)
         return FenceObservedReply(report.probe, report.observed)
 
-    async def _verify_fence(self) -> dict[str, Any]:
+    async def _verify_fence(self) -> tuple[str | None, JsonValue]:
         """Read the fence back and probe it from inside the agent's namespace (spec §1.2 confirm)."""
         state = self.state
         assert state.attach is not None and state.prepared is not None and state.capture is not None
@@ -198,7 +206,7 @@ class FenceSteps:
         if not report.get("ok", False) or problems:
             state.fatal(f"fence not in force: {problems}")
             raise OpError(ErrorKind.FAILED, f"fence not in force: {problems}", stage="confirm")
-        return {"fingerprint": report.get("fingerprint"), "links": report.get("links"), "probe": "captured"}
+        return report.get("fingerprint"), report.get("links")
 
     async def _watch_fence(self, fingerprint: str) -> None:
         """Re-read the fence on every rtnetlink and nftables notification of the agent's namespace and every 5 s
@@ -241,8 +249,8 @@ class FenceSteps:
         state.enforcement_lost = reason
         state.log.emit(
             EventName.ENFORCEMENT_LOST, reason=reason, problems=problems, links=report.get("links"),
-            fingerprint_confirmed=(state.fence or {}).get("fingerprint"), fingerprint_now=report.get("fingerprint"),
-            trigger=report.get("trigger"),
+            fingerprint_confirmed=state.fence.fingerprint if state.fence else None,
+            fingerprint_now=report.get("fingerprint"), trigger=report.get("trigger"),
         )  # fmt: skip
         started = state.table.agent is not None
         await state.table.end_all(EndReason.ENFORCEMENT_LOST, kill=True)

@@ -37,7 +37,7 @@ class Reports:
             "boundary_instance": state.instance,
             "privilege_model": state.cfg.privilege_model,
             "capture_mode": str(state.attach.capture_mode) if state.attach else None,
-            "fence": state.fence,
+            "fence": state.fence.to_wire() if state.fence is not None else None,
             "enforcement_lost": state.enforcement_lost,
             "policy_generation": state.policy_generation_acked,
             "agent": None if agent is None else {"handle": agent.handle, "result": result},

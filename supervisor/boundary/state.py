@@ -27,6 +27,7 @@ from supervisor.protocol.attach import AttachRequest
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_codes import ExitCode
+from supervisor.protocol.fence_report import FenceReport
 from supervisor.protocol.lifecycle import Lifecycle, State
 from supervisor.protocol.privilege_model import PrivilegeModel
 
@@ -48,7 +49,7 @@ class DaemonState:
         )  # orphans the workload's init reaped (double forks, daemons), aggregated per second
         self.attach: AttachRequest | None = None
         self.prepared: Prepared | None = None
-        self.fence: dict[str, Any] | None = None
+        self.fence: FenceReport | None = None
         self.policy_generation_acked: int | None = None
         self.exit_acked = trio.Event()
         self.exit_code: int | None = None

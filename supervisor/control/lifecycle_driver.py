@@ -28,6 +28,7 @@ from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_result import ExitResult, ExitResultError
 from supervisor.protocol.fence_canary import FenceObserved, FenceObservedReply
+from supervisor.protocol.fence_report import ConfirmReply, ConfirmRequest
 from supervisor.protocol.lifecycle import StartReply, State, reported_state
 from supervisor.protocol.process_ops import WaitRequest
 from supervisor.protocol.tls import ALPN_OPS
@@ -145,7 +146,7 @@ class LifecycleDriver:
         self.links.start_egress_links()
         failure.step = "confirm"
         reply = await self._confirm_observed(link)
-        self.log.emit(EventName.LIFECYCLE_READY, fence=reply.get("fence"))
+        self.log.emit(EventName.LIFECYCLE_READY, fence=reply.fence.to_wire())
         failure.step = "start"
         started = await call_typed(link, "/v1/start", NoArguments(), StartReply)
         self.log.emit(EventName.LIFECYCLE_RUNNING, agent=started.agent)
@@ -207,15 +208,15 @@ class LifecycleDriver:
     def _canary_in_use(self) -> bool:
         return self.canary is not None and self.cfg.capture_mode is CaptureMode.PROXY_ENV
 
-    async def _confirm_observed(self, link: Link) -> dict[str, Any]:
+    async def _confirm_observed(self, link: Link) -> ConfirmReply:
         """``confirm``; in proxy-env with a canary, one canary round first and its report goes with ``confirm``.
         A fence found not in force ends the boundary: said in our events and /readyz."""
         try:
-            body = None
+            request = ConfirmRequest()
             if self._canary_in_use:
                 assert self.canary is not None
-                body = {"canary": (await self.canary.round(link)).to_wire()}
-            return await self._confirm(link, body)
+                request = ConfirmRequest(await self.canary.round(link))
+            return await self._confirm(link, request)
         except OpError as exc:
             if exc.kind is ErrorKind.FAILED:  # the boundary found the fence not in force and exits
                 self.peer.refused = f"{exc.kind}: {exc.reason}"
@@ -237,7 +238,7 @@ class LifecycleDriver:
                 if exc.kind in (ErrorKind.FAILED, ErrorKind.TERMINATED):
                     return  # enforcement lost: _follow_agent's wait returns the agent's result
 
-    async def _confirm(self, link: Link, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def _confirm(self, link: Link, request: ConfirmRequest) -> ConfirmReply:
         """``confirm`` needs an egress link of ours up (mediation connected): ask once one is up (the boundary
         gives it a moment to register), and again each time one comes up while the boundary says unavailable."""
         peer = self.peer
@@ -246,7 +247,7 @@ class LifecycleDriver:
                 if not peer.egress_up:
                     await peer.egress_came_up.wait()
                 try:
-                    return await call(link, "/v1/confirm", body)
+                    return await call_typed(link, "/v1/confirm", request, ConfirmReply)
                 except OpError as exc:
                     if exc.kind is not ErrorKind.UNAVAILABLE or link.closed:
                         raise

@@ -16,8 +16,6 @@ NOT_YET_TYPED: frozenset[str] = frozenset(
         "supervisor.boundary.capture.setup.inspect: returns dict[str, typing.Any]",
         "supervisor.boundary.capture.setup.prepare: returns tuple[dict[str, int], dict[str, typing.Any]]",
         "supervisor.boundary.capture.setup.probe: returns dict[str, typing.Any]",
-        "supervisor.boundary.fence.FenceSteps.op_confirm: parameter 'body' is dict[str, typing.Any]",
-        "supervisor.boundary.fence.FenceSteps.op_confirm: returns dict[str, typing.Any]",
         "supervisor.boundary.forkimage.init.exec_init_image: parameter 'root' is collections.abc.Mapping[str, typing.Any] | None",
         "supervisor.boundary.forkimage.init.init_entry: parameter 'boot' is dict[str, typing.Any]",
         "supervisor.boundary.forkimage.init.init_main: parameter 'root' is dict[str, typing.Any] | None",

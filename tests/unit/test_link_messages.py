@@ -13,6 +13,9 @@ from supervisor.protocol.attach import AttachReply, AttachRequest, CaptureMode, 
 from supervisor.protocol.channel_ops import AttachStreamRequest, ExecAccepted, ForwardAccepted, ForwardRequest
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.fence_canary import CanaryReport, FenceObserved, FenceObservedReply, ProbeResult
+from supervisor.protocol.fence_report import (
+    ConfirmRequest,
+)
 from supervisor.protocol.lifecycle import StartReply, State
 from supervisor.protocol.process_ops import (
     ExecRequest,
@@ -201,3 +204,10 @@ def test_an_attach_descriptor_naming_another_sandbox_is_denied() -> None:
 
 def test_an_attach_reply_from_a_peer_that_says_less_stays_as_it_was() -> None:
     assert AttachReply.from_wire({"state": "bound"}).to_wire() == {"state": "bound"}
+
+
+def test_a_canary_report_confirm_cannot_read_is_kept_as_its_problem() -> None:
+    request = ConfirmRequest.from_wire({"canary": {"probe": 1}})
+    assert request.canary is None
+    assert request.canary_problem == "seen is missing or has the wrong type"
+    assert ConfirmRequest.from_wire({"canary": None}) == ConfirmRequest()
