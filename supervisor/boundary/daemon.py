@@ -42,6 +42,7 @@ from supervisor.protocol.fence_canary import FenceObserved
 from supervisor.protocol.fence_report import ConfirmRequest
 from supervisor.protocol.lifecycle import Op
 from supervisor.protocol.process_ops import ExecRequest, SignalRequest, TerminateRequest, WaitRequest
+from supervisor.protocol.status import ResumeRequest
 from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS, server_context
 
 
@@ -62,8 +63,8 @@ class BoundaryDaemon:
                      refused=attach_refused)  # fmt: skip
         router.unary("/v1/confirm", ConfirmRequest, self.fence.op_confirm, before=self._lifecycle(Op.CONFIRM))
         router.unary("/v1/start", NoArguments, self.workload.op_start)
-        router.unary_raw("/v1/resume", self.reports.op_resume)
-        router.unary_raw("/v1/status", self.reports.op_status)
+        router.unary("/v1/resume", ResumeRequest, self.reports.op_resume, before=self._lifecycle(Op.RESUME))
+        router.unary("/v1/status", NoArguments, self.reports.op_status)
         router.unary("/v1/wait", WaitRequest, self.workload.op_wait, before=self._lifecycle(Op.WAIT))
         router.unary("/v1/signal", SignalRequest, self.workload.op_signal, before=self._lifecycle(Op.SIGNAL))
         router.unary("/v1/terminate", TerminateRequest, self.workload.op_terminate)

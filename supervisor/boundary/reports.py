@@ -9,7 +9,7 @@ from supervisor.boundary.state import DaemonState
 from supervisor.protocol.acks import ExitAck, NoArguments, PolicyAck
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.fingerprint import pem_fingerprint
-from supervisor.protocol.lifecycle import Op
+from supervisor.protocol.status import AgentStatus, ResumeRequest, StatusReply
 
 REDACTED_CREDENTIAL = "[CREDENTIAL]"  # a placeholder as status shows it (as control's events do, l7/rewrite.py)
 
@@ -20,33 +20,32 @@ class Reports:
     def __init__(self, state: DaemonState) -> None:
         self.state = state
 
-    async def op_resume(self, body: dict[str, Any]) -> dict[str, Any]:
-        # The link's claims were verified exactly equal to ours (generation included) before any request.
-        self.state.lifecycle.check(Op.RESUME)
+    async def op_resume(self, req: ResumeRequest) -> StatusReply:
+        """After ``lifecycle.check(Op.RESUME)`` (the router's ``before``). The link's claims were verified exactly
+        equal to ours (generation included) before any request."""
         return self._status()
 
-    async def op_status(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def op_status(self, req: NoArguments) -> StatusReply:
         return self._status()
 
-    def _status(self) -> dict[str, Any]:
+    def _status(self) -> StatusReply:
         state = self.state
         agent = state.table.agent
-        result = agent.result.to_wire() if agent is not None and agent.result is not None else None
-        return {
-            "state": str(state.lifecycle.state),
-            "boundary_instance": state.instance,
-            "privilege_model": state.cfg.privilege_model,
-            "capture_mode": str(state.attach.capture_mode) if state.attach else None,
-            "fence": state.fence.to_wire() if state.fence is not None else None,
-            "enforcement_lost": state.enforcement_lost,
-            "policy_generation": state.policy_generation_acked,
-            "agent": None if agent is None else {"handle": agent.handle, "result": result},
-            "processes": [self._redacted(process) for process in state.table.live()],
-            "links": len(state.links),
-            "limits": state.limits_now(),
+        return StatusReply(
+            state=state.lifecycle.state,
+            boundary_instance=state.instance,
+            privilege_model=str(state.cfg.privilege_model),
+            capture_mode=str(state.attach.capture_mode) if state.attach else None,
+            fence=state.fence,
+            enforcement_lost=state.enforcement_lost,
+            policy_generation=state.policy_generation_acked,
+            agent=None if agent is None else AgentStatus(agent.handle, agent.result),
+            processes=tuple(self._redacted(process) for process in state.table.live()),
+            links=len(state.links),
+            limits=state.limits_now(),
             # The CA the agent was given to trust: a control that resumes with another one says so.
-            "interception_ca_sha256": self._interception_ca_sha256(),
-        }
+            interception_ca_sha256=self._interception_ca_sha256(),
+        )
 
     def _redacted(self, process: dict[str, Any]) -> dict[str, Any]:
         """A process as status shows it: a credential placeholder in its argv reads ``[CREDENTIAL]``, as in the

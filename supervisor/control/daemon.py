@@ -33,7 +33,8 @@ from supervisor.control.peer import BoundaryPeer
 from supervisor.control.proxy_listener import ProxyListener
 from supervisor.control.workload_gone import WorkloadGone
 from supervisor.link.h2link import Link
-from supervisor.link.rpc import call
+from supervisor.link.rpc import call_typed
+from supervisor.protocol.acks import NoArguments
 from supervisor.protocol.attach import CaptureMode
 from supervisor.protocol.certs import BundleError, read_policy_digest
 from supervisor.protocol.errors import OpError
@@ -43,6 +44,7 @@ from supervisor.protocol.exit_codes import ExitCode
 from supervisor.protocol.exit_result import ExitResult
 from supervisor.protocol.fingerprint import certificate_fingerprint
 from supervisor.protocol.lifecycle import State
+from supervisor.protocol.status import StatusReply
 from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS
 
 
@@ -207,10 +209,15 @@ class ControlDaemon:
         if link is not None and not link.closed:
             try:
                 with trio.move_on_after(2):
-                    self.peer.reported = await call(link, "/v1/status")
+                    self.peer.reported = await call_typed(link, "/v1/status", NoArguments(), StatusReply)
             except OpError:
                 pass
-        return self.peer.reported
+        return self._reported()
+
+    def _reported(self) -> dict[str, Any]:
+        """The boundary's last status as it wrote it; ``{}`` before the first."""
+        reported = self.peer.reported
+        return {} if reported is None else dict(reported.to_wire())
 
     # -- what the API reports ------------------------------------------------------------------------------
     def _links_up(self) -> dict[str, int]:
@@ -235,17 +242,18 @@ class ControlDaemon:
         peer = self.peer
         if peer.refused is not None:
             failing.append(f"boundary: refused attach ({peer.refused})")
-        if peer.reported.get("enforcement_lost"):
-            failing.append(f"enforcement lost: {peer.reported['enforcement_lost']}")
+        reported = peer.reported
+        if reported is not None and reported.enforcement_lost:
+            failing.append(f"enforcement lost: {reported.enforcement_lost}")
         if not peer.ops_up or not peer.claims_ok:
             failing.append(f"boundary: not attached ({peer.last_link_error or 'no link yet'})")
             gone = self.workload_gone.readiness()
             if gone is not None:
                 failing.append(gone)
-        state = peer.reported.get("state")
+        state = reported.state if reported is not None else None
         if state not in (State.READY, State.RUNNING):
             failing.append(f"boundary: state {state or 'unknown'}, need ready or running")
-        if not peer.reported.get("fence"):
+        if reported is None or reported.fence is None:
             failing.append("fence: not confirmed")
         if self.cfg.capture_mode is CaptureMode.NETNS and peer.egress_up == 0:
             failing.append("egress: no egress link to the boundary")
@@ -293,7 +301,7 @@ class ControlDaemon:
                 # past --workload-gone-after without a link: since when, and the commands that remove the sandbox
                 "workload_gone": None if self.proxy is not None else self.workload_gone.status(),
             },
-            "boundary": peer.reported,
+            "boundary": self._reported(),
             "agent_result": peer.agent_result.to_wire() if peer.agent_result is not None else None,
             "egress": {"links": peer.egress_up, "live": self.egress.live_connections, **self.egress.counters},
             "activity": self.activity(),

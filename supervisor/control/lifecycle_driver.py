@@ -21,7 +21,7 @@ from supervisor.control.config import ControlConfig
 from supervisor.control.peer import BoundaryPeer
 from supervisor.control.workload_gone import WorkloadGone
 from supervisor.link.h2link import Link
-from supervisor.link.rpc import call, call_typed
+from supervisor.link.rpc import call_typed
 from supervisor.protocol.acks import ExitAck, NoArguments, PolicyAck, PolicyAcknowledged
 from supervisor.protocol.attach import AttachReply, AttachRequest, CaptureMode, StaticPolicy
 from supervisor.protocol.errors import ErrorKind, OpError
@@ -29,8 +29,9 @@ from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_result import ExitResult, ExitResultError
 from supervisor.protocol.fence_canary import FenceObserved, FenceObservedReply
 from supervisor.protocol.fence_report import ConfirmReply, ConfirmRequest
-from supervisor.protocol.lifecycle import StartReply, State, reported_state
+from supervisor.protocol.lifecycle import StartReply, State
 from supervisor.protocol.process_ops import WaitRequest
+from supervisor.protocol.status import ResumeRequest, StatusReply
 from supervisor.protocol.tls import ALPN_OPS
 
 CONFIRM_RETRY_S = 15.0
@@ -111,13 +112,13 @@ class LifecycleDriver:
     # -- the lifecycle ----------------------------------------------------------------------------------------
     async def _drive(self, link: Link, failure: LinkFailure) -> None:
         failure.step = "status"
-        status = await call(link, "/v1/status")
-        if _peer_state(status) is State.IDLE:
+        status = await call_typed(link, "/v1/status", NoArguments(), StatusReply)
+        if status.state is State.IDLE:
             await self._attach_fresh(link, failure)
         else:
             await self._resume(link, failure)
         failure.step = "status"
-        self.peer.reported = await call(link, "/v1/status")
+        self.peer.reported = await call_typed(link, "/v1/status", NoArguments(), StatusReply)
         failure.step = "running"
         async with trio.open_nursery() as nursery:
             if self._canary_in_use:
@@ -156,11 +157,11 @@ class LifecycleDriver:
         not taken yet."""
         failure.step = "resume"
         ours = self.certificates.interception_ca_sha256
-        reply = await call(link, "/v1/resume", {"interception_ca_sha256": ours})
+        reply = await call_typed(link, "/v1/resume", ResumeRequest(ours), StatusReply)
         self.links.backoffs.reset()
-        self.log.emit(EventName.LIFECYCLE_RESUMED, state=reply.get("state"))
-        state = _peer_state(reply)
-        self._compare_interception_ca(reply.get("interception_ca_sha256"))
+        state = reply.state
+        self.log.emit(EventName.LIFECYCLE_RESUMED, state=str(state))
+        self._compare_interception_ca(reply.interception_ca_sha256)
         if state in (State.BOUND, State.READY, State.RUNNING):
             self.links.start_egress_links()
         if state is State.BOUND:
@@ -275,7 +276,7 @@ class LifecycleDriver:
 
     async def _follow_agent(self, link: Link) -> None:
         peer = self.peer
-        agent = (peer.reported.get("agent") or {}).get("handle")
+        agent = peer.reported.agent.handle if peer.reported is not None and peer.reported.agent else None
         if agent is None:
             return
         try:
@@ -286,9 +287,9 @@ class LifecycleDriver:
         peer.agent_result = told if told.handle == agent else dataclasses.replace(told, handle=agent)
         result = peer.agent_result.to_wire()
         self.log.emit(EventName.AGENT_EXITED, handle=agent, result=result)
-        peer.reported = await call(link, "/v1/status")
-        if peer.reported.get("enforcement_lost"):
-            self.log.emit(EventName.ENFORCEMENT_LOST, reason=peer.reported["enforcement_lost"], agent_result=result)
+        peer.reported = await call_typed(link, "/v1/status", NoArguments(), StatusReply)
+        if peer.reported.enforcement_lost:
+            self.log.emit(EventName.ENFORCEMENT_LOST, reason=peer.reported.enforcement_lost, agent_result=result)
         try:
             await call_typed(link, "/v1/agent/exit-ack", NoArguments(), ExitAck)
         except OpError as exc:
@@ -303,8 +304,3 @@ def capture_ports(policy: Any) -> tuple[int, ...]:
         for endpoint in rule.endpoints:
             ports.update(endpoint.ports)
     return tuple(sorted(ports)[:MAX_CAPTURE_PORTS])
-
-
-def _peer_state(reply: dict[str, Any]) -> State:
-    """The boundary's lifecycle state in a status or resume reply; any other value is the peer's error."""
-    return reported_state(reply.get("state"))

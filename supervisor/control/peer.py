@@ -4,19 +4,18 @@ status, readiness and the operator API (control/api.py) read it."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import trio
 
 from supervisor.link.h2link import Link
 from supervisor.protocol.exit_result import ExitResult
+from supervisor.protocol.status import StatusReply
 
 
 class BoundaryPeer:
     def __init__(self) -> None:
         self.ops: Link | None = None
         self.ops_ready = trio.Event()
-        self.reported: dict[str, Any] = {}  # last status the boundary reported
+        self.reported: StatusReply | None = None  # last status the boundary reported
         self.claims_ok = False
         self.agent_result: ExitResult | None = None
         self.closed_said = False  # link.closed was logged for this agent's end

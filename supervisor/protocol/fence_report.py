@@ -80,7 +80,7 @@ class FenceReport:
             mode = CaptureMode(str(obj.get("mode")))
         except ValueError:
             raise _invalid(f"unknown mode {obj.get('mode')!r}", "mode") from None
-        probe = obj.get("probe")
+        probe = obj.get("probe", "")  # "": a peer that did not say how (an older build)
         if not isinstance(probe, str):
             raise _invalid("probe must be a string", "probe")
         links = obj.get("links")

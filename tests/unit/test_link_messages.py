@@ -12,9 +12,15 @@ from supervisor.protocol.acks import ExitAck, NoArguments, PolicyAck, PolicyAckn
 from supervisor.protocol.attach import AttachReply, AttachRequest, CaptureMode, check_claims
 from supervisor.protocol.channel_ops import AttachStreamRequest, ExecAccepted, ForwardAccepted, ForwardRequest
 from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.exit_result import EndReason, ExitResult
 from supervisor.protocol.fence_canary import CanaryReport, FenceObserved, FenceObservedReply, ProbeResult
 from supervisor.protocol.fence_report import (
+    CAPTURED,
+    PROBED_BY_CANARY,
+    UNPROBED,
+    ConfirmReply,
     ConfirmRequest,
+    FenceReport,
 )
 from supervisor.protocol.lifecycle import StartReply, State
 from supervisor.protocol.process_ops import (
@@ -26,6 +32,7 @@ from supervisor.protocol.process_ops import (
     TerminateRequest,
     WaitRequest,
 )
+from supervisor.protocol.status import AgentStatus, ResumeRequest, StatusReply
 from tests.certs_fixtures import SAMPLE_CLAIMS
 
 HANDLE = "p_0123456789abcdef"
@@ -133,6 +140,108 @@ CASES: list[tuple[Any, dict[str, Any]]] = [
             "capture": {"mode": "anyip", "netns": True, "listeners": {"tcp4:80": "fd 5"}},
         },
     ),
+    (ConfirmRequest(), {}),
+    (
+        ConfirmRequest(CanaryReport(2, 0, "ok")),
+        {"canary": {"probe": 2, "seen": 0, "self_check": "ok", "peers": []}},
+    ),
+    (
+        ConfirmReply(State.READY, FenceReport(CaptureMode.NETNS, "R", CAPTURED, "f1", [{"name": "lo"}])),
+        {
+            "state": "ready",
+            "fence": {
+                "mode": "netns",
+                "privilege_model": "R",
+                "fingerprint": "f1",
+                "links": [{"name": "lo"}],
+                "probe": "captured",
+            },
+        },
+    ),
+    (
+        FenceReport(
+            CaptureMode.PROXY_ENV,
+            "P",
+            PROBED_BY_CANARY,
+            canary="192.0.2.9:7",
+            probe_error="ETIMEDOUT: x",
+            canary_self_check="ok",
+        ),
+        {
+            "mode": "proxy-env",
+            "privilege_model": "P",
+            "fingerprint": None,
+            "probe": "canary",
+            "canary": "192.0.2.9:7",
+            "probe_error": "ETIMEDOUT: x",
+            "canary_self_check": "ok",
+        },
+    ),
+    (
+        FenceReport(CaptureMode.PROXY_ENV, "P", UNPROBED),
+        {"mode": "proxy-env", "privilege_model": "P", "fingerprint": None, "probe": "acknowledged-unprobed"},
+    ),
+    (ResumeRequest("ab12"), {"interception_ca_sha256": "ab12"}),
+    (
+        StatusReply(
+            State.RUNNING,
+            "b-1",
+            "R",
+            "netns",
+            FenceReport(CaptureMode.NETNS, "R", CAPTURED, "f1", []),
+            None,
+            3,
+            AgentStatus(HANDLE, ExitResult(HANDLE, 0, None, None, 0, False, EndReason.EXITED, "2026-01-01T00:00:00Z")),
+            ({"handle": HANDLE, "kind": "agent", "argv": ["sh"]},),
+            2,
+            {"pids": {"max": 512}},
+            "ab12",
+        ),
+        {
+            "state": "running",
+            "boundary_instance": "b-1",
+            "privilege_model": "R",
+            "capture_mode": "netns",
+            "fence": {"mode": "netns", "privilege_model": "R", "fingerprint": "f1", "links": [], "probe": "captured"},
+            "enforcement_lost": None,
+            "policy_generation": 3,
+            "agent": {
+                "handle": HANDLE,
+                "result": {
+                    "handle": HANDLE,
+                    "exited": True,
+                    "code": 0,
+                    "signal": None,
+                    "signal_number": None,
+                    "rendered": 0,
+                    "core_dumped": False,
+                    "reason": "exited",
+                    "ended_at": "2026-01-01T00:00:00Z",
+                },
+            },
+            "processes": [{"handle": HANDLE, "kind": "agent", "argv": ["sh"]}],
+            "links": 2,
+            "limits": {"pids": {"max": 512}},
+            "interception_ca_sha256": "ab12",
+        },
+    ),
+    (
+        StatusReply(State.IDLE, "b-1", "P", links=0),
+        {
+            "state": "idle",
+            "boundary_instance": "b-1",
+            "privilege_model": "P",
+            "capture_mode": None,
+            "fence": None,
+            "enforcement_lost": None,
+            "policy_generation": None,
+            "agent": None,
+            "processes": [],
+            "links": 0,
+            "limits": None,
+            "interception_ca_sha256": None,
+        },
+    ),
 ]
 
 
@@ -211,3 +320,16 @@ def test_a_canary_report_confirm_cannot_read_is_kept_as_its_problem() -> None:
     assert request.canary is None
     assert request.canary_problem == "seen is missing or has the wrong type"
     assert ConfirmRequest.from_wire({"canary": None}) == ConfirmRequest()
+
+
+def test_resume_request_never_refuses_what_the_boundary_never_read() -> None:
+    assert ResumeRequest.from_wire({"interception_ca_sha256": 5, "x": 1}) == ResumeRequest(None)
+
+
+def test_status_reply_names_a_field_of_the_wrong_type() -> None:
+    with pytest.raises(OpError) as caught:
+        StatusReply.from_wire({"state": "ready", "links": "two"})
+    assert (caught.value.kind, caught.value.field) == (ErrorKind.INVALID, "links")
+    with pytest.raises(OpError) as caught:
+        StatusReply.from_wire({"state": "ready", "agent": {"handle": HANDLE, "result": {"code": "x"}}})
+    assert caught.value.field == "agent"
