@@ -13,8 +13,10 @@ reply, so a handler only raises.
 
 Each operation's request and reply is a frozen dataclass in ``supervisor/protocol`` with ``to_wire``/``from_wire``:
 a handler is registered with its request type and gets the typed value (:meth:`Router.unary`), a caller gets the
-typed reply (:func:`call_typed`). The raw forms (:func:`call`, :meth:`Router.unary_raw`) stay for what relays JSON
-objects unread (control's API passes wait, signal and terminate through) and for tests of the transport itself.
+typed reply (:func:`call_typed`, :func:`open_channel_typed`). The raw forms (:func:`call`, :func:`open_channel`,
+:meth:`Router.unary_raw`, :meth:`Router.channel_raw`) stay for what relays JSON objects unread — control's API
+passes the operator's wait, signal, terminate, exec, forward and attach-stream through, so the boundary's
+lifecycle check still answers before its parser — and for tests of the transport itself.
 """
 
 from __future__ import annotations
