@@ -17,7 +17,7 @@ from supervisor.boundary.forkimage.rootfs import RootError, RootPlan
 from supervisor.boundary.process import LauncherError
 from supervisor.boundary.state import DaemonState
 from supervisor.boundary.trust import TrustError, install_trust
-from supervisor.protocol.attach import AttachReply, AttachRequest, CaptureMode, check_claims
+from supervisor.protocol.attach import AttachReply, AttachRequest, CaptureMode
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.lifecycle import Op, State
@@ -41,7 +41,6 @@ class AttachStep:
 
     async def op_attach(self, attach: AttachRequest) -> AttachReply:
         state = self.state
-        check_claims(attach, state.cfg.bundle.claims)
         state.agent_ids(attach)
         netns = self._capture_in_netns(attach)
         plan = self._namespace_plan(attach, netns)

@@ -35,7 +35,7 @@ from supervisor.link.rpc import Router
 from supervisor.metrics import PATH as METRICS_PATH
 from supervisor.metrics import MetricsServer
 from supervisor.protocol.acks import NoArguments, PolicyAck
-from supervisor.protocol.attach import AttachRequest
+from supervisor.protocol.attach import AttachReader
 from supervisor.protocol.channel_ops import AttachStreamRequest, ForwardRequest
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.fence_canary import FenceObserved
@@ -59,7 +59,8 @@ class BoundaryDaemon:
     def _register(self, router: Router) -> None:
         """Every operation control may call, by path (docs/reference/boundary.md §1.4)."""
         attach_refused = self.attach.refused
-        router.unary("/v1/attach", AttachRequest, self.attach.op_attach, before=self._lifecycle(Op.ATTACH),
+        descriptor = AttachReader(self.state.cfg.bundle.claims)  # read against our claims
+        router.unary("/v1/attach", descriptor, self.attach.op_attach, before=self._lifecycle(Op.ATTACH),
                      refused=attach_refused)  # fmt: skip
         router.unary("/v1/confirm", ConfirmRequest, self.fence.op_confirm, before=self._lifecycle(Op.CONFIRM))
         router.unary("/v1/start", NoArguments, self.workload.op_start)

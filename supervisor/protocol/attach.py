@@ -180,8 +180,9 @@ class AttachRequest:
 
     @classmethod
     def from_wire(cls, obj: object) -> AttachRequest:
-        """The descriptor's schema; whether it names our sandbox is :func:`check_claims`'s to say."""
-        return _from_wire(obj)
+        """The descriptor's schema; whether it names our sandbox is :func:`check_claims`'s to say (the boundary
+        reads it with :class:`AttachReader`, which checks both)."""
+        return _from_wire(obj, None)
 
 
 _TYPES: dict[str, type | tuple[type, ...]] = {
@@ -210,7 +211,7 @@ def _invalid(reason: str, name: str) -> OpError:
 
 def parse_attach(body: Any, claims: Claims) -> AttachRequest:
     """Validate an attach body against the schema and against the bound claims."""
-    return check_claims(AttachRequest.from_wire(body), claims)
+    return _from_wire(body, claims)
 
 
 def check_claims(attach: AttachRequest, claims: Claims) -> AttachRequest:
@@ -222,8 +223,19 @@ def check_claims(attach: AttachRequest, claims: Claims) -> AttachRequest:
     return attach
 
 
-def _from_wire(body: object) -> AttachRequest:
-    """The descriptor's schema (:meth:`AttachRequest.from_wire`); the claims are :func:`check_claims`'s."""
+@dataclass(frozen=True)
+class AttachReader:
+    """``/v1/attach``'s request type on the boundary: reads a descriptor against the boundary's own claims, in
+    :func:`parse_attach`'s order (the claims are checked before the static policy is read)."""
+
+    claims: Claims
+
+    def from_wire(self, obj: object) -> AttachRequest:
+        return parse_attach(obj, self.claims)
+
+
+def _from_wire(body: object, claims: Claims | None) -> AttachRequest:
+    """The descriptor's schema; with ``claims``, the names it must share with them too."""
     if not isinstance(body, dict):
         raise _invalid("attach descriptor must be a JSON object", "descriptor")
     for name in body:
@@ -263,6 +275,8 @@ def _from_wire(body: object) -> AttachRequest:
             parse_canary(canary)
         except ValueError as exc:
             raise _invalid(f"fence_canary: {exc}", "fence_canary") from None
+    if claims is not None:
+        check_claims(AttachRequest(body["sandbox"], body["network_policy"]), claims)
     return AttachRequest(
         sandbox=body["sandbox"],
         network_policy=body["network_policy"],

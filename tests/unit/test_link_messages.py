@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from supervisor.protocol.acks import ExitAck, NoArguments, PolicyAck, PolicyAcknowledged
-from supervisor.protocol.attach import AttachReply, AttachRequest, CaptureMode, check_claims
+from supervisor.protocol.attach import AttachReader, AttachReply, AttachRequest, CaptureMode, check_claims
 from supervisor.protocol.channel_ops import AttachStreamRequest, ExecAccepted, ForwardAccepted, ForwardRequest
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.exit_result import EndReason, ExitResult
@@ -333,3 +333,10 @@ def test_status_reply_names_a_field_of_the_wrong_type() -> None:
     with pytest.raises(OpError) as caught:
         StatusReply.from_wire({"state": "ready", "agent": {"handle": HANDLE, "result": {"code": "x"}}})
     assert caught.value.field == "agent"
+
+
+def test_the_boundary_reads_a_descriptor_against_its_claims_before_its_static_policy() -> None:
+    wire = {**AttachRequest("other", SAMPLE_CLAIMS.network_policy).to_wire(), "static_policy": {"landlock": 5}}
+    with pytest.raises(OpError) as caught:
+        AttachReader(SAMPLE_CLAIMS).from_wire(wire)
+    assert (caught.value.kind, caught.value.field) == (ErrorKind.DENIED, "sandbox")
