@@ -189,8 +189,8 @@ async def calls(count: int, kind: str) -> tuple[float, float]:
     seconds and transport writes (both ends together) per exchange, set-up and a warm-up excluded."""
     server_tls, client_tls = await _tls_pair()
     router = Router()
-    router.unary("/v1/status", _unary)
-    router.channel("/v1/exec", _exec)
+    router.unary_raw("/v1/status", _unary)
+    router.channel_raw("/v1/exec", _exec)
     server = Link(server_tls, client=False, handler=router.handle, name="server")
     client = Link(client_tls, client=True, name="client")
 

@@ -117,9 +117,7 @@ def policy() -> Iterator[bytes]:
 
 
 def dns_wire() -> Iterator[bytes]:
-    from tests.unit import test_capture_dns_stub as t
-
-    for name, qtype, _, _ in t.CASES:
+    for name, qtype in (("example.com.", "A"), ("api.test.", "AAAA"), ("_svc._tcp.test.", "SRV"), (".", "NS")):
         query = dns.message.make_query(name, dns.rdatatype.from_text(qtype))
         yield query.to_wire()
         yield dns.message.make_response(query).to_wire()
@@ -170,6 +168,24 @@ def zygote() -> Iterator[bytes]:
     yield encode({"unowned": 3, "pids": [10, 11, 12]})
 
 
+def l7_body() -> Iterator[bytes]:
+    import json
+
+    rpc = {"jsonrpc": "2.0", "id": 1, "method": "eth_blockNumber"}
+    yield b"\x00" + json.dumps(rpc).encode()
+    yield b"\x00" + json.dumps([rpc, {**rpc, "id": 2, "method": "eth_sendTransaction"}]).encode()
+    yield b"\x00" + b'{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","method":"x"}'
+    call = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "read_file", "arguments": {}}}
+    yield b"\x01" + json.dumps(call).encode()
+    yield b"\x01" + json.dumps({"jsonrpc": "2.0", "id": 4, "method": "initialize", "params": {}}).encode()
+    yield b"\x02" + json.dumps({"query": "query Viewer { viewer { login } }", "operationName": "Viewer"}).encode()
+    yield b"\x02" + json.dumps([{"query": "{ viewer { id } }"}, {"query": "{ secrets }"}]).encode()
+    yield b"\x02" + json.dumps({"query": "fragment F on Q { secrets } query { ...F }"}).encode()
+    yield b"\x03" + b"query=%7B%20viewer%20%7B%20id%20%7D%20%7D"
+    sub = {"type": "subscribe", "id": "1", "payload": {"query": "subscription { ticks }"}}
+    yield b"\x04" + json.dumps(sub).encode()
+
+
 SOURCES = {
     "proxy_head": proxy_head,
     "l7_request": l7_request,
@@ -179,6 +195,7 @@ SOURCES = {
     "dns": dns_wire,
     "claims": claims,
     "zygote": zygote,
+    "l7_body": l7_body,
 }
 
 

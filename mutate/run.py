@@ -68,7 +68,12 @@ MODULES: dict[str, Module] = {
     "globs": Module("supervisor/control/policy/globs.py", ("tests/unit/test_policy_globs.py",), 1200),
     "decide": Module(
         "supervisor/control/policy/decide.py",
-        ("tests/unit/test_policy_decide.py", "tests/unit/test_l7_protocols.py", "tests/unit/test_policy_index.py"),
+        (
+            "tests/unit/test_policy_decide.py",
+            "tests/unit/test_policy_decide_whole.py",
+            "tests/unit/test_l7_protocols.py",
+            "tests/unit/test_policy_index.py",
+        ),
         1800,
     ),
     "compiled": Module(

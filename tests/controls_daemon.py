@@ -35,11 +35,11 @@ def _fence_watch_blind() -> None:
 def _canary_probe_blind() -> None:
     """The boundary's reading of its own canary probe: a connect that succeeded reads as the fence's timeout
     (control's canary still counts the connection it accepted: that is control's check, not this one)."""
-    from supervisor.boundary import daemon
+    from supervisor.boundary import fence
     from supervisor.boundary.capture.canary import ProbeResult
     from supervisor.protocol.fence_canary import PROBE_TIMEOUT_S
 
-    probe = daemon.probe_canary
+    probe = fence.probe_canary
 
     async def blind(number: int, address: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> ProbeResult:
         result = await probe(number, address, port, timeout_s)
@@ -47,7 +47,7 @@ def _canary_probe_blind() -> None:
             return result
         return ProbeResult(result.probe, result.target, False, f"timeout after {timeout_s:g}s")
 
-    daemon.probe_canary = blind  # type: ignore[assignment]
+    fence.probe_canary = blind  # type: ignore[assignment]
 
 
 def _canary_local_failure_conclusive() -> None:
@@ -58,10 +58,57 @@ def _canary_local_failure_conclusive() -> None:
     setattr(canary, "FENCE_ERRNOS", canary.FENCE_ERRNOS | {errno.EADDRNOTAVAIL})  # noqa: B010 (a Final name)
 
 
+def _exec_log_forgets_children() -> None:
+    """The parent's image at a child's creation: the exec log never notes it, so a child forked before its
+    parent execs an allowed binary is taken for that binary's descendant."""
+    from supervisor.boundary.capture.connect_record import ExecLog
+
+    def nothing(self: ExecLog, pid: int, start_time: int, parent_exe: str) -> None:
+        return None
+
+    ExecLog.note_child = nothing  # type: ignore[method-assign]
+
+
+def _workload_oom_score_unset() -> None:
+    """The workload's ``oom_score_adj`` of 1000: never written (the launcher's own score still is)."""
+    from supervisor.boundary import daemon
+
+    write = daemon.set_oom_score_adj
+
+    def launcher_only(pid: int, value: int, *, proc: Path = Path("/proc")) -> None:
+        if value != daemon.WORKLOAD_OOM_SCORE_ADJ:
+            write(pid, value, proc=proc)
+
+    daemon.set_oom_score_adj = launcher_only
+
+
+def _memory_limit_lifted() -> None:
+    """The workload's memory limit: its cgroup is made as asked, then the limit is lifted (what the boundary
+    reports is still the limit it asked for)."""
+    from supervisor.boundary import daemon
+    from supervisor.boundary.process.memory_cgroup import MemoryCgroup
+
+    create = daemon.create_memory_cgroup
+
+    def unlimited(name: str, limit: int, **kw: Any) -> MemoryCgroup:
+        group = create(name, limit, **kw)
+        # v1: memory plus swap first, since it may never be below the memory limit
+        names = ("memory.max",) if group.version == 2 else ("memory.memsw.limit_in_bytes", "memory.limit_in_bytes")
+        for file in names:
+            if (group.directory / file).exists():
+                (group.directory / file).write_text("max\n" if group.version == 2 else "-1\n")
+        return group
+
+    daemon.create_memory_cgroup = unlimited
+
+
 PATCHES: dict[str, Callable[[], None]] = {
     "fence-watch": _fence_watch_blind,
     "canary-probe": _canary_probe_blind,
     "canary-local-failure": _canary_local_failure_conclusive,
+    "exec-log-child": _exec_log_forgets_children,
+    "workload-oom-score": _workload_oom_score_unset,
+    "memory-limit": _memory_limit_lifted,
 }
 
 

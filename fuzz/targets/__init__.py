@@ -25,6 +25,7 @@ TARGETS: dict[str, Target] = {
     "dns": Target("fuzz.targets.dns", ("supervisor", "dns")),
     "claims": Target("fuzz.targets.claims", ("supervisor",)),
     "zygote": Target("fuzz.targets.zygote", ("supervisor",)),
+    "l7_body": Target("fuzz.targets.l7_body", ("supervisor", "graphql")),
 }
 
 

@@ -43,7 +43,7 @@ START_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2
 
 
 class BoundaryState(Protocol):
-    """What the scrape reads from the daemon (``daemon.BoundaryDaemon``)."""
+    """What the scrape reads from the daemon (``state.DaemonState``)."""
 
     @property
     def lifecycle_state(self) -> str: ...

@@ -68,6 +68,7 @@ def _run_boundary(args: argparse.Namespace, stream: Any) -> int:
     """The launcher is forked first: before any thread exists, and before the bundle's key is in our memory
     (the launcher is a copy of this process and lives next to the workload)."""
     from supervisor.boundary import daemon
+    from supervisor.boundary.config import BoundaryConfig
     from supervisor.boundary.process import Launcher, LauncherError, detect_privilege_model
     from supervisor.protocol.certs import BundleError, load_bundle
     from supervisor.protocol.claims import Role
@@ -108,7 +109,7 @@ def _run_boundary(args: argparse.Namespace, stream: Any) -> int:
         log = _daemon_log(args, "boundary", bundle.claims.sandbox, stream)  # after the fork: not the launcher's
         if log is None:
             return ExitCode.SELF_FAILED
-        cfg = daemon.BoundaryConfig(
+        cfg = BoundaryConfig(
             bundle=bundle, agent_argv=tuple(args.agent_argv), listen_host=host, listen_port=port,
             port_file=args.port_file, workdir=args.workdir, agent_stdio=args.agent_stdio, privilege_model=model,
             agent_tty_size=args.agent_tty_size, agent_term=args.agent_term,
@@ -192,6 +193,7 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     agent's ids and resolvers, TLS interception, the inference routes, the fence, the local network."""
     from supervisor.control import daemon
     from supervisor.control.api import runtime_socket_path
+    from supervisor.control.config import ControlConfig
     from supervisor.protocol.attach import CaptureMode
     from supervisor.protocol.runtime_dir import RuntimeDirError
 
@@ -223,7 +225,7 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     except RuntimeDirError as exc:
         _err(f"--api: {exc}")
         return ExitCode.SELF_FAILED
-    cfg = daemon.ControlConfig(
+    cfg = ControlConfig(
         bundle=bundle, boundary_host=listen.boundary[0], boundary_port=listen.boundary[1], policy=policy.store,
         local_net=local_net, upstream=upstream, interception=interception,
         api_path=api_path, api_listen=listen.api_listen, metrics_listen=listen.metrics_listen,

@@ -23,9 +23,10 @@ import trio
 
 from supervisor.jsonlog import JsonLog
 from supervisor.link.h2link import Link
-from supervisor.link.rpc import call
+from supervisor.link.rpc import call_typed
+from supervisor.protocol.acks import NoArguments
 from supervisor.protocol.event_names import EventName
-from supervisor.protocol.fence_canary import PROBE_TIMEOUT_S, SELF_CHECK_OK, CanaryReport, format_canary
+from supervisor.protocol.fence_canary import PROBE_TIMEOUT_S, SELF_CHECK_OK, CanaryReport, ProbeResult, format_canary
 
 __all__ = ["FenceCanary"]
 
@@ -100,12 +101,12 @@ class FenceCanary:
         self.rounds += 1
         check = await self.self_check()
         mark = len(self.seen)
-        reply = await call(link, "/v1/fence-probe")
+        reply = await call_typed(link, "/v1/fence-probe", NoArguments(), ProbeResult)
         await trio.sleep(LATE_S)
         peers = [peer for _, peer in self.seen[mark:]]
-        report = CanaryReport(probe=int(reply.get("probe", 0)), seen=len(peers), self_check=check,
+        report = CanaryReport(probe=reply.probe, seen=len(peers), self_check=check,
                               peers=tuple(peers[:MAX_PEERS]))  # fmt: skip
-        self.last = {**report.to_wire(), "probe_error": reply.get("error"), "observed": report.observed}
+        self.last = {**report.to_wire(), "probe_error": reply.error, "observed": report.observed}
         self.log.emit(EventName.FENCE_CANARY_ROUND, **self.last)
         return report
 

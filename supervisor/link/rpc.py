@@ -10,6 +10,13 @@ Two shapes, both on one HTTP/2 stream each:
 
 The router answers every request it cannot place with ``invalid`` and turns :class:`OpError` into the error
 reply, so a handler only raises.
+
+Each operation's request and reply is a frozen dataclass in ``supervisor/protocol`` with ``to_wire``/``from_wire``:
+a handler is registered with its request type and gets the typed value (:meth:`Router.unary`), a caller gets the
+typed reply (:func:`call_typed`, :func:`open_channel_typed`). The raw forms (:func:`call`, :func:`open_channel`,
+:meth:`Router.unary_raw`, :meth:`Router.channel_raw`) stay for what relays JSON objects unread — control's API
+passes the operator's wait, signal, terminate, exec, forward and attach-stream through, so the boundary's
+lifecycle check still answers before its parser — and for tests of the transport itself.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import contextlib
 import json
 import struct
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import trio
 
@@ -29,8 +36,29 @@ JSON_LIMIT = 4 * 1024 * 1024
 REPLY_HEADER = "openshell-reply"
 
 UnaryHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
-Accept = Callable[[dict[str, Any]], Awaitable[None]]
-ChannelHandler = Callable[[dict[str, Any], LinkStream, Accept], Awaitable[None]]
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class Message(Protocol):
+    """What goes on the link: a request or a reply that writes its JSON object."""
+
+    def to_wire(self) -> dict[str, Any]: ...
+
+
+class WireType(Protocol[T_co]):
+    """A request or reply class: ``from_wire`` turns the decoded JSON object into the typed value, or refuses it
+    (an :class:`OpError` naming the operation and the field)."""
+
+    def from_wire(self, obj: object, /) -> T_co: ...
+
+
+Accept = Callable[[Message], Awaitable[None]]
+"""A channel handler's way to accept: the reply goes in the ``openshell-reply`` header, then the stream's bytes."""
+
+
+RawAccept = Callable[[dict[str, Any]], Awaitable[None]]
+ChannelHandler = Callable[[dict[str, Any], LinkStream, RawAccept], Awaitable[None]]
 
 
 def request_headers(method: str, path: str, authority: str = "openshell") -> Headers:
@@ -83,6 +111,11 @@ async def call(link: Link, path: str, body: dict[str, Any] | None = None, *, met
     return reply
 
 
+async def call_typed(link: Link, path: str, request: Message, reply_type: WireType[T]) -> T:
+    """:func:`call` with the request written by its ``to_wire`` and the reply read by ``reply_type.from_wire``."""
+    return reply_type.from_wire(await call(link, path, request.to_wire()))
+
+
 async def open_channel(link: Link, path: str, body: dict[str, Any]) -> tuple[LinkStream, dict[str, Any]]:
     """Start a channel operation; returns the open stream and the accept reply, or raises :class:`OpError`
     (``unavailable`` when the link is lost before the reply)."""
@@ -101,6 +134,17 @@ async def open_channel(link: Link, path: str, body: dict[str, Any]) -> tuple[Lin
     raise OpError.from_json(_decode_object(data, f"reply to {path}"), status=stream.status)
 
 
+async def open_channel_typed(link: Link, path: str, request: Message, reply_type: WireType[T]) -> tuple[LinkStream, T]:
+    """:func:`open_channel` with the request written by its ``to_wire`` and the accept reply read by
+    ``reply_type.from_wire`` (the stream is closed if the reply is refused)."""
+    stream, reply = await open_channel(link, path, request.to_wire())
+    try:
+        return stream, reply_type.from_wire(reply)
+    except BaseException:
+        await stream.aclose()
+        raise
+
+
 # -- server side ----------------------------------------------------------------------------------------------
 
 
@@ -114,10 +158,61 @@ class Router:
         self._replying = 0
         self._replies_flushed = trio.Event()
 
-    def unary(self, path: str, handler: UnaryHandler, method: str = "POST") -> None:
+    def unary(
+        self,
+        path: str,
+        request_type: WireType[T],
+        handler: Callable[[T], Awaitable[Message]],
+        *,
+        before: Callable[[], None] | None = None,
+        refused: Callable[[OpError], None] | None = None,
+        method: str = "POST",
+    ) -> None:
+        """Serve ``path`` with ``handler``, which gets the request as ``request_type`` and returns its reply.
+        ``before`` is what must hold before the request is even read (the lifecycle state): its refusal is the
+        answer whatever the body says. ``refused`` sees every refusal after that, of the request or by the handler,
+        before it is answered (a refused attach ends the boundary)."""
+
+        async def serve(body: dict[str, Any]) -> dict[str, Any]:
+            if before is not None:
+                before()
+            try:
+                reply = await handler(request_type.from_wire(body))
+            except OpError as exc:
+                if refused is not None:
+                    refused(exc)
+                raise
+            return reply.to_wire()
+
+        self._unary[(method, path)] = serve
+
+    def unary_raw(self, path: str, handler: UnaryHandler, method: str = "POST") -> None:
+        """Serve ``path`` with a handler of JSON objects (tests of the transport)."""
         self._unary[(method, path)] = handler
 
-    def channel(self, path: str, handler: ChannelHandler) -> None:
+    def channel(
+        self,
+        path: str,
+        request_type: WireType[T],
+        handler: Callable[[T, LinkStream, Accept], Awaitable[None]],
+        *,
+        before: Callable[[], None] | None = None,
+    ) -> None:
+        """As :meth:`unary`, for a channel: ``handler`` gets the typed request, the stream and ``accept``."""
+
+        async def serve(body: dict[str, Any], stream: LinkStream, accept: RawAccept) -> None:
+            if before is not None:
+                before()
+
+            async def accept_typed(reply: Message) -> None:
+                await accept(reply.to_wire())
+
+            await handler(request_type.from_wire(body), stream, accept_typed)
+
+        self._channel[path] = serve
+
+    def channel_raw(self, path: str, handler: ChannelHandler) -> None:
+        """Serve channel ``path`` with a handler of JSON objects (tests of the transport)."""
         self._channel[path] = handler
 
     async def handle(self, stream: LinkStream) -> None:

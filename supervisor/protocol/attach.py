@@ -19,6 +19,8 @@ from typing import Any
 from supervisor.protocol.claims import Claims
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.fence_canary import parse_canary
+from supervisor.protocol.json_value import JsonValue, is_json_object
+from supervisor.protocol.lifecycle import State, reported_state
 
 BACKEND_NAME = "openshell.boundary"
 CONTRACT_VERSION = 2  # 2: fence_canary and acknowledge_unprobed_fence (protocol/fence_canary.py)
@@ -176,6 +178,12 @@ class AttachRequest:
             "version": self.version,
         }
 
+    @classmethod
+    def from_wire(cls, obj: object) -> AttachRequest:
+        """The descriptor's schema; whether it names our sandbox is :func:`check_claims`'s to say (the boundary
+        reads it with :class:`AttachReader`, which checks both)."""
+        return _from_wire(obj, None)
+
 
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "sandbox": str,
@@ -203,6 +211,31 @@ def _invalid(reason: str, name: str) -> OpError:
 
 def parse_attach(body: Any, claims: Claims) -> AttachRequest:
     """Validate an attach body against the schema and against the bound claims."""
+    return _from_wire(body, claims)
+
+
+def check_claims(attach: AttachRequest, claims: Claims) -> AttachRequest:
+    """The descriptor names the sandbox and the NetworkPolicy of the boundary's own claims, or is ``denied``."""
+    if attach.sandbox != claims.sandbox:
+        raise OpError(ErrorKind.DENIED, "descriptor names another sandbox than the claims", field="sandbox")
+    if attach.network_policy != claims.network_policy:
+        raise OpError(ErrorKind.DENIED, "descriptor names another NetworkPolicy", field="network_policy")
+    return attach
+
+
+@dataclass(frozen=True)
+class AttachReader:
+    """``/v1/attach``'s request type on the boundary: reads a descriptor against the boundary's own claims, in
+    :func:`parse_attach`'s order (the claims are checked before the static policy is read)."""
+
+    claims: Claims
+
+    def from_wire(self, obj: object) -> AttachRequest:
+        return parse_attach(obj, self.claims)
+
+
+def _from_wire(body: object, claims: Claims | None) -> AttachRequest:
+    """The descriptor's schema; with ``claims``, the names it must share with them too."""
     if not isinstance(body, dict):
         raise _invalid("attach descriptor must be a JSON object", "descriptor")
     for name in body:
@@ -242,10 +275,8 @@ def parse_attach(body: Any, claims: Claims) -> AttachRequest:
             parse_canary(canary)
         except ValueError as exc:
             raise _invalid(f"fence_canary: {exc}", "fence_canary") from None
-    if body["sandbox"] != claims.sandbox:
-        raise OpError(ErrorKind.DENIED, "descriptor names another sandbox than the claims", field="sandbox")
-    if body["network_policy"] != claims.network_policy:
-        raise OpError(ErrorKind.DENIED, "descriptor names another NetworkPolicy", field="network_policy")
+    if claims is not None:
+        check_claims(AttachRequest(body["sandbox"], body["network_policy"]), claims)
     return AttachRequest(
         sandbox=body["sandbox"],
         network_policy=body["network_policy"],
@@ -261,3 +292,38 @@ def parse_attach(body: Any, claims: Claims) -> AttachRequest:
         acknowledge_unprobed_fence=body.get("acknowledge_unprobed_fence", False),
         capture_ports=tuple(sorted(set(ports))),
     )
+
+
+@dataclass(frozen=True)
+class AttachReply:
+    """``/v1/attach``'s answer: Bound, by which boundary, and how its capture was set up. ``capture`` is the
+    capture set-up's own report (mode, addresses, routes, listeners), passed on whole for control's event. A field
+    a peer left out stays out (``None``)."""
+
+    state: State
+    boundary_instance: str | None = None
+    privilege_model: str | None = None
+    capture: dict[str, JsonValue] | None = None
+
+    def to_wire(self) -> dict[str, object]:
+        wire: dict[str, object] = {"state": str(self.state)}
+        if self.boundary_instance is not None:
+            wire["boundary_instance"] = self.boundary_instance
+        if self.privilege_model is not None:
+            wire["privilege_model"] = self.privilege_model
+        if self.capture is not None:
+            wire["capture"] = self.capture
+        return wire
+
+    @classmethod
+    def from_wire(cls, obj: object) -> AttachReply:
+        if not isinstance(obj, dict):
+            raise OpError(ErrorKind.INVALID, "the attach reply must be a JSON object")
+        instance, model, capture = obj.get("boundary_instance"), obj.get("privilege_model"), obj.get("capture")
+        if instance is not None and not isinstance(instance, str):
+            raise _invalid("the attach reply's boundary_instance must be a string", "boundary_instance")
+        if model is not None and not isinstance(model, str):
+            raise _invalid("the attach reply's privilege_model must be a string", "privilege_model")
+        if capture is not None and not is_json_object(capture):
+            raise _invalid("the attach reply's capture must be an object", "capture")
+        return cls(reported_state(obj.get("state")), instance, model, capture)

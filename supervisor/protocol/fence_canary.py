@@ -17,11 +17,15 @@ In ``proxy-env`` the only fence is the pod's NetworkPolicy. It is *observed*, no
 
 Without a canary, proxy-env is refused unless the acknowledgement also says "no probe" (both the boundary's own
 configuration and the descriptor); the fence is then reported as ``acknowledged-unprobed``.
+
+On the link: ``/v1/fence-probe`` answers a :class:`ProbeResult`; ``/v1/fence-observed`` takes a
+:class:`FenceObserved` and answers a :class:`FenceObservedReply`.
 """
 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -32,6 +36,9 @@ __all__ = [
     "REPEAT_S",
     "SELF_CHECK_OK",
     "CanaryReport",
+    "FenceObserved",
+    "FenceObservedReply",
+    "ProbeResult",
     "format_canary",
     "parse_canary",
 ]
@@ -106,3 +113,70 @@ class CanaryReport:
         if not isinstance(peers, list) or not all(isinstance(p, str) for p in peers):
             raise OpError(ErrorKind.INVALID, "peers must be a list of strings", field=f"{name}.peers")
         return cls(probe=body["probe"], seen=body["seen"], self_check=body["self_check"], peers=tuple(peers[:8]))
+
+
+def _field(obj: Mapping[str, object], op: str, key: str, kind: type, default: object = None) -> Any:
+    value = obj.get(key, default)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise OpError(ErrorKind.INVALID, f"the {op} reply's {key} is missing or has the wrong type", field=key)
+    return value
+
+
+def _reply_object(obj: object, op: str) -> Mapping[str, object]:
+    if not isinstance(obj, Mapping):
+        raise OpError(ErrorKind.INVALID, f"the {op} reply must be a JSON object")
+    return obj
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """``/v1/fence-probe``'s answer: the boundary's connect to the canary (boundary/capture/canary.py)."""
+
+    probe: int
+    target: str
+    connected: bool
+    error: str  # why the connect failed ("" when it connected)
+    conclusive: bool = True  # False: the connect failed for a local reason, not at a fence
+
+    def to_wire(self) -> dict[str, object]:
+        return {"probe": self.probe, "target": self.target, "connected": self.connected, "error": self.error,
+                "conclusive": self.conclusive}  # fmt: skip
+
+    @classmethod
+    def from_wire(cls, obj: object) -> ProbeResult:
+        raw = _reply_object(obj, "fence-probe")
+        return cls(
+            probe=_field(raw, "fence-probe", "probe", int),
+            target=_field(raw, "fence-probe", "target", str, ""),
+            connected=_field(raw, "fence-probe", "connected", bool, False),
+            error=_field(raw, "fence-probe", "error", str, ""),
+            conclusive=_field(raw, "fence-probe", "conclusive", bool, True),
+        )
+
+
+@dataclass(frozen=True)
+class FenceObserved:
+    """``/v1/fence-observed``: control's report of a repeated probe (rule 3)."""
+
+    canary: CanaryReport
+
+    def to_wire(self) -> dict[str, object]:
+        return {"canary": self.canary.to_wire()}
+
+    @classmethod
+    def from_wire(cls, obj: object) -> FenceObserved:
+        return cls(CanaryReport.from_wire(obj.get("canary") if isinstance(obj, dict) else None))
+
+
+@dataclass(frozen=True)
+class FenceObservedReply:
+    probe: int
+    observed: bool
+
+    def to_wire(self) -> dict[str, object]:
+        return {"probe": self.probe, "observed": self.observed}
+
+    @classmethod
+    def from_wire(cls, obj: object) -> FenceObservedReply:
+        raw = _reply_object(obj, "fence-observed")
+        return cls(_field(raw, "fence-observed", "probe", int), _field(raw, "fence-observed", "observed", bool))

@@ -52,7 +52,7 @@ DAEMON_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PASSED_THROUGH = frozenset(
     {
         "TZ", "LANG", "LANGUAGE", "SSL_CERT_FILE", "SSL_CERT_DIR",
-        # the daemons' own test and benchmark knobs (supervisor/cli/daemon_run.py, supervisor/boundary/daemon.py)
+        # the daemons' own test and benchmark knobs (supervisor/cli/daemon_run.py, supervisor/boundary/capture_start.py)
         "OPENSHELL_TEST_LANDLOCK_OFF", "OPENSHELL_BENCH_NO_CONNECT_NOTIFY",
     }
 )  # fmt: skip

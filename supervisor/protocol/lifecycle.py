@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from supervisor.protocol.errors import ErrorKind, OpError
 
@@ -108,3 +109,31 @@ class Lifecycle:
 
     def at_least(self, state: State) -> bool:
         return self.state is not State.ENDED and _ORDER.index(self.state) >= _ORDER.index(state)
+
+
+def reported_state(value: object) -> State:
+    """A lifecycle state as a peer reported it; any other value is the peer's error."""
+    try:
+        return State(str(value))
+    except ValueError:
+        raise OpError(ErrorKind.INVALID, f"the boundary reported state {value!r}", field="state") from None
+
+
+@dataclass(frozen=True)
+class StartReply:
+    """``/v1/start``'s answer: the state reached (``running``) and the agent's process handle."""
+
+    state: State
+    agent: str
+
+    def to_wire(self) -> dict[str, object]:
+        return {"state": str(self.state), "agent": self.agent}
+
+    @classmethod
+    def from_wire(cls, obj: object) -> StartReply:
+        if not isinstance(obj, dict):
+            raise OpError(ErrorKind.INVALID, "the start reply must be a JSON object")
+        agent = obj.get("agent")
+        if not isinstance(agent, str):
+            raise OpError(ErrorKind.INVALID, "the start reply's agent must be a process handle", field="agent")
+        return cls(reported_state(obj.get("state")), agent)

@@ -17,7 +17,9 @@ Rules this module enforces:
    else ``invalid``. IPv4-mapped IPv6 is reduced to IPv4, then the address must be loopback and the port must
    not be one of the boundary's own → else ``denied``.
 
-Everything here is pure: parsed dataclasses out, :class:`OpError` raised.
+Everything here is pure: parsed dataclasses out, :class:`OpError` raised. Each request's ``from_wire`` is its
+parser and its ``to_wire`` the object control sends; ``wait`` and ``terminate`` answer an ``ExitResult``
+(exit_result.py), ``signal`` a :class:`SignalReply`.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ __all__ = [
     "MANAGED_ENV_KEYS",
     "ExecRequest",
     "ForwardTarget",
+    "SignalReply",
     "SignalRequest",
     "SignalScope",
     "TerminateRequest",
@@ -52,6 +55,7 @@ __all__ = [
     "parse_signal_request",
     "parse_terminate_request",
     "parse_wait_request",
+    "refuse_reserved_port",
     "signal_number",
     "validate_env",
     "validate_forward_target",
@@ -116,6 +120,17 @@ class ExecRequest:
     def env_map(self) -> dict[str, str]:
         return dict(self.env)
 
+    def to_wire(self) -> dict[str, object]:
+        cwd = {} if self.cwd is None else {"cwd": self.cwd}
+        return {"argv": list(self.argv), "env": dict(self.env)} | cwd | {
+            "tty": self.tty, "cols": self.cols, "rows": self.rows, "stdin": self.stdin, "timeout_s": self.timeout_s,
+            "grace_s": self.grace_s,
+        }  # fmt: skip
+
+    @classmethod
+    def from_wire(cls, obj: object) -> ExecRequest:
+        return parse_exec_request(obj)
+
 
 @dataclass(frozen=True)
 class SignalRequest:
@@ -123,17 +138,60 @@ class SignalRequest:
     signal: str  # a key of ALLOWED_SIGNALS
     scope: SignalScope = SignalScope.PROCESS
 
+    def to_wire(self) -> dict[str, object]:
+        return {"handle": self.handle, "signal": self.signal, "scope": str(self.scope)}
+
+    @classmethod
+    def from_wire(cls, obj: object) -> SignalRequest:
+        return parse_signal_request(obj)
+
+
+@dataclass(frozen=True)
+class SignalReply:
+    """``/v1/signal``'s answer: the signal went to the process (or its group)."""
+
+    handle: str
+    signal: str
+    delivered: bool = True
+
+    def to_wire(self) -> dict[str, object]:
+        return {"handle": self.handle, "signal": self.signal, "delivered": self.delivered}
+
+    @classmethod
+    def from_wire(cls, obj: object) -> SignalReply:
+        raw = _reply(obj, "signal")
+        handle, signal, delivered = raw.get("handle"), raw.get("signal"), raw.get("delivered", True)
+        if not isinstance(handle, str):
+            raise _invalid("signal reply: must be a string", "handle")
+        if not isinstance(signal, str):
+            raise _invalid("signal reply: must be a string", "signal")
+        return cls(handle, signal, _bool(delivered, "delivered"))
+
 
 @dataclass(frozen=True)
 class WaitRequest:
     handle: str
     timeout_s: float | None = None
 
+    def to_wire(self) -> dict[str, object]:
+        return {"handle": self.handle} | ({} if self.timeout_s is None else {"timeout_s": self.timeout_s})
+
+    @classmethod
+    def from_wire(cls, obj: object) -> WaitRequest:
+        return parse_wait_request(obj)
+
 
 @dataclass(frozen=True)
 class TerminateRequest:
     handle: str
     grace_s: float = DEFAULT_GRACE_S
+
+    def to_wire(self) -> dict[str, object]:
+        return {"handle": self.handle, "grace_s": self.grace_s}
+
+    @classmethod
+    def from_wire(cls, obj: object) -> TerminateRequest:
+        return parse_terminate_request(obj)
 
 
 @dataclass(frozen=True)
@@ -148,6 +206,12 @@ def _invalid(reason: str, field: str | None = None) -> OpError:
 
 
 # -- field checkers -------------------------------------------------------------------------------------------
+
+
+def _reply(obj: object, op: str) -> Mapping[str, object]:
+    if not isinstance(obj, Mapping):
+        raise _invalid(f"the {op} reply must be a JSON object")
+    return obj
 
 
 def _object(body: Any, allowed: Collection[str]) -> dict[str, Any]:
@@ -323,6 +387,12 @@ def parse_terminate_request(body: Any) -> TerminateRequest:
     )
 
 
+def refuse_reserved_port(port: int, reserved_ports: Collection[int]) -> None:
+    """spec §3: a forward never reaches one of the boundary's own ports."""
+    if port in reserved_ports:
+        raise OpError(ErrorKind.DENIED, f"port {port} belongs to the boundary", field="port")
+
+
 def validate_forward_target(host: Any, port: Any, reserved_ports: Collection[int] = ()) -> ForwardTarget:
     """spec §3 steps 1–4; the returned host is a literal, never a name."""
     port = _int(port, "port", 1, 65535)
@@ -342,8 +412,7 @@ def validate_forward_target(host: Any, port: Any, reserved_ports: Collection[int
         address = address.ipv4_mapped
     if not address.is_loopback:
         raise OpError(ErrorKind.DENIED, f"forward target {address} is not a loopback address", field="host")
-    if port in reserved_ports:
-        raise OpError(ErrorKind.DENIED, f"port {port} belongs to the boundary", field="port")
+    refuse_reserved_port(port, reserved_ports)
     family = socket.AF_INET if address.version == 4 else socket.AF_INET6
     return ForwardTarget(str(address), port, family)
 

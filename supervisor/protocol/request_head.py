@@ -2,7 +2,7 @@
 
 Every request head the agent's bytes can make is read here: the boundary's proxy listener, control's proxy-pod
 listener (both through :mod:`supervisor.protocol.proxy_head`) and each request of an inspected connection
-(``supervisor/control/l7/session.py``). :class:`HeadReader` keeps the buffer: ``receive_data(bytes)``, then
+(``supervisor/control/l7/session/request.py``). :class:`HeadReader` keeps the buffer: ``receive_data(bytes)``, then
 ``next_event()`` gives a :class:`RequestHead`, :data:`NEED_DATA`, or raises :class:`HeadError`; bytes after a head
 stay buffered for the next one (keep-alive) or are taken with :meth:`HeadReader.trailing_data`.
 

@@ -593,6 +593,9 @@ class AttackWorld:
     trap_named: Trap  # p2: loop.test / rebind.test named exactly
     udp_sinks: dict[int, socket.socket] = field(default_factory=dict)
     _scripts: int = 0
+    # how ``openshell-sandbox`` is run for dev (a twin's runs its daemons with one protection off:
+    # tests/controls_dev.py)
+    cli: list[str] = field(default_factory=lambda: list(CLI))
 
     @property
     def p1(self) -> int:
@@ -604,7 +607,7 @@ class AttackWorld:
 
     def dev_argv(self, agent_argv: list[str]) -> list[str]:
         # The scripts' directory is the workdir: the agent's own root holds nothing else of the host's /tmp.
-        return [*CLI, "dev", "--log-format=json", f"--policy={self.policy}",
+        return [*self.cli, "dev", "--log-format=json", f"--policy={self.policy}",
                 f"--dns-server={self.dns.address[0]}:{self.dns.address[1]}", f"--workdir={self.agent_dir}",
                 "--workdir-read-only", "--", *agent_argv]  # fmt: skip
 

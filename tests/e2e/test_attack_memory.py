@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from tests import controls_dev
+from tests.controls import protection_off
 from tests.waiting import wait_until
 
 CLI = [sys.executable, "-m", "supervisor.cli"]
@@ -80,12 +82,12 @@ def _members(group: Path) -> set[int]:
         return set()
 
 
-def _start(*flags: str) -> Iterator[Box]:
+def _start(dev_cli: list[str], *flags: str) -> Iterator[Box]:
     runtime = tempfile.mkdtemp(prefix="osm-", dir="/tmp")
     state = tempfile.mkdtemp(prefix="osm-state-", dir="/tmp")
     env = {**os.environ, "XDG_RUNTIME_DIR": runtime, "XDG_STATE_HOME": state}
     argv = [AGENT_PYTHON, "-c", HOG, str(LIMIT), "cue"]
-    dev = subprocess.Popen([*CLI, "dev", *flags, "--", *argv], env=env, stdout=subprocess.PIPE,
+    dev = subprocess.Popen([*dev_cli, "dev", *flags, "--", *argv], env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         api = wait_until(lambda: next(Path(runtime).glob("openshell-sandbox/*/api.sock"), None) or dev.poll(),
@@ -111,9 +113,16 @@ def _start(*flags: str) -> Iterator[Box]:
 
 
 @pytest.fixture
-def hog() -> Iterator[Box]:
+def dev_cli() -> list[str]:
+    """How ``openshell-sandbox`` is run for dev (a twin's runs its daemons with one protection off:
+    tests/controls_dev.py)."""
+    return CLI
+
+
+@pytest.fixture
+def hog(dev_cli: list[str]) -> Iterator[Box]:
     groups: list[Path] = []
-    for box in _start(f"--memory-limit={LIMIT >> 20}M"):
+    for box in _start(dev_cli, f"--memory-limit={LIMIT >> 20}M"):
         _, code, body = box.status()
         assert code == 0 and body is not None
         limits = body["boundary"]["limits"]
@@ -179,6 +188,12 @@ def test_memory_hog_is_oom_killed_at_the_limit_while_the_sandbox_answers(hog: Bo
     assert sorted(p.name for p in hog.workdir.iterdir()) == ["go", "go-on", "near"]  # all the hog wrote
 
 
+@protection_off("the workload's memory limit (its cgroup made, the limit lifted)")
+@pytest.mark.parametrize("dev_cli", [controls_dev.argv("memory-limit")], ids=["off"])
+def test_memory_hog_is_oom_killed_at_the_limit_while_the_sandbox_answers_twin(hog: Box) -> None:
+    test_memory_hog_is_oom_killed_at_the_limit_while_the_sandbox_answers(hog)
+
+
 LOWER = """\
 for value in 0 -1000 999; do echo "$value" > /proc/self/oom_score_adj 2>/dev/null && echo "took $value"; done
 cat /proc/self/oom_score_adj
@@ -203,3 +218,9 @@ def test_the_agent_cannot_lower_its_oom_score_and_the_boundary_is_never_in_its_m
     launchers = [pid for pid in members if b"--mode=boundary" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     assert len(launchers) == 1 and scores[launchers[0]] <= 0, scores
     assert {score for pid, score in scores.items() if pid not in launchers} == {1000}, scores
+
+
+@protection_off("the workload's oom_score_adj of 1000 (never written; the launcher's own score still is)")
+@pytest.mark.parametrize("dev_cli", [controls_dev.argv("workload-oom-score")], ids=["off"])
+def test_the_agent_cannot_lower_its_oom_score_and_the_boundary_is_never_in_its_memory_cgroup_twin(hog: Box) -> None:
+    test_the_agent_cannot_lower_its_oom_score_and_the_boundary_is_never_in_its_memory_cgroup(hog)

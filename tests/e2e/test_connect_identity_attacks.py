@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 
 from supervisor.boundary.capture import connect_notify
+from tests import controls_dev
+from tests.controls import protection_off
 from tests.e2e.attack_world import AGENT_PYTHON, AttackWorld, attack_world
 from tests.integration import connect_attacks
 
@@ -131,14 +133,24 @@ def _by_start(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(events, key=started)
 
 
-def _world(w: AttackWorld) -> AttackWorld:
+def _world(w: AttackWorld, protection: str | None = None) -> AttackWorld:
+    """The world with this module's policy; with ``protection``, dev starts its daemons with that check off."""
     policy = w.policy.with_name("connect-identity-policy.yaml")
     policy.write_text(POLICY.format(p1=w.p1, address=w.host.address, sh=SH))
-    return dataclasses.replace(w, policy=policy)
+    cli = w.cli if protection is None else controls_dev.argv(protection)
+    return dataclasses.replace(w, policy=policy, cli=cli)
 
 
 def test_every_borrowed_allowance_is_decided_as_the_connector(attack_world: AttackWorld) -> None:
-    w = _world(attack_world)
+    _borrow_every_allowance(_world(attack_world))
+
+
+@protection_off("the parent's image at the child's creation (the boundary's exec log)")
+def test_every_borrowed_allowance_is_decided_as_the_connector_twin(attack_world: AttackWorld) -> None:
+    _borrow_every_allowance(_world(attack_world, "exec-log-child"))
+
+
+def _borrow_every_allowance(w: AttackWorld) -> None:
     before = len(w.accepts(w.p1))
     agent = w.run_agent(AGENT)
     assert agent.result.returncode == 0, agent.explain()

@@ -132,4 +132,4 @@ async def test_a_refused_probe_is_the_fences_and_conclusive() -> None:
         taken.bind(("127.0.0.1", 0))  # bound, not listening: a connect to it is refused
         refused = await probe_canary(1, "127.0.0.1", taken.getsockname()[1])
     assert not refused.connected and refused.conclusive and "ECONNREFUSED" in refused.error, refused
-    assert refused.to_json()["conclusive"] is True
+    assert refused.to_wire()["conclusive"] is True

@@ -65,7 +65,7 @@ class StandIn:
     def router(self) -> Router:
         router = Router()
         for path in ("status", "attach", "confirm", "start", "resume", "wait", "policy-ack", "agent/exit-ack"):
-            router.unary(f"/v1/{path}", self._op(path))
+            router.unary_raw(f"/v1/{path}", self._op(path))
         return router
 
     def _op(self, name: str) -> Any:

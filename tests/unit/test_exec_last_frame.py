@@ -11,7 +11,7 @@ import trio.testing
 
 from supervisor.boundary.process.exec_session import _Sender
 from supervisor.link.h2link import Link, LinkStream
-from supervisor.link.rpc import Accept, Router, open_channel
+from supervisor.link.rpc import RawAccept, Router, open_channel
 from supervisor.protocol.channel import NEED_DATA, ChannelDecoder, Direction, Exit, Stdout
 from supervisor.protocol.exit_result import EndReason, ExitResult
 from tests.unit.test_link_writes import Recorder
@@ -19,7 +19,7 @@ from tests.unit.test_link_writes import Recorder
 RESULT = ExitResult("p_0123456789abcdef", 0, None, None, 0, False, EndReason.EXITED, "2026-12-01T00:00:00Z")
 
 
-async def _exec(_body: dict[str, Any], stream: LinkStream, accept: Accept) -> None:
+async def _exec(_body: dict[str, Any], stream: LinkStream, accept: RawAccept) -> None:
     await accept({"handle": RESULT.handle})
     sender = _Sender(stream)
     await sender.send(Stdout(b"out"))
@@ -32,7 +32,7 @@ async def test_the_exit_frame_ends_the_stream_in_the_same_data_frame() -> None:
     left, right = trio.testing.memory_stream_pair()
     server_wire = Recorder(right)
     router = Router()
-    router.channel("/v1/exec", _exec)
+    router.channel_raw("/v1/exec", _exec)
     client = Link(left, client=True)
     server = Link(server_wire, client=False, handler=router.handle)
     async with trio.open_nursery() as nursery:

@@ -1,21 +1,19 @@
-"""Interfaces say what they mean: no untyped JSON objects cross a module seam.
+"""Interfaces say what they mean: no untyped JSON objects cross a function's boundary.
 
-The bar: no public function or method in ``supervisor/protocol``, ``supervisor/link`` or any module that one of the
-daemons' packages (control, boundary, protocol, link) imports from another package takes or returns a
-``dict[str, Any]`` — nor the same thing in disguise: a bare ``dict``/``Mapping``, a ``Mapping[str, Any]``, a
-``dict[str, object]``, or any of those inside a union, list, tuple or callable. What crosses a seam is a frozen
-dataclass with ``to_wire()``/``from_wire()`` at the JSON edge; only that edge (listed in ``_WIRE_EDGE``, each with
-its reason) may speak raw JSON objects.
+The bar: no public function or method of any module of the daemons' packages (control, boundary, protocol, link)
+or of the package's top-level modules takes or returns a ``dict[str, Any]`` — nor the same thing in disguise: a
+bare ``dict``/``Mapping``, a ``Mapping[str, Any]``, a ``dict[str, object]``, or any of those inside a union, list,
+tuple or callable. What crosses is a frozen dataclass with ``to_wire()``/``from_wire()`` at the JSON edge; only
+that edge (listed in ``_WIRE_EDGE``, each with its reason) may speak raw JSON objects.
 
-The modules in scope are found by walking the AST of every file under the daemons' packages, so a new
-cross-package import brings its module under the bar without anyone editing this test. The CLI (supervisor/cli)
-and the manifest renderer (supervisor/k8s) import the daemons to construct and run them; that is wiring, not a
-seam data crosses at run time, so their imports do not widen the scope.
+The public callables that do not meet the bar yet are listed in ``tests/unit/interfaces_pending.py``. That list
+only shrinks: a new violation fails, and so does an entry that is typed now. The CLI (supervisor/cli) and the
+manifest renderer (supervisor/k8s) are out of scope: their JSON is the operator API's client and the rendered
+manifests, documents by nature.
 """
 
 from __future__ import annotations
 
-import ast
 import collections.abc
 import dataclasses
 import importlib
@@ -29,14 +27,14 @@ from typing import Any
 import pytest
 
 from tests.tracked import tracked
+from tests.unit.interfaces_pending import NOT_YET_TYPED
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "supervisor"
 
-# Packages always in scope, whether or not another package imports them.
-_ALWAYS = ("supervisor.protocol", "supervisor.link")
-# The daemons' packages: an import from one of these into another package puts the imported module in scope.
-_IMPORTERS = ("supervisor.control", "supervisor.boundary", "supervisor.protocol", "supervisor.link")
+# The daemons' packages, every module of them in scope; and the package's own top-level modules.
+_PACKAGES = ("supervisor.control", "supervisor.boundary", "supervisor.protocol", "supervisor.link")
+_OUT_OF_SCOPE = ("supervisor.cli", "supervisor.k8s")
 
 # The JSON codec at the wire edge: qualified name → why it may take or return a raw JSON object. Every class's
 # ``to_wire``/``from_wire`` is the edge by name and needs no entry.
@@ -48,8 +46,8 @@ _WIRE_EDGE: dict[str, str] = {
     # protocol/ (attach.parse_attach / AttachRequest.to_wire, process_ops.parse_*, ExitResult.to_wire, ...).
     "supervisor.link.rpc.call": "the unary client codec: JSON object in, JSON object (or OpError) out",
     "supervisor.link.rpc.open_channel": "the channel client codec: the request object and the accept reply",
-    "supervisor.link.rpc.Router.unary": "registers a handler that receives the decoded request object to parse",
-    "supervisor.link.rpc.Router.channel": "as unary, for channel operations (exec, forward, attach-stream)",
+    "supervisor.link.rpc.Router.unary_raw": "registers a handler of JSON objects, for tests of the transport itself",
+    "supervisor.link.rpc.Router.channel_raw": "as unary_raw, for channel operations",
 }
 
 
@@ -60,44 +58,17 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _package_of(module: str) -> str:
-    """``supervisor.control.policy.model`` → ``supervisor.control``; a top-level module is its own package."""
-    parts = module.split(".")
-    return ".".join(parts[:2])
-
-
-def _imported_modules(path: Path, module: str) -> Iterator[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    is_package = path.name == "__init__.py"
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield alias.name
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = module.split(".")
-                base = base[: len(base) - node.level + (1 if is_package else 0)]
-                target = ".".join([*base, node.module] if node.module else base)
-            else:
-                target = node.module or ""
-            yield target
-            for alias in node.names:  # ``from supervisor.protocol import egress`` names a module too
-                yield f"{target}.{alias.name}"
-
-
 def _all_modules() -> dict[str, Path]:
     return {_module_name(path): path for path in tracked("supervisor")}
 
 
 def modules_in_scope() -> list[str]:
-    modules = _all_modules()
-    scope = {name for name in modules if name.startswith(_ALWAYS)}
-    for name, path in modules.items():
-        if not name.startswith(_IMPORTERS):
-            continue
-        for target in _imported_modules(path, name):
-            if target in modules and target.startswith("supervisor.") and _package_of(target) != _package_of(name):
-                scope.add(target)
+    """Every module of the daemons' packages and every top-level module (``supervisor.jsonlog``, …)."""
+    scope = []
+    for name in _all_modules():
+        top_level = name.count(".") == 1 and name != "supervisor.__main__"
+        if (name.startswith(_PACKAGES) or top_level) and not name.startswith(_OUT_OF_SCOPE):
+            scope.append(name)
     return sorted(scope)
 
 
@@ -163,13 +134,14 @@ def _violations(qualname: str, func: Callable[..., object]) -> list[str]:
     ]
 
 
-def test_scope_is_found_by_walking_imports() -> None:
+def test_scope_is_every_module_of_the_daemons() -> None:
     scope = modules_in_scope()
-    # the bar reaches beyond protocol/ and link/ only through real cross-package imports
     assert "supervisor.protocol.egress" in scope
     assert "supervisor.link.rpc" in scope
-    assert "supervisor.jsonlog" in scope  # imported by control and boundary
-    assert not any(name.startswith("supervisor.boundary.forkimage.zygote") for name in scope)
+    assert "supervisor.jsonlog" in scope
+    assert "supervisor.boundary.forkimage.zygote" in scope  # a module no other package imports
+    assert "supervisor.control.l7.session.request" in scope
+    assert not any(name.startswith(("supervisor.cli", "supervisor.k8s")) for name in scope)
 
 
 def test_detector_sees_disguises() -> None:
@@ -183,15 +155,31 @@ def test_detector_sees_disguises() -> None:
     assert not _untyped_json(Any)
 
 
-@pytest.mark.parametrize("module_name", modules_in_scope())
-def test_no_untyped_json_crosses_a_seam(module_name: str) -> None:
+def _module_violations(module_name: str) -> list[str]:
     module = importlib.import_module(module_name)
     found: list[str] = []
     for qualname, func in _public_callables(module):
         if qualname in _WIRE_EDGE or qualname.rsplit(".", 1)[-1] in ("from_wire", "to_wire"):
             continue
         found.extend(_violations(qualname, func))
-    assert not found, "untyped JSON objects cross a module seam:\n" + "\n".join(found)
+    return found
+
+
+@pytest.mark.parametrize("module_name", modules_in_scope())
+def test_no_untyped_json_crosses_a_function(module_name: str) -> None:
+    found = [v for v in _module_violations(module_name) if v not in NOT_YET_TYPED]
+    assert not found, (
+        "untyped JSON objects cross a function's boundary (type them: a frozen dataclass with to_wire/from_wire):\n"
+        + "\n".join(found)
+    )
+
+
+def test_the_list_of_callables_not_yet_typed_only_shrinks() -> None:
+    found = {v for name in modules_in_scope() for v in _module_violations(name)}
+    typed_now = sorted(NOT_YET_TYPED - found)
+    assert not typed_now, "typed now (or gone): take them off tests/unit/interfaces_pending.py:\n" + "\n".join(
+        typed_now
+    )
 
 
 def test_wire_edge_entries_are_needed() -> None:

@@ -68,12 +68,12 @@ async def _serve(handler: Handler, act: Callable[[Link], Awaitable[Any]]) -> OpE
     left, right = trio.testing.memory_stream_pair()
     client = Link(left, client=True)
     router = Router()
-    router.unary("/v1/op", handler)
+    router.unary_raw("/v1/op", handler)
 
     async def channel(body: dict[str, Any], stream: LinkStream, accept: Any) -> None:
         await handler(body)
 
-    router.channel("/v1/chan", channel)
+    router.channel_raw("/v1/chan", channel)
     server = Link(right, client=False, handler=router.handle)
     async with trio.open_nursery() as nursery:
         await nursery.start(client.run)

@@ -67,8 +67,8 @@ async def _linked(client_wire: Any, server_wire: Any) -> AsyncIterator[tuple[Lin
     """A client and a server link over the two wires (each records its writes), both running, the prefaces and
     SETTINGS acknowledgements behind them and the records cleared."""
     router = Router()
-    router.unary("/v1/status", _status)
-    router.channel("/v1/exec", _exec)
+    router.unary_raw("/v1/status", _status)
+    router.channel_raw("/v1/exec", _exec)
     client = Link(client_wire, client=True, name="client")
     server = Link(server_wire, client=False, handler=router.handle, name="server")
     async with trio.open_nursery() as nursery:

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import errno
 import socket
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 import trio
 
-from supervisor.protocol.fence_canary import PROBE_TIMEOUT_S
+from supervisor.protocol.fence_canary import PROBE_TIMEOUT_S, ProbeResult
 
 __all__ = ["FENCE_ERRNOS", "ProbeResult", "probe_canary"]
 
@@ -34,19 +33,6 @@ FENCE_ERRNOS: Final = frozenset(
     {errno.ECONNREFUSED, errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.EPERM,
      errno.EACCES}
 )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class ProbeResult:
-    probe: int
-    target: str
-    connected: bool
-    error: str  # why the connect failed ("" when it connected)
-    conclusive: bool = True  # False: the connect failed for a local reason, not at a fence (rule 2)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"probe": self.probe, "target": self.target, "connected": self.connected, "error": self.error,
-                "conclusive": self.conclusive}  # fmt: skip
 
 
 async def probe_canary(probe: int, address: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> ProbeResult:

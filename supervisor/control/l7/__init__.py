@@ -12,7 +12,8 @@ from .authority import AuthorityError, AuthoritySource, RequestAuthority, reques
 from .ca import ALPN_HTTP1, InterceptionCA, LeafError
 from .record import CloseReason, InspectStats
 from .rewrite import REDACTED, CredentialRefusal, Rewritten, redact_path, redact_query, rewrite_request
-from .session import Limits, inspect
+from .session.entry import inspect
+from .session.state import Limits
 from .sniff import TunnelProtocol, sniff
 from .upstream_tls import UnsafeUpstreamContext, upstream_context
 

@@ -326,7 +326,14 @@ def route_l7(policy: CompiledPolicy, l4: Decision, method: str, raw_target: str)
             method=method,
             path=raw_target,
         )
+    return _route_inspected(l4, configs, method, raw_target)
 
+
+def _route_inspected(
+    l4: Decision, configs: list[CompiledEndpoint], method: str, raw_target: str
+) -> Decision | BodyRoute:
+    """An inspected endpoint's request: its canonical target, the endpoint whose path it falls under, the body
+    route of the agent's own protocols, or the REST rules' answer (``_decide_rules``)."""
     try:
         target = canonicalize_target(
             raw_target, allow_encoded_slash=any(c.endpoint.allow_encoded_slash for c in configs)
@@ -386,7 +393,20 @@ def route_l7(policy: CompiledPolicy, l4: Decision, method: str, raw_target: str)
         params = parse_query(target.query)
     except TargetError as exc:
         return _deny(DenyReason.QUERY_INVALID, str(exc), l4.host, l4.port, **where)
+    return _decide_rules(l4, routed, selected, method, path, target.query, params)
 
+
+def _decide_rules(
+    l4: Decision,
+    routed: list[CompiledEndpoint],
+    selected: CompiledEndpoint,
+    method: str,
+    path: str,
+    query: str | None,
+    params: dict[str, list[str]],
+) -> Decision:
+    """The REST rules of the endpoints the path routed to: a deny rule wins, then an allow rule; otherwise the
+    selected endpoint's enforcement says whether the request is denied or allowed under audit."""
     denied = _first(routed, method, path, params, deny=True)
     allowed = None if denied else _first(routed, method, path, params, deny=False)
     if allowed is not None:
@@ -403,7 +423,7 @@ def route_l7(policy: CompiledPolicy, l4: Decision, method: str, raw_target: str)
             rules=l4.rules,
             method=method,
             path=path,
-            query=target.query,
+            query=query,
             l7_rule=rule.label,
         )
     if denied is not None:
@@ -437,6 +457,6 @@ def route_l7(policy: CompiledPolicy, l4: Decision, method: str, raw_target: str)
         rules=l4.rules,
         method=method,
         path=path,
-        query=target.query,
+        query=query,
         l7_rule=l7_rule,
     )
