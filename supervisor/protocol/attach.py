@@ -52,8 +52,8 @@ class StaticPolicy:
     landlock_compatibility: str | None = None  # "best_effort" | "hard_requirement"
     process: ProcessSection | None = None
 
-    def to_wire(self) -> dict[str, Any]:
-        body: dict[str, Any] = {}
+    def to_wire(self) -> dict[str, JsonValue]:
+        body: dict[str, JsonValue] = {}
         if self.filesystem is not None:
             body["filesystem_policy"] = {
                 "include_workdir": self.filesystem.include_workdir,
@@ -158,7 +158,7 @@ class AttachRequest:
     backend_name: str = BACKEND_NAME
     version: int = CONTRACT_VERSION
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, JsonValue]:
         """The descriptor as control sends it (``parse_attach`` reads it back against the claims)."""
         return {
             "sandbox": self.sandbox,

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.json_value import JsonValue
 
 __all__ = ["COMMON_KEYS", "Event", "FieldValue", "plain"]
 
@@ -66,8 +67,8 @@ class Event:
             stamp = stamp.replace(tzinfo=_dt.UTC)
         return int(stamp.timestamp() * 1000)
 
-    def to_wire(self) -> dict[str, Any]:
-        record: dict[str, Any] = {"time": self.time, "event": str(self.name), "component": self.component}
+    def to_wire(self) -> dict[str, JsonValue]:
+        record: dict[str, JsonValue] = {"time": self.time, "event": str(self.name), "component": self.component}
         if self.sandbox is not None:
             record["sandbox"] = self.sandbox
         record.update(self.fields)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.json_value import JsonValue
 
 __all__ = [
     "PROBE_TIMEOUT_S",
@@ -90,7 +91,7 @@ class CanaryReport:
     def observed(self) -> bool:
         return self.seen == 0 and self.self_check == SELF_CHECK_OK
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"probe": self.probe, "seen": self.seen, "self_check": self.self_check, "peers": list(self.peers)}
 
     @classmethod
