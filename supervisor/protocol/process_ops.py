@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.json_value import JsonValue
 
 __all__ = [
     "ALLOWED_SIGNALS",
@@ -214,7 +215,7 @@ def _reply(obj: object, op: str) -> Mapping[str, object]:
     return obj
 
 
-def _object(body: Any, allowed: Collection[str]) -> dict[str, Any]:
+def _object(body: object, allowed: Collection[str]) -> dict[str, JsonValue]:
     if not isinstance(body, dict):
         raise _invalid("request body must be a JSON object")
     for key in body:
@@ -318,7 +319,7 @@ _EXEC_FIELDS: Final = {"argv", "env", "cwd", "tty", "cols", "rows", "stdin", "ti
 
 def parse_exec_request(body: Any) -> ExecRequest:
     raw = _object(body, _EXEC_FIELDS | _EXEC_ALIASES.keys())
-    fields: dict[str, Any] = {}
+    fields: dict[str, JsonValue] = {}
     for key, value in raw.items():
         name = _EXEC_ALIASES.get(key, key)
         if name in fields:
@@ -326,13 +327,7 @@ def parse_exec_request(body: Any) -> ExecRequest:
         fields[name] = value
     if "argv" not in fields:
         raise _invalid("required", "argv")
-    stdin = fields.get("stdin", "pipe")
-    if stdin is True:
-        stdin = "pipe"
-    elif stdin is False:
-        stdin = "null"
-    if stdin not in ("pipe", "null"):
-        raise _invalid('must be "pipe" or "null"', "stdin")
+    stdin = _stdin(fields.get("stdin", "pipe"))
     return ExecRequest(
         argv=_argv(fields["argv"], "argv"),
         env=validate_env(fields.get("env", {})),
@@ -344,6 +339,15 @@ def parse_exec_request(body: Any) -> ExecRequest:
         timeout_s=_seconds(fields.get("timeout_s", 0), "timeout_s", MAX_TIMEOUT_S),
         grace_s=_seconds(fields.get("grace_s", DEFAULT_GRACE_S), "grace_s", MAX_GRACE_S),
     )
+
+
+def _stdin(value: JsonValue) -> Literal["pipe", "null"]:
+    """``true`` and ``false`` are the booleans' spellings of ``pipe`` and ``null``."""
+    if value is True or value == "pipe":
+        return "pipe"
+    if value is False or value == "null":
+        return "null"
+    raise _invalid('must be "pipe" or "null"', "stdin")
 
 
 def signal_number(name: Any, field: str = "signal") -> _signal.Signals:
@@ -363,9 +367,12 @@ def parse_signal_request(body: Any) -> SignalRequest:
     if "signal" not in raw:
         raise _invalid("required", "signal")
     sig = signal_number(raw["signal"])
+    scope_name = raw.get("scope", "process")
     try:
-        scope = SignalScope(raw.get("scope", "process"))
-    except (ValueError, TypeError):
+        if not isinstance(scope_name, str):
+            raise ValueError(scope_name)
+        scope = SignalScope(scope_name)
+    except ValueError:
         raise _invalid('must be "process" or "group"', "scope") from None
     return SignalRequest(validate_handle(raw.get("handle")), sig.name[3:], scope)
 
