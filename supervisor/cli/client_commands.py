@@ -19,13 +19,14 @@ from supervisor.link.relay import relay
 from supervisor.protocol.agent_ended import why_ended
 from supervisor.protocol.exit_codes import ExitCode, for_launch_errno
 from supervisor.protocol.exit_result import ExitResult, ExitResultError
+from supervisor.protocol.json_value import JsonValue, is_json_object
 
 
-def _print_json(body: dict[str, Any]) -> None:
+def _print_json(body: JsonValue) -> None:
     print(json.dumps(body, indent=2, sort_keys=True))
 
 
-def _fail(status: int, body: dict[str, Any]) -> int:
+def _fail(status: int, body: dict[str, JsonValue]) -> int:
     reason = body.get("reason") or body.get("raw") or f"HTTP {status}"
     kind = body.get("kind", "error")
     field = body.get("field")
@@ -72,7 +73,7 @@ async def run(args: argparse.Namespace) -> int:
             return await run_exec_client(stream, tty=False, interactive=False)
     handle = args.handle or await _agent_handle(api)
     if command == "wait":
-        body_in: dict[str, Any] = {"handle": handle}
+        body_in: dict[str, JsonValue] = {"handle": handle}
         if args.timeout is not None:
             body_in["timeout_s"] = args.timeout
         status, body = await request_json(api, "POST", "/v1/wait", body_in)
@@ -98,13 +99,16 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _gone_lines(gone: dict[str, Any] | None) -> list[str]:
+def _gone_lines(gone: JsonValue) -> list[str]:
     """Past --workload-gone-after without a link: since when, and the commands that remove the sandbox."""
-    if not gone:
+    if not is_json_object(gone) or not gone:
         return []
+    seconds = gone.get("seconds")
+    minutes = int(seconds) // 60 if isinstance(seconds, int | float | str) and seconds else 0
+    delete = gone.get("delete")
     return [
-        f"workload    gone since {gone.get('since')} ({int(gone.get('seconds') or 0) // 60} min); remove the sandbox:",
-        *(f"  {command}" for command in gone.get("delete") or []),
+        f"workload    gone since {gone.get('since')} ({minutes} min); remove the sandbox:",
+        *(f"  {command}" for command in (delete if isinstance(delete, list) else [])),
     ]
 
 
@@ -240,9 +244,9 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
 
 
 async def _exec(api: Api, args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {
+    body: dict[str, JsonValue] = {
         "argv": args.argv,
-        "env": _parse_env(args.env),
+        "env": {**_parse_env(args.env)},  # a copy, typed as a JSON object
         "tty": bool(args.tty),
         "stdin": "pipe" if args.interactive else "null",
         "timeout_s": args.timeout,
