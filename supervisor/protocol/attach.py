@@ -14,7 +14,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from supervisor.protocol.claims import Claims
 from supervisor.protocol.errors import ErrorKind, OpError
@@ -209,7 +208,7 @@ def _invalid(reason: str, name: str) -> OpError:
     return OpError(ErrorKind.INVALID, reason, field=name)
 
 
-def parse_attach(body: Any, claims: Claims) -> AttachRequest:
+def parse_attach(body: object, claims: Claims) -> AttachRequest:
     """Validate an attach body against the schema and against the bound claims."""
     return _from_wire(body, claims)
 

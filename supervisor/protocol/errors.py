@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
 
 from supervisor.protocol.exit_result import ExitResult, ExitResultError
 from supervisor.protocol.json_value import JsonValue
@@ -69,7 +68,7 @@ class OpError(Exception):
         return body
 
     @classmethod
-    def from_json(cls, body: Any, *, status: int = 500) -> OpError:
+    def from_json(cls, body: object, *, status: int = 500) -> OpError:
         if not isinstance(body, dict):
             return cls(ErrorKind.from_http_status(status), f"malformed error body: {body!r:.200}")
         try:

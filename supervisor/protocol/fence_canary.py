@@ -95,7 +95,7 @@ class CanaryReport:
         return {"probe": self.probe, "seen": self.seen, "self_check": self.self_check, "peers": list(self.peers)}
 
     @classmethod
-    def from_wire(cls, body: Any, name: str = "canary") -> CanaryReport:
+    def from_wire(cls, body: object, name: str = "canary") -> CanaryReport:
         """Strict: exactly these keys with these types, else ``invalid`` naming the field."""
         if not isinstance(body, dict):
             raise OpError(ErrorKind.INVALID, f"{name} must be an object", field=name)
