@@ -304,8 +304,8 @@ class AttachReply:
     privilege_model: str | None = None
     capture: dict[str, JsonValue] | None = None
 
-    def to_wire(self) -> dict[str, object]:
-        wire: dict[str, object] = {"state": str(self.state)}
+    def to_wire(self) -> dict[str, JsonValue]:
+        wire: dict[str, JsonValue] = {"state": str(self.state)}
         if self.boundary_instance is not None:
             wire["boundary_instance"] = self.boundary_instance
         if self.privilege_model is not None:

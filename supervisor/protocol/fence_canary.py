@@ -139,7 +139,7 @@ class ProbeResult:
     error: str  # why the connect failed ("" when it connected)
     conclusive: bool = True  # False: the connect failed for a local reason, not at a fence
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"probe": self.probe, "target": self.target, "connected": self.connected, "error": self.error,
                 "conclusive": self.conclusive}  # fmt: skip
 
@@ -161,7 +161,7 @@ class FenceObserved:
 
     canary: CanaryReport
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"canary": self.canary.to_wire()}
 
     @classmethod
@@ -174,7 +174,7 @@ class FenceObservedReply:
     probe: int
     observed: bool
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"probe": self.probe, "observed": self.observed}
 
     @classmethod

@@ -121,12 +121,13 @@ class ExecRequest:
     def env_map(self) -> dict[str, str]:
         return dict(self.env)
 
-    def to_wire(self) -> dict[str, object]:
-        cwd = {} if self.cwd is None else {"cwd": self.cwd}
-        return {"argv": list(self.argv), "env": dict(self.env)} | cwd | {
-            "tty": self.tty, "cols": self.cols, "rows": self.rows, "stdin": self.stdin, "timeout_s": self.timeout_s,
-            "grace_s": self.grace_s,
-        }  # fmt: skip
+    def to_wire(self) -> dict[str, JsonValue]:
+        wire: dict[str, JsonValue] = {"argv": list(self.argv), "env": dict(self.env)}
+        if self.cwd is not None:
+            wire["cwd"] = self.cwd
+        wire.update({"tty": self.tty, "cols": self.cols, "rows": self.rows, "stdin": self.stdin,
+                     "timeout_s": self.timeout_s, "grace_s": self.grace_s})  # fmt: skip
+        return wire
 
     @classmethod
     def from_wire(cls, obj: object) -> ExecRequest:
@@ -139,7 +140,7 @@ class SignalRequest:
     signal: str  # a key of ALLOWED_SIGNALS
     scope: SignalScope = SignalScope.PROCESS
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"handle": self.handle, "signal": self.signal, "scope": str(self.scope)}
 
     @classmethod
@@ -155,7 +156,7 @@ class SignalReply:
     signal: str
     delivered: bool = True
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"handle": self.handle, "signal": self.signal, "delivered": self.delivered}
 
     @classmethod
@@ -174,7 +175,7 @@ class WaitRequest:
     handle: str
     timeout_s: float | None = None
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"handle": self.handle} | ({} if self.timeout_s is None else {"timeout_s": self.timeout_s})
 
     @classmethod
@@ -187,7 +188,7 @@ class TerminateRequest:
     handle: str
     grace_s: float = DEFAULT_GRACE_S
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"handle": self.handle, "grace_s": self.grace_s}
 
     @classmethod
