@@ -21,7 +21,7 @@ import datetime as _dt
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Union
 
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.json_value import JsonValue
@@ -79,7 +79,7 @@ class Event:
         return json.dumps(self.to_wire(), separators=(",", ":"), ensure_ascii=False) + "\n"
 
     @classmethod
-    def from_wire(cls, raw: Mapping[str, Any]) -> Event:
+    def from_wire(cls, raw: Mapping[str, JsonValue]) -> Event:
         """An event from its JSON object; ``ValueError`` when it names no known event."""
         name = EventName(str(raw.get("event")))
         sandbox = raw.get("sandbox")

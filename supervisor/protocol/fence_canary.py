@@ -27,7 +27,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final, TypeVar
 
 from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.json_value import JsonValue
@@ -47,6 +47,7 @@ __all__ = [
 PROBE_TIMEOUT_S: Final = 2.0  # spec §1.2: "connect refused/timeout ≤ 2 s"
 REPEAT_S: Final = 30.0
 SELF_CHECK_OK: Final = "ok"
+T = TypeVar("T")
 
 
 def parse_canary(text: str) -> tuple[str, int]:
@@ -116,7 +117,7 @@ class CanaryReport:
         return cls(probe=body["probe"], seen=body["seen"], self_check=body["self_check"], peers=tuple(peers[:8]))
 
 
-def _field(obj: Mapping[str, object], op: str, key: str, kind: type, default: object = None) -> Any:
+def _field(obj: Mapping[str, object], op: str, key: str, kind: type[T], default: T | None = None) -> T:
     value = obj.get(key, default)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise OpError(ErrorKind.INVALID, f"the {op} reply's {key} is missing or has the wrong type", field=key)
