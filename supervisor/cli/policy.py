@@ -297,7 +297,7 @@ def _decide_body(args: argparse.Namespace, policy: CompiledPolicy, l4: Decision,
             except (OSError, UnicodeDecodeError) as exc:
                 print(f"policy decide: cannot read {document[1:]}: {exc}", file=err)
                 return None
-        body: Any = {"query": document}
+        body: dict[str, JsonValue] = {"query": document}
     elif args.mcp_tool is not None:
         body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": args.mcp_tool, "arguments": {}}}
     else:
