@@ -7,7 +7,6 @@ import json
 import math
 import shlex
 import sys
-from typing import Any
 
 import trio
 
@@ -112,12 +111,13 @@ def _gone_lines(gone: JsonValue) -> list[str]:
     ]
 
 
-def _activity_lines(activity: Any) -> list[str]:
+def _activity_lines(activity: JsonValue) -> list[str]:
     """docs/reference/policy.md §4.3's counters: attempts and requests, denials and their non-zero groups."""
     if not isinstance(activity, dict):
         return []
-    groups = activity.get("denials_by_group") or {}
-    denied = ", ".join(f"{group} {n}" for group, n in sorted(groups.items()) if n)
+    groups = activity.get("denials_by_group")
+    counts = groups if isinstance(groups, dict) else {}
+    denied = ", ".join(f"{group} {counts[group]}" for group in sorted(counts) if counts[group])
     return [f"activity    {activity.get('network_activity_count', 0)} connections and requests, "
             f"{activity.get('denied_action_count', 0)} denied" + (f" ({denied})" if denied else "")]  # fmt: skip
 
@@ -163,7 +163,7 @@ async def _status(api: Api, raw: bool) -> int:
     return 0
 
 
-def _process_lines(processes: Any) -> list[str]:
+def _process_lines(processes: JsonValue) -> list[str]:
     """One line per process: handle, kind, state, start time and argv (placeholders already redacted by the
     boundary; terminal-safe: an argv is anyone's text)."""
     if not isinstance(processes, list):
@@ -180,7 +180,7 @@ def _process_lines(processes: Any) -> list[str]:
     return lines
 
 
-def _limit_lines(limits: Any) -> list[str]:
+def _limit_lines(limits: JsonValue) -> list[str]:
     """One line per limit: its value and how it is held, or ``unenforced`` and why."""
     if not isinstance(limits, dict):
         return []
@@ -225,7 +225,7 @@ def _limit_lines(limits: Any) -> list[str]:
     return [f"limits      {line}" if i == 0 else f"            {line}" for i, line in enumerate(lines)]
 
 
-def _fence_line(fence: Any) -> str:
+def _fence_line(fence: JsonValue) -> str:
     """How the fence was confirmed: captured (netns probe), canary (model P observed) or acknowledged-unprobed."""
     if not isinstance(fence, dict):
         return "fence       not confirmed"

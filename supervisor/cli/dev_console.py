@@ -71,10 +71,10 @@ class Console:
         self.policy_label = policy_label
         self.events_path = events_path
         self.ready_printed = False
-        self._policy_generation: object = None
+        self._policy_generation: JsonValue = None
         self._fence: Mapping[str, JsonValue] = {}
         self._dns_refused: set[str] = set()
-        self._memory_limit: object = None
+        self._memory_limit: JsonValue = None
 
     def lines_for(self, event: Mapping[str, JsonValue]) -> list[str]:
         kind = event.get("event")
