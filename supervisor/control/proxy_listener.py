@@ -37,6 +37,7 @@ from supervisor.jsonlog import JsonLog
 from supervisor.link.head_read import read_proxy_head
 from supervisor.protocol.egress import CaptureKind, EgressRequest, decode_reply_headers
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.json_value import JsonValue
 from supervisor.protocol.outcome_reasons import OutcomeReason
 from supervisor.protocol.proxy_head import (
     HEAD_READ_DEADLINE_S,
@@ -163,7 +164,7 @@ class ProxyListener:
         task_status.started()
         await trio.serve_listeners(self._connection, listeners)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, JsonValue]:
         return {"listen": f"{self.bound[0]}:{self.bound[1]}" if self.bound else None, "active": self.active,
                 **self.counters}  # fmt: skip
 

@@ -23,6 +23,7 @@ from supervisor.control.policy import Decision, PolicySnapshot
 from supervisor.control.policy.hosts import normalize_request_host
 from supervisor.jsonlog import JsonLog
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.json_value import JsonValue
 
 STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 _RESERVED_EVENT_KEYS = frozenset({"event", "time", "component"})
@@ -80,7 +81,7 @@ class Session:
         credentials: Credentials,
         upstream_ssl: ssl.SSLContext,
         log: JsonLog,
-        event_fields: Mapping[str, Any],
+        event_fields: Mapping[str, JsonValue],
         is_current: Callable[[int], bool] | None,
         limits: Limits,
         raw_fallback: bool = False,
