@@ -45,6 +45,5 @@ NOT_YET_TYPED: frozenset[str] = frozenset(
         "supervisor.boundary.process.table.ProcessEntry.describe: returns dict[str, typing.Any]",
         "supervisor.boundary.process.table.ProcessTable.live: returns list[dict[str, typing.Any]]",
         "supervisor.boundary.state.DaemonState.limits_now: returns dict[str, typing.Any]",
-        "supervisor.control.api_tls.TlsApiListener.__init__: annotations cannot be resolved (name 'ApiServer' is not defined)",
     }
 )
