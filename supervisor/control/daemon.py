@@ -12,6 +12,7 @@ import datetime
 import functools
 import signal
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import trio
@@ -328,8 +329,9 @@ class ControlDaemon:
         return out
 
 
-def _json_object(value: dict[str, object]) -> dict[str, JsonValue]:
-    """``value`` as the JSON object it is; ``TypeError`` naming a member that JSON cannot carry."""
+def _json_object(value: Mapping[str, object]) -> dict[str, JsonValue]:
+    """``value`` (a peer's reply as its ``to_wire`` wrote it) as the JSON object it is, member by member checked;
+    ``TypeError`` naming the type of a member that JSON cannot carry."""
     return {key: _json_value(member) for key, member in value.items()}
 
 
