@@ -13,7 +13,6 @@ import functools
 import signal
 import sys
 from collections.abc import Mapping
-from typing import Any
 
 import trio
 
@@ -31,6 +30,7 @@ from supervisor.control.l7.rewrite import redact_path
 from supervisor.control.lifecycle_driver import LifecycleDriver
 from supervisor.control.metrics import ControlMetrics
 from supervisor.control.peer import BoundaryPeer
+from supervisor.control.policy.store import PolicySnapshot
 from supervisor.control.proxy_listener import ProxyListener
 from supervisor.control.workload_gone import WorkloadGone
 from supervisor.link.h2link import Link
@@ -198,7 +198,7 @@ class ControlDaemon:
                     self.log.emit(EventName.CERTIFICATE_EXPIRING, certificate=name, when=when)
             await trio.sleep(3600)
 
-    def _policy_changed(self, snap: Any) -> None:
+    def _policy_changed(self, snap: PolicySnapshot) -> None:
         warnings = {"warnings": [str(w) for w in snap.warnings]} if snap.warnings else {}
         errors = {"errors": [error.to_json() for error in snap.errors]} if snap.errors else {}
         self.log.emit(EventName.POLICY_GENERATION, generation=snap.generation, status=snap.status, source=snap.source,

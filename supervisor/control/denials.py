@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 from supervisor.protocol.event_names import EventName
-from supervisor.protocol.event_record import Event
+from supervisor.protocol.event_record import Event, FieldValue
 from supervisor.protocol.json_value import JsonValue, is_json_object
 from supervisor.protocol.outcome_reasons import OutcomeReason
 from supervisor.protocol.upstream_reasons import UpstreamReason
@@ -179,7 +180,7 @@ def _cut(text: str) -> tuple[str, bool]:
     return (text, False) if len(text) <= MAX_TEXT else (text[:MAX_TEXT], True)
 
 
-def _destination(fields: Any) -> tuple[str, int] | None:
+def _destination(fields: Mapping[str, FieldValue]) -> tuple[str, int] | None:
     destination = fields.get("destination")
     if not isinstance(destination, str):
         return None
@@ -247,7 +248,7 @@ class DenialTable:
                 self._sample(entry, fields)
 
     @staticmethod
-    def _sample(entry: DenialEntry, fields: Any) -> None:
+    def _sample(entry: DenialEntry, fields: Mapping[str, FieldValue]) -> None:
         rule, endpoint = fields.get("rule"), fields.get("endpoint")
         entry.rule = rule[:MAX_TEXT] if isinstance(rule, str) else None
         entry.endpoint = endpoint[:MAX_TEXT] if isinstance(endpoint, str) else None
