@@ -30,7 +30,6 @@ import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address, ip_address
-from typing import Any
 
 import dns.flags
 import dns.message
@@ -45,6 +44,7 @@ from supervisor.control.dns_answers import DnsAction, plan_answer, read_query
 from supervisor.control.dns_answers import reply as dns_reply
 from supervisor.control.inference.router import SYNTHETIC_ADDRESS, InferenceRouter
 from supervisor.control.l7 import InterceptionCA, inspect
+from supervisor.control.l7.record import InspectStats
 from supervisor.control.policy import BinaryIdentity, Decision, DigestPins, L4Request, PolicySnapshot, PolicyStore
 from supervisor.control.upstream import (
     UpstreamConfig,
@@ -105,10 +105,9 @@ class Interception:
     upstream_ssl: ssl.SSLContext
 
 
-def _stats_json(stats: Any) -> dict[str, JsonValue]:
-    if dataclasses.is_dataclass(stats) and not isinstance(stats, type):
-        return {k: (str(v) if isinstance(v, enum.Enum) else v) for k, v in dataclasses.asdict(stats).items()}
-    return {"summary": str(stats)}
+def _stats_json(stats: InspectStats) -> dict[str, JsonValue]:
+    """An inspected connection's counters, as its ``egress`` event carries them."""
+    return {k: (str(v) if isinstance(v, enum.Enum) else v) for k, v in dataclasses.asdict(stats).items()}
 
 
 class EgressService:
