@@ -290,7 +290,7 @@ class ApiServer:
         return after_agent_end(_OPS[target], handle if isinstance(handle, str) else None, result,
                                boundary_attached=link is not None and not link.closed)  # fmt: skip
 
-    def _link(self) -> Any:
+    def _link(self) -> Link:
         if self.daemon.topology == "proxy-pod":  # no supervisor next to the workload (docs/design.md)
             raise OpError(ErrorKind.INVALID, "not available in the proxy-pod topology: the workload runs no "
                           "supervisor (no exec, PTY, forward, signal, wait or process policy)")  # fmt: skip

@@ -28,7 +28,6 @@ import struct
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import trio
 
@@ -168,7 +167,7 @@ class ProxyListener:
         return {"listen": f"{self.bound[0]}:{self.bound[1]}" if self.bound else None, "active": self.active,
                 **self.counters}  # fmt: skip
 
-    def _refuse(self, peer: str, reason: str, **fields: Any) -> None:
+    def _refuse(self, peer: str, reason: str, **fields: JsonValue) -> None:
         self.counters["refused"] += 1
         self.log.emit(EventName.PROXY_REFUSED, client=peer, reason=reason, **fields)
 

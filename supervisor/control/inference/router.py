@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass
-from typing import Any
 
 import h11
 import trio
@@ -218,7 +217,7 @@ class _Session:
             self.closed_by = "agent-not-reading"
             raise _Closed
 
-    def _tunnel(self, stage: str, **fields: Any) -> None:
+    def _tunnel(self, stage: str, **fields: JsonValue) -> None:
         binary = self.request.identity.binary_path if self.request.identity else None
         self.router.log.emit(EventName.HTTP_TUNNEL, destination=f"{INFERENCE_HOST}:{PORT}", stage=stage,
                              conn_id=self.request.conn_id, binary=binary, **fields)  # fmt: skip

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import h11
 import trio
@@ -189,7 +189,7 @@ class Session:
         self.idle.touch()
 
     # --- events ------------------------------------------------------------------------------------------------
-    def tunnel_event(self, what: str, **fields: Any) -> None:
+    def tunnel_event(self, what: str, **fields: JsonValue) -> None:
         self.log.emit(EventName.HTTP_TUNNEL, **{**self.fields, "destination": f"{self.name}:{self.port}", "stage": what,
                                                 **fields})  # fmt: skip
 
