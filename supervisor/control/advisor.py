@@ -28,14 +28,14 @@ import copy
 import ipaddress
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 import yaml
 
 from supervisor.control.addresses import classify
-from supervisor.control.denials import L7_PROPOSABLE, DenialEntry, Stage
+from supervisor.control.denials import L7_PROPOSABLE, DenialEntry, L7Sample, Stage
 from supervisor.control.policy import (
     AccessPreset,
     Policy,
@@ -46,6 +46,7 @@ from supervisor.control.policy import (
     normalize_request_host,
 )
 from supervisor.control.policy.compiled import _GRAPHQL_PRESETS, _PRESETS
+from supervisor.protocol.json_value import JsonValue
 from supervisor.protocol.writable_paths import normalize
 
 __all__ = ["GENERALISE_AT", "Suggestion", "render", "suggest", "under_writable"]
@@ -65,7 +66,7 @@ _L4_STAGES: Final = frozenset({Stage.CONNECT, Stage.FORWARD, Stage.TRANSPARENT})
 
 @dataclass
 class Suggestion:
-    document: dict[str, Any]  # the revised policy, as the policy's own JSON shape
+    document: dict[str, JsonValue]  # the revised policy, as the policy's own JSON shape
     proposed: list[str] = field(default_factory=list)  # one line per grant
     generalised: list[str] = field(default_factory=list)  # where a pattern stands for several samples
     refused: list[tuple[str, str]] = field(default_factory=list)  # (what was denied, why it is not proposed)
@@ -75,7 +76,7 @@ class Suggestion:
         return bool(self.proposed)
 
 
-def render(document: dict[str, Any]) -> str:
+def render(document: dict[str, JsonValue]) -> str:
     """The YAML of a policy document (rule 4): the serializer quotes whatever the agent named."""
     return yaml.safe_dump(document, sort_keys=False, default_flow_style=False, allow_unicode=False, width=1 << 16)
 
@@ -99,6 +100,25 @@ def _has_pattern(text: str) -> bool:
     return any(c in _PATTERN_CHARS for c in text)
 
 
+def _object(value: JsonValue) -> dict[str, JsonValue]:
+    """A member of the policy document that its JSON shape makes an object (``TypeError`` if it is not)."""
+    if not isinstance(value, dict):
+        raise TypeError(f"a policy document object, not {type(value).__name__}")
+    return value
+
+
+def _array(value: JsonValue) -> list[JsonValue]:
+    """A member of the policy document that its JSON shape makes a list (``TypeError`` if it is not)."""
+    if not isinstance(value, list):
+        raise TypeError(f"a policy document list, not {type(value).__name__}")
+    return value
+
+
+def _endpoint_of(doc: dict[str, JsonValue], key: str, index: int) -> dict[str, JsonValue]:
+    """``network_policies.KEY.endpoints[INDEX]`` of a policy document."""
+    return _object(_array(_object(_object(doc["network_policies"])[key])["endpoints"])[index])
+
+
 class _Builder:
     def __init__(self, policy: Policy, writable: Sequence[str]) -> None:
         self.doc = policy.to_json()
@@ -108,7 +128,7 @@ class _Builder:
         self.out = Suggestion(self.doc)
 
     # -- validation ---------------------------------------------------------------------------------------------
-    def _try(self, change: Any, what: str) -> bool:
+    def _try(self, change: Callable[[dict[str, JsonValue]], None], what: str) -> bool:
         """Apply ``change`` to a copy of the document; keep it when the result is a valid policy (rule 4)."""
         candidate = copy.deepcopy(self.doc)
         change(candidate)
@@ -134,11 +154,11 @@ class _Builder:
             binaries = sorted({e.binary for e in group if e.binary is not None})
             endpoint = self._endpoint(host, port)
             key = self._rule_key(host, port)
-            rule = {"endpoints": [endpoint], "binaries": [{"path": b} for b in binaries]}
+            rule: dict[str, JsonValue] = {"endpoints": [endpoint], "binaries": [{"path": b} for b in binaries]}
             what = f"{host}:{port} for {', '.join(binaries)}"
 
-            def add(doc: dict[str, Any], key: str = key, rule: dict[str, Any] = rule) -> None:
-                doc["network_policies"][key] = rule
+            def add(doc: dict[str, JsonValue], key: str = key, rule: dict[str, JsonValue] = rule) -> None:
+                _object(doc["network_policies"])[key] = rule
 
             if self._try(add, what):
                 self.out.proposed.append(f"network_policies.{key}: {what}")
@@ -191,7 +211,7 @@ class _Builder:
             return "an internal address: never proposed (name it in allowed_ips by hand if it is meant)"
         return None
 
-    def _endpoint(self, host: str, port: int) -> dict[str, Any]:
+    def _endpoint(self, host: str, port: int) -> dict[str, JsonValue]:
         try:
             address = ipaddress.ip_address(host)
         except ValueError:
@@ -210,7 +230,7 @@ class _Builder:
     def _rule_key(self, host: str, port: int) -> str:
         base = "suggested-" + re.sub(r"[^a-z0-9]+", "-", host.lower()).strip("-")[:80] + f"-{port}"
         key, n = base, 2
-        while key in self.doc["network_policies"]:
+        while key in _object(self.doc["network_policies"]):
             key, n = f"{base}-{n}", n + 1
         return key
 
@@ -225,9 +245,9 @@ class _Builder:
             assert entry.endpoint is not None
             by_endpoint[_endpoint_ref(entry.endpoint) or ("", -1)].append(entry)
         for (key, index), group in by_endpoint.items():
-            endpoint = self.doc["network_policies"][key]["endpoints"][index]
-            protocol = Protocol(endpoint.get("protocol", ""))
-            rules: list[dict[str, Any]] = []
+            endpoint = _endpoint_of(self.doc, key, index)
+            protocol = Protocol(str(endpoint.get("protocol", "")))
+            rules: list[dict[str, JsonValue]] = []
             samples = [s for e in group for s in e.samples.values()]
             where = f"network_policies.{key}.endpoints[{index}]"
             if protocol in (Protocol.REST, Protocol.WEBSOCKET):
@@ -243,11 +263,15 @@ class _Builder:
             if not rules:
                 continue
 
-            def add(doc: dict[str, Any], key: str = key, index: int = index, new: list[Any] = rules) -> None:
-                ep = doc["network_policies"][key]["endpoints"][index]
+            def add(doc: dict[str, JsonValue], key: str = key, index: int = index,
+                    new: list[dict[str, JsonValue]] = rules) -> None:  # fmt: skip
+                ep = _endpoint_of(doc, key, index)
                 current = ep.pop("access", None)
-                existing = ep.get("rules") or _preset_rules(Protocol(ep.get("protocol", "")), current)
-                ep["rules"] = existing + [{"allow": r} for r in new if {"allow": r} not in existing]
+                preset = current if isinstance(current, str) else None
+                written = ep.get("rules")
+                existing = _array(written) if written else _preset_rules(Protocol(str(ep.get("protocol", ""))), preset)
+                added: list[JsonValue] = [{"allow": r} for r in new if {"allow": r} not in existing]
+                ep["rules"] = existing + added
 
             shown = "; ".join(_rule_text(r) for r in rules)
             if self._try(add, f"{where}: {shown}"):
@@ -263,15 +287,16 @@ class _Builder:
         if entry.reason not in L7_PROPOSABLE:
             return f"reason {entry.reason}: not something an allow rule changes"
         ref = _endpoint_ref(entry.endpoint or "")
-        rules = self.doc["network_policies"]
-        if ref is None or ref[0] not in rules or not 0 <= ref[1] < len(rules[ref[0]]["endpoints"]):
+        rules = _object(self.doc["network_policies"])
+        if ref is None or ref[0] not in rules or not 0 <= ref[1] < len(_array(_object(rules[ref[0]])["endpoints"])):
             return "no endpoint of the policy in force judged it"
-        endpoint = rules[ref[0]]["endpoints"][ref[1]]
-        if endpoint.get("mcp", {}).get("allow_all_known_mcp_methods") and not endpoint.get("rules"):
+        endpoint = _endpoint_of(self.doc, *ref)
+        mcp = endpoint.get("mcp")
+        if isinstance(mcp, dict) and mcp.get("allow_all_known_mcp_methods") and not endpoint.get("rules"):
             return "the endpoint's MCP method profile decides it: write its rules by hand"
         return None
 
-    def _path_rules(self, samples: list[Any], where: str, group: list[DenialEntry]) -> list[dict[str, Any]]:
+    def _path_rules(self, samples: list[L7Sample], where: str, group: list[DenialEntry]) -> list[dict[str, JsonValue]]:
         exact: dict[str, list[list[str]]] = defaultdict(list)  # method -> the samples' segments
         for sample in samples:
             label = f"{group[0].host}:{group[0].port} {sample.method} {sample.path}"
@@ -302,7 +327,7 @@ class _Builder:
                     exact[sample.method].append(clean)
                 continue
             self.out.refused.append((label, "the path holds glob characters: it would read as a pattern"))
-        rules: list[dict[str, Any]] = []
+        rules: list[dict[str, JsonValue]] = []
         for method, paths in exact.items():
             families: dict[tuple[str, ...], list[list[str]]] = defaultdict(list)
             for segs in paths:
@@ -325,7 +350,7 @@ def _endpoint_ref(text: str) -> tuple[str, int] | None:
     return None if match is None else (match.group(1), int(match.group(2)))
 
 
-def _preset_rules(protocol: Protocol, preset: str | None) -> list[dict[str, Any]]:
+def _preset_rules(protocol: Protocol, preset: str | None) -> list[JsonValue]:
     if preset is None:
         return []
     access = AccessPreset(preset)
@@ -334,7 +359,7 @@ def _preset_rules(protocol: Protocol, preset: str | None) -> list[dict[str, Any]
     return [{"allow": {"method": m, "path": "**"}} for m in _PRESETS[(protocol, access)]]
 
 
-def _body_rule(protocol: Protocol, operation: str | None) -> tuple[dict[str, Any] | None, str]:
+def _body_rule(protocol: Protocol, operation: str | None) -> tuple[dict[str, JsonValue] | None, str]:
     """The allow rule for one JSON-RPC, MCP or GraphQL call the events name, or why there is none."""
     if operation is None:
         return None, "the event names no call"
@@ -363,7 +388,7 @@ def _body_rule(protocol: Protocol, operation: str | None) -> tuple[dict[str, Any
     return None, f"protocol {protocol or 'L4'}: no L7 rules to propose"
 
 
-def _rule_text(rule: dict[str, Any]) -> str:
+def _rule_text(rule: dict[str, JsonValue]) -> str:
     return " ".join(f"{k}={v}" for k, v in rule.items())
 
 

@@ -40,6 +40,7 @@ from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.event_record import Event
 from supervisor.protocol.exit_result import ExitResult
+from supervisor.protocol.json_value import JsonValue
 from supervisor.protocol.lifecycle import Op
 from supervisor.protocol.runtime_dir import ensure_runtime_base
 
@@ -59,10 +60,10 @@ class ControlState(Protocol):
     @property
     def topology(self) -> str: ...
     def readiness(self) -> list[str]: ...
-    def status(self) -> dict[str, Any]: ...
-    def denials_json(self, since_ms: int | None) -> dict[str, Any]: ...
-    def activity(self) -> dict[str, Any]: ...
-    async def refresh_status(self) -> dict[str, Any]: ...
+    def status(self) -> dict[str, JsonValue]: ...
+    def denials_json(self, since_ms: int | None) -> dict[str, JsonValue]: ...
+    def activity(self) -> dict[str, JsonValue]: ...
+    async def refresh_status(self) -> dict[str, JsonValue]: ...
 
 
 UPGRADE_TOKEN = "openshell-channel"
@@ -115,7 +116,7 @@ class _Http:
         if data:
             await self.stream.send_all(data)
 
-    async def respond_json(self, status: int, body: dict[str, Any]) -> None:
+    async def respond_json(self, status: int, body: dict[str, JsonValue]) -> None:
         payload = json.dumps(body, indent=None, separators=(",", ":")).encode() + b"\n"
         headers = [("content-type", "application/json"), ("content-length", str(len(payload)))]
         await self.send(h11.Response(status_code=status, headers=headers))
@@ -187,7 +188,7 @@ class ApiServer:
 
     def _log_action(self, request: h11.Request, body: bytes, operator: dict[str, str], peer: str | None) -> None:
         """One ``api.operator`` line per request from a remote operator, naming its certificate and what it asks."""
-        detail: dict[str, Any] = {}
+        detail: dict[str, JsonValue] = {}
         target = request.target.decode("ascii", "replace")
         if target.split("?", 1)[0] in ("/v1/exec", "/v1/forward", "/v1/attach-stream", *FORWARDED_UNARY):
             try:
@@ -227,7 +228,7 @@ class ApiServer:
                 await http.respond_json(200, {"ok": True})
             elif method == "GET" and target == "/readyz":
                 failing = self.daemon.readiness()
-                await http.respond_json(503 if failing else 200, {"ready": not failing, "failing": failing})
+                await http.respond_json(503 if failing else 200, {"ready": not failing, "failing": list(failing)})
             elif method == "GET" and target == "/v1/status":
                 await self.daemon.refresh_status()
                 await http.respond_json(200, self.daemon.status())
@@ -278,7 +279,7 @@ class ApiServer:
                         await http.send(h11.Data(data=_json_lines(events)))
         await http.send(h11.EndOfMessage())
 
-    def _after_agent_end(self, target: str, body: dict[str, Any]) -> ExitResult | None:
+    def _after_agent_end(self, target: str, body: dict[str, JsonValue]) -> ExitResult | None:
         """Once the boundary told us the agent's result, we answer from it, present boundary or not
         (protocol/agent_ended.py): the result itself, or ``terminated``; ``None``: ask the boundary."""
         result = self.daemon.agent_result
@@ -289,7 +290,7 @@ class ApiServer:
         return after_agent_end(_OPS[target], handle if isinstance(handle, str) else None, result,
                                boundary_attached=link is not None and not link.closed)  # fmt: skip
 
-    def _link(self) -> Any:
+    def _link(self) -> Link:
         if self.daemon.topology == "proxy-pod":  # no supervisor next to the workload (docs/design.md)
             raise OpError(ErrorKind.INVALID, "not available in the proxy-pod topology: the workload runs no "
                           "supervisor (no exec, PTY, forward, signal, wait or process policy)")  # fmt: skip
@@ -303,12 +304,12 @@ class ApiServer:
             generation = await self.daemon.policy.apply_text_async(body.decode("utf-8", "replace"), "PUT /v1/policy")
         except PolicyInvalid as exc:
             errors = [err.to_json() for err in exc.errors]
-            await http.respond_json(400, {"kind": "invalid", "reason": "policy rejected", "errors": errors})
+            await http.respond_json(400, {"kind": "invalid", "reason": "policy rejected", "errors": list(errors)})
             return
         self.log.emit(EventName.POLICY_APPLIED, generation=generation, source="api")
         await http.respond_json(200, self.daemon.policy.status_json())
 
-    async def _channel(self, http: _Http, request: h11.Request, target: str, body: dict[str, Any]) -> bool:
+    async def _channel(self, http: _Http, request: h11.Request, target: str, body: dict[str, JsonValue]) -> bool:
         wants_upgrade = any(
             name.lower() == b"upgrade" and value.decode().lower() == UPGRADE_TOKEN for name, value in request.headers
         )

@@ -26,11 +26,12 @@ from __future__ import annotations
 import collections
 import ssl
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 from cryptography import x509
 
+from supervisor.control.api import ApiServer
 from supervisor.jsonlog import JsonLog
 from supervisor.link.tls_link import (
     peer_name,
@@ -43,9 +44,6 @@ from supervisor.protocol.claims import Role, spiffe_uri
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.fingerprint import certificate_fingerprint
 from supervisor.protocol.tls import ALPN_API, PeerRejected, server_context, verify_peer
-
-if TYPE_CHECKING:
-    from supervisor.control.api import ApiServer
 
 __all__ = ["HandshakeLimiter", "TlsApiListener", "operator_identity"]
 

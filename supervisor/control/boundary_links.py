@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass
-from typing import Any
 
 import trio
 
@@ -24,6 +23,7 @@ from supervisor.link.tls_link import Refused, dial_link
 from supervisor.protocol.agent_ended import why_ended
 from supervisor.protocol.certs import BundleError
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.json_value import JsonValue
 from supervisor.protocol.tls import ALPN_EGRESS, client_context
 
 AGENT_END_REDIAL_S = 1.0  # the first redial after the agent ended and the boundary closed its links
@@ -65,7 +65,7 @@ class BoundaryLinks:
     def peer_name(self) -> str:
         return f"{self.cfg.boundary_host}:{self.cfg.boundary_port}"
 
-    def link_failed(self, alpn: str, backoff: Backoff, failure: LinkFailure, **extra: Any) -> float:
+    def link_failed(self, alpn: str, backoff: Backoff, failure: LinkFailure, **extra: JsonValue) -> float:
         """The one log line of one failed link (docs/quickstart.md "When the link fails"); returns the delay to wait.
 
         Once the agent's result is in, the boundary closing its links is how a sandbox ends, not a failure: one

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 import trio
 
@@ -27,6 +27,7 @@ from supervisor.link.rpc import call_typed
 from supervisor.protocol.acks import NoArguments
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.fence_canary import PROBE_TIMEOUT_S, SELF_CHECK_OK, CanaryReport, ProbeResult, format_canary
+from supervisor.protocol.json_value import JsonValue
 
 __all__ = ["FenceCanary"]
 
@@ -41,7 +42,7 @@ class FenceCanary:
     log: JsonLog
     seen: list[tuple[float, str]] = field(default_factory=list)  # (trio time, peer) of non-self connections
     rounds: int = 0
-    last: dict[str, Any] | None = None
+    last: dict[str, JsonValue] | None = None
     _self_pending: dict[int, trio.Event] = field(default_factory=dict)  # source port of a self-check
 
     @property
@@ -110,5 +111,5 @@ class FenceCanary:
         self.log.emit(EventName.FENCE_CANARY_ROUND, **self.last)
         return report
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, JsonValue]:
         return {"address": self.target, "rounds": self.rounds, "last": self.last, "seen_total": len(self.seen)}

@@ -17,6 +17,8 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 
+from supervisor.protocol.json_value import JsonValue
+
 __all__ = ["EXPIRY_WARNING", "CertificateFacts", "expiring"]
 
 EXPIRY_WARNING = datetime.timedelta(days=7)
@@ -33,7 +35,7 @@ class CertificateFacts:
     def named(self) -> dict[str, datetime.datetime | None]:
         return {"bootstrap certificate": self.bootstrap_not_after, "interception CA": self.interception_not_after}
 
-    def to_json(self, now: datetime.datetime) -> dict[str, object]:
+    def to_json(self, now: datetime.datetime) -> dict[str, JsonValue]:
         return {
             "bootstrap_not_after": _iso(self.bootstrap_not_after),
             "interception_ca_not_after": _iso(self.interception_not_after),

@@ -18,13 +18,13 @@ Rules:
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any
 
 import trio
 
 from supervisor.jsonlog import JsonLog
 from supervisor.protocol.egress import EgressRequest
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.json_value import JsonValue
 from supervisor.protocol.outcome_reasons import OutcomeReason
 
 __all__ = ["ConnectionResult"]
@@ -42,29 +42,29 @@ class ConnectionResult:
         self.request = request
         self._relaxed = relaxed
         self._started = trio.current_time()
-        self._fields: dict[str, Any] = {}
+        self._fields: dict[str, JsonValue] = {}
         self.decision: str | None = None  # "allow", "deny" or "error" once set
         self.recorded = False
 
     # -- what the exits say ---------------------------------------------------------------------------------------
-    def context(self, **fields: Any) -> None:
+    def context(self, **fields: JsonValue) -> None:
         """Fields every outcome's event carries (policy generation, rule, endpoint…)."""
         self._fields.update(fields)
 
-    def allow(self, **fields: Any) -> None:
+    def allow(self, **fields: JsonValue) -> None:
         self._decide("allow", "allowed", fields)
 
-    def deny(self, reason: str, **fields: Any) -> None:
+    def deny(self, reason: str, **fields: JsonValue) -> None:
         self._decide("deny", "denied", {"reason": reason, **fields})
 
-    def fail(self, reason: str, **fields: Any) -> None:
+    def fail(self, reason: str, **fields: JsonValue) -> None:
         self._decide("error", "failed", {"reason": reason, **fields})
 
-    def closed(self, **fields: Any) -> None:
+    def closed(self, **fields: JsonValue) -> None:
         """How an admitted connection ended (bytes, ``closed_by``, ``error``…)."""
         self._fields.update(fields)
 
-    def _decide(self, decision: str, counter: str, fields: dict[str, Any]) -> None:
+    def _decide(self, decision: str, counter: str, fields: dict[str, JsonValue]) -> None:
         if self.decision is not None:
             raise RuntimeError(f"egress outcome set twice ({self.decision}, then {decision})")
         self.decision = decision

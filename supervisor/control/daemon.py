@@ -12,7 +12,7 @@ import datetime
 import functools
 import signal
 import sys
-from typing import Any
+from collections.abc import Mapping
 
 import trio
 
@@ -30,6 +30,7 @@ from supervisor.control.l7.rewrite import redact_path
 from supervisor.control.lifecycle_driver import LifecycleDriver
 from supervisor.control.metrics import ControlMetrics
 from supervisor.control.peer import BoundaryPeer
+from supervisor.control.policy.store import PolicySnapshot
 from supervisor.control.proxy_listener import ProxyListener
 from supervisor.control.workload_gone import WorkloadGone
 from supervisor.link.h2link import Link
@@ -43,6 +44,7 @@ from supervisor.protocol.event_record import Event
 from supervisor.protocol.exit_codes import ExitCode
 from supervisor.protocol.exit_result import ExitResult
 from supervisor.protocol.fingerprint import certificate_fingerprint
+from supervisor.protocol.json_value import JsonValue
 from supervisor.protocol.lifecycle import State
 from supervisor.protocol.status import StatusReply
 from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS
@@ -168,7 +170,7 @@ class ControlDaemon:
         return 0
 
     def _log_topology(self) -> None:
-        fields: dict[str, Any] = {"topology": self.topology, "identity": "relaxed" if self.cfg.relaxed_identity
+        fields: dict[str, str | None] = {"topology": self.topology, "identity": "relaxed" if self.cfg.relaxed_identity
                                   else "binary"}  # fmt: skip
         if self.proxy is not None:
             fields["networkpolicy_enforcement"] = "acknowledged" if self.cfg.networkpolicy_acknowledged else None
@@ -196,14 +198,14 @@ class ControlDaemon:
                     self.log.emit(EventName.CERTIFICATE_EXPIRING, certificate=name, when=when)
             await trio.sleep(3600)
 
-    def _policy_changed(self, snap: Any) -> None:
+    def _policy_changed(self, snap: PolicySnapshot) -> None:
         warnings = {"warnings": [str(w) for w in snap.warnings]} if snap.warnings else {}
         errors = {"errors": [error.to_json() for error in snap.errors]} if snap.errors else {}
         self.log.emit(EventName.POLICY_GENERATION, generation=snap.generation, status=snap.status, source=snap.source,
                       **warnings, **errors)  # fmt: skip
         self.driver.queue_ack(snap.generation)
 
-    async def refresh_status(self) -> dict[str, Any]:
+    async def refresh_status(self) -> dict[str, JsonValue]:
         """The boundary's status, asked again if the ops link is up (the last one reported if not)."""
         link = self.peer.ops
         if link is not None and not link.closed:
@@ -214,10 +216,10 @@ class ControlDaemon:
                 pass
         return self._reported()
 
-    def _reported(self) -> dict[str, Any]:
+    def _reported(self) -> dict[str, JsonValue]:
         """The boundary's last status as it wrote it; ``{}`` before the first."""
         reported = self.peer.reported
-        return {} if reported is None else dict(reported.to_wire())
+        return {} if reported is None else _json_object(reported.to_wire())
 
     # -- what the API reports ------------------------------------------------------------------------------
     def _links_up(self) -> dict[str, int]:
@@ -225,9 +227,14 @@ class ControlDaemon:
             return {}
         return {ALPN_OPS: int(self.peer.ops_up), ALPN_EGRESS: self.peer.egress_up}
 
-    def activity(self) -> dict[str, Any]:
+    def activity(self) -> dict[str, JsonValue]:
         """docs/reference/policy.md §4.3's counters since control started (``GET /v1/activity``, ``status``)."""
-        return dict(self.metrics.activity.to_json())
+        counts = self.metrics.activity.to_json()
+        return {
+            "network_activity_count": counts["network_activity_count"],
+            "denied_action_count": counts["denied_action_count"],
+            "denials_by_group": dict(counts["denials_by_group"]),
+        }
 
     def readiness(self) -> list[str]:
         """The failing conditions; empty means ready (spec §6.6)."""
@@ -264,7 +271,7 @@ class ControlDaemon:
             failing.append(f"interception: CA {ours} is not the one the agent trusts ({peer.ca_sha256})")
         return failing
 
-    def _interception_status(self) -> dict[str, Any]:
+    def _interception_status(self) -> dict[str, JsonValue]:
         ours, theirs = self.certificates.interception_ca_sha256, self.peer.ca_sha256
         return {"ca_sha256": ours, "boundary_ca_sha256": theirs, "match": None if theirs is None else theirs == ours}
 
@@ -272,7 +279,7 @@ class ControlDaemon:
         self.events.record(event)
         self.denials.observe(event)
 
-    def denials_json(self, since_ms: int | None) -> dict[str, Any]:
+    def denials_json(self, since_ms: int | None) -> dict[str, JsonValue]:
         """``GET /v1/denials``: the aggregated denials and what ``policy suggest`` needs beside them — the policy in
         force (its normalised document) and the paths the agent can write."""
         snap = self.policy.snapshot()
@@ -285,14 +292,14 @@ class ControlDaemon:
             "identity": "relaxed" if self.cfg.relaxed_identity else "binary",
         }
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, JsonValue]:
         claims = self.cfg.bundle.claims
         peer = self.peer
         return {
             "sandbox": claims.sandbox,
             "namespace": claims.namespace,
             "generation": claims.generation,
-            "claims": claims.to_dict(),
+            "claims": dict(claims.to_dict()),
             "policy": self.policy.status_json(),
             "link": {
                 "up": peer.ops_up,
@@ -313,13 +320,29 @@ class ControlDaemon:
             "ready": not self.readiness(),
         }
 
-    def _topology_status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.topology, "identity": "relaxed" if self.cfg.relaxed_identity
+    def _topology_status(self) -> dict[str, JsonValue]:
+        out: dict[str, JsonValue] = {"name": self.topology, "identity": "relaxed" if self.cfg.relaxed_identity
                                else "binary"}  # fmt: skip
         if self.proxy is not None:
             out["networkpolicy_enforcement"] = "acknowledged" if self.cfg.networkpolicy_acknowledged else None
             out["proxy"] = self.proxy.status()
         return out
+
+
+def _json_object(value: Mapping[str, object]) -> dict[str, JsonValue]:
+    """``value`` (a peer's reply as its ``to_wire`` wrote it) as the JSON object it is, member by member checked;
+    ``TypeError`` naming the type of a member that JSON cannot carry."""
+    return {key: _json_value(member) for key, member in value.items()}
+
+
+def _json_value(value: object) -> JsonValue:
+    if value is None or isinstance(value, str | int | float):  # bool is an int
+        return value
+    if isinstance(value, list | tuple):  # json.dumps writes a tuple as a list
+        return [_json_value(item) for item in value]
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return {key: _json_value(member) for key, member in value.items()}
+    raise TypeError(f"not a JSON value: {type(value).__name__}")
 
 
 def certificate_facts(cfg: ControlConfig) -> CertificateFacts:

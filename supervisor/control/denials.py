@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 from supervisor.protocol.event_names import EventName
-from supervisor.protocol.event_record import Event
+from supervisor.protocol.event_record import Event, FieldValue
+from supervisor.protocol.json_value import JsonValue, is_json_object
 from supervisor.protocol.outcome_reasons import OutcomeReason
 from supervisor.protocol.upstream_reasons import UpstreamReason
 
@@ -92,8 +94,8 @@ class L7Sample:
     operation: str | None
     count: int = 0
 
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"method": self.method, "path": self.path, "count": self.count}
+    def to_json(self) -> dict[str, JsonValue]:
+        body: dict[str, JsonValue] = {"method": self.method, "path": self.path, "count": self.count}
         if self.operation is not None:
             body["operation"] = self.operation
         return body
@@ -117,9 +119,9 @@ class DenialEntry:
     samples_dropped: int = 0
     truncated: bool = False
 
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "host": self.host, "port": self.port, "binary": self.binary, "ancestors": self.ancestors,
+    def to_json(self) -> dict[str, JsonValue]:
+        body: dict[str, JsonValue] = {
+            "host": self.host, "port": self.port, "binary": self.binary, "ancestors": list(self.ancestors),
             "denial_stage": self.stage, "deny_reason": self.reason, "count": self.count,
             "first_seen_ms": self.first_seen_ms, "last_seen_ms": self.last_seen_ms,
             "l7_samples": [s.to_json() for s in self.samples.values()],
@@ -128,7 +130,7 @@ class DenialEntry:
             if getattr(self, key) is not None:
                 body[key] = getattr(self, key)
         if self.loader_env:
-            body["loader_env"] = self.loader_env
+            body["loader_env"] = list(self.loader_env)
         if self.samples_dropped:
             body["samples_dropped"] = self.samples_dropped
         if self.truncated:
@@ -136,31 +138,49 @@ class DenialEntry:
         return body
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> DenialEntry:
+    def from_json(cls, raw: dict[str, JsonValue]) -> DenialEntry:
         """An entry as ``GET /v1/denials`` serves it (``TypeError``/``ValueError``/``KeyError`` when malformed)."""
         entry = cls(
-            host=str(raw["host"]), port=int(raw["port"]),
+            host=str(raw["host"]), port=_int(raw["port"]),
             binary=None if raw.get("binary") is None else str(raw["binary"]),
-            stage=str(raw["denial_stage"]), reason=str(raw["deny_reason"]), first_seen_ms=int(raw["first_seen_ms"]),
-            last_seen_ms=int(raw["last_seen_ms"]), count=int(raw["count"]),
-            ancestors=[str(a) for a in raw.get("ancestors") or []],
-            loader_env=[str(v) for v in raw.get("loader_env") or []],
+            stage=str(raw["denial_stage"]), reason=str(raw["deny_reason"]), first_seen_ms=_int(raw["first_seen_ms"]),
+            last_seen_ms=_int(raw["last_seen_ms"]), count=_int(raw["count"]),
+            ancestors=[str(a) for a in _items(raw.get("ancestors"))],
+            loader_env=[str(v) for v in _items(raw.get("loader_env"))],
             rule=None if raw.get("rule") is None else str(raw["rule"]),
             endpoint=None if raw.get("endpoint") is None else str(raw["endpoint"]),
-            samples_dropped=int(raw.get("samples_dropped", 0)), truncated=bool(raw.get("truncated", False)),
+            samples_dropped=_int(raw.get("samples_dropped", 0)), truncated=bool(raw.get("truncated", False)),
         )  # fmt: skip
-        for s in raw.get("l7_samples") or []:
+        for s in _items(raw.get("l7_samples")):
+            if not is_json_object(s):
+                raise TypeError(f"an l7 sample is not an object: {s!r}")
             op = s.get("operation")
-            sample = L7Sample(str(s["method"]), str(s["path"]), None if op is None else str(op), int(s["count"]))
+            sample = L7Sample(str(s["method"]), str(s["path"]), None if op is None else str(op), _int(s["count"]))
             entry.samples[(sample.method, sample.path, sample.operation)] = sample
         return entry
+
+
+def _int(value: JsonValue) -> int:
+    """``int(value)`` for what a JSON number or numeric string can be; ``TypeError`` for the rest, as ``int``."""
+    if isinstance(value, str | int | float):
+        return int(value)
+    raise TypeError(f"not a number: {value!r}")
+
+
+def _items(value: JsonValue) -> list[JsonValue]:
+    """A list field that may be absent or null (no items)."""
+    if not value:
+        return []
+    if isinstance(value, list):
+        return value
+    raise TypeError(f"not a list: {value!r}")
 
 
 def _cut(text: str) -> tuple[str, bool]:
     return (text, False) if len(text) <= MAX_TEXT else (text[:MAX_TEXT], True)
 
 
-def _destination(fields: Any) -> tuple[str, int] | None:
+def _destination(fields: Mapping[str, FieldValue]) -> tuple[str, int] | None:
     destination = fields.get("destination")
     if not isinstance(destination, str):
         return None
@@ -228,7 +248,7 @@ class DenialTable:
                 self._sample(entry, fields)
 
     @staticmethod
-    def _sample(entry: DenialEntry, fields: Any) -> None:
+    def _sample(entry: DenialEntry, fields: Mapping[str, FieldValue]) -> None:
         rule, endpoint = fields.get("rule"), fields.get("endpoint")
         entry.rule = rule[:MAX_TEXT] if isinstance(rule, str) else None
         entry.endpoint = endpoint[:MAX_TEXT] if isinstance(endpoint, str) else None
@@ -258,5 +278,5 @@ class DenialTable:
             chosen = [e for e in self._entries.values() if since_ms is None or e.last_seen_ms >= since_ms]
             return sorted(chosen, key=lambda e: (e.first_seen_ms, e.host, e.port, e.binary or ""))
 
-    def to_json(self, since_ms: int | None = None) -> dict[str, Any]:
+    def to_json(self, since_ms: int | None = None) -> dict[str, JsonValue]:
         return {"denials": [e.to_json() for e in self.entries(since_ms)], "evicted": self.evicted}

@@ -30,7 +30,6 @@ import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address, ip_address
-from typing import Any
 
 import dns.flags
 import dns.message
@@ -45,6 +44,7 @@ from supervisor.control.dns_answers import DnsAction, plan_answer, read_query
 from supervisor.control.dns_answers import reply as dns_reply
 from supervisor.control.inference.router import SYNTHETIC_ADDRESS, InferenceRouter
 from supervisor.control.l7 import InterceptionCA, inspect
+from supervisor.control.l7.record import InspectStats
 from supervisor.control.policy import BinaryIdentity, Decision, DigestPins, L4Request, PolicySnapshot, PolicyStore
 from supervisor.control.upstream import (
     UpstreamConfig,
@@ -70,6 +70,7 @@ from supervisor.protocol.egress import (
     encode_reply_headers,
 )
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.json_value import JsonValue
 from supervisor.protocol.outcome_reasons import OutcomeReason
 
 DNS_MAX = 65535
@@ -86,6 +87,15 @@ class _Live:
     inspected: bool
 
 
+@dataclass(slots=True)
+class _Target:
+    """Where an inspected connection goes: the name it was decided as and that decision (a transparent capture's
+    ClientHello may choose another issued name before the upstream is dialled)."""
+
+    name: str | None
+    decision: Decision
+
+
 @dataclass(frozen=True)
 class Interception:
     """What HTTP inspection needs: the per-sandbox CA, the credentials, and how upstream TLS is verified."""
@@ -95,10 +105,9 @@ class Interception:
     upstream_ssl: ssl.SSLContext
 
 
-def _stats_json(stats: Any) -> dict[str, Any]:
-    if dataclasses.is_dataclass(stats) and not isinstance(stats, type):
-        return {k: (str(v) if isinstance(v, enum.Enum) else v) for k, v in dataclasses.asdict(stats).items()}
-    return {"summary": str(stats)}
+def _stats_json(stats: InspectStats) -> dict[str, JsonValue]:
+    """An inspected connection's counters, as its ``egress`` event carries them."""
+    return {k: (str(v) if isinstance(v, enum.Enum) else v) for k, v in dataclasses.asdict(stats).items()}
 
 
 class EgressService:
@@ -248,7 +257,7 @@ class EgressService:
                 return name
         return names[0]
 
-    def _chooser(self, request: EgressRequest, target: dict[str, Any]) -> Callable[[str], Decision | None] | None:
+    def _chooser(self, request: EgressRequest, target: _Target) -> Callable[[str], Decision | None] | None:
         """For a transparent capture: the L4 decision for the name a ClientHello asks for, when this control
         issued that name for the address within its TTL and the policy allows it (``None`` refuses)."""
         if str(request.capture) != "transparent":
@@ -261,7 +270,7 @@ class EgressService:
             decision = self.store.snapshot().decide_l4(self._l4(sni, request.port, identity), self.pins)
             if not decision.allowed or decision.tls_skip:
                 return None
-            target["name"], target["decision"] = sni, decision
+            target.name, target.decision = sni, decision
             return decision
 
         return choose
@@ -314,10 +323,10 @@ class EgressService:
 
         resolved: list[str] = [str(early_upstream.socket.getpeername()[0])] if early_upstream is not None else []
 
-        target: dict[str, Any] = {"name": name, "decision": decision}  # a ClientHello may choose another name
+        target = _Target(name, decision)
 
         async def connect_upstream() -> trio.abc.HalfCloseableStream:
-            upstream, address = await self._dial(request, target["name"], target["decision"])
+            upstream, address = await self._dial(request, target.name, target.decision)
             resolved.append(str(address))
             return upstream
 

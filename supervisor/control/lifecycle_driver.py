@@ -10,7 +10,6 @@ agent's code. Control keeps that result and answers later operations from it (``
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import trio
 
@@ -19,6 +18,7 @@ from supervisor.control.canary import FenceCanary
 from supervisor.control.certificates import CertificateFacts
 from supervisor.control.config import ControlConfig
 from supervisor.control.peer import BoundaryPeer
+from supervisor.control.policy.model import Policy
 from supervisor.control.workload_gone import WorkloadGone
 from supervisor.link.h2link import Link
 from supervisor.link.rpc import call_typed
@@ -296,7 +296,7 @@ class LifecycleDriver:
             self.log.emit(EventName.AGENT_EXIT_ACK_FAILED, error=exc.to_json())
 
 
-def capture_ports(policy: Any) -> tuple[int, ...]:
+def capture_ports(policy: Policy) -> tuple[int, ...]:
     """Ports the boundary listens on for transparent capture: every port the policy names, plus the usual web
     ports. Fixed at attach (the listeners exist from then on); proxy-aware clients are not limited by it."""
     ports = set(DEFAULT_CAPTURE_PORTS)

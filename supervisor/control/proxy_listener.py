@@ -28,7 +28,6 @@ import struct
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import trio
 
@@ -37,6 +36,7 @@ from supervisor.jsonlog import JsonLog
 from supervisor.link.head_read import read_proxy_head
 from supervisor.protocol.egress import CaptureKind, EgressRequest, decode_reply_headers
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.json_value import JsonValue
 from supervisor.protocol.outcome_reasons import OutcomeReason
 from supervisor.protocol.proxy_head import (
     HEAD_READ_DEADLINE_S,
@@ -163,11 +163,11 @@ class ProxyListener:
         task_status.started()
         await trio.serve_listeners(self._connection, listeners)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, JsonValue]:
         return {"listen": f"{self.bound[0]}:{self.bound[1]}" if self.bound else None, "active": self.active,
                 **self.counters}  # fmt: skip
 
-    def _refuse(self, peer: str, reason: str, **fields: Any) -> None:
+    def _refuse(self, peer: str, reason: str, **fields: JsonValue) -> None:
         self.counters["refused"] += 1
         self.log.emit(EventName.PROXY_REFUSED, client=peer, reason=reason, **fields)
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import datetime
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from supervisor.k8s.names import delete_commands
+from supervisor.protocol.json_value import JsonValue
 
 __all__ = ["DEFAULT_GONE_AFTER_S", "WorkloadGone"]
 
@@ -60,7 +60,7 @@ class WorkloadGone:
             "`openshell-sandbox status` says what to delete"
         )
 
-    def status(self, now: float | None = None) -> dict[str, Any] | None:
+    def status(self, now: float | None = None) -> dict[str, JsonValue] | None:
         found = self.gone(now)
         if found is None:
             return None
@@ -68,5 +68,5 @@ class WorkloadGone:
         return {
             "since": _iso(since),
             "seconds": int(seconds),
-            "delete": delete_commands(self.namespace, self.sandbox_uid),
+            "delete": list(delete_commands(self.namespace, self.sandbox_uid)),
         }

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass
-from typing import Any
 
 import h11
 import trio
@@ -66,6 +65,7 @@ from supervisor.jsonlog import JsonLog
 from supervisor.link.h2link import LinkStream
 from supervisor.protocol.egress import CaptureKind, EgressReply, EgressRequest, encode_reply_headers
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.json_value import JsonValue
 from supervisor.protocol.outcome_reasons import OutcomeReason
 from supervisor.protocol.request_head import MAX_HEAD_BYTES, HeadError, HeadReader, RequestHead
 from supervisor.protocol.responses import ErrorCode
@@ -107,11 +107,11 @@ class _Closed(Exception):
 class _Record:
     def __init__(self) -> None:
         self.started = trio.current_time()
-        self.fields: dict[str, Any] = {"decision": "allow"}
+        self.fields: dict[str, JsonValue] = {"decision": "allow"}
         self.bytes_up = 0
         self.bytes_down = 0
 
-    def event(self) -> dict[str, Any]:
+    def event(self) -> dict[str, JsonValue]:
         duration = round((trio.current_time() - self.started) * 1000, 1)
         return {**self.fields, "bytes_up": self.bytes_up, "bytes_down": self.bytes_down, "duration_ms": duration}
 
@@ -158,7 +158,7 @@ class InferenceRouter:
             result.closed(closed_by=session.closed_by, bytes_out=session.bytes_up, bytes_in=session.bytes_down,
                           requests=session.requests)  # fmt: skip
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, JsonValue]:
         return {**self.store.status(), "address": SYNTHETIC_ADDRESS, **self.counters}
 
 
@@ -217,7 +217,7 @@ class _Session:
             self.closed_by = "agent-not-reading"
             raise _Closed
 
-    def _tunnel(self, stage: str, **fields: Any) -> None:
+    def _tunnel(self, stage: str, **fields: JsonValue) -> None:
         binary = self.request.identity.binary_path if self.request.identity else None
         self.router.log.emit(EventName.HTTP_TUNNEL, destination=f"{INFERENCE_HOST}:{PORT}", stage=stage,
                              conn_id=self.request.conn_id, binary=binary, **fields)  # fmt: skip
@@ -442,7 +442,7 @@ class _Session:
         except BodyInvalid as exc:
             rec.fields["decision"] = "deny"
             raise _Cut(ErrorCode.INVALID_REQUEST, str(exc), reason=OutcomeReason.INFERENCE_BODY) from None
-        model = value["model"]
+        model = value.model
         rec.fields["model"] = model[:256]
         kind = match.shape.kind
         assert kind is not None

@@ -39,6 +39,7 @@ from supervisor.control.policy.identity import BinaryIdentity
 from supervisor.control.policy.model import Binary, NetworkRule
 from supervisor.control.policy.schema_endpoint import INFERENCE_HOST
 from supervisor.control.upstream import UpstreamError, check_allowed_ips
+from supervisor.protocol.json_value import JsonValue
 
 __all__ = ["INFERENCE_HOST", "BackendKind", "InferenceRoutes", "Route", "RoutesInvalid", "load_routes_text"]
 
@@ -101,8 +102,8 @@ class Route:
             return False
         return self._binary_rule.binary_matches(identity)
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": str(self.kind), "base_url": self.base_url, "credential": self.credential,
+    def to_json(self) -> dict[str, JsonValue]:
+        out: dict[str, JsonValue] = {"kind": str(self.kind), "base_url": self.base_url, "credential": self.credential,
                                "models": list(self.models)}  # fmt: skip
         if self.model_rewrite:
             out["model_rewrite"] = dict(self.model_rewrite)
@@ -142,7 +143,7 @@ class InferenceRoutes:
                                 "which only signs; a route injects a secret")  # fmt: skip
         return problems
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, JsonValue]:
         return {"routes": {r.name: r.to_json() for r in self.routes}, "digest": self.digest, "source": self.source}
 
 

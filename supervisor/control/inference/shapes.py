@@ -27,15 +27,16 @@ import enum
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from supervisor.control.inference.routes import BackendKind, Route
 from supervisor.control.l7.body import BodyRefused, strict_json
+from supervisor.protocol.json_value import JsonValue, is_json_object
 
 __all__ = [
     "FORWARDED_HEADERS",
     "BodyInvalid",
     "InferenceBody",
+    "ModelRequest",
     "Shape",
     "backend_headers",
     "error_body",
@@ -108,28 +109,38 @@ class InferenceBody:
     data: bytes  # what goes to the backend
 
 
-def read_body(data: bytes) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class ModelRequest:
+    """A request body as rule 3 reads it: the model it names, whether it asks for a stream, and the whole object
+    (which a model rewrite writes out again)."""
+
+    model: str
+    stream: bool
+    document: dict[str, JsonValue]
+
+
+def read_body(data: bytes) -> ModelRequest:
     """Rule 3's reading: the JSON object, or :class:`BodyInvalid` saying why."""
     try:
         value = strict_json(data)
     except BodyRefused as exc:
         raise BodyInvalid(str(exc)) from None
-    if not isinstance(value, dict):
+    if not is_json_object(value):
         raise BodyInvalid("the body is not a JSON object")
-    if not isinstance(value.get("model"), str) or not value["model"]:
+    model = value.get("model")
+    if not isinstance(model, str) or not model:
         raise BodyInvalid("the body names no model (a string)")
-    return value
+    return ModelRequest(model, value.get("stream") is True, value)
 
 
-def model_body(value: dict[str, Any], data: bytes, route: Route) -> InferenceBody:
-    """What goes to ``route``'s backend for the body ``data`` (read as ``value``): as read, or with the model
+def model_body(request: ModelRequest, data: bytes, route: Route) -> InferenceBody:
+    """What goes to ``route``'s backend for the body ``data`` (read as ``request``): as read, or with the model
     rewritten (rule 3)."""
-    model = value["model"]
-    stream = value.get("stream") is True
+    model, stream = request.model, request.stream
     backend = route.backend_model(model)
     if backend == model:
         return InferenceBody(model, stream, data)
-    rewritten = dict(value, model=backend)
+    rewritten = dict(request.document, model=backend)
     return InferenceBody(model, stream, json.dumps(rewritten, ensure_ascii=False, separators=(",", ":")).encode())
 
 
@@ -157,7 +168,7 @@ def backend_headers(
     return out
 
 
-def _model_entry(route: Route, model: str) -> dict[str, Any]:
+def _model_entry(route: Route, model: str) -> dict[str, JsonValue]:
     return {"id": model, "object": "model", "created": 0, "owned_by": route.name, "type": "model",
             "display_name": model, "created_at": "1970-01-01T00:00:00Z"}  # fmt: skip
 

@@ -17,7 +17,6 @@ import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import trio
 
@@ -25,6 +24,7 @@ from supervisor.control.credentials import Credentials
 from supervisor.control.inference.routes import InferenceRoutes, RoutesInvalid, load_routes_text
 from supervisor.jsonlog import JsonLog
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.json_value import JsonValue
 
 __all__ = ["RoutesStore", "load_routes_file", "watch_routes_file"]
 
@@ -68,7 +68,7 @@ class RoutesStore:
         self.log.emit(EventName.INFERENCE_ROUTES, generation=self.generation, status="refused", source=exc.source,
                       errors=list(exc.errors))  # fmt: skip
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, JsonValue]:
         return {**self.current.to_json(), "generation": self.generation, "last_error": self.last_error,
                 "watch": self.watching}  # fmt: skip
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
 
 from supervisor.control.l7.rewrite import REDACTED
+from supervisor.protocol.json_value import JsonValue
 
 __all__ = ["CloseReason", "InspectStats", "RequestRecord", "display_path"]
 
@@ -81,7 +81,7 @@ class RequestRecord:
     credentials: tuple[str, ...] = ()
     upgrade: str | None = None
     error: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, JsonValue] = field(default_factory=dict)
     # exchange state (not logged)
     request_done: bool = False
     response_started: bool = False
@@ -90,7 +90,7 @@ class RequestRecord:
     head_method: bool = False
     body: bytes | None = None  # a JSON-RPC, MCP or GraphQL body, read whole to decide it: forwarded as read
 
-    def event_fields(self, now: float) -> dict[str, Any]:
+    def event_fields(self, now: float) -> dict[str, JsonValue]:
         return {
             "method": self.method or None,
             "path": self.path,

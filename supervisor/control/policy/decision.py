@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from supervisor.protocol.json_value import JsonValue
+
 from .identity import BinaryIdentity
 
 __all__ = ["Decision", "DenyReason", "L4Request", "Verdict"]
@@ -126,8 +128,8 @@ class Decision:
     def allowed(self) -> bool:
         return self.verdict is Verdict.ALLOW
 
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
+    def to_json(self) -> dict[str, JsonValue]:
+        body: dict[str, JsonValue] = {
             "result": str(self.verdict),
             "rule": self.rule,
             "endpoint": self.endpoint,

@@ -7,7 +7,8 @@ as a whole (`PolicyInvalid`) when that list is non-empty, so an operator fixes a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from supervisor.protocol.json_value import JsonValue
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,8 @@ class PolicyError:
             text += f" (expected {self.expected})"
         return text
 
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"path": self.path, "message": self.message}
+    def to_json(self) -> dict[str, JsonValue]:
+        body: dict[str, JsonValue] = {"path": self.path, "message": self.message}
         for key in ("expected", "line", "source"):
             value = getattr(self, key)
             if value is not None:
@@ -53,8 +54,8 @@ class PolicyWarning:
             where = f"{where}:{self.line}"
         return f"{where}: {self.path or '(top level)'}: warning: {self.message}"
 
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"path": self.path, "message": self.message}
+    def to_json(self) -> dict[str, JsonValue]:
+        body: dict[str, JsonValue] = {"path": self.path, "message": self.message}
         if self.line is not None:
             body["line"] = self.line
         if self.source is not None:
@@ -76,5 +77,5 @@ class PolicyInvalid(Exception):
         lines.extend(f"  {err}" for err in self.errors)
         return "\n".join(lines)
 
-    def to_json(self) -> list[dict[str, Any]]:
+    def to_json(self) -> list[dict[str, JsonValue]]:
         return [err.to_json() for err in self.errors]

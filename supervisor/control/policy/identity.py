@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from supervisor.protocol.identity import ConnectionIdentity
+from supervisor.protocol.json_value import JsonValue
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 MAX_PINS = 65536
@@ -55,8 +55,8 @@ class BinaryIdentity:
             loader_env=connection.loader_env,
         )
 
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"path": self.path, "sha256": self.sha256, "ancestors": list(self.ancestors)}
+    def to_json(self) -> dict[str, JsonValue]:
+        body: dict[str, JsonValue] = {"path": self.path, "sha256": self.sha256, "ancestors": list(self.ancestors)}
         if self.cmdline_paths:
             body["cmdline_paths"] = list(self.cmdline_paths)
         if self.loader_env:

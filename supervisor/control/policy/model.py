@@ -11,7 +11,8 @@ import enum
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+
+from supervisor.protocol.json_value import JsonValue
 
 from .errors import PolicyWarning
 
@@ -62,7 +63,7 @@ class QueryMatcher:
 
     globs: tuple[str, ...]
 
-    def to_json(self) -> Any:
+    def to_json(self) -> JsonValue:
         return self.globs[0] if len(self.globs) == 1 else {"any": list(self.globs)}
 
 
@@ -84,8 +85,8 @@ class L7Rule:
     operation_name: str | None = None
     fields: tuple[str, ...] | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {}
+    def to_json(self) -> dict[str, JsonValue]:
+        body: dict[str, JsonValue] = {}
         if self.method:
             body["method"] = self.method
         if self.path:
@@ -155,8 +156,8 @@ class Endpoint:
         """Whether the endpoint supplies connection metadata (§3.3 "extended config")."""
         return (self.protocol not in (Protocol.L4, Protocol.TCP)) or bool(self.allowed_ips) or self.tls is not None
 
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {}
+    def to_json(self) -> dict[str, JsonValue]:
+        body: dict[str, JsonValue] = {}
         if self.host:
             body["host"] = self.host
         body["ports"] = list(self.ports)
@@ -197,7 +198,7 @@ class Endpoint:
             body["graphql_max_body_bytes"] = self.graphql_max_body_bytes
         if self.json_rpc_max_body_bytes is not None:
             body["json_rpc"] = {"max_body_bytes": self.json_rpc_max_body_bytes}
-        mcp: dict[str, Any] = {}
+        mcp: dict[str, JsonValue] = {}
         if self.mcp_max_body_bytes is not None:
             mcp["max_body_bytes"] = self.mcp_max_body_bytes
         if self.mcp_strict_tool_names is not None:
@@ -224,8 +225,8 @@ class NetworkRule:
     endpoints: tuple[Endpoint, ...]
     binaries: tuple[Binary, ...]
 
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {}
+    def to_json(self) -> dict[str, JsonValue]:
+        body: dict[str, JsonValue] = {}
         if self.name != self.key:
             body["name"] = self.name
         body["endpoints"] = [ep.to_json() for ep in self.endpoints]
@@ -240,7 +241,7 @@ class FilesystemPolicy:
     read_only: tuple[str, ...] = ()
     read_write: tuple[str, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, JsonValue]:
         return {
             "include_workdir": self.include_workdir,
             "read_only": list(self.read_only),
@@ -252,7 +253,7 @@ class FilesystemPolicy:
 class LandlockPolicy:
     compatibility: Compatibility = Compatibility.BEST_EFFORT
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, JsonValue]:
         return {"compatibility": str(self.compatibility)}
 
 
@@ -261,8 +262,8 @@ class ProcessPolicy:
     run_as_user: str | None = None  # "sandbox" or a decimal id
     run_as_group: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {}
+    def to_json(self) -> dict[str, JsonValue]:
+        body: dict[str, JsonValue] = {}
         if self.run_as_user is not None:
             body["run_as_user"] = self.run_as_user
         if self.run_as_group is not None:
@@ -302,9 +303,9 @@ class Policy:
         paths = {b.path for rule in self.network_policies for b in rule.binaries if "*" not in b.path}
         return tuple(sorted(paths))
 
-    def static_json(self) -> dict[str, Any]:
+    def static_json(self) -> dict[str, JsonValue]:
         """The static sections, as the boundary receives them at ``attach``."""
-        body: dict[str, Any] = {}
+        body: dict[str, JsonValue] = {}
         if self.filesystem_policy is not None:
             body["filesystem_policy"] = self.filesystem_policy.to_json()
         if self.landlock is not None:
@@ -313,8 +314,8 @@ class Policy:
             body["process"] = self.process.to_json()
         return body
 
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"version": self.version}
+    def to_json(self) -> dict[str, JsonValue]:
+        body: dict[str, JsonValue] = {"version": self.version}
         body.update(self.static_json())
         body["network_policies"] = {rule.key: rule.to_json() for rule in self.network_policies}
         return body

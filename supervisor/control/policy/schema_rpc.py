@@ -18,7 +18,7 @@ Rules (V-numbers are §1.10's):
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TypedDict
 
 import yaml
 
@@ -38,6 +38,19 @@ MAX_BODY_BYTES = 16 * 1024 * 1024  # far above any sane bound; the buffer is hel
 _RPC_METHOD = re.compile(r"[^\x00-\x1f\x7f]{1,256}")
 
 
+class EndpointOptions(TypedDict, total=False):
+    """The protocol options of one endpoint, each an ``Endpoint`` field of the same name; a key is present only
+    when the policy set it (the endpoint keeps its default otherwise)."""
+
+    persisted_queries: str
+    graphql_max_body_bytes: int
+    graphql_persisted_queries: tuple[tuple[str, L7Rule], ...]
+    json_rpc_max_body_bytes: int
+    mcp_max_body_bytes: int
+    mcp_strict_tool_names: bool
+    mcp_allow_all_known_methods: bool
+
+
 def positive_int(r: Reader, where: str, node: Node) -> int | None:
     """V26: a positive integer (at most 16 MiB: control holds the buffer)."""
     value = r.integer(node, where)
@@ -49,9 +62,9 @@ def positive_int(r: Reader, where: str, node: Node) -> int | None:
     return value
 
 
-def read_options(r: Reader, base: str, items: Items, protocol: Protocol) -> dict[str, Any]:
+def read_options(r: Reader, base: str, items: Items, protocol: Protocol) -> EndpointOptions:
     """The protocol options of one endpoint, as ``Endpoint`` keyword arguments (V25, V26, V27 registry, V29)."""
-    out: dict[str, Any] = {}
+    out: EndpointOptions = {}
 
     def at(key: str) -> str:
         return f"{base}.{key}"

@@ -34,11 +34,12 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import trio
 
 from supervisor.protocol.attach import StaticPolicy
+from supervisor.protocol.json_value import JsonValue
 
 from .compiled import CompiledPolicy, compile_policy
 from .decide import BodyRoute, body_route, decide_l4, decide_l7, graphql_ws_route, quarantine_decision
@@ -139,12 +140,12 @@ class PolicyStore:
     def is_current(self, generation: int) -> bool:
         return generation == self._snapshot.generation
 
-    def status_json(self, *, content: bool = False) -> dict[str, Any]:
+    def status_json(self, *, content: bool = False) -> dict[str, JsonValue]:
         """The generation in force and its status; with ``content`` also the normalised policy itself
         (``policy``: what ``policy get --yaml`` prints, ``None`` in quarantine, where nothing is in force)."""
         snap = self._snapshot
         active = snap.policy
-        body: dict[str, Any] = {
+        body: dict[str, JsonValue] = {
             "generation": snap.generation,
             "status": snap.status,
             "hash": active.digest if active is not None else None,

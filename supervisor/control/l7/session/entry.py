@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
 
 import trio
 
@@ -29,6 +28,7 @@ from supervisor.control.l7.streams import PrefixedStream, abort_all
 from supervisor.control.l7.upstream_tls import check_upstream_context
 from supervisor.control.policy import Decision, PolicySnapshot
 from supervisor.jsonlog import JsonLog
+from supervisor.protocol.json_value import JsonValue
 from supervisor.protocol.outcome_reasons import OutcomeReason
 
 
@@ -45,7 +45,7 @@ async def inspect(
     credentials: Credentials,
     upstream_ssl: ssl.SSLContext,
     log: JsonLog,
-    event_fields: Mapping[str, Any] | None = None,
+    event_fields: Mapping[str, JsonValue] | None = None,
     is_current: Callable[[int], bool] | None = None,
     limits: Limits | None = None,
     raw_fallback: bool = False,

@@ -8,7 +8,7 @@ exchange as ``"switched"`` (``upgrade``).
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import TypedDict, cast
 
 import h11
 
@@ -76,8 +76,16 @@ async def pump_response(s: Session, conn: h11.Connection, rec: RequestRecord) ->
         raise UpstreamFailed(f"upstream: connection ended inside the response ({type(event).__name__})")
 
 
+class _ResponseHead(TypedDict):
+    """The keyword arguments of the ``h11.Response`` (or ``InformationalResponse``) the agent gets."""
+
+    status_code: int
+    headers: list[tuple[bytes, bytes]]
+    reason: bytes
+
+
 def _response_head(s: Session, scrub: Scrubber, event: h11.Response | h11.InformationalResponse,
-                   rec: RequestRecord) -> dict[str, Any]:  # fmt: skip
+                   rec: RequestRecord) -> _ResponseHead:  # fmt: skip
     """The event's fields for the agent, scrubbed: reason phrase, header names and values. A response whose
     secret cannot be replaced (in a header name, where a placeholder is no valid token; a 206 slice; a
     compressed body) raises ``ResponseRefused`` rather than reach the agent."""

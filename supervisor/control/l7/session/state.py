@@ -9,7 +9,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import h11
 import trio
@@ -23,6 +23,7 @@ from supervisor.control.policy import Decision, PolicySnapshot
 from supervisor.control.policy.hosts import normalize_request_host
 from supervisor.jsonlog import JsonLog
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.json_value import JsonValue
 
 STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 _RESERVED_EVENT_KEYS = frozenset({"event", "time", "component"})
@@ -80,7 +81,7 @@ class Session:
         credentials: Credentials,
         upstream_ssl: ssl.SSLContext,
         log: JsonLog,
-        event_fields: Mapping[str, Any],
+        event_fields: Mapping[str, JsonValue],
         is_current: Callable[[int], bool] | None,
         limits: Limits,
         raw_fallback: bool = False,
@@ -188,7 +189,7 @@ class Session:
         self.idle.touch()
 
     # --- events ------------------------------------------------------------------------------------------------
-    def tunnel_event(self, what: str, **fields: Any) -> None:
+    def tunnel_event(self, what: str, **fields: JsonValue) -> None:
         self.log.emit(EventName.HTTP_TUNNEL, **{**self.fields, "destination": f"{self.name}:{self.port}", "stage": what,
                                                 **fields})  # fmt: skip
 
