@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from supervisor.protocol.json_value import JsonValue
 from supervisor.protocol.privilege_model import PrivilegeModel
 
 T = TypeVar("T")
@@ -436,7 +437,7 @@ class SpareLease:
 
     host_pid: int
     ns_pid: int
-    confinement: Mapping[str, Any]
+    confinement: dict[str, JsonValue]  # child.Confinement.to_wire()
     notes: tuple[str, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:

@@ -31,7 +31,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import trio
 
@@ -293,8 +293,8 @@ class Launcher:
         exec)."""
         try:
             lease = SpareLease.from_wire(message)
-            confinement = cast(child.Confinement, dict(lease.confinement))
-            if len(fds) != 3 + int(bool(confinement["notify"])):
+            confinement = child.Confinement.from_wire(lease.confinement)
+            if len(fds) != 3 + int(confinement.notify):
                 raise LauncherError(f"a lease came with {len(fds)} fds")
             self._file_lease(
                 Lease(lease.host_pid, lease.ns_pid, None, fds[1], fds[2], confinement, ()),
