@@ -142,7 +142,7 @@ class CaptureCall:
 
     id: int
     fn: str
-    args: Mapping[str, Any] = field(default_factory=dict)
+    args: dict[str, JsonValue] = field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:
         return {"op": "capture_call", "id": self.id, "fn": self.fn, "args": dict(self.args)}
@@ -293,7 +293,7 @@ class PrepareReply:
 
     id: Any
     fd_names: tuple[str, ...] = ()
-    report: Mapping[str, Any] = field(default_factory=dict)
+    report: dict[str, JsonValue] = field(default_factory=dict)
     init_pid: int | None = None
 
     def to_wire(self) -> dict[str, Any]:

@@ -59,6 +59,7 @@ from supervisor.boundary.forkimage.messages import (
     Unowned,
 )
 from supervisor.protocol.exit_codes import ExitCode, for_launch_errno
+from supervisor.protocol.json_value import JsonValue, is_json_object
 from supervisor.protocol.privilege_model import PrivilegeModel
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ class SpawnError(Exception):
 class Prepared:
     model: PrivilegeModel
     fds: dict[str, int]
-    report: dict[str, Any]
+    report: dict[str, JsonValue]  # capture.setup.prepare's, logged whole
     netns_path: str | None
 
 
@@ -458,14 +459,15 @@ class Launcher:
         )
         return self._prepared
 
-    async def capture_call(self, fn: str, args: Mapping[str, Any]) -> dict[str, Any]:
+    async def capture_call(self, fn: str, args: dict[str, JsonValue]) -> dict[str, JsonValue]:
+        """Run the capture function ``fn`` (``capture.calls``) in the agent's network namespace; its JSON answer."""
         if fn not in capture_calls.CAPTURE_CALLS:
             raise LauncherError(f"capture call {fn!r} is not allowed")
         reply, fds = await self._request(lambda rid: CaptureCall(rid, fn, dict(args)))
         wire.close_all(fds)
         self._raise(reply, f"capture {fn}")
         result = _parse(CaptureReply.from_wire, reply, f"capture {fn}").result
-        return result if isinstance(result, dict) else {"result": result}
+        return result if is_json_object(result) else {"result": result}
 
     async def socket_in_netns(self, family: int, type: int, proto: int = 0) -> socket.socket:
         reply, fds = await self._request(lambda rid: SocketRequest(rid, int(family), int(type), int(proto)))
