@@ -42,7 +42,7 @@ class Reports:
             agent=None if agent is None else AgentStatus(agent.handle, agent.result),
             processes=tuple(self._redacted(process) for process in state.table.live()),
             links=len(state.links),
-            limits=state.limits_now(),
+            limits=state.limits_now().to_wire(),
             # The CA the agent was given to trust: a control that resumes with another one says so.
             interception_ca_sha256=self._interception_ca_sha256(),
         )
