@@ -12,8 +12,6 @@ NOT_YET_TYPED: frozenset[str] = frozenset(
         "supervisor.boundary.forkimage.messages.NamespacePlan.__init__: parameter 'root' is dict[str, typing.Any] | None",
         "supervisor.boundary.forkimage.messages.SpawnRequest.__init__: parameter 'spec' is collections.abc.Mapping[str, typing.Any]",
         "supervisor.boundary.forkimage.messages.request_from_wire: parameter 'data' is collections.abc.Mapping[str, typing.Any]",
-        "supervisor.boundary.process.table.ProcessEntry.describe: returns dict[str, typing.Any]",
-        "supervisor.boundary.process.table.ProcessTable.live: returns list[dict[str, typing.Any]]",
         "supervisor.control.advisor.Suggestion.__init__: parameter 'document' is dict[str, typing.Any]",
         "supervisor.control.advisor.render: parameter 'document' is dict[str, typing.Any]",
         "supervisor.control.api.ControlState.activity: returns dict[str, typing.Any]",
