@@ -19,7 +19,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.event_record import Event, now_rfc3339
@@ -67,9 +67,10 @@ class JsonLog:
     def stream(self) -> TextIO:
         return self._stream if self._stream is not None else sys.stdout
 
-    def emit(self, event: EventName, **fields: Any) -> None:
-        if self.scrub is not None:
-            self._scrub(fields, self.scrub)
+    def emit(self, event: EventName, **fields: object) -> None:
+        scrub = self.scrub
+        if scrub is not None:
+            fields = {key: _scrubbed(value, scrub) if key in _AGENT_TEXT else value for key, value in fields.items()}
         record = Event.build(event, self.component, self.sandbox, **fields)
         if self.tap is not None:
             self.tap(record)
@@ -82,15 +83,6 @@ class JsonLog:
         self._write(stream, json_line if self.log_format is LogFormat.JSON else ocsf_lines(record))
         self._write(self.file, json_line)
 
-    @staticmethod
-    def _scrub(fields: dict[str, Any], scrub: Callable[[str], str]) -> None:
-        for key in _AGENT_TEXT:
-            value = fields.get(key)
-            if isinstance(value, str):
-                fields[key] = scrub(value)
-            elif isinstance(value, list | tuple):
-                fields[key] = [scrub(v) if isinstance(v, str) else v for v in value]
-
     def _write(self, sink: TextIO | None, text: str) -> None:
         if sink is None:
             return
@@ -99,6 +91,16 @@ class JsonLog:
             sink.flush()
         except (OSError, ValueError):
             self.dropped += 1  # the reader went away or the disk is full; logging must never take a daemon down
+
+
+def _scrubbed(value: object, scrub: Callable[[str], str]) -> object:
+    """An agent-text field's value with its text scrubbed: a string, or the strings of a list or tuple (which
+    becomes a list); any other value is rendered by the event as it is."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, list | tuple):
+        return [scrub(v) if isinstance(v, str) else v for v in value]
+    return value
 
 
 def open_log_file(path: Path) -> TextIO:

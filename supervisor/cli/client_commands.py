@@ -7,7 +7,6 @@ import json
 import math
 import shlex
 import sys
-from typing import Any
 
 import trio
 
@@ -19,13 +18,14 @@ from supervisor.link.relay import relay
 from supervisor.protocol.agent_ended import why_ended
 from supervisor.protocol.exit_codes import ExitCode, for_launch_errno
 from supervisor.protocol.exit_result import ExitResult, ExitResultError
+from supervisor.protocol.json_value import JsonValue, is_json_object
 
 
-def _print_json(body: dict[str, Any]) -> None:
+def _print_json(body: JsonValue) -> None:
     print(json.dumps(body, indent=2, sort_keys=True))
 
 
-def _fail(status: int, body: dict[str, Any]) -> int:
+def _fail(status: int, body: dict[str, JsonValue]) -> int:
     reason = body.get("reason") or body.get("raw") or f"HTTP {status}"
     kind = body.get("kind", "error")
     field = body.get("field")
@@ -72,7 +72,7 @@ async def run(args: argparse.Namespace) -> int:
             return await run_exec_client(stream, tty=False, interactive=False)
     handle = args.handle or await _agent_handle(api)
     if command == "wait":
-        body_in: dict[str, Any] = {"handle": handle}
+        body_in: dict[str, JsonValue] = {"handle": handle}
         if args.timeout is not None:
             body_in["timeout_s"] = args.timeout
         status, body = await request_json(api, "POST", "/v1/wait", body_in)
@@ -98,22 +98,26 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _gone_lines(gone: dict[str, Any] | None) -> list[str]:
+def _gone_lines(gone: JsonValue) -> list[str]:
     """Past --workload-gone-after without a link: since when, and the commands that remove the sandbox."""
-    if not gone:
+    if not is_json_object(gone) or not gone:
         return []
+    seconds = gone.get("seconds")
+    minutes = int(seconds) // 60 if isinstance(seconds, int | float | str) and seconds else 0
+    delete = gone.get("delete")
     return [
-        f"workload    gone since {gone.get('since')} ({int(gone.get('seconds') or 0) // 60} min); remove the sandbox:",
-        *(f"  {command}" for command in gone.get("delete") or []),
+        f"workload    gone since {gone.get('since')} ({minutes} min); remove the sandbox:",
+        *(f"  {command}" for command in (delete if isinstance(delete, list) else [])),
     ]
 
 
-def _activity_lines(activity: Any) -> list[str]:
+def _activity_lines(activity: JsonValue) -> list[str]:
     """docs/reference/policy.md §4.3's counters: attempts and requests, denials and their non-zero groups."""
     if not isinstance(activity, dict):
         return []
-    groups = activity.get("denials_by_group") or {}
-    denied = ", ".join(f"{group} {n}" for group, n in sorted(groups.items()) if n)
+    groups = activity.get("denials_by_group")
+    counts = groups if isinstance(groups, dict) else {}
+    denied = ", ".join(f"{group} {counts[group]}" for group in sorted(counts) if counts[group])
     return [f"activity    {activity.get('network_activity_count', 0)} connections and requests, "
             f"{activity.get('denied_action_count', 0)} denied" + (f" ({denied})" if denied else "")]  # fmt: skip
 
@@ -159,7 +163,7 @@ async def _status(api: Api, raw: bool) -> int:
     return 0
 
 
-def _process_lines(processes: Any) -> list[str]:
+def _process_lines(processes: JsonValue) -> list[str]:
     """One line per process: handle, kind, state, start time and argv (placeholders already redacted by the
     boundary; terminal-safe: an argv is anyone's text)."""
     if not isinstance(processes, list):
@@ -176,7 +180,7 @@ def _process_lines(processes: Any) -> list[str]:
     return lines
 
 
-def _limit_lines(limits: Any) -> list[str]:
+def _limit_lines(limits: JsonValue) -> list[str]:
     """One line per limit: its value and how it is held, or ``unenforced`` and why."""
     if not isinstance(limits, dict):
         return []
@@ -221,7 +225,7 @@ def _limit_lines(limits: Any) -> list[str]:
     return [f"limits      {line}" if i == 0 else f"            {line}" for i, line in enumerate(lines)]
 
 
-def _fence_line(fence: Any) -> str:
+def _fence_line(fence: JsonValue) -> str:
     """How the fence was confirmed: captured (netns probe), canary (model P observed) or acknowledged-unprobed."""
     if not isinstance(fence, dict):
         return "fence       not confirmed"
@@ -240,9 +244,9 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
 
 
 async def _exec(api: Api, args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {
+    body: dict[str, JsonValue] = {
         "argv": args.argv,
-        "env": _parse_env(args.env),
+        "env": {**_parse_env(args.env)},  # a copy, typed as a JSON object
         "tty": bool(args.tty),
         "stdin": "pipe" if args.interactive else "null",
         "timeout_s": args.timeout,

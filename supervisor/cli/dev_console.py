@@ -37,12 +37,12 @@ import os
 import shlex
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 from supervisor.cli.human import clean, format_size, policy_error_text
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.event_record import Event
 from supervisor.protocol.exit_result import EndReason
+from supervisor.protocol.json_value import JsonValue
 from supervisor.protocol.ocsf import shorthand
 from supervisor.protocol.outcome_reasons import OutcomeReason
 
@@ -71,12 +71,12 @@ class Console:
         self.policy_label = policy_label
         self.events_path = events_path
         self.ready_printed = False
-        self._policy_generation: object = None
-        self._fence: Mapping[str, Any] = {}
+        self._policy_generation: JsonValue = None
+        self._fence: Mapping[str, JsonValue] = {}
         self._dns_refused: set[str] = set()
-        self._memory_limit: object = None
+        self._memory_limit: JsonValue = None
 
-    def lines_for(self, event: Mapping[str, Any]) -> list[str]:
+    def lines_for(self, event: Mapping[str, JsonValue]) -> list[str]:
         kind = event.get("event")
         if kind == EventName.POLICY_GENERATION and (
             event.get("source") != self.policy_source or event.get("status") != "loaded"
@@ -86,8 +86,8 @@ class Console:
             self._policy_generation = event.get("policy_generation")
         elif kind == EventName.POLICY_APPLIED:
             self._policy_generation = event.get("generation")
-        elif kind == EventName.LIFECYCLE_READY and isinstance(event.get("fence"), Mapping):
-            self._fence = event["fence"]
+        elif kind == EventName.LIFECYCLE_READY and isinstance(fence := event.get("fence"), dict):
+            self._fence = fence
         elif kind == EventName.LIFECYCLE_RUNNING and event.get("component") == "control" and not self.ready_printed:
             self.ready_printed = True
             return [self._ready_line()]
@@ -122,7 +122,7 @@ class Console:
         return []
 
     @staticmethod
-    def _policy_failure_lines(event: Mapping[str, Any]) -> list[str]:
+    def _policy_failure_lines(event: Mapping[str, JsonValue]) -> list[str]:
         """An invalid revision of the policy file: what control does about it, then every error in it."""
         source = clean(event.get("source") or "the policy file")
         if event.get("status") == "quarantined":
@@ -134,7 +134,7 @@ class Console:
         return [f"{PREFIX}{source} is invalid; {what} until it is fixed:",
                 *(f"  {clean(policy_error_text(error))}" for error in errors)]  # fmt: skip
 
-    def _upstream_tls_line(self, event: Mapping[str, Any]) -> str:
+    def _upstream_tls_line(self, event: Mapping[str, JsonValue]) -> str:
         """The policy allowed it, control did not trust the origin: the certificate problem and the flag for it."""
         what = f"{clean(event.get('method') or '')} {clean(event.get('destination') or '?')}".strip()
         who = clean(event["binary"]) if event.get("binary") else "a process"
@@ -160,18 +160,18 @@ class Console:
         )
 
     @staticmethod
-    def _probe_note(fence: Mapping[str, Any]) -> str:
+    def _probe_note(fence: Mapping[str, JsonValue]) -> str:
         """Only a fence that was not probed says so (model P in dev mode: acknowledged-unprobed)."""
         probe = fence.get("probe")
         return f" ({clean(probe)})" if probe not in (None, "captured", "canary") else ""
 
-    def _refusal_line(self, event: Mapping[str, Any]) -> str:
+    def _refusal_line(self, event: Mapping[str, JsonValue]) -> str:
         """The OCSF shorthand of the refusal (docs/reference/policy.md §4.1), then the command that explains it."""
         line = f"{PREFIX}{clean(shorthand(Event.from_wire(event)))}"
         explain = self.explain_command(event)
         return f"{line} (why: {explain})" if explain else line
 
-    def explain_command(self, event: Mapping[str, Any]) -> str | None:
+    def explain_command(self, event: Mapping[str, JsonValue]) -> str | None:
         """The ``policy decide`` command that reproduces this decision, or ``None`` when it is no decision."""
         reason = str(event.get("reason") or "")
         if event.get("event") == EventName.EGRESS_REFUSED or reason.startswith(OutcomeReason.IDENTITY_UNRESOLVED):
@@ -214,7 +214,7 @@ def _int(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else -1
 
 
-def _refused(event: Mapping[str, Any]) -> bool:
+def _refused(event: Mapping[str, JsonValue]) -> bool:
     return str(event.get("decision", "")) in REFUSED
 
 
@@ -226,7 +226,7 @@ class EventsTail:
         self._offset = 0
         self._partial = b""
 
-    def read(self) -> list[dict[str, Any]]:
+    def read(self) -> list[dict[str, JsonValue]]:
         try:
             with open(self.path, "rb") as f:
                 f.seek(self._offset)
@@ -239,7 +239,7 @@ class EventsTail:
         return list(_objects(complete))
 
 
-def _objects(lines: Iterable[bytes]) -> Iterable[dict[str, Any]]:
+def _objects(lines: Iterable[bytes]) -> Iterable[dict[str, JsonValue]]:
     for raw in lines:
         try:
             value = json.loads(raw)

@@ -49,6 +49,7 @@ from supervisor.control.policy import (
 from supervisor.control.policy.egress_fence import EgressFence
 from supervisor.control.policy.globs import has_glob_chars
 from supervisor.protocol.exit_codes import ExitCode
+from supervisor.protocol.json_value import JsonValue
 
 EXIT_ALLOW = 0
 EXIT_DENY = 1
@@ -188,7 +189,7 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         policy = load_policy_file(path)
     except PolicyInvalid as exc:
         if args.json:
-            _dump(out, {"ok": False, "file": str(path), "errors": exc.to_json()})
+            _dump(out, {"ok": False, "file": str(path), "errors": list(exc.to_json())})  # a list of JSON values
         else:
             for error in exc.errors:
                 print(error, file=out)
@@ -296,7 +297,7 @@ def _decide_body(args: argparse.Namespace, policy: CompiledPolicy, l4: Decision,
             except (OSError, UnicodeDecodeError) as exc:
                 print(f"policy decide: cannot read {document[1:]}: {exc}", file=err)
                 return None
-        body: Any = {"query": document}
+        body: dict[str, JsonValue] = {"query": document}
     elif args.mcp_tool is not None:
         body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": args.mcp_tool, "arguments": {}}}
     else:
@@ -307,7 +308,7 @@ def _decide_body(args: argparse.Namespace, policy: CompiledPolicy, l4: Decision,
     return evaluate(route, BodyRequest(method, None, ctype, False, json.dumps(body).encode()))
 
 
-def _dump(out: TextIO, body: dict[str, Any]) -> None:
+def _dump(out: TextIO, body: JsonValue) -> None:
     out.write(json.dumps(body, indent=2, sort_keys=False) + "\n")
 
 

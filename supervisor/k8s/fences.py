@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Sequence
-from typing import Any
+
+from supervisor.protocol.json_value import JsonValue
 
 from .names import SandboxNames
 from .objects import ROLE_CONTROL, ROLE_WORKLOAD, metadata, proxy_port, selector
@@ -24,7 +25,7 @@ from .spec import DEFAULT_DNS_PEERS, Model, RenderSpec, Topology
 
 __all__ = ["InternalAllow", "internal_allows", "network_policies"]
 
-Doc = dict[str, Any]
+Doc = dict[str, JsonValue]
 InternalAllow = tuple[str, tuple[int, ...]]  # (CIDR, TCP ports) control must reach inside an excluded range
 
 
@@ -39,9 +40,9 @@ def internal_allows(spec: RenderSpec, destinations: Sequence[InternalAllow]) -> 
     return out
 
 
-def _dns_rules(spec: RenderSpec) -> list[Doc]:
+def _dns_rules(spec: RenderSpec) -> list[JsonValue]:
     """One rule per DNS port: the peers (namespace and labels) on UDP and TCP."""
-    rules: dict[int, list[Doc]] = {}
+    rules: dict[int, list[JsonValue]] = {}
     for peer in spec.dns_peers if spec.dns_peers is not None else DEFAULT_DNS_PEERS:
         rules.setdefault(peer.port, []).append(
             {
@@ -55,15 +56,17 @@ def _dns_rules(spec: RenderSpec) -> list[Doc]:
     ]
 
 
-def _control_egress(spec: RenderSpec, allows: Sequence[InternalAllow]) -> list[Doc]:
-    blocks: list[Doc] = []
+def _control_egress(spec: RenderSpec, allows: Sequence[InternalAllow]) -> list[JsonValue]:
+    blocks: list[JsonValue] = []
     for everything, version in (("0.0.0.0/0", 4), ("::/0", 6)):
-        excepts = list(dict.fromkeys(c for c in spec.excluded_cidrs if ipaddress.ip_network(c).version == version))
+        excepts: list[JsonValue] = list(
+            dict.fromkeys(c for c in spec.excluded_cidrs if ipaddress.ip_network(c).version == version)
+        )
         block: Doc = {"cidr": everything, "except": excepts} if excepts else {"cidr": everything}
         blocks.append({"ipBlock": block})
-    egress: list[Doc] = [{"to": blocks}, *_dns_rules(spec)]
+    egress: list[JsonValue] = [{"to": blocks}, *_dns_rules(spec)]
     if spec.topology is Topology.BOUNDARY:
-        to_workload = [{"podSelector": {"matchLabels": selector(spec, ROLE_WORKLOAD)}}]
+        to_workload: list[JsonValue] = [{"podSelector": {"matchLabels": selector(spec, ROLE_WORKLOAD)}}]
         egress.append({"to": to_workload, "ports": [{"protocol": "TCP", "port": spec.boundary_port}]})
     for cidr, ports in allows:
         egress.append({"to": [{"ipBlock": {"cidr": cidr}}], "ports": [{"protocol": "TCP", "port": p} for p in ports]})
@@ -72,12 +75,12 @@ def _control_egress(spec: RenderSpec, allows: Sequence[InternalAllow]) -> list[D
 
 def network_policies(spec: RenderSpec, names: SandboxNames, allows: Sequence[InternalAllow] = ()) -> list[Doc]:
     """The workload's fence, then control's (module docstring); ``allows`` from ``internal_allows``."""
-    from_control = [{"podSelector": {"matchLabels": selector(spec, ROLE_CONTROL)}}]
-    from_workload = [{"podSelector": {"matchLabels": selector(spec, ROLE_WORKLOAD)}}]
-    ingress: list[Doc] = []
+    from_control: list[JsonValue] = [{"podSelector": {"matchLabels": selector(spec, ROLE_CONTROL)}}]
+    from_workload: list[JsonValue] = [{"podSelector": {"matchLabels": selector(spec, ROLE_WORKLOAD)}}]
+    ingress: list[JsonValue] = []
     if spec.topology is Topology.PROXY_POD:
-        workload_ingress: list[Doc] = []
-        workload_egress: list[Doc] = [
+        workload_ingress: list[JsonValue] = []
+        workload_egress: list[JsonValue] = [
             {"to": from_control, "ports": [{"protocol": "TCP", "port": proxy_port(spec)}]},
             *_dns_rules(spec),
         ]
@@ -87,7 +90,7 @@ def network_policies(spec: RenderSpec, names: SandboxNames, allows: Sequence[Int
         workload_egress = []
         if spec.model is Model.P and not spec.unprobed_fence:
             ingress.append({"from": from_workload, "ports": [{"protocol": "TCP", "port": spec.canary_port}]})
-    workload = {
+    workload: Doc = {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": metadata(spec, names.workload_network_policy, ROLE_WORKLOAD),
@@ -101,14 +104,14 @@ def network_policies(spec: RenderSpec, names: SandboxNames, allows: Sequence[Int
     if spec.api_listen:
         rule: Doc = {"ports": [{"protocol": "TCP", "port": spec.api_port}]}
         if spec.operator_namespace is not None:
-            namespace = {"matchLabels": {"kubernetes.io/metadata.name": spec.operator_namespace}}
+            namespace: Doc = {"matchLabels": {"kubernetes.io/metadata.name": spec.operator_namespace}}
             rule = {"from": [{"namespaceSelector": namespace}], **rule}
         ingress.append(rule)
     if spec.metrics_port is not None and spec.metrics_namespace is not None:  # the scraper's namespace, that port
-        scraper = {"matchLabels": {"kubernetes.io/metadata.name": spec.metrics_namespace}}
+        scraper: Doc = {"matchLabels": {"kubernetes.io/metadata.name": spec.metrics_namespace}}
         ingress.append({"from": [{"namespaceSelector": scraper}],
                         "ports": [{"protocol": "TCP", "port": spec.metrics_port}]})  # fmt: skip
-    control = {
+    control: Doc = {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": metadata(spec, names.control_network_policy, ROLE_CONTROL),

@@ -33,8 +33,8 @@ The proxy-pod topology (docs/kubernetes.md "Choosing a topology"; docs/design.md
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
+from supervisor.protocol.json_value import JsonValue
 from supervisor.protocol.process_ops import CA_ADDING_KEYS, CA_REPLACING_KEYS
 from supervisor.protocol.proxy_head import proxy_environment, proxy_url
 
@@ -73,7 +73,7 @@ __all__ = [
     "workload_pod",
 ]
 
-Doc = dict[str, Any]
+Doc = dict[str, JsonValue]
 
 ROLE_WORKLOAD, ROLE_CONTROL = "workload", "control"
 COPY_DIR = "/var/run/openshell"  # memory-backed emptyDir holding the daemons' private copies of their Secrets
@@ -122,7 +122,7 @@ class FileMode(int):
     """A file mode: an ``int`` everywhere, written in octal (``0440``) in YAML."""
 
 
-def labels(spec: RenderSpec, role: str) -> dict[str, str]:
+def labels(spec: RenderSpec, role: str) -> Doc:
     """Ours (every selector uses the id and the role) and the recommended ``app.kubernetes.io`` ones, which
     selectors never use: tools group and show by them."""
     return {
@@ -137,18 +137,18 @@ def labels(spec: RenderSpec, role: str) -> dict[str, str]:
     }
 
 
-def selector(spec: RenderSpec, role: str) -> dict[str, str]:
+def selector(spec: RenderSpec, role: str) -> Doc:
     return {LABEL_SANDBOX_ID: spec.sandbox_uid, LABEL_ROLE: role}
 
 
 def metadata(spec: RenderSpec, name: str, role: str, annotations: dict[str, str] | None = None) -> Doc:
     meta: Doc = {"name": name, "namespace": spec.namespace, "labels": labels(spec, role)}
-    annotations = dict(annotations or {})
+    notes: Doc = dict(annotations or {})
     if spec.networkpolicy_enforced:
         # The operator's statement, on every object it vouches for: the fence holds only if the CNI enforces it.
-        annotations[ANNOTATION_NETWORKPOLICY] = "stated by the operator at render"
-    if annotations:
-        meta["annotations"] = annotations
+        notes[ANNOTATION_NETWORKPOLICY] = "stated by the operator at render"
+    if notes:
+        meta["annotations"] = notes
     if spec.owner is not None:
         meta["ownerReferences"] = [spec.owner.reference(spec.block_owner_deletion)]
     return meta
@@ -205,16 +205,17 @@ def _workspace(spec: RenderSpec) -> Doc:
 
 def _copy_init_container(image: str, secrets: list[tuple[str, str]]) -> Doc:
     """``secrets``: (volume name, directory name under SECRETS_MOUNT and COPY_DIR)."""
+    mounts: list[JsonValue] = [
+        {"name": vol, "mountPath": f"{SECRETS_MOUNT}/{d}", "readOnly": True} for vol, d in secrets
+    ]
+    mounts.append({"name": "openshell-run", "mountPath": COPY_DIR})
     return {
         "name": "secrets-copy",
         "image": image,
         "command": ["/bin/sh", "-c"],
         "args": [_copy_script(tuple(d for _, d in secrets))],
         "securityContext": _restricted_container_context(read_only_root=True),
-        "volumeMounts": [
-            *({"name": vol, "mountPath": f"{SECRETS_MOUNT}/{d}", "readOnly": True} for vol, d in secrets),
-            {"name": "openshell-run", "mountPath": COPY_DIR},
-        ],
+        "volumeMounts": mounts,
     }
 
 
@@ -260,7 +261,7 @@ def _scheduling(spec: RenderSpec, pod: Doc) -> None:
     if spec.affinity is Affinity.REQUIRED:
         pod["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
     else:
-        weighted = {"weight": 100, "podAffinityTerm": term}
+        weighted: Doc = {"weight": 100, "podAffinityTerm": term}
         pod["affinity"] = {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [weighted]}}
 
 
@@ -275,7 +276,7 @@ def workload_pod(spec: RenderSpec, names: SandboxNames) -> Doc:
         "image": spec.image,
         # Explicit: the agent's image, built FROM ours, may set an ENTRYPOINT of its own.
         "command": [spec.entrypoint],
-        "args": boundary_args(spec),
+        "args": list(boundary_args(spec)),
         # Readiness from the boundary's own state, read locally (a TCP probe would be a refused peer each period:
         # the boundary speaks only mTLS with its own control). Control's readyz says more, from its own pod.
         "readinessProbe": {
@@ -287,8 +288,8 @@ def workload_pod(spec: RenderSpec, names: SandboxNames) -> Doc:
         "ports": [{"name": "boundary", "containerPort": spec.boundary_port, "protocol": "TCP"}],
         "resources": _resources(spec.workload_container_resources, spec.workspace_size + CONTAINER_STORAGE_HEADROOM),
     }
-    volumes: list[Doc] = []
-    mounts: list[Doc] = []
+    volumes: list[JsonValue] = []
+    mounts: list[JsonValue] = []
     pod: Doc = {
         "restartPolicy": "Never",  # the agent's exit is the sandbox's end
         "automountServiceAccountToken": False,
@@ -317,7 +318,9 @@ def workload_pod(spec: RenderSpec, names: SandboxNames) -> Doc:
     }
 
 
-def _root_workload(names: SandboxNames, pod: Doc, container: Doc, volumes: list[Doc], mounts: list[Doc]) -> None:
+def _root_workload(
+    names: SandboxNames, pod: Doc, container: Doc, volumes: list[JsonValue], mounts: list[JsonValue]
+) -> None:
     """Model R: the boundary runs as root with the capabilities it needs, and reads its key straight from the
     Secret."""
     # No fsGroup: it would make the mounted key group-readable (0440), which the boundary refuses.
@@ -340,7 +343,7 @@ def _root_workload(names: SandboxNames, pod: Doc, container: Doc, volumes: list[
 
 
 def _unprivileged_workload(
-    spec: RenderSpec, names: SandboxNames, pod: Doc, container: Doc, volumes: list[Doc], mounts: list[Doc]
+    spec: RenderSpec, names: SandboxNames, pod: Doc, container: Doc, volumes: list[JsonValue], mounts: list[JsonValue]
 ) -> None:
     """Models U and P: non-root under the restricted profile (U in a user namespace of its own); an init
     container copies the key to a directory only the boundary's uid reads."""
@@ -388,12 +391,12 @@ def proxy_port(spec: RenderSpec) -> int:
     return spec.proxy_port if spec.proxy_port is not None else DEFAULT_PROXY_PORT
 
 
-def workload_environment(spec: RenderSpec, names: SandboxNames) -> list[Doc]:
+def workload_environment(spec: RenderSpec, names: SandboxNames) -> list[JsonValue]:
     """The proxy-pod agent's environment: the token from its Secret first, then the proxy variables that expand
     it (``$(VAR)``), upper and lower case, then the CA variables."""
     url = proxy_url(names.proxy_service, proxy_port(spec), f"$({PROXY_TOKEN_ENV})")
-    token = {"secretKeyRef": {"name": names.proxy_token_secret, "key": PROXY_TOKEN_KEY}}
-    env: list[Doc] = [{"name": PROXY_TOKEN_ENV, "valueFrom": token}]
+    token: Doc = {"secretKeyRef": {"name": names.proxy_token_secret, "key": PROXY_TOKEN_KEY}}
+    env: list[JsonValue] = [{"name": PROXY_TOKEN_ENV, "valueFrom": token}]
     env += [{"name": k, "value": v} for k, v in proxy_environment(url).items()]
     env += [{"name": k, "value": TRUST_BUNDLE} for k in CA_REPLACING]
     env += [{"name": k, "value": TRUST_CA} for k in CA_ADDING]
@@ -402,6 +405,10 @@ def workload_environment(spec: RenderSpec, names: SandboxNames) -> list[Doc]:
 
 def _proxy_workload_pod(spec: RenderSpec, names: SandboxNames) -> Doc:
     uid, gid = spec.proxy_ids
+    mounts: list[JsonValue] = [
+        {"name": "trust", "mountPath": TRUST_DIR, "readOnly": True},
+        {"name": "workspace", "mountPath": spec.workdir},
+    ]
     container: Doc = {
         "name": "agent",
         "image": spec.image,
@@ -410,19 +417,16 @@ def _proxy_workload_pod(spec: RenderSpec, names: SandboxNames) -> Doc:
         "env": workload_environment(spec, names),
         "securityContext": _restricted_container_context(read_only_root=spec.read_only_root),
         "resources": _resources(spec.workload_container_resources, spec.workspace_size + CONTAINER_STORAGE_HEADROOM),
-        "volumeMounts": [
-            {"name": "trust", "mountPath": TRUST_DIR, "readOnly": True},
-            {"name": "workspace", "mountPath": spec.workdir},
-        ],
+        "volumeMounts": mounts,
     }
-    volumes: list[Doc] = [
+    volumes: list[JsonValue] = [
         # 0444: a certificate, nothing secret; no fsGroup needed to read it
         _secret_volume("proxy-ca-secret", names.proxy_ca_secret, 0o444),
         _memory_dir("trust", "1Mi"),
         _workspace(spec),
     ]
     if spec.read_only_root:
-        container["volumeMounts"].append({"name": "tmp", "mountPath": "/tmp"})
+        mounts.append({"name": "tmp", "mountPath": "/tmp"})
         volumes.append({"name": "tmp", "emptyDir": {}})
     init: Doc = {
         "name": "ca-bundle",
@@ -529,13 +533,13 @@ def control_deployment(
     }
 
 
-def _control_volumes(spec: RenderSpec, names: SandboxNames) -> tuple[list[tuple[str, str]], list[Doc]]:
+def _control_volumes(spec: RenderSpec, names: SandboxNames) -> tuple[list[tuple[str, str]], list[JsonValue]]:
     """The Secrets the init container copies (volume, file name) and every volume of control's pod."""
     secrets = [
         ("bootstrap-secret", "bootstrap"),
         ("interception-ca-secret", "interception-ca"),
     ]
-    volumes: list[Doc] = [
+    volumes: list[JsonValue] = [
         _secret_volume("bootstrap-secret", names.control_bootstrap_secret, 0o440),
         _secret_volume("interception-ca-secret", names.interception_ca_secret, 0o440),
     ]
@@ -559,7 +563,7 @@ def _control_container(spec: RenderSpec, names: SandboxNames, admitted: Sequence
         "name": "control",
         "image": spec.control_image,
         "command": [DEFAULT_ENTRYPOINT],
-        "args": control_args(spec, names, admitted),
+        "args": list(control_args(spec, names, admitted)),
         # Semantic readiness (policy valid, boundary attached with matching claims, fence confirmed); the API
         # is a Unix socket, hence exec probes. Liveness only asks whether the API answers.
         "readinessProbe": {
@@ -590,7 +594,7 @@ def _control_container(spec: RenderSpec, names: SandboxNames, admitted: Sequence
 
 def _add_control_ports(spec: RenderSpec, container: Doc) -> None:
     """The proxy, the operator API, metrics and model P's fence canary (whose address control reads from its env)."""
-    ports: list[Doc] = []
+    ports: list[JsonValue] = []
     if spec.topology is Topology.PROXY_POD:
         ports.append({"name": "proxy", "containerPort": proxy_port(spec), "protocol": "TCP"})
     if spec.api_listen:
@@ -599,7 +603,7 @@ def _add_control_ports(spec: RenderSpec, container: Doc) -> None:
         ports.append({"name": "metrics", "containerPort": spec.metrics_port, "protocol": "TCP"})
     if spec.model is Model.P and not spec.unprobed_fence and spec.topology is Topology.BOUNDARY:
         ports.append({"name": "fence-canary", "containerPort": spec.canary_port, "protocol": "TCP"})
-        address = {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}
+        address: Doc = {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}
         container["env"] = [{"name": CANARY_ADDRESS_ENV, "valueFrom": address}]
     if ports:
         container["ports"] = ports

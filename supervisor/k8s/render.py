@@ -8,11 +8,12 @@ bootstrap bundles are minted from exactly those claims (``secrets.issue_material
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import yaml
 
 from supervisor.protocol.claims import Claims
+from supervisor.protocol.json_value import JsonValue
 
 from .fences import InternalAllow, internal_allows, network_policies
 from .names import LABEL_ROLE, SandboxNames
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["Rendered", "check_policy", "check_routes", "claims_for", "policy_destinations", "render",
            "routes_destinations", "to_yaml"]  # fmt: skip
 
-Doc = dict[str, Any]
+Doc = dict[str, JsonValue]
 
 _COMMENTS = {
     "ConfigMap": "The sandbox's policy (docs/policy.md), mounted into control only; edits become policy generations.",
@@ -56,12 +57,26 @@ def _is_proxy_pod(doc: Doc) -> bool:
     """Whether ``doc`` is one of the objects that differ in the proxy-pod topology (for its comment)."""
     kind = doc.get("kind")
     if kind == "Service":
-        return bool(doc["metadata"]["labels"].get(LABEL_ROLE) == ROLE_CONTROL)
+        return _at(doc, "metadata", "labels", LABEL_ROLE) == ROLE_CONTROL
     if kind == "Deployment":
-        return "--topology=proxy-pod" in doc["spec"]["template"]["spec"]["containers"][0].get("args", [])
+        args = _at(doc, "spec", "template", "spec", "containers", 0, "args")
+        return isinstance(args, list) and "--topology=proxy-pod" in args
     if kind == "Pod":
-        return any(e.get("name") == PROXY_TOKEN_ENV for e in doc["spec"]["containers"][0].get("env", []))
+        env = _at(doc, "spec", "containers", 0, "env")
+        return isinstance(env, list) and any(isinstance(e, dict) and e.get("name") == PROXY_TOKEN_ENV for e in env)
     return False
+
+
+def _at(value: JsonValue, *path: str | int) -> JsonValue:
+    """What ``path`` leads to in one of our own objects, or ``None`` where it leads nowhere."""
+    for step in path:
+        if isinstance(value, dict) and isinstance(step, str):
+            value = value.get(step)
+        elif isinstance(value, list) and isinstance(step, int) and step < len(value):
+            value = value[step]
+        else:
+            return None
+    return value
 
 
 def _comment(doc: Doc) -> str:

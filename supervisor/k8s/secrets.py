@@ -28,7 +28,6 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -44,6 +43,7 @@ from supervisor.protocol.certs import (
     load_bundle,
 )
 from supervisor.protocol.claims import CLAIM_FIELDS, Claims, ClaimsError, Role, claims_json, parse_claims_json
+from supervisor.protocol.json_value import JsonValue
 
 from .names import SandboxNames
 from .objects import CREDENTIALS_FILE, PROXY_CA_FILE, PROXY_TOKEN_KEY, ROLE_CONTROL, ROLE_WORKLOAD, metadata
@@ -64,7 +64,7 @@ __all__ = [
 
 SECRETS_FILE = "secrets.yaml"
 _REUSE = "--reuse-secrets"
-Doc = dict[str, Any]
+Doc = dict[str, JsonValue]
 
 _DESCRIPTIONS = {
     "ca.pem": "the per-sandbox CA certificate",
@@ -189,7 +189,8 @@ def redacted_secrets(spec: RenderSpec, names: SandboxNames, claims: Claims) -> l
 
 
 def _decode(path: Path, doc: Doc) -> dict[str, bytes]:
-    name = doc.get("metadata", {}).get("name")
+    meta = doc.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None  # load_material read it: always an object here
     data = doc.get("data")
     if not isinstance(data, dict):
         raise RenderError(_REUSE, f"{path}: Secret {name}: no data")

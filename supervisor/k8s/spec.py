@@ -12,6 +12,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
+from ..protocol.json_value import JsonValue
 from ..protocol.privilege_model import PrivilegeModel
 from .names import MAX_NAME, is_dns_label, is_label_value
 from .quantity import BOUNDARY_MEMORY_HEADROOM, Resources, format_bytes, parse_bytes
@@ -141,9 +142,9 @@ class Owner:
     name: str
     uid: str
 
-    def reference(self, block_owner_deletion: bool = False) -> dict[str, object]:
+    def reference(self, block_owner_deletion: bool = False) -> dict[str, JsonValue]:
         """``blockOwnerDeletion`` needs the right to set finalizers on the owner, which many appliers lack."""
-        ref: dict[str, object] = {
+        ref: dict[str, JsonValue] = {
             "apiVersion": self.api_version,
             "kind": self.kind,
             "name": self.name,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.json_value import JsonValue
 
 __all__ = ["ExitAck", "NoArguments", "PolicyAck", "PolicyAcknowledged"]
 
@@ -19,7 +20,7 @@ __all__ = ["ExitAck", "NoArguments", "PolicyAck", "PolicyAcknowledged"]
 class NoArguments:
     """The request of ``status``, ``start``, ``fence-probe`` and ``agent/exit-ack``: the empty object."""
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {}
 
     @classmethod
@@ -39,7 +40,7 @@ class PolicyAck:
 
     policy_generation: int
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"policy_generation": self.policy_generation}
 
     @classmethod
@@ -53,7 +54,7 @@ class PolicyAcknowledged:
 
     policy_generation: int | None
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"policy_generation": self.policy_generation}
 
     @classmethod
@@ -70,7 +71,7 @@ class ExitAck:
 
     acknowledged: bool = True
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"acknowledged": self.acknowledged}
 
     @classmethod

@@ -14,7 +14,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from supervisor.protocol.claims import Claims
 from supervisor.protocol.errors import ErrorKind, OpError
@@ -52,8 +51,8 @@ class StaticPolicy:
     landlock_compatibility: str | None = None  # "best_effort" | "hard_requirement"
     process: ProcessSection | None = None
 
-    def to_wire(self) -> dict[str, Any]:
-        body: dict[str, Any] = {}
+    def to_wire(self) -> dict[str, JsonValue]:
+        body: dict[str, JsonValue] = {}
         if self.filesystem is not None:
             body["filesystem_policy"] = {
                 "include_workdir": self.filesystem.include_workdir,
@@ -158,7 +157,7 @@ class AttachRequest:
     backend_name: str = BACKEND_NAME
     version: int = CONTRACT_VERSION
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, JsonValue]:
         """The descriptor as control sends it (``parse_attach`` reads it back against the claims)."""
         return {
             "sandbox": self.sandbox,
@@ -209,7 +208,7 @@ def _invalid(reason: str, name: str) -> OpError:
     return OpError(ErrorKind.INVALID, reason, field=name)
 
 
-def parse_attach(body: Any, claims: Claims) -> AttachRequest:
+def parse_attach(body: object, claims: Claims) -> AttachRequest:
     """Validate an attach body against the schema and against the bound claims."""
     return _from_wire(body, claims)
 
@@ -305,8 +304,8 @@ class AttachReply:
     privilege_model: str | None = None
     capture: dict[str, JsonValue] | None = None
 
-    def to_wire(self) -> dict[str, object]:
-        wire: dict[str, object] = {"state": str(self.state)}
+    def to_wire(self) -> dict[str, JsonValue]:
+        wire: dict[str, JsonValue] = {"state": str(self.state)}
         if self.boundary_instance is not None:
             wire["boundary_instance"] = self.boundary_instance
         if self.privilege_model is not None:

@@ -28,6 +28,7 @@ from typing import Final
 
 from supervisor.protocol.errors import OpError
 from supervisor.protocol.exit_result import ExitResult, ExitResultError
+from supervisor.protocol.json_value import JsonValue
 
 __all__ = [
     "CLOSED",
@@ -208,7 +209,7 @@ def _check_signal_name(raw: bytes) -> None:
         raise ValueError("signal name must be 1..32 ASCII letters or digits")
 
 
-def _json_object(payload: bytes) -> dict[str, object]:
+def _json_object(payload: bytes) -> dict[str, JsonValue]:
     try:
         obj = json.loads(payload.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:

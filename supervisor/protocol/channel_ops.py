@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.json_value import JsonValue
 from supervisor.protocol.process_ops import ForwardTarget, is_forward_probe, parse_forward_request
 
 __all__ = ["AttachStreamRequest", "ExecAccepted", "ForwardAccepted", "ForwardRequest"]
@@ -29,7 +30,7 @@ class AttachStreamRequest:
 
     handle: str
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"handle": self.handle}
 
     @classmethod
@@ -47,7 +48,7 @@ class ExecAccepted:
     handle: str
     tty: bool
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"handle": self.handle, "tty": self.tty}
 
     @classmethod
@@ -69,8 +70,11 @@ class ForwardRequest:
     target: ForwardTarget
     probe: bool = False
 
-    def to_wire(self) -> dict[str, object]:
-        return {"host": self.target.host, "port": self.target.port} | ({"probe": True} if self.probe else {})
+    def to_wire(self) -> dict[str, JsonValue]:
+        wire: dict[str, JsonValue] = {"host": self.target.host, "port": self.target.port}
+        if self.probe:
+            wire["probe"] = True
+        return wire
 
     @classmethod
     def from_wire(cls, obj: object) -> ForwardRequest:
@@ -85,8 +89,11 @@ class ForwardAccepted:
     port: int
     probe: bool = False
 
-    def to_wire(self) -> dict[str, object]:
-        return {"host": self.host, "port": self.port} | ({"probe": True} if self.probe else {})
+    def to_wire(self) -> dict[str, JsonValue]:
+        wire: dict[str, JsonValue] = {"host": self.host, "port": self.port}
+        if self.probe:
+            wire["probe"] = True
+        return wire
 
     @classmethod
     def from_wire(cls, obj: object) -> ForwardAccepted:

@@ -23,9 +23,11 @@ import enum
 import json
 import unicodedata
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import NoReturn
 
 from cryptography import x509
+
+from supervisor.protocol.json_value import JsonValue
 
 __all__ = [
     "CLAIMS_OID",
@@ -169,24 +171,24 @@ _FIELD_SET = frozenset(CLAIM_FIELDS)
 assert tuple(f.name for f in fields(Claims)) == CLAIM_FIELDS
 
 
-def _canonical(obj: dict[str, Any]) -> bytes:
+def _canonical(obj: dict[str, str | int]) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 def encode_claims(claims: Claims, role: Role) -> bytes:
     """Canonical JSON of the claims plus ``role``: the certificate extension's content."""
-    body: dict[str, Any] = dict(claims.to_dict())
+    body = claims.to_dict()
     body[_ROLE_KEY] = str(Role(role))
     return _canonical(body)
 
 
 def claims_json(claims: Claims) -> bytes:
     """Canonical JSON of the claims alone (no role): the bootstrap bundle's ``claims.json``."""
-    return _canonical(dict(claims.to_dict()))
+    return _canonical(claims.to_dict())
 
 
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _reject_duplicates(pairs: list[tuple[str, JsonValue]]) -> dict[str, JsonValue]:
+    out: dict[str, JsonValue] = {}
     for key, value in pairs:
         if key in out:
             raise ClaimsError(f"duplicate key {key!r:.80}", field=key[:80])
@@ -194,11 +196,11 @@ def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _reject_constant(name: str) -> Any:
+def _reject_constant(name: str) -> NoReturn:
     raise ClaimsError(f"non-standard JSON constant {name}")
 
 
-def _load_object(data: bytes) -> Any:
+def _load_object(data: bytes) -> JsonValue:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise ClaimsError(f"claims must be bytes, got {type(data).__name__}")
     if len(data) > MAX_ENCODED_SIZE:
@@ -208,13 +210,14 @@ def _load_object(data: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise ClaimsError(f"claims are not UTF-8: {exc.reason} at byte {exc.start}") from None
     try:
-        return json.loads(text, object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant)
+        value: JsonValue = json.loads(text, object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant)
     except ClaimsError:
         raise
     except RecursionError:
         raise ClaimsError("claims JSON is nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, and int conversion limits on huge numbers
         raise ClaimsError(f"claims are not valid JSON: {exc}") from None
+    return value
 
 
 def decode_claims(data: bytes) -> tuple[Claims, Role]:

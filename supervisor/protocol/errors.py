@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
 
 from supervisor.protocol.exit_result import ExitResult, ExitResultError
+from supervisor.protocol.json_value import JsonValue
 
 
 class ErrorKind(enum.StrEnum):
@@ -57,8 +57,8 @@ class OpError(Exception):
         where = f" ({self.field})" if self.field else ""
         return f"{self.kind}: {self.reason}{where}"
 
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"kind": str(self.kind), "reason": self.reason}
+    def to_json(self) -> dict[str, JsonValue]:
+        body: dict[str, JsonValue] = {"kind": str(self.kind), "reason": self.reason}
         for key in ("field", "stage", "errno"):
             value = getattr(self, key)
             if value is not None:
@@ -68,7 +68,7 @@ class OpError(Exception):
         return body
 
     @classmethod
-    def from_json(cls, body: Any, *, status: int = 500) -> OpError:
+    def from_json(cls, body: object, *, status: int = 500) -> OpError:
         if not isinstance(body, dict):
             return cls(ErrorKind.from_http_status(status), f"malformed error body: {body!r:.200}")
         try:

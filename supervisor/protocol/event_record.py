@@ -21,9 +21,10 @@ import datetime as _dt
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Union
 
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.json_value import JsonValue
 
 __all__ = ["COMMON_KEYS", "Event", "FieldValue", "plain"]
 
@@ -66,8 +67,8 @@ class Event:
             stamp = stamp.replace(tzinfo=_dt.UTC)
         return int(stamp.timestamp() * 1000)
 
-    def to_wire(self) -> dict[str, Any]:
-        record: dict[str, Any] = {"time": self.time, "event": str(self.name), "component": self.component}
+    def to_wire(self) -> dict[str, JsonValue]:
+        record: dict[str, JsonValue] = {"time": self.time, "event": str(self.name), "component": self.component}
         if self.sandbox is not None:
             record["sandbox"] = self.sandbox
         record.update(self.fields)
@@ -78,7 +79,7 @@ class Event:
         return json.dumps(self.to_wire(), separators=(",", ":"), ensure_ascii=False) + "\n"
 
     @classmethod
-    def from_wire(cls, raw: Mapping[str, Any]) -> Event:
+    def from_wire(cls, raw: Mapping[str, JsonValue]) -> Event:
         """An event from its JSON object; ``ValueError`` when it names no known event."""
         name = EventName(str(raw.get("event")))
         sandbox = raw.get("sandbox")

@@ -19,9 +19,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from supervisor.protocol.exit_codes import ExitCode, for_signal
+from supervisor.protocol.json_value import JsonValue
 
 __all__ = ["EndReason", "ExitResult", "ExitResultError"]
 
@@ -66,7 +67,7 @@ class ExitResult:
             return for_signal(self.signal_number)
         return ExitCode.SELF_FAILED
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {
             "handle": self.handle,
             "exited": self.exited,

@@ -27,9 +27,10 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final, TypeVar
 
 from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.json_value import JsonValue
 
 __all__ = [
     "PROBE_TIMEOUT_S",
@@ -46,6 +47,7 @@ __all__ = [
 PROBE_TIMEOUT_S: Final = 2.0  # spec §1.2: "connect refused/timeout ≤ 2 s"
 REPEAT_S: Final = 30.0
 SELF_CHECK_OK: Final = "ok"
+T = TypeVar("T")
 
 
 def parse_canary(text: str) -> tuple[str, int]:
@@ -90,11 +92,11 @@ class CanaryReport:
     def observed(self) -> bool:
         return self.seen == 0 and self.self_check == SELF_CHECK_OK
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"probe": self.probe, "seen": self.seen, "self_check": self.self_check, "peers": list(self.peers)}
 
     @classmethod
-    def from_wire(cls, body: Any, name: str = "canary") -> CanaryReport:
+    def from_wire(cls, body: object, name: str = "canary") -> CanaryReport:
         """Strict: exactly these keys with these types, else ``invalid`` naming the field."""
         if not isinstance(body, dict):
             raise OpError(ErrorKind.INVALID, f"{name} must be an object", field=name)
@@ -115,7 +117,7 @@ class CanaryReport:
         return cls(probe=body["probe"], seen=body["seen"], self_check=body["self_check"], peers=tuple(peers[:8]))
 
 
-def _field(obj: Mapping[str, object], op: str, key: str, kind: type, default: object = None) -> Any:
+def _field(obj: Mapping[str, object], op: str, key: str, kind: type[T], default: T | None = None) -> T:
     value = obj.get(key, default)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise OpError(ErrorKind.INVALID, f"the {op} reply's {key} is missing or has the wrong type", field=key)
@@ -138,7 +140,7 @@ class ProbeResult:
     error: str  # why the connect failed ("" when it connected)
     conclusive: bool = True  # False: the connect failed for a local reason, not at a fence
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"probe": self.probe, "target": self.target, "connected": self.connected, "error": self.error,
                 "conclusive": self.conclusive}  # fmt: skip
 
@@ -160,7 +162,7 @@ class FenceObserved:
 
     canary: CanaryReport
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"canary": self.canary.to_wire()}
 
     @classmethod
@@ -173,7 +175,7 @@ class FenceObservedReply:
     probe: int
     observed: bool
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"probe": self.probe, "observed": self.observed}
 
     @classmethod

@@ -58,8 +58,8 @@ class FenceReport:
     def with_self_check(self, self_check: str) -> FenceReport:
         return dataclasses.replace(self, canary_self_check=self_check)
 
-    def to_wire(self) -> dict[str, object]:
-        wire: dict[str, object] = {"mode": str(self.mode)}
+    def to_wire(self) -> dict[str, JsonValue]:
+        wire: dict[str, JsonValue] = {"mode": str(self.mode)}
         if self.privilege_model is not None:
             wire["privilege_model"] = self.privilege_model
         wire["fingerprint"] = self.fingerprint
@@ -109,7 +109,7 @@ class ConfirmRequest:
     canary: CanaryReport | None = None
     canary_problem: str | None = None
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {} if self.canary is None else {"canary": self.canary.to_wire()}
 
     @classmethod
@@ -130,7 +130,7 @@ class ConfirmReply:
     state: State
     fence: FenceReport
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"state": str(self.state), "fence": self.fence.to_wire()}
 
     @classmethod

@@ -20,7 +20,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+
+from supervisor.protocol.json_value import JsonValue
 
 __all__ = ["ConnectionIdentity", "IdentityError"]
 
@@ -47,7 +48,7 @@ class ConnectionIdentity:
     # entry opts in (docs/design.md "Identity"; docs/reference/policy.md binaries ``allow_loader_env``)
     loader_env: tuple[str, ...] = ()
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, JsonValue]:
         """The §4.2 JSON object (every field, so a strict older peer still finds all it requires)."""
         return {
             "binary_path": self.binary_path,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.json_value import JsonValue
 
 
 class State(enum.StrEnum):
@@ -126,7 +127,7 @@ class StartReply:
     state: State
     agent: str
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"state": str(self.state), "agent": self.agent}
 
     @classmethod

@@ -32,9 +32,10 @@ import signal as _signal
 import socket
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 from supervisor.protocol.errors import ErrorKind, OpError
+from supervisor.protocol.json_value import JsonValue
 
 __all__ = [
     "ALLOWED_SIGNALS",
@@ -120,12 +121,13 @@ class ExecRequest:
     def env_map(self) -> dict[str, str]:
         return dict(self.env)
 
-    def to_wire(self) -> dict[str, object]:
-        cwd = {} if self.cwd is None else {"cwd": self.cwd}
-        return {"argv": list(self.argv), "env": dict(self.env)} | cwd | {
-            "tty": self.tty, "cols": self.cols, "rows": self.rows, "stdin": self.stdin, "timeout_s": self.timeout_s,
-            "grace_s": self.grace_s,
-        }  # fmt: skip
+    def to_wire(self) -> dict[str, JsonValue]:
+        wire: dict[str, JsonValue] = {"argv": list(self.argv), "env": dict(self.env)}
+        if self.cwd is not None:
+            wire["cwd"] = self.cwd
+        wire.update({"tty": self.tty, "cols": self.cols, "rows": self.rows, "stdin": self.stdin,
+                     "timeout_s": self.timeout_s, "grace_s": self.grace_s})  # fmt: skip
+        return wire
 
     @classmethod
     def from_wire(cls, obj: object) -> ExecRequest:
@@ -138,7 +140,7 @@ class SignalRequest:
     signal: str  # a key of ALLOWED_SIGNALS
     scope: SignalScope = SignalScope.PROCESS
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"handle": self.handle, "signal": self.signal, "scope": str(self.scope)}
 
     @classmethod
@@ -154,7 +156,7 @@ class SignalReply:
     signal: str
     delivered: bool = True
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"handle": self.handle, "signal": self.signal, "delivered": self.delivered}
 
     @classmethod
@@ -173,7 +175,7 @@ class WaitRequest:
     handle: str
     timeout_s: float | None = None
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"handle": self.handle} | ({} if self.timeout_s is None else {"timeout_s": self.timeout_s})
 
     @classmethod
@@ -186,7 +188,7 @@ class TerminateRequest:
     handle: str
     grace_s: float = DEFAULT_GRACE_S
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"handle": self.handle, "grace_s": self.grace_s}
 
     @classmethod
@@ -214,7 +216,7 @@ def _reply(obj: object, op: str) -> Mapping[str, object]:
     return obj
 
 
-def _object(body: Any, allowed: Collection[str]) -> dict[str, Any]:
+def _object(body: object, allowed: Collection[str]) -> dict[str, JsonValue]:
     if not isinstance(body, dict):
         raise _invalid("request body must be a JSON object")
     for key in body:
@@ -223,7 +225,7 @@ def _object(body: Any, allowed: Collection[str]) -> dict[str, Any]:
     return body
 
 
-def _text(value: Any, field: str, *, limit: int, allow_empty: bool = True) -> str:
+def _text(value: object, field: str, *, limit: int, allow_empty: bool = True) -> str:
     if not isinstance(value, str):
         raise _invalid("must be a string", field)
     if "\x00" in value:
@@ -239,13 +241,13 @@ def _text(value: Any, field: str, *, limit: int, allow_empty: bool = True) -> st
     return value
 
 
-def _bool(value: Any, field: str) -> bool:
+def _bool(value: object, field: str) -> bool:
     if not isinstance(value, bool):
         raise _invalid("must be true or false", field)
     return value
 
 
-def _int(value: Any, field: str, lo: int, hi: int) -> int:
+def _int(value: object, field: str, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise _invalid("must be an integer", field)
     if not lo <= value <= hi:
@@ -253,7 +255,7 @@ def _int(value: Any, field: str, lo: int, hi: int) -> int:
     return value
 
 
-def _seconds(value: Any, field: str, hi: float) -> float:
+def _seconds(value: object, field: str, hi: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _invalid("must be a number of seconds", field)
     number = float(value)
@@ -262,7 +264,7 @@ def _seconds(value: Any, field: str, hi: float) -> float:
     return number
 
 
-def validate_handle(value: Any, field: str = "handle") -> str:
+def validate_handle(value: object, field: str = "handle") -> str:
     if not isinstance(value, str) or not _HANDLE.fullmatch(value):
         raise _invalid("not a process handle", field)
     return value
@@ -272,7 +274,7 @@ def is_managed_env_key(key: str) -> bool:
     return key in MANAGED_ENV_KEYS or key.startswith(MANAGED_ENV_PREFIX)
 
 
-def validate_env(value: Any, field: str = "env") -> tuple[tuple[str, str], ...]:
+def validate_env(value: object, field: str = "env") -> tuple[tuple[str, str], ...]:
     """Check a request's environment; keys keep their order."""
     if not isinstance(value, dict):
         raise _invalid("must be an object of string values", field)
@@ -289,7 +291,7 @@ def validate_env(value: Any, field: str = "env") -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def _argv(value: Any, field: str) -> tuple[str, ...]:
+def _argv(value: object, field: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not value:
         raise _invalid("must be a non-empty array of strings", field)
     if len(value) > MAX_ARGS:
@@ -300,7 +302,7 @@ def _argv(value: Any, field: str) -> tuple[str, ...]:
     return args
 
 
-def _cwd(value: Any, field: str) -> str:
+def _cwd(value: object, field: str) -> str:
     path = _text(value, field, limit=MAX_CWD_BYTES, allow_empty=False)
     if not path.startswith("/"):
         raise _invalid("must be an absolute path", field)
@@ -316,9 +318,9 @@ _EXEC_ALIASES: Final = {"command": "argv", "workdir": "cwd", "environment": "env
 _EXEC_FIELDS: Final = {"argv", "env", "cwd", "tty", "cols", "rows", "stdin", "timeout_s", "grace_s"}
 
 
-def parse_exec_request(body: Any) -> ExecRequest:
+def parse_exec_request(body: object) -> ExecRequest:
     raw = _object(body, _EXEC_FIELDS | _EXEC_ALIASES.keys())
-    fields: dict[str, Any] = {}
+    fields: dict[str, JsonValue] = {}
     for key, value in raw.items():
         name = _EXEC_ALIASES.get(key, key)
         if name in fields:
@@ -326,13 +328,7 @@ def parse_exec_request(body: Any) -> ExecRequest:
         fields[name] = value
     if "argv" not in fields:
         raise _invalid("required", "argv")
-    stdin = fields.get("stdin", "pipe")
-    if stdin is True:
-        stdin = "pipe"
-    elif stdin is False:
-        stdin = "null"
-    if stdin not in ("pipe", "null"):
-        raise _invalid('must be "pipe" or "null"', "stdin")
+    stdin = _stdin(fields.get("stdin", "pipe"))
     return ExecRequest(
         argv=_argv(fields["argv"], "argv"),
         env=validate_env(fields.get("env", {})),
@@ -346,7 +342,16 @@ def parse_exec_request(body: Any) -> ExecRequest:
     )
 
 
-def signal_number(name: Any, field: str = "signal") -> _signal.Signals:
+def _stdin(value: JsonValue) -> Literal["pipe", "null"]:
+    """``true`` and ``false`` are the booleans' spellings of ``pipe`` and ``null``."""
+    if value is True or value == "pipe":
+        return "pipe"
+    if value is False or value == "null":
+        return "null"
+    raise _invalid('must be "pipe" or "null"', "stdin")
+
+
+def signal_number(name: object, field: str = "signal") -> _signal.Signals:
     """The allowed signal called ``name`` (``TERM`` or ``SIGTERM``); numbers and others are invalid."""
     if not isinstance(name, str):
         raise _invalid("must be a signal name such as TERM", field)
@@ -358,19 +363,22 @@ def signal_number(name: Any, field: str = "signal") -> _signal.Signals:
         raise _invalid(f"signal not allowed (one of {allowed})", field) from None
 
 
-def parse_signal_request(body: Any) -> SignalRequest:
+def parse_signal_request(body: object) -> SignalRequest:
     raw = _object(body, {"handle", "signal", "scope"})
     if "signal" not in raw:
         raise _invalid("required", "signal")
     sig = signal_number(raw["signal"])
+    scope_name = raw.get("scope", "process")
     try:
-        scope = SignalScope(raw.get("scope", "process"))
-    except (ValueError, TypeError):
+        if not isinstance(scope_name, str):
+            raise ValueError(scope_name)
+        scope = SignalScope(scope_name)
+    except ValueError:
         raise _invalid('must be "process" or "group"', "scope") from None
     return SignalRequest(validate_handle(raw.get("handle")), sig.name[3:], scope)
 
 
-def parse_wait_request(body: Any) -> WaitRequest:
+def parse_wait_request(body: object) -> WaitRequest:
     raw = _object(body, {"handle", "timeout_s"})
     timeout = raw.get("timeout_s")
     return WaitRequest(
@@ -379,7 +387,7 @@ def parse_wait_request(body: Any) -> WaitRequest:
     )
 
 
-def parse_terminate_request(body: Any) -> TerminateRequest:
+def parse_terminate_request(body: object) -> TerminateRequest:
     raw = _object(body, {"handle", "grace_s"})
     return TerminateRequest(
         validate_handle(raw.get("handle")),
@@ -393,7 +401,7 @@ def refuse_reserved_port(port: int, reserved_ports: Collection[int]) -> None:
         raise OpError(ErrorKind.DENIED, f"port {port} belongs to the boundary", field="port")
 
 
-def validate_forward_target(host: Any, port: Any, reserved_ports: Collection[int] = ()) -> ForwardTarget:
+def validate_forward_target(host: object, port: object, reserved_ports: Collection[int] = ()) -> ForwardTarget:
     """spec §3 steps 1–4; the returned host is a literal, never a name."""
     port = _int(port, "port", 1, 65535)
     if not isinstance(host, str) or not host:
@@ -417,7 +425,7 @@ def validate_forward_target(host: Any, port: Any, reserved_ports: Collection[int
     return ForwardTarget(str(address), port, family)
 
 
-def parse_forward_request(body: Any, reserved_ports: Collection[int] = ()) -> ForwardTarget:
+def parse_forward_request(body: object, reserved_ports: Collection[int] = ()) -> ForwardTarget:
     """``{host, port, probe?}``; ``probe: true`` asks only whether the target would be accepted (see
     :func:`is_forward_probe`)."""
     raw = _object(body, {"host", "port", "probe"})
@@ -426,7 +434,7 @@ def parse_forward_request(body: Any, reserved_ports: Collection[int] = ()) -> Fo
     return validate_forward_target(raw.get("host", "127.0.0.1"), raw.get("port"), reserved_ports)
 
 
-def is_forward_probe(body: Any) -> bool:
+def is_forward_probe(body: object) -> bool:
     """A forward request that is only a probe: validated and accepted, never connected, so the target (a user's
     server) sees nothing of it."""
     return isinstance(body, dict) and body.get("probe") is True

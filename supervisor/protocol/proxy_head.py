@@ -36,11 +36,11 @@ import hmac
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 import h11
 
 from supervisor.protocol.egress import CaptureKind, EgressHeaderError, EgressReply, parse_authority
+from supervisor.protocol.json_value import JsonValue
 from supervisor.protocol.outcome_reasons import OutcomeReason
 from supervisor.protocol.request_head import HeadError, HeadProblem, HeadReader, RequestHead
 from supervisor.protocol.responses import REASON_PHRASES, ErrorCode
@@ -118,9 +118,16 @@ class Refusal:
     reason: str | None = None
     rule: str | None = None
 
-    def to_wire(self) -> dict[str, Any]:
-        fields = dataclasses.asdict(self)
-        return {name: value for name, value in fields.items() if value is not None}
+    def to_wire(self) -> dict[str, JsonValue]:
+        fields: tuple[tuple[str, JsonValue], ...] = (
+            ("error", str(self.error)),
+            ("detail", self.detail),
+            ("host", self.host),
+            ("port", self.port),
+            ("reason", self.reason),
+            ("rule", self.rule),
+        )
+        return {name: value for name, value in fields if value is not None}
 
 
 def render_response(status: int, body: Refusal | str | None = None, *, extra_headers: tuple[bytes, ...] = ()) -> bytes:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass
-from typing import Any
+
+from supervisor.protocol.json_value import JsonValue
 
 __all__ = ["REASON_PHRASES", "STATUS", "ErrorCode", "ErrorResponse", "L7Denial"]
 
@@ -122,8 +123,8 @@ class L7Denial:
     binary: str | None = None
     next_steps: tuple[str, ...] = ()
 
-    def to_wire(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
+    def to_wire(self) -> dict[str, JsonValue]:
+        body: dict[str, JsonValue] = {
             "policy": self.policy,
             "rule": f"{self.method} {self.path}",
             "reason": self.reason,
@@ -153,7 +154,7 @@ class ErrorResponse:
     headers: tuple[tuple[str, str], ...] = ()
 
     def body(self) -> bytes:
-        payload: dict[str, Any] = {"error": str(self.code), "detail": self.detail}
+        payload: dict[str, JsonValue] = {"error": str(self.code), "detail": self.detail}
         if self.denial is not None:
             payload.update(self.denial.to_wire())
         return json.dumps(payload, separators=(",", ":"), ensure_ascii=True).encode() + b"\n"

@@ -42,7 +42,7 @@ class ResumeRequest:
 
     interception_ca_sha256: str | None = None
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"interception_ca_sha256": self.interception_ca_sha256}
 
     @classmethod
@@ -56,7 +56,7 @@ class AgentStatus:
     handle: str
     result: ExitResult | None = None  # once the agent has ended
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {"handle": self.handle, "result": None if self.result is None else self.result.to_wire()}
 
     @classmethod
@@ -86,7 +86,7 @@ class StatusReply:
     limits: dict[str, JsonValue] | None = None
     interception_ca_sha256: str | None = None  # the CA the agent was given to trust
 
-    def to_wire(self) -> dict[str, object]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {
             "state": str(self.state),
             "boundary_instance": self.boundary_instance,

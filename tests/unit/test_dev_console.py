@@ -230,3 +230,24 @@ def test_an_origin_control_does_not_trust_is_named_with_the_certificate_problem_
         "api.corp.test:443 failed verification: self-signed certificate in certificate chain; if the origin's CA is "
         "one you trust (a private or corporate CA), give it to control with --upstream-ca FILE"
     ]
+
+
+def test_status_names_since_when_the_workload_is_gone_and_what_to_delete() -> None:
+    from supervisor.cli.client_commands import _gone_lines
+
+    gone = {"since": "2026-01-02T03:04:05Z", "seconds": 150, "delete": ["kubectl delete sandbox s"]}
+    assert _gone_lines(gone) == [
+        "workload    gone since 2026-01-02T03:04:05Z (2 min); remove the sandbox:",
+        "  kubectl delete sandbox s",
+    ]
+    assert _gone_lines(None) == [] and _gone_lines({}) == []
+
+
+def test_status_counts_activity_and_names_the_denial_groups_that_are_not_zero() -> None:
+    from supervisor.cli.client_commands import _activity_lines
+
+    activity = {"network_activity_count": 9, "denied_action_count": 3,
+                "denials_by_group": {"ssrf": 1, "connect_policy": 2, "l7_policy": 0}}  # fmt: skip
+    assert _activity_lines(activity) == ["activity    9 connections and requests, 3 denied (connect_policy 2, ssrf 1)"]
+    assert _activity_lines({"network_activity_count": 1}) == ["activity    1 connections and requests, 0 denied"]
+    assert _activity_lines(None) == []

@@ -39,8 +39,6 @@ _OUT_OF_SCOPE = ("supervisor.cli", "supervisor.k8s")
 # The JSON codec at the wire edge: qualified name → why it may take or return a raw JSON object. Every class's
 # ``to_wire``/``from_wire`` is the edge by name and needs no entry.
 _WIRE_EDGE: dict[str, str] = {
-    "supervisor.protocol.errors.OpError.to_json": "the error body codec (docs/reference/boundary.md §1.3): an "
-    "exception, not a message; its JSON is written by the RPC transport and logged as an event field",
     # link/rpc.py is the JSON codec of the link's operations: it turns request and reply objects into bytes on an
     # HTTP/2 stream and back. What the objects mean is decided at each end, by the typed parsers and writers in
     # protocol/ (attach.parse_attach / AttachRequest.to_wire, process_ops.parse_*, ExitResult.to_wire, ...).

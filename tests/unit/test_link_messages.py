@@ -248,6 +248,7 @@ CASES: list[tuple[Any, dict[str, Any]]] = [
 @pytest.mark.parametrize(("message", "wire"), CASES, ids=lambda value: type(value).__name__)
 def test_round_trip_is_the_exact_object(message: Any, wire: dict[str, Any]) -> None:
     assert message.to_wire() == wire
+    assert list(message.to_wire()) == list(wire)  # the keys in the order they are written on the wire
     assert type(message).from_wire(wire) == message
 
 

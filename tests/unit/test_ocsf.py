@@ -231,6 +231,20 @@ def test_a_log_with_the_placeholders_hides_them_in_every_agent_chosen_field() ->
         assert "/work/[CREDENTIAL]" in text
 
 
+def test_a_list_of_agent_text_is_scrubbed_item_by_item_and_other_fields_are_left_alone() -> None:
+    import io
+
+    from supervisor.jsonlog import JsonLog
+    from supervisor.protocol.ocsf import placeholder_scrub
+
+    stream = io.StringIO()
+    log = JsonLog("boundary", stream=stream, sandbox=SANDBOX)
+    log.scrub = placeholder_scrub(["secret-placeholder-0001"])
+    log.emit(EventName.EGRESS_REFUSED, ancestors=("/bin/secret-placeholder-0001", 7), method="secret-placeholder-0001")
+    line = json.loads(stream.getvalue())
+    assert line["ancestors"] == ["/bin/[CREDENTIAL]", 7] and line["method"] == "secret-placeholder-0001"
+
+
 def test_what_no_attribute_holds_stays_in_unmapped() -> None:
     """Nothing the JSON line says is lost: a field the class places nowhere is in ``unmapped``."""
     policy = _objects(Event.build(EventName.POLICY_GENERATION, "control", SANDBOX, generation=4, status="quarantined"))

@@ -18,6 +18,7 @@ from supervisor.protocol.proxy_head import (
     ForwardBody,
     ProxyReject,
     ProxyTarget,
+    Refusal,
     parse_head,
     proxy_environment,
     proxy_token_matches,
@@ -25,8 +26,10 @@ from supervisor.protocol.proxy_head import (
     render_denied,
     render_proxy_auth_required,
     render_reply,
+    render_response,
     render_unavailable,
 )
+from supervisor.protocol.responses import ErrorCode
 
 
 def parse_response(raw: bytes) -> tuple[int, dict[str, str], bytes]:
@@ -424,3 +427,11 @@ def test_407_carries_the_challenge() -> None:
 def test_proxy_url() -> None:
     assert proxy_url("10.0.0.1", 3128, TOKEN) == f"http://sandbox:{TOKEN}@10.0.0.1:3128"
     assert proxy_url("::1", 3128) == "http://[::1]:3128"
+
+
+def test_a_refusal_body_leaves_out_absent_fields_and_sorts_its_keys() -> None:
+    full = Refusal(ErrorCode.POLICY_DENIED, "no", host="example.com", port=443, reason="r", rule="x")
+    assert full.to_wire() == {"error": "policy_denied", "detail": "no", "host": "example.com", "port": 443,
+                              "reason": "r", "rule": "x"}  # fmt: skip
+    response = render_response(403, Refusal(ErrorCode.SSRF_DENIED, host="10.0.0.1"))
+    assert response.endswith(b'\r\n\r\n{"error":"ssrf_denied","host":"10.0.0.1"}')

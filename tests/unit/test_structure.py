@@ -50,7 +50,7 @@ _JSON_EDGE_MODULES: dict[str, str] = {
     "JSON objects of its wire",
 }
 
-_DICT_ANY_CEILING = 118
+_DICT_ANY_CEILING = 85
 
 
 # --- the checkers --------------------------------------------------------------------------------------------
