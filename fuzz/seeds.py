@@ -164,7 +164,7 @@ def zygote() -> Iterator[bytes]:
     yield encode({"op": "spawn", "id": 2, "sid": 8, "spec": landlock.to_wire(), "stdio": [0, 0, 0, 1]})
     yield encode({"op": "prepare", "id": 3, "plan": plan.to_wire()})
     yield encode({"exit": 7, "status": 9})
-    yield encode({"spare": 1234, "ns_pid": 1, "confinement": child.confinement(spec, True), "notes": ["x"]})
+    yield encode({"spare": 1234, "ns_pid": 1, "confinement": child.confinement(spec, True).to_wire(), "notes": ["x"]})
     yield encode({"unowned": 3, "pids": [10, 11, 12]})
 
 

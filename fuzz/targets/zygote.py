@@ -14,6 +14,7 @@ Oracles beyond "no crash":
 from __future__ import annotations
 
 from supervisor.boundary.forkimage import child, messages, wire
+from supervisor.protocol.json_value import is_json_object
 
 _HANDLED = (KeyError, TypeError, ValueError, OSError)
 
@@ -37,13 +38,17 @@ def one_input(data: bytes) -> None:
     if request is not None:
         assert messages.SpawnRequest.from_wire(request.to_wire()) == request, request
     try:
-        spec = child.SpawnSpec.from_wire(message["spec"])
+        raw_spec = message["spec"]
+        spec = child.SpawnSpec.from_wire(raw_spec) if is_json_object(raw_spec) else None
     except _HANDLED:
         spec = None
     if spec is not None and child.validate(spec) is None:
         child.confinement(spec, False)
     try:
-        plan = messages.NamespacePlan.from_wire(message["plan"])
+        raw_plan = message["plan"]
+        if not is_json_object(raw_plan):
+            return
+        plan = messages.NamespacePlan.from_wire(raw_plan)
     except _HANDLED:
         return
     plan.effective()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
 
 import trio
 
@@ -18,6 +17,7 @@ from supervisor.boundary.capture.fence_watch import (
     nftables_groups_socket,
     rtnetlink_groups_socket,
 )
+from supervisor.boundary.capture.readback import FenceReadback, NetnsProbe
 from supervisor.boundary.forkimage import capabilities
 from supervisor.boundary.process import LauncherError
 from supervisor.boundary.state import DaemonState
@@ -158,7 +158,7 @@ class FenceSteps:
             if state.lifecycle.state is State.BOUND:
                 state.fatal(f"fence not in force: {reason}")
             else:
-                await self._enforcement_lost({"problems": [reason]})
+                await self._enforcement_lost(FenceReadback(problems=(reason,)))
             raise OpError(ErrorKind.FAILED, f"fence not in force: {reason}", stage="fence-probe")
         return result
 
@@ -180,7 +180,7 @@ class FenceSteps:
             raise OpError(ErrorKind.INVALID, f"no probe {report.probe} to report on", field="canary.probe")
         if report.seen:
             reason = f"control's fence canary saw {report.seen} connection(s) from outside it: {list(report.peers)}"
-            await self._enforcement_lost({"problems": [reason]})
+            await self._enforcement_lost(FenceReadback(problems=(reason,)))
             raise OpError(ErrorKind.FAILED, f"fence not in force: {reason}", stage="fence-observed")
         if report.self_check != "ok":
             state.log.emit(EventName.FENCE_CANARY_UNVERIFIED, reason=report.self_check, probe=report.probe)
@@ -193,20 +193,20 @@ class FenceSteps:
         assert state.attach is not None and state.prepared is not None and state.capture is not None
         port = state.attach.capture_ports[0]
         try:
-            report = await state.launcher.capture_call("inspect", {"expect_anyip": True})
-            probe = await state.launcher.capture_call(
+            report = FenceReadback.from_wire(await state.launcher.capture_call("inspect", {"expect_anyip": True}))
+            probe = NetnsProbe.from_wire(await state.launcher.capture_call(
                 "probe", {"address": PROBE_ADDRESS, "port": port, "expect_listener_port": port}
-            )
+            ))  # fmt: skip
         except (LauncherError, OSError) as exc:
-            report, probe = {"ok": False, "problems": [f"fence read-back failed: {exc}"]}, {"ok": False}
+            report, probe = FenceReadback.failed(f"fence read-back failed: {exc}"), NetnsProbe()
         _drain(state.prepared.fds.get(f"tcp4:{port}"))  # the probe's own connection must not reach the handler
-        problems = list(report.get("problems") or [])
-        if not probe.get("ok", False) or not probe.get("captured", False):
-            problems.append(f"probe to {PROBE_ADDRESS}:{port} was not captured: {probe.get('error')}")
-        if not report.get("ok", False) or problems:
+        problems = list(report.problems)
+        if not probe.ok or not probe.captured:
+            problems.append(f"probe to {PROBE_ADDRESS}:{port} was not captured: {probe.error}")
+        if not report.ok or problems:
             state.fatal(f"fence not in force: {problems}")
             raise OpError(ErrorKind.FAILED, f"fence not in force: {problems}", stage="confirm")
-        return report.get("fingerprint"), report.get("links")
+        return report.fingerprint, report.links
 
     async def _watch_fence(self, fingerprint: str) -> None:
         """Re-read the fence on every rtnetlink and nftables notification of the agent's namespace and every 5 s
@@ -219,7 +219,7 @@ class FenceSteps:
             ))  # fmt: skip
         except OSError as exc:
             state.log.emit(EventName.FENCE_WATCH, notifications=False, reason=f"timer only: {exc}")
-        nftables: dict[str, Any] = {"nftables_notifications": True}
+        nftables: dict[str, JsonValue] = {"nftables_notifications": True}
         try:
             notifications.append(nftables_groups_socket(
                 await state.launcher.socket_in_netns(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
@@ -227,8 +227,8 @@ class FenceSteps:
         except OSError as exc:  # the timer still sees nftables changes, within 5 s
             nftables = {"nftables_notifications": False, "nftables_reason": str(exc)}
 
-        async def inspect() -> dict[str, Any]:
-            return await state.launcher.capture_call("inspect", {"expect_anyip": True})
+        async def inspect() -> FenceReadback:
+            return FenceReadback.from_wire(await state.launcher.capture_call("inspect", {"expect_anyip": True}))
 
         watch = FenceWatch(
             expected=fingerprint, inspect=inspect, on_lost=self._enforcement_lost, notifications=notifications,
@@ -240,17 +240,17 @@ class FenceSteps:
             EventName.FENCE_WATCH, notifications=bool(notifications), interval_s=watch.interval_s, **nftables
         )
 
-    async def _enforcement_lost(self, report: dict[str, Any]) -> None:
+    async def _enforcement_lost(self, report: FenceReadback) -> None:
         """The fence changed under a running workload: kill every workload process now (no grace), the agent's
         result says ``enforcement-lost``, and the daemon ends as on the agent's exit."""
         state = self.state
-        problems = list(report.get("problems") or [])
+        problems = list(report.problems)
         reason = "fence changed: " + ("; ".join(problems) if problems else "fingerprint differs from confirm's")
         state.enforcement_lost = reason
         state.log.emit(
-            EventName.ENFORCEMENT_LOST, reason=reason, problems=problems, links=report.get("links"),
+            EventName.ENFORCEMENT_LOST, reason=reason, problems=problems, links=report.links,
             fingerprint_confirmed=state.fence.fingerprint if state.fence else None,
-            fingerprint_now=report.get("fingerprint"), trigger=report.get("trigger"),
+            fingerprint_now=report.fingerprint, trigger=report.trigger,
         )  # fmt: skip
         started = state.table.agent is not None
         await state.table.end_all(EndReason.ENFORCEMENT_LOST, kill=True)

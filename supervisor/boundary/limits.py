@@ -8,9 +8,10 @@ ends (process/cgroups.py, process/memory_cgroup.py).
 from __future__ import annotations
 
 import os
-from typing import Any
+from dataclasses import replace
 
 from supervisor.boundary.config import BoundaryConfig
+from supervisor.boundary.limits_report import UNENFORCED, LimitsReport
 from supervisor.boundary.process import Launcher
 from supervisor.boundary.process.cgroups import CgroupError, PidsCgroup, create_pids_cgroup, workload_cgroup_name
 from supervisor.boundary.process.memory_cgroup import (
@@ -35,12 +36,11 @@ class WorkloadLimits:
         self.log = log
         self.pids_cgroup: PidsCgroup | None = None
         self.memory_cgroup: MemoryCgroup | None = None
-        self.limits: dict[str, Any] = {"pids": None, "memory": None, **_fixed_limits(cfg)}  # set at attach
+        self.limits = _fixed_limits(cfg)  # what attach decides is added to it
 
     def pids_limit(self) -> int | None:
         """The workload's ``pids.max`` where it is enforced (the exec log's bound on live processes), else None."""
-        limit = self.limits.get("pids")
-        return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+        return self.limits.pids_limit()
 
     def limit_pids(self, launcher: Launcher, instance: str) -> None:
         """The launcher joins the workload's pids cgroup before it forks anything (cgroups.py rule 4); where no
@@ -56,13 +56,13 @@ class WorkloadLimits:
                 group.remove()
                 raise CgroupError(f"cannot move the launcher into {group.directory}: {exc.strerror}") from None
         except CgroupError as exc:
-            self.limits.update(pids="unenforced", pids_reason=str(exc))
+            self.limits = replace(self.limits, pids=UNENFORCED, pids_reason=str(exc))
             self.log.emit(EventName.LIMITS_PIDS, enforced=False, limit=None, reason=str(exc))
             return
         self.pids_cgroup = group
         if group.stale_removed:  # a SIGKILLed boundary's leftovers (cgroups.py rule 5)
             self.log.emit(EventName.LIMITS_PIDS_CGROUP_STALE_REMOVED, cgroups=list(group.stale_removed))
-        self.limits.update(pids=limit, pids_cgroup=group.describe())
+        self.limits = replace(self.limits, pids=limit, pids_cgroup=group.describe())
         self.log.emit(EventName.LIMITS_PIDS, enforced=True, limit=limit, cgroup=group.describe())
 
     def limit_memory(self, launcher: Launcher, instance: str, table: ProcessTable) -> None:
@@ -81,12 +81,12 @@ class WorkloadLimits:
                     group.remove()
                     raise CgroupError(f"cannot move the launcher into {group.directory}: {exc.strerror}") from None
         except CgroupError as exc:
-            self.limits.update(memory="unenforced", memory_reason=str(exc))
+            self.limits = replace(self.limits, memory=UNENFORCED, memory_reason=str(exc))
             self.log.emit(EventName.LIMITS_MEMORY, enforced=False, limit=None, reason=str(exc))
             return
         self.memory_cgroup = group
         table.oom_kills = group.oom_kills
-        self.limits.update(memory=group.limit, memory_cgroup=group.describe(), memory_swap=group.swap)
+        self.limits = replace(self.limits, memory=group.limit, memory_cgroup=group.describe(), memory_swap=group.swap)
         self.log.emit(
             EventName.LIMITS_MEMORY, enforced=True, limit=group.limit, cgroup=group.describe(), swap=group.swap,
             stale_removed=list(group.stale_removed),
@@ -109,27 +109,29 @@ class WorkloadLimits:
             except OSError as exc:
                 why = f"cannot set the workload's oom_score_adj: {exc.strerror or exc}"
         if why is not None:
-            self.limits.update(oom_score_adj="unenforced", oom_score_adj_reason=why)
+            self.limits = replace(self.limits, oom_score_adj=UNENFORCED, oom_score_adj_reason=why)
             return
-        self.limits.update(oom_score_adj=WORKLOAD_OOM_SCORE_ADJ)
         no_floor = privileged_for_oom_score()
         if no_floor is None:
             try:
                 set_oom_score_adj(launcher.pid, LAUNCHER_OOM_SCORE_ADJ)
             except OSError as exc:
                 no_floor = f"cannot set the launcher's oom_score_adj: {exc.strerror or exc}"
-        self.limits.update(oom_score_adj_floor=no_floor is None)
-        if no_floor is not None:  # R and U mount the agent's /proc read-only: it cannot write it there either
-            self.limits.update(oom_score_adj_floor_reason=no_floor)
+        # R and U mount the agent's /proc read-only: it cannot write it there either
+        self.limits = replace(
+            self.limits, oom_score_adj=WORKLOAD_OOM_SCORE_ADJ, oom_score_adj_floor=no_floor is None,
+            oom_score_adj_floor_reason=no_floor,
+        )  # fmt: skip
 
-    def now(self) -> dict[str, Any]:
+    def now(self) -> LimitsReport:
         """Every limit, whether it is enforced (and why not), and the cgroups' counters now."""
-        now = dict(self.limits)
+        now = self.limits
         if self.pids_cgroup is not None:
-            now["pids_current"] = self.pids_cgroup.current()
+            now = replace(now, pids_current=self.pids_cgroup.current())
         if self.memory_cgroup is not None:
-            now["memory_current"] = self.memory_cgroup.current()
-            now["memory_oom_kills"] = self.memory_cgroup.oom_kills()
+            now = replace(
+                now, memory_current=self.memory_cgroup.current(), memory_oom_kills=self.memory_cgroup.oom_kills()
+            )
         return now
 
     def release(self, launcher: Launcher, wait_s: float) -> None:
@@ -143,16 +145,16 @@ class WorkloadLimits:
             self.log.emit(EventName.LIMITS_PIDS_CGROUP_LEFT, cgroup=self.pids_cgroup.describe())
 
 
-def _fixed_limits(cfg: BoundaryConfig) -> dict[str, Any]:
-    """The limits the configuration alone decides: the workdir's size and the private /tmp and /dev/shm."""
-    fixed: dict[str, Any] = {
-        "workdir_size": "unenforced",
-        "workdir_size_reason": "the workdir is a host directory (dev mode) or the pod's volume, given to the "
-        "agent as it is: it has no filesystem of its own whose size could be capped",
-    }
+_WORKDIR_UNCAPPED = (
+    "the workdir is a host directory (dev mode) or the pod's volume, given to the agent as it is: it has no "
+    "filesystem of its own whose size could be capped"
+)
+
+
+def _fixed_limits(cfg: BoundaryConfig) -> LimitsReport:
+    """The limits the configuration alone decides: the workdir's size (never enforced) and the private /tmp and
+    /dev/shm."""
     if cfg.privilege_model == PrivilegeModel.P:
         shared = "model P: the agent shares the pod's own, sized by the pod"
-        fixed.update(tmp_size="unenforced", tmp_size_reason=shared, shm_size="unenforced", shm_size_reason=shared)
-    else:
-        fixed.update(tmp_size=cfg.tmp_size, shm_size=cfg.shm_size)  # tmpfs size= (rootfs.py)
-    return fixed
+        return LimitsReport(_WORKDIR_UNCAPPED, UNENFORCED, UNENFORCED, tmp_size_reason=shared, shm_size_reason=shared)
+    return LimitsReport(_WORKDIR_UNCAPPED, cfg.tmp_size, cfg.shm_size)  # tmpfs size= (rootfs.py)

@@ -13,7 +13,7 @@ launcher's ``Stage``, ``alpn``, ``state`` and ``event`` from theirs. Never a des
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from supervisor.boundary.capture.identity import IdentityStage
 from supervisor.boundary.forkimage.child import Stage
+from supervisor.boundary.limits_report import LimitsReport
 from supervisor.jsonlog import JsonLog
 from supervisor.metrics import NONE_LABEL, closed
 from supervisor.protocol.event_names import EventName
@@ -49,7 +50,7 @@ class BoundaryState(Protocol):
     def lifecycle_state(self) -> str: ...
     @property
     def policy_generation_acked(self) -> int | None: ...
-    def limits_now(self) -> dict[str, Any]: ...
+    def limits_now(self) -> LimitsReport: ...
 
 
 class BoundaryMetrics:
@@ -123,20 +124,19 @@ class _Gauges(Collector):
         limits = state.limits_now()
         enforced = GaugeMetricFamily("openshell_limit_enforced", "1 when the limit holds (its cgroup), 0 when it is "
                                      "reported unenforced", labels=["daemon", "limit"])  # fmt: skip
-        for limit in ("pids", "memory"):
-            value = limits.get(limit)
-            enforced.add_metric([DAEMON, limit], 1 if _count(value) is not None else 0)
+        for limit, held in (("pids", limits.pids), ("memory", limits.memory)):
+            enforced.add_metric([DAEMON, limit], 1 if _count(held) is not None else 0)
         yield enforced
-        for name, doc, key in (
-            ("openshell_pids_limit", "The workload's pids.max", "pids"),
-            ("openshell_pids_current", "The workload's processes now (its cgroup)", "pids_current"),
-            ("openshell_memory_limit_bytes", "The workload's memory limit", "memory"),
-            ("openshell_memory_current_bytes", "The workload's memory use now (its cgroup)", "memory_current"),
+        for name, doc, reading in (
+            ("openshell_pids_limit", "The workload's pids.max", limits.pids),
+            ("openshell_pids_current", "The workload's processes now (its cgroup)", limits.pids_current),
+            ("openshell_memory_limit_bytes", "The workload's memory limit", limits.memory),
+            ("openshell_memory_current_bytes", "The workload's memory use now (its cgroup)", limits.memory_current),
         ):
-            value = _count(limits.get(key))
+            value = _count(reading)
             if value is not None:
                 yield _gauge(name, doc, value)
-        kills = _count(limits.get("memory_oom_kills"))
+        kills = _count(limits.memory_oom_kills)
         if kills is not None:
             family = CounterMetricFamily("openshell_memory_oom_kills", "OOM kills in the workload's memory cgroup",
                                          labels=["daemon"])  # fmt: skip

@@ -3,8 +3,9 @@ generation in force, the agent's result) (docs/reference/boundary.md §1.2, §1.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
 
+from supervisor.boundary.process.description import ProcessDescription
 from supervisor.boundary.state import DaemonState
 from supervisor.protocol.acks import ExitAck, NoArguments, PolicyAck
 from supervisor.protocol.event_names import EventName
@@ -40,24 +41,24 @@ class Reports:
             enforcement_lost=state.enforcement_lost,
             policy_generation=state.policy_generation_acked,
             agent=None if agent is None else AgentStatus(agent.handle, agent.result),
-            processes=tuple(self._redacted(process) for process in state.table.live()),
+            processes=tuple(self._redacted(process).to_wire() for process in state.table.live()),
             links=len(state.links),
-            limits=state.limits_now(),
+            limits=state.limits_now().to_wire(),
             # The CA the agent was given to trust: a control that resumes with another one says so.
             interception_ca_sha256=self._interception_ca_sha256(),
         )
 
-    def _redacted(self, process: dict[str, Any]) -> dict[str, Any]:
+    def _redacted(self, process: ProcessDescription) -> ProcessDescription:
         """A process as status shows it: a credential placeholder in its argv reads ``[CREDENTIAL]``, as in the
         events (control's ``l7/rewrite.py``)."""
         attach = self.state.attach
         placeholders = sorted(attach.credential_placeholders.values(), key=len, reverse=True) if attach else []
         argv = []
-        for arg in process.get("argv") or ():
+        for arg in process.argv:
             for placeholder in placeholders:
                 arg = arg.replace(placeholder, REDACTED_CREDENTIAL)
             argv.append(arg)
-        return {**process, "argv": argv}
+        return replace(process, argv=tuple(argv))
 
     def _interception_ca_sha256(self) -> str | None:
         pem = self.state.attach.interception_ca_pem if self.state.attach else None

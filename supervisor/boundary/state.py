@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
-from typing import Any
 
 import trio
 
@@ -18,6 +17,7 @@ from supervisor.boundary import state_file
 from supervisor.boundary.config import PROXY_PORT, BoundaryConfig
 from supervisor.boundary.egress import EgressCapture, EgressLinks
 from supervisor.boundary.limits import WorkloadLimits
+from supervisor.boundary.limits_report import LimitsReport
 from supervisor.boundary.metrics import BoundaryMetrics
 from supervisor.boundary.process import Launcher, Prepared
 from supervisor.boundary.process.table import ProcessTable
@@ -71,7 +71,7 @@ class DaemonState:
     def lifecycle_state(self) -> str:
         return str(self.lifecycle.state)
 
-    def limits_now(self) -> dict[str, Any]:
+    def limits_now(self) -> LimitsReport:
         return self.limits.now()
 
     # -- shared by the steps ----------------------------------------------------------------------------------

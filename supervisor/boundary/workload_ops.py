@@ -13,7 +13,6 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 
 import trio
 
@@ -34,6 +33,7 @@ from supervisor.protocol.errors import ErrorKind, OpError
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.exit_codes import for_launch_errno
 from supervisor.protocol.exit_result import ExitResult
+from supervisor.protocol.json_value import JsonValue
 from supervisor.protocol.lifecycle import Op, StartReply
 from supervisor.protocol.privilege_model import PrivilegeModel
 from supervisor.protocol.process_ops import (
@@ -60,7 +60,8 @@ class WorkloadOps:
         state.lifecycle.check(Op.START)
         assert state.attach is not None
         uid, gid = state.agent_ids(state.attach)
-        agent: dict[str, Any] = {"argv": list(state.cfg.agent_argv), "cwd": state.cfg.workdir, "tty": False}
+        # an exec request's body, checked as control's are (parse_exec_request)
+        agent: dict[str, JsonValue] = {"argv": list(state.cfg.agent_argv), "cwd": state.cfg.workdir, "tty": False}
         if state.cfg.agent_stdio == "tty":  # its own terminal, streamed to whoever attaches (dev mode's terminal)
             cols, rows = state.cfg.agent_tty_size
             agent.update(tty=True, cols=cols, rows=rows, env={"TERM": state.cfg.agent_term})

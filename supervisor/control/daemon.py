@@ -12,7 +12,6 @@ import datetime
 import functools
 import signal
 import sys
-from collections.abc import Mapping
 
 import trio
 
@@ -219,7 +218,7 @@ class ControlDaemon:
     def _reported(self) -> dict[str, JsonValue]:
         """The boundary's last status as it wrote it; ``{}`` before the first."""
         reported = self.peer.reported
-        return {} if reported is None else _json_object(reported.to_wire())
+        return {} if reported is None else dict(reported.to_wire())
 
     # -- what the API reports ------------------------------------------------------------------------------
     def _links_up(self) -> dict[str, int]:
@@ -327,22 +326,6 @@ class ControlDaemon:
             out["networkpolicy_enforcement"] = "acknowledged" if self.cfg.networkpolicy_acknowledged else None
             out["proxy"] = self.proxy.status()
         return out
-
-
-def _json_object(value: Mapping[str, object]) -> dict[str, JsonValue]:
-    """``value`` (a peer's reply as its ``to_wire`` wrote it) as the JSON object it is, member by member checked;
-    ``TypeError`` naming the type of a member that JSON cannot carry."""
-    return {key: _json_value(member) for key, member in value.items()}
-
-
-def _json_value(value: object) -> JsonValue:
-    if value is None or isinstance(value, str | int | float):  # bool is an int
-        return value
-    if isinstance(value, list | tuple):  # json.dumps writes a tuple as a list
-        return [_json_value(item) for item in value]
-    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
-        return {key: _json_value(member) for key, member in value.items()}
-    raise TypeError(f"not a JSON value: {type(value).__name__}")
 
 
 def certificate_facts(cfg: ControlConfig) -> CertificateFacts:

@@ -183,7 +183,7 @@ class World:
         while not self.launcher._leases:
             self.launcher.workload_pids()  # files the lease while nobody reads the launcher's socket
             await trio.sleep(0.005)
-        assert self.launcher._leases[0].confinement["notify"], "a spare without the connect-notify filter"
+        assert self.launcher._leases[0].confinement.notify, "a spare without the connect-notify filter"
         return self.launcher._leases[0].pid
 
 

@@ -399,7 +399,7 @@ async def test_stream_break_keeps_process_and_reattach(fake_table: ProcessTable)
         n.cancel_scope.cancel()
     await pump_exec(entry, BrokenStream())  # or the stream itself breaks
     assert entry.result is None  # (and the reattach below proves the same process kept running)
-    assert [e["handle"] for e in fake_table.live()] == [entry.handle]
+    assert [e.handle for e in fake_table.live()] == [entry.handle]
     # a resumed control re-attaches and finishes the conversation
     out = Collected()
     client, server = trio.testing.memory_stream_pair()

@@ -73,7 +73,7 @@ async def table(launcher: Launcher) -> AsyncIterator[ProcessTable]:
         await n.start(t.run)
         yield t
         for live in t.live():
-            await t.terminate(live["handle"], 0)
+            await t.terminate(live.handle, 0)
         await kill_tree(everything(t.launcher.workload_pids))  # whatever a test left behind
         n.cancel_scope.cancel()
 
@@ -351,8 +351,8 @@ async def test_control_drop_mid_exec_keeps_process(table: ProcessTable) -> None:
     entry = await table.start(sh("read x; echo got $x"), kind="exec")
     await pump_exec(entry, BrokenStream())
     # what a resumed control sees; the reattach below proves the same process kept running
-    assert [e["handle"] for e in table.live()] == [entry.handle]
-    assert "pid" not in table.live()[0]
+    assert [e.handle for e in table.live()] == [entry.handle]
+    assert "pid" not in table.live()[0].to_wire()
     client, server = trio.testing.memory_stream_pair()
     out = Collected()
     async with trio.open_nursery() as n:

@@ -4,27 +4,27 @@ a failed re-read is retried, the timer re-reads with no notification at all."""
 from __future__ import annotations
 
 import socket
-from typing import Any
 
 import trio
 import trio.testing
 
 from supervisor.boundary.capture.fence_watch import FenceWatch
+from supervisor.boundary.capture.readback import FenceReadback
 
 
 class Fake:
     def __init__(self) -> None:
         self.fingerprints: list[str | Exception] = []
-        self.lost: list[dict[str, Any]] = []
+        self.lost: list[FenceReadback] = []
         self.errors: list[str] = []
 
-    async def inspect(self) -> dict[str, Any]:
+    async def inspect(self) -> FenceReadback:
         now = self.fingerprints.pop(0) if len(self.fingerprints) > 1 else self.fingerprints[0]
         if isinstance(now, Exception):
             raise now
-        return {"fingerprint": now, "problems": [] if now == "A" else ["unexpected link veth0 (veth)"]}
+        return FenceReadback(fingerprint=now, problems=() if now == "A" else ("unexpected link veth0 (veth)",))
 
-    async def on_lost(self, report: dict[str, Any]) -> None:
+    async def on_lost(self, report: FenceReadback) -> None:
         self.lost.append(report)
 
 
@@ -48,7 +48,7 @@ async def test_notification_with_unchanged_fingerprint_is_only_a_reread() -> Non
         with trio.fail_after(5):
             while not fake.lost:  # noqa: ASYNC110
                 await trio.sleep(0.01)
-    assert fake.lost[0]["fingerprint"] == "B" and len(fake.lost) == 1  # reported once; the watch ended
+    assert fake.lost[0].fingerprint == "B" and len(fake.lost) == 1  # reported once; the watch ended
     theirs.close()
 
 
@@ -60,9 +60,9 @@ async def test_timer_rereads_and_a_failed_read_is_retried(autojump_clock: trio.t
     started = trio.current_time()
     await watch.run()  # returns once the loss is reported
     assert watch.reads == 3 and fake.errors == ["OSError: launcher busy"]
-    assert fake.lost[0]["fingerprint"] == "C"
+    assert fake.lost[0].fingerprint == "C"
     assert trio.current_time() - started == 15.0
-    assert fake.lost[0]["trigger"] == "timer"
+    assert fake.lost[0].trigger == "timer"
 
 
 async def test_any_of_several_sockets_triggers_and_the_loss_says_so() -> None:
@@ -85,7 +85,7 @@ async def test_any_of_several_sockets_triggers_and_the_loss_says_so() -> None:
         with trio.fail_after(5):
             while not fake.lost:  # noqa: ASYNC110
                 await trio.sleep(0.01)
-    assert fake.lost[0]["trigger"] == "notification" and watch.reads == 2
+    assert fake.lost[0].trigger == "notification" and watch.reads == 2
     assert all(ours.fileno() == -1 for ours, _ in pairs)  # the watch closed its sockets
     for _, theirs in pairs:
         theirs.close()

@@ -6,10 +6,8 @@ bare ``dict``/``Mapping``, a ``Mapping[str, Any]``, a ``dict[str, object]``, or 
 tuple or callable. What crosses is a frozen dataclass with ``to_wire()``/``from_wire()`` at the JSON edge; only
 that edge (listed in ``_WIRE_EDGE``, each with its reason) may speak raw JSON objects.
 
-The public callables that do not meet the bar yet are listed in ``tests/unit/interfaces_pending.py``. That list
-only shrinks: a new violation fails, and so does an entry that is typed now. The CLI (supervisor/cli) and the
-manifest renderer (supervisor/k8s) are out of scope: their JSON is the operator API's client and the rendered
-manifests, documents by nature.
+The CLI (supervisor/cli) and the manifest renderer (supervisor/k8s) are out of scope: their JSON is the operator
+API's client and the rendered manifests, documents by nature.
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ from typing import Any
 import pytest
 
 from tests.tracked import tracked
-from tests.unit.interfaces_pending import NOT_YET_TYPED
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "supervisor"
@@ -165,18 +162,10 @@ def _module_violations(module_name: str) -> list[str]:
 
 @pytest.mark.parametrize("module_name", modules_in_scope())
 def test_no_untyped_json_crosses_a_function(module_name: str) -> None:
-    found = [v for v in _module_violations(module_name) if v not in NOT_YET_TYPED]
+    found = _module_violations(module_name)
     assert not found, (
         "untyped JSON objects cross a function's boundary (type them: a frozen dataclass with to_wire/from_wire):\n"
         + "\n".join(found)
-    )
-
-
-def test_the_list_of_callables_not_yet_typed_only_shrinks() -> None:
-    found = {v for name in modules_in_scope() for v in _module_violations(name)}
-    typed_now = sorted(NOT_YET_TYPED - found)
-    assert not typed_now, "typed now (or gone): take them off tests/unit/interfaces_pending.py:\n" + "\n".join(
-        typed_now
     )
 
 

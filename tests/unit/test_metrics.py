@@ -14,6 +14,7 @@ import pytest
 import trio
 from prometheus_client import CollectorRegistry, generate_latest
 
+from supervisor.boundary.limits_report import LimitsReport
 from supervisor.boundary.metrics import BoundaryMetrics
 from supervisor.control.metrics import ControlMetrics, classify
 from supervisor.control.policy import PolicyStore, compile_policy, load_policy_text
@@ -37,8 +38,10 @@ class _Boundary:
     lifecycle_state = "running"
     policy_generation_acked = 0
 
-    def limits_now(self) -> dict[str, Any]:
-        return {"pids": 512, "pids_current": 3, "memory": 1 << 30, "memory_current": 1 << 20, "memory_oom_kills": 0}
+    def limits_now(self) -> LimitsReport:
+        return LimitsReport("", "64m", "64m", pids=512, pids_cgroup="cgroup v2 /sys/fs/cgroup/w", pids_current=3,
+                            memory=1 << 30, memory_cgroup="cgroup v2 /sys/fs/cgroup/w", memory_current=1 << 20,
+                            memory_oom_kills=0)  # fmt: skip
 
 
 def _series(registry: CollectorRegistry) -> set[tuple[str, tuple[tuple[str, str], ...]]]:

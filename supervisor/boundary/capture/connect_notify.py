@@ -50,6 +50,7 @@ from supervisor.boundary.capture.connect_record import FirstExecs
 from supervisor.boundary.capture.identity import IdentityResolver
 from supervisor.boundary.forkimage import linux, seccomp
 from supervisor.protocol.event_names import EventName
+from supervisor.protocol.json_value import JsonValue
 
 # struct seccomp_notif { u64 id; u32 pid; u32 flags; struct seccomp_data { int nr; u32 arch; u64 ip; u64 args[6] } }
 _NOTIF: Final = struct.Struct("=QIIiIQ6Q")
@@ -149,7 +150,7 @@ class ConnectNotifier:
         resolver: IdentityResolver,
         *,
         bound: float = DEFAULT_BOUND,
-        on_event: Callable[[EventName, dict[str, object]], None] | None = None,
+        on_event: Callable[[EventName, dict[str, JsonValue]], None] | None = None,
     ) -> None:
         if resolver.records is None:
             raise ValueError("the resolver needs a connect record store")
@@ -339,7 +340,7 @@ class ConnectNotifier:
             os.close(pending.exe_fd)
             self._release(listener, note)
 
-    def _event(self, name: EventName, **fields: object) -> None:
+    def _event(self, name: EventName, **fields: JsonValue) -> None:
         if self._on_event is not None:
             self._on_event(name, fields)
 

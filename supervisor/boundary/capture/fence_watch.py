@@ -18,9 +18,11 @@ from __future__ import annotations
 import contextlib
 import socket
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final
+from typing import Final
 
 import trio
+
+from supervisor.boundary.capture.readback import FenceReadback
 
 __all__ = ["NFTABLES_GROUPS", "RTNL_GROUPS", "FenceWatch", "nftables_groups_socket", "rtnetlink_groups_socket"]
 
@@ -53,8 +55,8 @@ class FenceWatch:
         self,
         *,
         expected: str,
-        inspect: Callable[[], Awaitable[dict[str, Any]]],
-        on_lost: Callable[[dict[str, Any]], Awaitable[None]],
+        inspect: Callable[[], Awaitable[FenceReadback]],
+        on_lost: Callable[[FenceReadback], Awaitable[None]],
         on_error: Callable[[str], None],
         notifications: socket.socket | Sequence[socket.socket] | None = None,
         interval_s: float = WATCH_INTERVAL_S,
@@ -75,8 +77,8 @@ class FenceWatch:
             while True:
                 trigger = await self._trigger()
                 report = await self._read()
-                if report is not None and report.get("fingerprint") != self.expected:
-                    await self._on_lost({**report, "trigger": trigger})
+                if report is not None and report.fingerprint != self.expected:
+                    await self._on_lost(report.triggered_by(trigger))
                     return
         finally:
             for sock in self._socks:
@@ -98,7 +100,7 @@ class FenceWatch:
                     pass
         return "notification" if woke else "timer"
 
-    async def _read(self) -> dict[str, Any] | None:
+    async def _read(self) -> FenceReadback | None:
         self.reads += 1
         try:
             return await self._inspect()

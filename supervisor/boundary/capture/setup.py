@@ -31,11 +31,15 @@ import shutil
 import socket
 import subprocess
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from supervisor.boundary.capture import _procnet
 from supervisor.boundary.capture._sockdiag import NETLINK_SOCK_DIAG
+from supervisor.boundary.capture.fence_dump import Address, Link, Route, Rule, has_local_route
+from supervisor.boundary.capture.fence_dump import problems as fence_problems
 from supervisor.boundary.capture.pktinfo import enable_pktinfo
+from supervisor.boundary.capture.readback import FenceReadback
+from supervisor.protocol.json_value import JsonValue
 
 if TYPE_CHECKING:
     from pyroute2 import IPRoute
@@ -45,36 +49,7 @@ DNS_PORT = 53
 IP_TRANSPARENT = 19  # <linux/in.h>
 IPV6_TRANSPARENT = 75  # <linux/in6.h>
 
-# route types (<linux/rtnetlink.h>) and tables
-RTN_UNICAST, RTN_LOCAL, RTN_BROADCAST, RTN_MULTICAST = 1, 2, 3, 5
-RTN_BLACKHOLE, RTN_UNREACHABLE, RTN_PROHIBIT = 6, 7, 8
-RT_TABLE_LOCAL = 255
-_ROUTE_TYPES = {
-    1: "unicast",
-    2: "local",
-    3: "broadcast",
-    4: "anycast",
-    5: "multicast",
-    6: "blackhole",
-    7: "unreachable",
-    8: "prohibit",
-    9: "throw",
-    10: "nat",
-}
-# routes on lo that deliver locally or drop; a unicast route (even via lo) is not something we install
-_HARMLESS_ROUTE_NAMES = {
-    _ROUTE_TYPES[t] for t in (RTN_LOCAL, RTN_BROADCAST, RTN_MULTICAST, RTN_BLACKHOLE, RTN_UNREACHABLE, RTN_PROHIBIT)
-}
-# the rules every fresh namespace has: (family, priority, table)
-_DEFAULT_RULES = {
-    (socket.AF_INET, 0, 255),
-    (socket.AF_INET, 32766, 254),
-    (socket.AF_INET, 32767, 253),
-    (socket.AF_INET6, 0, 255),
-    (socket.AF_INET6, 32766, 254),
-    (128, 32767, 253),
-    (129, 32767, 254),  # RTNL_FAMILY_IPMR / IP6MR: multicast routing defaults
-}
+RT_TABLE_LOCAL = 255  # <linux/rtnetlink.h>
 _TEST_NETS = tuple(
     ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32")
 )
@@ -91,14 +66,14 @@ def prepare(
     *,
     capture_ports: list[int],
     proxy_port: int = 3128,
-) -> tuple[dict[str, int], dict[str, Any]]:
+) -> tuple[dict[str, int], dict[str, JsonValue]]:
     """Configure ``lo``, install the capture and bind the listeners; returns (name → fd, JSON report).
 
     Listener names: ``tcp4:<port>``/``tcp6:<port>`` (capture), ``proxy``, ``dns-udp4``/``dns-udp6``,
     ``dns-tcp4``/``dns-tcp6``; DNS listens on port 53 of every address.
     """
     ports = _check_ports(capture_ports, proxy_port)
-    report: dict[str, Any] = {"mode": "anyip", "capture_ports": ports, "proxy_port": proxy_port}
+    report: dict[str, JsonValue] = {"mode": "anyip", "capture_ports": list(ports), "proxy_port": proxy_port}
     from pyroute2 import IPRoute  # imported here: ~0.2 s, and only the launcher needs it
 
     with IPRoute() as ipr:
@@ -106,7 +81,8 @@ def prepare(
         _add_address(ipr, lo, "127.0.0.1", 8)
         ipv6 = _add_address(ipr, lo, "::1", 128)
         report["ipv6"] = ipv6
-        report["routes_installed"] = _install_anyip(ipr, lo, ipv6=ipv6)
+        routes_installed: list[JsonValue] = [*_install_anyip(ipr, lo, ipv6=ipv6)]
+        report["routes_installed"] = routes_installed
     fds: dict[str, int] = {}
     try:
         for port in ports:
@@ -122,16 +98,17 @@ def prepare(
     except OSError as exc:
         close_all(fds)
         raise CaptureSetupError(f"binding capture listeners failed: {exc}") from exc
-    report["listeners"] = {name: _describe_fd(fd) for name, fd in sorted(fds.items())}
+    listeners: dict[str, JsonValue] = {name: _describe_fd(fd) for name, fd in sorted(fds.items())}
+    report["listeners"] = listeners
     try:  # the identity resolver's fast path (one kernel lookup instead of reading the TCP tables)
         fds["sock_diag"] = open_sock_diag()
     except OSError as exc:
         report["sock_diag"] = f"unavailable: {exc}"
-    fence = inspect(expect_anyip=True)
-    report.update(fingerprint=fence["fingerprint"], ok=fence["ok"], problems=fence["problems"])
-    if not fence["ok"]:
+    fence = FenceReadback.from_wire(inspect(expect_anyip=True))
+    report.update(fingerprint=fence.fingerprint, ok=fence.ok, problems=list(fence.problems))
+    if not fence.ok:
         close_all(fds)
-        raise CaptureSetupError(f"fence check failed after setup: {fence['problems']}")
+        raise CaptureSetupError(f"fence check failed after setup: {list(fence.problems)}")
     return fds, report
 
 
@@ -258,7 +235,7 @@ def open_sock_diag() -> int:
 # --- inspect -----------------------------------------------------------------------------------------------
 
 
-def inspect(*, expect_anyip: bool = False) -> dict[str, Any]:
+def inspect(*, expect_anyip: bool = False) -> dict[str, JsonValue]:
     """Read the fence back: links, addresses, routes (all tables), rules, and the nft ruleset if ``nft`` exists.
 
     ``ok`` is true only when the namespace holds nothing but an up ``lo``, no route leaves it, no rule was
@@ -267,79 +244,30 @@ def inspect(*, expect_anyip: bool = False) -> dict[str, Any]:
     from pyroute2 import IPRoute
 
     with IPRoute() as ipr:
-        links = [_link_entry(link) for link in ipr.get_links()]
-        names = {entry["index"]: entry["name"] for entry in links}
-        addresses = [_addr_entry(addr, names) for addr in ipr.get_addr()]
-        routes = [_route_entry(route, names) for route in ipr.route("dump", family=socket.AF_UNSPEC)]
-        rules = [_rule_entry(rule) for rule in ipr.get_rules(family=socket.AF_UNSPEC)]
-    dump: dict[str, Any] = {
-        "links": sorted(links, key=lambda e: e["name"]),
-        "addresses": sorted(addresses, key=json.dumps),
-        "routes": sorted(routes, key=json.dumps),
-        "rules": sorted(rules, key=json.dumps),
+        links = [Link.read(link) for link in ipr.get_links()]
+        names = {entry.index: entry.name for entry in links}
+        addresses = [Address.read(addr, names) for addr in ipr.get_addr()]
+        routes = [Route.read(route, names) for route in ipr.route("dump", family=socket.AF_UNSPEC)]
+        rules = [Rule.read(rule) for rule in ipr.get_rules(family=socket.AF_UNSPEC)]
+    dump: dict[str, JsonValue] = {
+        "links": [entry.to_wire() for entry in sorted(links, key=lambda e: e.name)],
+        "addresses": sorted((entry.to_wire() for entry in addresses), key=json.dumps),
+        "routes": sorted((entry.to_wire() for entry in routes), key=json.dumps),
+        "rules": sorted((entry.to_wire() for entry in rules), key=json.dumps),
         "nft": _nft_ruleset(),
     }
-    problems = _problems(dump, expect_anyip=expect_anyip)
+    problems = fence_problems(links, addresses, routes, rules, expect_anyip=expect_anyip)
     canonical = json.dumps(dump, sort_keys=True, separators=(",", ":"))
-    anyip = {
-        "ipv4": any(r["type"] == "local" and r["dst"] == "0.0.0.0/0" for r in routes),
-        "ipv6": any(r["type"] == "local" and r["dst"] == "::/0" for r in routes),
+    anyip: dict[str, JsonValue] = {
+        "ipv4": has_local_route(routes, "0.0.0.0/0"),
+        "ipv6": has_local_route(routes, "::/0"),
     }
     return {
         **dump,
         "anyip": anyip,
         "fingerprint": hashlib.sha256(canonical.encode()).hexdigest(),
         "ok": not problems,
-        "problems": problems,
-    }
-
-
-def _link_entry(link: Any) -> dict[str, Any]:
-    return {
-        "index": int(link["index"]),
-        "name": str(link.get("ifname")),
-        "kind": link.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND"),
-        "up": bool(link["flags"] & 1),
-    }
-
-
-def _addr_entry(addr: Any, names: dict[int, str]) -> dict[str, Any]:
-    return {
-        "family": int(addr["family"]),
-        "address": f"{addr.get('address')}/{addr['prefixlen']}",
-        "link": names.get(int(addr["index"]), str(addr["index"])),
-    }
-
-
-def _route_entry(route: Any, names: dict[int, str]) -> dict[str, Any]:
-    family = int(route["family"])
-    dst = route.get("dst") or ("0.0.0.0" if family == socket.AF_INET else "::")
-    oif = route.get("oif")
-    return {
-        "family": family,
-        "table": int(route.get("table") or route["table"]),
-        "type": _ROUTE_TYPES.get(int(route["type"]), str(route["type"])),
-        "dst": f"{dst}/{route['dst_len']}",
-        "oif": names.get(int(oif), str(oif)) if oif is not None else None,
-        "gateway": route.get("gateway"),
-        "multipath": route.get("multipath") is not None,
-        "scope": int(route["scope"]),
-        "proto": int(route["proto"]),
-        "priority": route.get("priority"),
-    }
-
-
-def _rule_entry(rule: Any) -> dict[str, Any]:
-    return {
-        "family": int(rule["family"]),
-        "priority": int(rule.get("priority") or 0),
-        "table": int(rule.get("table") or rule["table"]),
-        "action": int(rule["action"]),
-        "src": f"{rule.get('src')}/{rule['src_len']}" if rule.get("src") else None,
-        "dst": f"{rule.get('dst')}/{rule['dst_len']}" if rule.get("dst") else None,
-        "iif": rule.get("iifname"),
-        "oif": rule.get("oifname"),
-        "fwmark": rule.get("fwmark"),
+        "problems": list(problems),
     }
 
 
@@ -357,34 +285,6 @@ def _nft_ruleset() -> str | None:
     return done.stdout if done.returncode == 0 else f"error: {done.stderr.strip()[:200]}"
 
 
-def _problems(dump: dict[str, Any], *, expect_anyip: bool) -> list[str]:
-    problems: list[str] = []
-    for link in dump["links"]:
-        if link["name"] != "lo":
-            problems.append(f"unexpected link {link['name']} ({link['kind'] or 'unknown kind'})")
-        elif not link["up"]:
-            problems.append("lo is down")
-    for route in dump["routes"]:
-        where = f"{route['type']} {route['dst']} table {route['table']}"
-        if route["gateway"] is not None or route["multipath"]:
-            problems.append(f"route with a gateway: {where}")
-        elif route["oif"] not in (None, "lo"):
-            problems.append(f"route via {route['oif']}: {where}")
-        elif route["type"] not in _HARMLESS_ROUTE_NAMES:
-            problems.append(f"unexpected route: {where}")
-    for rule in dump["rules"]:
-        if (rule["family"], rule["priority"], rule["table"]) not in _DEFAULT_RULES or any(
-            rule[k] is not None for k in ("src", "dst", "iif", "oif", "fwmark")
-        ):
-            problems.append(f"unexpected rule: {rule}")
-    if expect_anyip:
-        has_ipv6 = any(a["family"] == socket.AF_INET6 for a in dump["addresses"])
-        for dst in ("0.0.0.0/0", "::/0") if has_ipv6 else ("0.0.0.0/0",):
-            if not any(r["type"] == "local" and r["dst"] == dst for r in dump["routes"]):
-                problems.append(f"any-IP route local {dst} is missing")
-    return problems
-
-
 # --- probe -------------------------------------------------------------------------------------------------
 
 
@@ -396,7 +296,7 @@ def probe(
     listeners: dict[str, int] | None = None,
     timeout: float = 1.0,
     proc_net: str = "/proc/self/net",
-) -> dict[str, Any]:
+) -> dict[str, JsonValue]:
     """Connect from inside the namespace to a TEST-NET address and report where it landed. ``proc_net``: a
     ``/proc/<pid>/net`` of a process in this network namespace (the caller's own if its procfs shows it).
 
@@ -412,7 +312,7 @@ def probe(
     ip = ipaddress.ip_address(address)
     if not any(ip in net for net in _TEST_NETS):
         raise ValueError(f"probe targets must be TEST-NET addresses, not {address}")
-    result: dict[str, Any] = {
+    result: dict[str, JsonValue] = {
         "target": f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}",
         "captured": False,
         "refused": False,
@@ -440,15 +340,17 @@ def probe(
                 if listeners:
                     result["accepted_by"] = _drain(listeners, server, mine, timeout)
             landed_port = server[1] if server is not None else None
-            result["ok"] = server is not None and expect_listener_port in (None, landed_port)
+            ok = server is not None and expect_listener_port in (None, landed_port)
         else:
+            refused = code == errno.ECONNREFUSED
             result["error"] = errno.errorcode.get(code, str(code))
-            result["refused"] = code == errno.ECONNREFUSED
-            result["ok"] = result["refused"] and expect_listener_port is None
+            result["refused"] = refused
+            ok = refused and expect_listener_port is None
+        result["ok"] = ok
     finally:
         client.close()
-    result["udp"] = _probe_udp(family, str(ip), port if port != DNS_PORT else 9, timeout)
-    result["ok"] = bool(result["ok"] and result["udp"]["refused"])
+    udp_refused, result["udp"] = _probe_udp(family, str(ip), port if port != DNS_PORT else 9, timeout)
+    result["ok"] = ok and udp_refused
     return result
 
 
@@ -484,7 +386,8 @@ def _drain(listeners: dict[str, int], server: tuple[str, int], client: tuple[str
     return None
 
 
-def _probe_udp(family: int, address: str, port: int, timeout: float) -> dict[str, Any]:
+def _probe_udp(family: int, address: str, port: int, timeout: float) -> tuple[bool, dict[str, JsonValue]]:
+    """Whether a datagram to ``port`` was refused, and the report of it."""
     sock = socket.socket(family, socket.SOCK_DGRAM)
     try:
         sock.settimeout(timeout)
@@ -493,9 +396,9 @@ def _probe_udp(family: int, address: str, port: int, timeout: float) -> dict[str
             sock.send(b"openshell-probe")
             sock.recv(64)
         except ConnectionRefusedError:
-            return {"port": port, "refused": True, "error": "ECONNREFUSED"}
+            return True, {"port": port, "refused": True, "error": "ECONNREFUSED"}
         except OSError as exc:
-            return {"port": port, "refused": False, "error": errno.errorcode.get(exc.errno or 0, str(exc))}
-        return {"port": port, "refused": False, "error": "answered"}
+            return False, {"port": port, "refused": False, "error": errno.errorcode.get(exc.errno or 0, str(exc))}
+        return False, {"port": port, "refused": False, "error": "answered"}
     finally:
         sock.close()

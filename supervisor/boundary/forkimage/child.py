@@ -28,9 +28,10 @@ import socket
 import termios
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, NoReturn, TypedDict, TypeVar, cast
+from typing import Any, Final, Literal, NoReturn, TypedDict, TypeVar
 
 from supervisor.protocol.exit_codes import ExitCode
+from supervisor.protocol.json_value import JsonValue
 
 from . import landlock, linux, privilege, seccomp
 from .landlock import LandlockSpec
@@ -85,7 +86,7 @@ class SpawnSpec:
     landlock: LandlockSpec | None = None
     seccomp: bool = True
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {
             "argv": list(self.argv),
             "env": dict(self.env),
@@ -100,13 +101,7 @@ class SpawnSpec:
             "stdout": self.stdout,
             "stderr": self.stderr,
             "seccomp": self.seccomp,
-            "landlock": None
-            if self.landlock is None
-            else {
-                "read_only": list(self.landlock.read_only),
-                "read_write": list(self.landlock.read_write),
-                "mode": self.landlock.mode,
-            },
+            "landlock": _landlock_wire(self.landlock),
         }
 
     @classmethod
@@ -139,6 +134,12 @@ class SpawnSpec:
             if ll is None
             else LandlockSpec(_strings(ll["read_only"]), _strings(ll["read_write"]), ll.get("mode", "best_effort")),
         )
+
+
+def _landlock_wire(spec: LandlockSpec | None) -> dict[str, JsonValue] | None:
+    if spec is None:
+        return None
+    return {"read_only": list(spec.read_only), "read_write": list(spec.read_write), "mode": spec.mode}
 
 
 def _string(value: object) -> str:
@@ -233,17 +234,36 @@ def _execve(argv: tuple[str, ...], env: Mapping[str, str]) -> NoReturn:
     raise OSError(errno.EINVAL, "execve returned")  # unreachable: it replaces us or raises
 
 
-class Confinement(TypedDict):
-    """What a spare exec-init is made for, as it goes on the wire: the ids its commands get, the Landlock rules
-    (``SpawnSpec.to_wire``'s), the deny list and whether the connect-notify filter is installed — the last three
-    applied to the exec-init itself before any command exists (``SELF``)."""
+@dataclass(frozen=True, slots=True)
+class Confinement:
+    """What a spare exec-init is made for: the ids its commands get, the Landlock rules, the deny list and
+    whether the connect-notify filter is installed — the last three applied to the exec-init itself before any
+    command exists (``SELF``). Equal confinements are what a lease is matched on."""
 
     uid: int
     gid: int
-    groups: list[int]
-    landlock: dict[str, Any] | None
+    groups: tuple[int, ...]
+    landlock: LandlockSpec | None
     seccomp: bool
     notify: bool
+
+    def to_wire(self) -> dict[str, JsonValue]:
+        return {
+            "uid": self.uid,
+            "gid": self.gid,
+            "groups": list(self.groups),
+            "landlock": _landlock_wire(self.landlock),
+            "seccomp": self.seccomp,
+            "notify": self.notify,
+        }
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, JsonValue]) -> Confinement:
+        """Strict as ``SpawnSpec.from_wire`` (whose fields these are), and ``notify`` must be a bool."""
+        notify = data["notify"]
+        if not isinstance(notify, bool):
+            raise TypeError("notify must be a bool")
+        return confinement(SpawnSpec.from_wire({"argv": [], "env": {}, "cwd": "/", **data}), notify)
 
 
 class Failure(TypedDict):
@@ -256,16 +276,13 @@ class Failure(TypedDict):
 
 def confinement(spec: SpawnSpec, notify: bool) -> Confinement:
     """``spec``'s confinement, with ``notify`` for the connect-notify filter."""
-    wire = spec.to_wire()
-    return Confinement(
-        uid=wire["uid"], gid=wire["gid"], groups=wire["groups"], landlock=wire["landlock"], seccomp=wire["seccomp"],
-        notify=notify,
-    )  # fmt: skip
+    return Confinement(spec.uid, spec.gid, spec.groups, spec.landlock, spec.seccomp, notify)
 
 
 def confinement_spec(confinement: Confinement) -> SpawnSpec:
     """A spec carrying only ``confinement`` (what the ``SELF`` stages read); no command to run."""
-    return SpawnSpec.from_wire({"argv": [], "env": {}, "cwd": "/", **cast(dict[str, Any], confinement)})
+    return SpawnSpec((), {}, "/", confinement.uid, confinement.gid, confinement.groups,
+                     landlock=confinement.landlock, seccomp=confinement.seccomp)  # fmt: skip
 
 
 @dataclass

@@ -12,9 +12,10 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from typing import Any, Final, NoReturn
+from typing import Final, NoReturn
 
 from supervisor.protocol.exit_codes import ExitCode
+from supervisor.protocol.json_value import JsonValue
 
 from . import capabilities, child, linux, spawn
 from .messages import Ready, SpareBack, SpawnRequest
@@ -193,7 +194,9 @@ _LEFT_ALONE: Final = frozenset({
 })  # fmt: skip
 
 
-def _await_command(sock: socket.socket, signals: int) -> tuple[dict[str, Any], list[int]] | None:  # pragma: no cover
+def _await_command(
+    sock: socket.socket, signals: int
+) -> tuple[dict[str, JsonValue], list[int]] | None:  # pragma: no cover
     """The next command on ``sock``, or ``None``: EOF (the boundary let the spare go), or a signal from the
     boundary's side (end-all's SIGTERM) whose default action would end a process. As PID 1 of its namespace a
     spare exec-init is spared every signal it neither catches nor blocks; it blocks them (``_WAITED``), so a
@@ -224,7 +227,7 @@ def _tell_long(ran_long: list[bool]) -> None:  # pragma: no cover - a spare exec
 def _run(  # pragma: no cover - a spare exec-init
     ctx: child.ChildContext,
     confinement: child.Confinement,
-    request: dict[str, Any],
+    request: dict[str, JsonValue],
     fds: list[int],
     on_long: Callable[[], None],
     sock: socket.socket,

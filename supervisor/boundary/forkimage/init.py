@@ -14,9 +14,10 @@ import socket
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any, Final, NoReturn
+from typing import Final, NoReturn
 
 from supervisor.protocol.interpreter import import_path
+from supervisor.protocol.json_value import JsonValue, is_json_object
 
 from . import capabilities, child, exec_init, linux, privilege, rootfs
 from .messages import ErrorReply, Exit, MessageError, Ready, SpawnRequest, Unowned, request_from_wire
@@ -29,7 +30,9 @@ UNOWNED_REPORT_S: Final = 1.0
 UNOWNED_PIDS: Final = 10  # the first pids of a report; the count is all of them
 
 
-def _init_request(spawner: Spawner, message: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
+def _init_request(
+    spawner: Spawner, message: dict[str, JsonValue], fds: list[int]
+) -> tuple[dict[str, JsonValue], list[int]]:
     """What the init does for the zygote: spawn."""
     try:
         request = request_from_wire(message)
@@ -62,7 +65,7 @@ INIT_ARGV0: Final = "/proc/self/exe"
 
 
 def exec_init_image(  # pragma: no cover - the init before its execve
-    sock_fd: int, host_proc_fd: int, mount_proc: bool, root: Mapping[str, Any] | None, narrow: bool = False
+    sock_fd: int, host_proc_fd: int, mount_proc: bool, root: Mapping[str, JsonValue] | None, narrow: bool = False
 ) -> NoReturn:
     """In the zygote's first child after ``unshare(CLONE_NEWPID)``: ``execve`` the init's own interpreter
     (``init_entry``) with the zygote's socket on fd 3, the host procfs on 4 and its boot data on 5 (see
@@ -92,16 +95,17 @@ def exec_init_image(  # pragma: no cover - the init before its execve
         os._exit(1)
 
 
-def init_entry(boot: dict[str, Any]) -> NoReturn:  # pragma: no cover - own pid ns
+def init_entry(boot: dict[str, JsonValue]) -> NoReturn:  # pragma: no cover - own pid ns
     """The init's interpreter, right after its ``execve`` (``_INIT_BOOT``), with its boot data from fd 5."""
     try:
-        init_main(3, 4, bool(boot["mount_proc"]), boot["root"], bool(boot.get("narrow")))
+        root = boot["root"]
+        init_main(3, 4, bool(boot["mount_proc"]), root if is_json_object(root) else None, bool(boot.get("narrow")))
     finally:
         os._exit(1)
 
 
 def init_main(  # pragma: no cover - own pid ns
-    sock_fd: int, host_proc_fd: int, mount_proc: bool, root: dict[str, Any] | None = None, narrow: bool = False
+    sock_fd: int, host_proc_fd: int, mount_proc: bool, root: dict[str, JsonValue] | None = None, narrow: bool = False
 ) -> NoReturn:
     """PID 1 of the workload PID namespace: mount its ``/proc``, build the agent's root (whose ``/proc`` is
     that one), then fork and reap on the zygote's behalf. ``narrow`` (model R): once the root is entered it keeps
@@ -121,7 +125,7 @@ def init_main(  # pragma: no cover - own pid ns
 
 
 def _boot(
-    sock: socket.socket, mount_proc: bool, root: Mapping[str, Any] | None
+    sock: socket.socket, mount_proc: bool, root: Mapping[str, JsonValue] | None
 ) -> rootfs.RootPlan | None:  # pragma: no cover
     """The namespace's own ``/proc`` and the agent root's plan; a failure is the init's ``ready: false``."""
     try:

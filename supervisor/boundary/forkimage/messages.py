@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from supervisor.protocol.json_value import JsonValue
 from supervisor.protocol.privilege_model import PrivilegeModel
 
 T = TypeVar("T")
@@ -66,7 +67,7 @@ class SpawnRequest:
     (stdin, stdout, stderr, status; status alone with a terminal), the connect-notify socket's index, and
     whether it gets a PID namespace of its own. A leased spare's command is the same without ``id``/``sid``."""
 
-    spec: Mapping[str, Any]
+    spec: dict[str, JsonValue]  # child.SpawnSpec.to_wire()
     stdio: tuple[int, ...]
     id: int | None = None
     sid: int | None = None
@@ -141,7 +142,7 @@ class CaptureCall:
 
     id: int
     fn: str
-    args: Mapping[str, Any] = field(default_factory=dict)
+    args: dict[str, JsonValue] = field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:
         return {"op": "capture_call", "id": self.id, "fn": self.fn, "args": dict(self.args)}
@@ -202,7 +203,7 @@ _REQUESTS: dict[str, Any] = {
 }
 
 
-def request_from_wire(data: Mapping[str, Any]) -> Request:
+def request_from_wire(data: Mapping[str, JsonValue]) -> Request:
     """The request ``data`` is, by its ``op``; a ``MessageError`` for an unknown op or a malformed request. A
     spawn request must carry its ``id`` here (only a spare's command, read by the spare, has none)."""
     if not isinstance(data, Mapping):
@@ -292,7 +293,7 @@ class PrepareReply:
 
     id: Any
     fd_names: tuple[str, ...] = ()
-    report: Mapping[str, Any] = field(default_factory=dict)
+    report: dict[str, JsonValue] = field(default_factory=dict)
     init_pid: int | None = None
 
     def to_wire(self) -> dict[str, Any]:
@@ -436,7 +437,7 @@ class SpareLease:
 
     host_pid: int
     ns_pid: int
-    confinement: Mapping[str, Any]
+    confinement: dict[str, JsonValue]  # child.Confinement.to_wire()
     notes: tuple[str, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
@@ -481,8 +482,8 @@ class NamespacePlan:
     pidns: bool = True
     mountns: bool = True
     hide_paths: tuple[str, ...] = ()
-    capture: dict[str, Any] | None = None
-    root: dict[str, Any] | None = None  # rootfs.RootPlan.to_wire(): the agent's own root (needs mountns)
+    capture: dict[str, JsonValue] | None = None  # capture.calls.prepare's argument: the ports to capture
+    root: dict[str, JsonValue] | None = None  # rootfs.RootPlan.to_wire(): the agent's own root (needs mountns)
     agent_ids: tuple[int, int] | None = None  # model U under euid 0: the ids the user namespace maps the agent to
 
     def to_wire(self) -> dict[str, Any]:

@@ -44,6 +44,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from supervisor.protocol.json_value import JsonValue
+
 from . import linux
 
 SYSTEM_READ_ONLY: Final = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/opt")
@@ -89,7 +91,7 @@ class RootPlan:
     shm_size: str = DEFAULT_SHM_SIZE
     home: str | None = None  # the agent's home in its /etc/passwd entry (the workdir); None: no entry written
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, JsonValue]:
         return {
             "binds": [[b.source, b.target, b.writable, b.directory] for b in self.binds],
             "symlinks": [list(s) for s in self.symlinks],

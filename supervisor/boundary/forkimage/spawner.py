@@ -9,7 +9,9 @@ import os
 import select
 import signal
 import socket
-from typing import Any, Final
+from typing import Final
+
+from supervisor.protocol.json_value import JsonValue
 
 from . import capabilities, child, linux, rootfs, seccomp
 from .exec_init import exec_init, spare_main
@@ -76,7 +78,7 @@ class Spawner:
                 self.root_error = OSError(exc.errno or errno.EPERM, f"capabilities: {exc.strerror or exc}")
                 raise self.root_error from None
 
-    def spawn(self, req: SpawnRequest, fds: list[int]) -> tuple[dict[str, Any], list[int]]:
+    def spawn(self, req: SpawnRequest, fds: list[int]) -> tuple[dict[str, JsonValue], list[int]]:
         rid = req.id
         out: list[int] = []
         try:
@@ -124,7 +126,7 @@ class Spawner:
         finally:
             close_all(fds)
 
-    def replenish(self) -> tuple[dict[str, Any], list[int], int] | None:
+    def replenish(self) -> tuple[dict[str, JsonValue], list[int], int] | None:
         """Fork the next spare and lease it (zygote.py's docstring): the lease message and its fds, which the caller
         sends to the zygote and closes, and the read end of its state pipe (which the caller watches,
         ``spare_state``); ``None`` if there is to be no spare now.
@@ -150,7 +152,7 @@ class Spawner:
         out: list[int] = []
         # Made here once, not in each spare: what a spare starts from (its fork inherits it built).
         if self._spare_ctx is None or self._spare_ctx[0] != confinement:
-            spec, notify = child.confinement_spec(confinement), bool(confinement["notify"])
+            spec, notify = child.confinement_spec(confinement), confinement.notify
             self._spare_ctx = confinement, child.ChildContext(spec, (-1, -1, -1), -1, 0, keep_listener=notify)
         spare_ctx = self._spare_ctx[1]
         try:
@@ -166,7 +168,7 @@ class Spawner:
             close_all([theirs.detach(), *its])
             its = []
             ready = _await_ready(ours)
-            if not ready[0].ready or len(ready[1]) != int(bool(confinement["notify"])):
+            if not ready[0].ready or len(ready[1]) != int(confinement.notify):
                 close_all(ready[1])
                 self.failed_confinement = confinement
                 raise OSError(ready[0].errno or errno.EIO, f"spare: {ready[0].detail}")
@@ -185,7 +187,7 @@ class Spawner:
         self.running_long[state_r] = False
         self.made_for[state_r] = confinement
         self.spare_pid[state_r] = pid
-        return SpareLease(host_pid, pid, confinement, ready[0].notes).to_wire(), out, state_r
+        return SpareLease(host_pid, pid, confinement.to_wire(), ready[0].notes).to_wire(), out, state_r
 
     def available(self) -> int:
         """Spare exec-inits that wait, or whose exec began less than SPARE_BUSY_S ago (it comes back soon)."""

@@ -12,7 +12,9 @@ import json
 import os
 import socket
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Final
+
+from supervisor.protocol.json_value import JsonValue, is_json_object
 
 MAX_MESSAGE: Final = 1 << 20
 MAX_SPEC: Final = 256 * 1024  # argv + env + the rest, encoded; below any default socket send buffer
@@ -21,25 +23,25 @@ SOCKET_BUFFER: Final = 1 << 20
 _INT_SIZE: Final = array.array("i").itemsize
 
 
-def encode(message: Mapping[str, Any]) -> bytes:
+def encode(message: Mapping[str, JsonValue]) -> bytes:
     return json.dumps(message, separators=(",", ":")).encode()
 
 
-def send(sock: socket.socket, message: Mapping[str, Any], fds: Iterable[int] = ()) -> None:
+def send(sock: socket.socket, message: Mapping[str, JsonValue], fds: Iterable[int] = ()) -> None:
     data = encode(message)
     if len(data) > MAX_MESSAGE:  # the peer's receive buffer would truncate it
         raise OSError(errno.EMSGSIZE, f"launcher message of {len(data)} bytes exceeds {MAX_MESSAGE}")
     socket.send_fds(sock, [data], list(fds))
 
 
-def decode(data: bytes, fds: list[int], flags: int) -> tuple[dict[str, Any], list[int]]:
+def decode(data: bytes, fds: list[int], flags: int) -> tuple[dict[str, JsonValue], list[int]]:
     """Parse one received message; on a truncated or malformed one close its fds and raise."""
     if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
         close_all(fds)
         raise OSError(errno.EMSGSIZE, "launcher message truncated")
     try:
         message = json.loads(data)
-        if not isinstance(message, dict):
+        if not is_json_object(message):
             raise ValueError("not an object")
     except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply for json
         close_all(fds)
@@ -47,7 +49,7 @@ def decode(data: bytes, fds: list[int], flags: int) -> tuple[dict[str, Any], lis
     return message, fds
 
 
-def receive(sock: socket.socket, *, nowait: bool = False) -> tuple[dict[str, Any], list[int]] | None:
+def receive(sock: socket.socket, *, nowait: bool = False) -> tuple[dict[str, JsonValue], list[int]] | None:
     """One message, or ``None`` at EOF. Blocks if the socket does, unless ``nowait`` (then BlockingIOError).
 
     Not ``socket.recv_fds``: on 3.11 it ignores its flags, and we need ``MSG_CMSG_CLOEXEC`` (received fds

@@ -77,6 +77,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, NoReturn, Protocol
 
+from supervisor.protocol.json_value import JsonValue
 from supervisor.protocol.privilege_model import PrivilegeModel
 
 from . import capabilities, linux, privilege, rootfs
@@ -152,9 +153,9 @@ class CaptureWork(Protocol):
     """What the zygote runs for the capture (``capture.calls``: the launcher passes that module in, so neither
     the zygote nor the init imports ``capture.setup``)."""
 
-    def call(self, name: str, args: Mapping[str, Any], proc_net: str = ...) -> Any: ...
+    def call(self, name: str, args: Mapping[str, JsonValue], proc_net: str = ...) -> dict[str, JsonValue]: ...
 
-    def prepare(self, capture: Mapping[str, Any]) -> tuple[list[str], dict[str, Any], list[int]]: ...
+    def prepare(self, capture: Mapping[str, JsonValue]) -> tuple[list[str], dict[str, JsonValue], list[int]]: ...
 
 
 class Zygote:
@@ -192,7 +193,7 @@ class Zygote:
                         os._exit(0)
                     self.handle(*got)
 
-    def reply(self, message: Mapping[str, Any], fds: Iterable[int] = ()) -> None:
+    def reply(self, message: Mapping[str, JsonValue], fds: Iterable[int] = ()) -> None:
         """Send to the boundary; once it is gone, keep going (we are cleaning up on our way out)."""
         if self.boundary_gone:
             return
@@ -201,7 +202,7 @@ class Zygote:
         except (BrokenPipeError, ConnectionResetError):
             self.boundary_gone = True
 
-    def handle(self, message: dict[str, Any], fds: list[int]) -> None:
+    def handle(self, message: dict[str, JsonValue], fds: list[int]) -> None:
         rid = message.get("id")
         try:
             request = request_from_wire(message)
@@ -246,11 +247,11 @@ class Zygote:
                 return
             self._relay(*got)
 
-    def _relay(self, message: dict[str, Any], fds: list[int]) -> None:
+    def _relay(self, message: dict[str, JsonValue], fds: list[int]) -> None:
         """Pass on what the init sent unprompted: exits, orphan reports, and leases with their fds."""
         try:
             if "exit" in message:
-                self.init_live.discard(int(message["exit"]))
+                self.init_live.discard(Exit.from_wire(message).sid)
                 self.reply(message)
             elif "spare" in message:
                 self.reply(message, fds)
@@ -302,7 +303,7 @@ class Zygote:
         finally:
             close_all(out_fds)
 
-    def _prepare(self, plan: NamespacePlan) -> tuple[list[int], list[str], dict[str, Any]]:
+    def _prepare(self, plan: NamespacePlan) -> tuple[list[int], list[str], dict[str, JsonValue]]:
         if (plan.hide_paths or plan.root is not None) and not plan.mountns:
             raise OSError(errno.EINVAL, "hide_paths and an agent root need a mount namespace")
         if plan.capture is not None and not plan.netns:  # it would rewire the pod's own network
@@ -349,7 +350,7 @@ class Zygote:
             self.spawner = Spawner(host_proc_fd=None, root=root)
         out_fds: list[int] = []
         names: list[str] = []
-        report: dict[str, Any] = {}
+        report: dict[str, JsonValue] = {}
         if plan.pidns and plan.mountns:  # the init mounted the namespace's /proc: /proc/self is not us there
             self.proc_net = "/proc/1/net"  # the init's: it lives in the agent's network namespace, as we do
         if plan.capture is not None:
@@ -370,7 +371,7 @@ class Zygote:
             linux.prctl(linux.PR_SET_DUMPABLE, 0)
         return out_fds, names, report
 
-    def _start_init(self, mount_proc: bool, root: dict[str, Any] | None = None, narrow: bool = False) -> None:
+    def _start_init(self, mount_proc: bool, root: dict[str, JsonValue] | None = None, narrow: bool = False) -> None:
         host_proc_fd = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         ours, theirs = socket_pair()
         try:
@@ -433,7 +434,7 @@ class Zygote:
         finally:
             close_all(out)
 
-    def _via_init(self, request: SpawnRequest, fds: list[int], out: list[int] | None = None) -> dict[str, Any]:
+    def _via_init(self, request: SpawnRequest, fds: list[int], out: list[int] | None = None) -> dict[str, JsonValue]:
         """Forward ``request`` (and ``fds``, closed here) to the init; return its reply, its fds into ``out``."""
         assert self.init_sock is not None
         try:
@@ -447,7 +448,7 @@ class Zygote:
             out.extend(got)
         return reply
 
-    def _await_init_reply(self, rid: Any) -> tuple[dict[str, Any], list[int]]:
+    def _await_init_reply(self, rid: Any) -> tuple[dict[str, JsonValue], list[int]]:
         sock = self.init_sock
         assert sock is not None
         while True:

@@ -31,7 +31,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import trio
 
@@ -59,6 +59,7 @@ from supervisor.boundary.forkimage.messages import (
     Unowned,
 )
 from supervisor.protocol.exit_codes import ExitCode, for_launch_errno
+from supervisor.protocol.json_value import JsonValue, is_json_object
 from supervisor.protocol.privilege_model import PrivilegeModel
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ class SpawnError(Exception):
 class Prepared:
     model: PrivilegeModel
     fds: dict[str, int]
-    report: dict[str, Any]
+    report: dict[str, JsonValue]  # capture.setup.prepare's, logged whole
     netns_path: str | None
 
 
@@ -189,7 +190,7 @@ class Launcher:
         self._sock = sock
         self._pid = pid
         self._ids = itertools.count(1)
-        self._replies: dict[int, tuple[dict[str, Any], list[int]]] = {}
+        self._replies: dict[int, tuple[dict[str, JsonValue], list[int]]] = {}
         self._exits: dict[int, int] = {}
         self._discard: set[int] = set()
         self._abandoned: set[int] = set()
@@ -240,7 +241,7 @@ class Launcher:
         return self._prepared
 
     # -- transport (rule 2) --
-    async def _send(self, message: Mapping[str, Any], fds: Sequence[int] = ()) -> None:
+    async def _send(self, message: Mapping[str, JsonValue], fds: Sequence[int] = ()) -> None:
         self._check_alive()
         while True:
             try:
@@ -260,7 +261,7 @@ class Launcher:
         if self._dead is not None:
             raise LauncherError(self._dead)
 
-    def _file(self, message: dict[str, Any], fds: list[int]) -> None:
+    def _file(self, message: dict[str, JsonValue], fds: list[int]) -> None:
         if "spare" in message:
             self._take_lease(message, fds)
         elif "exit" in message:
@@ -282,19 +283,19 @@ class Launcher:
                 with contextlib.suppress(OSError):
                     signal.pidfd_send_signal(fds[0], signal.SIGKILL)
             wire.close_all(fds)
-        elif isinstance(message.get("id"), int):
-            self._replies[message["id"]] = (message, fds)
+        elif isinstance(rid := message.get("id"), int):
+            self._replies[rid] = (message, fds)
         else:
             wire.close_all(fds)
 
-    def _take_lease(self, message: Mapping[str, Any], fds: list[int]) -> None:
+    def _take_lease(self, message: Mapping[str, JsonValue], fds: list[int]) -> None:
         """File a lease from the init (rule 5): its fds are the command socket, the pidfd, the report socket and,
         under the connect-notify filter, the listener, which goes to the notifier now (it serves it before the
         exec)."""
         try:
             lease = SpareLease.from_wire(message)
-            confinement = cast(child.Confinement, dict(lease.confinement))
-            if len(fds) != 3 + int(bool(confinement["notify"])):
+            confinement = child.Confinement.from_wire(lease.confinement)
+            if len(fds) != 3 + int(confinement.notify):
                 raise LauncherError(f"a lease came with {len(fds)} fds")
             self._file_lease(
                 Lease(lease.host_pid, lease.ns_pid, None, fds[1], fds[2], confinement, ()),
@@ -397,7 +398,7 @@ class Launcher:
 
     async def _request(
         self, message: Callable[[int], Request], fds: Sequence[int] = ()
-    ) -> tuple[dict[str, Any], list[int]]:
+    ) -> tuple[dict[str, JsonValue], list[int]]:
         """Send the request ``message`` makes for a fresh id, and wait for its reply."""
         rid = next(self._ids)
         await self._send(message(rid).to_wire(), fds)
@@ -420,7 +421,7 @@ class Launcher:
         return self._exits.pop(sid)
 
     @staticmethod
-    def _raise(reply: Mapping[str, Any], what: str) -> None:
+    def _raise(reply: Mapping[str, JsonValue], what: str) -> None:
         if reply.get("ok"):
             return
         failed = _parse(ErrorReply.from_wire, reply, what)
@@ -458,14 +459,15 @@ class Launcher:
         )
         return self._prepared
 
-    async def capture_call(self, fn: str, args: Mapping[str, Any]) -> dict[str, Any]:
+    async def capture_call(self, fn: str, args: dict[str, JsonValue]) -> dict[str, JsonValue]:
+        """Run the capture function ``fn`` (``capture.calls``) in the agent's network namespace; its JSON answer."""
         if fn not in capture_calls.CAPTURE_CALLS:
             raise LauncherError(f"capture call {fn!r} is not allowed")
         reply, fds = await self._request(lambda rid: CaptureCall(rid, fn, dict(args)))
         wire.close_all(fds)
         self._raise(reply, f"capture {fn}")
         result = _parse(CaptureReply.from_wire, reply, f"capture {fn}").result
-        return result if isinstance(result, dict) else {"result": result}
+        return result if is_json_object(result) else {"result": result}
 
     async def socket_in_netns(self, family: int, type: int, proto: int = 0) -> socket.socket:
         reply, fds = await self._request(lambda rid: SocketRequest(rid, int(family), int(type), int(proto)))
@@ -532,9 +534,7 @@ class Launcher:
                 else:
                     await self._take_back(lease, ours)
                 os.close(pidfd)
-                raise SpawnError(
-                    str(failure.get("stage", "unknown")), int(failure.get("errno") or 0), str(failure.get("detail", ""))
-                )
+                raise failure
         except BaseException:
             wire.close_all(ours)
             raise
@@ -751,8 +751,8 @@ def _seqpacket(fd: int) -> socket.socket:
     return socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, fileno=fd)
 
 
-async def _read_status(fd: int) -> tuple[list[str], dict[str, Any] | None]:
-    """Read the child's status pipe to EOF: ``(notes, failure record or None)``."""
+async def _read_status(fd: int) -> tuple[list[str], SpawnError | None]:
+    """Read the child's status pipe to EOF: ``(notes, the failure its last failure record says, or None)``."""
     import json
 
     os.set_blocking(fd, False)
@@ -767,24 +767,36 @@ async def _read_status(fd: int) -> tuple[list[str], dict[str, Any] | None]:
             break
         data += chunk
     notes: list[str] = []
-    failure: dict[str, Any] | None = None
+    failure: SpawnError | None = None
     for line in bytes(data).splitlines():
         try:
             record = json.loads(line)
+            if not is_json_object(record):
+                raise ValueError("not an object")
         except ValueError:
-            failure = {"stage": "unknown", "errno": _errno.EPROTO, "detail": "unreadable status record"}
+            failure = SpawnError("unknown", _errno.EPROTO, "unreadable status record")
             continue
         if "note" in record:
             notes.append(str(record["note"]))
         else:
-            failure = record
+            failure = _failure(record)
     return notes, failure
+
+
+def _failure(record: dict[str, JsonValue]) -> SpawnError:
+    """A failure record (``child.Failure``) as the error it is; a field it lacks has its default."""
+    errno = record.get("errno") or 0
+    return SpawnError(
+        str(record.get("stage", "unknown")),
+        int(errno) if isinstance(errno, int | float | str) else 0,
+        str(record.get("detail", "")),
+    )
 
 
 _Reply = TypeVar("_Reply")
 
 
-def _parse(from_wire: Callable[[Mapping[str, Any]], _Reply], reply: Mapping[str, Any], what: str) -> _Reply:
+def _parse(from_wire: Callable[[Mapping[str, JsonValue]], _Reply], reply: Mapping[str, JsonValue], what: str) -> _Reply:
     """``from_wire(reply)``; a malformed reply is the launcher's fault: a ``LauncherError`` naming the field."""
     try:
         return from_wire(reply)

@@ -32,10 +32,11 @@ import secrets
 import select
 import signal as _signal
 from collections.abc import Callable
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Protocol
 
 import trio
 
+from supervisor.boundary.process.description import Kind, ProcessDescription
 from supervisor.boundary.process.exec_session import ExecOutput, OutputStream, OwnedFd, set_winsize
 from supervisor.boundary.process.terminate import (
     Membership,
@@ -56,7 +57,6 @@ from supervisor.protocol.process_ops import SignalScope, signal_number
 
 __all__ = ["EndReason", "ProcessEntry", "ProcessTable", "render_result"]
 
-Kind = Literal["agent", "exec"]
 END_ALL_GRACE_S: Final = 0.3
 _EXIT_REPORT_S: Final = 2.0
 _PIDFD_SIGNAL_PROCESS_GROUP: Final = 1 << 2  # Linux 6.9+
@@ -185,17 +185,17 @@ class ProcessEntry:
     def log_event(self, event: EventName, **fields: Any) -> None:
         self._table.log.emit(event, handle=self.handle, kind=self.kind, **fields)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> ProcessDescription:
         """For status and resume: never a pid (spec invariant 4)."""
-        return {
-            "handle": self.handle,
-            "kind": self.kind,
-            "argv": list(self.argv),
-            "tty": self.tty,
-            "started_at": self.started_at,
-            "state": "running" if self.result is None else "exited",
-            "stream_attached": bool(self.output and self.output.attached),
-        }
+        return ProcessDescription(
+            handle=self.handle,
+            kind=self.kind,
+            argv=self.argv,
+            tty=self.tty,
+            started_at=self.started_at,
+            running=self.result is None,
+            stream_attached=bool(self.output and self.output.attached),
+        )
 
     # -- operations -----------------------------------------------------------------------------------------
 
@@ -472,7 +472,7 @@ class ProcessTable:
             e._release(force=True)
             del self._entries[e.handle]
 
-    def live(self) -> list[dict[str, Any]]:
+    def live(self) -> list[ProcessDescription]:
         return [e.describe() for e in self._entries.values() if e.result is None]
 
     # -- operations -----------------------------------------------------------------------------------------
