@@ -37,7 +37,7 @@ import trio
 
 __all__ = ["MemoryTLSStream"]
 
-READ_SIZE = 65536  # the transport read, and a receive without max_bytes
+READ_SIZE = 256 * 1024  # the transport read, and a receive without max_bytes: session.Limits.chunk
 
 
 class _OneAtATime:
