@@ -105,7 +105,10 @@ class LinkStream(trio.abc.HalfCloseableStream):
         self._offset = 0
         self._buffered = 0
         self._unacked = 0
-        self._readable: trio.Event | None = None  # while a receive waits
+        # the task of a receive waiting for data, parked by hand rather than on a trio.Event: an idle
+        # connection's stream waits for as long as it stays idle, and an Event, its task set and its wait's
+        # frames cost ~1 KB per waiting stream
+        self._readable: trio.lowlevel.Task | None = None
         self._remote_ended = False
         self._local_ended = False
         self._reset_code: int | None = None
@@ -236,9 +239,8 @@ class LinkStream(trio.abc.HalfCloseableStream):
                     return b""
                 if self._reset_code is not None or self._link._closed:
                     raise LinkClosed(self._broken_reason())
-                self._readable = trio.Event()
-                await self._readable.wait()
-                self._readable = None
+                self._readable = trio.lowlevel.current_task()
+                await trio.lowlevel.wait_task_rescheduled(self._abort_wait)
             data = self._take(self._buffered if max_bytes is None else min(max_bytes, self._buffered))
             # Window goes back in batches while data is still buffered here (a consumer slower than the link
             # keeps the peer's window exhausted, and h2 then sends a WINDOW_UPDATE per acknowledgement), and in
@@ -348,8 +350,15 @@ class LinkStream(trio.abc.HalfCloseableStream):
         self._signal_response()
 
     def _signal_readable(self) -> None:
-        if self._readable is not None:
-            self._readable.set()
+        task = self._readable
+        if task is not None:
+            self._readable = None  # woken once: a second signal before it runs must not reschedule it again
+            trio.lowlevel.reschedule(task)
+
+    def _abort_wait(self, _raise_cancel: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+        """A waiting receive was cancelled: it no longer waits (trio raises the cancellation in it)."""
+        self._readable = None
+        return trio.lowlevel.Abort.SUCCEEDED
 
     def _signal_response(self) -> None:
         self._responded = True
