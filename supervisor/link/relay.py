@@ -138,8 +138,11 @@ class _Relay:
 
     async def pump(self, src_side: RelayEnd, dst_side: RelayEnd) -> None:
         src, dst = (self.a, self.b) if src_side is RelayEnd.A else (self.b, self.a)
+        sock = src.socket if type(src) is trio.SocketStream else None
         while True:
             try:
+                if sock is not None:
+                    await _wait_readable(sock)
                 data = await src.receive_some(self.chunk)
             except _STREAM_ERRORS as exc:
                 self.failed(src_side, exc)
@@ -173,6 +176,27 @@ class _Relay:
             # ``chunk`` bytes per direction, in each daemon) for as long as it stays open.
             del data
             self.touch()
+
+
+async def _wait_readable(sock: trio.socket.SocketType) -> None:
+    """Wait until ``sock`` has data (or an error, or its EOF) without a receive pending meanwhile.
+
+    An idle connection's socket pump waits for as long as the connection stays idle; waiting inside
+    ``SocketStream.receive_some`` keeps that call's frames, its error-translating context manager and the
+    socket's non-blocking helper alive all that time (~1.3 KB per waiting socket). The receive that follows
+    finds its data at once. A wait that cannot start (a closed socket) is left to that receive, which fails as
+    it always did; the socket closed by another task during the wait raises the ``ClosedResourceError`` the
+    receive's own wait would have raised.
+    """
+    try:
+        if sock.is_readable():
+            return
+    except (OSError, ValueError):
+        return
+    try:
+        await trio.lowlevel.wait_readable(sock)
+    except (OSError, ValueError):
+        return
 
 
 _BOTH = frozenset({RelayEnd.A, RelayEnd.B})
