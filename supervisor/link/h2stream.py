@@ -362,8 +362,10 @@ class LinkStream(trio.abc.HalfCloseableStream):
 
     def _signal_response(self) -> None:
         self._responded = True
-        if self._response_waiter is not None:
-            self._response_waiter.set()
+        waiter = self._response_waiter
+        if waiter is not None:
+            self._response_waiter = None  # its waiters hold it; the stream need not, for the rest of its life
+            waiter.set()
 
     def _take(self, size: int) -> bytes:
         """Up to ``size`` buffered bytes (at least one; the caller made sure some are buffered)."""
