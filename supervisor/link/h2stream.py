@@ -100,8 +100,9 @@ class LinkStream(trio.abc.HalfCloseableStream):
         self._response_waiter: trio.Event | None = None
         # received DATA payloads not yet read, in order: a large one as the bytes object h2 made (returned as it
         # is when it fits a read: no copy), small ones gathered into a bytearray (a peer sending one-byte frames
-        # must not cost an object per byte of the window); ``_offset`` bytes of the first were read already
-        self._chunks: list[bytes | bytearray] = []
+        # must not cost an object per byte of the window); ``_offset`` bytes of the first were read already.
+        # None while nothing is buffered: an idle stream keeps no empty list.
+        self._chunks: list[bytes | bytearray] | None = None
         self._offset = 0
         self._buffered = 0
         self._unacked = 0
@@ -370,6 +371,7 @@ class LinkStream(trio.abc.HalfCloseableStream):
     def _take(self, size: int) -> bytes:
         """Up to ``size`` buffered bytes (at least one; the caller made sure some are buffered)."""
         chunks = self._chunks
+        assert chunks is not None  # something is buffered
         first = chunks[0]
         if self._offset == 0 and len(first) <= size:  # whole payloads: as they are, joined only if several fit
             count, total = 1, len(first)
@@ -378,6 +380,8 @@ class LinkStream(trio.abc.HalfCloseableStream):
                 count += 1
             taken = chunks[:count]
             del chunks[:count]
+            if not chunks:
+                self._chunks = None
             self._buffered -= total
             if count == 1:
                 return first if type(first) is bytes else bytes(first)
@@ -387,6 +391,8 @@ class LinkStream(trio.abc.HalfCloseableStream):
             data = bytes(view[self._offset : end])
         if end == len(first):
             del chunks[0]
+            if not chunks:
+                self._chunks = None
             self._offset = 0
         else:
             self._offset = end
@@ -396,6 +402,8 @@ class LinkStream(trio.abc.HalfCloseableStream):
     def _on_data(self, data: bytes, flow_controlled_length: int) -> None:
         if data:
             chunks = self._chunks
+            if chunks is None:
+                chunks = self._chunks = []
             if len(data) >= COALESCE_BELOW:
                 chunks.append(data)
             elif chunks and type(chunks[-1]) is bytearray and len(chunks[-1]) < COALESCE_UPTO:
