@@ -100,12 +100,16 @@ class LinkStream(trio.abc.HalfCloseableStream):
         self._response_waiter: trio.Event | None = None
         # received DATA payloads not yet read, in order: a large one as the bytes object h2 made (returned as it
         # is when it fits a read: no copy), small ones gathered into a bytearray (a peer sending one-byte frames
-        # must not cost an object per byte of the window); ``_offset`` bytes of the first were read already
-        self._chunks: list[bytes | bytearray] = []
+        # must not cost an object per byte of the window); ``_offset`` bytes of the first were read already.
+        # None while nothing is buffered: an idle stream keeps no empty list.
+        self._chunks: list[bytes | bytearray] | None = None
         self._offset = 0
         self._buffered = 0
         self._unacked = 0
-        self._readable: trio.Event | None = None  # while a receive waits
+        # the task of a receive waiting for data, parked by hand rather than on a trio.Event: an idle
+        # connection's stream waits for as long as it stays idle, and an Event, its task set and its wait's
+        # frames cost ~1 KB per waiting stream
+        self._readable: trio.lowlevel.Task | None = None
         self._remote_ended = False
         self._local_ended = False
         self._reset_code: int | None = None
@@ -236,9 +240,8 @@ class LinkStream(trio.abc.HalfCloseableStream):
                     return b""
                 if self._reset_code is not None or self._link._closed:
                     raise LinkClosed(self._broken_reason())
-                self._readable = trio.Event()
-                await self._readable.wait()
-                self._readable = None
+                self._readable = trio.lowlevel.current_task()
+                await trio.lowlevel.wait_task_rescheduled(self._abort_wait)
             data = self._take(self._buffered if max_bytes is None else min(max_bytes, self._buffered))
             # Window goes back in batches while data is still buffered here (a consumer slower than the link
             # keeps the peer's window exhausted, and h2 then sends a WINDOW_UPDATE per acknowledgement), and in
@@ -348,17 +351,27 @@ class LinkStream(trio.abc.HalfCloseableStream):
         self._signal_response()
 
     def _signal_readable(self) -> None:
-        if self._readable is not None:
-            self._readable.set()
+        task = self._readable
+        if task is not None:
+            self._readable = None  # woken once: a second signal before it runs must not reschedule it again
+            trio.lowlevel.reschedule(task)
+
+    def _abort_wait(self, _raise_cancel: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+        """A waiting receive was cancelled: it no longer waits (trio raises the cancellation in it)."""
+        self._readable = None
+        return trio.lowlevel.Abort.SUCCEEDED
 
     def _signal_response(self) -> None:
         self._responded = True
-        if self._response_waiter is not None:
-            self._response_waiter.set()
+        waiter = self._response_waiter
+        if waiter is not None:
+            self._response_waiter = None  # its waiters hold it; the stream need not, for the rest of its life
+            waiter.set()
 
     def _take(self, size: int) -> bytes:
         """Up to ``size`` buffered bytes (at least one; the caller made sure some are buffered)."""
         chunks = self._chunks
+        assert chunks is not None  # something is buffered
         first = chunks[0]
         if self._offset == 0 and len(first) <= size:  # whole payloads: as they are, joined only if several fit
             count, total = 1, len(first)
@@ -367,6 +380,8 @@ class LinkStream(trio.abc.HalfCloseableStream):
                 count += 1
             taken = chunks[:count]
             del chunks[:count]
+            if not chunks:
+                self._chunks = None
             self._buffered -= total
             if count == 1:
                 return first if type(first) is bytes else bytes(first)
@@ -376,6 +391,8 @@ class LinkStream(trio.abc.HalfCloseableStream):
             data = bytes(view[self._offset : end])
         if end == len(first):
             del chunks[0]
+            if not chunks:
+                self._chunks = None
             self._offset = 0
         else:
             self._offset = end
@@ -385,6 +402,8 @@ class LinkStream(trio.abc.HalfCloseableStream):
     def _on_data(self, data: bytes, flow_controlled_length: int) -> None:
         if data:
             chunks = self._chunks
+            if chunks is None:
+                chunks = self._chunks = []
             if len(data) >= COALESCE_BELOW:
                 chunks.append(data)
             elif chunks and type(chunks[-1]) is bytearray and len(chunks[-1]) < COALESCE_UPTO:
