@@ -20,7 +20,7 @@ import trio
 import trio.lowlevel
 import trio.testing
 
-from supervisor.link.relay import Flow, RelayEnd, RelayStats, relay
+from supervisor.link.relay import SMALL_READ, Flow, RelayEnd, RelayStats, relay
 
 
 class Counting(trio.abc.HalfCloseableStream):
@@ -488,3 +488,44 @@ async def test_a_thousand_parallel_transfers_arrive_intact() -> None:
                 for i in range(1000):
                     transfers.start_soon(transfer, i)
     assert sorted(ok) == list(range(1000))
+
+
+async def test_a_socket_is_read_small_until_reads_fill_the_buffer() -> None:
+    """``recv(n)`` allocates n bytes first: a small message is read with a small buffer, a bulk transfer grows the
+    read to the relay's chunk, and the next small message is read small again."""
+    sizes: list[int] = []
+    async with tcp_pairs() as pair:
+        client, a = await pair()
+        b, server = await pair()
+        recv = a.socket.recv
+
+        async def spy(size: int, *args: int) -> bytes:
+            sizes.append(size)
+            return await recv(size, *args)
+
+        a.socket.recv = spy  # type: ignore[method-assign]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: relay(a, b, idle_timeout=60))
+            await client.send_all(b"x" * 1024)
+            assert await server.receive_some(65536) == b"x" * 1024
+            assert sizes and max(sizes) == SMALL_READ
+            bulk = 8 * 1024 * 1024
+
+            async def drain() -> None:
+                got = 0
+                while got < bulk:
+                    got += len(await server.receive_some(1 << 20))
+
+            async with trio.open_nursery() as transfer:
+                transfer.start_soon(drain)
+                await client.send_all(b"y" * bulk)
+            assert max(sizes) == 256 * 1024, "a bulk transfer grows the read to the chunk"
+            sizes.clear()
+            await client.send_all(b"z" * 100)
+            assert await server.receive_some(65536) == b"z" * 100
+            await client.send_all(b"z" * 100)
+            assert await server.receive_some(65536) == b"z" * 100
+            assert sizes[-1] == SMALL_READ, "back to small once a read does not fill it"
+            nursery.cancel_scope.cancel()
+        await client.aclose()
+        await server.aclose()
