@@ -35,24 +35,27 @@ options, never a loop of their own:
 from __future__ import annotations
 
 import enum
+import fcntl
 import math
 import socket
 import struct
+import termios
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 
-__all__ = ["SMALL_READ", "ChunkFilter", "Flow", "RelayEnd", "RelayStats", "abort_stream", "close_now", "relay"]
+__all__ = ["ChunkFilter", "Flow", "RelayEnd", "RelayStats", "abort_stream", "close_now", "relay"]
 
 # What a broken peer looks like through trio's stream ABC.
 _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
-# A socket's receive starts at this size and doubles up to ``chunk`` only while receives fill it: ``recv(n)``
-# allocates all n bytes before it shrinks the result, and above glibc's mmap threshold (128 KiB) a receive of a
-# few bytes costs a map and an unmap (~30 us more per receive on loopback than one of 64 KiB).
-SMALL_READ = 64 * 1024
+# A socket is received from with a buffer the size of what is queued on it (``FIONREAD``, up to ``chunk``):
+# ``recv(n)`` allocates all n bytes before it shrinks the result, and above glibc's mmap threshold (128 KiB) a
+# receive of a few bytes costs a map and an unmap (~25 us more per receive on loopback than one of 64 KiB), while a
+# smaller fixed buffer would split a bulk transfer's backlog into more, smaller chunks on the link.
+EMPTY_READ = 4096  # nothing queued yet readable: the receive that reports the EOF or the error
 
 
 class RelayEnd(enum.StrEnum):
@@ -144,18 +147,15 @@ class _Relay:
     async def pump(self, src_side: RelayEnd, dst_side: RelayEnd) -> None:
         src, dst = (self.a, self.b) if src_side is RelayEnd.A else (self.b, self.a)
         sock = src.socket if type(src) is trio.SocketStream else None
-        small = min(self.chunk, SMALL_READ)
-        size = small if sock is not None else self.chunk
+        fd = sock.fileno() if sock is not None else -1
         while True:
             try:
                 if sock is not None:
                     await _wait_readable(sock)
-                data = await src.receive_some(size)
+                data = await src.receive_some(_queued(fd, self.chunk) if fd >= 0 else self.chunk)
             except _STREAM_ERRORS as exc:
                 self.failed(src_side, exc)
                 return
-            if sock is not None:  # grow while reads fill the buffer (a bulk transfer), back to small once one doesn't
-                size = min(size * 2, self.chunk) if len(data) >= size else small if len(data) < small else size
             self.touch()
             flow = Flow.MORE if data else Flow.EOF
             if data and src_side is RelayEnd.A and self.filter_a is not None:
@@ -185,6 +185,19 @@ class _Relay:
             # ``chunk`` bytes per direction, in each daemon) for as long as it stays open.
             del data
             self.touch()
+
+
+def _queued(fd: int, limit: int) -> int:
+    """How many bytes to receive from socket ``fd``: what is queued on it, at most ``limit`` (``EMPTY_READ`` when
+    nothing is: the receive then reports the EOF or the error that made it readable)."""
+    try:
+        queued = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, _INT_ZERO))[0]
+    except OSError:
+        return min(limit, EMPTY_READ)
+    return min(limit, queued) if queued > 0 else min(limit, EMPTY_READ)
+
+
+_INT_ZERO = struct.pack("i", 0)
 
 
 async def _wait_readable(sock: trio.socket.SocketType) -> None:
