@@ -69,8 +69,10 @@ class JsonLog:
 
     def emit(self, event: EventName, **fields: object) -> None:
         scrub = self.scrub
-        if scrub is not None:
-            fields = {key: _scrubbed(value, scrub) if key in _AGENT_TEXT else value for key, value in fields.items()}
+        if scrub is not None:  # ``fields`` is this call's own dict: replaced in place, only where agent text is
+            for key in _AGENT_TEXT:
+                if key in fields:
+                    fields[key] = _scrubbed(fields[key], scrub)
         record = Event.build(event, self.component, self.sandbox, **fields)
         if self.tap is not None:
             self.tap(record)
