@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from supervisor.protocol.json_value import JsonValue
@@ -65,7 +65,7 @@ class Link:
         return cls(int(link["index"]), str(link.get("ifname")), _optional_str(kind), bool(link["flags"] & 1))
 
     def to_wire(self) -> dict[str, JsonValue]:
-        return {"index": self.index, "name": self.name, "kind": self.kind, "up": self.up}
+        return asdict(self)  # the fields, in their order: the fence's fingerprint hashes this JSON
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +83,7 @@ class Address:
         )
 
     def to_wire(self) -> dict[str, JsonValue]:
-        return {"family": self.family, "address": self.address, "link": self.link}
+        return asdict(self)  # the fields, in their order: the fence's fingerprint hashes this JSON
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,18 +118,7 @@ class Route:
         )
 
     def to_wire(self) -> dict[str, JsonValue]:
-        return {
-            "family": self.family,
-            "table": self.table,
-            "type": self.type,
-            "dst": self.dst,
-            "oif": self.oif,
-            "gateway": self.gateway,
-            "multipath": self.multipath,
-            "scope": self.scope,
-            "proto": self.proto,
-            "priority": self.priority,
-        }
+        return asdict(self)  # the fields, in their order: the fence's fingerprint hashes this JSON
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,17 +148,7 @@ class Rule:
         )
 
     def to_wire(self) -> dict[str, JsonValue]:
-        return {
-            "family": self.family,
-            "priority": self.priority,
-            "table": self.table,
-            "action": self.action,
-            "src": self.src,
-            "dst": self.dst,
-            "iif": self.iif,
-            "oif": self.oif,
-            "fwmark": self.fwmark,
-        }
+        return asdict(self)  # the fields, in their order: the fence's fingerprint hashes this JSON
 
     def is_default(self) -> bool:
         """One of the rules every fresh namespace has, and nothing added to it."""
