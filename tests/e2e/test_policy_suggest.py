@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import pytest
 import yaml
@@ -49,9 +50,13 @@ network_policies:
     binaries: [{{path: /usr/bin/curl}}]
 """
 
-# Each probe prints "<name> <status>": 403 is the proxy's refusal, 200 the origin's file.
+# Each probe prints "<name> <status>": 403 is the proxy's refusal, 200 the origin's file; no HTTP answer at all
+# prints "000" with curl's exit code and error, so that a failure says how the exchange ended.
 AGENT = f"""
-probe() {{ printf '%s %s\\n' "$1" "$("$2" -s -o /dev/null -w '%{{http_code}}' --max-time 20 "$3")"; }}
+probe() {{
+  out=$("$2" -s -o /dev/null -w '%{{http_code}} exit=%{{exitcode}} %{{errormsg}}' --max-time 20 "$3")
+  case $out in 000*) printf '%s %s\\n' "$1" "$out" ;; *) printf '%s %s\\n' "$1" "${{out%% *}}" ;; esac
+}}
 round() {{
   probe plain /usr/bin/curl http://plain.test:{PORT}/hello.txt
   probe path /usr/bin/curl http://api.test:{PORT}/work/README
@@ -126,6 +131,15 @@ def _read_until(proc: subprocess.Popen[str], marker: str, pending: bytearray, wi
         pending += data
 
 
+def _tail(log: IO[str], lines: int = 80) -> str:
+    """The end of dev's log, so that a wrong probe status says what the daemons logged for it."""
+    log.flush()
+    log.seek(0)
+    text = "\n".join(log.read().splitlines()[-lines:])
+    log.seek(0, os.SEEK_END)
+    return text
+
+
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60, env=env)
 
@@ -144,7 +158,7 @@ def test_suggest_apply_and_run_again(origin: Origin, tmp_path: Path) -> None:
     try:
         pending = bytearray()
         first = _read_until(proc, "END1", pending)
-        assert first == {"plain": "403", "path": "403", "ssrf": "403", "copy": "403"}, first
+        assert first == {"plain": "403", "path": "403", "ssrf": "403", "copy": "403"}, (first, _tail(stderr))
 
         api_env = {**env, "OPENSHELL_SANDBOX_API": str(dev_api(origin.runtime))}
         live = tmp_path / "live.yaml"
@@ -170,7 +184,7 @@ def test_suggest_apply_and_run_again(origin: Origin, tmp_path: Path) -> None:
         proc.stdin.write("go\n")
         proc.stdin.flush()
         second = _read_until(proc, "END2", pending)
-        assert second == {"plain": "200", "path": "200", "ssrf": "403", "copy": "403"}, second
+        assert second == {"plain": "200", "path": "200", "ssrf": "403", "copy": "403"}, (second, _tail(stderr))
         proc.stdin.close()
         assert proc.wait(timeout=60) == 0
         notes = suggested.stderr
