@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import socket
 import time
@@ -72,12 +73,16 @@ def _check_reply(buffer: bytes) -> bool:
     return True
 
 
-def open_tunnel(proxy: Address | None, target: Address, timeout: float) -> socket.socket:
-    """A blocking socket whose next byte reaches ``target`` (through ``proxy`` when given)."""
+def open_tunnel(proxy: Address | None, target: Address, timeout: float,
+                marks: list[float] | None = None) -> socket.socket:  # fmt: skip
+    """A blocking socket whose next byte reaches ``target`` (through ``proxy`` when given). ``marks`` gets the
+    ``perf_counter`` once connected and once the CONNECT's answer was read (again at once without a proxy)."""
     sock = _new_socket()
     sock.settimeout(timeout)
     try:
         sock.connect(proxy or target)
+        if marks is not None:
+            marks.append(time.perf_counter())
         if proxy is not None:
             sock.sendall(_connect_request(proxy, target))
             buffer = b""
@@ -86,6 +91,8 @@ def open_tunnel(proxy: Address | None, target: Address, timeout: float) -> socke
                 if not chunk:
                     raise WireError("proxy closed during CONNECT")
                 buffer += chunk
+        if marks is not None:
+            marks.append(time.perf_counter())
     except BaseException:
         sock.close()
         raise
@@ -153,15 +160,22 @@ def bulk(proxy: Address | None, target: Address, direction: Direction, size: int
         return BulkResult(size, seconds)
 
 
-def one_exchange(proxy: Address | None, target: Address, timeout: float) -> float:
-    """Seconds for connect + CONNECT + 1 KiB request/response + close."""
+# The steps of one sequential setup sample, in order (``SetupResult.steps``): where its latency goes.
+STEPS = ("connect", "CONNECT", "exchange")
+
+
+def one_exchange(proxy: Address | None, target: Address, timeout: float) -> list[float]:
+    """Seconds for connect + CONNECT + 1 KiB request/response, and of each step (``STEPS``): the TCP connect to
+    the proxy (or the target), the CONNECT until its answer (0 without a proxy), the request until its echo."""
     start = time.perf_counter()
-    with open_tunnel(proxy, target, timeout) as sock:
+    marks = [start]
+    with open_tunnel(proxy, target, timeout, marks) as sock:
         sock.sendall(REQUEST)
         _recv_exact_into(sock, memoryview(bytearray(ECHO_SIZE)))
-        seconds = time.perf_counter() - start
+        end = time.perf_counter()
         _await_eof(sock)
-    return seconds
+    marks.append(end)
+    return [end - start] + [later - earlier for earlier, later in itertools.pairwise(marks)]
 
 
 @dataclass(frozen=True)
@@ -170,6 +184,8 @@ class SetupResult:
     errors: int
     seconds: float  # wall time of the whole batch
     error_kinds: dict[str, int] = field(default_factory=dict)
+    # per step of ``STEPS``, its seconds in each successful connection (sequential setup only)
+    steps: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def conns_per_s(self) -> float:
@@ -179,16 +195,21 @@ class SetupResult:
 def setup_sequential(proxy: Address | None, target: Address, count: int, timeout: float, budget: float) -> SetupResult:
     """Up to ``count`` exchanges one after another, stopping early once ``budget`` seconds have passed."""
     latencies: list[float] = []
+    steps: dict[str, list[float]] = {step: [] for step in STEPS}
     kinds: Counter[str] = Counter()
     start = time.perf_counter()
     for _ in range(count):
         if time.perf_counter() - start > budget:
             break
         try:
-            latencies.append(one_exchange(proxy, target, timeout))
+            total, *parts = one_exchange(proxy, target, timeout)
         except (OSError, WireError) as exc:
             kinds[error_kind(exc)] += 1
-    return SetupResult(latencies, kinds.total(), time.perf_counter() - start, dict(kinds))
+            continue
+        latencies.append(total)
+        for step, seconds in zip(STEPS, parts, strict=True):
+            steps[step].append(seconds)
+    return SetupResult(latencies, kinds.total(), time.perf_counter() - start, dict(kinds), steps)
 
 
 async def _async_tunnel(proxy: Address | None, target: Address) -> socket.socket:

@@ -63,6 +63,7 @@ class Driver:
                 "errors": batch.errors,
                 "seconds": batch.seconds,
                 "error_kinds": batch.error_kinds,
+                "steps": batch.steps,
             }
         if op == "idle_open":
             assert target is not None

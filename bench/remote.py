@@ -143,8 +143,9 @@ class ClientDriver:
 
     @staticmethod
     def _setup(result: dict[str, Any]) -> SetupResult:
+        steps = {str(step): [float(x) for x in values] for step, values in result.get("steps", {}).items()}
         return SetupResult([float(x) for x in result["latencies"]], int(result["errors"]), float(result["seconds"]),
-                           _kinds(result))  # fmt: skip
+                           _kinds(result), steps)  # fmt: skip
 
     def https_setup_sequential(self, proxy: Address | None, target: Address, cafile: str | None, count: int,
                                timeout: float, budget: float) -> SetupResult:  # fmt: skip

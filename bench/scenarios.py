@@ -99,6 +99,8 @@ SETUP = (
     # whatever else the shared machine runs meanwhile (wall-clock latency also counts waiting for a CPU)
     Metric("CPU/conn", "ms", headline=False),
 )
+# Where a sequential setup's latency goes, step by step (``clients.STEPS``): the medians, for the profile to explain.
+SETUP_STEPS = tuple(Metric(f"{step} p50", "ms", ratio=False, headline=False) for step in clients.STEPS)
 SETUP_DERIVED = (Metric("added p50", "ms", ratio=False), Metric("added p99", "ms", ratio=False))
 IDLE = (
     Metric("peak RSS", "MiB"),
@@ -132,6 +134,7 @@ def _setup_outcome(result: clients.SetupResult, cpu_s: float | None = None) -> O
             "p50": percentile(result.latencies, 50) * 1e3,
             "p99": percentile(result.latencies, 99) * 1e3,
             "CPU/conn": cpu_s / len(result.latencies) * 1e3 if cpu_s is not None else None,
+            **{f"{step} p50": percentile(seconds, 50) * 1e3 for step, seconds in result.steps.items() if seconds},
         },
         result.errors,
         result.error_kinds,
@@ -247,7 +250,7 @@ def build(config: Config) -> list[Scenario]:
     scenarios = [
         Scenario("bulk up", "bulk", THROUGHPUT, _bulk(Direction.UP)),
         Scenario("bulk down", "bulk", THROUGHPUT, _bulk(Direction.DOWN)),
-        Scenario("setup sequential", "setup", SETUP, measure_sequential),
+        Scenario("setup sequential", "setup", SETUP + SETUP_STEPS, measure_sequential),
         Scenario(f"setup {config.concurrency}-way", "setup", SETUP, measure_concurrent),
         *intercepted(config),
     ]

@@ -34,6 +34,16 @@ def test_setup_batches_count_every_connection(upstream: Upstream) -> None:
     assert len(concurrent.latencies) == 100 and concurrent.errors == 0
 
 
+def test_a_sequential_sample_is_split_into_its_steps(upstream: Upstream) -> None:
+    result = clients.setup_sequential(None, upstream.echo, 20, timeout=10, budget=30)
+    assert list(result.steps) == list(clients.STEPS)
+    assert all(len(seconds) == len(result.latencies) == 20 for seconds in result.steps.values())
+    for index, total in enumerate(result.latencies):
+        parts = [result.steps[step][index] for step in clients.STEPS]
+        assert min(parts) >= 0 and sum(parts) == pytest.approx(total)
+        assert result.steps["exchange"][index] > result.steps["CONNECT"][index]  # no proxy: nothing to wait for
+
+
 def test_budget_stops_a_batch_early(upstream: Upstream) -> None:
     result = clients.setup_sequential(None, upstream.echo, 10**6, timeout=10, budget=0.2)
     assert 0 < len(result.latencies) < 10**6

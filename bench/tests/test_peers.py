@@ -50,7 +50,7 @@ def test_peer_serves_loopback_only_and_leaves_nothing(name: str, ctx: BenchConte
         sockets = bound_sockets(pids)
         assert any(s.listening and s.port == proxy[1] for s in sockets)
         assert all(s.address.is_loopback for s in sockets), sockets
-        assert one_exchange(proxy, contender.target(upstream.echo), timeout=10) > 0
+        assert one_exchange(proxy, contender.target(upstream.echo), timeout=10)[0] > 0
         started = {pid: start_time(pid) for pid in pids}
     finally:
         contender.stop()
