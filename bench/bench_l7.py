@@ -31,7 +31,9 @@ through ``inference`` and straight to the same backend (``direct``). The model b
 (tests/inference_backend.py) on a test host in a network namespace of its own (tests/netns_hosts.py; root
 only): the router, like control, never dials loopback. Reported: requests/s, MB/s, tokens/s and the time to the
 first token, the mediator's CPU per request, per MB or per token (``time.process_time`` of this process), and
-intercepted/tunnel and inference/direct ratios.
+intercepted/tunnel and inference/direct ratios. The HTTP workloads run in ``REPEATS`` passes with every listener in
+each: a rate is the median over the passes, a ratio the median of the passes' own ratios, a CPU figure the total
+over the passes.
 
 With ``--json`` every result is one JSON row ``{"name", "unit", "value", ...}`` (bench/micro.py's contract).
 """
@@ -48,6 +50,7 @@ import json
 import multiprocessing
 import socket
 import ssl
+import statistics
 import sys
 import tempfile
 import threading
@@ -448,6 +451,11 @@ class Mediator:
             self.ports[mode] = listeners[0].socket.getsockname()[1]
 
 
+# Passes of each workload, every mode in each: one transfer of a few MiB is over in tens of milliseconds, and a
+# single pass let the download row's ratio swing between 0.2x and 0.8x from run to run on the same tree.
+REPEATS = 3
+
+
 def _row(name: str, unit: str, value: float, **extra: float | int | str) -> dict[str, object]:
     return {"name": name, "unit": unit, "value": round(value, 4), **extra}
 
@@ -531,21 +539,31 @@ async def run(args: argparse.Namespace) -> list[dict[str, object]]:
                     for mode in MODES:
                         await _measure(pool, args.conns, "keepalive", mediator.ports[mode], ca_for[mode], 5, 0)
                     for title, workload, parallel, count, nbytes, unit, rate, cpu_unit in plan:
-                        values: dict[str, float] = {}
+                        # REPEATS passes, every mode in each: a value is the median over the passes and a ratio the
+                        # median of the passes' own ratios (the tunnel's rate swings between passes by itself)
+                        rates: dict[str, list[float]] = {mode: [] for mode in MODES}
+                        cpus = dict.fromkeys(MODES, 0.0)
+                        moves = dict.fromkeys(MODES, 0)
+                        for _ in range(REPEATS):
+                            for mode in MODES:
+                                wall, moved, cpu = await _measure(pool, parallel, workload, mediator.ports[mode],
+                                                                  ca_for[mode], count, nbytes)  # fmt: skip
+                                rates[mode].append(rate(wall, moved, count * parallel))
+                                cpus[mode] += cpu
+                                moves[mode] += moved
+                        total = count * parallel * REPEATS
                         for mode in MODES:
-                            wall, moved, cpu = await _measure(pool, parallel, workload, mediator.ports[mode],
-                                                              ca_for[mode], count, nbytes)  # fmt: skip
-                            total = count * parallel
-                            values[mode] = rate(wall, moved, total)
-                            per = cpu / total * 1e6 if unit == "req/s" else cpu / (moved / 1e6) * 1e6
-                            rows.append(_row(f"l7 {mode}: {title}", unit, values[mode], runs=total))
+                            per = cpus[mode] / (total if unit == "req/s" else moves[mode] / 1e6) * 1e6
+                            rows.append(_row(f"l7 {mode}: {title}", unit, statistics.median(rates[mode]), runs=total))
                             rows.append(_row(f"l7 {mode}: mediator CPU ({title.split(' ')[0]})", cpu_unit, per,
                                              runs=total))  # fmt: skip
                         for mode in INTERCEPTING:
-                            rows.append(_row(f"l7 {mode}/tunnel ratio: {title}", "ratio",
-                                             values[mode] / values["tunnel"]))  # fmt: skip
+                            ratios = [own / tunnel for own, tunnel in zip(rates[mode], rates["tunnel"], strict=True)]
+                            rows.append(_row(f"l7 {mode}/tunnel ratio: {title}", "ratio", statistics.median(ratios),
+                                             runs=REPEATS))  # fmt: skip
                     # the agent's own protocols: one MCP tools/call after another on a kept-alive connection
                     title = "keep-alive MCP tools/call requests/s, 1 connection"
+                    values: dict[str, float] = {}
                     await _measure(pool, 1, "mcp", mediator.ports["mcp"], ca_for["mcp"], 5, 0)
                     for mode in ("tunnel", "mcp"):
                         wall, _moved, cpu = await _measure(
