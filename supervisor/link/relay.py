@@ -151,8 +151,21 @@ class _Relay:
         while True:
             try:
                 if sock is not None:
-                    await _wait_readable(sock)
-                data = await src.receive_some(_queued(fd, self.chunk) if fd >= 0 else self.chunk)
+                    queued = _queued(fd)
+                    if queued == 0:
+                        # Wait here, not inside the receive: an idle connection's pump waits for as long as it is
+                        # idle, and ``SocketStream.receive_some`` would hold its own frames, its error-translating
+                        # context manager and the socket's non-blocking helper all that time (~1.3 KB a socket).
+                        # A socket that cannot be waited on is left to the receive, which fails as it always did.
+                        try:
+                            await trio.lowlevel.wait_readable(sock)
+                        except (OSError, ValueError):
+                            pass
+                        queued = _queued(fd)
+                    size = min(queued, self.chunk) if queued > 0 else min(self.chunk, EMPTY_READ)
+                    data = await src.receive_some(size)
+                else:
+                    data = await src.receive_some(self.chunk)
             except _STREAM_ERRORS as exc:
                 self.failed(src_side, exc)
                 return
@@ -187,38 +200,16 @@ class _Relay:
             self.touch()
 
 
-def _queued(fd: int, limit: int) -> int:
-    """How many bytes to receive from socket ``fd``: what is queued on it, at most ``limit`` (``EMPTY_READ`` when
-    nothing is: the receive then reports the EOF or the error that made it readable)."""
+def _queued(fd: int) -> int:
+    """How many bytes are queued on socket ``fd`` (``FIONREAD``); -1 when that cannot be asked (the receive then
+    reports why)."""
     try:
-        queued = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, _INT_ZERO))[0]
+        return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, _INT_ZERO))[0])
     except OSError:
-        return min(limit, EMPTY_READ)
-    return min(limit, queued) if queued > 0 else min(limit, EMPTY_READ)
+        return -1
 
 
 _INT_ZERO = struct.pack("i", 0)
-
-
-async def _wait_readable(sock: trio.socket.SocketType) -> None:
-    """Wait until ``sock`` has data (or an error, or its EOF) without a receive pending meanwhile.
-
-    An idle connection's socket pump waits for as long as the connection stays idle; waiting inside
-    ``SocketStream.receive_some`` keeps that call's frames, its error-translating context manager and the
-    socket's non-blocking helper alive all that time (~1.3 KB per waiting socket). The receive that follows
-    finds its data at once. A wait that cannot start (a closed socket) is left to that receive, which fails as
-    it always did; the socket closed by another task during the wait raises the ``ClosedResourceError`` the
-    receive's own wait would have raised.
-    """
-    try:
-        if sock.is_readable():
-            return
-    except (OSError, ValueError):
-        return
-    try:
-        await trio.lowlevel.wait_readable(sock)
-    except (OSError, ValueError):
-        return
 
 
 _BOTH = frozenset({RelayEnd.A, RelayEnd.B})
