@@ -69,7 +69,7 @@ UNPROFILED_GROUPS = ("launcher",)  # the sandbox's launcher forks sit idle durin
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python3 bench/run.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smaller transfers and counts (~2 minutes)")
+    parser.add_argument("--quick", action="store_true", help="smaller transfers and counts (~5 minutes on two cores)")
     parser.add_argument("--runs", type=int, default=5, help="rounds per cell (default 5, at least 1)")
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results", help="directory for results")
     parser.add_argument(
