@@ -62,6 +62,7 @@ class JsonLog:
         self.dropped = 0  # lines a stream or the file did not take (events dropped, on /metrics)
         # control's credentials: every placeholder spelling in agent-chosen text becomes [CREDENTIAL]
         self.scrub: Callable[[str], str] | None = None
+        self.fields: dict[str, object] = {}  # on every event of this process (a control worker's ``worker``)
 
     @property
     def stream(self) -> TextIO:
@@ -73,7 +74,13 @@ class JsonLog:
             for key in _AGENT_TEXT:
                 if key in fields:
                     fields[key] = _scrubbed(fields[key], scrub)
-        record = Event.build(event, self.component, self.sandbox, **fields)
+        if self.fields:
+            fields = {**self.fields, **fields}
+        self.forward(Event.build(event, self.component, self.sandbox, **fields))
+
+    def forward(self, record: Event) -> None:
+        """Record and write an event built already: by :meth:`emit`, or by another process of this daemon (a
+        control worker's, scrubbed there)."""
         if self.tap is not None:
             self.tap(record)
         if self.sink is not None:

@@ -97,16 +97,19 @@ class EgressLinks:
     """The pool of egress links control keeps open to us (we are their HTTP/2 client)."""
 
     def __init__(self) -> None:
-        self._links: set[Link] = set()
+        self._links: list[Link] = []
+        self._next = 0  # where the next pick starts looking: ties go round the links, not always to the first
         self._changed = trio.Event()
 
     def add(self, link: Link) -> None:
-        self._links.add(link)
+        if link not in self._links:
+            self._links.append(link)
         self._changed.set()
         self._changed = trio.Event()
 
     def discard(self, link: Link) -> None:
-        self._links.discard(link)
+        if link in self._links:
+            self._links.remove(link)
 
     def __len__(self) -> int:
         return sum(1 for link in self._links if not link.closed)
@@ -117,10 +120,17 @@ class EgressLinks:
             await self._changed.wait()
 
     def _least_busy(self) -> Link | None:
+        """The live link with the fewest streams; among equals, the next after the last one picked (so that
+        one connection after another spreads over every link, and over every worker process of control)."""
+        links = self._links
+        count = len(links)
         best: Link | None = None
-        for link in self._links:
+        start = self._next % count if count else 0
+        for offset in range(count):
+            link = links[(start + offset) % count]
             if not link.closed and (best is None or link.active_streams < best.active_streams):
                 best = link
+                self._next = start + offset + 1
         return best
 
     async def pick(self) -> Link | None:

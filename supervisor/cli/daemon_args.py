@@ -260,6 +260,14 @@ def _add_control_service(c: argparse._ArgumentGroup) -> None:
         "like every interface address of its own, whatever the policy says (repeatable)",
     )
     c.add_argument(
+        "--workers",
+        default="1",
+        metavar="N|auto",
+        help="control processes serving the agent's connections, this one included: each serves whole connections "
+        "(its own egress links, or its share of the proxy listener); this one keeps the API, the policy, the "
+        "binary pins and DNS. auto: the CPUs control may use, capped by its cgroup's CPU limit (default 1)",
+    )
+    c.add_argument(
         "--ipv6-egress",
         choices=["auto", "on", "off"],
         default="auto",

@@ -216,6 +216,13 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
     fence_canary = _fence_canary(args)
     if isinstance(fence_canary, int):
         return fence_canary
+    from supervisor.control.workers.count import parse_workers
+
+    try:
+        workers = parse_workers(args.workers)
+    except ValueError as exc:
+        _err(f"--workers: {exc}")
+        return 2
     network = _local_network(args, dns_servers, log)
     if isinstance(network, int):
         return network
@@ -238,7 +245,7 @@ def _run_control(args: argparse.Namespace, bundle: Any, log: Any) -> int:
         policy_digest=_policy_digest(args.policy),
         proxy=listen.proxy, relaxed_identity=args.binary_identity == "relaxed",
         networkpolicy_acknowledged=args.acknowledge_networkpolicy_enforcement,
-        workload_gone_after_s=args.workload_gone_after,
+        workload_gone_after_s=args.workload_gone_after, workers=workers,
         **inference,
     )  # fmt: skip
     return daemon.run(cfg)

@@ -197,6 +197,7 @@ def _control_command(opts: DevOptions, tmp: Path, port: int, runtime: Path, plan
         control_cmd.append(f"--inference-idle-timeout={opts.inference_idle_timeout:g}")
     control_cmd += [f"--dns-server={server}" for server in opts.dns_servers]
     control_cmd += [f"--ipv6-egress={opts.ipv6_egress}", *(f"--self-address={a}" for a in opts.self_addresses)]
+    control_cmd.append(f"--workers={opts.workers}")
     if opts.api_listen is not None:
         control_cmd.append(f"--api-listen={opts.api_listen}")
     if opts.metrics_listen is not None:

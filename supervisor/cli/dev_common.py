@@ -47,6 +47,7 @@ class DevOptions:
     log_format: str = "text"  # "text": human lines on stderr; "json": the daemons' JSON events on stderr
     quiet: bool = False  # nothing of ours on stderr (fatal errors aside)
     ipv6_egress: str = "auto"  # control's --ipv6-egress
+    workers: str = "1"  # control's --workers
     self_addresses: tuple[str, ...] = ()  # control's --self-address
     api_listen: str | None = None  # control's --api-listen ADDR:PORT; an operator bundle is minted for it
     metrics_listen: str | None = None  # control's --metrics-listen ADDR:PORT

@@ -176,7 +176,7 @@ def control_command(opts: DevOptions, *, tmp: Path, control_ip: str, token_file:
         f"--api={api}", f"--interception-ca={tmp / 'interception'}",
         f"--log-stream={'stderr' if opts.log_format in ('json', 'ocsf') and not opts.quiet else 'none'}",
         f"--log-format={'ocsf' if opts.log_format == 'ocsf' else 'json'}",
-        f"--log-file={log_file}", f"--ipv6-egress={opts.ipv6_egress}",
+        f"--log-file={log_file}", f"--ipv6-egress={opts.ipv6_egress}", f"--workers={opts.workers}",
         *(f"--self-address={a}" for a in opts.self_addresses),
         *(f"--dns-server={server}" for server in opts.dns_servers),
     ]  # fmt: skip

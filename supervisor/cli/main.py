@@ -77,6 +77,12 @@ def _add_dev_control_options(dev: argparse.ArgumentParser) -> None:
                      "forwards to the route's backend with its key (docs/policy.md \"Inference routing\")")  # fmt: skip
     dev.add_argument("--inference-idle-timeout", type=float, metavar="SECONDS",
                      help="control's --inference-idle-timeout (default 120)")  # fmt: skip
+    dev.add_argument(
+        "--workers",
+        default="1",
+        metavar="N|auto",
+        help="control's --workers: processes serving the agent's connections (default 1)",
+    )
     dev.add_argument("--ipv6-egress", choices=["auto", "on", "off"], default="auto",
                      help="control's --ipv6-egress: off answers the agent's AAAA queries with no records")  # fmt: skip
     dev.add_argument("--self-address", action="append", default=[], metavar="ADDR",
@@ -307,6 +313,7 @@ def _run_dev(args: argparse.Namespace) -> int:
         upstream_ca=args.upstream_ca, log_format=args.log_format, quiet=args.quiet,
         inference_routes=args.inference_routes, inference_idle_timeout=args.inference_idle_timeout,
         ipv6_egress=args.ipv6_egress, self_addresses=tuple(args.self_address), api_listen=args.api_listen,
+        workers=args.workers,
         pids_limit=args.pids_limit, topology=args.topology, proxy_max_connections=args.proxy_max_connections,
         memory_limit=args.memory_limit, tty=args.tty, escape=escape, remove_state=args.rm,
         metrics_listen=args.metrics_listen, boundary_metrics_listen=args.boundary_metrics_listen,

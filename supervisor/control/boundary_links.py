@@ -9,6 +9,7 @@ control/lifecycle_driver.py.
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
@@ -60,6 +61,7 @@ class BoundaryLinks:
         self.backoffs = BackoffGroup()  # every link's, reset together by a successful attach or resume
         self.nursery: trio.Nursery | None = None  # the daemon's, where the egress links run
         self._egress_started = False
+        self.on_start: list[Callable[[], None]] = []  # told at every attach or resume (control's workers)
 
     @property
     def peer_name(self) -> str:
@@ -72,19 +74,28 @@ class BoundaryLinks:
         ``link.closed`` line says so for all of them, and the first redial waits ``AGENT_END_REDIAL_S`` (dev mode
         stops control meanwhile; a pod's control redials a boundary that may come back, failures logged again).
         """
-        peer = self.peer
-        if peer.agent_result is not None and failure.step in ("agent-exited", "serving"):
-            if not peer.closed_said:
-                peer.closed_said = True
-                self.log.emit(EventName.LINK_CLOSED, peer=self.peer_name, reason=f"{why_ended(peer.agent_result)}; "
-                              "the boundary closed its links")  # fmt: skip
+        if self.said_agent_ended(failure):
             return AGENT_END_REDIAL_S
         delay = backoff.advance()
+        self.say_failed(alpn, failure, delay, **extra)
+        return delay
+
+    def said_agent_ended(self, failure: LinkFailure) -> bool:
+        """Whether ``failure`` is the boundary closing its links after the agent's end (said once, for all)."""
+        peer = self.peer
+        if peer.agent_result is None or failure.step not in ("agent-exited", "serving"):
+            return False
+        if not peer.closed_said:
+            peer.closed_said = True
+            self.log.emit(EventName.LINK_CLOSED, peer=self.peer_name, reason=f"{why_ended(peer.agent_result)}; "
+                          "the boundary closed its links")  # fmt: skip
+        return True
+
+    def say_failed(self, alpn: str, failure: LinkFailure, delay: float, **extra: JsonValue) -> None:
         self.log.emit(
             EventName.LINK_FAILED, peer=self.peer_name, alpn=alpn, step=failure.step, field=failure.field,
             reason=failure.reason, retry_in_s=round(delay, 3), **extra,
         )  # fmt: skip
-        return delay
 
     async def dial(self, alpn: str, failure: LinkFailure) -> SocketTLSStream | None:
         """One dial; a refusal (connect, handshake, claims: ours of the boundary's) is recorded in ``failure``."""
@@ -102,6 +113,8 @@ class BoundaryLinks:
         return tls
 
     def start_egress_links(self) -> None:
+        for started in self.on_start:
+            started()
         if self._egress_started or self.nursery is None:
             return
         self._egress_started = True

@@ -45,7 +45,8 @@ class ControlConfig:
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     interception: Interception | None = None
     policy_digest: str | None = None  # sha256:<hex> of the policy loaded at start (status: rendered or not)
-    egress_links: int = EGRESS_LINKS
+    egress_links: int = EGRESS_LINKS  # per control process
+    workers: int = 1  # control processes serving egress (--workers; control/workers), the primary included
     # control's own addresses and IPv6 egress, watched (None: not watched; tests that drive the daemon directly)
     local_net: LocalNetwork | None = None
     # the proxy-pod topology (docs/design.md "The proxy-pod topology"): control serves the workload's proxy

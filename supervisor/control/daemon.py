@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import functools
 import signal
+import socket
 import sys
 
 import trio
@@ -31,6 +32,8 @@ from supervisor.control.metrics import ControlMetrics
 from supervisor.control.peer import BoundaryPeer
 from supervisor.control.policy.store import PolicySnapshot
 from supervisor.control.proxy_listener import ProxyListener
+from supervisor.control.workers.pool import WorkerPool
+from supervisor.control.workers.pool import spawn as spawn_workers
 from supervisor.control.workload_gone import WorkloadGone
 from supervisor.link.h2link import Link
 from supervisor.link.rpc import call_typed
@@ -50,14 +53,17 @@ from supervisor.protocol.tls import ALPN_EGRESS, ALPN_OPS
 
 
 class ControlDaemon:
-    def __init__(self, cfg: ControlConfig) -> None:
+    def __init__(
+        self, cfg: ControlConfig, pool: WorkerPool | None = None, proxy_sockets: list[socket.socket] | None = None
+    ) -> None:
         self.cfg = cfg
+        self.pool = pool  # the other processes serving egress (--workers; control/workers), forked already
         self.log = cfg.log
         self.events = EventBuffer()  # every event control logs, recent ones served by GET /v1/events
         self.denials = DenialTable()  # what the policy advisor reads (GET /v1/denials, control/denials.py)
         self.log.tap = self._tap
         # every event also moves the metrics and §4.3 activity counters (control/metrics.py), served or not
-        self.metrics = ControlMetrics(cfg.policy, self.log, live=lambda: self.egress.live_connections,
+        self.metrics = ControlMetrics(cfg.policy, self.log, live=lambda: self.live_connections,
                                       links=self._links_up)  # fmt: skip
         self.log.sink = self.metrics.observe
         if cfg.interception is not None:  # placeholders the agent spells in a binary's name or a host: [CREDENTIAL]
@@ -66,7 +72,7 @@ class ControlDaemon:
         self.peer = BoundaryPeer()
         claims = cfg.bundle.claims
         self.workload_gone = WorkloadGone(cfg.workload_gone_after_s, claims.namespace, claims.sandbox_uid)
-        self.inference = self._inference_router(cfg)
+        self.inference = inference_router(cfg)
         self.egress = EgressService(
             cfg.policy,
             cfg.upstream,
@@ -75,21 +81,23 @@ class ControlDaemon:
             relaxed=cfg.relaxed_identity,
             inference=self.inference,
         )
-        self.proxy = ProxyListener(cfg.proxy, self.egress, self.log) if cfg.proxy is not None else None
+        self.proxy = (
+            ProxyListener(cfg.proxy, self.egress, self.log, sockets=proxy_sockets) if cfg.proxy is not None else None
+        )
         self.links = BoundaryLinks(cfg, self.peer, self.egress)
         self.certificates = certificate_facts(cfg)
         self.canary = FenceCanary(*cfg.fence_canary, log=self.log) if cfg.fence_canary is not None else None
         self.driver = LifecycleDriver(cfg, self.peer, self.links, self.certificates, self.canary, self.workload_gone)
         self.policy.subscribe(self._policy_changed)
+        if pool is not None:
+            pool.egress, pool.peer, pool.links = self.egress, self.peer, self.links
+            pool.queue_ack = self.driver.queue_ack
+            self.links.on_start.append(pool.start_egress)
 
-    def _inference_router(self, cfg: ControlConfig) -> InferenceRouter | None:
-        if cfg.inference_routes is None or cfg.interception is None:
-            return None
-        store = RoutesStore(cfg.inference_routes, cfg.interception.credentials, self.log)
-        store.watching = cfg.inference_watch_reason
-        return InferenceRouter(store, credentials=cfg.interception.credentials, ca=cfg.interception.ca,
-                               upstream_ssl=cfg.interception.upstream_ssl, upstream=cfg.upstream, log=self.log,
-                               limits=cfg.inference_limits, relaxed=cfg.relaxed_identity)  # fmt: skip
+    @property
+    def live_connections(self) -> int:
+        """Connections relayed now, by every process of control."""
+        return self.egress.live_connections + (self.pool.live if self.pool is not None else 0)
 
     @property
     def topology(self) -> str:
@@ -130,6 +138,8 @@ class ControlDaemon:
                 address = await nursery.start(MetricsServer(self.metrics.registry, host, port).serve)
                 self.log.emit(EventName.METRICS_LISTENING, address=address, path=METRICS_PATH)
             nursery.start_soon(self._signals, nursery)
+            if self.pool is not None:
+                nursery.start_soon(self._workers, nursery)
             self._log_topology()
             if self.proxy is not None:  # proxy-pod: no boundary to dial, the workload connects to us
                 await nursery.start(self.proxy.serve)
@@ -187,6 +197,12 @@ class ControlDaemon:
                 nursery.cancel_scope.cancel()
                 return
 
+    async def _workers(self, nursery: trio.Nursery) -> None:
+        """Serve the workers; one of them ending ends control (its connections are gone, and a pod restarts)."""
+        assert self.pool is not None
+        await self.pool.serve()
+        nursery.cancel_scope.cancel()
+
     async def _watch_certificates(self) -> None:
         """One ``certificate.expiring`` event per certificate once it is within the warning (rechecked hourly)."""
         told: set[str] = set()
@@ -202,7 +218,10 @@ class ControlDaemon:
         errors = {"errors": [error.to_json() for error in snap.errors]} if snap.errors else {}
         self.log.emit(EventName.POLICY_GENERATION, generation=snap.generation, status=snap.status, source=snap.source,
                       **warnings, **errors)  # fmt: skip
-        self.driver.queue_ack(snap.generation)
+        if self.pool is not None:  # acknowledged once every worker has it in force too
+            self.pool.publish(snap)
+        else:
+            self.driver.queue_ack(snap.generation)
 
     async def refresh_status(self) -> dict[str, JsonValue]:
         """The boundary's status, asked again if the ops link is up (the last one reported if not)."""
@@ -309,7 +328,8 @@ class ControlDaemon:
             },
             "boundary": self._reported(),
             "agent_result": peer.agent_result.to_wire() if peer.agent_result is not None else None,
-            "egress": {"links": peer.egress_up, "live": self.egress.live_connections, **self.egress.counters},
+            "egress": {"links": peer.egress_up, "live": self.live_connections, **self._counters()},
+            "workers": self.pool.status() if self.pool is not None else None,
             "activity": self.activity(),
             "certificates": self.certificates.to_json(datetime.datetime.now(datetime.UTC)),
             "interception": self._interception_status(),
@@ -318,6 +338,13 @@ class ControlDaemon:
             "inference": self.inference.status() if self.inference is not None else None,
             "ready": not self.readiness(),
         }
+
+    def _counters(self) -> dict[str, int]:
+        counters = dict(self.egress.counters)
+        if self.pool is not None:
+            for key, value in self.pool.counters().items():
+                counters[key] = counters.get(key, 0) + value
+        return counters
 
     def _topology_status(self) -> dict[str, JsonValue]:
         out: dict[str, JsonValue] = {"name": self.topology, "identity": "relaxed" if self.cfg.relaxed_identity
@@ -344,10 +371,34 @@ def certificate_facts(cfg: ControlConfig) -> CertificateFacts:
     )
 
 
+def inference_router(cfg: ControlConfig) -> InferenceRouter | None:
+    """inference.local's router, when routes were given and TLS is intercepted (one per control process)."""
+    if cfg.inference_routes is None or cfg.interception is None:
+        return None
+    store = RoutesStore(cfg.inference_routes, cfg.interception.credentials, cfg.log)
+    store.watching = cfg.inference_watch_reason
+    return InferenceRouter(store, credentials=cfg.interception.credentials, ca=cfg.interception.ca,
+                           upstream_ssl=cfg.interception.upstream_ssl, upstream=cfg.upstream, log=cfg.log,
+                           limits=cfg.inference_limits, relaxed=cfg.relaxed_identity)  # fmt: skip
+
+
 def run(cfg: ControlConfig) -> int:
+    pool: WorkerPool | None = None
+    proxy_sockets: list[socket.socket] | None = None
     try:
-        return trio.run(ControlDaemon(cfg).serve)
+        if cfg.workers > 1:  # forked before trio.run and before anything subscribes to the policy store
+            handles, proxy_sockets = spawn_workers(cfg, cfg.workers)
+            pool = WorkerPool(handles, cfg.log)
+        code = trio.run(ControlDaemon(cfg, pool, proxy_sockets).serve)
     except OSError as exc:
         cfg.log.emit(EventName.CONTROL_FAILED, reason=str(exc))
         print(f"openshell-sandbox: control: {exc}", file=sys.stderr)
         return ExitCode.SELF_FAILED
+    finally:
+        if pool is not None:
+            pool.stop()
+    if pool is not None and pool.exited is not None:
+        cfg.log.emit(EventName.CONTROL_FAILED, reason=pool.exited)
+        print(f"openshell-sandbox: control: {pool.exited}", file=sys.stderr)
+        return ExitCode.SELF_FAILED
+    return code

@@ -30,6 +30,7 @@ import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address, ip_address
+from typing import Protocol
 
 import dns.flags
 import dns.message
@@ -110,6 +111,20 @@ def _stats_json(stats: InspectStats) -> dict[str, JsonValue]:
     return {k: (str(v) if isinstance(v, enum.Enum) else v) for k, v in dataclasses.asdict(stats).items()}
 
 
+class SharedState(Protocol):
+    """What a worker process asks control's primary (control/workers): the one owner of the TOFU pins and of
+    the addresses its DNS answers issued, so that no worker decides looser than one control would."""
+
+    async def ensure_pin(self, identity: BinaryIdentity) -> None:
+        """Have the primary's pin for ``identity``'s path in this worker's pins (recorded there if new)."""
+
+    async def issued_names(self, address: str) -> list[str]:
+        """The names the primary issued ``address`` for, within their TTL, newest first."""
+
+    async def answer_dns(self, wire: bytes) -> bytes:
+        """The primary's answer to one DNS query of the agent (it records what it issues)."""
+
+
 class EgressService:
     def __init__(
         self,
@@ -120,8 +135,11 @@ class EgressService:
         interception: Interception | None = None,
         relaxed: bool = False,
         inference: InferenceRouter | None = None,
+        shared: SharedState | None = None,
+        pins: DigestPins | None = None,
     ) -> None:
         self.store = store
+        self.shared = shared  # set in a worker process: pins and issued names are the primary's
         # inference.local, served without policy evaluation (docs/reference/policy.md §3.16; control/inference)
         self.inference = inference
         # endpoint-only identity (the proxy-pod topology, or --binary-identity=relaxed): identity is logged, never
@@ -130,7 +148,7 @@ class EgressService:
         self.upstream = upstream
         self.log = log
         self.interception = interception
-        self.pins = DigestPins()
+        self.pins = pins if pins is not None else DigestPins()
         self._live: dict[int, _Live] = {}
         # Addresses this control handed to the agent's DNS stub, mapped back to the name they answer for: a
         # transparent connection to one of them is decided as that name (docs/design.md "DNS and transparent capture").
@@ -183,9 +201,10 @@ class EgressService:
         if self.inference is not None and self.inference.claims(request):
             await self.inference.serve(stream, request, result)
             return
-        snap = self.store.snapshot()
         identity = BinaryIdentity.of(request.identity)
-        name = self._issued_name(request)
+        names = await self._shared_names(request, identity) if self.shared is not None else None
+        snap = self.store.snapshot()
+        name = self._issued_name(request, names)
         decision = snap.decide_l4(self._l4(name or request.host, request.port, identity), self.pins)
         result.context(policy_generation=snap.generation, rule=decision.rule, endpoint=decision.endpoint, name=name)
         if not decision.allowed:
@@ -194,7 +213,7 @@ class EgressService:
             await self._reply(stream, EgressReply(403, reason=reason, rule=decision.rule, detail=decision.detail))
             return
         if decision.l7 or self._needs_credentials(name or request.host, request.port, decision):
-            await self._inspect(stream, request, name, decision, snap, result)
+            await self._inspect(stream, request, name, decision, snap, result, names=names)
             return
         terminate = self.interception is not None and not decision.tls_skip
         try:
@@ -213,7 +232,7 @@ class EgressService:
             await self._reply(stream, EgressReply(exc.status, reason=str(exc.reason), detail=exc.detail[:500]))
             return
         if terminate:  # TLS terminated and HTTP bound to this host:port by default (spec §3.7, §3.9)
-            await self._inspect(stream, request, name, decision, snap, result, early_upstream=upstream)
+            await self._inspect(stream, request, name, decision, snap, result, early_upstream=upstream, names=names)
             return
         result.allow(resolved=str(address))
         await self._reply(stream, EgressReply(200, rule=decision.rule))
@@ -234,20 +253,39 @@ class EgressService:
             error=stats.error,  # a reset or failure, not a clean close
         )  # fmt: skip
 
-    def _issued_names(self, request: EgressRequest) -> list[str]:
-        """The names this control issued ``request.host`` for, still within their TTL, newest first."""
+    async def _shared_names(self, request: EgressRequest, identity: BinaryIdentity | None) -> list[str]:
+        """In a worker: the primary's pin for the caller's binary (before anything is decided on it), and the
+        names the primary issued a transparent connection's address for."""
+        assert self.shared is not None
+        if identity is not None and not self.relaxed:
+            await self.shared.ensure_pin(identity)
         if str(request.capture) != "transparent":
             return []
-        entry = self._issued.get(request.host, {})
+        return await self.shared.issued_names(request.host)
+
+    def issued_for(self, address: str) -> list[str]:
+        """The names this control issued ``address`` for, still within their TTL, newest first."""
+        entry = self._issued.get(address)
+        if entry is None:
+            return []
         now = trio.current_time()
         for name in [n for n, expiry in entry.items() if expiry < now]:
             del entry[name]
+        if not entry:
+            del self._issued[address]
         return sorted(entry, key=lambda n: entry[n], reverse=True)
 
-    def _issued_name(self, request: EgressRequest) -> str | None:
+    def _issued_names(self, request: EgressRequest) -> list[str]:
+        if str(request.capture) != "transparent":
+            return []
+        return self.issued_for(request.host)
+
+    def _issued_name(self, request: EgressRequest, names: list[str] | None = None) -> str | None:
         """The name a transparent connection is first decided as: the only name issued for its address, or —
-        when several share it — the newest the policy allows (the ClientHello may then choose another)."""
-        names = self._issued_names(request)
+        when several share it — the newest the policy allows (the ClientHello may then choose another).
+        ``names``: what a worker was told by the primary (``None``: this process issued them)."""
+        if names is None:
+            names = self._issued_names(request)
         if len(names) <= 1:
             return names[0] if names else None
         snap = self.store.snapshot()
@@ -257,7 +295,9 @@ class EgressService:
                 return name
         return names[0]
 
-    def _chooser(self, request: EgressRequest, target: _Target) -> Callable[[str], Decision | None] | None:
+    def _chooser(
+        self, request: EgressRequest, target: _Target, names: list[str] | None
+    ) -> Callable[[str], Decision | None] | None:
         """For a transparent capture: the L4 decision for the name a ClientHello asks for, when this control
         issued that name for the address within its TTL and the policy allows it (``None`` refuses)."""
         if str(request.capture) != "transparent":
@@ -265,7 +305,7 @@ class EgressService:
         identity = BinaryIdentity.of(request.identity)
 
         def choose(sni: str) -> Decision | None:
-            if sni not in self._issued_names(request):
+            if sni not in (names if names is not None else self._issued_names(request)):
                 return None
             decision = self.store.snapshot().decide_l4(self._l4(sni, request.port, identity), self.pins)
             if not decision.allowed or decision.tls_skip:
@@ -305,6 +345,7 @@ class EgressService:
     async def _inspect(
         self, stream: LinkStream, request: EgressRequest, name: str | None, decision: Decision,
         snap: PolicySnapshot, result: ConnectionResult, *, early_upstream: trio.SocketStream | None = None,
+        names: list[str] | None = None,
     ) -> None:  # fmt: skip
         """Every endpoint but ``tls: skip``: TLS terminated, every HTTP request bound to the tunnel's authority
         and decided (spec §3.7-§3.13). Endpoints without L7 rules or credentials come with ``early_upstream``
@@ -352,7 +393,7 @@ class EgressService:
                     log=self.log, event_fields=fields,
                     is_current=self.store.is_current, current=current,
                     raw_fallback=early_upstream is not None, early_upstream=early_upstream,
-                    choose_name=self._chooser(request, target),
+                    choose_name=self._chooser(request, target, names),
                 )  # fmt: skip
             finally:
                 self._live.pop(key, None)
@@ -399,12 +440,18 @@ class EgressService:
             )
             return
         wire = await stream.read_all(min(length, DNS_MAX))
+        if self.shared is not None:  # a worker: the primary answers, and records what it issues
+            await self._dns_answer(stream, await self.shared.answer_dns(wire))
+            return
+        await self._dns_answer(stream, await self.answer_wire(wire))
+
+    async def answer_wire(self, wire: bytes) -> bytes:
+        """One DNS query's answer, as bytes (FORMERR for a query that cannot be read)."""
         query = read_query(wire)
         if query is None:
-            await self._dns_answer(stream, wire[:2] + b"\x81\x01" + b"\x00" * 8 if len(wire) >= 2 else b"")
-            return
+            return wire[:2] + b"\x81\x01" + b"\x00" * 8 if len(wire) >= 2 else b""
         response = await self.answer(query)
-        await self._dns_answer(stream, response.to_wire())
+        return bytes(response.to_wire())
 
     async def _dns_answer(self, stream: LinkStream, wire: bytes) -> None:
         await stream.send_headers(encode_dns_reply_headers(len(wire)))

@@ -53,6 +53,7 @@ from supervisor.protocol.proxy_head import (
 from supervisor.protocol.request_head import HeadReader
 from supervisor.protocol.responses import ErrorCode
 
+BACKLOG = 512
 DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_PER_CLIENT = DEFAULT_MAX_CONNECTIONS  # one paired workload is the only client by design
 
@@ -142,8 +143,12 @@ class ProxyClientStream(trio.abc.HalfCloseableStream):
 
 
 class ProxyListener:
-    def __init__(self, cfg: ProxyListenConfig, egress: EgressService, log: JsonLog) -> None:
+    def __init__(
+        self, cfg: ProxyListenConfig, egress: EgressService, log: JsonLog, *, sockets: list[socket.socket] | None = None
+    ) -> None:
         self.cfg = cfg
+        # bound already (SO_REUSEPORT, one set per control process: control/workers/spawn.py); None: bind here
+        self.sockets = sockets
         self.egress = egress
         self.log = log
         self.active = 0
@@ -154,7 +159,10 @@ class ProxyListener:
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         # "*": every address of the pod, IPv4 and IPv6 (what `k8s render --topology proxy-pod` passes)
         host = None if self.cfg.host == "*" else self.cfg.host
-        listeners = await trio.open_tcp_listeners(self.cfg.port, host=host, backlog=512)
+        if self.sockets is not None:
+            listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(s)) for s in self.sockets]
+        else:
+            listeners = await trio.open_tcp_listeners(self.cfg.port, host=host, backlog=BACKLOG)
         sockname = listeners[0].socket.getsockname()
         self.bound = (sockname[0], sockname[1])
         self.log.emit(EventName.PROXY_LISTENING, address=f"{self.bound[0]}:{self.bound[1]}",
@@ -241,3 +249,33 @@ class ProxyListener:
 def parse_clients(texts: Sequence[str]) -> tuple[Network, ...]:
     """``--proxy-clients`` CIDRs; a host address alone is its /32 or /128."""
     return tuple(ipaddress.ip_network(text, strict=False) for text in texts)
+
+
+def bind_shared(cfg: ProxyListenConfig, processes: int) -> list[list[socket.socket]]:
+    """One set of listening sockets per control process, all on ``cfg``'s address with SO_REUSEPORT, so the
+    kernel spreads new connections across the processes. Port 0: the first socket's port for every other one."""
+    host = None if cfg.host == "*" else cfg.host
+    infos = socket.getaddrinfo(host, cfg.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    families: dict[int, tuple[int, tuple[object, ...]]] = {}
+    for info in infos:  # one address per family, as trio.open_tcp_listeners binds
+        families.setdefault(int(info[0]), (info[2], tuple(info[4])))
+    port = cfg.port
+    sets: list[list[socket.socket]] = [[] for _ in range(processes)]
+    try:
+        for family, (proto, address) in families.items():
+            for sockets in sets:
+                sock = socket.socket(family, socket.SOCK_STREAM, proto)
+                sockets.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind((address[0], port, *address[2:]))
+                sock.listen(BACKLOG)
+                port = sock.getsockname()[1]
+    except OSError:
+        for sockets in sets:
+            for sock in sockets:
+                sock.close()
+        raise
+    return sets

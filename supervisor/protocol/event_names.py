@@ -48,6 +48,8 @@ class EventName(enum.StrEnum):
     CONTROL_NETSTATE = "control.netstate"
     CONTROL_NETSTATE_FAILED = "control.netstate-failed"
     CONTROL_SIGNAL = "control.signal"
+    CONTROL_WORKERS = "control.workers"
+    CONTROL_WORKER_EXITED = "control.worker-exited"
     # dns
     DNS = "dns"
     # egress

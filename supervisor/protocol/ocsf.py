@@ -197,6 +197,8 @@ OCSF_MAP: dict[EventName, OcsfMapping] = {
     E.CONTROL_NETSTATE: OcsfMapping(_C),
     E.CONTROL_NETSTATE_FAILED: OcsfMapping(_C, Severity.LOW),
     E.CONTROL_SIGNAL: OcsfMapping(_C),
+    E.CONTROL_WORKERS: OcsfMapping(_C),
+    E.CONTROL_WORKER_EXITED: OcsfMapping(_C, Severity.HIGH),
     E.FENCE_CANARY_PROBE: OcsfMapping(_C),
     E.FENCE_CANARY_ROUND: OcsfMapping(_C),
     E.FENCE_CANARY_ROUND_FAILED: OcsfMapping(_C, Severity.MEDIUM),

@@ -42,6 +42,18 @@ async def test_the_least_busy_live_link_is_picked_without_waiting(autojump_clock
     assert trio.current_time() == start  # no wait at all (autojump clock: any sleep would move it)
 
 
+async def test_equally_busy_links_are_taken_in_turn_so_connections_spread_over_them(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    links = [FakeLink(0), FakeLink(0), FakeLink(0, closed=True), FakeLink(0)]
+    pool = pool_of(*links)
+    picked = [await pool.pick() for _ in range(6)]
+    live = [cast(Link, link) for link in links if not link.closed]
+    assert picked == live + live  # every live link once, in turn, and never the closed one
+    links[3].active_streams = 2  # a busier link is passed over while the others are free
+    assert [await pool.pick() for _ in range(4)] == [live[0], live[1]] * 2
+
+
 async def test_no_live_link_is_a_refusal_after_the_wait(autojump_clock: trio.testing.MockClock) -> None:
     pool = pool_of(FakeLink(0, closed=True))
     start = trio.current_time()

@@ -69,6 +69,7 @@ class PinViolation:
     path: str
     pinned: str | None
     seen: str | None
+    unpinned: str | None = None  # why a path without a pin could not get one, when the store is not simply full
 
     @property
     def missing(self) -> bool:
@@ -78,7 +79,7 @@ class PinViolation:
         if self.seen is None:
             return f"binary '{self.path}' has no sha256 digest; digest pinning requires one"
         if self.pinned is None:
-            return f"binary '{self.path}' cannot be pinned: the pin store is full"
+            return f"binary '{self.path}' cannot be pinned: {self.unpinned or 'the pin store is full'}"
         return (
             f"binary integrity check failed: '{self.path}' hash changed (pinned: {self.pinned}, current: {self.seen})"
         )

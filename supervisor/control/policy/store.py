@@ -279,6 +279,10 @@ class PolicyStore:
             )
         return self.disk_revision(text, str(path))
 
+    def mirror(self, snapshot: PolicySnapshot) -> None:
+        """Make ``snapshot`` current as it is: a control worker's copy of the primary's store (control/workers)."""
+        self._publish(snapshot)
+
     def _publish(self, snapshot: PolicySnapshot) -> None:
         changed_generation = snapshot.generation != self._snapshot.generation
         self._snapshot = snapshot

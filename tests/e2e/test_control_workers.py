@@ -1,0 +1,250 @@
+"""Control with two worker processes (``--workers=2``), attacked from the agent's side: what one process learnt
+must hold in the other.
+
+The boundary hands connections to its egress links in turn, and control's two processes hold two links each, so
+consecutive connections land on both processes; every test checks, from the events' ``worker`` field, that they
+did. Each asserts what the agent got, what control logged, and what reached the origin (a recorder on a test
+host).
+
+* A binary swapped between two connections is refused in the other process too: the pin has one owner.
+* A DNS answer one process gave is honoured by the other: a transparent connection to the issued address is
+  decided as the name.
+* After the boundary acknowledged a policy generation, no process admits anything under the older one, even
+  when compiling the new policy takes a worker seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.safe_dirs import safe_dir
+from tests.netns_hosts import DnsServer, NetnsHost, open_test_host, require_netns
+
+CLI = [sys.executable, "-m", "supervisor.cli"]
+RECORDER = Path(__file__).parent.parent / "https_recorder.py"
+PORT = 8000
+AGENT = 61000  # the agent's uid and gid (dev's --agent-user)
+MODELS = ["R", "U"]
+
+
+@dataclass
+class Origin:
+    host: NetnsHost
+    dns: DnsServer
+    log: Path
+
+    def paths(self) -> list[str]:
+        """The paths of every request that reached the origin."""
+        if not self.log.exists():
+            return []
+        return [json.loads(line)["path"] for line in self.log.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def origin() -> Iterator[Origin]:
+    require_netns()
+    if os.geteuid() != 0:
+        pytest.skip("dev mode runs the boundary in model R here (root)")
+    if shutil.which("curl") is None:
+        pytest.skip("curl is needed as a real client")
+    scratch = Path(tempfile.mkdtemp(prefix="osb-workers-"))
+    try:
+        with open_test_host() as host:
+            log = scratch / "requests.jsonl"
+            server = host.popen([sys.executable, str(RECORDER), host.address, str(PORT), "-", "-", str(log)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+            try:
+                with DnsServer({"api.test": [host.address]}) as dns:
+                    _wait_port(host.address, PORT)
+                    yield Origin(host, dns, log)
+            finally:
+                server.kill()
+                server.wait()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _wait_port(address: str, port: int) -> None:
+    import socket
+
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((address, port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError("the test origin did not come up")
+
+
+def _policy(origin: Origin, binary: str, *, fillers: int = 0) -> str:
+    text = (
+        "version: 1\nnetwork_policies:\n  api:\n    endpoints:\n"
+        f'      - host: api.test\n        port: {PORT}\n        allowed_ips: ["{origin.host.address}/32"]\n'
+        f"    binaries:\n      - path: {binary}\n"
+    )
+    for i in range(fillers):  # rules that allow nothing reachable: only the compile gets slower
+        text += f"  filler{i}:\n    endpoints:\n      - host: f{i}.filler.invalid\n        port: 443\n"
+        text += "    binaries:\n      - path: /usr/bin/curl\n"
+    return text
+
+
+@dataclass
+class Run:
+    result: subprocess.CompletedProcess[str]
+    events: list[dict[str, Any]]
+
+    def egress(self, **match: object) -> list[dict[str, Any]]:
+        return [e for e in self.events if e.get("event") == "egress" and all(e.get(k) == v for k, v in match.items())]
+
+
+def _dev(origin: Origin, workdir: Path, policy: Path, script: str, *, model: str = "R", runtime: str,
+         extra: tuple[str, ...] = (), timeout: float = 180) -> Run:  # fmt: skip
+    argv = [*CLI, "dev", "--log-format=json", "--workers=2", f"--privilege-model={model}", f"--policy={policy}",
+            f"--agent-user={AGENT}:{AGENT}", f"--workdir={workdir}",
+            f"--dns-server={origin.dns.address[0]}:{origin.dns.address[1]}", *extra,
+            "--", "sh", "-c", script]  # fmt: skip
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                            env={**os.environ, "XDG_RUNTIME_DIR": runtime})  # fmt: skip
+    events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    return Run(result, events)
+
+
+def _workers_of(events: list[dict[str, Any]]) -> set[int]:
+    """Which control processes an event list came from (the primary's events carry no ``worker``)."""
+    return {int(e.get("worker", 0)) for e in events}
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    with safe_dir("osb-workers-work-", owner=AGENT) as path:
+        yield path
+
+
+@pytest.fixture
+def runtime() -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix="osr-", dir="/tmp")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_binary_swapped_between_connections_is_refused_by_every_worker(
+    origin: Origin, workdir: Path, runtime: str, tmp_path: Path, model: str
+) -> None:
+    tool = workdir / "tool"
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(_policy(origin, str(tool)))
+    before = origin.paths()
+    # The agent copies curl to its workdir (the policy allows that path), uses it once (the pin), then changes
+    # the file and tries again: four connections, which the links' rotation spreads over both processes.
+    url = f"http://api.test:{PORT}"
+    script = (
+        f"cp /usr/bin/curl {tool} && {tool} -s -o /dev/null -w 'first %{{http_code}}\\n' {url}/pinned-{model}; "
+        f"printf 'x' >> {tool}; "
+        f"for i in 1 2 3 4; do {tool} -s -o /dev/null -w 'swapped %{{http_code}}\\n' {url}/swapped-{model}-$i; done"
+    )
+    run = _dev(origin, workdir, policy, script, model=model, runtime=runtime)
+    assert "first 200" in run.result.stdout, run.result.stderr[-3000:]
+    answers = [line for line in run.result.stdout.splitlines() if line.startswith("swapped")]
+    assert answers == ["swapped 403"] * 4, run.result.stdout
+
+    allowed = run.egress(decision="allow")
+    refused = run.egress(decision="deny")
+    assert len(allowed) == 1 and len(refused) == 4
+    assert {e.get("reason") for e in refused} == {"binary-digest-changed"}
+    assert _workers_of(refused) == {0, 1}, refused  # refused by both processes, whichever pinned it
+    reached = origin.paths()[len(before) :]
+    assert reached == [f"/pinned-{model}"]  # nothing of the swapped binary reached the origin
+
+
+def test_a_dns_answer_given_by_one_worker_is_honoured_by_the_other(
+    origin: Origin, workdir: Path, runtime: str, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(_policy(origin, "/usr/bin/curl"))
+    before = origin.paths()
+    # No proxy: curl asks the sandbox's DNS (the boundary's stub, over whichever egress link is next), then dials
+    # the address it got, captured transparently on the next link. Each must be decided as api.test, whichever
+    # process the connection landed on.
+    script = (
+        f"for i in 1 2 3 4; do curl --noproxy '*' -s -o /dev/null -w 'direct %{{http_code}}\\n' "
+        f"http://api.test:{PORT}/by-address-$i; done"
+    )
+    run = _dev(origin, workdir, policy, script, runtime=runtime)
+    answers = [line for line in run.result.stdout.splitlines() if line.startswith("direct")]
+    assert answers == ["direct 200"] * 4, (run.result.stdout, run.result.stderr[-3000:])
+    dns = [e for e in run.events if e.get("event") == "dns" and e.get("decision") == "answered"]
+    assert dns and all(e.get("worker") is None for e in dns)  # answered (and recorded) by the primary
+    allowed = run.egress(decision="allow")
+    assert len(allowed) == 4 and all(e.get("name") == "api.test" for e in allowed), allowed
+    assert {e.get("capture") for e in allowed} == {"transparent"}
+    assert _workers_of(allowed) == {0, 1}, allowed
+    assert origin.paths()[len(before) :] == [f"/by-address-{i}" for i in range(1, 5)]
+
+
+def test_nothing_is_admitted_under_the_old_generation_after_the_boundary_acknowledged_the_new(
+    origin: Origin, workdir: Path, runtime: str
+) -> None:
+    """The new policy denies curl and is slow to compile (thousands of rules); the agent waits until the boundary
+    has acknowledged it (a file the test writes once the event is out), then connects four times."""
+    with safe_dir() as directory:  # a watched policy file: under /tmp it would be loaded once
+        policy = directory / "policy.yaml"
+        policy.write_text(_policy(origin, "/usr/bin/curl"))
+        go = workdir / "go"
+        url = f"http://api.test:{PORT}"
+        script = (
+            f"curl -s -o /dev/null -w 'before %{{http_code}}\\n' {url}/before; "
+            f"while [ ! -e {go} ]; do sleep 0.05; done; "
+            f"for i in 1 2 3 4; do curl -s -o /dev/null -w 'after %{{http_code}}\\n' {url}/after-$i; done"
+        )
+        before = origin.paths()
+        argv = [*CLI, "dev", "--log-format=json", "--workers=2", f"--policy={policy}", f"--agent-user={AGENT}:{AGENT}",
+                f"--workdir={workdir}", f"--dns-server={origin.dns.address[0]}:{origin.dns.address[1]}",
+                "--", "sh", "-c", script]  # fmt: skip
+        env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
+        dev = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        lines: list[str] = []
+        try:
+            assert dev.stderr is not None
+            acknowledged = None
+            for raw in dev.stderr:
+                lines.append(raw)
+                event = json.loads(raw) if raw.startswith("{") else {}
+                if event.get("event") == "egress" and event.get("decision") == "allow" and not acknowledged:
+                    # the first connection is in: now the slow revision (deny: curl is no longer the binary)
+                    staged = directory / "policy.tmp"
+                    staged.write_text(_policy(origin, "/nonexistent/tool", fillers=3000))
+                    staged.rename(policy)
+                    acknowledged = "pending"
+                if event.get("event") == "policy.acknowledged" and event.get("policy_generation") == 1:
+                    acknowledged = "yes"
+                    go.touch()
+                    break
+            assert acknowledged == "yes", "".join(lines[-40:])
+            out, err = dev.communicate(timeout=180)
+        finally:
+            if dev.poll() is None:
+                dev.kill()
+                dev.wait()
+        lines += err.splitlines(keepends=True)
+        events = [json.loads(line) for line in lines if line.startswith("{")]
+        assert out.splitlines() == ["before 200", *["after 403"] * 4], "".join(lines[-40:])
+        refused = [e for e in events if e.get("event") == "egress" and e.get("decision") == "deny"]
+        assert len(refused) == 4 and all(e.get("policy_generation") == 1 for e in refused), refused
+        assert _workers_of(refused) == {0, 1}, refused
+        assert origin.paths()[len(before) :] == ["/before"]
