@@ -24,8 +24,9 @@ from supervisor.control.config import ControlConfig
 from supervisor.control.denials import DenialTable
 from supervisor.control.egress import EgressService
 from supervisor.control.events import EventBuffer
-from supervisor.control.inference.router import SYNTHETIC_ADDRESS, InferenceRouter
-from supervisor.control.inference.store import RoutesStore, watch_routes_file
+from supervisor.control.inference.from_config import inference_router
+from supervisor.control.inference.router import SYNTHETIC_ADDRESS
+from supervisor.control.inference.store import watch_routes_file
 from supervisor.control.l7.rewrite import redact_path
 from supervisor.control.lifecycle_driver import LifecycleDriver
 from supervisor.control.metrics import ControlMetrics
@@ -369,17 +370,6 @@ def certificate_facts(cfg: ControlConfig) -> CertificateFacts:
         rendered_policy_digest=rendered,
         started_policy_digest=cfg.policy_digest,
     )
-
-
-def inference_router(cfg: ControlConfig) -> InferenceRouter | None:
-    """inference.local's router, when routes were given and TLS is intercepted (one per control process)."""
-    if cfg.inference_routes is None or cfg.interception is None:
-        return None
-    store = RoutesStore(cfg.inference_routes, cfg.interception.credentials, cfg.log)
-    store.watching = cfg.inference_watch_reason
-    return InferenceRouter(store, credentials=cfg.interception.credentials, ca=cfg.interception.ca,
-                           upstream_ssl=cfg.interception.upstream_ssl, upstream=cfg.upstream, log=cfg.log,
-                           limits=cfg.inference_limits, relaxed=cfg.relaxed_identity)  # fmt: skip
 
 
 def run(cfg: ControlConfig) -> int:

@@ -481,6 +481,7 @@ def control_args(
     else:
         args.append(f"--boundary={names.boundary_service}:{spec.boundary_port}")
     args += [f"--policy={POLICY_DIR}/{POLICY_FILE}", f"--interception-ca={INTERCEPTION_CA_DIR}"]
+    args.append("--workers=auto")  # a process per CPU the pod may use, within its CPU and memory limits
     if spec.has_credentials:
         args.append(f"--credentials={CREDENTIALS_DIR}/{CREDENTIALS_FILE}")
     if spec.inference_routes_text is not None:

@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 
 from supervisor.control.policy.identity import BinaryIdentity, DigestPins
 from supervisor.control.workers.channel import Channel, ChannelClosed
-from supervisor.control.workers.count import MAX_WORKERS, auto_workers, cgroup_cpu_limit, parse_workers
+from supervisor.control.workers.count import (
+    MAX_WORKERS,
+    auto_workers,
+    cgroup_cpu_limit,
+    cgroup_memory_limit,
+    parse_workers,
+)
 from supervisor.control.workers.pins import UNREACHABLE, OwnedPins
 from supervisor.control.workers.wire import MAX_FRAME, FrameDecoder, FrameError, Message, encode
 from supervisor.jsonlog import JsonLog
@@ -98,6 +104,13 @@ def test_workers_flag(tmp_path: Path) -> None:
     assert auto_workers(cpus=8, limit=2) == 2
     assert auto_workers(cpus=2, limit=None) == 2
     assert auto_workers(cpus=500, limit=None) == MAX_WORKERS
+    assert auto_workers(cpus=16, memory=512 * 1024 * 1024) == 512 // 64  # the processes fit the memory limit
+    assert auto_workers(cpus=16, memory=10 * 1024 * 1024) == 1
+    memory_max = tmp_path / "memory.max"
+    memory_max.write_text("536870912\n")
+    assert cgroup_memory_limit(memory_max) == 536870912
+    memory_max.write_text("max\n")
+    assert cgroup_memory_limit(memory_max) is None
     cpu_max = tmp_path / "cpu.max"
     cpu_max.write_text("150000 100000\n")
     assert cgroup_cpu_limit(cpu_max) == 2  # 1.5 CPUs: two processes, the second half used

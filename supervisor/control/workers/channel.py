@@ -11,9 +11,10 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from supervisor.control.workers.wire import FrameDecoder, Message, encode
+from supervisor.control.workers.wire import FrameDecoder, Kind, Message, encode
+from supervisor.protocol.json_value import JsonValue
 
-Handler = Callable[[Message], Awaitable[Message | None]]
+Handler = Callable[[dict[str, JsonValue]], Awaitable[dict[str, JsonValue] | None]]  # Message, spelled out
 QUEUE = 10_000  # notifications waiting to be written; past it they are dropped (counted) rather than block a task
 
 
@@ -91,7 +92,7 @@ class Channel:
             if not data:
                 return
             for message in self._decoder.feed(data):
-                if message["type"] == "reply":
+                if message["type"] == Kind.REPLY:
                     ident = message.get("id")
                     waiting = self._waiting.get(ident) if isinstance(ident, int) else None
                     if waiting is not None:
@@ -104,6 +105,6 @@ class Channel:
     async def _answer(self, handler: Handler, message: Message) -> None:
         reply = await handler(message) or {}
         try:
-            await self._write(encode({**reply, "type": "reply", "id": message["id"]}))
+            await self._write(encode({**reply, "type": Kind.REPLY, "id": message["id"]}))
         except ChannelClosed:
             pass

@@ -23,7 +23,7 @@ from supervisor.control.policy.compiled import CompiledPolicy
 from supervisor.control.policy.identity import BinaryIdentity
 from supervisor.control.policy.store import PolicySnapshot
 from supervisor.control.workers.channel import Channel, ChannelClosed
-from supervisor.control.workers.wire import Message
+from supervisor.control.workers.wire import Kind, Message
 from supervisor.jsonlog import JsonLog
 from supervisor.protocol.event_names import EventName
 from supervisor.protocol.event_record import Event
@@ -104,7 +104,7 @@ class WorkerPool:
     def publish(self, snap: PolicySnapshot) -> None:
         """A new snapshot for every worker; its generation is acknowledged to the boundary once all have it."""
         self._seq += 1
-        self._latest = {"type": "policy", "seq": self._seq, "generation": snap.generation, "status": snap.status,
+        self._latest = {"type": Kind.POLICY, "seq": self._seq, "generation": snap.generation, "status": snap.status,
                         "source": snap.source, "policy": _document(snap.policy),
                         "last_valid": _document(snap.last_valid),
                         "errors": [e.to_json() for e in snap.errors]}  # fmt: skip
@@ -115,7 +115,7 @@ class WorkerPool:
     def start_egress(self) -> None:
         for handle in self.handles:
             if handle.channel is not None:
-                handle.channel.notify({"type": "start-egress"})
+                handle.channel.notify({"type": Kind.START_EGRESS})
 
     @property
     def live(self) -> int:
@@ -179,7 +179,7 @@ class WorkerPool:
         kind = message["type"]
         egress = self.egress
         assert egress is not None
-        if kind == "event":
+        if kind == Kind.EVENT:
             raw = message.get("event")
             if isinstance(raw, dict):
                 try:
@@ -187,24 +187,24 @@ class WorkerPool:
                 except ValueError:
                     pass
             return None
-        if kind == "pin":  # recorded here if new: the first writer wins, whichever process it served
+        if kind == Kind.PIN:  # recorded here if new: the first writer wins, whichever process it served
             path, digest = message.get("path"), message.get("sha256")
             if isinstance(path, str) and isinstance(digest, str):
                 egress.pins.verify(BinaryIdentity(path, digest))
                 return {"pinned": egress.pins.pinned(path)}
             return {"pinned": None}
-        if kind == "issued":
+        if kind == Kind.ISSUED:
             address = message.get("address")
             return {"names": list(egress.issued_for(address)) if isinstance(address, str) else []}
-        if kind == "dns":
+        if kind == Kind.DNS_QUERY:
             wire = message.get("wire")
             answer = await egress.answer_wire(base64.b64decode(wire)) if isinstance(wire, str) else b""
             return {"wire": base64.b64encode(answer).decode()}
-        if kind == "stats":
+        if kind == Kind.STATS:
             self._stats(handle, message)
-        elif kind == "links":
+        elif kind == Kind.LINKS:
             self._links(message)
-        elif kind == "link-failed":
+        elif kind == Kind.LINK_FAILED:
             self._link_failed(handle, message)
         return None
 

@@ -3,6 +3,7 @@ object. Sans-I/O: :func:`encode` makes a frame, :class:`FrameDecoder` turns rece
 
 from __future__ import annotations
 
+import enum
 import json
 import struct
 
@@ -13,6 +14,24 @@ MAX_FRAME = 64 * 1024 * 1024
 _LENGTH = struct.Struct(">I")
 
 Message = dict[str, JsonValue]
+
+
+class Kind(enum.StrEnum):
+    """A message's ``type``: what it asks or tells."""
+
+    REPLY = "reply"  # to a request, with its ``id``
+    # primary -> worker
+    POLICY = "policy"  # a snapshot to put in force (request; the reply acknowledges it)
+    START_EGRESS = "start-egress"  # the boundary attached: dial the egress links
+    # worker -> primary: requests
+    PIN = "pin"  # the pin for a path, recorded if new
+    ISSUED = "issued"  # the names an address was issued for
+    DNS_QUERY = "dns-query"  # one DNS query to answer
+    # worker -> primary: notifications
+    EVENT = "event"  # one event to record and write
+    STATS = "stats"  # live connections, counters, links, generation
+    LINKS = "links"  # egress links up (+) or down (-)
+    LINK_FAILED = "link-failed"  # one failed egress link attempt, for the primary to log
 
 
 class FrameError(ValueError):

@@ -19,6 +19,7 @@ from supervisor.control.boundary_links import AGENT_END_REDIAL_S, BoundaryLinks,
 from supervisor.control.config import ControlConfig
 from supervisor.control.dialer import Backoff
 from supervisor.control.egress import EgressService
+from supervisor.control.inference.from_config import inference_router
 from supervisor.control.l7.rewrite import redact_path
 from supervisor.control.peer import BoundaryPeer
 from supervisor.control.policy.compiled import CompiledPolicy
@@ -28,7 +29,7 @@ from supervisor.control.policy.store import PolicySnapshot, PolicyStatus
 from supervisor.control.proxy_listener import ProxyListener
 from supervisor.control.workers.channel import Channel, ChannelClosed
 from supervisor.control.workers.pins import OwnedPins
-from supervisor.control.workers.wire import Message
+from supervisor.control.workers.wire import Kind, Message
 from supervisor.protocol.event_record import Event
 from supervisor.protocol.json_value import JsonValue
 
@@ -48,7 +49,7 @@ class PrimaryState:
         if self.pins.knows(identity):
             return
         try:
-            reply = await self.channel.request({"type": "pin", "path": identity.path, "sha256": identity.sha256})
+            reply = await self.channel.request({"type": Kind.PIN, "path": identity.path, "sha256": identity.sha256})
         except ChannelClosed:
             return
         pinned = reply.get("pinned")
@@ -56,7 +57,7 @@ class PrimaryState:
 
     async def issued_names(self, address: str) -> list[str]:
         try:
-            reply = await self.channel.request({"type": "issued", "address": address})
+            reply = await self.channel.request({"type": Kind.ISSUED, "address": address})
         except ChannelClosed:
             return []
         names = reply.get("names")
@@ -65,7 +66,7 @@ class PrimaryState:
     async def answer_dns(self, wire: bytes) -> bytes:
         servfail = wire[:2] + b"\x81\x02" + b"\x00" * 8 if len(wire) >= 2 else b""
         try:
-            reply = await self.channel.request({"type": "dns", "wire": base64.b64encode(wire).decode()})
+            reply = await self.channel.request({"type": Kind.DNS_QUERY, "wire": base64.b64encode(wire).decode()})
         except ChannelClosed:
             return servfail
         answer = reply.get("wire")
@@ -87,7 +88,7 @@ class _WorkerPeer(BoundaryPeer):
     @egress_up.setter
     def egress_up(self, value: int) -> None:
         if hasattr(self, "_tell") and value != self._up:
-            self._tell({"type": "links", "delta": value - self._up})
+            self._tell({"type": Kind.LINKS, "delta": value - self._up})
         self._up = value
 
 
@@ -100,7 +101,7 @@ class _WorkerLinks(BoundaryLinks):
         delay = backoff.advance()
         if failure.step in ("agent-exited", "serving"):  # maybe the agent's end, which only the primary knows:
             delay = max(delay, AGENT_END_REDIAL_S)  # redial no sooner than the primary would then
-        self.tell({"type": "link-failed", "alpn": alpn, "step": failure.step, "field": failure.field,
+        self.tell({"type": Kind.LINK_FAILED, "alpn": alpn, "step": failure.step, "field": failure.field,
                    "reason": failure.reason, "delay": delay, "extra": dict(extra)})  # fmt: skip
         return delay
 
@@ -118,8 +119,6 @@ class Worker:
         if cfg.interception is not None:
             log.scrub = functools.partial(redact_path, cfg.interception.credentials)
         self.pins = OwnedPins()
-        from supervisor.control.daemon import inference_router  # the daemon module imports this package
-
         self.inference = inference_router(cfg)
         self.egress = EgressService(
             cfg.policy, cfg.upstream, log, interception=cfg.interception, relaxed=cfg.relaxed_identity,
@@ -132,7 +131,7 @@ class Worker:
         self._compiled: dict[str, CompiledPolicy] = {}  # the last compiled documents, by digest
 
     def _forward(self, event: Event) -> None:
-        self.channel.notify({"type": "event", "event": event.to_wire()})
+        self.channel.notify({"type": Kind.EVENT, "event": event.to_wire()})
 
     async def serve(self) -> int:
         async with trio.open_nursery() as nursery:
@@ -156,9 +155,9 @@ class Worker:
 
     async def _handle(self, message: Message) -> Message | None:
         kind = message["type"]
-        if kind == "policy":
+        if kind == Kind.POLICY:
             return await self._mirror(message)
-        if kind == "start-egress":
+        if kind == Kind.START_EGRESS:
             self.links.backoffs.reset()
             self.links.start_egress_links()
         return None
@@ -193,7 +192,7 @@ class Worker:
         told: Message = {}
         while True:
             stats: Message = {
-                "type": "stats", "live": self.egress.live_connections, "counters": dict(self.egress.counters),
+                "type": Kind.STATS, "live": self.egress.live_connections, "counters": dict(self.egress.counters),
                 "links": self.peer.egress_up, "generation": self.cfg.policy.generation,
                 "dropped": self.channel.dropped + self.log.dropped,
                 "proxy": self.proxy.status() if self.proxy is not None else None,
