@@ -309,7 +309,8 @@ def _add_proxy_pod_options(p: argparse.ArgumentParser) -> None:
         "--proxy-max-connections",
         type=int,
         default=1024,
-        help="proxy-pod: concurrent connections cap (default %(default)s)",
+        help="proxy-pod: concurrent connections cap (default %(default)s; with --workers, each process takes its "
+        "share, rounded up)",
     )
     t.add_argument(
         "--proxy-per-client",

@@ -32,7 +32,7 @@ from supervisor.control.lifecycle_driver import LifecycleDriver
 from supervisor.control.metrics import ControlMetrics
 from supervisor.control.peer import BoundaryPeer
 from supervisor.control.policy.store import PolicySnapshot
-from supervisor.control.proxy_listener import ProxyListener
+from supervisor.control.proxy_listener import ProxyListener, per_process
 from supervisor.control.workers.pool import WorkerPool
 from supervisor.control.workers.pool import spawn as spawn_workers
 from supervisor.control.workload_gone import WorkloadGone
@@ -377,6 +377,8 @@ def run(cfg: ControlConfig) -> int:
     proxy_sockets: list[socket.socket] | None = None
     try:
         if cfg.workers > 1:  # forked before trio.run and before anything subscribes to the policy store
+            if cfg.proxy is not None:
+                cfg.proxy = per_process(cfg.proxy, cfg.workers)
             handles, proxy_sockets = spawn_workers(cfg, cfg.workers)
             pool = WorkerPool(handles, cfg.log)
         code = trio.run(ControlDaemon(cfg, pool, proxy_sockets).serve)

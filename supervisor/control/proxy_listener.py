@@ -21,6 +21,7 @@ Identity is endpoint-only (``relaxed``): there is no process to identify behind 
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import secrets
 import socket
@@ -249,6 +250,13 @@ class ProxyListener:
 def parse_clients(texts: Sequence[str]) -> tuple[Network, ...]:
     """``--proxy-clients`` CIDRs; a host address alone is its /32 or /128."""
     return tuple(ipaddress.ip_network(text, strict=False) for text in texts)
+
+
+def per_process(cfg: ProxyListenConfig, processes: int) -> ProxyListenConfig:
+    """Each process's share of the connection caps, rounded up: every process counts only its own connections,
+    so the caps are divided (a process may refuse before the sum reaches the cap, never after)."""
+    return dataclasses.replace(cfg, max_connections=-(-cfg.max_connections // processes),
+                               per_client=-(-cfg.per_client // processes))  # fmt: skip
 
 
 def bind_shared(cfg: ProxyListenConfig, processes: int) -> list[list[socket.socket]]:

@@ -5,15 +5,25 @@ Nothing leaves the machine: the only upstream is the test host, the only resolve
 
 from __future__ import annotations
 
+import pytest
+
 from tests.e2e.egress_world import OTHER_PORT, PORT, World, allowed_events, denied_events, world
 from tests.host_proxy_port import model_p_proxy_port
 
 __all__ = ["world"]  # the module-scoped fixture
 
 
-def test_curl_through_the_proxy_plain_and_connect(world: World) -> None:
+@pytest.fixture(params=[1, 2], ids=lambda n: f"workers{n}")
+def workers(request: pytest.FixtureRequest) -> tuple[str, ...]:
+    """The matrix: each test runs with one control process and with two (docs/design.md "Worker processes")."""
+    return (f"--workers={request.param}",)
+
+
+def test_curl_through_the_proxy_plain_and_connect(world: World, workers: tuple[str, ...]) -> None:
     url = f"http://api.test:{PORT}"
-    result, events = world.dev(f"curl -sS -f {url}/hello.txt && curl -sS -f -p {url}/blob.bin | sha256sum")
+    result, events = world.dev(
+        f"curl -sS -f {url}/hello.txt && curl -sS -f -p {url}/blob.bin | sha256sum", options=workers
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert lines[0] == "hello from the test host"
@@ -30,9 +40,9 @@ def test_curl_through_the_proxy_plain_and_connect(world: World) -> None:
     assert max(e["bytes_in"] for e in allowed) >= 3 * 1024 * 1024
 
 
-def test_transparent_capture_resolves_through_control(world: World) -> None:
+def test_transparent_capture_resolves_through_control(world: World, workers: tuple[str, ...]) -> None:
     """A client that ignores the proxy env: DNS goes to the stub, the connection is captured transparently."""
-    result, events = world.dev(f"curl -sS -f --noproxy '*' http://api.test:{PORT}/hello.txt")
+    result, events = world.dev(f"curl -sS -f --noproxy '*' http://api.test:{PORT}/hello.txt", options=workers)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout == "hello from the test host\n"
     allowed = allowed_events(events)
@@ -41,13 +51,13 @@ def test_transparent_capture_resolves_through_control(world: World) -> None:
     assert any(e.get("event") == "dns" and e.get("decision") == "answered" for e in events)
 
 
-def test_python_urllib_and_git_clone(world: World) -> None:
+def test_python_urllib_and_git_clone(world: World, workers: tuple[str, ...]) -> None:
     script = (
         'python3 -c "import urllib.request; print(urllib.request.urlopen('
         f"'http://api.test:{PORT}/hello.txt', timeout=10).read().decode().strip())\" && "
         f"cd /tmp && git clone -q http://api.test:{PORT}/repo.git clone-$$ && cat clone-$$/README && rm -rf clone-$$"
     )
-    result, events = world.dev(script)
+    result, events = world.dev(script, options=workers)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == ["hello from the test host", "cloned through the sandbox"]
     binaries = {e["binary"] for e in allowed_events(events)}
@@ -55,7 +65,7 @@ def test_python_urllib_and_git_clone(world: World) -> None:
     assert any(b.startswith("/usr/bin/python3") for b in binaries)
 
 
-def test_denials_from_the_agents_side(world: World) -> None:
+def test_denials_from_the_agents_side(world: World, workers: tuple[str, ...]) -> None:
     script = "; ".join([
         f"curl -s -o /dev/null -w '%{{http_code}}\\n' http://other.test:{PORT}/hello.txt",  # host not in policy
         f"curl -s -o /dev/null -w '%{{http_code}}\\n' -p http://other.test:{PORT}/hello.txt",  # CONNECT
@@ -64,7 +74,7 @@ def test_denials_from_the_agents_side(world: World) -> None:
         "2>&1 | grep -o 'HTTP Error 403' ",  # binary not allowed on that endpoint
         f"curl -s -m 5 --noproxy '*' http://{world.host.address}:22/; echo port22=$?",  # a port nobody allows
     ])  # fmt: skip
-    result, events = world.dev(script)
+    result, events = world.dev(script, options=workers)
     lines = result.stdout.splitlines()
     assert lines[0] == "403", result.stderr[-3000:]
     assert lines[1] in ("403", "000")
@@ -79,26 +89,26 @@ def test_denials_from_the_agents_side(world: World) -> None:
     assert allowed_events(events) == []
 
 
-def test_dns_for_names_no_endpoint_allows_is_refused(world: World) -> None:
+def test_dns_for_names_no_endpoint_allows_is_refused(world: World, workers: tuple[str, ...]) -> None:
     before = world.dns.count("exfil.secret-data.example")
     script = (
         "python3 -c \"import socket\ntry:\n socket.getaddrinfo('exfil.secret-data.example', 80)\n"
         "except OSError as e:\n print('refused', e.errno)\""
     )
-    result, events = world.dev(script)
+    result, events = world.dev(script, options=workers)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("refused")
     assert world.dns.count("exfil.secret-data.example") == before, "the name must never reach a resolver"
     assert any(e.get("event") == "dns" and e.get("decision") == "refused" for e in events)
 
 
-def test_model_p_proxy_env_mediates_proxy_aware_clients(world: World) -> None:
+def test_model_p_proxy_env_mediates_proxy_aware_clients(world: World, workers: tuple[str, ...]) -> None:
     """Model P (no namespaces, proxy-env acknowledged): the proxy listener lives on the pod's loopback and the
     same identity + decision path applies; a client ignoring the proxy is NOT fenced here (that is the external
     fence's job, documented), so only the mediated path is asserted."""
     script = f"curl -sS -f http://api.test:{PORT}/hello.txt && curl -s -o /dev/null -w '%{{http_code}}\\n' http://other.test:{PORT}/"
     with model_p_proxy_port():
-        result, events = world.dev(script, options=("--privilege-model=P", "--acknowledge-external-fence"))
+        result, events = world.dev(script, options=("--privilege-model=P", "--acknowledge-external-fence", *workers))
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == ["hello from the test host", "403"]
     assert [e["capture"] for e in allowed_events(events)] == ["http-forward"]

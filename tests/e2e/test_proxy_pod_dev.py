@@ -165,6 +165,29 @@ def test_curl_and_pip_download_through_control(world: World) -> None:
     assert topology["topology"] == "proxy-pod" and topology["networkpolicy_enforcement"] == "acknowledged"
 
 
+def test_two_control_processes_share_the_proxy_port(world: World) -> None:
+    """``--workers=2``: both processes listen on the proxy port (SO_REUSEPORT) and the kernel spreads the
+    workload's connections over them; each decides and relays as one control would, denials included."""
+    before = len(world.origin_requests())
+    script = (
+        f"for i in $(seq 1 24); do curl -sS -o /dev/null -w '%{{http_code}}\\n' "
+        f"'https://pypi.test:{TLS_PORT}/simple/tinypkg/?n='$i; done; "
+        f"curl -sS -o /dev/null -w 'denied %{{http_code}}\\n' https://denied.test:{TLS_PORT}/x"
+    )
+    result, events = world.dev(script, extra=("--workers=2",))
+    lines = result.stdout.splitlines()
+    assert lines[:24] == ["200"] * 24 and lines[24].startswith("denied 000"), result.stdout + result.stderr[-2000:]
+    allowed = _egress(events, "allow")
+    assert len(allowed) == 24
+    # 24 connections hashed over two sockets: all on one would be a 1-in-8-million chance
+    assert {e.get("worker", 0) for e in allowed} == {0, 1}, allowed
+    paths = [r["path"] for r in world.origin_requests()[before:]]
+    assert sorted(paths) == sorted(f"/simple/tinypkg/?n={i}" for i in range(1, 25))
+    assert [e["destination"] for e in _egress(events, "deny")] == [f"denied.test:{TLS_PORT}"]
+    (workers,) = [e for e in events if e.get("event") == "control.workers"]
+    assert workers["workers"] == 2 and len(workers["pids"]) == 2
+
+
 def test_denied_host_is_refused_and_never_reached(world: World) -> None:
     before = len(world.origin_requests())
     result, events = world.dev(
