@@ -409,6 +409,18 @@ def _openshell_proxy_pod(ctx: BenchContext) -> Contender:
     return OpenShellProxyPod(ctx)
 
 
+def _openshell_workers(ctx: BenchContext) -> Contender:
+    from bench.openshell import OpenShellWorkers
+
+    return OpenShellWorkers(ctx)
+
+
+def _openshell_proxy_pod_workers(ctx: BenchContext) -> Contender:
+    from bench.openshell import OpenShellProxyPodWorkers
+
+    return OpenShellProxyPodWorkers(ctx)
+
+
 def _openshell_accept_identity(ctx: BenchContext) -> Contender:
     from bench.openshell import OpenShellAcceptIdentity
 
@@ -419,6 +431,9 @@ FACTORIES: dict[str, Callable[[BenchContext], Contender]] = {
     "direct": Direct,
     "openshell": _openshell,
     "openshell-proxy-pod": _openshell_proxy_pod,  # the proxy-pod topology: control serves the agent's proxy
+    # opt-in: control with --workers=auto, as rendered pods run it (docs/design.md "Worker processes")
+    "openshell-workers": _openshell_workers,
+    "openshell-proxy-pod-workers": _openshell_proxy_pod_workers,
     "openshell-accept-identity": _openshell_accept_identity,  # opt-in: --contenders ...,openshell-accept-identity
     "tinyproxy": Tinyproxy,
     "squid": Squid,

@@ -311,6 +311,14 @@ class OpenShellAcceptIdentity(OpenShell):
     extra_env = {"OPENSHELL_BENCH_NO_CONNECT_NOTIFY": "1"}
 
 
+class OpenShellWorkers(OpenShell):
+    """The boundary topology with control on every core it may use, as a rendered pod runs it
+    (``--workers=auto``; docs/design.md "Worker processes")."""
+
+    name = "openshell-workers"
+    dev_args = ("--workers=auto",)
+
+
 class OpenShellProxyPod(OpenShell):
     """The proxy-pod topology (docs/kubernetes.md "Choosing a topology"): control serves the agent's proxy itself,
     no boundary and no link. ``dev --topology proxy-pod`` puts the driver (the agent) in a network namespace whose
@@ -329,3 +337,10 @@ class OpenShellProxyPod(OpenShell):
         if not address or not self.driver.facts.get("proxy_authorization"):
             raise ContenderUnavailable(f"the agent was given no proxy with a token (facts: {self.driver.facts})")
         return str(address[0]), int(address[1])
+
+
+class OpenShellProxyPodWorkers(OpenShellProxyPod):
+    """The proxy-pod topology with ``--workers=auto``: every control process listens on the proxy port."""
+
+    name = "openshell-proxy-pod-workers"
+    dev_args = (*OpenShellProxyPod.dev_args, "--workers=auto")

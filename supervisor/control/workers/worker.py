@@ -33,41 +33,50 @@ from supervisor.control.workers.wire import Kind, Message
 from supervisor.protocol.event_record import Event
 from supervisor.protocol.json_value import JsonValue
 
+ASK_TIMEOUT_S = 5.0  # a question to the primary not answered within this is answered strictly (see PrimaryState)
+DNS_TIMEOUT_S = 15.0  # a DNS query's answer, which may wait on the upstream resolver
 STATS_EVERY_S = 0.5  # how often a worker tells the primary its live connections and counters, when they changed
 _PR_SET_PDEATHSIG = 1
 
 
 class PrimaryState:
     """The worker's side of :class:`supervisor.control.egress.SharedState`: questions to the primary. When the
-    primary cannot answer, the answer is the strict one: no pin (refused), no issued name, SERVFAIL."""
+    primary cannot answer (gone, or no answer within ``ASK_TIMEOUT_S``), the answer is the strict one: no pin
+    (refused), no issued name, SERVFAIL."""
 
     def __init__(self, channel: Channel, pins: OwnedPins) -> None:
         self.channel = channel
         self.pins = pins
 
+    async def _ask(self, message: Message, within: float = ASK_TIMEOUT_S) -> Message | None:
+        with trio.move_on_after(within):
+            try:
+                return await self.channel.request(message)
+            except ChannelClosed:
+                return None
+        return None
+
     async def ensure_pin(self, identity: BinaryIdentity) -> None:
         if self.pins.knows(identity):
             return
-        try:
-            reply = await self.channel.request({"type": Kind.PIN, "path": identity.path, "sha256": identity.sha256})
-        except ChannelClosed:
+        reply = await self._ask({"type": Kind.PIN, "path": identity.path, "sha256": identity.sha256})
+        if reply is None:
             return
         pinned = reply.get("pinned")
         self.pins.learn(identity.path, pinned if isinstance(pinned, str) else None)
 
     async def issued_names(self, address: str) -> list[str]:
-        try:
-            reply = await self.channel.request({"type": Kind.ISSUED, "address": address})
-        except ChannelClosed:
+        reply = await self._ask({"type": Kind.ISSUED, "address": address})
+        if reply is None:
             return []
         names = reply.get("names")
         return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
 
     async def answer_dns(self, wire: bytes) -> bytes:
         servfail = wire[:2] + b"\x81\x02" + b"\x00" * 8 if len(wire) >= 2 else b""
-        try:
-            reply = await self.channel.request({"type": Kind.DNS_QUERY, "wire": base64.b64encode(wire).decode()})
-        except ChannelClosed:
+        query: Message = {"type": Kind.DNS_QUERY, "wire": base64.b64encode(wire).decode()}
+        reply = await self._ask(query, DNS_TIMEOUT_S)  # the primary may be resolving upstream meanwhile
+        if reply is None:
             return servfail
         answer = reply.get("wire")
         return base64.b64decode(answer) if isinstance(answer, str) else servfail
