@@ -147,6 +147,7 @@ async def _status(api: Api, raw: bool) -> int:
         _fence_line(boundary.get("fence")),
         *_limit_lines(boundary.get("limits")),
         *_activity_lines(body.get("activity")),
+        *_worker_lines(body.get("workers")),
     ]
     interception = body.get("interception") or {}
     if interception.get("ca_sha256"):
@@ -161,6 +162,18 @@ async def _status(api: Api, raw: bool) -> int:
         lines.append(f"certificate {item}")
     print("\n".join(lines))
     return 0
+
+
+def _worker_lines(workers: JsonValue) -> list[str]:
+    """With --workers above 1: one line for the processes serving egress besides the primary."""
+    if not isinstance(workers, list) or not workers:
+        return []
+    parts = [
+        f"{w.get('index')}: pid {w.get('pid')} generation {w.get('generation')} live {w.get('live')}"
+        for w in workers
+        if isinstance(w, dict)
+    ]
+    return [f"workers     {len(parts) + 1} processes (this one and {'; '.join(parts)})"]
 
 
 def _process_lines(processes: JsonValue) -> list[str]:

@@ -31,6 +31,7 @@ import pytest
 
 from tests.e2e.safe_dirs import safe_dir
 from tests.netns_hosts import DnsServer, NetnsHost, open_test_host, require_netns
+from tests.sandbox_api import api_env
 
 CLI = [sys.executable, "-m", "supervisor.cli"]
 RECORDER = Path(__file__).parent.parent / "https_recorder.py"
@@ -120,6 +121,23 @@ def _dev(origin: Origin, workdir: Path, policy: Path, script: str, *, model: str
                             env={**os.environ, "XDG_RUNTIME_DIR": runtime})  # fmt: skip
     events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
     return Run(result, events)
+
+
+def _wait_worker_generation(runtime: str, generation: int) -> None:
+    """``status`` lists the worker with ``generation`` in force (its figures are at most half a second old)."""
+    env = api_env({**os.environ, "XDG_RUNTIME_DIR": runtime})  # this test's one sandbox, by its runtime dir
+    deadline = time.monotonic() + 30
+    seen = ""
+    while time.monotonic() < deadline:
+        status = subprocess.run([*CLI, "status", "--json"], capture_output=True, text=True, timeout=30, env=env)
+        seen = status.stdout + status.stderr
+        workers = json.loads(status.stdout).get("workers") if status.returncode == 0 else None
+        if workers and [w["generation"] for w in workers] == [generation]:
+            human = subprocess.run([*CLI, "status"], capture_output=True, text=True, timeout=30, env=env)
+            assert "workers     2 processes" in human.stdout, human.stdout
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"status never showed the worker at generation {generation}: {seen[-2000:]}")
 
 
 def _workers_of(events: list[dict[str, Any]]) -> set[int]:
@@ -233,6 +251,7 @@ def test_nothing_is_admitted_under_the_old_generation_after_the_boundary_acknowl
                     acknowledged = "pending"
                 if event.get("event") == "policy.acknowledged" and event.get("policy_generation") == 1:
                     acknowledged = "yes"
+                    _wait_worker_generation(runtime, 1)  # what status says of the worker, as an operator sees it
                     go.touch()
                     break
             assert acknowledged == "yes", "".join(lines[-40:])
