@@ -36,6 +36,22 @@ from tests.sandbox_api import api_env
 CLI = [sys.executable, "-m", "supervisor.cli"]
 RECORDER = Path(__file__).parent.parent / "https_recorder.py"
 PORT = 8000
+SLOW_PORT = 8001  # an origin that answers every request with an endless body, a byte at a time
+SLOW_ORIGIN = """
+import socket, sys, threading, time
+def serve(conn):
+    try:
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: 100000000\\r\\n\\r\\n")
+        while True:
+            conn.sendall(b".")
+            time.sleep(0.1)
+    except OSError:
+        conn.close()
+listener = socket.create_server((sys.argv[1], int(sys.argv[2])), backlog=64)
+while True:
+    threading.Thread(target=serve, args=(listener.accept()[0],), daemon=True).start()
+"""
 AGENT = 61000  # the agent's uid and gid (dev's --agent-user)
 MODELS = ["R", "U"]
 
@@ -64,15 +80,21 @@ def origin() -> Iterator[Origin]:
     try:
         with open_test_host() as host:
             log = scratch / "requests.jsonl"
-            server = host.popen([sys.executable, str(RECORDER), host.address, str(PORT), "-", "-", str(log)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+            servers = [
+                host.popen([sys.executable, str(RECORDER), host.address, str(PORT), "-", "-", str(log)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+                host.popen([sys.executable, "-c", SLOW_ORIGIN, host.address, str(SLOW_PORT)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+            ]  # fmt: skip
             try:
                 with DnsServer({"api.test": [host.address]}) as dns:
                     _wait_port(host.address, PORT)
+                    _wait_port(host.address, SLOW_PORT)
                     yield Origin(host, dns, log)
             finally:
-                server.kill()
-                server.wait()
+                for server in servers:
+                    server.kill()
+                    server.wait()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -90,10 +112,10 @@ def _wait_port(address: str, port: int) -> None:
     raise AssertionError("the test origin did not come up")
 
 
-def _policy(origin: Origin, binary: str, *, fillers: int = 0) -> str:
+def _policy(origin: Origin, binary: str, *, fillers: int = 0, port: int = PORT) -> str:
     text = (
         "version: 1\nnetwork_policies:\n  api:\n    endpoints:\n"
-        f'      - host: api.test\n        port: {PORT}\n        allowed_ips: ["{origin.host.address}/32"]\n'
+        f'      - host: api.test\n        port: {port}\n        allowed_ips: ["{origin.host.address}/32"]\n'
         f"    binaries:\n      - path: {binary}\n"
     )
     for i in range(fillers):  # rules that allow nothing reachable: only the compile gets slower
@@ -267,3 +289,55 @@ def test_nothing_is_admitted_under_the_old_generation_after_the_boundary_acknowl
         assert len(refused) == 4 and all(e.get("policy_generation") == 1 for e in refused), refused
         assert _workers_of(refused) == {0, 1}, refused
         assert origin.paths()[len(before) :] == ["/before"]
+
+
+def test_a_revision_cuts_the_live_tunnels_of_every_worker(origin: Origin, workdir: Path, runtime: str) -> None:
+    """Four endless downloads, spread over both processes; a revision that denies them cuts all four."""
+    with safe_dir() as directory:
+        policy = directory / "policy.yaml"
+        policy.write_text(_policy(origin, "/usr/bin/curl", port=SLOW_PORT))
+        url = f"http://api.test:{SLOW_PORT}/endless"
+        script = (
+            f"for i in 1 2 3 4; do curl -s -o /dev/null -w 'ended %{{http_code}} %{{exitcode}}\\n' {url}-$i & "
+            "sleep 0.3; done; wait"
+        )
+        argv = [*CLI, "dev", "--log-format=json", "--workers=2", f"--policy={policy}", f"--agent-user={AGENT}:{AGENT}",
+                f"--workdir={workdir}", f"--dns-server={origin.dns.address[0]}:{origin.dns.address[1]}",
+                "--", "sh", "-c", script]  # fmt: skip
+        env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
+        dev = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            live = _wait_live(runtime, 4)
+            assert live["primary"] >= 1 and live["worker"] >= 1, live  # tunnels in both processes
+            staged = directory / "policy.tmp"
+            staged.write_text(_policy(origin, "/usr/bin/curl", port=PORT))  # SLOW_PORT no longer allowed
+            staged.rename(policy)
+            out, err = dev.communicate(timeout=120)
+        finally:
+            if dev.poll() is None:
+                dev.kill()
+                dev.wait()
+        events = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+        revoked = [e for e in events if e.get("event") == "egress.revoked"]
+        assert len(revoked) == 4 and {e["policy_generation"] for e in revoked} == {1}, err[-3000:]
+        assert _workers_of(revoked) == {0, 1}, revoked
+        ended = out.splitlines()
+        assert len(ended) == 4 and all(line.startswith("ended 200") and not line.endswith(" 0") for line in ended), out
+
+
+def _wait_live(runtime: str, count: int) -> dict[str, int]:
+    """Wait until ``status`` counts ``count`` live connections; how many each process holds."""
+    deadline = time.monotonic() + 60
+    seen = ""
+    while time.monotonic() < deadline:
+        env = api_env({**os.environ, "XDG_RUNTIME_DIR": runtime})  # the socket appears once dev is up
+        status = subprocess.run([*CLI, "status", "--json"], capture_output=True, text=True, timeout=30, env=env)
+        seen = status.stdout + status.stderr
+        if status.returncode == 0:
+            body = json.loads(status.stdout)
+            workers = body.get("workers") or []
+            in_workers = sum(w["live"] for w in workers)
+            if body["egress"]["live"] == count and workers:
+                return {"primary": count - in_workers, "worker": in_workers}
+        time.sleep(0.1)
+    raise AssertionError(f"status never counted {count} live connections: {seen[-2000:]}")
