@@ -93,6 +93,8 @@ class ControlDaemon:
         if pool is not None:
             pool.egress, pool.peer, pool.links = self.egress, self.peer, self.links
             pool.queue_ack = self.driver.queue_ack
+            pool.in_force = cfg.policy.generation
+            self.driver.in_force = lambda: pool.in_force  # what attach tells the boundary is in force everywhere
             self.links.on_start.append(pool.start_egress)
 
     @property

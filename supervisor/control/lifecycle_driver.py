@@ -10,6 +10,7 @@ agent's code. Control keeps that result and answers later operations from it (``
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import trio
 
@@ -60,6 +61,8 @@ class LifecycleDriver:
         self.canary = canary
         self.workload_gone = workload_gone
         self._acks, self._ack_queue = trio.open_memory_channel[int](16)
+        # the generation every process of control has in force (control/workers); None: this one's, all there is
+        self.in_force: Callable[[], int] | None = None
 
     # -- the ops link -----------------------------------------------------------------------------------------
     async def maintain_ops_link(self) -> None:
@@ -183,7 +186,7 @@ class LifecycleDriver:
             capture_mode=cfg.capture_mode,
             agent_uid=cfg.agent_uid,
             agent_gid=cfg.agent_gid,
-            policy_generation=snap.generation,
+            policy_generation=snap.generation if self.in_force is None else self.in_force(),
             static_policy=static,
             acknowledge_external_fence=cfg.acknowledge_external_fence,
             fence_canary=self.canary.target if self.canary is not None else None,

@@ -98,6 +98,7 @@ class WorkerPool:
         self._latest: Message | None = None
         self._published = trio.Event()
         self._pending: list[tuple[int, int]] = []  # (sequence, generation) not yet in force in every worker
+        self.in_force = 0  # the newest generation every worker has in force (the forked one to start with)
         self.exited: str | None = None  # why the pool failed: a worker ended
 
     # -- what the primary asks of the pool -------------------------------------------------------------------
@@ -173,6 +174,7 @@ class WorkerPool:
         done = min(h.acked for h in self.handles)
         while self._pending and self._pending[0][0] <= done:
             _, generation = self._pending.pop(0)
+            self.in_force = generation
             self.queue_ack(generation)
 
     async def _handle(self, handle: WorkerHandle, message: Message) -> Message | None:
