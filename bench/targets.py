@@ -8,7 +8,8 @@ the same run, or a micro-benchmark's own same-run ratio (bench/bench_l7.py) — 
 Rules:
 1. A target is judged on the median of its per-run values (``bench.stats``), the spread shown beside it.
 2. Only the boundary topology (contender ``openshell``) is judged; the proxy-pod topology's figure is shown
-   beside it for comparison, since it is the same product without the link.
+   beside it for comparison, since it is the same product without the link, and so is ``openshell-workers``'s
+   (control on every core, as rendered pods run it) when it ran.
 3. Nothing is judged on a missing number: a row without its measurement says why, never "met".
 """
 
@@ -24,6 +25,7 @@ from bench.stats import Summary
 
 JUDGED = "openshell"
 COMPARED = "openshell-proxy-pod"
+WORKERS = "openshell-workers"  # opt-in: control with --workers=auto, as rendered pods run it
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ class Standing:
     value: Summary | None  # the judged contender's figure
     compared: Summary | None  # the proxy-pod topology's, when it ran
     status: str  # "met", "not met" or "not measured: <why>"
+    workers: Summary | None = None  # openshell-workers', when it ran
 
 
 def _main_figure(target: Target, rows: Sequence[Row], contender: str) -> tuple[Summary | None, str]:
@@ -111,12 +114,13 @@ def standings(rows: Sequence[Row], micro_rows: Sequence[MicroRow]) -> list[Stand
         else:
             value, why = _main_figure(target, rows, JUDGED)
             compared, _ = _main_figure(target, rows, COMPARED)
+            workers, _ = _main_figure(target, rows, WORKERS)
         if value is None:
             status = f"not measured: {why}"
         else:
             met = value.median >= target.goal if target.higher_is_better else value.median <= target.goal
             status = "met" if met else "not met"
-        out.append(Standing(target, value, compared, status))
+        out.append(Standing(target, value, compared, status, workers if not target.micro else None))
     return out
 
 
@@ -132,10 +136,14 @@ TARGET_HEADER = ["target", "goal", JUDGED, "status", COMPARED]
 
 
 def target_grid(standing: Sequence[Standing]) -> list[list[str]]:
-    return [TARGET_HEADER] + [
-        [s.target.label, s.target.goal_text(), _figure(s.target, s.value), s.status, _figure(s.target, s.compared)]
+    """The table; with a column for ``openshell-workers`` when any row has its figure."""
+    with_workers = any(s.workers is not None for s in standing)
+    header = [*TARGET_HEADER, WORKERS] if with_workers else TARGET_HEADER
+    return [header] + [
+        [s.target.label, s.target.goal_text(), _figure(s.target, s.value), s.status, _figure(s.target, s.compared),
+         *([_figure(s.target, s.workers)] if with_workers else [])]
         for s in standing
-    ]
+    ]  # fmt: skip
 
 
 def standings_json(standing: Sequence[Standing]) -> list[dict[str, object]]:
@@ -147,6 +155,7 @@ def standings_json(standing: Sequence[Standing]) -> list[dict[str, object]]:
             "unit": s.target.unit,
             "value": s.value.as_dict() if s.value else None,
             COMPARED: s.compared.as_dict() if s.compared else None,
+            WORKERS: s.workers.as_dict() if s.workers else None,
             "status": s.status,
         }
         for s in standing

@@ -87,3 +87,21 @@ def test_the_judged_figure_is_the_median_per_run_ratio_and_proxy_pod_is_shown_be
     added = next(line for line in grid if line[0] == "raw setup sequential, added p99")
     assert added[1:4] == ["≤ 3.00 ms", "3.50 ms (3.50–3.50)", "not met"]
     assert len(standings_json(list(by_label.values()))) == len(TARGETS)
+
+
+def test_control_on_every_core_gets_its_own_column_when_it_ran() -> None:
+    results = _results()
+    assert "openshell-workers" not in target_grid(standings(build_rows(results), MICRO))[0]
+    with_workers = Results(2, [*CONTENDERS, "openshell-workers"], SCENARIOS)
+    for run in range(2):
+        for contender, rate in (("openshell", 600.0), ("openshell-workers", 1050.0 + run * 100), ("tinyproxy", 3000.0)):
+            with_workers.record("setup 64-way", "conns/s", contender, run, rate)
+    add_derived(with_workers)
+    standing = standings(build_rows(with_workers), MICRO)
+    grid = target_grid(standing)
+    assert grid[0][-1] == "openshell-workers"
+    (row,) = [r for r in grid if r[0] == "raw setup N-way ÷ tinyproxy"]
+    assert row[2].startswith("0.200×") and row[3] == "not met"  # still judged on openshell: one process
+    assert row[-1].startswith("0.367×")  # the median of 0.35× and 0.383×, shown beside it
+    (judged,) = [s for s in standing if s.target.label == "raw setup N-way ÷ tinyproxy"]
+    assert standings_json([judged])[0]["openshell-workers"] is not None

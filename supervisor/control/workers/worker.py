@@ -23,7 +23,7 @@ from supervisor.control.inference.from_config import inference_router
 from supervisor.control.l7.rewrite import redact_path
 from supervisor.control.peer import BoundaryPeer
 from supervisor.control.policy.compiled import CompiledPolicy
-from supervisor.control.policy.errors import PolicyError
+from supervisor.control.policy.errors import PolicyError, PolicyInvalid
 from supervisor.control.policy.identity import BinaryIdentity
 from supervisor.control.policy.store import PolicySnapshot, PolicyStatus
 from supervisor.control.proxy_listener import ProxyListener
@@ -176,14 +176,19 @@ class Worker:
         store, which re-decides and cuts this process's live connections as the primary's did."""
         store = self.cfg.policy
         source = str(message.get("source", ""))
-        active = await self._compile(message.get("policy"), source)
-        last_valid = await self._compile(message.get("last_valid"), source)
         raw_errors = message.get("errors")
         errors = tuple(_error(e) for e in raw_errors if isinstance(e, dict)) if isinstance(raw_errors, list) else ()
-        status = str(message.get("status"))
+        status = _status(str(message.get("status")))
         generation = message.get("generation")
-        assert isinstance(generation, int) and last_valid is not None
-        store.mirror(PolicySnapshot(generation, _status(status), active, last_valid, source, errors))
+        assert isinstance(generation, int)
+        try:
+            active = await self._compile(message.get("policy"), source)
+            last_valid = await self._compile(message.get("last_valid"), source) or store.snapshot().last_valid
+        except PolicyInvalid as exc:  # cannot be (the primary compiled the same document): nothing allowed here
+            why = PolicyError("", f"control worker {self.index} could not compile the policy: {exc}", None, None,
+                              source)  # fmt: skip
+            active, last_valid, status, errors = None, store.snapshot().last_valid, "quarantined", (why,)
+        store.mirror(PolicySnapshot(generation, status, active, last_valid, source, errors))
         return {"seq": message.get("seq"), "generation": generation}
 
     async def _compile(self, document: JsonValue, source: str) -> CompiledPolicy | None:
