@@ -73,8 +73,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=5, help="rounds per cell (default 5, at least 1)")
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results", help="directory for results")
     parser.add_argument(
-        "--contenders", default=",".join(DEFAULT_ORDER), help="comma-separated subset of: " + ", ".join(DEFAULT_ORDER)
-    )
+        "--contenders", default=",".join(DEFAULT_ORDER),
+        help="comma-separated, of: " + ", ".join(DEFAULT_ORDER) + " (the default), and on request "
+        + ", ".join(name for name in FACTORIES if name not in DEFAULT_ORDER),
+    )  # fmt: skip
     parser.add_argument("--profile", metavar="CONTENDER", help="py-spy profile of this contender's processes")
     parser.add_argument("--no-install", action="store_true", help="do not apt-get or pip install peers")
     parser.add_argument("--no-micro", action="store_true", help="skip bench/bench_*.py micro-benchmarks")
