@@ -408,6 +408,21 @@ def box_r(world: World) -> Iterator[Sandbox]:
 
 def test_r_1_both_daemons_run_as_entrypoints_from_the_rendered_pods(box_r: Sandbox) -> None:
     _up(box_r)
+    _control_on_every_core(box_r)
+
+
+def _control_on_every_core(box: Sandbox) -> None:
+    """Rendered control runs --workers=auto: a process per CPU here (no CPU limit is rendered; the memory limit
+    allows eight), each with its egress links (boundary topology) or its share of the proxy port."""
+    cpus = len(os.sched_getaffinity(0))
+    expected = min(cpus, 8)
+    workers = box.status().get("workers")
+    if expected == 1:
+        assert workers is None, workers
+        return
+    assert isinstance(workers, list) and len(workers) == expected - 1, workers
+    (started,) = [e for e in box.control_events() if e.get("event") == "control.workers"]
+    assert started["workers"] == expected and len(started["pids"]) == expected, started
 
 
 def test_r_2_allowed_https_verifies_through_inspection_and_a_denied_one_is_refused(box_r: Sandbox) -> None:
@@ -709,6 +724,7 @@ def test_x_1_proxy_pod_control_serves_and_the_workload_runs_nothing_of_ours(box_
     assert lines[0] == "1000" and "/usr/bin/curl" in lines and "/usr/bin/python3" in lines, ours.stdout + ours.stderr
     assert not [line for line in lines if "openshell" in line], f"the workload image holds ours: {ours.stdout}"
     _entrypoint_runs(box_pp.world, box_pp.control_container, "control")
+    _control_on_every_core(box_pp)
 
 
 def test_x_2_curl_https_and_pip_download_through_control(box_pp: Sandbox) -> None:
