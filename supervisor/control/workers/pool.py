@@ -100,6 +100,7 @@ class WorkerPool:
         self._pending: list[tuple[int, int]] = []  # (sequence, generation) not yet in force in every worker
         self.in_force = 0  # the newest generation every worker has in force (the forked one to start with)
         self.exited: str | None = None  # why the pool failed: a worker ended
+        self._egress_started = False
 
     # -- what the primary asks of the pool -------------------------------------------------------------------
     def publish(self, snap: PolicySnapshot) -> None:
@@ -114,6 +115,7 @@ class WorkerPool:
         self._published = trio.Event()
 
     def start_egress(self) -> None:
+        self._egress_started = True  # a channel made later is told as it starts (serve)
         for handle in self.handles:
             if handle.channel is not None:
                 handle.channel.notify({"type": Kind.START_EGRESS})
@@ -140,6 +142,8 @@ class WorkerPool:
         async with trio.open_nursery() as nursery:
             for handle in self.handles:
                 handle.channel = Channel(handle.sock)
+                if self._egress_started:
+                    handle.channel.notify({"type": Kind.START_EGRESS})
                 nursery.start_soon(self._serve_one, handle, nursery.cancel_scope)
                 nursery.start_soon(self._send_policy, handle)
             task_status.started()
