@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,42 +124,81 @@ def _policy(origin: Origin, binary: str, *, fillers: int = 0, port: int = PORT) 
     return text
 
 
+LINKS = 4  # two egress links per process (control's default), two processes
+
+
+class Dev:
+    """One dev sandbox with ``--workers=2``, its output in files (a pipe left unread would stall it). The agent's
+    script starts only once :meth:`release` saw every process's egress links up: a worker dials its own after
+    the attach, and a connection made before would land on the primary alone."""
+
+    def __init__(self, origin: Origin, workdir: Path, policy: Path, script: str, *, runtime: str, model: str = "R",
+                 scratch: Path) -> None:  # fmt: skip
+        self.runtime = runtime
+        self.go = workdir / "go"
+        gate = f"while [ ! -e {self.go} ]; do sleep 0.05; done; "
+        argv = [*CLI, "dev", "--log-format=json", "--workers=2", f"--privilege-model={model}", f"--policy={policy}",
+                f"--agent-user={AGENT}:{AGENT}", f"--workdir={workdir}",
+                f"--dns-server={origin.dns.address[0]}:{origin.dns.address[1]}",
+                "--", "sh", "-c", gate + script]  # fmt: skip
+        self.out, self.err = scratch / "dev.out", scratch / "dev.err"
+        with self.out.open("w") as out, self.err.open("w") as err:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True,
+                                         env={**os.environ, "XDG_RUNTIME_DIR": runtime})  # fmt: skip
+
+    def status(self) -> dict[str, Any] | None:
+        env = api_env({**os.environ, "XDG_RUNTIME_DIR": self.runtime})  # the socket appears once dev is up
+        done = subprocess.run([*CLI, "status", "--json"], capture_output=True, text=True, timeout=30, env=env)
+        return json.loads(done.stdout) if done.returncode == 0 else None
+
+    def wait_status(self, ok: Callable[[dict[str, Any]], bool], what: str, timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        seen: dict[str, Any] | None = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"dev ended while waiting for {what}: {self.err.read_text()[-3000:]}")
+            seen = self.status()
+            if seen is not None and ok(seen):
+                return seen
+            time.sleep(0.1)
+        raise AssertionError(f"status never showed {what}: {json.dumps(seen)[-2000:]}")
+
+    def release(self) -> None:
+        self.wait_status(lambda s: s["egress"]["links"] == LINKS, f"{LINKS} egress links")
+        self.go.touch()
+
+    def events(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.err.read_text().splitlines() if line.startswith("{")]
+
+    def wait_event(self, ok: Callable[[dict[str, Any]], bool], what: str, timeout: float = 90) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = next((e for e in self.events() if ok(e)), None)
+            if found is not None:
+                return found
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"no {what} event: {self.err.read_text()[-3000:]}")
+
+    def finish(self, timeout: float = 180) -> Run:
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        return Run(self.out.read_text(), self.err.read_text(), self.events())
+
+
 @dataclass
 class Run:
-    result: subprocess.CompletedProcess[str]
+    stdout: str
+    stderr: str
     events: list[dict[str, Any]]
 
     def egress(self, **match: object) -> list[dict[str, Any]]:
         return [e for e in self.events if e.get("event") == "egress" and all(e.get(k) == v for k, v in match.items())]
-
-
-def _dev(origin: Origin, workdir: Path, policy: Path, script: str, *, model: str = "R", runtime: str,
-         extra: tuple[str, ...] = (), timeout: float = 180) -> Run:  # fmt: skip
-    argv = [*CLI, "dev", "--log-format=json", "--workers=2", f"--privilege-model={model}", f"--policy={policy}",
-            f"--agent-user={AGENT}:{AGENT}", f"--workdir={workdir}",
-            f"--dns-server={origin.dns.address[0]}:{origin.dns.address[1]}", *extra,
-            "--", "sh", "-c", script]  # fmt: skip
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                            env={**os.environ, "XDG_RUNTIME_DIR": runtime})  # fmt: skip
-    events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
-    return Run(result, events)
-
-
-def _wait_worker_generation(runtime: str, generation: int) -> None:
-    """``status`` lists the worker with ``generation`` in force (its figures are at most half a second old)."""
-    env = api_env({**os.environ, "XDG_RUNTIME_DIR": runtime})  # this test's one sandbox, by its runtime dir
-    deadline = time.monotonic() + 30
-    seen = ""
-    while time.monotonic() < deadline:
-        status = subprocess.run([*CLI, "status", "--json"], capture_output=True, text=True, timeout=30, env=env)
-        seen = status.stdout + status.stderr
-        workers = json.loads(status.stdout).get("workers") if status.returncode == 0 else None
-        if workers and [w["generation"] for w in workers] == [generation]:
-            human = subprocess.run([*CLI, "status"], capture_output=True, text=True, timeout=30, env=env)
-            assert "workers     2 processes" in human.stdout, human.stdout
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"status never showed the worker at generation {generation}: {seen[-2000:]}")
 
 
 def _workers_of(events: list[dict[str, Any]]) -> set[int]:
@@ -198,10 +237,12 @@ def test_a_binary_swapped_between_connections_is_refused_by_every_worker(
         f"printf 'x' >> {tool}; "
         f"for i in 1 2 3 4; do {tool} -s -o /dev/null -w 'swapped %{{http_code}}\\n' {url}/swapped-{model}-$i; done"
     )
-    run = _dev(origin, workdir, policy, script, model=model, runtime=runtime)
-    assert "first 200" in run.result.stdout, run.result.stderr[-3000:]
-    answers = [line for line in run.result.stdout.splitlines() if line.startswith("swapped")]
-    assert answers == ["swapped 403"] * 4, run.result.stdout
+    dev = Dev(origin, workdir, policy, script, model=model, runtime=runtime, scratch=tmp_path)
+    dev.release()
+    run = dev.finish()
+    assert "first 200" in run.stdout, run.stderr[-3000:]
+    answers = [line for line in run.stdout.splitlines() if line.startswith("swapped")]
+    assert answers == ["swapped 403"] * 4, run.stdout
 
     allowed = run.egress(decision="allow")
     refused = run.egress(decision="deny")
@@ -225,9 +266,11 @@ def test_a_dns_answer_given_by_one_worker_is_honoured_by_the_other(
         f"for i in 1 2 3 4; do curl --noproxy '*' -s -o /dev/null -w 'direct %{{http_code}}\\n' "
         f"http://api.test:{PORT}/by-address-$i; done"
     )
-    run = _dev(origin, workdir, policy, script, runtime=runtime)
-    answers = [line for line in run.result.stdout.splitlines() if line.startswith("direct")]
-    assert answers == ["direct 200"] * 4, (run.result.stdout, run.result.stderr[-3000:])
+    dev = Dev(origin, workdir, policy, script, runtime=runtime, scratch=tmp_path)
+    dev.release()
+    run = dev.finish()
+    answers = [line for line in run.stdout.splitlines() if line.startswith("direct")]
+    assert answers == ["direct 200"] * 4, (run.stdout, run.stderr[-3000:])
     dns = [e for e in run.events if e.get("event") == "dns" and e.get("decision") == "answered"]
     assert dns and all(e.get("worker") is None for e in dns)  # answered (and recorded) by the primary
     allowed = run.egress(decision="allow")
@@ -238,60 +281,49 @@ def test_a_dns_answer_given_by_one_worker_is_honoured_by_the_other(
 
 
 def test_nothing_is_admitted_under_the_old_generation_after_the_boundary_acknowledged_the_new(
-    origin: Origin, workdir: Path, runtime: str
+    origin: Origin, workdir: Path, runtime: str, tmp_path: Path
 ) -> None:
     """The new policy denies curl and is slow to compile (thousands of rules); the agent waits until the boundary
     has acknowledged it (a file the test writes once the event is out), then connects four times."""
     with safe_dir() as directory:  # a watched policy file: under /tmp it would be loaded once
         policy = directory / "policy.yaml"
         policy.write_text(_policy(origin, "/usr/bin/curl"))
-        go = workdir / "go"
+        acked = workdir / "acked"
         url = f"http://api.test:{PORT}"
         script = (
             f"curl -s -o /dev/null -w 'before %{{http_code}}\\n' {url}/before; "
-            f"while [ ! -e {go} ]; do sleep 0.05; done; "
+            f"while [ ! -e {acked} ]; do sleep 0.05; done; "
             f"for i in 1 2 3 4; do curl -s -o /dev/null -w 'after %{{http_code}}\\n' {url}/after-$i; done"
         )
         before = origin.paths()
-        argv = [*CLI, "dev", "--log-format=json", "--workers=2", f"--policy={policy}", f"--agent-user={AGENT}:{AGENT}",
-                f"--workdir={workdir}", f"--dns-server={origin.dns.address[0]}:{origin.dns.address[1]}",
-                "--", "sh", "-c", script]  # fmt: skip
-        env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
-        dev = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        lines: list[str] = []
+        dev = Dev(origin, workdir, policy, script, runtime=runtime, scratch=tmp_path)
         try:
-            assert dev.stderr is not None
-            acknowledged = None
-            for raw in dev.stderr:
-                lines.append(raw)
-                event = json.loads(raw) if raw.startswith("{") else {}
-                if event.get("event") == "egress" and event.get("decision") == "allow" and not acknowledged:
-                    # the first connection is in: now the slow revision (deny: curl is no longer the binary)
-                    staged = directory / "policy.tmp"
-                    staged.write_text(_policy(origin, "/nonexistent/tool", fillers=3000))
-                    staged.rename(policy)
-                    acknowledged = "pending"
-                if event.get("event") == "policy.acknowledged" and event.get("policy_generation") == 1:
-                    acknowledged = "yes"
-                    _wait_worker_generation(runtime, 1)  # what status says of the worker, as an operator sees it
-                    go.touch()
-                    break
-            assert acknowledged == "yes", "".join(lines[-40:])
-            out, err = dev.communicate(timeout=180)
+            dev.release()
+            dev.wait_event(lambda e: e.get("event") == "egress" and e.get("decision") == "allow", "allowed egress")
+            # the first connection is in: now the slow revision (deny: curl is no longer the binary)
+            staged = directory / "policy.tmp"
+            staged.write_text(_policy(origin, "/nonexistent/tool", fillers=3000))
+            staged.rename(policy)
+            dev.wait_event(lambda e: e.get("event") == "policy.acknowledged" and e.get("policy_generation") == 1,
+                           "policy.acknowledged of generation 1")  # fmt: skip
+            # what status says of the worker, as an operator reads it (its figures are at most 0.5 s old)
+            dev.wait_status(lambda s: [w["generation"] for w in s.get("workers") or []] == [1], "the worker at 1")
+            env = api_env({**os.environ, "XDG_RUNTIME_DIR": runtime})
+            human = subprocess.run([*CLI, "status"], capture_output=True, text=True, timeout=30, env=env)
+            assert "workers     2 processes" in human.stdout, human.stdout
+            acked.touch()
         finally:
-            if dev.poll() is None:
-                dev.kill()
-                dev.wait()
-        lines += err.splitlines(keepends=True)
-        events = [json.loads(line) for line in lines if line.startswith("{")]
-        assert out.splitlines() == ["before 200", *["after 403"] * 4], "".join(lines[-40:])
-        refused = [e for e in events if e.get("event") == "egress" and e.get("decision") == "deny"]
+            run = dev.finish()
+        assert run.stdout.splitlines() == ["before 200", *["after 403"] * 4], run.stderr[-3000:]
+        refused = run.egress(decision="deny")
         assert len(refused) == 4 and all(e.get("policy_generation") == 1 for e in refused), refused
         assert _workers_of(refused) == {0, 1}, refused
         assert origin.paths()[len(before) :] == ["/before"]
 
 
-def test_a_revision_cuts_the_live_tunnels_of_every_worker(origin: Origin, workdir: Path, runtime: str) -> None:
+def test_a_revision_cuts_the_live_tunnels_of_every_worker(
+    origin: Origin, workdir: Path, runtime: str, tmp_path: Path
+) -> None:
     """Four endless downloads, spread over both processes; a revision that denies them cuts all four."""
     with safe_dir() as directory:
         policy = directory / "policy.yaml"
@@ -301,43 +333,19 @@ def test_a_revision_cuts_the_live_tunnels_of_every_worker(origin: Origin, workdi
             f"for i in 1 2 3 4; do curl -s -o /dev/null -w 'ended %{{http_code}} %{{exitcode}}\\n' {url}-$i & "
             "sleep 0.3; done; wait"
         )
-        argv = [*CLI, "dev", "--log-format=json", "--workers=2", f"--policy={policy}", f"--agent-user={AGENT}:{AGENT}",
-                f"--workdir={workdir}", f"--dns-server={origin.dns.address[0]}:{origin.dns.address[1]}",
-                "--", "sh", "-c", script]  # fmt: skip
-        env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
-        dev = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        dev = Dev(origin, workdir, policy, script, runtime=runtime, scratch=tmp_path)
         try:
-            live = _wait_live(runtime, 4)
-            assert live["primary"] >= 1 and live["worker"] >= 1, live  # tunnels in both processes
+            dev.release()
+            status = dev.wait_status(lambda s: s["egress"]["live"] == 4, "4 live connections")
+            in_worker = sum(w["live"] for w in status["workers"])
+            assert 1 <= in_worker <= 3, status["workers"]  # tunnels in both processes
             staged = directory / "policy.tmp"
             staged.write_text(_policy(origin, "/usr/bin/curl", port=PORT))  # SLOW_PORT no longer allowed
             staged.rename(policy)
-            out, err = dev.communicate(timeout=120)
         finally:
-            if dev.poll() is None:
-                dev.kill()
-                dev.wait()
-        events = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
-        revoked = [e for e in events if e.get("event") == "egress.revoked"]
-        assert len(revoked) == 4 and {e["policy_generation"] for e in revoked} == {1}, err[-3000:]
+            run = dev.finish(timeout=120)
+        revoked = [e for e in run.events if e.get("event") == "egress.revoked"]
+        assert len(revoked) == 4 and {e["policy_generation"] for e in revoked} == {1}, run.stderr[-3000:]
         assert _workers_of(revoked) == {0, 1}, revoked
-        ended = out.splitlines()
-        assert len(ended) == 4 and all(line.startswith("ended 200") and not line.endswith(" 0") for line in ended), out
-
-
-def _wait_live(runtime: str, count: int) -> dict[str, int]:
-    """Wait until ``status`` counts ``count`` live connections; how many each process holds."""
-    deadline = time.monotonic() + 60
-    seen = ""
-    while time.monotonic() < deadline:
-        env = api_env({**os.environ, "XDG_RUNTIME_DIR": runtime})  # the socket appears once dev is up
-        status = subprocess.run([*CLI, "status", "--json"], capture_output=True, text=True, timeout=30, env=env)
-        seen = status.stdout + status.stderr
-        if status.returncode == 0:
-            body = json.loads(status.stdout)
-            workers = body.get("workers") or []
-            in_workers = sum(w["live"] for w in workers)
-            if body["egress"]["live"] == count and workers:
-                return {"primary": count - in_workers, "worker": in_workers}
-        time.sleep(0.1)
-    raise AssertionError(f"status never counted {count} live connections: {seen[-2000:]}")
+        ended = run.stdout.splitlines()
+        assert len(ended) == 4 and all(e.startswith("ended 200") and not e.endswith(" 0") for e in ended), run.stdout
