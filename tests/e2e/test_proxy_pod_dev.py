@@ -172,7 +172,8 @@ def test_two_control_processes_share_the_proxy_port(world: World) -> None:
     script = (
         f"for i in $(seq 1 24); do curl -sS -o /dev/null -w '%{{http_code}}\\n' "
         f"'https://pypi.test:{TLS_PORT}/simple/tinypkg/?n='$i; done; "
-        f"curl -sS -o /dev/null -w 'denied %{{http_code}}\\n' https://denied.test:{TLS_PORT}/x"
+        # silent: curl writes its error in pieces, and control's event lines share dev's stderr with the agent's
+        f"curl -s -o /dev/null -w 'denied %{{http_code}}\\n' https://denied.test:{TLS_PORT}/x"
     )
     result, events = world.dev(script, extra=("--workers=2",))
     lines = result.stdout.splitlines()
@@ -183,7 +184,7 @@ def test_two_control_processes_share_the_proxy_port(world: World) -> None:
     assert {e.get("worker", 0) for e in allowed} == {0, 1}, allowed
     paths = [r["path"] for r in world.origin_requests()[before:]]
     assert sorted(paths) == sorted(f"/simple/tinypkg/?n={i}" for i in range(1, 25))
-    assert [e["destination"] for e in _egress(events, "deny")] == [f"denied.test:{TLS_PORT}"]
+    assert [e["destination"] for e in _egress(events, "deny")] == [f"denied.test:{TLS_PORT}"], result.stderr[-4000:]
     (workers,) = [e for e in events if e.get("event") == "control.workers"]
     assert workers["workers"] == 2 and len(workers["pids"]) == 2
 
@@ -191,7 +192,7 @@ def test_two_control_processes_share_the_proxy_port(world: World) -> None:
 def test_denied_host_is_refused_and_never_reached(world: World) -> None:
     before = len(world.origin_requests())
     result, events = world.dev(
-        f"curl -sS -o /dev/null -w '%{{http_code}} %{{http_connect}}\\n' https://denied.test:{TLS_PORT}/x; "
+        f"curl -s -o /dev/null -w '%{{http_code}} %{{http_connect}}\\n' https://denied.test:{TLS_PORT}/x; "
         f"curl -sS -w '\\n%{{http_code}}\\n' http://denied.test:{TLS_PORT}/x"
     )
     assert "000 403" in result.stdout and "policy_denied" in result.stdout, result.stdout + result.stderr[-2000:]
