@@ -197,6 +197,8 @@ class ControlDaemon:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
                 self.log.emit(EventName.CONTROL_SIGNAL, signal=signal.Signals(signum).name)
+                if self.pool is not None:  # their last connections' events are logged before control's end
+                    await self.pool.stop_workers()
                 nursery.cancel_scope.cancel()
                 return
 

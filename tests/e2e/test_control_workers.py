@@ -11,6 +11,7 @@ host).
   decided as the name.
 * After the boundary acknowledged a policy generation, no process admits anything under the older one, even
   when compiling the new policy takes a worker seconds.
+* Control told to end logs the end of every process's tunnels before it exits.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -349,3 +351,32 @@ def test_a_revision_cuts_the_live_tunnels_of_every_worker(
         assert _workers_of(revoked) == {0, 1}, revoked
         ended = run.stdout.splitlines()
         assert len(ended) == 4 and all(e.startswith("ended 200") and not e.endswith(" 0") for e in ended), run.stdout
+
+
+def test_control_told_to_end_logs_the_last_connections_of_every_worker(
+    origin: Origin, workdir: Path, runtime: str, tmp_path: Path
+) -> None:
+    """SIGTERM to control (a pod's end, a rollout): every process ends its live tunnels, and each tunnel's event —
+    a worker's too — is logged before control exits, as one process's would be. Dev then restarts control."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(_policy(origin, "/usr/bin/curl", port=SLOW_PORT))
+    url = f"http://api.test:{SLOW_PORT}/endless"
+    script = (
+        f"for i in 1 2 3 4; do curl -s -o /dev/null -w 'ended %{{http_code}} %{{exitcode}}\\n' {url}-$i & "
+        "sleep 0.3; done; wait"
+    )
+    dev = Dev(origin, workdir, policy, script, runtime=runtime, scratch=tmp_path)
+    try:
+        dev.release()
+        status = dev.wait_status(lambda s: s["egress"]["live"] == 4, "4 live connections")
+        in_worker = sum(w["live"] for w in status["workers"])
+        assert 1 <= in_worker <= 3, status["workers"]  # tunnels in both processes
+        (workers,) = [e for e in dev.events() if e.get("event") == "control.workers"]
+        os.kill(workers["pids"][0], signal.SIGTERM)
+    finally:
+        run = dev.finish(timeout=120)
+    ended = [e for e in run.egress(decision="allow") if e.get("destination") == f"api.test:{SLOW_PORT}"]
+    assert len(ended) == 4, run.stderr[-3000:]
+    assert _workers_of(ended) == {0, 1}, ended
+    assert [e for e in run.events if e.get("event") == "control.failed"] == [], run.stderr[-3000:]
+    assert len(run.stdout.splitlines()) == 4 and all(not e.endswith(" 0") for e in run.stdout.splitlines())

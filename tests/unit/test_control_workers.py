@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -163,6 +164,65 @@ async def test_requests_are_answered_in_any_order_and_notifications_arrive() -> 
         with pytest.raises(ChannelClosed):
             await worker.request({"type": "pin"})
         nursery.cancel_scope.cancel()
+
+
+async def test_a_notification_from_another_thread_reaches_the_peer_and_the_run_survives() -> None:
+    """A worker's log is written from threads too (the local addresses' refresh): its notifications must reach the
+    primary, and the channel's run must end cleanly afterwards (a receiver woken from another thread was lost
+    and took the worker's whole run down when cancelled)."""
+    left, right = socket.socketpair()
+    worker = Channel(right)
+    left.setblocking(False)
+    peer = trio.socket.from_stdlib_socket(left)
+
+    async def ignore(message: Message) -> Message | None:
+        return None
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.run, ignore)
+        await trio.testing.wait_all_tasks_blocked()  # the outbox's drain is waiting for a frame
+        for n in range(3):
+            await trio.to_thread.run_sync(worker.notify, {"type": "event", "n": n})
+        decoder = FrameDecoder()
+        got: list[Message] = []
+        with trio.fail_after(5):
+            while len(got) < 3:
+                got.extend(decoder.feed(await peer.recv(65536)))
+        assert got == [{"type": "event", "n": n} for n in range(3)]
+        assert worker.dropped == 0
+        nursery.cancel_scope.cancel()  # the drain's wait is cancelled: it must still be trio's to cancel
+    peer.close()
+    right.close()
+
+
+async def test_flush_returns_once_every_queued_notification_is_written() -> None:
+    """A worker told to end flushes, then its channel goes: every event queued before reaches the primary."""
+    left, right = socket.socketpair()
+    worker = Channel(right)
+    got: list[Message] = []
+    decoder = FrameDecoder()
+
+    async def ignore(message: Message) -> Message | None:
+        return None
+
+    async def read_to_the_end() -> None:
+        peer = trio.socket.from_stdlib_socket(left)
+        while data := await peer.recv(65536):
+            got.extend(decoder.feed(data))
+
+    async with trio.open_nursery() as reading:
+        reading.start_soon(read_to_the_end)
+        async with trio.open_nursery() as running:
+            running.start_soon(worker.run, ignore)
+            for n in range(2000):  # ~80 KB of frames: more than the socket pair's buffer takes at once
+                worker.notify({"type": "event", "n": n, "pad": "x" * 20})
+            with trio.fail_after(10):
+                await worker.flush()
+            running.cancel_scope.cancel()  # then the worker's end goes at once, as its process would
+        right.close()
+    assert worker.dropped == 0
+    assert [m["n"] for m in got] == list(range(2000))
+    left.close()
 
 
 def test_a_workers_events_are_recorded_by_the_primary_as_built() -> None:

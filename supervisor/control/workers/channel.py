@@ -2,11 +2,17 @@
 notifications that do not, and a loop that hands the peer's messages to a handler.
 
 A message the handler answers is a request (it carries an ``id``); the reply carries the same ``id`` and type
-``reply``. The peer is our own process, so a frame we cannot read ends the channel rather than being skipped."""
+``reply``. The peer is our own process, so a frame we cannot read ends the channel rather than being skipped.
+
+Notifications may come from any thread: a worker's events are its log's lines, and the log is written from worker
+threads too (the local addresses' refresh runs in one). trio's channels belong to trio's thread — a receiver woken
+from another thread is lost, and the run dies of it later — so a frame from another thread is queued by trio's.
+"""
 
 from __future__ import annotations
 
 import socket
+import threading
 from collections.abc import Awaitable, Callable
 
 import trio
@@ -33,6 +39,19 @@ class Channel:
         self._outbox, self._outbox_rx = trio.open_memory_channel[bytes](QUEUE)
         self.dropped = 0
         self.closed = False
+        self._unsent = 0  # frames queued and not yet written
+        self._progress = trio.Event()  # set whenever a frame was written or the channel closed (flush waits on it)
+        self._token: trio.lowlevel.TrioToken | None = None  # the run this channel serves, once known
+        self._home = 0  # the ident of trio's thread in that run
+        try:
+            self.bind()
+        except RuntimeError:  # made before trio.run (a forked worker's): its run calls bind()
+            pass
+
+    def bind(self) -> None:
+        """Serve the current trio run: notifications from its other threads are queued through trio's."""
+        self._token = trio.lowlevel.current_trio_token()
+        self._home = threading.get_ident()
 
     async def request(self, message: Message) -> Message:
         """Send ``message`` and wait for the peer's reply to it."""
@@ -52,13 +71,33 @@ class Channel:
             self._waiting.pop(ident, None)
 
     def notify(self, message: Message) -> None:
-        """Queue ``message`` for the peer without waiting (events, stats); a full queue drops it."""
+        """Queue ``message`` for the peer without waiting (events, stats); a full queue drops it. Safe from any
+        thread."""
         if self.closed:
             return
+        frame = encode(message)
+        if self._token is None or threading.get_ident() == self._home:  # no run yet, or trio's own thread
+            self._queue(frame)
+            return
         try:
-            self._outbox.send_nowait(encode(message))
-        except trio.WouldBlock:
+            self._token.run_sync_soon(self._queue, frame)
+        except trio.RunFinishedError:
             self.dropped += 1
+
+    def _queue(self, frame: bytes) -> None:
+        # never raises: it may run as a trio callback, where an exception would end the whole run
+        try:
+            self._outbox.send_nowait(frame)
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            self.dropped += 1
+            return
+        self._unsent += 1
+
+    async def flush(self) -> None:
+        """Wait until every notification queued so far is written, or the channel closed."""
+        while self._unsent > 0 and not self.closed:
+            self._progress = trio.Event()
+            await self._progress.wait()
 
     async def _write(self, frame: bytes) -> None:
         async with self._send_lock:
@@ -69,6 +108,8 @@ class Channel:
 
     async def run(self, handler: Handler) -> None:
         """Read until the peer goes away (returns then); each request is answered in its own task."""
+        if self._token is None:
+            self.bind()
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._drain_outbox)
@@ -76,12 +117,18 @@ class Channel:
                 nursery.cancel_scope.cancel()
         finally:
             self.closed = True
+            self._progress.set()
             for send in self._waiting.values():
                 send.close()
 
     async def _drain_outbox(self) -> None:
         async for frame in self._outbox_rx:
-            await self._write(frame)
+            try:
+                await self._write(frame)
+            except ChannelClosed:  # the peer went away: the reader sees its end and the run returns
+                return
+            self._unsent -= 1
+            self._progress.set()
 
     async def _read(self, handler: Handler, nursery: trio.Nursery) -> None:
         while True:

@@ -5,6 +5,7 @@ force, and folding the workers' events, links and counters into the primary's.""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import select
@@ -30,12 +31,14 @@ from supervisor.protocol.event_record import Event
 from supervisor.protocol.json_value import JsonValue
 
 REAP_WAIT_S = 2.0  # how long the primary waits for a worker to end after its channel closed, before SIGKILL
+STOP_WAIT_S = 2.0  # how long control's end waits for its workers to end when told, reading their last events
 
 
 @dataclass
 class WorkerHandle:
     index: int
     pid: int
+    pidfd: int  # opened before any wait: signals through it can never reach another process that reused the pid
     sock: socket.socket
     channel: Channel | None = None
     acked: int = 0  # the last snapshot (by sequence) this worker has in force
@@ -51,6 +54,10 @@ class WorkerHandle:
         return {"index": self.index, "pid": self.pid, "generation": self.generation, "live": self.live,
                 "links": self.links, "counters": dict(self.counters), "proxy": self.proxy,
                 "events_dropped": self.dropped}  # fmt: skip
+
+    def terminate(self) -> None:
+        with contextlib.suppress(ProcessLookupError, OSError):  # ended already, or the pidfd closed
+            signal.pidfd_send_signal(self.pidfd, signal.SIGTERM)
 
 
 def spawn(cfg: ControlConfig, count: int) -> tuple[list[WorkerHandle], list[socket.socket] | None]:
@@ -78,7 +85,7 @@ def spawn(cfg: ControlConfig, count: int) -> tuple[list[WorkerHandle], list[sock
             finally:
                 os._exit(code)
         theirs.close()
-        handles.append(WorkerHandle(index, pid, ours))
+        handles.append(WorkerHandle(index, pid, os.pidfd_open(pid), ours))
     if proxy_sets is not None:
         for sockets in proxy_sets[1:]:
             for sock in sockets:
@@ -100,6 +107,9 @@ class WorkerPool:
         self._pending: list[tuple[int, int]] = []  # (sequence, generation) not yet in force in every worker
         self.in_force = 0  # the newest generation every worker has in force (the forked one to start with)
         self.exited: str | None = None  # why the pool failed: a worker ended
+        self.stopping = False  # control is ending and told its workers to: their end is not a failure
+        self._ended = 0
+        self._all_ended = trio.Event()
         self._egress_started = False
 
     # -- what the primary asks of the pool -------------------------------------------------------------------
@@ -119,6 +129,16 @@ class WorkerPool:
         for handle in self.handles:
             if handle.channel is not None:
                 handle.channel.notify({"type": Kind.START_EGRESS})
+
+    async def stop_workers(self) -> None:
+        """Tell every worker to end and keep reading their channels until they have (within ``STOP_WAIT_S``):
+        the events of their last connections are logged before control's own end. :meth:`stop` ends the rest."""
+        self.stopping = True
+        for handle in self.handles:
+            handle.terminate()
+        if all(h.channel is not None for h in self.handles):  # else no channel is read: nothing to wait for
+            with trio.move_on_after(STOP_WAIT_S):
+                await self._all_ended.wait()
 
     @property
     def live(self) -> int:
@@ -153,6 +173,11 @@ class WorkerPool:
         await handle.channel.run(lambda message: self._handle(handle, message))
         status = await trio.to_thread.run_sync(_reap, handle.pid)
         handle.reaped = True
+        self._ended += 1
+        if self._ended == len(self.handles):
+            self._all_ended.set()
+        if self.stopping:  # told to end
+            return
         self.exited = f"worker {handle.index} (pid {handle.pid}) ended: {status}"
         self.log.emit(EventName.CONTROL_WORKER_EXITED, worker=handle.index, pid=handle.pid, status=status)
         scope.cancel()
@@ -254,6 +279,7 @@ class WorkerPool:
             if not handle.reaped:
                 _reap(handle.pid, terminate=True)
                 handle.reaped = True
+            os.close(handle.pidfd)
 
 
 def _document(policy: CompiledPolicy | None) -> JsonValue:

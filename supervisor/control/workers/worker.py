@@ -11,7 +11,8 @@ import functools
 import signal
 import socket
 import sys
-from collections.abc import Callable
+import traceback
+from collections.abc import AsyncIterator, Callable
 
 import trio
 
@@ -35,6 +36,7 @@ from supervisor.protocol.json_value import JsonValue
 
 ASK_TIMEOUT_S = 5.0  # a question to the primary not answered within this is answered strictly (see PrimaryState)
 DNS_TIMEOUT_S = 15.0  # a DNS query's answer, which may wait on the upstream resolver
+FLUSH_S = 1.0  # how long a worker told to end spends writing out its last events (the primary waits 2 s)
 STATS_EVERY_S = 0.5  # how often a worker tells the primary its live connections and counters, when they changed
 _PR_SET_PDEATHSIG = 1
 
@@ -143,24 +145,41 @@ class Worker:
         self.channel.notify({"type": Kind.EVENT, "event": event.to_wire()})
 
     async def serve(self) -> int:
-        async with trio.open_nursery() as nursery:
-            self.links.nursery = nursery
-            if self.cfg.local_net is not None:  # the SSRF guard's view of control's own addresses, per process
-                await nursery.start(self.cfg.local_net.watch)
-            if self.proxy is not None:
-                await nursery.start(self.proxy.serve)
-            if self.inference is not None and self.cfg.inference_file is not None:
-                from supervisor.control.inference.store import watch_routes_file
-                from supervisor.control.policy.watch_safety import watch_guard
+        """Serve until the primary goes away or asks this worker to end (SIGTERM); then write out the events of
+        the connections that ended with it, so that the primary logs them before its own end."""
+        self.channel.bind()  # before anything that logs from a thread (the local addresses' first read)
+        with trio.open_signal_receiver(signal.SIGTERM) as signals:
+            async with trio.open_nursery() as top:
+                async with trio.open_nursery() as serving:
+                    top.start_soon(self._channel, serving.cancel_scope)
+                    top.start_soon(self._end_on_signal, signals, serving.cancel_scope)
+                    self.links.nursery = serving
+                    if self.cfg.local_net is not None:  # the SSRF guard's view of control's own addresses
+                        await serving.start(self.cfg.local_net.watch)
+                    if self.proxy is not None:
+                        await serving.start(self.proxy.serve)
+                    if self.inference is not None and self.cfg.inference_file is not None:
+                        from supervisor.control.inference.store import watch_routes_file
+                        from supervisor.control.policy.watch_safety import watch_guard
 
-                nursery.start_soon(functools.partial(
-                    watch_routes_file, self.inference.store, self.cfg.inference_file,
-                    guard=watch_guard(self.cfg.inference_file, self.cfg.agent_writable),
-                ))  # fmt: skip
-            nursery.start_soon(self._tell_stats)
-            await self.channel.run(self._handle)  # returns when the primary goes away
-            nursery.cancel_scope.cancel()
+                        serving.start_soon(functools.partial(
+                            watch_routes_file, self.inference.store, self.cfg.inference_file,
+                            guard=watch_guard(self.cfg.inference_file, self.cfg.agent_writable),
+                        ))  # fmt: skip
+                    serving.start_soon(self._tell_stats)
+                with trio.move_on_after(FLUSH_S):
+                    await self.channel.flush()
+                top.cancel_scope.cancel()
         return 0
+
+    async def _channel(self, serving: trio.CancelScope) -> None:
+        await self.channel.run(self._handle)  # returns when the primary goes away
+        serving.cancel()
+
+    async def _end_on_signal(self, signals: AsyncIterator[int], serving: trio.CancelScope) -> None:
+        async for _ in signals:
+            serving.cancel()
+            return
 
     async def _handle(self, message: Message) -> Message | None:
         kind = message["type"]
@@ -245,5 +264,6 @@ def run_worker(cfg: ControlConfig, index: int, sock: socket.socket, proxy: list[
     try:
         return trio.run(Worker(cfg, index, sock, proxy).serve)
     except Exception as exc:
+        traceback.print_exception(exc, file=sys.stderr)  # not one we expect: how it came about is the report
         print(f"openshell-sandbox: control worker {index}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 1
