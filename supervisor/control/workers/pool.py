@@ -75,8 +75,9 @@ def spawn(cfg: ControlConfig, count: int) -> tuple[list[WorkerHandle], list[sock
             code = 1
             try:
                 ours.close()
-                for handle in handles:
+                for handle in handles:  # its siblings' ends are the primary's alone
                     handle.sock.close()
+                    os.close(handle.pidfd)
                 for i, sockets in enumerate(proxy_sets or ()):
                     if i != index:
                         for sock in sockets:
