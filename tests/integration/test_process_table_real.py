@@ -11,6 +11,7 @@ import functools
 import math
 import os
 import random
+import secrets
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -44,7 +45,21 @@ from tests.integration.test_process_table import (
 from tests.waiting import await_until
 
 AGENT_UID = 1000
-BOMB_UID = 64123  # a uid of its own, so the fork bomb's RLIMIT_NPROC count is its alone
+
+
+def _unused_uid(low: int = 64200, high: int = 65500) -> int:
+    """A uid no process on the machine runs as, chosen afresh per run: RLIMIT_NPROC counts every process of the
+    uid, so the fork bomb's count is its alone even beside another run of this suite (which bombs too)."""
+    in_use = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                in_use.add(os.stat(f"/proc/{entry}").st_uid)
+            except OSError:
+                pass
+    free = [uid for uid in range(low, high) if uid not in in_use]
+    return secrets.choice(free)
+
 
 if os.geteuid() != 0:
     pytest.skip("needs root for the launcher's namespaces (model R)", allow_module_level=True)
@@ -293,7 +308,7 @@ async def test_fork_bomb_does_not_survive_terminate(table: ProcessTable) -> None
         "ulimit -u 150 2>/dev/null || ulimit -p 150 || exit 99; "
         "for i in 1 2 3 4; do (while :; do sleep 60 & done) 2>/dev/null & done; f() { f | f & }; f; sleep 60"
     )
-    entry = await table.start(sh(bomb, uid=BOMB_UID), kind="exec")
+    entry = await table.start(sh(bomb, uid=_unused_uid()), kind="exec")
     await wait_for(lambda: len(alive(table)) > 30)
     assert entry.result is None, entry.result
     result = await table.terminate(entry.handle, 0.1)
